@@ -1,0 +1,153 @@
+"""Per-token log-probabilities and entropy from language-model logits.
+
+Shapes: ``B`` sequences, ``C`` query (context) tokens, ``T`` response tokens, ``V`` vocabulary.
+Logits at position ``i`` predict token ``i + 1`` (checklist item 9), and log-probs are taken from the
+temperature-scaled distribution the tokens were sampled from (item 10).
+
+Memory: a ``(B, T, V)`` float32 log-softmax copy is the largest tensor of a PPO step for big vocabularies,
+so nothing here materialises one; work is done ``chunk_rows`` rows of ``V`` at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+INVALID_LOGPROB = 1.0
+"""Log-prob written at padding positions of the policy *and* reference log-probs (checklist item 13).
+
+Both sides get the same value, so per-token KL = 0 and ratio = exp(0) = 1 there (N+ ``ppo.py`` L38, L675-676;
+TRL ``ppo_trainer.py`` L69, L765-766).
+"""
+
+_FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def _row_chunks(x: torch.Tensor, chunk_rows: int) -> Iterator[torch.Tensor]:
+    """Yield views of ``x (..., V)`` as ``(n, V)`` blocks, n ≤ ``chunk_rows``, in row-major order; never copies.
+
+    A sliced tensor such as ``logits[:, C-1:-1]`` cannot be viewed as ``(N, V)`` (``reshape`` would copy the
+    whole slice), so such inputs are walked one leading index at a time.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if x.dim() <= 2:
+        yield from x.reshape(-1, x.size(-1)).split(chunk_rows)  # (V,) → (1, V) and (N, V) are views
+        return
+    try:
+        flat = x.view(-1, x.size(-1))
+    except RuntimeError:  # strides do not allow a flat view
+        for sub in x:
+            yield from _row_chunks(sub, chunk_rows)
+        return
+    yield from flat.split(chunk_rows)
+
+
+def selective_log_softmax(
+    logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[index] without building the full log-softmax.
+
+    Shapes: ``logits (..., V)``, ``index (...)`` integer → ``(...)`` in the dtype of ``logits``.
+
+        log p(index) = l[index]/τ − logsumexp(l/τ)
+
+    float32/float64: gather the selected logit, subtract a ``logsumexp`` computed ``chunk_rows`` rows at a time.
+    float16/bfloat16: ``logsumexp`` in half precision loses too much, so each chunk runs ``log_softmax`` in
+    that dtype and gathers from it. Same idea as TRL ``trainer/utils.py`` ``selective_log_softmax``
+    (L479-523); ``temperature`` is applied chunk by chunk so no scaled ``(..., V)`` copy exists either.
+    Differentiable; never writes into ``logits``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if index.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"index {tuple(index.shape)} must match logits {tuple(logits.shape)} without the last dim"
+        )
+    flat_index = index.long().reshape(-1)
+    # Plain loop replaced (one row n of the flattened (N, V) logits at a time):
+    #     for n in range(N): out[n] = log_softmax(logits[n] / τ)[index[n]]
+    # done on blocks of rows so the temporary is (chunk_rows, V), not (N, V).
+    pieces, start = [], 0
+    for rows in _row_chunks(logits, chunk_rows):
+        idx = flat_index[start : start + rows.size(0)].unsqueeze(-1)
+        start += rows.size(0)
+        scaled = rows / temperature if temperature != 1.0 else rows
+        if logits.dtype in _FULL_PRECISION:
+            pieces.append(scaled.gather(-1, idx).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
+        else:
+            pieces.append(torch.log_softmax(scaled, dim=-1).gather(-1, idx).squeeze(-1))
+    return torch.cat(pieces).reshape(index.shape)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of ``tokens`` under already-aligned ``logits`` at sampling temperature τ.
+
+    Shapes: ``logits (B, T, V)`` where ``logits[:, t]`` predicts ``tokens[:, t]``; ``tokens (B, T)`` → ``(B, T)``.
+
+        logp[b, t] = log softmax(logits[b, t] / τ)[tokens[b, t]]
+
+    Use this when the logits were sliced already (e.g. GRPO ``logits[:, :-1][:, -T:]``, TRL
+    ``grpo_trainer.py`` L1514-1521). τ is used exactly as given: TRL's ``+1e-7`` is not added.
+    """
+    return selective_log_softmax(logits, tokens, temperature=temperature)
+
+
+def response_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, context_length: int, temperature: float
+) -> torch.Tensor:
+    """Log-probs of the response tokens of ``query ⊕ response`` sequences.
+
+    Shapes: ``logits (B, C+T, V)``, ``input_ids (B, C+T)``, ``context_length = C`` → ``(B, T)``.
+
+        logp[b, t] = log softmax(logits[b, C−1+t] / τ)[input_ids[b, C+t]]
+
+    The shift by one: logits at position i predict token i+1, so ``logits[:, C-1:-1]`` pairs with
+    ``input_ids[:, C:]`` (OAI ``policy.py`` L119-125; N+ ``ppo.py`` L640, L732-737; TRL ``ppo_trainer.py``
+    L712-713, L821-822). Temperature τ divides the logits for rollout, reference and training log-probs
+    alike (checklist item 10). Reference vectors 2-A.
+    """
+    if context_length < 1:
+        raise ValueError(
+            f"context_length must be >= 1 (the logit before the first response token), got {context_length}"
+        )
+    if logits.shape[:2] != input_ids.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and input_ids {tuple(input_ids.shape)} disagree on (B, C+T)"
+        )
+    return token_logprobs(logits[:, context_length - 1 : -1], input_ids[:, context_length:], temperature)
+
+
+def mask_invalid_logprobs(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Replace log-probs at padding positions by ``INVALID_LOGPROB`` (checklist item 13).
+
+    Shapes: ``logprobs (B, T)``, ``mask (B, T)`` True/1 = real token (i.e. ``~padding_mask``) → ``(B, T)``.
+    Apply to policy and reference log-probs alike so the per-token KL is exactly 0 after EOS.
+    """
+    return torch.where(mask.bool(), logprobs, torch.full_like(logprobs, INVALID_LOGPROB))
+
+
+def entropy_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256
+) -> torch.Tensor:
+    """Entropy of softmax(logits / τ) along the last dimension.
+
+    Shapes: ``logits (..., V)`` → ``(...)``, same dtype as ``logits``.
+
+        H = logsumexp(l) − Σ_v softmax(l)_v · l_v,   l = logits / τ
+
+    OAI ``core.py`` L290-292; TRL-legacy ``core.py`` L181-185; N+ ``ppo.py`` L762-763. Computed
+    ``chunk_rows`` rows at a time (half-precision inputs in float32); logits must be finite.
+    Reference vector 2-A: entropy([1, 2, 3]) = 0.8323955818.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    # Plain loop replaced: for n in range(N): H[n] = logsumexp(l[n]) − (softmax(l[n]) · l[n]).sum()
+    pieces = []
+    for rows in _row_chunks(logits, chunk_rows):
+        rows = rows if rows.dtype in _FULL_PRECISION else rows.float()
+        rows = rows / temperature if temperature != 1.0 else rows
+        probs = torch.softmax(rows, dim=-1)
+        pieces.append((torch.logsumexp(rows, dim=-1) - (probs * rows).sum(-1)).to(logits.dtype))
+    return torch.cat(pieces).reshape(logits.shape[:-1])

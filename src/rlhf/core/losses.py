@@ -1,0 +1,275 @@
+"""Policy and value losses, their diagnostics, and loss aggregation (the length-bias knob).
+
+Shapes (notation in ``rlhf.core``): ``logp``, ``old_logp``, ``values``, ``returns``, ``mask`` are ``(B, T)``;
+advantages are ``(B, T)`` or ``(B,)`` (one per sequence, broadcast over its tokens).
+
+The loss functions return a *per-token* loss ``(B, T)`` and a stats dict; the caller reduces it once with
+:func:`aggregate`, which takes the global denominators explicitly so that gradient accumulation and data
+parallelism need no other rescaling (STYLE principle 5).
+
+Masked positions never matter: every input is replaced by a neutral value there *before* any arithmetic
+(logp, old_logp, ref_logp → 0 so the ratio is 1 and k3 is 0; advantages, values, returns → 0), so NaN/inf
+garbage in padding can change neither the loss nor its gradient, and the per-token loss is exactly 0 there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+
+import torch
+
+from rlhf.core.kl import KLEstimator, kl_estimate
+from rlhf.core.masked import masked_mean, masked_sum, masked_var
+
+Denominator = int | float | torch.Tensor
+
+
+class LossAggregation(StrEnum):
+    """How a per-token loss ``ℓ (B, T)`` with mask ``m`` becomes a scalar.
+
+    =========================== ==================================== ==================================
+    mode                        formula                              TRL ``loss_type`` / verl name
+    =========================== ==================================== ==================================
+    ``token-mean``              Σ ℓ·m / num_tokens                   ``bnpo`` (local), ``dapo`` (global);
+                                                                     verl ``token-mean``
+    ``seq-mean-token-mean``     Σ_i (Σ_t ℓ·m / Σ_t m) / num_seqs     ``grpo`` (DeepSeekMath);
+                                                                     verl ``seq-mean-token-mean``
+    ``seq-mean-token-sum``      Σ ℓ·m / num_seqs                     verl ``seq-mean-token-sum``
+    ``seq-mean-token-sum-norm`` Σ ℓ·m / (num_seqs · max_len)         ``dr_grpo`` (Dr. GRPO, oat
+                                                                     ``masked_sum(...)/generate_max_len``)
+    =========================== ==================================== ==================================
+
+    Per-token gradient weights (reference 2-K): grpo 1/(G·|o_i|), dapo 1/Σ|o|, dr_grpo 1/(G·L_max).
+    Source: TRL grpo_trainer L3124-3150, docs ``grpo_trainer.md`` "loss types"; checklist item 43.
+    """
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+
+
+def _token_mean(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: Denominator,
+    num_seqs: Denominator,
+    max_len: Denominator,
+) -> torch.Tensor:
+    # Σ_{i,t} ℓ·m / N_tokens — every token of the global batch weighs the same.
+    return masked_sum(per_token, mask) / num_tokens
+
+
+def _seq_mean_token_mean(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: Denominator,
+    num_seqs: Denominator,
+    max_len: Denominator,
+) -> torch.Tensor:
+    # Σ_i (Σ_t ℓ·m / |o_i|) / N_seqs. |o_i| is local to the sequence, so splitting by sequences is exact.
+    # An empty row contributes 0 but still counts in N_seqs (TRL clamps |o_i| at 1).
+    lengths = mask.to(per_token.dtype).sum(-1).clamp(min=1)
+    return (masked_sum(per_token, mask, dim=-1) / lengths).sum() / num_seqs
+
+
+def _seq_mean_token_sum(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: Denominator,
+    num_seqs: Denominator,
+    max_len: Denominator,
+) -> torch.Tensor:
+    # Σ_{i,t} ℓ·m / N_seqs — longer sequences get proportionally more weight.
+    return masked_sum(per_token, mask) / num_seqs
+
+
+def _seq_mean_token_sum_norm(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: Denominator,
+    num_seqs: Denominator,
+    max_len: Denominator,
+) -> torch.Tensor:
+    # Σ_{i,t} ℓ·m / (N_seqs · L_max): a constant normaliser, no length bias (Dr. GRPO).
+    return masked_sum(per_token, mask) / (num_seqs * max_len)
+
+
+_AGGREGATORS: dict[LossAggregation, Callable[..., torch.Tensor]] = {
+    LossAggregation.TOKEN_MEAN: _token_mean,
+    LossAggregation.SEQ_MEAN_TOKEN_MEAN: _seq_mean_token_mean,
+    LossAggregation.SEQ_MEAN_TOKEN_SUM: _seq_mean_token_sum,
+    LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM: _seq_mean_token_sum_norm,
+}
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggregation | str,
+    *,
+    num_tokens: Denominator | None = None,
+    num_seqs: Denominator | None = None,
+    max_len: Denominator | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss ``(B, T)`` to a scalar by the formula of ``mode`` (:class:`LossAggregation`).
+
+    Args:
+        per_token: ``(B, T)`` loss per token; masked entries are ignored (NaN/inf there is harmless, their
+            gradient is exactly 0).
+        mask: ``(B, T)`` bool or {0, 1}.
+        num_tokens: unmasked tokens of the WHOLE batch (all micro-batches and ranks); default this batch's.
+        num_seqs: sequences of the whole batch; default ``B``.
+        max_len: ``L_max`` of ``seq-mean-token-sum-norm``, normally ``max_new_tokens``; default ``T``.
+
+    Every formula is a sum over sequences divided by a denominator that does not depend on how the batch is
+    split, so Σ over micro-batches of ``aggregate(mb, mode, <global denominators>)`` equals ``aggregate`` of
+    the full batch (up to float rounding) for every mode — do NOT also divide by the number of accumulation
+    steps. Under DDP, whose all-reduce *averages* gradients, multiply the loss by ``world_size`` in the one
+    place that owns the backward call. Source: TRL grpo_trainer L3124-3150 (``dapo`` uses the global
+    ``num_items_in_batch``); torchtune PR #1875 ("(x1/n1)+(x2/n2) ≠ (x1+x2)/(n1+n2)").
+    """
+    fn = _AGGREGATORS[LossAggregation(mode)]
+    if num_tokens is None:
+        num_tokens = mask.to(per_token.dtype).sum()
+    if num_seqs is None:
+        num_seqs = mask.shape[0]
+    if max_len is None:
+        max_len = mask.shape[-1]
+    return fn(per_token, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+
+
+def _neutral(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` with masked entries replaced by 0 (a new tensor). ``where`` passes a zero gradient to the
+    replaced entries, so garbage there can reach neither the loss nor the gradient."""
+    return torch.where(mask.bool(), x, torch.zeros_like(x))
+
+
+def _per_token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    # (B,) sequence-level advantages are broadcast to every token of their sequence.
+    return advantages.unsqueeze(-1).expand_as(like) if advantages.dim() == 1 else advantages
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate per token, optionally asymmetric (clip-higher), dual-clipped, and with a KL term.
+
+    ``ρ = exp(logp − old_logp)``;  ``pg1 = −A·ρ``;  ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``;
+    ``ℓ = max(pg1, pg2)``  (= −min(ρA, clip(ρ)A), TRL's ``coef_1``/``coef_2`` form);
+    dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games", c > 1): for A < 0,
+    ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl
+    ``compute_policy_loss`` clip_ratio_c);
+    KL in the loss (GRPO): ``ℓ += β · k3``, ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via
+    ``rlhf.core.kl``; the only estimator TRL puts in the loss: grpo_trainer L3069-3076, L3120-3121). Its
+    gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
+
+    Args:
+        logp, old_logp: ``(B, T)`` log-probs of the sampled tokens under the current / rollout policy.
+        advantages: ``(B, T)`` or ``(B,)``; treated as constants by the caller (detach them).
+        mask: ``(B, T)``; the returned loss is exactly 0 at masked positions.
+        clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28.
+        dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0).
+        ref_logp, kl_coef: optional ``(B, T)`` reference-policy log-probs and β; no KL term when None.
+
+    Returns:
+        ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means
+        over this batch, detached: ``clipfrac`` = mean(pg2 > pg1) (OAI train_policy.py L355, TRL ppo_trainer
+        L852-854; CleanRL's |ρ−1| > ε differs, reference 2-E 0.4 vs 0.8), ``approx_kl`` = ½·mean((logp −
+        old_logp)²) (OAI L360, TRL L857), ``clip_ratio/low`` (ρ < 1−ε_low and A < 0), ``clip_ratio/high``
+        (ρ > 1+ε_high and A > 0), ``clip_ratio/region`` (either; TRL grpo_trainer), and when used
+        ``clip_ratio/dual`` (the −c·A cap is active) and ``kl`` (mean k3).
+        Vectors: reference 2-E, 2-K.
+    """
+    eps_high = clip_low if clip_high is None else clip_high
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it caps the loss at -c*A for A < 0), got {dual_clip}")
+    logp = _neutral(logp, mask)
+    old_logp = _neutral(old_logp, mask)
+    adv = _neutral(_per_token_advantages(advantages, logp), mask)
+
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + eps_high)
+    per_token = torch.maximum(pg1, pg2)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((pg2 > pg1).to(logp.dtype), mask),
+            "approx_kl": 0.5 * masked_mean(log_ratio**2, mask),
+        }
+        low = (ratio < 1.0 - clip_low) & (adv < 0)
+        high = (ratio > 1.0 + eps_high) & (adv > 0)
+        stats["clip_ratio/low"] = masked_mean(low.to(logp.dtype), mask)
+        stats["clip_ratio/high"] = masked_mean(high.to(logp.dtype), mask)
+        stats["clip_ratio/region"] = masked_mean((low | high).to(logp.dtype), mask)
+    if dual_clip is not None:
+        # Without the cap, ρ → ∞ on A < 0 gives an unbounded loss (ρ is not clipped from above for A < 0).
+        cap = -dual_clip * adv
+        with torch.no_grad():
+            stats["clip_ratio/dual"] = masked_mean(((adv < 0) & (per_token > cap)).to(logp.dtype), mask)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    if ref_logp is not None:
+        # k3 on inputs already neutralised: computed from raw padding, exp(garbage)·0 in the backward pass
+        # would put NaN into the gradient even though the loss ignores those positions.
+        kl = kl_estimate(logp, _neutral(ref_logp, mask), KLEstimator.K3)
+        with torch.no_grad():
+            stats["kl"] = masked_mean(kl, mask)
+        per_token = per_token + kl_coef * kl
+    return _neutral(per_token, mask), stats
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None = 0.2,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO value loss per token: ``½·max((V − R)², (V_clip − R)²)``, ``V_clip = clip(V, V_old ± ε_v)``.
+
+    Args:
+        values: ``(B, T)`` current value predictions; old_values: ``(B, T)`` from the rollout; returns:
+            ``(B, T)`` GAE returns (constants). mask: ``(B, T)`` (TRL/N+ use ``~padding_mask_p1``).
+        clip: ε_v (OAI/TRL/N+ 0.2), or None for the unclipped ``½·(V − R)²``.
+
+    Returns:
+        ``(per_token_loss (B, T), {"clipfrac"})``; ``clipfrac`` = masked mean of ``(V_clip − R)² > (V − R)²``
+        (0 when ``clip`` is None). Reduce with :func:`aggregate` (token-mean reproduces OAI/TRL).
+        Sources: OAI train_policy.py L343-348, N+ ppo.py L739-748, TRL ppo_trainer L827-840; CleanRL's
+        ``V_old + clamp(V − V_old, −c, c)`` is the same quantity. Vector: reference 2-F.
+    """
+    values = _neutral(values, mask)
+    returns = _neutral(returns, mask)
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return _neutral(0.5 * unclipped, mask), {"clipfrac": values.new_zeros(())}
+    old_values = _neutral(old_values, mask)
+    v_clip = torch.clamp(values, old_values - clip, old_values + clip)
+    clipped = (v_clip - returns) ** 2
+    with torch.no_grad():
+        stats = {"clipfrac": masked_mean((clipped > unclipped).to(values.dtype), mask)}
+    return _neutral(0.5 * torch.maximum(unclipped, clipped), mask), stats
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``1 − Var(R − V) / Var(R)`` over the masked entries (a detached scalar; NaN when Var(R) = 0).
+
+    1 = perfect critic, 0 = no better than predicting the mean, < 0 = worse. Population variances (the n
+    cancels). Shapes ``(B, T)``. Sources: CleanRL ppo.py L295-297, OAI train_policy.py ``var_explained`` L241.
+    """
+    with torch.no_grad():
+        var_r = masked_var(returns, mask, unbiased=False)
+        var_err = masked_var(returns - values, mask, unbiased=False)
+        # CleanRL returns NaN when Var(R) = 0; 0/0 or x/0 here would give NaN or −inf.
+        return torch.where(var_r == 0, torch.full_like(var_r, float("nan")), 1.0 - var_err / var_r)

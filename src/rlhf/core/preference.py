@@ -1,0 +1,81 @@
+"""Reward-model losses and metrics on scalar rewards.
+
+Shapes: ``chosen``, ``rejected``, ``margin`` are ``(B,)`` (one scalar reward per response of a preference
+pair); ``rewards`` for best-of-n is ``(B, n)``; ``samples`` for normalisation is ``(S,)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def pairwise_accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """``mean(r_c > r_r)`` over ``(B,)`` pairs, strict: a tie counts as wrong (reference 2-I: 1/3, not 2/3).
+
+    Sources: N+ reward.py L410, TRL reward_trainer L770; checklist item 17.
+    """
+    return (chosen > rejected).to(chosen.dtype).mean()
+
+
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    center_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Pairwise Bradley-Terry loss ``−mean log σ(r_c − r_r − margin) + center_coef · mean((r_c + r_r)²)``.
+
+    Args:
+        chosen, rejected: ``(B,)`` rewards of the preferred / dispreferred response.
+        margin: optional ``(B,)`` required gap (TRL ``margin`` column; Llama-2 style).
+        center_coef: TRL ``center_rewards_coefficient`` (recommended 0.01); pulls the reward mean to 0.
+
+    Returns:
+        ``(loss scalar, stats)`` with detached ``accuracy`` (strict, :func:`pairwise_accuracy`),
+        ``margin_mean`` = mean(r_c − r_r), ``chosen_mean``, ``rejected_mean``.
+        Sources: N+ reward.py L405-411, TRL reward_trainer L749-756; checklist item 16. Vector: reference 2-I.
+    """
+    diff = chosen - rejected
+    logits = diff if margin is None else diff - margin
+    # logsigmoid is stable for large |x| where log(sigmoid(x)) underflows to −inf.
+    loss = -F.logsigmoid(logits).mean() + center_coef * ((chosen + rejected) ** 2).mean()
+    with torch.no_grad():
+        stats = {
+            "accuracy": pairwise_accuracy(chosen, rejected),
+            "margin_mean": diff.mean(),
+            "chosen_mean": chosen.mean(),
+            "rejected_mean": rejected.mean(),
+        }
+    return loss, stats
+
+
+def best_of_n_loss(rewards: torch.Tensor, best: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """OpenAI's best-of-n reward loss: softmax cross-entropy of the ``n`` rewards against the labelled best.
+
+    ``−mean_i log softmax(r_i)[best_i]`` with ``rewards (B, n)``, ``best (B,)`` int64 indices. Stats:
+    ``accuracy`` = mean(argmax r_i == best_i) (a tie resolves to the first maximum, as ``argmax`` does).
+    Sources: OAI label_types.py ``PickBest.loss`` L44-49, N-details train_reward_accelerate.py L615-619.
+    Vector: reference 2-I (n = 4: 1.9793089463, accuracy 1/3).
+    """
+    loss = F.cross_entropy(rewards, best)
+    with torch.no_grad():
+        accuracy = (rewards.argmax(-1) == best).to(rewards.dtype).mean()
+    return loss, {"accuracy": accuracy}
+
+
+def normalization_gain_bias(
+    samples: torch.Tensor, target_mean: float = 0.0, target_std: float = 1.0, unbiased: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gain and bias that map rewards of ``samples (S,)`` to mean ``target_mean`` and std ``target_std``.
+
+    ``gain = σ_target / σ_D``, ``bias = μ_target − gain · μ_D``, so ``gain·r + bias`` is normalised; the
+    samples are RM scores of responses from the fixed reference policy (OAI: 256), measured with gain 1,
+    bias 0. ``unbiased=False`` is OAI's population std ``sqrt(E[x²] − μ²)``; N-details uses ``torch.std()``
+    (unbiased) — a subtle mismatch (checklist item 19). Sources: OAI rewards.py L48-57, L73-89;
+    N-details ``normalize()`` L357-413. Vector: reference 2-I.
+    """
+    mean = samples.mean()
+    std = samples.std(correction=1 if unbiased else 0)
+    gain = target_std / std
+    return gain, target_mean - gain * mean

@@ -1,0 +1,186 @@
+"""Response post-processing: truncation at the stop token, sequence lengths, padding masks, EOS penalty,
+and where the terminal score goes.
+
+Shapes: ``B`` sequences, ``T`` response tokens, ``C`` query tokens. Token tensors are integer ``(B, T)``;
+``PAD`` must be a dedicated id, never the EOS/stop id (checklist item 1).
+Conventions follow TRL ``experimental/ppo`` and N+ ``ppo.py`` (checklist items 4, 5, 24, 25; vectors 2-B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import NamedTuple
+
+import torch
+
+
+def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last dimension, or the row length if there is none.
+
+    Shapes: ``bools (..., T)`` → ``(...)`` long. TRL ``experimental/utils.py`` ``first_true_indices``
+    (L723-743); vector 2-B: ``first_true_indices(post == PAD) = [3, 5]``.
+    """
+    length = bools.size(-1)
+    positions = torch.arange(length, device=bools.device)
+    # Plain loop replaced: for b: out[b] = next((t for t in range(T) if bools[b, t]), T)
+    # — positions where bools is False become T, so the row minimum is the first True (or T).
+    return torch.where(bools.bool(), positions, length).min(dim=-1).values
+
+
+def truncate_after_stop(
+    responses: torch.Tensor, stop_token_id: int, pad_token_id: int, *, start: int = 0
+) -> torch.Tensor:
+    """Keep everything up to and including the first stop token at index ≥ ``start``; PAD after it.
+
+    Shapes: ``responses (B, T)`` → ``(B, T)`` same dtype. Rows without a stop token are unchanged.
+
+        trunc = first_true_indices(responses == stop  and  t ≥ start);  post[b, t] = PAD if t > trunc[b]
+
+    ``start=0`` is TRL ``truncate_response`` (L168-188) / N+ ``ppo.py`` L338-355. ``start=k`` is OAI
+    ``truncate_after`` (``lm_tasks.py`` L39-50: books k=16, TL;DR k=55), which ignores stop tokens before
+    index k. Vector 2-B: ``[[11,12,2,7,8],[11,12,13,14,15]] → [[11,12,2,0,0],[11,12,13,14,15]]``.
+    """
+    positions = torch.arange(responses.size(-1), device=responses.device)
+    trunc_idx = first_true_indices((responses == stop_token_id) & (positions >= start))
+    return responses.masked_fill(positions > trunc_idx.unsqueeze(-1), pad_token_id)
+
+
+def contains_stop(post_responses: torch.Tensor, stop_token_id: int, *, start: int = 0) -> torch.Tensor:
+    """Whether each response holds the stop token at some index ≥ ``start``.
+
+    Shapes: ``post_responses (B, T)`` → ``(B,)`` bool. TRL ``ppo_trainer.py`` L757 (``contain_eos_token``);
+    ``start`` > 0 is the OAI validity filter after ``truncate_after`` (``lm_tasks.py`` L58-65). Vector 2-B:
+    ``[True, False]``.
+    """
+    return (post_responses[..., start:] == stop_token_id).any(dim=-1)
+
+
+class ResponseMasks(NamedTuple):
+    """Lengths and padding masks of truncated responses (checklist item 24, TRL/N+ convention).
+
+    sequence_lengths: (B,) long — index of the last real token (the EOS if present);
+        ``T − 1`` if the response has no PAD, ``−1`` if it starts with PAD.
+    padding_mask: (B, T) bool — True at ``t > sequence_lengths``: padding for log-probs, KL, policy loss,
+        advantages.
+    padding_mask_p1: (B, T) bool — True at ``t > sequence_lengths + 1``: padding for values, returns, value
+        loss and reward whitening (the first PAD after EOS still counts: the TRL/N+ score sits there).
+    """
+
+    sequence_lengths: torch.Tensor
+    padding_mask: torch.Tensor
+    padding_mask_p1: torch.Tensor
+
+
+def response_masks(post_responses: torch.Tensor, pad_token_id: int) -> ResponseMasks:
+    """Sequence lengths and the two padding masks of truncated responses.
+
+    Shapes: ``post_responses (B, T)`` → see ``ResponseMasks``.
+
+        seq_len = first_true_indices(post == PAD) − 1
+        padding_mask = t > seq_len;  padding_mask_p1 = t > seq_len + 1
+
+    N+ ``ppo.py`` L636, L670-677; TRL ``ppo_trainer.py`` L727, L762-769. Vector 2-B: seq_len ``[2, 4]``,
+    padding_mask ``[[0,0,0,1,1],[0,0,0,0,0]]``, padding_mask_p1 ``[[0,0,0,0,1],[0,0,0,0,0]]``.
+    """
+    sequence_lengths = first_true_indices(post_responses == pad_token_id) - 1
+    positions = torch.arange(post_responses.size(-1), device=post_responses.device)
+    return ResponseMasks(
+        sequence_lengths=sequence_lengths,
+        padding_mask=positions > sequence_lengths.unsqueeze(-1),
+        padding_mask_p1=positions > (sequence_lengths + 1).unsqueeze(-1),
+    )
+
+
+def reward_token_indices(
+    query_responses: torch.Tensor, context_length: int, pad_token_id: int
+) -> torch.Tensor:
+    """Index into ``query ⊕ response`` of the token whose reward-model output is the score.
+
+    Shapes: ``query_responses (B, C+T)`` (query left-padded, response right-padded) → ``(B,)`` long.
+
+        idx = first_true_indices(query_responses[:, C:] == PAD) − 1 + C
+
+    i.e. the last real response token (the EOS kept by truncation). N+ ``ppo.py`` L282-299; TRL
+    ``experimental/utils.py`` ``get_reward`` L746-790. Vector 2-B: ``[5, 7]``.
+    """
+    return first_true_indices(query_responses[:, context_length:] == pad_token_id) - 1 + context_length
+
+
+class MissingEosPenalty(StrEnum):
+    """How a score is penalised when its response has no stop token (checklist item 5)."""
+
+    REPLACE = "replace"  # OAI lm_tasks.py L58-65 / train_policy.py L385-390, N+ ppo.py L665-667
+    SUBTRACT = "subtract"  # TRL ppo_trainer.py L757-759 (missing_eos_penalty)
+
+
+def replace_missing_eos_score(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
+    """score ← ``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value``, −1).
+
+    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` with −1.
+    """
+    return torch.where(has_eos, scores, torch.full_like(scores, penalty))
+
+
+def subtract_missing_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
+    """score ← score − ``penalty`` where the response lacks the stop token (TRL ``missing_eos_penalty``, e.g. 1).
+
+    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −0.5]`` with 1.
+    """
+    return torch.where(has_eos, scores, scores - penalty)
+
+
+MISSING_EOS_PENALTIES: dict[
+    MissingEosPenalty, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+] = {
+    MissingEosPenalty.REPLACE: replace_missing_eos_score,
+    MissingEosPenalty.SUBTRACT: subtract_missing_eos_penalty,
+}
+
+
+def penalize_missing_eos(
+    scores: torch.Tensor, has_eos: torch.Tensor, kind: MissingEosPenalty | str, penalty: float
+) -> torch.Tensor:
+    """Apply the ``kind`` missing-EOS penalty. ``penalty`` is the replacement score for ``"replace"`` (OAI −1)
+    and the positive amount taken off for ``"subtract"`` (TRL 1.0). Shapes: ``(B,)`` → ``(B,)``.
+    """
+    return MISSING_EOS_PENALTIES[MissingEosPenalty(kind)](scores, has_eos, penalty)
+
+
+class ScoreConvention(StrEnum):
+    """Which response token receives the terminal score (checklist item 25; sources disagree)."""
+
+    AFTER_EOS = "after_eos"  # TRL experimental/ppo L776-779, N+ ppo.py L683-685: first PAD after EOS
+    EOS = "eos"  # TRL-legacy compute_rewards L1135-1146 (last real token); OAI last token of a fixed length
+
+
+def score_index_after_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:
+    """First PAD after the EOS when there is room, else the last token: ``where(seq+1 < T, seq+1, seq)``.
+
+    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C2: seq ``[2, 4]``, T=5 → ``[3, 4]``.
+    """
+    return torch.where(sequence_lengths + 1 < response_length, sequence_lengths + 1, sequence_lengths)
+
+
+def score_index_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:
+    """The EOS / last real token itself: ``seq_len`` (clamped to 0 for an empty response so it is a valid index).
+
+    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C3: seq ``[2, 4]`` → ``[2, 4]``.
+    """
+    return sequence_lengths.clamp(min=0)
+
+
+SCORE_INDICES: dict[ScoreConvention, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    ScoreConvention.AFTER_EOS: score_index_after_eos,
+    ScoreConvention.EOS: score_index_eos,
+}
+
+
+def score_index(
+    sequence_lengths: torch.Tensor, response_length: int, convention: ScoreConvention | str
+) -> torch.Tensor:
+    """Response index where the terminal score is added, per ``convention``. Shapes: ``(B,)`` → ``(B,)`` long.
+
+    The two conventions give different advantages (reference 2-C2 vs 2-C3; trl#1893, trl#3750).
+    """
+    return SCORE_INDICES[ScoreConvention(convention)](sequence_lengths, response_length)

@@ -1,0 +1,92 @@
+"""Hand-computed vectors for rlhf.core.preference (reference 2-I)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlhf.core.preference import (
+    best_of_n_loss,
+    bradley_terry_loss,
+    normalization_gain_bias,
+    pairwise_accuracy,
+)
+
+F64 = torch.float64
+
+
+def t(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=F64)
+
+
+def close(actual: torch.Tensor, expected, *, rtol: float = 1e-9, atol: float = 1e-10) -> None:
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), rtol=rtol, atol=atol)
+
+
+# r_c − r_r = [1, 0, −1] → −log σ = [0.3132616875, 0.6931471806 (= log 2), 1.3132616875]
+CHOSEN, REJECTED = t([2.0, 0.5, -1.0]), t([1.0, 0.5, 0.0])
+
+
+def test_bradley_terry_loss_2i():
+    loss, stats = bradley_terry_loss(CHOSEN, REJECTED)
+    close(loss, 0.7732235185321303)
+    close(loss, (math.log1p(math.exp(-1)) + math.log(2) + math.log1p(math.e)) / 3)
+    close(stats["accuracy"], 1 / 3)
+    close(stats["margin_mean"], 0.0)  # mean([1, 0, −1])
+    close(stats["chosen_mean"], 0.5)
+    close(stats["rejected_mean"], 0.5)
+
+
+def test_bradley_terry_margin_2i():
+    # margin [0.5, 0, 0] → −log σ(0.5) replaces −log σ(1) for pair 0
+    loss, _ = bradley_terry_loss(CHOSEN, REJECTED, margin=t([0.5, 0.0, 0.0]))
+    close(loss, 0.8268286174194248)
+
+
+def test_bradley_terry_center_term_2i():
+    # 0.01·mean((r_c + r_r)²) = 0.01·(9 + 1 + 1)/3 = 0.0366666667
+    loss, _ = bradley_terry_loss(CHOSEN, REJECTED, center_coef=0.01)
+    close(loss, 0.7732235185321303 + 0.03666666666666667)
+
+
+def test_pairwise_accuracy_ties_count_wrong_2i():
+    acc = pairwise_accuracy(CHOSEN, REJECTED)
+    close(acc, 1 / 3)  # only pair 0; the tie (0.5, 0.5) is wrong
+    ties_right = (CHOSEN >= REJECTED).to(F64).mean()
+    close(ties_right, 2 / 3)
+    assert not torch.isclose(acc, ties_right)
+
+
+def test_best_of_n_loss_2i():
+    # row 0: logsumexp(1,2,3,4) − 4 = 0.4401896986; row 1: log 4
+    # row 2: logsumexp(3,−1,0,0) − (−1) = 4.1114427792
+    rewards = t([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0], [3.0, -1.0, 0.0, 0.0]])
+    best = torch.tensor([3, 1, 1])
+    loss, stats = best_of_n_loss(rewards, best)
+    close(loss, 1.9793089462926063)
+    close(loss, (0.4401896986 + math.log(4) + 4.1114427792) / 3)
+    close(stats["accuracy"], 1 / 3)  # row 1 all tied: argmax = 0 ≠ 1
+
+
+def test_normalization_gain_bias_population_2i():
+    # samples [1, 2, 3, 6]: mean 3, E[x²] = 50/4 → population std sqrt(12.5 − 9) = sqrt(3.5) = 1.8708286934
+    samples = t([1.0, 2.0, 3.0, 6.0])
+    gain, bias = normalization_gain_bias(samples)
+    close(gain, 1 / math.sqrt(3.5))
+    close(gain, 0.5345224838)
+    close(bias, -1.6035674515)
+    close(gain * samples + bias, [-1.0690449676, -0.5345224838, 0.0, 1.6035674515])
+    # wrong variant (unbiased, torch.std default): std sqrt(14/3) = 2.1602468995 → gain 0.4629100499
+    gain_u, bias_u = normalization_gain_bias(samples, unbiased=True)
+    close(gain_u, 0.4629100499)
+    close(bias_u, -1.3887301497)
+    assert not torch.isclose(gain, gain_u)
+
+
+def test_normalization_gain_bias_targets():
+    samples = t([1.0, 2.0, 3.0, 6.0])
+    gain, bias = normalization_gain_bias(samples, target_mean=2.0, target_std=3.0)
+    out = gain * samples + bias
+    close(out.mean(), 2.0)
+    close(out.std(correction=0), 3.0)
