@@ -1,0 +1,331 @@
+"""Tiny random-init models and locally trained tokenizers, for tests and ``rlhf demo`` — no downloads.
+
+Everything here is built offline in seconds: a byte-level BPE tokenizer trained with the ``tokenizers``
+library on :func:`toy_corpus` (or any texts), and causal LMs / reward models built from a ``transformers``
+config with random weights. The results are ordinary Hugging Face objects: save them with :func:`save_tiny`
+and load them back with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``AutoModelForSequenceClassification``
+exactly as a user would load a hub checkpoint.
+
+Tokenizer conventions (checklist items 1-2):
+
+* ``<|pad|>``, ``<|bos|>`` and ``<|eos|>`` are three distinct special tokens: pad is never eos, so masks
+  built from ``ids != pad_token_id`` never hide a real end-of-sequence.
+* Encoding plain text adds no special tokens (no automatic bos/eos, like GPT-2 and Qwen2); the chat
+  template writes ``<|bos|>`` itself and closes every assistant turn with ``<|eos|>``.
+* ``padding_side`` is ``"right"`` (the Hugging Face default). Code that generates from a batch of prompts
+  must pad on the left; it sets ``tokenizer.padding_side = "left"`` itself (or pads by hand).
+
+Chat format rendered by the template (``add_generation_prompt=True`` appends the final ``<|assistant|>\\n``)::
+
+    <|bos|><|system|>\\n{system}\\n<|user|>\\n{user}\\n<|assistant|>\\n{assistant}<|eos|><|user|>\\n...
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+Arch = Literal["llama", "gpt2", "qwen2"]
+ARCHS: tuple[Arch, ...] = ("llama", "gpt2", "qwen2")
+"""Architectures :func:`tiny_causal_lm` and :func:`tiny_reward_model` can build."""
+
+PAD_TOKEN = "<|pad|>"
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|eos|>"
+# Split before byte-level encoding: contractions, letter runs (with one leading non-letter such as a space),
+# single digits (so "123" is 1 2 3: arithmetic stays learnable), punctuation runs, newlines, other spaces.
+# This is the regex of transformers' Qwen2Tokenizer (GPT-4 style), see train_tokenizer for why it must be.
+PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+"""Role markers of the chat template; special tokens, so user text can never split into them."""
+
+# Jinja chat template. HF renders it with trim_blocks/lstrip_blocks, so all literal text (newlines included)
+# lives inside {{ }} expressions. The assistant content and its eos sit in a {% generation %} block, which is
+# what `apply_chat_template(..., return_assistant_tokens_mask=True)` uses to mark the tokens SFT trains on —
+# the eos included, so the model learns to stop.
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{- raise_exception('unknown chat role ' ~ message['role'] ~ '; expected system, user or assistant') -}}"
+    "{%- endif -%}"
+    "{{- '<|' ~ message['role'] ~ '|>\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- message['content'] ~ eos_token -}}{%- endgeneration -%}"
+    "{%- else -%}"
+    "{{- message['content'] ~ '\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Corpus and tokenizer
+# --------------------------------------------------------------------------------------------------------------
+
+_NOUNS = ["cat", "dog", "bird", "fish", "child", "cow", "robot", "farmer", "river", "tree", "book", "ball"]
+_ADJECTIVES = ["small", "big", "red", "blue", "happy", "quiet", "old", "young", "fast", "slow"]
+_VERBS = ["sees", "likes", "finds", "follows", "helps", "watches", "reads", "builds"]
+_PLACES = ["in the park", "by the river", "at home", "under the tree", "on the hill", "at school"]
+
+
+def toy_corpus(n: int = 2000, seed: int = 0) -> list[str]:
+    """``n`` short lines of a toy language, the same for the same ``(n, seed)``.
+
+    Four kinds of line, drawn uniformly: a simple sentence ("the red cat sees a dog in the park."),
+    an addition ("3 + 4 = 7"), counting ("count to 4: 1 2 3 4") and a question with its answer
+    ("what is 2 + 5? 7"). Enough structure for a tokenizer to learn useful merges and for a tiny model
+    to learn something within a CPU minute.
+    """
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        kind = rng.randrange(4)
+        if kind == 0:
+            adjective, noun, verb, other = (rng.choice(x) for x in (_ADJECTIVES, _NOUNS, _VERBS, _NOUNS))
+            lines.append(f"the {adjective} {noun} {verb} a {other} {rng.choice(_PLACES)}.")
+        elif kind == 1:
+            a, b = rng.randrange(10), rng.randrange(10)
+            lines.append(f"{a} + {b} = {a + b}")
+        elif kind == 2:
+            k = rng.randint(1, 9)
+            lines.append(f"count to {k}: " + " ".join(str(i) for i in range(1, k + 1)))
+        else:
+            a, b = rng.randrange(10), rng.randrange(10)
+            lines.append(f"what is {a} + {b}? {a + b}")
+    return lines
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 512,
+    *,
+    model_max_length: int = 512,
+    specials_last: bool = False,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts`` and wrap it as a Hugging Face fast tokenizer.
+
+    Args:
+        texts: training text, e.g. :func:`toy_corpus`. Any text round-trips through encode/decode whatever
+            the corpus: the 256 byte symbols are always in the vocabulary.
+        vocab_size: total vocabulary size, special tokens included (an upper bound: training stops early
+            when the corpus has no more pairs to merge). Use ``len(tokenizer)`` for the real size.
+        model_max_length: longest sequence the tokenizer reports (``tokenizer.model_max_length``); the tiny
+            models use it as their number of positions.
+        specials_last: put the special tokens at the end of the vocabulary (as GPT-2 and Llama 3 do) instead
+            of at ids 0..5. Two tokenizers that differ here disagree on every special-token id, which
+            tests of re-encoding between tokenizers rely on.
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` with distinct ``pad``/``bos``/``eos`` tokens, the chat template
+        :data:`CHAT_TEMPLATE`, ``padding_side="right"`` and no automatically added special tokens.
+    """
+    specials = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, *ROLE_TOKENS.values()]
+    backend = Tokenizer(models.BPE())
+    # The same normaliser and pre-tokeniser as transformers' Qwen2Tokenizer, because AutoTokenizer always
+    # loads a directory whose config.json says model_type "qwen2" as a Qwen2Tokenizer, rebuilt from our
+    # vocab and merges with its own pre-tokeniser: matching it makes every tiny directory tokenise alike.
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(specials) if specials_last else vocab_size,
+        special_tokens=[] if specials_last else specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    # Special tokens not known to the trained model are appended at the end of the vocabulary when the
+    # wrapper registers them below; ones already trained in keep their ids 0..5.
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        # Byte-level BPE has no unknown token. Saying so explicitly (null in tokenizer_config.json) stops
+        # Qwen2Tokenizer from adding its default unk "<|endoftext|>" when a qwen2 directory is loaded.
+        unk_token=None,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        # `additional_special_tokens` is accepted by transformers 4.x and 5.x (5.x renames it
+        # `extra_special_tokens` and converts the old name).
+        additional_special_tokens=list(ROLE_TOKENS.values()),
+        model_max_length=model_max_length,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    ids = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
+    if len(ids) != 3 or None in ids:  # checklist 1; cannot happen unless the token constants are edited
+        raise RuntimeError(f"pad, bos and eos must be three distinct tokens, got ids {ids}")
+    return tokenizer
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------------------
+
+
+def tiny_config(
+    arch: Arch,
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    *,
+    dropout: float | None = None,
+    max_position_embeddings: int | None = None,
+    **overrides: object,
+) -> PretrainedConfig:
+    """A small ``transformers`` config of the given architecture, sized and tokenised for ``tokenizer``.
+
+    ``vocab_size = len(tokenizer)``; ``pad/bos/eos_token_id`` come from the tokenizer; the number of
+    positions defaults to ``tokenizer.model_max_length``. Differences between the architectures are kept on
+    purpose so the library is tested against them: gpt2 has learned absolute positions, tied embeddings and
+    dropout 0.1 by default; llama has rotary positions, untied embeddings and no dropout; qwen2 adds
+    attention biases and grouped-query attention (``num_heads // 2`` key/value heads).
+
+    Args:
+        dropout: when given, every dropout probability of the config is set to it (gpt2: residual,
+            embedding, attention and summary dropout; llama/qwen2: attention dropout). ``None`` keeps the
+            architecture's defaults, so code that must disable dropout in RLHF is really exercised.
+        overrides: any further config fields, passed to the config class as is.
+    """
+    n_positions = max_position_embeddings or int(tokenizer.model_max_length)
+    ids = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if arch == "gpt2":
+        fields: dict[str, object] = {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads}
+        fields["n_positions"] = n_positions
+        if dropout is not None:
+            fields |= {
+                k: dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+            }
+        return GPT2Config(**ids, **fields, **overrides)
+    if arch in ("llama", "qwen2"):
+        fields = {
+            "hidden_size": hidden_size,
+            "intermediate_size": 4 * hidden_size,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_heads if arch == "llama" else max(1, num_heads // 2),
+            "max_position_embeddings": n_positions,
+        }
+        if dropout is not None:
+            fields["attention_dropout"] = dropout
+        config_class = LlamaConfig if arch == "llama" else Qwen2Config
+        return config_class(**ids, **fields, **overrides)
+    raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
+
+
+def tiny_causal_lm(
+    arch: Arch,
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    *,
+    dropout: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> PreTrainedModel:
+    """A randomly initialised causal LM (``AutoModelForCausalLM``) of architecture ``arch`` for ``tokenizer``.
+
+    The same ``seed`` gives the same weights; the global torch RNG is left as it was. The model is in torch's default
+    dtype (float32), in train mode (as ``from_config`` returns it), and ``save_pretrained``/``from_pretrained`` round-trippable.
+    See :func:`tiny_config` for sizes, ``dropout`` and the differences between architectures.
+    """
+    config = tiny_config(
+        arch,
+        tokenizer,
+        hidden_size,
+        num_layers,
+        num_heads,
+        dropout=dropout,
+        max_position_embeddings=max_position_embeddings,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def tiny_reward_model(
+    arch: Arch,
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    *,
+    dropout: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> PreTrainedModel:
+    """A randomly initialised reward model: ``AutoModelForSequenceClassification`` with one output.
+
+    ``num_labels=1`` and ``pad_token_id`` set, so the model returns logits of shape ``(B, 1)``, read by
+    transformers at the rightmost non-pad token of each row. Same arguments and guarantees as
+    :func:`tiny_causal_lm`.
+    """
+    config = tiny_config(
+        arch,
+        tokenizer,
+        hidden_size,
+        num_layers,
+        num_heads,
+        dropout=dropout,
+        max_position_embeddings=max_position_embeddings,
+        num_labels=1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForSequenceClassification.from_config(config)
+
+
+def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """``save_pretrained`` the model and the tokenizer into one directory (created if needed); returns it.
+
+    The directory then loads with ``AutoModelForCausalLM`` (or ``...ForSequenceClassification``) and
+    ``AutoTokenizer.from_pretrained(path)``, like any checkpoint.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+__all__ = [
+    "ARCHS",
+    "CHAT_TEMPLATE",
+    "Arch",
+    "save_tiny",
+    "tiny_causal_lm",
+    "tiny_config",
+    "tiny_reward_model",
+    "toy_corpus",
+    "train_tokenizer",
+]

@@ -1,0 +1,174 @@
+"""Shared fixtures: a locally trained tokenizer and tiny random-init models saved to disk — offline, built once.
+
+Session-scoped fixtures yield *directories* (``save_pretrained`` model + tokenizer), so tests load them with
+``from_pretrained`` exactly as a user would load a checkpoint and can never leak mutations into each other.
+The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same reason (tests may set
+``padding_side``). Everything is built lazily on first use and cached for the session.
+
+| fixture | yields |
+|---|---|
+| ``tokenizer_dir`` / ``tokenizer`` | the main tokenizer (specials at ids 0..5): its directory / a fresh instance |
+| ``other_tokenizer_dir`` / ``other_tokenizer`` | a different tokenizer (other corpus and vocab size, specials last) |
+| ``tiny_llama_dir``, ``tiny_gpt2_dir``, ``tiny_qwen2_dir`` | causal LM + main tokenizer, one per architecture |
+| ``tiny_model_dir`` | parametrised over the three architectures above |
+| ``tiny_reward_model_dir`` | llama reward model (one output) + main tokenizer |
+| ``tiny_reward_model_other_tokenizer_dir`` | gpt2 reward model + ``other_tokenizer`` |
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# transformers (≈2 s to import) and rlhf.models are imported inside the fixtures, so runs that need no model
+# (tests/core) do not pay for them.
+ARCHS = ("llama", "gpt2", "qwen2")  # = rlhf.models.tiny.ARCHS, checked in tests/models/test_tiny.py
+
+# Tiny models gain nothing from many threads, and parallel test workers would oversubscribe the CPU.
+torch.set_num_threads(2)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` when no CUDA device is available."""
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything() -> None:
+    """Every test starts from the same torch and ``random`` RNG state, whatever ran before it."""
+    torch.manual_seed(0)
+    random.seed(0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tokenizers
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Session directory holding every tiny tokenizer and model."""
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tiny_root: Path) -> Path:
+    """The main tokenizer: 512-token byte-level BPE on ``toy_corpus(2000, seed=0)``, specials at ids 0..5."""
+    from rlhf.models.tiny import toy_corpus, train_tokenizer
+
+    path = tiny_root / "tokenizer"
+    train_tokenizer(toy_corpus(2000, seed=0), vocab_size=512).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer_dir(tiny_root: Path) -> Path:
+    """A second tokenizer whose ids differ from the main one's, special tokens included (they come last)."""
+    from rlhf.models.tiny import toy_corpus, train_tokenizer
+
+    path = tiny_root / "other_tokenizer"
+    train_tokenizer(toy_corpus(500, seed=1), vocab_size=384, specials_last=True).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
+    """A fresh instance of the main tokenizer (``padding_side="right"``), loaded from ``tokenizer_dir``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture
+def other_tokenizer(other_tokenizer_dir: Path) -> PreTrainedTokenizerBase:
+    """A fresh instance of the second tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(other_tokenizer_dir)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_factory(tiny_root: Path, tokenizer_dir: Path) -> Callable[[str], Path]:
+    """``factory(arch) -> Path``: builds (once per session) and saves a tiny causal LM with the main tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rlhf.models.tiny import save_tiny, tiny_causal_lm
+
+    built: dict[str, Path] = {}
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+    def factory(arch: str) -> Path:
+        if arch not in built:
+            built[arch] = save_tiny(tiny_causal_lm(arch, tok, seed=0), tok, tiny_root / f"{arch}_causal_lm")
+        return built[arch]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tiny_model_dir_factory: Callable[[str], Path]) -> Path:
+    """Llama causal LM (2 layers, hidden 64, rotary, untied embeddings, no dropout) + main tokenizer."""
+    return tiny_model_dir_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tiny_model_dir_factory: Callable[[str], Path]) -> Path:
+    """GPT-2 causal LM (absolute positions, tied embeddings, dropout 0.1) + main tokenizer."""
+    return tiny_model_dir_factory("gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tiny_model_dir_factory: Callable[[str], Path]) -> Path:
+    """Qwen2 causal LM (attention biases, grouped-query attention) + main tokenizer."""
+    return tiny_model_dir_factory("qwen2")
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny_model_dir(request: pytest.FixtureRequest, tiny_model_dir_factory: Callable[[str], Path]) -> Path:
+    """Each architecture's causal LM directory in turn (test ids ``[llama]``, ``[gpt2]``, ``[qwen2]``)."""
+    return tiny_model_dir_factory(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tiny_root: Path, tokenizer_dir: Path) -> Path:
+    """Llama reward model (``num_labels=1``) with the main tokenizer — the policy's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rlhf.models.tiny import save_tiny, tiny_reward_model
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return save_tiny(tiny_reward_model("llama", tok, seed=1), tok, tiny_root / "llama_reward_model")
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_other_tokenizer_dir(tiny_root: Path, other_tokenizer_dir: Path) -> Path:
+    """GPT-2 reward model with ``other_tokenizer``: scoring policy text with it needs decode + re-encode.
+
+    GPT-2 on purpose: its absolute positions make a left-padded forward without ``position_ids`` wrong.
+    """
+    from transformers import AutoTokenizer
+
+    from rlhf.models.tiny import save_tiny, tiny_reward_model
+
+    tok = AutoTokenizer.from_pretrained(other_tokenizer_dir)
+    return save_tiny(
+        tiny_reward_model("gpt2", tok, seed=2), tok, tiny_root / "gpt2_reward_model_other_tokenizer"
+    )
