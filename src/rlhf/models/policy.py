@@ -1,0 +1,123 @@
+"""The policy (a causal LM), its value function, and the one scoring forward every trainer shares.
+
+Notation: B sequences, C query (prompt) columns, T response columns, L = C + T, H hidden size, V vocab.
+Sequences are ``query ⊕ response``: the query is left-padded, the response right-padded after its stop
+token, so the T response positions are always the last T columns (checklist items 2, 4).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from rlhf.core.logprobs import entropy_from_logits, token_logprobs
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0 (checklist item 7).
+
+    With dropout on, the first PPO ratio is not 1 and the KL penalty is not reproducible. Attention
+    dropout in many HF models is a float read from the config at call time, not an ``nn.Dropout``.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        for attr in ("attention_dropout", "dropout", "attn_dropout"):
+            if isinstance(getattr(module, attr, None), float):
+                setattr(module, attr, 0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in list(vars(config).items()):
+            if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
+                setattr(config, key, 0.0)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) positions counting real tokens only: the first real token of a left-padded row is 0.
+
+    ``cumsum(mask) − 1`` clamped at 0 (pads get 0; they are masked anyway). Checklist item 2.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` can project only the last positions onto the vocabulary."""
+    forward = model.forward
+    try:
+        return "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class ScoredTokens(NamedTuple):
+    """Per-response-token quantities from one forward pass.
+
+    logprobs: (B, T) float32, log π(a_t | s_t) at sampling temperature.
+    values:   (B, T) float32 or None, V(s_t) read at the state before token t (checklist item 9).
+    entropy:  (B, T) float32 or None, entropy of the tempered next-token distribution.
+    """
+
+    logprobs: torch.Tensor
+    values: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+
+class ValueHead(nn.Module):
+    """A scalar head on the last hidden state: V(s) = w·h + b.
+
+    Zero-initialised (OAI ``model.py`` L368, N-details L318) so the first advantages equal the shaped
+    rewards, not noise from a random head.
+    """
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (...)"""
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+
+
+def score_response_tokens(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float,
+    value_head: ValueHead | None = None,
+    with_entropy: bool = False,
+) -> ScoredTokens:
+    """One forward of ``query ⊕ response`` giving response log-probs (and values, entropy).
+
+    input_ids, attention_mask: (B, L); the response is the last ``response_length`` = T columns.
+    Logits at position i predict token i+1, so response token t is scored by the logits at C−1+t
+    (checklist item 9); logits are divided by the sampling temperature (item 10). Only the T needed
+    positions are projected onto the vocabulary (``logits_to_keep``), which saves B·C·V floats.
+    Pad ids are replaced by 0 before the forward (item 1) and explicit position ids are passed (item 2).
+    """
+    T = response_length
+    ids = input_ids.masked_fill(attention_mask == 0, 0)
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        output_hidden_states=value_head is not None,
+    )
+    if accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = T + 1
+    out = model(**kwargs)
+    logits = out.logits[:, -(T + 1) : -1]  # (B, T, V): positions C−1 … L−2
+    logprobs = token_logprobs(logits, input_ids[:, -T:], temperature)
+    values = None
+    if value_head is not None:
+        values = value_head(out.hidden_states[-1][:, -(T + 1) : -1]).float()
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(logits, temperature=temperature).float()
+    return ScoredTokens(logprobs, values, entropy)

@@ -1,0 +1,156 @@
+"""Reward functions written in Python: ``path/to/file.py:function`` or ``package.module:function``.
+
+The function is called the way TRL calls its reward functions, so users can bring theirs unchanged::
+
+    def reward(prompts: list[str], completions: list[str], **columns) -> list[float | None]: ...
+
+``columns`` are the extra dataset columns of the batch, each a list with one value per completion.
+A function without ``**kwargs`` receives only what it declares: ``def f(completions)`` gets just the
+completions, ``def f(completions, answer)`` the completions and the ``answer`` column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rlhf.rollout.rewards.base import RewardError
+
+_BUILTIN_ARGS = ("prompts", "completions")
+
+
+class FunctionReward:
+    """A Python callable used as a reward source.
+
+    Build one with :meth:`load` from a spec string, or directly from a callable. The signature is checked
+    once, here: the function must accept ``completions`` by keyword (or take ``**kwargs``); it may not
+    have positional-only parameters without defaults.
+    """
+
+    def __init__(self, function: Callable[..., Any], *, name: str | None = None, spec: str | None = None):
+        if not callable(function):
+            raise RewardError(f"reward {spec or function!r} is a {type(function).__name__}, not a callable")
+        self.function = function
+        self.name = name or getattr(function, "__name__", None) or type(function).__name__
+        self.spec = spec or f"{getattr(function, '__module__', '?')}:{self.name}"
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):  # some builtins have no signature: pass everything
+            self.accepts_kwargs, self.parameters, self.required = True, frozenset(), frozenset()
+            return
+        params = signature.parameters.values()
+        self.accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+        keyword = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        self.parameters = frozenset(p.name for p in keyword)
+        """Keyword parameters the function declares (``prompts``, ``completions`` and column names)."""
+        self.required = frozenset(p.name for p in keyword if p.default is p.empty)
+        positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+        if positional_only:
+            raise RewardError(
+                f"reward function {self.spec!r}: positional-only parameter(s) {', '.join(positional_only)} "
+                "cannot be passed; it is called as function(prompts=..., completions=..., **columns)"
+            )
+        if "completions" not in self.parameters and not self.accepts_kwargs:
+            raise RewardError(
+                f"reward function {self.spec!r}{signature} has no `completions` parameter; it is called as "
+                "function(prompts=list[str], completions=list[str], **columns) -> list[float | None]"
+            )
+
+    @classmethod
+    def load(cls, spec: str, *, name: str | None = None) -> FunctionReward:
+        """``path/to/file.py:function`` (relative to the current directory) or ``package.module:function``.
+
+        The attribute may be dotted (``module:Class.method``). Errors name the file or module, with the
+        original import error, or the callables the module does have.
+        """
+        target, sep, attribute = spec.rpartition(":")
+        if not sep or not target or not attribute:
+            raise RewardError(
+                f"reward spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`"
+            )
+        module = _load_file(target, spec) if target.endswith(".py") else _load_module(target, spec)
+        obj: Any = module
+        for part in attribute.split("."):
+            if not hasattr(obj, part):
+                found = ", ".join(_public_callables(module)) or "none"
+                raise RewardError(
+                    f"reward {spec!r}: {target} has no attribute {attribute!r}; its callables: {found}"
+                )
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise RewardError(f"reward {spec!r}: {attribute!r} is a {type(obj).__name__}, not a callable")
+        return cls(obj, name=name or attribute.rsplit(".", 1)[-1], spec=spec)
+
+    def score(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list]
+    ) -> list[float | None]:
+        """Call the function with the keyword arguments it can take."""
+        kwargs = {"prompts": prompts, "completions": completions, **columns}
+        if not self.accepts_kwargs:
+            missing = sorted(self.required - kwargs.keys())
+            if missing:
+                raise RewardError(
+                    f"reward function {self.spec!r} requires {', '.join(missing)}, which the batch does not "
+                    f"have; available: {', '.join(kwargs)}"
+                )
+            kwargs = {key: value for key, value in kwargs.items() if key in self.parameters}
+        return self.function(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"FunctionReward({self.spec!r}, name={self.name!r})"
+
+
+def _load_file(target: str, spec: str) -> ModuleType:
+    path = Path(target).expanduser()
+    resolved = path.resolve()
+    if not resolved.is_file():
+        raise RewardError(f"reward {spec!r}: no such file {str(path)!r} (looked at {resolved})")
+    # A unique module name per file, registered in sys.modules before running it, so dataclasses,
+    # pickling and relative lookups inside the file work as in a normally imported module.
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    module_name = f"rlhf_reward_{resolved.stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise RewardError(f"reward {spec!r}: {resolved} cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise RewardError(
+            f"reward {spec!r}: importing {resolved} failed: {type(error).__name__}: {error}"
+        ) from error
+    return module
+
+
+def _load_module(target: str, spec: str) -> ModuleType:
+    try:
+        return importlib.import_module(target)
+    except Exception as error:
+        hint = ""
+        if isinstance(error, ModuleNotFoundError) and os.getcwd() not in sys.path and "" not in sys.path:
+            hint = (
+                " (the current directory is not on sys.path: use `path/to/file.py:function`, or add the "
+                "directory to PYTHONPATH)"
+            )
+        raise RewardError(
+            f"reward {spec!r}: cannot import module {target!r}: {type(error).__name__}: {error}{hint}"
+        ) from error
+
+
+def _public_callables(module: ModuleType) -> list[str]:
+    """Public callables defined in ``module`` itself (falls back to every public callable)."""
+    public = {n: v for n, v in vars(module).items() if callable(v) and not n.startswith("_")}
+    own = [n for n, v in public.items() if getattr(v, "__module__", None) == module.__name__]
+    return sorted(own or public)

@@ -1,0 +1,122 @@
+"""A reward served over HTTP: ``http://…`` or ``https://…``.
+
+Protocol (one POST per batch, JSON both ways, standard library only)::
+
+    request  {"prompts": [str, ...], "completions": [str, ...], "<column>": [...], ...}
+    reply    {"rewards": [float | null, ...]}          one per completion, in order
+
+Extra dataset columns are sent as further top-level keys, one list per column (as reward functions
+receive them as keyword arguments); a column named ``prompts`` or ``completions`` is not sent.
+A timeout, a refused connection, HTTP 408/429 and 5xx are retried with exponential backoff; other HTTP
+errors and malformed replies fail at once. Every error names the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+
+from rlhf.rollout.rewards.base import RewardError
+
+_RETRIED_STATUS = frozenset({408, 429})
+_BODY_EXCERPT = 200
+
+
+class HttpReward:
+    """POSTs each batch to ``url``; see the module docstring for the protocol.
+
+    Args:
+        url: ``http://`` or ``https://`` endpoint.
+        name: metric name; default the URL's host.
+        timeout: seconds to wait for each reply.
+        tries: attempts per batch (1 = no retry).
+        backoff: seconds slept before the second attempt, doubled before each further one.
+        headers: extra HTTP headers (e.g. ``Authorization``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        timeout: float = 30.0,
+        tries: int = 3,
+        backoff: float = 1.0,
+        headers: Mapping[str, str] | None = None,
+    ):
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise RewardError(f"reward URL {url!r} must look like http://host[:port]/path or https://…")
+        if tries < 1 or timeout <= 0 or backoff < 0:
+            raise ValueError(f"reward {url}: need tries >= 1, timeout > 0, backoff >= 0")
+        self.url = url
+        self.name = name or parsed.hostname
+        self.timeout, self.tries, self.backoff = float(timeout), int(tries), float(backoff)
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
+
+    def score(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list]
+    ) -> list[float | None]:
+        body = {key: value for key, value in columns.items() if key not in ("prompts", "completions")}
+        body |= {"prompts": prompts, "completions": completions}
+        try:
+            data = json.dumps(body).encode()
+        except (TypeError, ValueError) as error:
+            raise RewardError(f"reward {self.url}: the batch is not JSON-serialisable: {error}") from error
+        reply = self._post(data)
+        try:
+            parsed = json.loads(reply)
+        except ValueError as error:
+            raise RewardError(f"reward {self.url}: reply is not JSON: {_cut(reply)}") from error
+        if not isinstance(parsed, dict) or "rewards" not in parsed:
+            raise RewardError(f'reward {self.url}: reply has no "rewards" key: {_cut(reply)}')
+        rewards = parsed["rewards"]
+        if not isinstance(rewards, list) or len(rewards) != len(completions):
+            got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"a {type(rewards).__name__}"
+            raise RewardError(f'reward {self.url}: "rewards" is {got}, expected a list of {len(completions)}')
+        return rewards
+
+    def _post(self, data: bytes) -> bytes:
+        """The reply body; retries transient failures, raises :class:`RewardError` naming the URL."""
+        failures = []
+        for attempt in range(self.tries):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=data, headers=self.headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as error:
+                try:
+                    body = error.read()
+                except OSError:
+                    body = b""
+                detail = f"HTTP {error.code} {error.reason}: {_cut(body)}"
+                if error.code < 500 and error.code not in _RETRIED_STATUS:
+                    raise RewardError(f"reward {self.url} refused the request: {detail}") from error
+                failures.append(detail)
+            except TimeoutError as error:  # a read timeout (socket.timeout is TimeoutError)
+                failures.append(f"no reply within {self.timeout:g} s ({error})")
+            except urllib.error.URLError as error:
+                reason = error.reason
+                if isinstance(reason, TimeoutError):
+                    failures.append(f"no reply within {self.timeout:g} s ({reason})")
+                else:
+                    failures.append(f"cannot connect: {reason}")
+            except OSError as error:  # connection reset mid-reply and the like
+                failures.append(f"{type(error).__name__}: {error}")
+        attempts = "; ".join(f"try {i + 1}: {failure}" for i, failure in enumerate(failures))
+        raise RewardError(f"reward {self.url} failed after {self.tries} tries — {attempts}")
+
+    def __repr__(self) -> str:
+        return f"HttpReward({self.url!r}, name={self.name!r})"
+
+
+def _cut(body: bytes | str) -> str:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = text.strip()
+    return repr(text[:_BODY_EXCERPT] + "…") if len(text) > _BODY_EXCERPT else repr(text)
