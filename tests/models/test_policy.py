@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhf.core.logprobs import response_logprobs
-from rlhf.models.policy import ValueHead, disable_dropout, position_ids_from_mask, score_response_tokens
+from rlhf.models.policy import ValueHead, disable_dropout, score_response_tokens
 
 
 def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +65,3 @@ def test_disable_dropout_makes_train_mode_deterministic(tiny_gpt2_dir):
     assert not torch.equal(model(ids).logits, model(ids).logits)
     disable_dropout(model)
     assert torch.equal(model(ids).logits, model(ids).logits)
-
-
-def test_position_ids_from_mask():
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rlhf.core.logprobs import entropy_from_logits, token_logprobs
+from rlhf.data.collate import position_ids_from_mask
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -33,14 +34,6 @@ def disable_dropout(model: nn.Module) -> None:
         for key, value in list(vars(config).items()):
             if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
                 setattr(config, key, 0.0)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) positions counting real tokens only: the first real token of a left-padded row is 0.
-
-    ``cumsum(mask) − 1`` clamped at 0 (pads get 0; they are masked anyway). Checklist item 2.
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlhf.models.policy import accepts_logits_to_keep, position_ids_from_mask
+from rlhf.data.collate import position_ids_from_mask
+from rlhf.models.policy import accepts_logits_to_keep
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,138 @@
+"""Data files for every command: reading, validation with ``file:line`` errors, tokenisation, collation.
+
+The three ``load_*`` functions are what trainers call; each reads, validates and tokenises a whole file
+before any training starts, and raises one `DataError` listing every problem found::
+
+    tokenizer = AutoTokenizer.from_pretrained(...)
+    ensure_pad_token(tokenizer)                   # a pad token distinct from eos (checklist item 1)
+    prompts = load_prompts("prompts.jsonl", tokenizer, max_prompt_length=256)
+    stream = PromptStream(prompts, batch_size=64, seed=0)
+    batch = next(stream)
+    input_ids, attention_mask = left_pad(batch.input_ids, require_pad_token_id(tokenizer))
+
+Formats: JSONL, JSON, Parquet, or a ``datasets`` directory (`read_records`). Shapes per kind: see
+`rlhf.data.records`. Conventions for special tokens and truncation: see `rlhf.data.tokenization`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from rlhf.data.collate import (
+    PreferenceBatch,
+    SFTBatch,
+    collate_preferences,
+    collate_sft,
+    left_pad,
+    pad_sequences,
+    position_ids_from_mask,
+    right_pad,
+)
+from rlhf.data.files import DataError, Record, read_records
+from rlhf.data.records import (
+    PreferenceExample,
+    PromptExample,
+    SFTExample,
+    validate_preferences,
+    validate_prompts,
+    validate_sft,
+)
+from rlhf.data.stream import PromptBatch, PromptStream, held_out
+from rlhf.data.tokenization import (
+    IGNORE_INDEX,
+    TokenizedPreference,
+    TokenizedPrompt,
+    TokenizedSFT,
+    ensure_pad_token,
+    require_pad_token_id,
+    tokenize_preferences,
+    tokenize_prompts,
+    tokenize_sft,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+PathLike = str | os.PathLike[str]
+
+
+def read_prompts(path: PathLike) -> list[PromptExample]:
+    """Read and validate a prompts file (no tokenizer needed): raises `DataError` with ``file:line``."""
+    return validate_prompts(read_records(path))
+
+
+def read_sft(path: PathLike) -> list[SFTExample]:
+    """Read and validate an SFT file (no tokenizer needed): raises `DataError` with ``file:line``."""
+    return validate_sft(read_records(path))
+
+
+def read_preferences(path: PathLike) -> list[PreferenceExample]:
+    """Read and validate a preferences file (no tokenizer needed): raises `DataError` with ``file:line``."""
+    return validate_preferences(read_records(path))
+
+
+def load_prompts(
+    path: PathLike, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None = None
+) -> list[TokenizedPrompt]:
+    """Read, validate and tokenise prompts for generation (count ``p.truncated`` to log truncations)."""
+    require_pad_token_id(tokenizer)
+    return tokenize_prompts(read_prompts(path), tokenizer, max_prompt_length)
+
+
+def load_sft(
+    path: PathLike, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None
+) -> list[TokenizedSFT]:
+    """Read, validate and tokenise SFT demonstrations: (input_ids, labels) with loss on responses only."""
+    require_pad_token_id(tokenizer)
+    return tokenize_sft(read_sft(path), tokenizer, max_length)
+
+
+def load_preferences(
+    path: PathLike,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int | None = None,
+    max_prompt_length: int | None = None,
+) -> list[TokenizedPreference]:
+    """Read, validate and tokenise comparisons for the reward model (eos appended to each response)."""
+    require_pad_token_id(tokenizer)
+    return tokenize_preferences(read_preferences(path), tokenizer, max_length, max_prompt_length)
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "DataError",
+    "PreferenceBatch",
+    "PreferenceExample",
+    "PromptBatch",
+    "PromptExample",
+    "PromptStream",
+    "Record",
+    "SFTBatch",
+    "SFTExample",
+    "TokenizedPreference",
+    "TokenizedPrompt",
+    "TokenizedSFT",
+    "collate_preferences",
+    "collate_sft",
+    "ensure_pad_token",
+    "held_out",
+    "left_pad",
+    "load_preferences",
+    "load_prompts",
+    "load_sft",
+    "pad_sequences",
+    "position_ids_from_mask",
+    "read_preferences",
+    "read_prompts",
+    "read_records",
+    "read_sft",
+    "require_pad_token_id",
+    "right_pad",
+    "tokenize_preferences",
+    "tokenize_prompts",
+    "tokenize_sft",
+    "validate_preferences",
+    "validate_prompts",
+    "validate_sft",
+]

@@ -1,0 +1,176 @@
+"""The prompt stream for RL (PPO, GRPO): seeded shuffled batches, epoch after epoch, exactly resumable.
+
+Epoch ``e`` visits every prompt once, in an order that depends only on ``(seed, e)``; batches run across the
+epoch boundary (the last batch of an epoch is completed from the start of the next), so no prompt is ever
+skipped and any batch size works, larger than the dataset included (a batch that straddles two epochs
+may then hold the same prompt twice). The position is ``(epoch, index)``;
+`PromptStream.state_dict` saves it with the seed, and a stream loaded from that state yields exactly the
+batches the original would have yielded next.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rlhf.data.records import Message
+from rlhf.data.tokenization import TokenizedPrompt
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """``B`` prompts for one RL iteration.
+
+    - ``texts``: the prompts as reward functions receive them (``prompts=texts``);
+    - ``input_ids``: unpadded prompt ids (`left_pad` them for generation);
+    - ``columns``: the dataset's extra columns as keyword lists, ``reward(..., **columns)`` (a prompt without
+      a column has ``None`` there);
+    - ``messages``: the conversation of chat prompts (``None`` for plain ones);
+    - ``indices``: each prompt's position in the dataset.
+    """
+
+    texts: list[str]
+    input_ids: list[list[int]]
+    columns: dict[str, list[Any]]
+    messages: list[list[Message] | None]
+    indices: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @classmethod
+    def of(cls, prompts: Sequence[TokenizedPrompt], indices: Sequence[int]) -> PromptBatch:
+        """The batch of ``prompts[i] for i in indices``."""
+        chosen = [prompts[i] for i in indices]
+        keys = list(dict.fromkeys(k for p in chosen for k in p.columns))
+        return cls(
+            texts=[p.text for p in chosen],
+            input_ids=[list(p.input_ids) for p in chosen],
+            columns={k: [p.columns.get(k) for p in chosen] for k in keys},
+            messages=[p.messages for p in chosen],
+            indices=list(indices),
+        )
+
+    def shard(self, rank: int, world_size: int) -> PromptBatch:
+        """This rank's share of a global batch: rows ``rank, rank + world_size, ...``."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if len(self) % world_size:
+            raise ValueError(f"a batch of {len(self)} prompts does not split evenly over {world_size} ranks")
+        rows = slice(rank, None, world_size)
+        return PromptBatch(
+            texts=self.texts[rows],
+            input_ids=self.input_ids[rows],
+            columns={k: v[rows] for k, v in self.columns.items()},
+            messages=self.messages[rows],
+            indices=self.indices[rows],
+        )
+
+
+def _fingerprint(prompts: Sequence[TokenizedPrompt]) -> str:
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.text.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+class PromptStream:
+    """An endless iterator of `PromptBatch` of ``batch_size`` prompts, shuffled per epoch from ``seed``.
+
+    ::
+
+        stream = PromptStream(prompts, batch_size=8, seed=0)
+        batch = next(stream)
+        state = stream.state_dict()          # saved with the checkpoint
+        resumed = PromptStream(prompts, batch_size=8)
+        resumed.load_state_dict(state)       # next(resumed) == next(stream)
+    """
+
+    def __init__(
+        self, prompts: Sequence[TokenizedPrompt], batch_size: int, seed: int = 0, shuffle: bool = True
+    ):
+        if not prompts:
+            raise ValueError("PromptStream needs at least one prompt")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.prompts = prompts
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.index = 0  # next position in this epoch's order
+        self._fingerprint = _fingerprint(prompts)
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    def order(self, epoch: int) -> list[int]:
+        """The visiting order of epoch ``epoch``: a permutation of ``range(len(prompts))``."""
+        if epoch != self._order_epoch:
+            order = list(range(len(self.prompts)))
+            if self.shuffle:
+                # A string seed is hashed with SHA-512 by `random`: stable across runs, platforms and
+                # PYTHONHASHSEED, and (seed, epoch) pairs never collide as seed + epoch would.
+                random.Random(f"rlhf.prompts:{self.seed}:{epoch}").shuffle(order)
+            self._order_epoch, self._order = epoch, order
+        return self._order
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        return self
+
+    def __next__(self) -> PromptBatch:
+        indices: list[int] = []
+        while len(indices) < self.batch_size:
+            order = self.order(self.epoch)
+            take = order[self.index : self.index + self.batch_size - len(indices)]
+            indices += take
+            self.index += len(take)
+            if self.index == len(order):
+                self.epoch, self.index = self.epoch + 1, 0
+        return PromptBatch.of(self.prompts, indices)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position: ``{"seed", "epoch", "index", "shuffle", "num_prompts", "fingerprint"}``."""
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "index": self.index,
+            "shuffle": self.shuffle,
+            "num_prompts": len(self.prompts),
+            "fingerprint": self._fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; refuses a state saved with different prompts."""
+        if state["num_prompts"] != len(self.prompts) or state["fingerprint"] != self._fingerprint:
+            raise ValueError(
+                f"the prompt stream state was saved with other prompts ({state['num_prompts']} prompts, "
+                f"fingerprint {state['fingerprint']}; now {len(self.prompts)}, {self._fingerprint}): "
+                "resume with the same train_data"
+            )
+        if not 0 <= state["index"] < len(self.prompts) or state["epoch"] < 0:
+            raise ValueError(
+                f"invalid prompt stream position: epoch {state['epoch']}, index {state['index']}"
+            )
+        self.seed, self.shuffle = state["seed"], state["shuffle"]
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order_epoch = -1
+
+
+T = TypeVar("T")
+
+
+def held_out(items: Sequence[T], n: int, seed: int = 0) -> tuple[list[T], list[T]]:
+    """Split ``items`` into (train, held-out) with ``n`` held out — e.g. eval prompts when no eval_data is given.
+
+    Deterministic for a given ``seed`` and disjoint; both parts keep the original order.
+    """
+    if not 0 <= n < len(items):
+        raise ValueError(f"cannot hold out {n} of {len(items)} items and keep some for training")
+    order = list(range(len(items)))
+    random.Random(f"rlhf.held_out:{seed}").shuffle(order)
+    held = set(order[:n])
+    return [x for i, x in enumerate(items) if i not in held], [x for i, x in enumerate(items) if i in held]

@@ -1,0 +1,401 @@
+"""Tokenisation of validated examples with a Hugging Face tokenizer (passed in; never imported here).
+
+Conventions (``reference/ppo_checklist.md`` items 1, 2, 21):
+
+- **Plain text** is encoded the way the tokenizer encodes a single text with special tokens (so a Llama
+  tokenizer puts its ``<s>`` in front and GPT-2 adds nothing) — except that a special token the tokenizer
+  would *append* (an eos, say) is left out of prompts: the response comes after the prompt. Responses are
+  encoded without special tokens, separately from the prompt (so the prompt/response boundary is where
+  generation puts it), then ``eos_token_id`` is appended.
+- **Chat** examples go through ``tokenizer.apply_chat_template``; the template writes its own special
+  tokens, and its own end of turn closes each assistant message.
+- **Truncation**: prompts lose tokens on the *left* (the end of a prompt, nearest the response, matters
+  most; a leading bos is kept); responses lose tokens on the *right*. Each tokenised example says whether it
+  was truncated, for the caller to count and log.
+
+Multi-turn SFT labels are found by rendering the conversation incrementally: for each assistant message,
+``messages[:i]`` with the generation prompt, then ``messages[:i+1]``; the tokens the second rendering adds are
+that turn's tokens (its content and end of turn). This needs the *prefix property* — every shorter rendering
+tokenises to a prefix of the longer one — which is checked, with a clear error for a template that breaks it
+(e.g. one that rewrites earlier turns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rlhf.data.files import DataError, ProblemList
+from rlhf.data.records import Message, PreferenceExample, PromptExample, SFTExample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100
+"""Label of a token that carries no loss (prompt, padding, user/system turns); PyTorch's cross-entropy default."""
+
+DEFAULT_PAD_TOKEN = "<|pad|>"
+
+
+@dataclass(frozen=True)
+class TokenizedPrompt:
+    """A prompt ready for generation.
+
+    ``text`` is what reward functions receive as the prompt: the prompt string, or for chat the rendered
+    template (generation prompt included), before any truncation. ``columns`` are the record's other keys.
+    """
+
+    where: str
+    text: str
+    input_ids: list[int]
+    columns: dict[str, Any] = field(default_factory=dict)
+    messages: list[Message] | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizedSFT:
+    """One SFT sequence: ``labels[i]`` is ``input_ids[i]`` on trained tokens, `IGNORE_INDEX` elsewhere."""
+
+    where: str
+    input_ids: list[int]
+    labels: list[int]
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizedPreference:
+    """One comparison: the reward model scores ``prompt_ids + chosen_ids`` against ``prompt_ids + rejected_ids``.
+
+    Each response ends with the eos token (checklist item 21), unless it was truncated.
+    """
+
+    where: str
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    margin: float = 0.0
+    truncated: bool = False
+
+
+class TemplateError(Exception):
+    """Internal: a chat template misbehaved on one example (message without location)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pad token (checklist item 1)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def require_pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The tokenizer's pad id, refusing a tokenizer without a pad token or whose pad token is its eos.
+
+    With pad == eos every mask built from ``ids != pad_token_id`` also hides the real end-of-sequence tokens,
+    and the policy never learns to stop (checklist item 1).
+    """
+    fix = (
+        f'add a distinct pad token, e.g. tokenizer.add_special_tokens({{"pad_token": "{DEFAULT_PAD_TOKEN}"}}) '
+        "(rlhf.data.ensure_pad_token does this)"
+    )
+    if tokenizer.pad_token is None or tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer has no pad token; {fix}")
+    if tokenizer.eos_token_id is not None and tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise ValueError(
+            f"the tokenizer's pad token {tokenizer.pad_token!r} is also its eos token, so padding would mask "
+            f"real end-of-sequence tokens; {fix}"
+        )
+    return int(tokenizer.pad_token_id)
+
+
+def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, pad_token: str = DEFAULT_PAD_TOKEN) -> bool:
+    """Give the tokenizer a pad token distinct from eos if it has none (or pad == eos); True if it did.
+
+    The new token may lie beyond the model's embedding matrix: either resize the embeddings, or (what the
+    reference implementations do, checklist item 1) replace pad ids by any valid id before the forward pass —
+    padded positions are masked anyway.
+    """
+    if tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return False
+    if pad_token == tokenizer.eos_token:
+        raise ValueError(f"pad_token {pad_token!r} is the eos token; choose another string")
+    tokenizer.add_special_tokens({"pad_token": pad_token})
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Encoding helpers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token: responses must end with one (checklist item 21)")
+    return int(tokenizer.eos_token_id)
+
+
+def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The special tokens the tokenizer puts *before* a single text (e.g. Llama's bos), found by probing."""
+    probe = "a"
+    bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(bare) + 1):
+        if full[k : k + len(bare)] == bare:
+            return list(full[:k])
+    return []
+
+
+def _encode_batch(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool
+) -> str:
+    """The chat template's text for ``messages`` (raises `TemplateError` on a template failure)."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    # Jinja raises its own types (TemplateError, UndefinedError) and templates raise_exception anything.
+    except Exception as e:
+        raise TemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
+
+
+def _chat_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool
+) -> list[int]:
+    return _encode_batch(tokenizer, [render_chat(tokenizer, messages, add_generation_prompt)])[0]
+
+
+def _extend(ids: list[int], longer: list[int], what: str) -> list[int]:
+    """The tokens ``longer`` adds after ``ids``, checking the prefix property of the chat template."""
+    if longer[: len(ids)] != ids:
+        n = next(
+            (i for i, (a, b) in enumerate(zip(ids, longer, strict=False)) if a != b),
+            min(len(ids), len(longer)),
+        )
+        raise TemplateError(
+            f"the chat template breaks the prefix property at {what}: the conversation rendered so far "
+            f"({len(ids)} tokens) is not a prefix of the longer rendering (they differ from token {n}); a "
+            "template that rewrites earlier turns cannot mark the assistant tokens incrementally — use a "
+            "template where adding a message only appends text"
+        )
+    return longer[len(ids) :]
+
+
+def _through_last(ids: list[int], token: int) -> int:
+    """Length of ``ids`` up to and including the last ``token`` (``len(ids)`` if absent)."""
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == token:
+            return i + 1
+    return len(ids)
+
+
+def truncate_left(
+    ids: list[int], max_length: int | None, keep_first: int | None = None
+) -> tuple[list[int], bool]:
+    """Keep the last ``max_length`` tokens (and ``ids[0]`` if it is ``keep_first``, e.g. bos); (ids, truncated)."""
+    if max_length is None or len(ids) <= max_length:
+        return ids, False
+    if keep_first is not None and ids and ids[0] == keep_first and max_length > 1:
+        return [ids[0], *ids[len(ids) - (max_length - 1) :]], True
+    return ids[len(ids) - max_length :], True
+
+
+def _check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
+    if getattr(tokenizer, "chat_template", None) is None:
+        problem = (
+            "chat messages need a chat template, but the tokenizer has none (set tokenizer.chat_template)"
+        )
+        raise DataError([f"{where}: {problem}"])
+
+
+def _check_max(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{name} must be a positive number of tokens or None, got {value}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per kind
+# ----------------------------------------------------------------------------------------------------------
+
+
+def tokenize_prompts(
+    examples: Sequence[PromptExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int | None = None,
+) -> list[TokenizedPrompt]:
+    """Prompt ids for generation: plain text encoded as is, chat rendered with the generation prompt.
+
+    Prompts longer than ``max_prompt_length`` keep their last tokens (see `truncate_left`) and are marked
+    ``truncated``. Raises `DataError` (``file:line``) when the chat template fails on an example.
+    """
+    _check_max("max_prompt_length", max_prompt_length)
+    problems = ProblemList()
+    texts: list[str | None] = []
+    for ex in examples:
+        if ex.messages is None:
+            texts.append(ex.prompt)
+            continue
+        _check_chat_template(tokenizer, ex.where)
+        try:
+            texts.append(render_chat(tokenizer, ex.messages, add_generation_prompt=True))
+        except TemplateError as e:
+            problems.add(f"{ex.where}: {e}")
+            texts.append(None)
+    problems.raise_if_any()
+    plain = [i for i, ex in enumerate(examples) if ex.messages is None]
+    chat = [i for i, ex in enumerate(examples) if ex.messages is not None]
+    ids: list[list[int]] = [[] for _ in examples]
+    prefix = special_prefix(tokenizer) if plain else []
+    for i, row in zip(plain, _encode_batch(tokenizer, [texts[i] for i in plain]), strict=True):
+        ids[i] = prefix + row
+    for i, row in zip(chat, _encode_batch(tokenizer, [texts[i] for i in chat]), strict=True):
+        ids[i] = row
+    out = []
+    for ex, text, row in zip(examples, texts, ids, strict=True):
+        row, truncated = truncate_left(row, max_prompt_length, keep_first=tokenizer.bos_token_id)
+        out.append(TokenizedPrompt(ex.where, text, row, dict(ex.columns), ex.messages, truncated))
+    return out
+
+
+def _chat_sft(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: int
+) -> tuple[list[int], list[int]]:
+    ids: list[int] = []
+    labels: list[int] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        head = _extend(ids, _chat_ids(tokenizer, messages[:i], add_generation_prompt=True), f"message {i}")
+        ids += head
+        labels += [IGNORE_INDEX] * len(head)
+        turn = _extend(
+            ids, _chat_ids(tokenizer, messages[: i + 1], add_generation_prompt=False), f"message {i}"
+        )
+        # Train on the turn through its last eos; anything the template writes after it (a newline before
+        # the next turn) is context, not something the model must learn to emit before stopping.
+        n = _through_last(turn, eos)
+        ids += turn
+        labels += turn[:n] + [IGNORE_INDEX] * (len(turn) - n)
+    if messages[-1]["role"] != "assistant":  # trailing messages after the last assistant turn: context only
+        tail = _extend(ids, _chat_ids(tokenizer, messages, add_generation_prompt=False), "the last message")
+        ids += tail
+        labels += [IGNORE_INDEX] * len(tail)
+    return ids, labels
+
+
+def tokenize_sft(
+    examples: Sequence[SFTExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int | None = None,
+) -> list[TokenizedSFT]:
+    """(input_ids, labels) per example, loss on the response (plain) or on assistant turns (chat) only.
+
+    Plain: ``prompt ids + response ids + [eos]``, labels `IGNORE_INDEX` on the prompt. Chat: the rendered
+    conversation, labels on each assistant turn's tokens (its end of turn included). Sequences longer than
+    ``max_length`` lose tokens on the right. Raises `DataError` (``file:line``) for a template failure or a
+    broken prefix property, and for an example left with no trained token after truncation.
+    """
+    _check_max("max_length", max_length)
+    eos = _eos_id(tokenizer)
+    problems = ProblemList()
+    plain = [ex for ex in examples if ex.messages is None]
+    prefix = special_prefix(tokenizer) if plain else []
+    plain_prompts = iter(_encode_batch(tokenizer, [ex.prompt for ex in plain]))
+    plain_responses = iter(_encode_batch(tokenizer, [ex.response for ex in plain]))
+    out = []
+    for ex in examples:
+        if ex.messages is None:
+            prompt, response = prefix + next(plain_prompts), [*next(plain_responses), eos]
+            ids, labels = prompt + response, [IGNORE_INDEX] * len(prompt) + response
+        else:
+            _check_chat_template(tokenizer, ex.where)
+            try:
+                ids, labels = _chat_sft(tokenizer, ex.messages, eos)
+            except TemplateError as e:
+                problems.add(f"{ex.where}: {e}")
+                continue
+        truncated = max_length is not None and len(ids) > max_length
+        if truncated:
+            ids, labels = ids[:max_length], labels[:max_length]
+            if all(label == IGNORE_INDEX for label in labels):
+                problems.add(
+                    f"{ex.where}: nothing left to train on after truncating to max_length={max_length} "
+                    "(the response starts after it); shorten the prompt or raise max_length"
+                )
+                continue
+        out.append(TokenizedSFT(ex.where, ids, labels, truncated))
+    problems.raise_if_any()
+    return out
+
+
+def _chat_answer(
+    tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], ex: PreferenceExample, key: str
+) -> list[int]:
+    assert isinstance(ex.prompt, list)
+    answer = getattr(ex, key)
+    full = _chat_ids(tokenizer, [*ex.prompt, *answer], add_generation_prompt=False)
+    ids = _extend(prompt_ids, full, f'"{key}"')
+    eos = _eos_id(tokenizer)
+    # Score on an eos hidden state (checklist item 21): cut what the template writes after the last eos,
+    # or append one when its end of turn is some other token.
+    return ids[: _through_last(ids, eos)] if eos in ids else [*ids, eos]
+
+
+def tokenize_preferences(
+    examples: Sequence[PreferenceExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int | None = None,
+    max_prompt_length: int | None = None,
+) -> list[TokenizedPreference]:
+    """Prompt, chosen and rejected ids per comparison, each response ending with eos (checklist item 21).
+
+    Plain: the prompt as in `tokenize_prompts`, each response encoded alone + ``[eos]``. Chat: the prompt
+    rendered with the generation prompt; each answer is what ``prompt + answer`` adds to it, through its
+    last eos (eos appended when the template ends turns with another token). Prompts longer than
+    ``max_prompt_length`` keep their end; then responses are cut on the right so that prompt + response fits
+    ``max_length``. Raises `DataError` (``file:line``) for template failures and prompts that leave no room.
+    """
+    _check_max("max_length", max_length)
+    _check_max("max_prompt_length", max_prompt_length)
+    eos = _eos_id(tokenizer)
+    problems = ProblemList()
+    plain = [ex for ex in examples if not ex.is_chat]
+    prefix = special_prefix(tokenizer) if plain else []
+    plain_ids = [
+        iter(_encode_batch(tokenizer, [getattr(ex, k) for ex in plain]))
+        for k in ("prompt", "chosen", "rejected")
+    ]
+    out = []
+    for ex in examples:
+        if not ex.is_chat:
+            prompt, chosen, rejected = (next(it) for it in plain_ids)
+            prompt, chosen, rejected = prefix + prompt, [*chosen, eos], [*rejected, eos]
+        else:
+            _check_chat_template(tokenizer, ex.where)
+            try:
+                assert isinstance(ex.prompt, list)
+                prompt = _chat_ids(tokenizer, ex.prompt, add_generation_prompt=True)
+                chosen = _chat_answer(tokenizer, prompt, ex, "chosen")
+                rejected = _chat_answer(tokenizer, prompt, ex, "rejected")
+            except TemplateError as e:
+                problems.add(f"{ex.where}: {e}")
+                continue
+        prompt, truncated = truncate_left(prompt, max_prompt_length, keep_first=tokenizer.bos_token_id)
+        if max_length is not None:
+            room = max_length - len(prompt)
+            if room < 1:
+                problems.add(
+                    f"{ex.where}: the prompt takes {len(prompt)} tokens, leaving no room for a response within "
+                    f"max_length={max_length}; set max_prompt_length below max_length"
+                )
+                continue
+            truncated = truncated or len(chosen) > room or len(rejected) > room
+            chosen, rejected = chosen[:room], rejected[:room]
+        out.append(TokenizedPreference(ex.where, prompt, chosen, rejected, ex.margin, truncated))
+    problems.raise_if_any()
+    return out
