@@ -1,0 +1,72 @@
+"""Checkpoints: the complete training state at a step, written atomically; resume from the newest.
+
+Layout: ``output_dir/checkpoints/step_NNNNNN/state.pt``. A checkpoint is first written to
+``step_NNNNNN.tmp`` and renamed into place, so a run killed mid-write never leaves a checkpoint that
+looks complete; the ``.tmp`` leftovers are ignored and overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+STATE_FILE = "state.pt"
+
+
+def checkpoint_path(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def save_checkpoint(output_dir: str | Path, step: int, state: dict[str, Any], keep_last: int | None = None) -> Path:
+    """Write ``state`` (any ``torch.save``-able dict) as the checkpoint of ``step``; returns its directory.
+
+    ``keep_last`` deletes all but the newest ``keep_last`` checkpoints afterwards (None keeps all).
+    """
+    final = checkpoint_path(output_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with open(tmp / STATE_FILE, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    if final.exists():  # re-saving a step (e.g. after a resume): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    if keep_last is not None:
+        for old in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(old)
+    return final
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint directory written by :func:`save_checkpoint`.
+
+    ``weights_only=False`` because the state holds Python's RNG state and other plain objects; only load
+    checkpoints you wrote yourself.
+    """
+    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
