@@ -1,0 +1,242 @@
+"""`rlhf <command> --config FILE.yaml [--<field> <value> ...]`: help, dispatch, exit codes, light import.
+
+Most checks call `main(argv)` in-process; three run a real process (the console script / `python -m rlhf`)
+where only a process can tell: the import of torch, the help of the installed entry point, no traceback.
+"""
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf import cli
+from rlhf.config import COMMANDS, PPOConfig
+
+PPO_REQUIRED = {
+    "policy": "models/sft",
+    "reward": "models/rm",
+    "train_data": "p.jsonl",
+    "output_dir": "runs/ppo",
+}
+
+# The PPO fields DESIGN.md names (user-facing, fixed).
+DESIGN_PPO_FIELDS = [
+    "policy",
+    "reward",
+    "steps",
+    "max_new_tokens",
+    "temperature",
+    "kl_coef",
+    "eval_every",
+    "save_every",
+    "ppo_epochs",
+    "num_minibatches",
+    "critic",
+    "output_dir",
+    "seed",
+    "learning_rate",
+    "batch_size",
+    "train_data",
+    "eval_data",
+]
+
+
+def run_process(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+
+
+def flatten_help(text: str) -> str:
+    """Help text without rich's box drawing and line wrapping, for substring checks."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def write_config(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "ppo.yaml"
+    path.write_text(yaml.safe_dump({**PPO_REQUIRED, **fields}))
+    return path
+
+
+@pytest.fixture
+def fake_runner(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Point `rlhf ppo` at a stand-in module whose run(config) records the config it was given."""
+    received: list[object] = []
+    module = types.ModuleType("rlhf_test_fake_ppo")
+    module.run = received.append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rlhf_test_fake_ppo", module)
+    monkeypatch.setitem(cli.RUNNERS, "ppo", ("rlhf_test_fake_ppo", cli.RUNNERS["ppo"][1]))
+    return received
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Help
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: rlhf <command> --config FILE.yaml" in out
+    for command in COMMANDS:
+        assert re.search(rf"^  {command}\s+\S", out, re.MULTILINE), command
+
+
+def test_no_arguments_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "usage: rlhf <command>" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_command_help_lists_every_field_with_its_default(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([command, "--help"]) == 0
+    out = flatten_help(capsys.readouterr().out)
+    assert f"rlhf {command}" in out and "--config FILE.yaml" in out
+    for field in dataclasses.fields(COMMANDS[command]):
+        assert f"--{field.name}" in out, field.name
+    assert "(default:" in out
+
+
+def test_ppo_help_of_the_installed_command_documents_the_design_fields() -> None:
+    result = run_process(sys.executable, "-m", "rlhf", "ppo", "--help")
+    assert result.returncode == 0, result.stderr
+    out = flatten_help(result.stdout)
+    docs = {f.name: f for f in dataclasses.fields(PPOConfig)}
+    for name in DESIGN_PPO_FIELDS:
+        assert name in docs
+        # the flag, then its documentation: the first words of the field's docstring
+        match = re.search(rf"--{name} (\S+ )?(.*?)(\(default|\(required)", out)
+        assert match, f"--{name} missing from rlhf ppo --help"
+        assert len(match.group(2).split()) >= 3, f"--{name} has no documentation"
+    assert "--config FILE.yaml" in out
+
+
+def test_help_shows_the_yaml_values_as_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path, steps=123)), "--help"]) == 0
+    assert re.search(r"--steps INT .*?\(default: 123\)", flatten_help(capsys.readouterr().out))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Dispatch
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_dispatch_passes_the_merged_config_to_run(tmp_path: Path, fake_runner: list[object]) -> None:
+    path = write_config(tmp_path, batch_size=8, num_minibatches=3)  # invalid in the file, fixed by the flag
+    assert cli.main(["ppo", "--config", str(path), "--num_minibatches", "2", "--steps", "5"]) == 0
+    (config,) = fake_runner
+    assert isinstance(config, PPOConfig)
+    assert (config.batch_size, config.num_minibatches, config.steps, config.policy) == (8, 2, 5, "models/sft")
+
+
+def test_config_flag_with_equals_sign(tmp_path: Path, fake_runner: list[object]) -> None:
+    assert cli.main(["ppo", f"--config={write_config(tmp_path, steps=9)}"]) == 0
+    assert fake_runner[0].steps == 9  # type: ignore[attr-defined]
+
+
+def test_missing_trainer_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(cli.RUNNERS, "ppo", ("rlhf.trainers._not_built_for_this_test", "x"))
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "rlhf ppo: this command's trainer is not part of this build yet" in err
+
+
+def test_a_missing_dependency_inside_a_trainer_is_not_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "rlhf_test_broken_trainer.py").write_text("import rlhf_test_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.RUNNERS, "ppo", ("rlhf_test_broken_trainer", "x"))
+    with pytest.raises(ModuleNotFoundError, match="rlhf_test_no_such_dependency"):
+        cli.main(["ppo", "--config", str(write_config(tmp_path))])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors: exit code 2, one line on stderr, no traceback
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["ppx"], "unknown command 'ppx'; did you mean 'ppo'?"),
+        (["ppo"], "missing required fields output_dir, train_data, policy, reward"),
+        (["ppo", "--config"], "--config needs a YAML file"),
+        (["ppo", "--config", "a.yaml", "--config", "b.yaml"], "--config is given twice"),
+        (["ppo", "--config", "/nonexistent/run.yaml"], "does not exist"),
+    ],
+)
+def test_refusals_exit_2_with_one_line(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags", "expected"),
+    [
+        ({"kl_coeff": 0.1}, [], "unknown key 'kl_coeff'; did you mean 'kl_coef'?"),
+        ({"batch_size": "eight"}, [], "batch_size: expected an integer, got 'eight'"),
+        ({"batch_size": 8, "num_minibatches": 3}, [], "num_minibatches=3 does not divide batch_size=8"),
+        ({}, ["--learning_rate", "-1"], "learning_rate=-1.0 is out of range; it must be > 0"),
+        ({"reward": [{"source": "a.py:f"}, {"source": "b.py:f"}]}, [], "give each reward a distinct `name`"),
+    ],
+)
+def test_config_refusals_exit_2_before_any_work(
+    tmp_path: Path,
+    fields: dict[str, object],
+    flags: list[str],
+    expected: str,
+    fake_runner: list[object],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path, **fields)), *flags]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1
+    assert fake_runner == []  # refused before the run started
+
+
+@pytest.mark.parametrize(
+    "flags", [["--kl_estimator", "k4"], ["--steps", "many"], ["--no_such_field", "1"], ["--lora", "[1"]]
+)
+def test_malformed_flags_exit_2(
+    tmp_path: Path, flags: list[str], fake_runner: list[object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path)), *flags]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert fake_runner == []
+
+
+def test_console_script_error_has_no_traceback(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "rlhf"
+    command = [str(script)] if script.exists() else [shutil.which("rlhf") or "rlhf"]
+    result = run_process(*command, "ppo", "--config", str(write_config(tmp_path, kl_coeff=0.1)))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: ppo: {tmp_path / 'ppo.yaml'}: unknown key 'kl_coeff'; did you mean 'kl_coef'?"
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Light import
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_import_rlhf_cli_does_not_import_torch() -> None:
+    code = "import sys, rlhf.cli, rlhf.config; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    result = run_process(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
