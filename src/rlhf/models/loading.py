@@ -1,0 +1,120 @@
+"""Loading models the ordinary way (``from_pretrained`` on a hub id or a directory) and preparing them for RL.
+
+Every model that is scored is put through :func:`disable_dropout` (checklist item 7). The tokenizer gets a
+pad token distinct from EOS when it has none (item 1); the embeddings are not resized — pad ids are
+replaced by 0 before every forward, and padded positions are masked anyway.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from rlhf.data.tokenization import ensure_pad_token
+from rlhf.models.policy import ValueHead, disable_dropout
+
+if TYPE_CHECKING:
+    from rlhf.config import LoRAConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The policy's tokenizer, left-padding (prompts are generated from) and with a distinct pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(
+    name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu"
+) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` with dropout off, on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype]).to(device)
+    disable_dropout(model)
+    return model
+
+
+def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
+    """Wrap ``model`` in LoRA adapters (peft). The base weights are frozen; only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules) if lora.target_modules else None,
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    # LoRA's own dropout would make the first PPO ratio ≠ 1, like any dropout (checklist item 7)
+    disable_dropout(peft_model)
+    return peft_model
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen, eval-mode deep copy: the reference policy when there is no LoRA adapter to switch off."""
+    ref = copy.deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+class Critic(nn.Module):
+    """A separate value model: its own transformer trunk and a scalar head read at every response state.
+
+    Initialised from the reward model when the reward is a model (N+ ``ppo.py`` L478-489, TRL
+    ``PolicyAndValueWrapper``), so the value function starts from a network that already rates responses;
+    otherwise from the policy's weights with a zero head.
+    """
+
+    def __init__(self, trunk: nn.Module, head: ValueHead):
+        super().__init__()
+        self.trunk = trunk
+        self.head = head
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+    ) -> torch.Tensor:
+        """(B, L) → values (B, T) at the states before each of the last T tokens (checklist item 9)."""
+        from rlhf.data.collate import position_ids_from_mask
+
+        T = response_length
+        hidden = self.trunk(
+            input_ids=input_ids.masked_fill(attention_mask == 0, 0),
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        ).last_hidden_state
+        return self.head(hidden[:, -(T + 1) : -1]).float()
+
+
+def load_critic(
+    name_or_path: str, from_reward_model: bool, dtype: str = "float32", device: str | torch.device = "cpu"
+) -> Critic:
+    """A :class:`Critic` from a reward-model directory (head copied) or from a causal-LM directory (zero head)."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    if from_reward_model:
+        rm = AutoModelForSequenceClassification.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        trunk = rm.base_model
+        head = ValueHead(rm.config.hidden_size)
+        score = getattr(rm, "score", None)
+        if isinstance(score, nn.Linear) and score.out_features == 1:
+            with torch.no_grad():
+                head.linear.weight.copy_(score.weight.float())
+                if score.bias is not None:
+                    head.linear.bias.copy_(score.bias.float())
+    else:
+        trunk = AutoModel.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        head = ValueHead(trunk.config.hidden_size)
+    critic = Critic(trunk, head).to(device)
+    disable_dropout(critic)
+    return critic

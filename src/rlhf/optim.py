@@ -1,0 +1,48 @@
+"""Optimizer and learning-rate schedule shared by the trainers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def lr_multiplier(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the base learning rate at optimizer step ``s`` (0-based).
+
+    Linear warm-up from 1/(warmup+1) to 1 over ``warmup_steps``, then ``constant`` (1), ``linear`` (to 0 at
+    ``total_steps``, as OAI / N-details anneal, checklist item 36) or ``cosine`` (half cosine to 0, N+).
+    """
+    decay_steps = max(1, total_steps - warmup_steps)
+
+    def multiplier(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / (warmup_steps + 1)
+        progress = min(1.0, (s - warmup_steps) / decay_steps)
+        if kind == "constant":
+            return 1.0
+        if kind == "linear":
+            return 1.0 - progress
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        raise ValueError(f"unknown lr_scheduler {kind!r}; choose constant, linear or cosine")
+
+    return multiplier
+
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter],
+    lr: float,
+    weight_decay: float,
+    total_steps: int,
+    schedule: str,
+    warmup: int,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable ``params`` and its schedule (stepped once per optimizer step)."""
+    trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        raise ValueError("no trainable parameters: every parameter has requires_grad=False")
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(schedule, warmup, total_steps))
+    return optimizer, scheduler

@@ -1,0 +1,170 @@
+"""Plumbing the RL trainers share: stop tokens, generating a batch, scoring it, held-out samples, the run dir.
+
+Math never lives here (it is in ``rlhf.core``); this is I/O and bookkeeping around the models.
+Notation: B sequences, C prompt columns, T response columns, K reward sources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf.config import config_to_yaml
+from rlhf.core.group import gdpo_advantages, sum_rewards
+from rlhf.data import left_pad
+from rlhf.data.stream import PromptBatch
+from rlhf.rollout.engine import SamplingParams, sample
+
+
+def device_for_run() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
+    """Token ids that end a response: EOS always, plus ``stop_token`` when it names another single token."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the policy's tokenizer has no eos token; responses need a stop token")
+    if stop_token == "eos":
+        return [int(eos)]
+    ids = tokenizer.encode(stop_token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(
+            f"stop_token={stop_token!r} is {len(ids)} tokens for this tokenizer ({ids}); it must be exactly one"
+        )
+    return sorted({int(eos), int(ids[0])})
+
+
+def reward_spec(reward: Any) -> Any:
+    """The config's ``reward`` (a string or a tuple of RewardSpec dataclasses) as load_reward_set takes it."""
+    if isinstance(reward, str):
+        return reward
+    return [dataclasses.asdict(spec) for spec in reward]
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """A sampled batch. ``query_responses``/``attention_mask``: (B, C+T); ``responses``: (B, T), PAD after stop."""
+
+    query_responses: torch.Tensor
+    attention_mask: torch.Tensor
+    responses: torch.Tensor
+    completions: list[str]
+    has_stop: torch.Tensor  # (B,) bool: the response ended with a stop token (not cut at max_new_tokens)
+    pad_token_id: int
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    batch: PromptBatch,
+    params: SamplingParams,
+    stops: list[int],
+    generator: torch.Generator,
+    device: torch.device,
+    repeat: int = 1,
+) -> Generated:
+    """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``."""
+    pad = tokenizer.pad_token_id
+    prompt_ids = [ids for ids in batch.input_ids for _ in range(repeat)]
+    query, query_mask = left_pad(prompt_ids, pad)
+    query, query_mask = query.to(device), query_mask.to(device)
+    responses = sample(model, query, query_mask, params, stops, pad, generator)
+    response_mask = (responses != pad).long()
+    has_stop = torch.isin(responses, torch.tensor(stops, device=device)).any(-1)
+    completions = tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
+    return Generated(
+        query_responses=torch.cat([query, responses], dim=1),
+        attention_mask=torch.cat([query_mask, response_mask], dim=1),
+        responses=responses,
+        completions=completions,
+        has_stop=has_stop,
+        pad_token_id=pad,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """Rewards of a batch. ``per_source``: (B, K) with NaN = unscored; ``combined``: (B,) NaN = unscored."""
+
+    per_source: torch.Tensor
+    combined: torch.Tensor
+    names: list[str]
+    seconds: float
+
+
+def score(
+    rewards: Any,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list],
+    aggregation: str,
+    group_size: int = 1,
+) -> Scores:
+    """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows.
+
+    For PPO (one sample per prompt) GDPO's "group" is the whole batch: each reward is normalised over the
+    batch before the weighted sum, so rewards on different scales weigh as their weights say.
+    """
+    start = time.perf_counter()
+    result = rewards.score(prompts, completions, columns)
+    per_source = result.scores.float()
+    B, K = per_source.shape
+    weights = rewards.weights.to(per_source)
+    if aggregation == "gdpo" and K > 1:
+        groups = per_source.view(-1, group_size if group_size > 1 else B, K)
+        combined = gdpo_advantages(groups, weights).reshape(B)
+        combined = torch.where(per_source.isnan().all(-1), torch.nan, combined)
+    else:
+        combined = sum_rewards(per_source.view(1, B, K), weights).reshape(B)
+    return Scores(per_source, combined, list(result.names), time.perf_counter() - start)
+
+
+def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
+    """``reward/mean``, ``reward/std`` over scored samples and ``reward/<name>/mean`` per source."""
+    valid = ~scores.combined.isnan()
+    combined = scores.combined[valid]
+    out = {
+        f"{prefix}/mean": combined.mean().item() if len(combined) else math.nan,
+        f"{prefix}/std": combined.std(unbiased=False).item() if len(combined) else math.nan,
+    }
+    if (~valid).any():
+        out[f"{prefix}/unscored"] = int((~valid).sum())
+    if len(scores.names) > 1:
+        for k, name in enumerate(scores.names):
+            column = scores.per_source[:, k]
+            column = column[~column.isnan()]
+            out[f"{prefix}/{name}/mean"] = column.mean().item() if len(column) else math.nan
+    return out
+
+
+def write_samples(
+    output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Scores
+) -> Path:
+    """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
+    path = output_dir / "samples" / f"step_{step:06d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            row: dict[str, Any] = {"step": step, "prompt": prompt, "completion": completion}
+            value = scores.combined[i].item()
+            row["reward"] = None if math.isnan(value) else value
+            if len(scores.names) > 1:
+                row["rewards"] = {
+                    name: (None if math.isnan(v) else v)
+                    for name, v in zip(scores.names, scores.per_source[i].tolist(), strict=True)
+                }
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def write_run_config(output_dir: Path, config: Any) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(config_to_yaml(config))

@@ -1,0 +1,425 @@
+"""PPO for RLHF (Ziegler et al. 2019; Stiennon et al. 2020; Ouyang et al. 2022), read top to bottom in `run`.
+
+One iteration: (1) roll out the policy → (2) score the responses → (3) old log-probs, values and reference
+log-probs in one no-grad pass → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
+→ (6) K epochs × minibatches × micro-batches of clipped policy + clipped value loss (+ entropy bonus),
+gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) log → (9) eval / checkpoint.
+All math is in ``rlhf.core``; each phase below is one call.
+
+Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
+- the score sits on the first PAD after EOS (TRL/N+, item 25) or on the EOS (``score_position: eos``);
+- advantages are whitened once per rollout with Bessel's correction (TRL; N+ uses the population variance);
+- the value loss and GAE use ``~padding_mask_p1``, the policy loss ``~padding_mask`` (item 24);
+- epoch 0 visits the rollout in the order it was scored, in the same micro-batches, so the first
+  minibatch's forward is the very computation that produced the old log-probs: the ratio is exactly 1
+  (item 34). Later epochs shuffle.
+Deviations from the references: responses stop at EOS during sampling (TRL), not at a fixed length (OAI/N+);
+a sample no reward source could score (``None``) is left out of the update, not given a made-up score.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf.config import PPOConfig, config_to_dict
+from rlhf.core.advantages import gae, whiten_advantages
+from rlhf.core.kl import kl_estimate, kl_shaped_rewards, update_kl_coef
+from rlhf.core.logprobs import INVALID_LOGPROB
+from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
+from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
+from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
+from rlhf.data import held_out, load_prompts
+from rlhf.data.stream import PromptStream
+from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_critic, load_tokenizer
+from rlhf.models.policy import ValueHead, score_response_tokens
+from rlhf.optim import build_optimizer
+from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.rewards import RewardModelReward, load_reward_set
+from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.progress import StepProgress
+from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
+from rlhf.trainers import common
+
+MAX_HELD_OUT = 32
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Everything the update needs about one sampled batch; all tensors (B, ·) on the training device.
+
+    query_responses, attention_mask: (B, C+T) long; T = response columns.
+    logprobs, ref_logprobs: (B, T) float32 at the sampling temperature, INVALID_LOGPROB at padding.
+    values: (B, T) float32, 0 beyond padding_mask_p1.  advantages, returns: (B, T) float32.
+    policy_mask / value_mask: (B, T) bool, the tokens of the policy loss (~padding_mask) and of the value loss
+    (~padding_mask_p1), both False for unscored samples.
+    """
+
+    query_responses: torch.Tensor
+    attention_mask: torch.Tensor
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    policy_mask: torch.Tensor
+    value_mask: torch.Tensor
+
+    @property
+    def response_length(self) -> int:
+        return self.logprobs.shape[1]
+
+
+class Models:
+    """The trainable policy, its value function (a head on the policy's trunk, or a separate critic) and the
+    reference policy (a frozen copy, or the LoRA base with the adapter switched off — no second copy)."""
+
+    def __init__(self, config: PPOConfig, rewards: Any, device: torch.device):
+        self.policy = load_causal_lm(config.policy, config.dtype, device)
+        self.reference = None if config.lora else frozen_copy(self.policy)
+        if config.lora:
+            self.policy = apply_lora(self.policy, config.lora)
+        self.value_head: ValueHead | None = None
+        self.critic: nn.Module | None = None
+        if config.critic == "shared":
+            self.value_head = ValueHead(self.policy.config.hidden_size).to(device)
+        else:
+            rm = next((s for s in rewards.sources if isinstance(s, RewardModelReward)), None)
+            source = rm.model.name_or_path if rm is not None else config.policy
+            self.critic = load_critic(
+                source, from_reward_model=rm is not None, dtype=config.dtype, device=device
+            )
+
+    def value_module(self) -> nn.Module:
+        return self.value_head if self.value_head is not None else self.critic
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return params + [p for p in self.value_module().parameters() if p.requires_grad]
+
+    def score(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False):
+        """(log-probs, values, entropy) of the last T tokens under the current policy / value function."""
+        scored = score_response_tokens(self.policy, ids, mask, T, temperature, self.value_head, entropy)
+        values = scored.values if self.critic is None else self.critic(ids, mask, T)
+        return scored.logprobs, values, scored.entropy
+
+    def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
+        if self.reference is not None:
+            return score_response_tokens(self.reference, ids, mask, T, temperature).logprobs
+        with self.policy.disable_adapter():  # LoRA: the base model *is* the reference
+            return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
+
+    def state_dict(self) -> dict[str, Any]:
+        trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+        policy = {k: v for k, v in self.policy.state_dict().items() if k in trainable}
+        return {"policy": policy, "value": self.value_module().state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # strict=False: only the trainable weights were saved (all of them, or just the LoRA adapters)
+        result = self.policy.load_state_dict(state["policy"], strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"checkpoint has policy weights this model lacks: {result.unexpected_keys[:5]}")
+        self.value_module().load_state_dict(state["value"])
+
+
+def run(config: PPOConfig) -> Path:
+    """Train ``config.policy`` with PPO; returns the ``final/`` directory."""
+    out = Path(config.output_dir)
+    device = common.device_for_run()
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.policy)
+    stops = common.stop_token_ids(tokenizer, config.stop_token)
+    train_prompts, eval_prompts = _prompts(config, tokenizer)
+    rewards = load_reward_set(
+        common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
+    )
+    models = Models(config, rewards, device)
+    total_updates = config.steps * config.ppo_epochs * config.num_minibatches
+    optimizer, scheduler = build_optimizer(
+        models.trainable_parameters(), config.learning_rate, config.weight_decay, total_updates,
+        config.lr_scheduler, config.warmup_steps,
+    )  # fmt: skip
+    stream = PromptStream(train_prompts, config.batch_size, seed=config.seed)
+    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+    generators = {"sampling": torch.Generator(device).manual_seed(config.seed), "shuffle": torch.Generator()}
+    generators["shuffle"].manual_seed(config.seed + 1)
+    kl_coef, start = config.kl_coef, 0
+
+    checkpoint = latest_checkpoint(out) if config.resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint)
+        models.load_state_dict(state["models"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+        set_rng_state(state["rng"], generators)
+        kl_coef, start = state["kl_coef"], state["step"]
+    common.write_run_config(out, config)
+    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
+                           run_config=config_to_dict(config))  # fmt: skip
+
+    with StepProgress(config.steps, start, enabled=config.progress) as progress:
+        for step in range(start + 1, config.steps + 1):
+            t0 = time.perf_counter()
+            batch = next(stream)
+            # 1. roll out the current policy
+            generated = common.generate(
+                models.policy, tokenizer, batch, sampling, stops, generators["sampling"], device
+            )
+            t_rollout = time.perf_counter() - t0
+            # 2. score the finished responses
+            scores = common.score(
+                rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation
+            )
+            # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
+            t1 = time.perf_counter()
+            rollout, stats = make_rollout(config, models, generated, scores.combined, kl_coef)
+            t_logprobs = time.perf_counter() - t1
+            # 6. K epochs of clipped policy + value updates
+            t2 = time.perf_counter()
+            train_stats = ppo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"])
+            t_train = time.perf_counter() - t2
+            # 7. adapt β to the KL of this rollout (before the update), once per iteration
+            kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
+                                     config.kl_horizon, config.batch_size)  # fmt: skip
+            # 8. log
+            step_s = time.perf_counter() - t0
+            metrics = {"step": step, **common.reward_metrics(scores), **stats, **train_stats}
+            metrics.update(_response_metrics(generated, tokenizer.pad_token_id))
+            metrics.update({
+                "kl/coef": kl_coef, "lr": scheduler.get_last_lr()[0],
+                "time/rollout_s": t_rollout, "time/score_s": scores.seconds, "time/logprobs_s": t_logprobs,
+                "time/train_s": t_train, "time/step_s": step_s,
+                "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
+            })  # fmt: skip
+            if step % config.log_every == 0 or step == config.steps:
+                logger.log(metrics)
+            progress.update(step, metrics)
+            # 9. held-out samples and checkpoints
+            if eval_prompts and (
+                (config.eval_every and step % config.eval_every == 0) or step == config.steps
+            ):
+                logger.log({"step": step, **evaluate(config, models, tokenizer, rewards, eval_prompts, stops,
+                                                     device, out, step)})  # fmt: skip
+            if config.save_every and step % config.save_every == 0:
+                save_checkpoint(out, step, {
+                    "step": step, "models": models.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "stream": stream.state_dict(), "kl_coef": kl_coef,
+                    "rng": rng_state(generators),
+                })  # fmt: skip
+    logger.close()
+    return save_final(models, tokenizer, out)
+
+
+@torch.no_grad()
+def make_rollout(
+    config: PPOConfig, models: Models, generated: common.Generated, scores: torch.Tensor, kl_coef: float
+) -> tuple[Rollout, dict[str, float]]:
+    """Phases 3-5: one no-grad scoring pass, then KL-shaped rewards, GAE and whitening (all from rlhf.core)."""
+    ids, mask = generated.query_responses, generated.attention_mask
+    T = generated.responses.shape[1]
+    logprobs, values, ref_logprobs = [], [], []
+    for chunk in _chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
+        lp, v, _ = models.score(ids[chunk], mask[chunk], T, config.temperature)
+        logprobs.append(lp)
+        values.append(v)
+        ref_logprobs.append(models.reference_logprobs(ids[chunk], mask[chunk], T, config.temperature))
+    masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
+    scored = ~scores.isnan()
+    policy_mask = ~masks.padding_mask & scored[:, None]
+    value_mask = ~masks.padding_mask_p1 & scored[:, None]
+    # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13)
+    logprobs = torch.cat(logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    ref_logprobs = torch.cat(ref_logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    values = torch.cat(values).masked_fill(masks.padding_mask_p1, 0.0)
+
+    score = torch.nan_to_num(scores.to(logprobs.device), nan=0.0)
+    if config.missing_eos_penalty is not None:
+        # config: a penalty size ≥ 0; core's "replace" takes the replacement score itself
+        amount = (
+            -config.missing_eos_penalty
+            if config.missing_eos_mode == "replace"
+            else config.missing_eos_penalty
+        )
+        score = penalize_missing_eos(score, generated.has_stop, config.missing_eos_mode, amount)
+    kl = kl_estimate(logprobs, ref_logprobs, config.kl_estimator)
+    beta = kl_coef if config.kl_in == "reward" else 0.0
+    index = score_index(masks.sequence_lengths, T, config.score_position)
+    rewards, non_score = kl_shaped_rewards(score * scored, kl, beta, index, policy_mask)
+    if config.whiten_rewards:
+        rewards = masked_whiten(rewards, value_mask, shift_mean=False).masked_fill(~value_mask, 0.0)
+    gae_mask = value_mask if config.score_position == "after_eos" else policy_mask
+    advantages, returns = gae(rewards, values, gae_mask, config.gamma, config.lam)
+    if config.whiten_advantages:
+        advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
+    # kl/mean: per-sequence Σ (log π − log π_ref), averaged over scored sequences (DESIGN metric)
+    seq_kl = masked_sum(logprobs - ref_logprobs, policy_mask, dim=-1)[scored]
+    stats = {
+        "kl/mean": seq_kl.mean().item() if len(seq_kl) else math.nan,
+        "kl/estimator_mean": masked_sum(kl, policy_mask, dim=-1)[scored].mean().item(),
+        "reward/non_score_mean": non_score.sum(-1)[scored].mean().item(),
+        "reward/score_mean": score[scored].mean().item(),
+        "advantages/abs_mean": masked_mean(advantages.abs(), policy_mask).item(),
+        "value/mean": masked_mean(values, value_mask).item(),
+        "returns/mean": masked_mean(returns, value_mask).item(),
+    }
+    rollout = Rollout(ids, mask, logprobs, ref_logprobs, values, advantages, returns, policy_mask, value_mask)
+    return rollout, stats
+
+
+def ppo_update(
+    config: PPOConfig,
+    models: Models,
+    rollout: Rollout,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    shuffle: torch.Generator,
+) -> dict[str, float]:
+    """Phase 6: ``ppo_epochs`` passes; each shuffled into minibatches (one optimizer step each), each split into
+    micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation gives
+    exactly the gradient of the whole minibatch (STYLE principle 5)."""
+    B, T = rollout.logprobs.shape
+    params = models.trainable_parameters()
+    totals: dict[str, float] = {}
+    first_ratio_dev = None
+    for epoch in range(config.ppo_epochs):
+        order = torch.arange(B) if epoch == 0 else torch.randperm(B, generator=shuffle)
+        for minibatch in _chunks(order, config.minibatch_size):
+            optimizer.zero_grad(set_to_none=True)
+            n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
+            n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
+            for micro in _chunks(minibatch, config.effective_micro_batch_size):
+                stats = _micro_step(config, models, rollout, micro, n_policy, n_value)
+                ratio_dev = stats.pop("ratio_dev")
+                if epoch == 0 and first_ratio_dev is None:
+                    first_ratio_dev = ratio_dev  # checklist item 34: must be exactly 0
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value
+            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            totals["grad/norm"] = totals.get("grad/norm", 0.0) + grad_norm.item()
+            optimizer.step()
+            scheduler.step()
+    updates = config.ppo_epochs * config.num_minibatches
+    # token-weighted sums over all minibatches → per-update means
+    result = {key: value / updates for key, value in totals.items()}
+    result["policy/first_ratio_max_dev"] = first_ratio_dev
+    values, returns = rollout.values, rollout.returns
+    result["value/explained_variance"] = explained_variance(values, returns, rollout.value_mask).item()
+    return result
+
+
+def _micro_step(
+    config: PPOConfig, models: Models, rollout: Rollout, rows: torch.Tensor, n_policy: torch.Tensor,
+    n_value: torch.Tensor,
+) -> dict[str, float]:  # fmt: skip
+    """Forward + backward of one micro-batch; returns its token-weighted share of the minibatch stats."""
+    T = rollout.response_length
+    ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
+    policy_mask, value_mask = rollout.policy_mask[rows], rollout.value_mask[rows]
+    logprobs, values, entropy = models.score(ids, mask, T, config.temperature, entropy=True)
+    ref = rollout.ref_logprobs[rows] if config.kl_in == "loss" else None
+    pg, pg_stats = clipped_policy_loss(
+        logprobs, rollout.logprobs[rows], rollout.advantages[rows], policy_mask,
+        clip_low=config.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=config.kl_coef,
+    )  # fmt: skip
+    vf, vf_stats = clipped_value_loss(
+        values, rollout.values[rows], rollout.returns[rows], value_mask, clip=config.value_clip_range
+    )
+    policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
+    value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)
+    entropy_mean = aggregate(entropy, policy_mask, "token-mean", num_tokens=n_policy)
+    loss = policy_loss + config.vf_coef * value_loss - config.entropy_coef * entropy_mean
+    loss.backward()
+    share_p = (policy_mask.sum() / n_policy).item()  # this micro-batch's share of the minibatch's tokens
+    share_v = (value_mask.sum() / n_value).item()
+    with torch.no_grad():
+        ratio_dev = (logprobs - rollout.logprobs[rows]).exp().sub(1).abs().masked_fill(~policy_mask, 0).max()
+    return {
+        "policy/loss": policy_loss.item(),
+        "value/loss": value_loss.item(),
+        "policy/entropy": entropy_mean.item(),
+        "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
+        "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
+        "value/clipfrac": vf_stats["clipfrac"].item() * share_v,
+        "ratio_dev": ratio_dev.item(),
+    }
+
+
+@torch.no_grad()
+def evaluate(
+    config: PPOConfig, models: Models, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
+    device: torch.device, out: Path, step: int,
+) -> dict[str, float]:  # fmt: skip
+    """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable) and write them out."""
+    from rlhf.data.stream import PromptBatch
+
+    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+    generator = torch.Generator(device).manual_seed(config.seed + 2)
+    texts, completions, per_batch = [], [], []
+    for start in range(0, len(prompts), config.effective_micro_batch_size):
+        batch = PromptBatch.of(
+            prompts, range(start, min(len(prompts), start + config.effective_micro_batch_size))
+        )
+        generated = common.generate(models.policy, tokenizer, batch, sampling, stops, generator, device)
+        per_batch.append(common.score(rewards, batch.texts, generated.completions, batch.columns,
+                                      config.reward_aggregation))  # fmt: skip
+        texts += batch.texts
+        completions += generated.completions
+    scores = common.Scores(
+        torch.cat([s.per_source for s in per_batch]), torch.cat([s.combined for s in per_batch]),
+        per_batch[0].names, sum(s.seconds for s in per_batch),
+    )  # fmt: skip
+    common.write_samples(out, step, texts, completions, scores)
+    return common.reward_metrics(scores, prefix="eval/reward")
+
+
+def save_final(models: Models, tokenizer: Any, out: Path) -> Path:
+    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; the value function beside it."""
+    from safetensors.torch import save_file
+
+    final = out / "final"
+    policy = models.policy.merge_and_unload() if hasattr(models.policy, "merge_and_unload") else models.policy
+    policy.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    if models.value_head is not None:
+        save_file(
+            {k: v.contiguous() for k, v in models.value_head.state_dict().items()},
+            final / "value_head.safetensors",
+        )
+    else:
+        models.critic.trunk.save_pretrained(final / "critic")
+        save_file(dict(models.critic.head.state_dict()), final / "critic" / "value_head.safetensors")
+    return final
+
+
+def _prompts(config: PPOConfig, tokenizer: Any) -> tuple[list, list]:
+    """Training prompts, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
+    prompts = load_prompts(config.train_data, tokenizer, config.max_prompt_length)
+    if config.eval_data:
+        return prompts, load_prompts(config.eval_data, tokenizer, config.max_prompt_length)[:MAX_HELD_OUT]
+    n = min(MAX_HELD_OUT, len(prompts) // 10)
+    if n == 0:
+        return prompts, []
+    return held_out(prompts, n, seed=config.seed)
+
+
+def _response_metrics(generated: common.Generated, pad: int) -> dict[str, float]:
+    lengths = (generated.responses != pad).sum(-1).float()
+    return {
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/eos_rate": generated.has_stop.float().mean().item(),
+        "response/tokens": lengths.sum().item(),
+    }
+
+
+def _chunks(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    return list(rows.split(size))
