@@ -789,7 +789,7 @@ class PPOConfig(_PolicyGradientConfig):
     num_minibatches: int = 1
     """Minibatches per PPO epoch, one optimizer step each; must divide batch_size."""
     critic: Critic = "shared"
-    """Value function: a head on the policy's trunk (shared) or a separate model initialised from the policy."""
+    """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values), or a separate model (separate: initialised from the reward model when the reward is a model, else from the policy)."""
     vf_coef: float = 0.1
     """Weight of the value loss in the total loss."""
     value_clip_range: float = 0.2

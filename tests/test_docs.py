@@ -1,0 +1,62 @@
+"""The README and docs/config.md stay true to the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+from pathlib import Path
+
+from rlhf.config import PPOConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "tools" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_reference_is_up_to_date():
+    tool = _load_tool()
+    assert (ROOT / "docs" / "config.md").read_text() == tool.render(), "run: python tools/config_reference.py"
+
+
+def test_readme_names_every_ppo_field_and_metric():
+    readme = (ROOT / "README.md").read_text()
+    for field in dataclasses.fields(PPOConfig):
+        assert f"`{field.name}`" in readme, f"README does not mention the ppo field {field.name}"
+    design_metrics = [
+        "step",
+        "reward/mean",
+        "reward/std",
+        "kl/mean",
+        "kl/coef",
+        "policy/loss",
+        "policy/entropy",
+        "policy/clipfrac",
+        "policy/approx_kl",
+        "value/loss",
+        "value/clipfrac",
+        "value/explained_variance",
+        "advantages/abs_mean",
+        "grad/norm",
+        "response/length_mean",
+        "response/length_max",
+        "response/eos_rate",
+        "time/rollout_s",
+        "time/train_s",
+        "time/step_s",
+        "throughput/tokens_per_s",
+    ]
+    for name in design_metrics:
+        assert f"`{name}`" in readme, f"README does not list the metric {name}"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = re.search(r"```bash\n# run the tests\n(.+)\n", readme).group(1).strip()
+    assert command in ci, f"README's test command {command!r} is not what .ci/run runs"
