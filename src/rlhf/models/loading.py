@@ -70,9 +70,9 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 class Critic(nn.Module):
     """A separate value model: its own transformer trunk and a scalar head read at every response state.
 
-    Initialised from the reward model when the reward is a model (N+ ``ppo.py`` L478-489, TRL
-    ``PolicyAndValueWrapper``), so the value function starts from a network that already rates responses;
-    otherwise from the policy's weights with a zero head.
+    Initialised from the reward model when the reward is a model sharing the policy's tokenizer (N+
+    ``ppo.py`` L478-489, TRL ``PolicyAndValueWrapper``), so the value function starts from a network that
+    already rates responses; otherwise from the policy's weights with a zero head.
     """
 
     def __init__(self, trunk: nn.Module, head: ValueHead):

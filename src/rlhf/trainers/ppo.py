@@ -91,7 +91,10 @@ class Models:
         if config.critic == "shared":
             self.value_head = ValueHead(self.policy.config.hidden_size).to(device)
         else:
-            rm = next((s for s in rewards.sources if isinstance(s, RewardModelReward)), None)
+            # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it
+            # (its embeddings would index other tokens, or run out of range), so it starts from the policy.
+            reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
+            rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
             source = rm.model.name_or_path if rm is not None else config.policy
             self.critic = load_critic(
                 source, from_reward_model=rm is not None, dtype=config.dtype, device=device
@@ -184,7 +187,9 @@ def run(config: PPOConfig) -> Path:
             t_logprobs = time.perf_counter() - t1
             # 6. K epochs of clipped policy + value updates
             t2 = time.perf_counter()
-            train_stats = ppo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"])
+            train_stats = ppo_update(
+                config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef
+            )
             t_train = time.perf_counter() - t2
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
@@ -281,10 +286,12 @@ def ppo_update(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     shuffle: torch.Generator,
+    kl_coef: float,
 ) -> dict[str, float]:
     """Phase 6: ``ppo_epochs`` passes; each shuffled into minibatches (one optimizer step each), each split into
     micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation gives
-    exactly the gradient of the whole minibatch (STYLE principle 5)."""
+    exactly the gradient of the whole minibatch (STYLE principle 5). ``kl_coef`` is the current β (used by
+    ``kl_in: loss``; the adaptive controller changes it between iterations)."""
     B, T = rollout.logprobs.shape
     params = models.trainable_parameters()
     totals: dict[str, float] = {}
@@ -296,7 +303,7 @@ def ppo_update(
             n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
             n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
             for micro in _chunks(minibatch, config.effective_micro_batch_size):
-                stats = _micro_step(config, models, rollout, micro, n_policy, n_value)
+                stats = _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef)
                 ratio_dev = stats.pop("ratio_dev")
                 if epoch == 0 and first_ratio_dev is None:
                     first_ratio_dev = ratio_dev  # checklist item 34: must be exactly 0
@@ -318,7 +325,7 @@ def ppo_update(
 
 def _micro_step(
     config: PPOConfig, models: Models, rollout: Rollout, rows: torch.Tensor, n_policy: torch.Tensor,
-    n_value: torch.Tensor,
+    n_value: torch.Tensor, kl_coef: float,
 ) -> dict[str, float]:  # fmt: skip
     """Forward + backward of one micro-batch; returns its token-weighted share of the minibatch stats."""
     T = rollout.response_length
@@ -328,7 +335,7 @@ def _micro_step(
     ref = rollout.ref_logprobs[rows] if config.kl_in == "loss" else None
     pg, pg_stats = clipped_policy_loss(
         logprobs, rollout.logprobs[rows], rollout.advantages[rows], policy_mask,
-        clip_low=config.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=config.kl_coef,
+        clip_low=config.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=kl_coef,
     )  # fmt: skip
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows], rollout.returns[rows], value_mask, clip=config.value_clip_range
