@@ -719,7 +719,7 @@ class _PolicyGradientConfig(_TrainingConfig):
     kl_estimator: KLEstimator = "k1"
     """Per-token KL estimator: k1 = log π − log π_ref, k2 = ½(log r)², k3 = (r − 1) − log r with r = π_ref/π."""
     kl_in: KLIn = "reward"
-    """Where the KL penalty goes: into the per-token rewards (−β·KL), or added to the loss (+β·KL)."""
+    """Where the KL penalty goes: into the per-token rewards (−β·KL with kl_estimator), or added to the loss (+β·k3, whatever kl_estimator says: k3 is the estimator whose value is non-negative per token)."""
     kl_control: KLControl = "fixed"
     """fixed β, or adaptive: β ← β·(1 + clip(KL/kl_target − 1, ±0.2)·batch/kl_horizon) after each iteration."""
     kl_target: float = 6.0
@@ -859,7 +859,7 @@ class GRPOConfig(_PolicyGradientConfig):
     kl_estimator: KLEstimator = "k3"
     """Per-token KL estimator: k1 = log π − log π_ref, k2 = ½(log r)², k3 = (r − 1) − log r with r = π_ref/π."""
     kl_in: KLIn = "loss"
-    """Where the KL penalty goes: added to the loss (+β·KL), or into the per-token rewards (−β·KL)."""
+    """Where the KL penalty goes: added to the loss (+β·k3, whatever kl_estimator says), or into the per-token rewards (−β·KL with kl_estimator)."""
     whiten_advantages: bool = False
     """Normalise the (already group-relative) advantages again over the batch."""
     group_size: int = 8

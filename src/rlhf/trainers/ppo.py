@@ -3,7 +3,8 @@
 One iteration: (1) roll out the policy → (2) score the responses → (3) old log-probs, values and reference
 log-probs in one no-grad pass → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
 → (6) K epochs × minibatches × micro-batches of clipped policy + clipped value loss (+ entropy bonus),
-gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) log → (9) eval / checkpoint.
+gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) metrics → (9) held-out
+samples, log, checkpoint.
 All math is in ``rlhf.core``; each phase below is one call.
 
 Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
@@ -194,7 +195,7 @@ def run(config: PPOConfig) -> Path:
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
                                      config.kl_horizon, config.batch_size)  # fmt: skip
-            # 8. log
+            # 8. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {"step": step, **common.reward_metrics(scores), **stats, **train_stats}
             metrics.update(_response_metrics(generated, tokenizer.pad_token_id))
@@ -204,15 +205,19 @@ def run(config: PPOConfig) -> Path:
                 "time/train_s": t_train, "time/step_s": step_s,
                 "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
             })  # fmt: skip
-            if step % config.log_every == 0 or step == config.steps:
+            # 9. held-out samples (in this step's metrics row), then the checkpoint
+            evaluating = bool(eval_prompts) and (
+                (config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps
+            )
+            if evaluating:
+                t3 = time.perf_counter()
+                metrics.update(
+                    evaluate(config, models, tokenizer, rewards, eval_prompts, stops, device, out, step)
+                )
+                metrics["time/eval_s"] = time.perf_counter() - t3
+            if evaluating or step % config.log_every == 0 or step == config.steps:
                 logger.log(metrics)
             progress.update(step, metrics)
-            # 9. held-out samples and checkpoints
-            if eval_prompts and (
-                (config.eval_every and step % config.eval_every == 0) or step == config.steps
-            ):
-                logger.log({"step": step, **evaluate(config, models, tokenizer, rewards, eval_prompts, stops,
-                                                     device, out, step)})  # fmt: skip
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {
                     "step": step, "models": models.state_dict(), "optimizer": optimizer.state_dict(),
