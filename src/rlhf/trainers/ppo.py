@@ -21,6 +21,7 @@ a sample no reward source could score (``None``) is left out of the update, not 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +166,9 @@ def run(config: PPOConfig) -> Path:
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"], generators)
         kl_coef, start = state["kl_coef"], state["step"]
+        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
+    elif config.resume:
+        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
     common.write_run_config(out, config)
     logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
                            run_config=config_to_dict(config))  # fmt: skip
@@ -193,8 +197,9 @@ def run(config: PPOConfig) -> Path:
             )
             t_train = time.perf_counter() - t2
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
-            kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
-                                     config.kl_horizon, config.batch_size)  # fmt: skip
+            if math.isfinite(stats["kl/mean"]):  # NaN when no sample was scored: keep β
+                kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
+                                         config.kl_horizon, config.batch_size)  # fmt: skip
             # 8. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {"step": step, **common.reward_metrics(scores), **stats, **train_stats}
