@@ -333,7 +333,7 @@ NON_DEFAULTS: dict[str, dict[str, object]] = {
         "learning_rate": 1.41e-5,
     },
     "grpo": {"estimator": "dr_grpo", "loss_aggregation": "seq-mean-token-sum-norm", "overlong_buffer": 32},
-    "sample": {"reward": [{"source": "models/rm"}], "keep": "all", "num_samples": 8},
+    "sample": {"judge": [{"source": "models/rm"}], "mode": "best_of_n", "num_samples": 8, "pairing": "all"},
     "eval": {"output": "eval.jsonl", "max_prompts": 100},
     "demo": {"preset": "small", "steps": 3},
 }

@@ -26,8 +26,14 @@ RUNNERS: dict[str, tuple[str, str]] = {
         "PPO against a reward, with a critic and a KL penalty to the reference policy",
     ),
     "grpo": ("rlhf.trainers.grpo", "critic-free GRPO family: GRPO, Dr. GRPO, RLOO, REINFORCE++"),
-    "sample": ("rlhf.sample", "sample k completions per prompt; with a reward, keep the best (best-of-N)"),
-    "eval": ("rlhf.evaluate", "generate on held-out prompts and score them with a reward"),
+    "sample": (
+        "rlhf.sample",
+        "k samples per prompt → candidates, pairs to label, judge-labelled preferences or best-of-N",
+    ),
+    "eval": (
+        "rlhf.evaluate",
+        "score a policy on held-out prompts; win rate against a baseline under a judge",
+    ),
     "demo": ("rlhf.demo", "a tiny self-contained end-to-end run (no downloads)"),
 }
 assert RUNNERS.keys() == COMMANDS.keys()

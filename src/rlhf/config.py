@@ -6,8 +6,8 @@
 | `rm`     | `RMConfig`    | Bradley–Terry reward model             |
 | `ppo`    | `PPOConfig`   | PPO with a critic                      |
 | `grpo`   | `GRPOConfig`  | GRPO / Dr. GRPO / RLOO / REINFORCE++   |
-| `sample` | `SampleConfig`| k samples per prompt (best-of-N)       |
-| `eval`   | `EvalConfig`  | generate on held-out prompts and score |
+| `sample` | `SampleConfig`| candidates, pairs, judged preferences, best-of-N |
+| `eval`   | `EvalConfig`  | held-out rewards; win rate vs a baseline |
 | `demo`   | `DemoConfig`  | a tiny end-to-end run                  |
 
 Values are resolved in one order: dataclass defaults < the ``--config`` YAML file < command-line flags
@@ -83,7 +83,6 @@ LossAggregation = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
 Preset = Literal["tiny", "small"]
-Keep = Literal["best", "all"]
 
 # How each estimator scales its advantages when `scale_rewards` is "auto".
 _ESTIMATOR_SCALING: dict[str, str] = {
@@ -442,8 +441,9 @@ def _reward_spec(optional: bool) -> PrimitiveConstructorSpec:
             return None
         if not text.lstrip().startswith(("[", "{")):
             return text
-        value = _yaml_argument(text, "--reward")
-        return _coerce(tp, [value] if isinstance(value, Mapping) else value, "", "--reward")
+        # one spec serves --reward and --judge, so the message names the kind of value, not the flag
+        value = _yaml_argument(text, "reward source")
+        return _coerce(tp, [value] if isinstance(value, Mapping) else value, "", "reward source")
 
     def to_str(value: Any) -> list[str]:
         return [value if isinstance(value, str) else "None" if value is None else _flow_yaml(list(value))]
@@ -642,6 +642,8 @@ class SFTConfig(_TrainingConfig):
     """Passes over train_data."""
     max_length: int = 1024
     """Longest prompt + response in tokens."""
+    packing: bool = False
+    """Concatenate each micro-batch's examples into rows of up to max_length tokens instead of padding each one; position ids restart and attention stays within every example, so the loss and gradient are those of the unpacked batch (models that cannot keep packed examples apart are refused)."""
     learning_rate: float = 2e-5
     """Peak learning rate of AdamW."""
     batch_size: int = 32
@@ -675,6 +677,16 @@ class RMConfig(_TrainingConfig):
     """Peak learning rate of AdamW."""
     batch_size: int = 32
     """Preference pairs per optimizer step, over all ranks."""
+    normalize_policy: str | None = None
+    """After training, normalise the rewards: sample responses from this causal LM (hub id or directory; usually the SFT/reference policy) and store gain and bias with the model so their scores have mean 0 and std 1 for every consumer. None = no normalisation."""
+    normalize_prompts: str | None = None
+    """Prompts file ({"prompt"} or {"messages"} rows) to sample the normalisation responses for; None = the prompts of train_data."""
+    normalize_samples: int = 256
+    """How many responses the normalisation samples and scores (OAI: 256)."""
+    normalize_max_new_tokens: int = 64
+    """Longest normalisation response in tokens."""
+    normalize_temperature: float = 1.0
+    """Sampling temperature of the normalisation responses."""
 
     def _check(self, where: str) -> None:
         super()._check(where)
@@ -684,6 +696,18 @@ class RMConfig(_TrainingConfig):
         if self.center_rewards_coefficient is not None:
             _check_range(where, "center_rewards_coefficient", self.center_rewards_coefficient, ge=0)
         _check_batch_divides(where, self, "pairs")
+        _check_nonempty(
+            where, "normalize_policy", self.normalize_policy, "a hub id or a model directory, or None"
+        )
+        _check_nonempty(where, "normalize_prompts", self.normalize_prompts, "a prompts file, or None")
+        if self.normalize_prompts is not None and self.normalize_policy is None:
+            raise ConfigError(
+                f"{where}normalize_prompts is set but normalize_policy is None; set normalize_policy to the "
+                "model whose responses the normalisation samples, or drop normalize_prompts"
+            )
+        _check_range(where, "normalize_samples", self.normalize_samples, ge=2, hint=" (a std needs two)")
+        _check_range(where, "normalize_max_new_tokens", self.normalize_max_new_tokens, ge=1)
+        _check_range(where, "normalize_temperature", self.normalize_temperature, gt=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -947,32 +971,59 @@ class GRPOConfig(_PolicyGradientConfig):
         return _ESTIMATOR_SCALING[self.estimator] if self.scale_rewards == "auto" else self.scale_rewards
 
 
+def _check_judge(where: str, field: str, judge: RewardSourceType | None, aggregation: str) -> None:
+    """`_check_reward` for a reward source held in another field (`judge`), so messages name that field."""
+    if judge is None:
+        return
+    if isinstance(judge, str):
+        _check_reward_source(where, field, judge)
+        if aggregation == "gdpo":
+            raise ConfigError(
+                f"{where}reward_aggregation='gdpo' combines several rewards but {field} is a single source; "
+                f"give {field} as a list of {{source, weight, name}} or use reward_aggregation='sum'"
+            )
+        return
+    if not judge:
+        raise ConfigError(f"{where}{field} is an empty list; give at least one {{source, weight, name}}")
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(judge):
+        spec._check(f"{where}{field}[{i}].")
+        if spec.name in seen:
+            raise ConfigError(
+                f"{where}{field}[{i}].name={spec.name!r} is already used by {field}[{seen[spec.name]}]; "
+                "give each reward a distinct `name`"
+            )
+        seen[str(spec.name)] = i
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SampleConfig(_Config):
-    """Sample num_samples completions per prompt; with a reward, score them and keep the best (best-of-N)."""
+    """Sample num_samples completions per prompt and write them as candidates, pairs for labelling, judge-labelled preferences (for `rlhf rm`) or best-of-N demonstrations (for `rlhf sft`)."""
 
     COMMAND: ClassVar[str] = "sample"
 
     policy: str
     """Model to sample from: a hub id or a local directory."""
     prompts: str
-    """Prompts file ({"prompt"} or {"messages"} rows): JSONL, JSON, Parquet or a `datasets` directory."""
+    """Prompts file ({"prompt"} or {"messages"} rows; other keys are columns, passed to the judge): JSONL, JSON, Parquet or a `datasets` directory."""
     output: str
-    """JSONL file to write: one row per kept completion with its prompt (and reward when scored)."""
+    """JSONL file to write; its rows depend on mode (candidates: {prompt, completions, [rewards]}; pairs: {prompt, a, b}; preferences: {prompt, chosen, rejected}; best_of_n: {prompt, response, reward})."""
+    mode: Literal["candidates", "pairs", "preferences", "best_of_n"] = "candidates"
+    """candidates: one row per prompt with its num_samples completions; pairs: completion pairs for human labelling; preferences: the judge's best and worst completion as chosen/rejected (prompts where they tie are skipped); best_of_n: the judge's best completion as an SFT demonstration (rejection-sampling fine-tuning)."""
     num_samples: int = 4
-    """k, completions per prompt."""
-    reward: OptionalRewardSource = None
-    """Reward source to score completions (same forms as in ppo); None = no scoring."""
+    """k, completions sampled per prompt (≥ 2 for pairs and preferences)."""
+    pairing: Literal["adjacent", "all"] = "adjacent"
+    """mode='pairs' only: adjacent = samples (1, 2), (3, 4), … (each completion in one pair, k // 2 pairs); all = every one of the k·(k−1)/2 pairs."""
+    judge: OptionalRewardSource = None
+    """Reward source that scores the completions (same forms as ppo's reward); needed by preferences and best_of_n, optional for candidates (adds rewards), not used by pairs."""
     reward_aggregation: RewardAggregation = "sum"
-    """How a reward list is combined: weighted sum or gdpo."""
-    keep: Keep = "best"
-    """With a reward: keep the best of the num_samples (best-of-N) or all of them with their rewards. Without a reward every completion is kept."""
+    """How a judge list is combined: weighted sum, or gdpo (normalised within the num_samples completions of a prompt)."""
     batch_size: int = 8
-    """Prompts per generation call."""
+    """Prompts per generation call (each sampled num_samples times)."""
     max_prompt_length: int = 512
-    """Longest prompt in tokens."""
+    """Longest prompt in tokens; longer prompts keep their end."""
     max_new_tokens: int = 128
-    """Longest completion in tokens."""
+    """Longest completion in tokens; completions end at the stop token or here."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_k: int = 0
@@ -980,11 +1031,13 @@ class SampleConfig(_Config):
     top_p: float = 1.0
     """Nucleus sampling threshold; 1.0 = off."""
     stop_token: str = "eos"
-    """What ends a completion: 'eos' or a literal text."""
+    """What ends a completion: 'eos' or a literal text that is one token."""
     seed: int = 0
-    """Random seed of sampling."""
+    """Seed of sampling: the same seed, model, prompts and batch_size write the same file."""
     dtype: DType = "float32"
     """Model dtype."""
+    summary: bool = False
+    """Also write the run's counts, mean judge score and timings to <output>.summary.json (they always go to stderr)."""
     progress: bool = True
     """Show a progress bar on the console."""
 
@@ -993,7 +1046,21 @@ class SampleConfig(_Config):
         _check_nonempty(where, "prompts", self.prompts, "a prompts file")
         _check_nonempty(where, "output", self.output, "an output file")
         _check_range(where, "num_samples", self.num_samples, ge=1)
-        _check_reward(where, self.reward, self.reward_aggregation)
+        if self.mode in ("pairs", "preferences"):
+            hint = f" with mode='{self.mode}' (a pair needs two)"
+            _check_range(where, "num_samples", self.num_samples, ge=2, hint=hint)
+        if self.mode in ("preferences", "best_of_n") and self.judge is None:
+            raise ConfigError(
+                f"{where}mode='{self.mode}' needs a judge to rank the samples; set judge to a reward-model "
+                "directory, file.py:function, module:function, URL or a list of {source, weight, name} "
+                "(or use mode='pairs' to label pairs by hand)"
+            )
+        if self.mode == "pairs" and self.judge is not None:
+            raise ConfigError(
+                f"{where}judge is not used by mode='pairs' (pairs are written for human labelling); use "
+                "mode='preferences' to let the judge pick chosen and rejected, or leave judge unset"
+            )
+        _check_judge(where, "judge", self.judge, self.reward_aggregation)
         _check_range(where, "batch_size", self.batch_size, ge=1)
         _check_sampling(where, self)
         _check_range(where, "seed", self.seed, ge=0)
@@ -1001,28 +1068,34 @@ class SampleConfig(_Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig(_Config):
-    """Generate on held-out prompts, score the completions with a reward and report the statistics."""
+    """Generate on held-out prompts and score the completions with a reward; with a baseline, also the policy's win rate against it under a judge."""
 
     COMMAND: ClassVar[str] = "eval"
 
     policy: str
     """Model to evaluate: a hub id or a local directory (e.g. a run's final/)."""
     eval_data: str
-    """Held-out prompts ({"prompt"} or {"messages"} rows)."""
+    """Held-out prompts ({"prompt"} or {"messages"} rows; other keys are columns, passed to the reward)."""
     reward: RewardSource
-    """Reward source (same forms as in ppo)."""
+    """Reward source (same forms as in ppo): reported as reward/mean, reward/std and reward/<name>/mean."""
     reward_aggregation: RewardAggregation = "sum"
-    """How a reward list is combined: weighted sum or gdpo."""
+    """How a reward (or judge) list is combined: weighted sum or gdpo."""
+    baseline: str | None = None
+    """Model B to compare the policy with (a hub id or a directory), sampled on the same prompts with the same seed; None = no comparison."""
+    judge: OptionalRewardSource = None
+    """Reward source that decides each policy-vs-baseline comparison (higher score wins, equal scores tie); None = reward. Needs baseline."""
     output: str | None = None
-    """JSONL file for every prompt, completion and reward; None = print the summary only."""
+    """JSON file for the results; None = print them to stdout."""
+    samples_output: str | None = None
+    """JSONL file with one row per prompt: its completion(s) and scores; None = not written."""
     max_prompts: int | None = None
     """Evaluate only the first this many prompts; None = all."""
     batch_size: int = 16
     """Prompts per generation call."""
     max_prompt_length: int = 512
-    """Longest prompt in tokens."""
+    """Longest prompt in tokens; longer prompts keep their end."""
     max_new_tokens: int = 128
-    """Longest completion in tokens."""
+    """Longest completion in tokens; completions end at the stop token or here."""
     temperature: float = 0.7
     """Sampling temperature."""
     top_k: int = 0
@@ -1030,9 +1103,9 @@ class EvalConfig(_Config):
     top_p: float = 1.0
     """Nucleus sampling threshold; 1.0 = off."""
     stop_token: str = "eos"
-    """What ends a completion: 'eos' or a literal text."""
+    """What ends a completion: 'eos' or a literal text that is one token."""
     seed: int = 0
-    """Random seed of sampling."""
+    """Seed of sampling (the policy and the baseline each start from it): the same seed gives the same results."""
     dtype: DType = "float32"
     """Model dtype."""
     progress: bool = True
@@ -1041,8 +1114,20 @@ class EvalConfig(_Config):
     def _check(self, where: str) -> None:
         _check_nonempty(where, "policy", self.policy, "a hub id or a model directory")
         _check_nonempty(where, "eval_data", self.eval_data, "a prompts file")
-        _check_nonempty(where, "output", self.output, "an output file or None")
         _check_reward(where, self.reward, self.reward_aggregation)
+        _check_nonempty(where, "baseline", self.baseline, "a hub id or a model directory, or None")
+        if self.judge is not None and self.baseline is None:
+            raise ConfigError(
+                f"{where}judge decides the win rate against baseline, which is not set; set baseline "
+                "(model B) or leave judge unset"
+            )
+        _check_judge(where, "judge", self.judge, self.reward_aggregation)
+        _check_nonempty(where, "output", self.output, "a JSON file, or None for stdout")
+        _check_nonempty(where, "samples_output", self.samples_output, "a JSONL file or None")
+        if self.output is not None and self.output == self.samples_output:
+            raise ConfigError(
+                f"{where}output and samples_output are both {self.output!r}; give them different files"
+            )
         if self.max_prompts is not None:
             _check_range(where, "max_prompts", self.max_prompts, ge=1, hint=" (or None for all)")
         _check_range(where, "batch_size", self.batch_size, ge=1)

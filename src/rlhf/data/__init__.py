@@ -93,10 +93,25 @@ def load_preferences(
     tokenizer: PreTrainedTokenizerBase,
     max_length: int | None = None,
     max_prompt_length: int | None = None,
+    *,
+    model_max_length: int | None = None,
+    join_text: bool = False,
 ) -> list[TokenizedPreference]:
-    """Read, validate and tokenise comparisons for the reward model (eos appended to each response)."""
+    """Read, validate and tokenise comparisons for the reward model (eos appended to each response).
+
+    ``model_max_length`` (the model's positions) turns prompts that leave no room for a response, and pairs
+    longer than it, into ``file:line`` errors; ``join_text`` encodes ``prompt + response`` as one text for
+    encoder reward models. See `tokenize_preferences`.
+    """
     require_pad_token_id(tokenizer)
-    return tokenize_preferences(read_preferences(path), tokenizer, max_length, max_prompt_length)
+    return tokenize_preferences(
+        read_preferences(path),
+        tokenizer,
+        max_length,
+        max_prompt_length,
+        model_max_length=model_max_length,
+        join_text=join_text,
+    )
 
 
 __all__ = [

@@ -13,7 +13,8 @@ Accepted shapes (DESIGN.md, "Data files"):
   reward functions as keyword lists (``reward(prompts=..., completions=..., **columns)``).
 - sft: ``{"prompt": str, "response": str}`` or ``{"messages": [...]}`` with at least one assistant message,
   which is not the first message (there must be something to respond to).
-- preferences: ``{"prompt": str, "chosen": str, "rejected": str}`` with an optional number ``"margin"``; or
+- preferences: ``{"prompt": str, "chosen": str, "rejected": str}`` with an optional number ``"margin"``
+  (``chosen`` and ``rejected`` must differ); or
   the chat form, ``"chosen"``/``"rejected"`` as message lists (TRL's conversational preference format),
   with the prompt either explicit (``"prompt"``: a message list or a string, read as one user message) or
   implicit (the messages that ``chosen`` and ``rejected`` share at the start).
@@ -179,6 +180,12 @@ def _sft(r: Record) -> SFTExample:
     return SFTExample(r.where, messages=messages)
 
 
+SAME_ANSWER = (
+    '"chosen" and "rejected" are the same {what}: the pair says nothing about which answer is better '
+    "(its loss is log 2 whatever the model does); fix or drop the row"
+)
+
+
 def _margin(data: dict[str, Any]) -> float:
     if "margin" not in data:
         return 0.0
@@ -201,9 +208,10 @@ def _preference(r: Record) -> PreferenceExample:
         if isinstance(data.get("prompt"), list):
             raise _Invalid('"prompt" is a message list but "chosen" and "rejected" are strings; use one form')
         prompt = _text(data, "prompt")
-        return PreferenceExample(
-            r.where, prompt, _text(data, "chosen"), _text(data, "rejected"), margin=margin
-        )
+        chosen, rejected = _text(data, "chosen"), _text(data, "rejected")
+        if chosen == rejected:
+            raise _Invalid(SAME_ANSWER.format(what="text"))
+        return PreferenceExample(r.where, prompt, chosen, rejected, margin=margin)
     # Chat form.
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
         raise _Invalid(
@@ -224,6 +232,8 @@ def _preference(r: Record) -> PreferenceExample:
     for key, answer in (("chosen", chosen), ("rejected", rejected)):
         if answer[0]["role"] != "assistant":
             raise _Invalid(f'"{key}": the answer after the prompt must start with an assistant message')
+    if chosen == rejected:
+        raise _Invalid(SAME_ANSWER.format(what="messages"))
     return PreferenceExample(r.where, prompt, chosen, rejected, margin=margin)
 
 

@@ -68,7 +68,9 @@ class TokenizedSFT:
 class TokenizedPreference:
     """One comparison: the reward model scores ``prompt_ids + chosen_ids`` against ``prompt_ids + rejected_ids``.
 
-    Each response ends with the eos token (checklist item 21), unless it was truncated.
+    Each response ends with the eos token (checklist item 21), unless it was truncated. Encoded as one text
+    (``join_text=True``, for encoder reward models) ``prompt_ids`` is empty and ``chosen_ids`` /
+    ``rejected_ids`` each hold the whole encoded ``prompt + response``, special tokens included.
     """
 
     where: str
@@ -351,6 +353,9 @@ def tokenize_preferences(
     tokenizer: PreTrainedTokenizerBase,
     max_length: int | None = None,
     max_prompt_length: int | None = None,
+    *,
+    model_max_length: int | None = None,
+    join_text: bool = False,
 ) -> list[TokenizedPreference]:
     """Prompt, chosen and rejected ids per comparison, each response ending with eos (checklist item 21).
 
@@ -358,19 +363,80 @@ def tokenize_preferences(
     rendered with the generation prompt; each answer is what ``prompt + answer`` adds to it, through its
     last eos (eos appended when the template ends turns with another token). Prompts longer than
     ``max_prompt_length`` keep their end; then responses are cut on the right so that prompt + response fits
-    ``max_length``. Raises `DataError` (``file:line``) for template failures and prompts that leave no room.
+    ``max_length``.
+
+    ``join_text=True`` (encoder reward models, e.g. BERT): ``prompt + response`` is encoded as one text with
+    the tokenizer's own special tokens (``[CLS] … [SEP]``; chat: the conversation rendered by the template)
+    and no eos is appended — the same tokens ``RewardModelReward`` scores. A sequence longer than
+    ``max_length`` is cut by the tokenizer (which keeps its closing special token); ``max_prompt_length``
+    does not apply.
+
+    ``model_max_length`` is how many tokens the model reads: a prompt that leaves no room for a response
+    within it, or a prompt + response longer than it (after the cuts above), is an error, as is a pair whose
+    two sides encode to the same tokens. Raises one `DataError` listing every problem as ``file:line``
+    (template failures included).
     """
     _check_max("max_length", max_length)
     _check_max("max_prompt_length", max_prompt_length)
-    eos = _eos_id(tokenizer)
+    _check_max("model_max_length", model_max_length)
+    if join_text:
+        encoded = _joined_preferences(examples, tokenizer, max_length)
+    else:
+        encoded = _split_preferences(examples, tokenizer, max_length, max_prompt_length)
     problems = ProblemList()
+    out = []
+    for item in encoded:
+        if isinstance(item, str):
+            problems.add(item)
+            continue
+        problem = _preference_problem(item, model_max_length, max_length, join_text)
+        if problem:
+            problems.add(f"{item.where}: {problem}")
+            continue
+        out.append(item)
+    problems.raise_if_any()
+    return out
+
+
+def _preference_problem(
+    ex: TokenizedPreference, model_max_length: int | None, max_length: int | None, joined: bool
+) -> str | None:
+    """What makes a tokenised comparison unusable (message without the location), or None."""
+    if model_max_length is not None:
+        limit = f"the model's {model_max_length} positions"
+        if not joined and len(ex.prompt_ids) >= model_max_length:
+            return (
+                f"the prompt takes {len(ex.prompt_ids)} tokens, leaving no room for a response within {limit}; "
+                "shorten it"
+            )
+        for key, ids in (("chosen", ex.chosen_ids), ("rejected", ex.rejected_ids)):
+            n = len(ex.prompt_ids) + len(ids)
+            if n > model_max_length:
+                return (
+                    f'prompt + "{key}" takes {n} tokens, more than {limit}; shorten it, or set '
+                    f"max_length ≤ {model_max_length} to cut long responses"
+                )
+    if ex.chosen_ids == ex.rejected_ids:
+        cut = f" once cut to max_length={max_length}; raise max_length" if ex.truncated else ""
+        return f'"chosen" and "rejected" encode to the same tokens{cut}: the pair cannot be learned from'
+    return None
+
+
+def _split_preferences(
+    examples: Sequence[PreferenceExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int | None,
+    max_prompt_length: int | None,
+) -> list[TokenizedPreference | str]:
+    """Decoder encoding (see `tokenize_preferences`); a problem is returned in place as ``"where: what"``."""
+    eos = _eos_id(tokenizer)
     plain = [ex for ex in examples if not ex.is_chat]
     prefix = special_prefix(tokenizer) if plain else []
     plain_ids = [
         iter(_encode_batch(tokenizer, [getattr(ex, k) for ex in plain]))
         for k in ("prompt", "chosen", "rejected")
     ]
-    out = []
+    out: list[TokenizedPreference | str] = []
     for ex in examples:
         if not ex.is_chat:
             prompt, chosen, rejected = (next(it) for it in plain_ids)
@@ -383,13 +449,13 @@ def tokenize_preferences(
                 chosen = _chat_answer(tokenizer, prompt, ex, "chosen")
                 rejected = _chat_answer(tokenizer, prompt, ex, "rejected")
             except TemplateError as e:
-                problems.add(f"{ex.where}: {e}")
+                out.append(f"{ex.where}: {e}")
                 continue
         prompt, truncated = truncate_left(prompt, max_prompt_length, keep_first=tokenizer.bos_token_id)
         if max_length is not None:
             room = max_length - len(prompt)
             if room < 1:
-                problems.add(
+                out.append(
                     f"{ex.where}: the prompt takes {len(prompt)} tokens, leaving no room for a response within "
                     f"max_length={max_length}; set max_prompt_length below max_length"
                 )
@@ -397,5 +463,40 @@ def tokenize_preferences(
             truncated = truncated or len(chosen) > room or len(rejected) > room
             chosen, rejected = chosen[:room], rejected[:room]
         out.append(TokenizedPreference(ex.where, prompt, chosen, rejected, ex.margin, truncated))
-    problems.raise_if_any()
+    return out
+
+
+def _joined_preferences(
+    examples: Sequence[PreferenceExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None
+) -> list[TokenizedPreference | str]:
+    """Encoder encoding (see `tokenize_preferences`); a problem is returned in place as ``"where: what"``."""
+    texts: list[tuple[str, str] | str] = []
+    for ex in examples:
+        if not ex.is_chat:
+            assert isinstance(ex.prompt, str) and isinstance(ex.chosen, str) and isinstance(ex.rejected, str)
+            texts.append((ex.prompt + ex.chosen, ex.prompt + ex.rejected))
+            continue
+        _check_chat_template(tokenizer, ex.where)
+        assert isinstance(ex.prompt, list) and isinstance(ex.chosen, list) and isinstance(ex.rejected, list)
+        try:
+            chosen = render_chat(tokenizer, [*ex.prompt, *ex.chosen], add_generation_prompt=False)
+            rejected = render_chat(tokenizer, [*ex.prompt, *ex.rejected], add_generation_prompt=False)
+            texts.append((chosen, rejected))
+        except TemplateError as e:
+            texts.append(f"{ex.where}: {e}")
+    pairs = [t for t in texts if not isinstance(t, str)]
+    flat = [text for pair in pairs for text in pair]
+    full = iter(list(ids) for ids in tokenizer(flat)["input_ids"]) if flat else iter([])
+    out: list[TokenizedPreference | str] = []
+    for ex, item in zip(examples, texts, strict=True):
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        chosen, rejected = next(full), next(full)
+        truncated = max_length is not None and max(len(chosen), len(rejected)) > max_length
+        if truncated:
+            chosen, rejected = (
+                list(tokenizer(text, truncation=True, max_length=max_length)["input_ids"]) for text in item
+            )
+        out.append(TokenizedPreference(ex.where, [], chosen, rejected, ex.margin, truncated))
     return out

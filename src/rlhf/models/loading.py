@@ -108,10 +108,14 @@ def load_critic(
         head = ValueHead(rm.config.hidden_size)
         score = getattr(rm, "score", None)
         if isinstance(score, nn.Linear) and score.out_features == 1:
+            from rlhf.models.reward import reward_normalization
+
+            # fold the stored normalisation in, so the critic starts on the scale of the rewards it predicts
+            gain, bias = reward_normalization(rm.config)
             with torch.no_grad():
-                head.linear.weight.copy_(score.weight.float())
-                if score.bias is not None:
-                    head.linear.bias.copy_(score.bias.float())
+                head.linear.weight.copy_(gain * score.weight.float())
+                raw_bias = score.bias.float() if score.bias is not None else torch.zeros(1)
+                head.linear.bias.copy_(gain * raw_bias + bias)
     else:
         trunk = AutoModel.from_pretrained(name_or_path, dtype=DTYPES[dtype])
         head = ValueHead(trunk.config.hidden_size)

@@ -4,7 +4,8 @@ Everything here is built offline in seconds: a byte-level BPE tokenizer trained 
 library on :func:`toy_corpus` (or any texts), and causal LMs / reward models built from a ``transformers``
 config with random weights. The results are ordinary Hugging Face objects: save them with :func:`save_tiny`
 and load them back with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``AutoModelForSequenceClassification``
-exactly as a user would load a hub checkpoint.
+exactly as a user would load a hub checkpoint. For encoder reward models there is a BERT classifier
+(:func:`tiny_bert_classifier`) with its own WordPiece tokenizer (:func:`train_wordpiece_tokenizer`).
 
 Tokenizer conventions (checklist items 1-2):
 
@@ -28,10 +29,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
     GPT2Config,
     LlamaConfig,
     PretrainedConfig,
@@ -305,6 +308,88 @@ def tiny_reward_model(
         return AutoModelForSequenceClassification.from_config(config)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Encoders (BERT-style reward models with their own WordPiece tokenizer)
+# --------------------------------------------------------------------------------------------------------------
+
+WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+"""Special tokens of :func:`train_wordpiece_tokenizer`, at ids 0..4 in this order (BERT's names)."""
+
+
+def train_wordpiece_tokenizer(
+    texts: Iterable[str], vocab_size: int = 512, *, model_max_length: int = 128
+) -> PreTrainedTokenizerFast:
+    """Train a lower-casing WordPiece tokenizer on ``texts``, wrapped as a Hugging Face fast tokenizer — BERT's.
+
+    BERT normaliser (lower case, accents stripped) and pre-tokeniser (split on spaces and punctuation),
+    ``##`` continuation pieces; the lower-case ASCII letters and digits are always in the vocabulary, so
+    words outside the corpus split into pieces instead of becoming ``[UNK]``. A single text encodes as
+    ``[CLS] text [SEP]`` and a pair as ``[CLS] a [SEP] b [SEP]`` (``BertProcessing``). Special tokens:
+    :data:`WORDPIECE_SPECIALS` (no bos/eos: an encoder reward model reads its pooled ``[CLS]``).
+    ``vocab_size`` is an upper bound (training stops when the corpus has no more pairs to merge).
+    """
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(WORDPIECE_SPECIALS),
+        initial_alphabet=list("abcdefghijklmnopqrstuvwxyz0123456789"),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    sep, cls = backend.token_to_id("[SEP]"), backend.token_to_id("[CLS]")
+    backend.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=model_max_length,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def tiny_bert_classifier(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    *,
+    num_labels: int = 1,
+    dropout: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> PreTrainedModel:
+    """A randomly initialised ``BertForSequenceClassification`` (one output by default) for ``tokenizer``.
+
+    ``vocab_size = len(tokenizer)``, ``pad_token_id`` from the tokenizer, positions default to
+    ``tokenizer.model_max_length``; BERT's dropout 0.1 unless ``dropout`` is given. The same ``seed`` gives
+    the same weights and the global torch RNG is left as it was.
+    """
+    fields: dict[str, object] = {}
+    if dropout is not None:
+        fields = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        intermediate_size=4 * hidden_size,
+        max_position_embeddings=max_position_embeddings or int(tokenizer.model_max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=num_labels,
+        **fields,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return BertForSequenceClassification(config)
+
+
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
     """``save_pretrained`` the model and the tokenizer into one directory (created if needed); returns it.
 
@@ -321,11 +406,14 @@ def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: 
 __all__ = [
     "ARCHS",
     "CHAT_TEMPLATE",
+    "WORDPIECE_SPECIALS",
     "Arch",
     "save_tiny",
+    "tiny_bert_classifier",
     "tiny_causal_lm",
     "tiny_config",
     "tiny_reward_model",
     "toy_corpus",
     "train_tokenizer",
+    "train_wordpiece_tokenizer",
 ]

@@ -95,8 +95,10 @@ def sample(
         )
         past = out.past_key_values
         logits = out.logits[:, -1].float() / params.temperature
-        # PAD marks "no token" everywhere downstream; a sampled PAD would silently end the response
-        logits[:, pad_token_id] = float("-inf")
+        # PAD marks "no token" everywhere downstream; a sampled PAD would silently end the response.
+        # A pad token added to the tokenizer after training may lie beyond the vocabulary: nothing to mask.
+        if pad_token_id < logits.shape[-1]:
+            logits[:, pad_token_id] = float("-inf")
         probs = filter_logits(logits, params.top_k, params.top_p).softmax(-1)
         token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         token = token.masked_fill(finished, pad_token_id)

@@ -19,6 +19,10 @@ How a sample is scored (checklist items 7, 14, 21; Part 3 §5):
    model's own pooled output, which is correct for them with right padding.
 4. Sequences longer than the model's positions keep their *last* tokens (the completion and its eos);
    a warning says so once.
+5. **Normalisation.** When the model's ``config.json`` holds ``rlhf_reward_gain`` and ``rlhf_reward_bias``
+   (written by ``rlhf rm`` with ``normalize_policy``, checklist item 19), every score is
+   ``gain · head + bias``, on both paths; without them the head's output is the score. ``gain`` and
+   ``bias`` are readable as attributes. See ``rlhf.models.reward``.
 
 The model is frozen: eval mode, every dropout probability 0, ``requires_grad=False``; forwards run under
 ``torch.inference_mode`` in micro-batches of ``batch_size`` (longest first, to pad little).
@@ -84,6 +88,12 @@ class RewardModelReward:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         from rlhf.models.policy import disable_dropout  # lazily: function/HTTP sources need no models
+        from rlhf.models.reward import reward_normalization
+
+        try:
+            gain, bias = reward_normalization(model.config)
+        except ValueError as error:
+            raise RewardError(f"reward model {name!r}: {error}") from error
 
         self.name = name
         self.model = model.to(device).eval()
@@ -99,11 +109,9 @@ class RewardModelReward:
         self.max_length: int | None = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )
-        trunk = getattr(model, getattr(model, "base_model_prefix", ""), None)
-        head = getattr(model, "score", None)
-        # decoder reward models: run the trunk, read the last real token ourselves
-        self._trunk = trunk if isinstance(trunk, nn.Module) and isinstance(head, nn.Module) else None
-        self._head = head if self._trunk is not None else None
+        self.gain: float = gain
+        """Scores are ``gain · head + bias`` (1 and 0 unless the model's config stores a normalisation)."""
+        self.bias: float = bias
         self.shares_policy_tokenizer = policy_tokenizer is not None and (
             policy_tokenizer is tokenizer or policy_tokenizer.get_vocab() == tokenizer.get_vocab()
         )
@@ -259,19 +267,11 @@ class RewardModelReward:
                     ids[j, : len(rows[i])] = torch.tensor(rows[i])
                     mask[j, : len(rows[i])] = 1
                 scores[chunk] = self._forward(ids.to(self.device), mask.to(self.device)).float().cpu()
-        return scores.clone()  # a normal tensor, usable outside inference mode
+        # a new normal tensor, usable outside inference mode; gain 1, bias 0 leave every bit as it was
+        return scores * self.gain + self.bias
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, L) right-padded ids and mask → (B,) scores read at each row's last real token."""
-        if self._trunk is None:  # encoder classifiers: their own pooling (first token) is right here
-            return self.model(input_ids=ids, attention_mask=mask).logits[:, 0]
-        # Right padding: the real tokens sit at positions 0..n-1, as the default position ids assume; they
-        # are passed explicitly anyway (checklist item 2).
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self._trunk(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)[
-            0
-        ]  # (B, L, H)
-        last = mask.sum(-1) - 1  # (B,) index of the last real token
-        # gather: for b in range(B): h[b] = hidden[b, last[b]]
-        h = hidden[torch.arange(ids.shape[0], device=ids.device), last]  # (B, H)
-        return self._head(h)[:, 0]
+        """(B, L) right-padded ids and mask → (B,) raw scores read at each row's last real token."""
+        from rlhf.models.reward import reward_scores  # the same reading `rlhf rm` trains through
+
+        return reward_scores(self.model, ids, mask)

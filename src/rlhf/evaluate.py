@@ -1,0 +1,251 @@
+"""`rlhf eval`: a model's completions on held-out prompts scored by a reward; optionally its win rate against a
+baseline under a judge.
+
+One pass: (1) load the policy's tokenizer, the prompts and the reward → (2) the policy answers every prompt
+(one completion each, the rollout engine seeded with ``seed``) and the reward scores each answer →
+(3) with ``baseline``: model B answers the same prompts from the same seed and is scored the same way →
+(4) the judge (``judge``, or the reward) scores both answers to each prompt; the higher score wins, equal
+scores tie → (5) results as one JSON object to ``output`` (or stdout), per-prompt rows to ``samples_output``.
+
+Results (flat keys, the metric names of ``metrics.jsonl``; NaN is written as null):
+
+- ``policy``, ``eval_data``, ``num_prompts``, ``seed``;
+- ``reward/mean``, ``reward/std`` (over scored completions), ``reward/<name>/mean`` for every reward source,
+  ``reward/unscored`` when some completion could not be scored; ``response/length_mean`` (tokens, the stop
+  token included) and ``response/eos_rate`` (fraction that ended with the stop token);
+- with a baseline: ``baseline`` and the same numbers for it under ``baseline/…``; ``win_rate`` = (wins +
+  ties / 2) / compared, with ``wins``, ``losses``, ``ties`` and ``compared`` (prompts where the judge scored
+  both answers; ``unscored`` = the others);
+- ``time/policy_s``, ``time/baseline_s``, ``time/judge_s``, ``time/total_s``.
+
+Per-prompt rows: ``{"prompt", "completion", "reward"}`` (+ ``"rewards": {name: score}`` with several
+sources); with a baseline also ``"baseline_completion"``, ``"baseline_reward"`` (+ ``"baseline_rewards"``),
+``"judge_policy"``, ``"judge_baseline"`` and ``"outcome"`` (``"win"`` | ``"loss"`` | ``"tie"`` | null when
+the judge could not score both answers).
+
+Conventions: the policy and the baseline each sample from a generator seeded with ``seed``, so a model
+compared with itself writes identical answers and ties on every prompt (win rate exactly 0.5). The judge
+sees each pair together: the policy's and the baseline's answers are scored as a group of two, which is
+what ``reward_aggregation: gdpo`` normalises within (with ``sum`` each answer is scored on its own). Both
+answers are judged against the prompt text as the policy's tokenizer renders it; a baseline with another
+tokenizer reads the prompts through its own. With ``gdpo``, ``reward/mean`` is a normalised score (≈ 0 by
+construction); compare the per-source ``reward/<name>/mean``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhf.config import EvalConfig
+from rlhf.data import load_prompts
+from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.models.loading import load_tokenizer
+from rlhf.rollout.rewards import RewardSet, load_reward_set
+from rlhf.runlog.seeding import seed_everything
+from rlhf.sample import (
+    BatchProgress,
+    Sampler,
+    concat_scores,
+    json_safe,
+    nan_to_none,
+    prompt_batches,
+    prompt_value,
+    response_lengths,
+    response_metrics,
+)
+from rlhf.trainers import common
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One model's answer to every prompt, in prompt order, with the reward's scores of them."""
+
+    completions: list[str]
+    scores: common.Scores
+    metrics: dict[str, float]  # reward/…, response/…
+    seconds: float  # generating and scoring
+
+
+def run(config: EvalConfig) -> dict[str, Any]:
+    """Evaluate ``config.policy`` (and its win rate against ``config.baseline``); returns the results."""
+    start = time.perf_counter()
+    seed_everything(config.seed)
+    device = common.device_for_run()
+    # 1. prompts (through the policy's tokenizer) and the reward
+    tokenizer = load_tokenizer(config.policy)
+    prompts = _prompts(config, tokenizer)
+    rewards = load_reward_set(
+        common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
+    )
+    # 2. the policy answers every prompt; the reward scores the answers
+    policy = answer(config, config.policy, tokenizer, prompts, rewards, device, "policy")
+    results: dict[str, Any] = {
+        "policy": config.policy,
+        "eval_data": config.eval_data,
+        "num_prompts": len(prompts),
+        "seed": config.seed,
+        **policy.metrics,
+    }
+    rows = [
+        {"prompt": prompt_value(p), "completion": c, **_reward_fields(policy.scores, i)}
+        for i, (p, c) in enumerate(zip(prompts, policy.completions, strict=True))
+    ]
+    times = {"time/policy_s": policy.seconds}
+    if config.baseline is not None:
+        # 3. the baseline answers the same prompts from the same seed
+        baseline_tokenizer = load_tokenizer(config.baseline)
+        baseline_prompts = _prompts(config, baseline_tokenizer)
+        baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device,
+                          "baseline")  # fmt: skip
+        # 4. the judge compares the two answers to each prompt
+        t0 = time.perf_counter()
+        judge = rewards
+        if config.judge is not None:
+            spec = common.reward_spec(config.judge)
+            judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
+        a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
+        outcome = win_rate(a, b)
+        results |= {"baseline": config.baseline}
+        results |= {f"baseline/{key}": value for key, value in baseline.metrics.items()}
+        results |= outcome
+        for i, row in enumerate(rows):
+            row["baseline_completion"] = baseline.completions[i]
+            row |= {f"baseline_{key}": value for key, value in _reward_fields(baseline.scores, i).items()}
+            row["judge_policy"], row["judge_baseline"] = nan_to_none([a[i].item(), b[i].item()])
+            row["outcome"] = _outcome(a[i].item(), b[i].item())
+        times |= {"time/baseline_s": baseline.seconds, "time/judge_s": time.perf_counter() - t0}
+    # 5. results
+    results |= times | {"time/total_s": time.perf_counter() - start}
+    results = json_safe(results)
+    text = json.dumps(results, indent=2)
+    if config.output is None:
+        print(text)
+    else:
+        _write(config.output, text + "\n")
+        print(f"eval: {_summary_line(results)} → {config.output}", file=sys.stderr)
+    if config.samples_output is not None:
+        lines = [json.dumps(json_safe(row), ensure_ascii=False) + "\n" for row in rows]
+        _write(config.samples_output, "".join(lines))
+    return results
+
+
+def answer(
+    config: EvalConfig, model: str, tokenizer: Any, prompts: list[TokenizedPrompt], rewards: RewardSet,
+    device: torch.device, description: str,
+) -> Answers:  # fmt: skip
+    """``model``'s completion of every prompt (batch by batch, one sample each), scored by ``rewards``."""
+    start = time.perf_counter()
+    sampler = Sampler(model, tokenizer, config, device)
+    completions: list[str] = []
+    lengths: list[torch.Tensor] = []
+    stopped: list[torch.Tensor] = []
+    scores_all: list[common.Scores] = []
+    with BatchProgress(len(prompts), description, config.progress) as bar:
+        for batch in prompt_batches(prompts, config.batch_size):
+            generated = sampler(batch)
+            scores = common.score(
+                rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation
+            )
+            completions += generated.completions
+            lengths.append(response_lengths(generated))
+            stopped.append(generated.has_stop.cpu())
+            scores_all.append(scores)
+            bar.advance(len(batch), f"reward {torch.cat([s.combined for s in scores_all]).nanmean():.3g}")
+    scores = concat_scores(scores_all) if scores_all else _no_scores(rewards)
+    metrics = reward_metrics(scores) | response_metrics(lengths, stopped)
+    return Answers(completions, scores, metrics, time.perf_counter() - start)
+
+
+def reward_metrics(scores: common.Scores, prefix: str = "reward") -> dict[str, float]:
+    """``common.reward_metrics`` plus ``<prefix>/<name>/mean`` for a single source too (eval always reports it)."""
+    metrics = common.reward_metrics(scores, prefix)
+    for k, name in enumerate(scores.names):
+        column = scores.per_source[:, k]
+        column = column[~column.isnan()]
+        metrics.setdefault(f"{prefix}/{name}/mean", column.mean().item() if len(column) else math.nan)
+    return metrics
+
+
+def judge_pairs(
+    judge: RewardSet, prompts: list[TokenizedPrompt], a: list[str], b: list[str], config: EvalConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The judge's combined scores (N,), (N,) of answers ``a`` and ``b``; NaN = unscored.
+
+    Rows are interleaved a₀ b₀ a₁ b₁ … and scored as groups of two (GDPO normalises within the pair), in
+    chunks of ``batch_size`` prompts.
+    """
+    combined = []
+    for batch in prompt_batches(prompts, config.batch_size):
+        texts = [t for t in batch.texts for _ in range(2)]
+        answers = [x for i in batch.indices for x in (a[i], b[i])]
+        columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
+        scores = common.score(judge, texts, answers, columns, config.reward_aggregation, group_size=2)
+        combined.append(scores.combined)
+    pairs = torch.cat(combined).view(-1, 2) if combined else torch.empty(0, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def win_rate(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    """Win rate of A over B from paired scores (N,), (N,): (wins + ties / 2) / compared; NaN rows not compared."""
+    compared = ~(a.isnan() | b.isnan())
+    wins, losses = int((a > b)[compared].sum()), int((a < b)[compared].sum())
+    ties = int((a == b)[compared].sum())
+    n = wins + losses + ties
+    return {
+        "win_rate": (wins + 0.5 * ties) / n if n else math.nan,
+        "wins": wins,
+        "losses": losses,
+        "ties": ties,
+        "compared": n,
+        "unscored": int((~compared).sum()),
+    }
+
+
+def _outcome(a: float, b: float) -> str | None:
+    if math.isnan(a) or math.isnan(b):
+        return None
+    return "win" if a > b else "loss" if a < b else "tie"
+
+
+def _reward_fields(scores: common.Scores, i: int) -> dict[str, Any]:
+    """``reward`` (combined) and, with several sources, ``rewards`` by name, of row ``i``."""
+    fields: dict[str, Any] = {"reward": nan_to_none([scores.combined[i].item()])[0]}
+    if len(scores.names) > 1:
+        fields["rewards"] = dict(zip(scores.names, nan_to_none(scores.per_source[i].tolist()), strict=True))
+    return fields
+
+
+def _no_scores(rewards: RewardSet) -> common.Scores:
+    return common.Scores(torch.empty(0, len(rewards)), torch.empty(0), list(rewards.names), 0.0)
+
+
+def _prompts(config: EvalConfig, tokenizer: Any) -> list[TokenizedPrompt]:
+    prompts = load_prompts(config.eval_data, tokenizer, config.max_prompt_length)
+    return prompts if config.max_prompts is None else prompts[: config.max_prompts]
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def _summary_line(results: dict[str, Any]) -> str:
+    def number(key: str) -> str:
+        value = results.get(key)
+        return "n/a" if value is None else f"{value:.4g}"
+
+    line = f"{results['num_prompts']} prompts, reward {number('reward/mean')} ± {number('reward/std')}"
+    if "win_rate" in results:
+        line += (
+            f", win rate {number('win_rate')} against the baseline "
+            f"({results['wins']} wins, {results['losses']} losses, {results['ties']} ties)"
+        )
+    return line

@@ -1,0 +1,248 @@
+"""Reward models: loading one to train, reading its score at the last real token, and its normalisation.
+
+Notation: B sequences, L tokens (right-padded), H hidden size.
+
+**Two kinds**, told apart the way every consumer tells them apart (:func:`decoder_parts`):
+
+- *decoder*: a causal LM checkpoint (Llama, GPT-2, Qwen2, ...) loaded as
+  ``AutoModelForSequenceClassification(num_labels=1)``; transformers puts a ``score`` Linear(H, 1) on the
+  causal trunk. The score is read at the last real token of each right-padded row, explicitly
+  (checklist item 14), never through the pooled logits of ``*ForSequenceClassification``, which search for
+  the pad token id (transformers#35909).
+- *encoder*: a BERT-style classifier (``classifier`` head on its own pooled first token); its forward is
+  used as is, which is correct with right padding.
+
+**A fresh head** (one the checkpoint did not hold: a causal LM, a bare encoder, or a classifier with
+another number of labels) is re-initialised ``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15; OAI
+``fc_layer``, N-details, N+). A head the checkpoint holds (continuing a reward model) is kept.
+
+**Pad token.** The tokenizer gets a pad token distinct from eos when it lacks one (checklist item 1). Unlike
+the policy (whose pad ids are replaced before every forward), a reward model is saved and later loaded on its
+own — by ``RewardModelReward`` or by plain transformers code that pads with ``tokenizer.pad_token_id`` — so
+it must be self-consistent: when the pad id lies outside the embedding matrix the embeddings are resized to
+hold it, and ``model.config.pad_token_id`` is set. The tokenizer pads on the right.
+
+**Normalisation** (checklist item 19): ``reward = gain · score + bias``. The two numbers live in the model's
+``config.json`` as ``rlhf_reward_gain`` and ``rlhf_reward_bias`` (:data:`GAIN_KEY`, :data:`BIAS_KEY`), so
+they travel with the model; ``rlhf.rollout.rewards.RewardModelReward`` applies them, which makes every
+consumer (ppo, grpo, eval, sample) see normalised rewards. Plain ``transformers`` code that loads the
+directory gets the raw head output and must apply them itself. Absent keys mean gain 1, bias 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from rlhf.config import LoRAConfig
+
+GAIN_KEY = "rlhf_reward_gain"
+"""``config.json`` key of the normalisation gain (``reward = gain · score + bias``)."""
+BIAS_KEY = "rlhf_reward_bias"
+"""``config.json`` key of the normalisation bias."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Normalisation stored in the model's config
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def reward_normalization(config: Any) -> tuple[float, float]:
+    """(gain, bias) stored in a model config; (1.0, 0.0) when absent. Refuses non-finite or zero gains."""
+    gain = getattr(config, GAIN_KEY, None)
+    bias = getattr(config, BIAS_KEY, None)
+    gain = 1.0 if gain is None else float(gain)
+    bias = 0.0 if bias is None else float(bias)
+    if not (math.isfinite(gain) and math.isfinite(bias)) or gain == 0:
+        raise ValueError(
+            f"the reward model's config has {GAIN_KEY}={gain}, {BIAS_KEY}={bias}; the gain must be a finite "
+            "non-zero number and the bias finite (re-run the normalisation, or delete both keys)"
+        )
+    return gain, bias
+
+
+def set_reward_normalization(config: Any, gain: float, bias: float) -> None:
+    """Store (gain, bias) in the model config; ``save_pretrained`` writes them to ``config.json``."""
+    setattr(config, GAIN_KEY, float(gain))
+    setattr(config, BIAS_KEY, float(bias))
+    reward_normalization(config)  # validates
+
+
+def clear_reward_normalization(config: Any) -> bool:
+    """Remove a stored normalisation (it describes the head before training changed it); True if there was one."""
+    found = False
+    for key in (GAIN_KEY, BIAS_KEY):
+        if hasattr(config, key):
+            delattr(config, key)
+            found = True
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scoring
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(trunk, score head) of a decoder reward model; ``None`` for an encoder classifier.
+
+    A decoder ``*ForSequenceClassification`` has a ``score`` head on its ``base_model_prefix`` trunk (Llama,
+    GPT-2, Qwen2, Mistral, ...); encoders (BERT, RoBERTa, DeBERTa) have a ``classifier`` on a pooled output.
+    """
+    trunk = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = getattr(model, "score", None)
+    if isinstance(trunk, nn.Module) and isinstance(head, nn.Module):
+        return trunk, head
+    return None
+
+
+def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) right-padded ids and mask → (B,) scores (raw head output, no normalisation), with autograd.
+
+    Decoders: the trunk runs with explicit position ids and the head reads each row's last real token, so
+    a score depends neither on the padding nor on the other rows. Encoders: the model's own pooled logits.
+    """
+    parts = decoder_parts(model)
+    if parts is None:  # encoder classifiers: their own pooling (first token) is right here
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
+    trunk, head = parts
+    # Right padding: the real tokens sit at positions 0..n-1, as the default position ids assume; they are
+    # passed explicitly anyway (checklist item 2).
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = trunk(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
+    )[0]  # (B, L, H)
+    last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
+    # gather: for b in range(B): h[b] = hidden[b, last[b]]
+    h = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
+    return head(h)[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading a model to train
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainableRewardModel:
+    """What :func:`load_reward_model` returns.
+
+    ``model``: ``*ForSequenceClassification`` with one output, dropout off, on the device (wrapped by peft
+    when LoRA is applied: use :attr:`hf_model` for scoring and saving). ``tokenizer``: right-padding, with a
+    distinct pad token. ``is_decoder``: see the module docstring. ``fresh_head``: the head was initialised
+    here (N(0, 1/sqrt(H+1))). ``max_positions``: how many tokens the model reads (None = unknown).
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    is_decoder: bool
+    fresh_head: bool
+    max_positions: int | None
+
+    @property
+    def hf_model(self) -> nn.Module:
+        """The transformers model itself (inside a peft wrapper when there is one)."""
+        get = getattr(self.model, "get_base_model", None)
+        return get() if callable(get) else self.model
+
+
+def init_reward_head(head: nn.Linear) -> None:
+    """``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15), from torch's global RNG."""
+    with torch.no_grad():
+        head.weight.normal_(0.0, 1.0 / math.sqrt(head.in_features + 1))
+        if head.bias is not None:
+            head.bias.zero_()
+
+
+def max_positions(config: Any) -> int | None:
+    """How many tokens a model reads (``max_position_embeddings`` or GPT-2's ``n_positions``), if it says."""
+    value = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(value) if value else None
+
+
+def load_reward_model(
+    name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu"
+) -> TrainableRewardModel:
+    """A reward model to train from a causal LM, an encoder or a reward-model checkpoint (dir or hub id).
+
+    ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=1)``; a head missing from the
+    checkpoint (or of another size) is re-initialised (:func:`init_reward_head`). The tokenizer gets a
+    distinct pad token (embeddings resized when needed), pads on the right; ``config.pad_token_id`` is
+    set; dropout is disabled (checklist item 7); a normalisation stored by an earlier run is dropped.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlhf.data.tokenization import ensure_pad_token
+    from rlhf.models.loading import DTYPES
+    from rlhf.models.policy import disable_dropout
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        name_or_path,
+        num_labels=1,
+        dtype=DTYPES[dtype],
+        output_loading_info=True,
+        ignore_mismatched_sizes=True,  # a classifier with another number of labels gets a fresh head
+    )
+    new_keys = set(info["missing_keys"]) | {key for key, *_ in info["mismatched_keys"]}
+    fresh = False
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.out_features == 1 and f"{name}.weight" in new_keys:
+            init_reward_head(module)
+            fresh = True
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "right"
+    pad = int(tokenizer.pad_token_id)
+    rows = model.get_input_embeddings().num_embeddings
+    if pad >= rows:  # the pad token was just added: make the saved model able to embed it
+        model.resize_token_embeddings(max(len(tokenizer), pad + 1))
+    model.config.pad_token_id = pad
+    clear_reward_normalization(model.config)
+    disable_dropout(model)
+    model.to(device)
+    return TrainableRewardModel(
+        model=model,
+        tokenizer=tokenizer,
+        is_decoder=decoder_parts(model) is not None,
+        fresh_head=fresh,
+        max_positions=max_positions(model.config),
+    )
+
+
+def apply_reward_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
+    """LoRA adapters on a reward model (peft ``SEQ_CLS``: the head is trained in full, the trunk via adapters)."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlhf.models.policy import disable_dropout
+
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules) if lora.target_modules else None,
+        task_type="SEQ_CLS",
+    )
+    peft_model = get_peft_model(model, config)
+    disable_dropout(peft_model)
+    return peft_model
+
+
+__all__ = [
+    "BIAS_KEY",
+    "GAIN_KEY",
+    "TrainableRewardModel",
+    "apply_reward_lora",
+    "clear_reward_normalization",
+    "decoder_parts",
+    "init_reward_head",
+    "load_reward_model",
+    "max_positions",
+    "reward_normalization",
+    "reward_scores",
+    "set_reward_normalization",
+]

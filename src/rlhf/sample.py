@@ -1,0 +1,368 @@
+"""`rlhf sample`: k completions per prompt, written as candidates, pairs to label, preferences or best-of-N.
+
+One pass: (1) load the policy, its tokenizer and the prompts → (2) per batch of prompts, sample k completions
+each with the rollout engine (``common.generate``; seeded, stopping at the stop token) → (3) score them with
+the judge, if any (``common.score``; the prompts' extra columns are passed to it) → (4) turn each prompt's k
+completions into rows of the chosen ``mode`` and append them to ``output`` → (5) a summary to stderr (and to
+``<output>.summary.json`` with ``summary: true``).
+
+Output rows, one JSON object per line (``mode``):
+
+=============  ==========================================================================================
+candidates     ``{"prompt", "completions": [k str]}`` — one row per prompt; with a judge also
+               ``"rewards": [k float | null]`` (null = the judge could not score it)
+pairs          ``{"prompt", "a", "b"}`` — for human labelling; ``pairing: adjacent`` pairs samples (1, 2),
+               (3, 4), … (each completion in one pair), ``all`` every pair
+preferences    ``{"prompt", "chosen", "rejected", "chosen_reward", "rejected_reward"}`` — the judge's
+               highest- and lowest-scored completion; a preferences file for ``rlhf rm``
+best_of_n      ``{"prompt", "response", "reward"}`` — the judge's highest-scored completion; an SFT file
+               for ``rlhf sft`` (rejection-sampling fine-tuning)
+=============  ==========================================================================================
+
+``"prompt"`` is the prompt as the prompts file gave it. Chat prompts (``{"messages"}``) keep the chat form
+where the next command needs it: preferences get ``"chosen"``/``"rejected"`` as ``[{"role": "assistant",
+"content": …}]`` with ``"prompt"`` the message list, best_of_n rows are ``{"messages": prompt + [assistant],
+"reward"}``; candidates and pairs keep completions as plain strings. The prompt's extra columns are copied
+into its rows (a column named like one of the row's own keys is left out).
+
+Preferences and best_of_n rank only the completions the judge scored and that are not empty (an empty
+answer is not a valid preference or SFT example). A prompt is skipped, and counted in the summary, when
+fewer than two such completions remain (best_of_n: none) — ``skipped.unscored`` — or, for preferences,
+when its best and worst completions score the same or are the same text (``skipped.tie``: there is no
+preference to learn). Pairs leave out identical a/b (``skipped.identical``, counted per pair).
+Ties between several best (or worst) completions go to the earliest sample.
+
+Reproducible: the same seed, model, prompts, batch_size and sampling settings write the same file, and
+every mode draws exactly the same completions (so best_of_n can be checked against candidates).
+One process: ``torchrun`` is not used here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhf.config import EvalConfig, SampleConfig
+from rlhf.data import load_prompts
+from rlhf.data.stream import PromptBatch
+from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.models.loading import load_causal_lm, load_tokenizer
+from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.rewards import load_reward_set
+from rlhf.runlog.seeding import seed_everything
+from rlhf.trainers import common
+
+Row = dict[str, Any]
+
+
+def run(config: SampleConfig) -> dict[str, Any]:
+    """Sample ``config.num_samples`` completions per prompt and write ``config.output``; returns the summary."""
+    start = time.perf_counter()
+    seed_everything(config.seed)
+    device = common.device_for_run()
+    # 1. policy, prompts, judge
+    tokenizer = load_tokenizer(config.policy)
+    prompts = load_prompts(config.prompts, tokenizer, config.max_prompt_length)
+    judge = None
+    if config.judge is not None:
+        spec = common.reward_spec(config.judge)
+        judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
+    sampler = Sampler(config.policy, tokenizer, config, device)
+    make_rows = ROWS[config.mode]
+    k = config.num_samples
+
+    out = Path(config.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows_written, skipped = 0, Counter()
+    lengths: list[torch.Tensor] = []  # per batch: response lengths (B·k,) and whether each stopped (B·k,)
+    stopped: list[torch.Tensor] = []
+    scores_all: list[common.Scores] = []
+    batches = prompt_batches(prompts, config.batch_size)
+    with out.open("w", encoding="utf-8") as f, BatchProgress(len(prompts), "sample", config.progress) as bar:
+        for batch in batches:
+            # 2. k completions per prompt (consecutive rows)
+            generated = sampler(batch, repeat=k)
+            lengths.append(response_lengths(generated))
+            stopped.append(generated.has_stop.cpu())
+            # 3. the judge's scores, each prompt's columns repeated for its k completions
+            rewards: list[float | None] | None = None
+            if judge is not None:
+                scores = common.score(
+                    judge, repeat_each(batch.texts, k), generated.completions,
+                    {name: repeat_each(values, k) for name, values in batch.columns.items()},
+                    config.reward_aggregation, group_size=k,
+                )  # fmt: skip
+                scores_all.append(scores)
+                rewards = nan_to_none(scores.combined.tolist())
+            # 4. rows of this mode, prompt by prompt
+            for i, index in enumerate(batch.indices):
+                group = slice(i * k, (i + 1) * k)
+                made, skips = make_rows(
+                    prompts[index],
+                    generated.completions[group],
+                    None if rewards is None else rewards[group],
+                    config,
+                )
+                skipped.update(skips)
+                for row in made:
+                    f.write(json.dumps(with_columns(row, prompts[index].columns), ensure_ascii=False) + "\n")
+                rows_written += len(made)
+            bar.advance(len(batch), f"{rows_written} rows")
+
+    # 5. summary
+    summary: dict[str, Any] = {
+        "mode": config.mode,
+        "output": str(out),
+        "prompts": len(prompts),
+        "samples": len(prompts) * k,
+        "rows": rows_written,
+    }
+    if config.mode in ("preferences", "best_of_n"):
+        summary["skipped"] = {"tie": skipped["tie"], "unscored": skipped["unscored"]}
+    elif config.mode == "pairs":
+        summary["skipped"] = {"identical": skipped["identical"]}
+    if scores_all:
+        summary.update(common.reward_metrics(concat_scores(scores_all), prefix="judge"))
+    summary.update(response_metrics(lengths, stopped))
+    summary["time/generate_s"] = sampler.seconds
+    summary["time/judge_s"] = sum((s.seconds for s in scores_all), 0.0)
+    summary["time/total_s"] = time.perf_counter() - start
+    summary = json_safe(summary)
+    if config.summary:
+        Path(f"{out}.summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(summary_line(summary), file=sys.stderr)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows per mode: (prompt, its k completions, their judge scores or None, config) → (rows, {skip reason: count}).
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def candidate_rows(
+    prompt: TokenizedPrompt, completions: list[str], rewards: list[float | None] | None, config: SampleConfig
+) -> tuple[list[Row], dict[str, int]]:
+    """One row with all k completions (and their scores when there is a judge)."""
+    row: Row = {"prompt": prompt_value(prompt), "completions": completions}
+    if rewards is not None:
+        row["rewards"] = rewards
+    return [row], {}
+
+
+def pair_rows(
+    prompt: TokenizedPrompt, completions: list[str], rewards: list[float | None] | None, config: SampleConfig
+) -> tuple[list[Row], dict[str, int]]:
+    """``{"prompt", "a", "b"}`` per pair of samples: adjacent (1, 2), (3, 4), … or all of them."""
+    k = len(completions)
+    if config.pairing == "all":
+        pairs: Sequence[tuple[int, int]] = list(itertools.combinations(range(k), 2))
+    else:
+        pairs = [(i, i + 1) for i in range(0, k - 1, 2)]
+    distinct = [(i, j) for i, j in pairs if completions[i] != completions[j]]  # nothing to choose between
+    rows = [{"prompt": prompt_value(prompt), "a": completions[i], "b": completions[j]} for i, j in distinct]
+    return rows, {"identical": len(pairs) - len(distinct)}
+
+
+def preference_rows(
+    prompt: TokenizedPrompt, completions: list[str], rewards: list[float | None] | None, config: SampleConfig
+) -> tuple[list[Row], dict[str, int]]:
+    """The highest-scored completion as chosen, the lowest as rejected; none when they tie."""
+    ranked = ranked_candidates(completions, rewards)
+    if len(ranked) < 2:
+        return [], {"unscored": 1}
+    (best_score, best), (worst_score, worst) = ranked[0], min(ranked)  # min: the earliest of the worst
+    chosen, rejected = completions[best], completions[worst]
+    # equal texts can only score differently under a judge that is not deterministic (e.g. remote sampling)
+    if best_score == worst_score or chosen == rejected:
+        return [], {"tie": 1}
+    if prompt.messages is not None:
+        row: Row = {"prompt": prompt.messages, "chosen": assistant(chosen), "rejected": assistant(rejected)}
+    else:
+        row = {"prompt": prompt.text, "chosen": chosen, "rejected": rejected}
+    row |= {"chosen_reward": best_score, "rejected_reward": worst_score}
+    return [row], {}
+
+
+def best_of_n_rows(
+    prompt: TokenizedPrompt, completions: list[str], rewards: list[float | None] | None, config: SampleConfig
+) -> tuple[list[Row], dict[str, int]]:
+    """The highest-scored completion as an SFT demonstration, with its score."""
+    ranked = ranked_candidates(completions, rewards)
+    if not ranked:
+        return [], {"unscored": 1}
+    score, best = ranked[0]
+    if prompt.messages is not None:
+        return [{"messages": [*prompt.messages, *assistant(completions[best])], "reward": score}], {}
+    return [{"prompt": prompt.text, "response": completions[best], "reward": score}], {}
+
+
+ROWS: dict[str, Callable[..., tuple[list[Row], dict[str, int]]]] = {
+    "candidates": candidate_rows,
+    "pairs": pair_rows,
+    "preferences": preference_rows,
+    "best_of_n": best_of_n_rows,
+}
+"""``mode`` → its row function."""
+
+
+def ranked_candidates(completions: list[str], rewards: list[float | None] | None) -> list[tuple[float, int]]:
+    """(score, sample index) of the scored, non-empty completions, best first; equal scores keep sample order."""
+    assert rewards is not None, "this mode needs a judge (checked by SampleConfig)"
+    scored = [
+        (r, i) for i, (c, r) in enumerate(zip(completions, rewards, strict=True)) if r is not None and c
+    ]
+    return sorted(scored, key=lambda pair: (-pair[0], pair[1]))
+
+
+def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
+    """The prompt as the prompts file gave it: its text, or its message list for a chat prompt."""
+    return prompt.messages if prompt.messages is not None else prompt.text
+
+
+def assistant(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def with_columns(row: Row, columns: dict[str, Any]) -> Row:
+    """The row followed by the prompt's extra columns; the row's own keys win over a column of the same name."""
+    return row | {name: value for name, value in columns.items() if name not in row}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampling plumbing shared with `rlhf eval` (rlhf.evaluate).
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Sampler:
+    """One model answering prompt batches with the rollout engine: left-padded prompts, a torch.Generator
+    seeded once with ``config.seed`` (the same prompts in the same batches give the same completions),
+    responses cut at the stop token. ``seconds`` accumulates the time spent generating."""
+
+    def __init__(self, model: str, tokenizer: Any, config: SampleConfig | EvalConfig, device: torch.device):
+        self.model = load_causal_lm(model, config.dtype, device)  # dropout off
+        self.tokenizer = tokenizer
+        self.device = device
+        self.stops = common.stop_token_ids(tokenizer, config.stop_token)
+        self.params = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+        self.generator = torch.Generator(device).manual_seed(config.seed)
+        self.seconds = 0.0
+
+    def __call__(self, batch: PromptBatch, repeat: int = 1) -> common.Generated:
+        """``repeat`` completions per prompt of ``batch``, in consecutive rows."""
+        start = time.perf_counter()
+        generated = common.generate(
+            self.model, self.tokenizer, batch, self.params, self.stops, self.generator, self.device, repeat
+        )
+        self.seconds += time.perf_counter() - start
+        return generated
+
+
+def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[PromptBatch]:
+    """The prompts in file order, ``batch_size`` at a time (the last batch may be smaller)."""
+    return [
+        PromptBatch.of(prompts, range(start, min(len(prompts), start + batch_size)))
+        for start in range(0, len(prompts), batch_size)
+    ]
+
+
+def repeat_each(values: Sequence[Any], k: int) -> list[Any]:
+    """[a, b] → [a, a, b, b] for k = 2: per-prompt values aligned with k consecutive completions."""
+    return [value for value in values for _ in range(k)]
+
+
+def concat_scores(parts: Sequence[common.Scores]) -> common.Scores:
+    """The Scores of several batches as one (rows in order, times summed)."""
+    return common.Scores(
+        torch.cat([s.per_source for s in parts]),
+        torch.cat([s.combined for s in parts]),
+        parts[0].names,
+        sum(s.seconds for s in parts),
+    )
+
+
+def response_lengths(generated: common.Generated) -> torch.Tensor:
+    """(B,) tokens of each response, the stop token included, on the CPU."""
+    return (generated.responses != generated.pad_token_id).sum(-1).cpu()
+
+
+def response_metrics(lengths: Sequence[torch.Tensor], stopped: Sequence[torch.Tensor]) -> dict[str, float]:
+    """``response/length_mean`` (tokens) and ``response/eos_rate`` (share that ended with the stop token) over
+    the per-batch `response_lengths` and ``has_stop`` tensors."""
+    if not lengths:
+        return {"response/length_mean": math.nan, "response/eos_rate": math.nan}
+    return {
+        "response/length_mean": torch.cat(lengths).float().mean().item(),
+        "response/eos_rate": torch.cat(stopped).float().mean().item(),
+    }
+
+
+def nan_to_none(values: Sequence[float]) -> list[float | None]:
+    """Scores as JSON values: NaN (unscored) → None."""
+    return [None if math.isnan(v) else v for v in values]
+
+
+def json_safe(data: Any) -> Any:
+    """``data`` with every non-finite float replaced by None (JSON has no NaN)."""
+    if isinstance(data, dict):
+        return {key: json_safe(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [json_safe(value) for value in data]
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    return data
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line for stderr: what was written, what was skipped, the judge's mean and the time taken."""
+    parts = [
+        f"sample: wrote {summary['rows']} {summary['mode']} rows to {summary['output']} "
+        f"({summary['prompts']} prompts × {summary['samples'] // max(summary['prompts'], 1)} samples)"
+    ]
+    skipped = {reason: n for reason, n in summary.get("skipped", {}).items() if n}
+    if skipped:
+        parts.append("skipped " + ", ".join(f"{n} {reason}" for reason, n in skipped.items()))
+    if summary.get("judge/mean") is not None:
+        parts.append(f"judge mean {summary['judge/mean']:.4g} ± {summary['judge/std']:.3g}")
+    parts.append(f"{summary['time/total_s']:.1f} s")
+    return "; ".join(parts)
+
+
+class BatchProgress:
+    """A rich progress bar over the prompts, on stderr (stdout may carry results); silent when disabled.
+
+    ``with BatchProgress(total, "sample", enabled) as bar: bar.advance(len(batch), "judge 0.3")``
+    """
+
+    def __init__(self, total: int, description: str, enabled: bool = True):
+        self.total, self.description, self.enabled = total, description, enabled
+        self._progress: Any = None
+
+    def __enter__(self) -> BatchProgress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=Console(stderr=True),
+            )  # fmt: skip
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=self.total, stats="")
+        return self
+
+    def advance(self, n: int, stats: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=n, stats=stats)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()

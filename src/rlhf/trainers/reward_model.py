@@ -1,0 +1,329 @@
+"""Reward-model training (`rlhf rm`): a Bradley–Terry model on preference pairs, read top to bottom in `run`.
+
+(1) Load the model and *all* the data — validated and tokenised whole, so a malformed row stops the command
+with ``file:line`` before any step → (2) evaluate once before training → per optimizer step: (3) this step's
+pairs from the epoch's shuffled order → (4) micro-batches: chosen and rejected in one forward, the reward
+read at the last real token, Bradley–Terry loss → (5) clip, AdamW step, schedule → (6) metrics, evaluation
+every ``eval_every`` steps and at the end of each epoch, checkpoint → after training: (7) optional reward
+normalisation → (8) ``final/``.
+All math is in ``rlhf.core.preference``; each phase below is one call.
+
+Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
+- input = prompt ⊕ response + eos, the reward read at the last real token (items 14, 21), right padding;
+- a decoder reward model is a causal LM's trunk with a fresh one-output ``score`` head, ``W ~ N(0,
+  1/sqrt(H+1))``, bias 0 (item 15); an encoder (BERT-style) keeps its own classifier and pooling and its
+  tokenizer's ``[CLS] prompt+response [SEP]`` — one text, the way ``RewardModelReward`` scores it, no eos;
+  see ``rlhf.models.reward``;
+- loss ``−log σ(r_c − r_r − margin)`` (margin when ``use_margin`` and the data has one, else 0) plus
+  ``center_rewards_coefficient · mean((r_c + r_r)²)`` (item 16, TRL); accuracy is strict, ``r_c > r_r``
+  (item 17);
+- each micro-batch's mean loss is weighted by its share of the step's pairs, so accumulation gives exactly
+  the gradient of the step's mean (STYLE principle 5); the last step of an epoch may hold fewer pairs;
+- normalisation (item 19, OAI "after training" only): ``gain = 1/σ_D``, ``bias = −gain·μ_D`` over the
+  raw scores of ``normalize_samples`` responses the ``normalize_policy`` samples, population std (OAI);
+  stored in ``final/config.json`` (``rlhf_reward_gain``, ``rlhf_reward_bias``) and applied by every
+  consumer through ``RewardModelReward``.
+Deviations from the references: several epochs are allowed (OAI/N+ train one); the schedule is the shared
+``lr_scheduler`` (``linear`` = OAI's anneal to 0); no "before training" normalisation (OAI sets one so that
+the untrained head matches the label scale — irrelevant for comparisons).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf.config import RMConfig, config_to_dict
+from rlhf.core.preference import bradley_terry_loss, normalization_gain_bias
+from rlhf.data import (
+    PromptExample,
+    TokenizedPreference,
+    TokenizedPrompt,
+    collate_preferences,
+    load_preferences,
+    read_preferences,
+    read_prompts,
+    tokenize_prompts,
+)
+from rlhf.data.stream import PromptBatch
+from rlhf.models.reward import (
+    TrainableRewardModel,
+    apply_reward_lora,
+    clear_reward_normalization,
+    load_reward_model,
+    max_positions,
+    reward_scores,
+    set_reward_normalization,
+)
+from rlhf.optim import build_optimizer
+from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.progress import StepProgress
+from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
+from rlhf.trainers import common
+
+NORMALIZATION_FILE = "normalization.jsonl"
+"""In ``output_dir``: one row per normalisation sample — prompt, completion, raw score, normalised score."""
+
+
+def run(config: RMConfig) -> Path:
+    """Train a reward model on ``config.train_data``; returns the ``final/`` directory."""
+    out = Path(config.output_dir)
+    device = common.device_for_run()
+    seed_everything(config.seed)
+    # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
+    rm = load_reward_model(config.model, config.dtype, device)
+    if config.lora:
+        rm.model = apply_reward_lora(rm.model, config.lora)
+    train, held_out = load_pairs(config, rm)
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total_steps = config.epochs * steps_per_epoch
+    params = [p for p in rm.model.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(
+        params,
+        config.learning_rate,
+        config.weight_decay,
+        total_steps,
+        config.lr_scheduler,
+        config.warmup_steps,
+    )
+    start = 0
+
+    checkpoint = latest_checkpoint(out) if config.resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint)
+        _load_trainable(rm.model, state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        start = state["step"]
+        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
+    elif config.resume:
+        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
+    common.write_run_config(out, config)
+    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
+                           run_config=config_to_dict(config))  # fmt: skip
+
+    with StepProgress(total_steps, start, enabled=config.progress, description="rm") as progress:
+        # 2. the untrained model on the held-out pairs (step 0)
+        if start == 0 and held_out:
+            logger.log({"step": 0, "epoch": 0.0, **evaluate(config, rm, held_out, device)})
+        for step in range(start + 1, total_steps + 1):
+            t0 = time.perf_counter()
+            # 3. this step's pairs: slice `index` of epoch `epoch`'s order (a function of seed and epoch only)
+            epoch, index = divmod(step - 1, steps_per_epoch)
+            order = epoch_order(len(train), config.seed, epoch)
+            rows = order[index * config.batch_size : (index + 1) * config.batch_size]
+            # 4. forward/backward in micro-batches, weighted by their share of the step's pairs
+            optimizer.zero_grad(set_to_none=True)
+            stats = train_step(config, rm, train, rows, device)
+            # 5. clip, step, schedule
+            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            lr = scheduler.get_last_lr()[0]  # the rate this step uses
+            optimizer.step()
+            scheduler.step()
+            # 6. metrics; evaluation every eval_every steps and at the end of each epoch; checkpoint
+            metrics = {"step": step, "epoch": step / steps_per_epoch, **stats, "grad/norm": grad_norm.item(),
+                       "lr": lr, "time/step_s": time.perf_counter() - t0}  # fmt: skip
+            end_of_epoch = step % steps_per_epoch == 0
+            evaluating = bool(held_out) and (
+                end_of_epoch or (config.eval_every > 0 and step % config.eval_every == 0)
+            )
+            if evaluating:
+                t1 = time.perf_counter()
+                metrics.update(evaluate(config, rm, held_out, device))
+                metrics["time/eval_s"] = time.perf_counter() - t1
+            if evaluating or step % config.log_every == 0 or step == total_steps:
+                logger.log(metrics)
+            progress.update(step, metrics)
+            if config.save_every and step % config.save_every == 0:
+                save_checkpoint(out, step, {
+                    "step": step, "model": _trainable_state(rm.model), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                })  # fmt: skip
+    logger.close()
+    model = rm.model.merge_and_unload() if hasattr(rm.model, "merge_and_unload") else rm.model
+    # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
+    if config.normalize_policy:
+        normalize(config, model, rm.tokenizer, device, out)
+    # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
+    final = out / "final"
+    model.save_pretrained(final)
+    rm.tokenizer.save_pretrained(final)
+    return final
+
+
+def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:
+    """Training and held-out pairs, each file read, validated and tokenised whole (``DataError``: file:line).
+
+    Decoders: ``prompt ids + response ids + eos``, responses cut to ``max_length``; encoders: the one text
+    ``prompt + response`` with the tokenizer's specials. A pair longer than the model's positions is an error.
+    """
+    kwargs = {"model_max_length": rm.max_positions, "join_text": not rm.is_decoder}
+    train = load_preferences(config.train_data, rm.tokenizer, config.max_length, **kwargs)
+    held_out = (
+        load_preferences(config.eval_data, rm.tokenizer, config.max_length, **kwargs)
+        if config.eval_data
+        else []
+    )
+    kind = "decoder (score head on the causal trunk)" if rm.is_decoder else "encoder (its own classifier)"
+    head = "fresh head N(0, 1/sqrt(H+1))" if rm.fresh_head else "head from the checkpoint"
+    cut = sum(p.truncated for p in train)
+    print(f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to max_length={config.max_length}), "
+          f"{len(held_out)} held out", file=sys.stderr)  # fmt: skip
+    return train, held_out
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The order epoch ``epoch`` visits ``n`` pairs in: a permutation depending only on (seed, epoch)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def pair_rewards(
+    model: nn.Module, pairs: list[TokenizedPreference], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(r_chosen (b,), r_rejected (b,), margin (b,)) of ``b`` pairs: one right-padded (2b, L) forward."""
+    batch = collate_preferences(pairs, pad_id)
+    ids = torch.cat([batch.chosen_input_ids, batch.rejected_input_ids]).to(device)
+    mask = torch.cat([batch.chosen_attention_mask, batch.rejected_attention_mask]).to(device)
+    scores = reward_scores(model, ids, mask).float()
+    b = len(pairs)
+    return scores[:b], scores[b:], batch.margin.to(device)
+
+
+def train_step(
+    config: RMConfig, rm: TrainableRewardModel, pairs: list[TokenizedPreference], rows: torch.Tensor,
+    device: torch.device,
+) -> dict[str, float]:  # fmt: skip
+    """Phase 4: backward of the mean loss over ``rows``, in micro-batches; returns the step's train stats."""
+    model, n = rm.hf_model, len(rows)
+    center = config.center_rewards_coefficient or 0.0
+    totals = {"train/loss": 0.0, "train/accuracy": 0.0, "train/reward_margin": 0.0}
+    for micro in rows.split(config.effective_micro_batch_size):
+        chosen, rejected, margin = pair_rewards(
+            model, [pairs[i] for i in micro], rm.tokenizer.pad_token_id, device
+        )
+        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)
+        share = len(micro) / n  # micro-batch mean × its share = its part of the step's mean
+        (loss * share).backward()
+        totals["train/loss"] += loss.item() * share
+        totals["train/accuracy"] += stats["accuracy"].item() * share
+        totals["train/reward_margin"] += stats["margin_mean"].item() * share
+    return totals
+
+
+@torch.no_grad()
+def evaluate(
+    config: RMConfig, rm: TrainableRewardModel, pairs: list[TokenizedPreference], device: torch.device
+) -> dict[str, float]:
+    """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs."""
+    center = config.center_rewards_coefficient or 0.0
+    totals = {"eval/loss": 0.0, "eval/accuracy": 0.0, "eval/reward_margin": 0.0}
+    for start in range(0, len(pairs), config.effective_micro_batch_size):
+        micro = pairs[start : start + config.effective_micro_batch_size]
+        chosen, rejected, margin = pair_rewards(rm.hf_model, micro, rm.tokenizer.pad_token_id, device)
+        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)
+        share = len(micro) / len(pairs)
+        totals["eval/loss"] += loss.item() * share
+        totals["eval/accuracy"] += stats["accuracy"].item() * share
+        totals["eval/reward_margin"] += stats["margin_mean"].item() * share
+    return totals
+
+
+def normalize(
+    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path
+) -> tuple[float, float]:
+    """Phase 7 (checklist item 19): sample ``normalize_samples`` responses from ``normalize_policy``, score
+    them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
+    store ``gain = 1/σ``, ``bias = −μ/σ`` (population std, OAI) in ``model.config``. Writes
+    ``normalization.jsonl``; returns (gain, bias)."""
+    from rlhf.models.loading import load_causal_lm, load_tokenizer
+    from rlhf.rollout.engine import SamplingParams
+    from rlhf.rollout.rewards import RewardModelReward
+
+    policy_tokenizer = load_tokenizer(config.normalize_policy)
+    policy = load_causal_lm(config.normalize_policy, config.dtype, device)
+    prompts = normalization_prompts(config, policy_tokenizer, max_positions(policy.config))
+    clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
+    size = config.effective_micro_batch_size
+    scorer = RewardModelReward(model, tokenizer, name="rm", policy_tokenizer=policy_tokenizer, device=device,
+                               batch_size=size)  # fmt: skip
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.seed))
+    picks = [int(order[i % len(prompts)]) for i in range(config.normalize_samples)]  # cycles when few
+    sampling = SamplingParams(config.normalize_max_new_tokens, config.normalize_temperature)
+    stops = common.stop_token_ids(policy_tokenizer, "eos")
+    generator = torch.Generator(device).manual_seed(config.seed)
+    texts: list[str] = []
+    completions: list[str] = []
+    scores: list[float] = []
+    for begin in range(0, len(picks), size):
+        batch = PromptBatch.of(prompts, picks[begin : begin + size])
+        generated = common.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device)
+        scores += scorer.score(batch.texts, generated.completions, batch.columns)
+        texts += batch.texts
+        completions += generated.completions
+    raw = torch.tensor(scores, dtype=torch.float64)
+    gain, bias = (float(x) for x in normalization_gain_bias(raw, unbiased=False))
+    if not (math.isfinite(gain) and math.isfinite(bias)):
+        raise RuntimeError(
+            f"normalisation: all {len(scores)} responses of {config.normalize_policy} got the same score "
+            f"({scores[0]:.6g}); a gain cannot make them std 1 — is the reward model constant?"
+        )
+    set_reward_normalization(model.config, gain, bias)
+    with (out / NORMALIZATION_FILE).open("w") as f:
+        for prompt, completion, score in zip(texts, completions, scores, strict=True):
+            row = {
+                "prompt": prompt,
+                "completion": completion,
+                "score": score,
+                "normalized": gain * score + bias,
+            }
+            f.write(json.dumps(row) + "\n")
+    print(f"rm: normalised on {len(scores)} responses of {config.normalize_policy}: raw mean "
+          f"{raw.mean().item():.4g}, std {raw.std(correction=0).item():.4g} → gain {gain:.4g}, bias {bias:.4g}",
+          file=sys.stderr)  # fmt: skip
+    return gain, bias
+
+
+def normalization_prompts(config: RMConfig, tokenizer: Any, positions: int | None) -> list[TokenizedPrompt]:
+    """``normalize_prompts``, else the distinct prompts of ``train_data``, tokenised for the policy (kept short
+    enough that ``normalize_max_new_tokens`` more fit its positions)."""
+    if config.normalize_prompts:
+        examples = read_prompts(config.normalize_prompts)
+    else:
+        examples = [
+            PromptExample(ex.where, messages=ex.prompt)
+            if isinstance(ex.prompt, list)
+            else PromptExample(ex.where, prompt=ex.prompt)
+            for ex in read_preferences(config.train_data)
+        ]
+    room = None if positions is None else positions - config.normalize_max_new_tokens
+    if room is not None and room < 1:
+        raise ValueError(
+            f"normalize_max_new_tokens={config.normalize_max_new_tokens} leaves no room for a prompt in the "
+            f"{positions} positions of {config.normalize_policy}; lower it"
+        )
+    distinct: dict[str, TokenizedPrompt] = {}
+    for prompt in tokenize_prompts(examples, tokenizer, room):
+        distinct.setdefault(prompt.text, prompt)
+    return list(distinct.values())
+
+
+def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k in trainable}
+
+
+def _load_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    # strict=False: only the trainable weights were saved (all of them, or the LoRA adapters and the head)
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"checkpoint has weights this model lacks: {result.unexpected_keys[:5]}")

@@ -1,0 +1,391 @@
+"""Supervised fine-tuning (SFT): next-token cross-entropy on the response / assistant tokens, read in `run`.
+
+One optimizer step: (1) the next ``batch_size`` examples of this epoch's shuffled order → (2) micro-batches of
+``micro_batch_size`` examples, right-padded or packed into rows of ``max_length`` tokens → (3) forward +
+backward of each micro-batch's summed token loss divided by the label tokens of the WHOLE batch, so that
+accumulation gives exactly the batch's gradient (STYLE principle 5) → (4) gradient clipping, AdamW and
+schedule step → (5) metrics → (6) ``eval/loss`` (before training, every ``eval_every`` steps and at the end of
+every epoch) → (7) checkpoint.
+
+Conventions:
+- labels are `IGNORE_INDEX` on prompt, user/system and padding tokens (`rlhf.data.tokenize_sft`); the logits
+  at position t predict token t+1, so the loss is ``Σ_t −log p(x_{t+1} | x_≤t) · [label_{t+1} ≠ −100] / N``,
+  N = the labelled tokens of the optimizer batch (TRL SFTTrainer's token mean with ``num_items_in_batch``);
+- an epoch is ``ceil(len(train) / batch_size)`` steps; its last batch holds the remainder;
+- packing (``packing: true``) concatenates each micro-batch's examples into rows (first-fit decreasing) with
+  ``position_ids`` restarting at 0 for every example and no 2-D attention mask: transformers (5.x) then
+  builds a block-diagonal causal mask from the restarts (``masking_utils.find_packed_sequence_indices``, for
+  eager, sdpa and flex attention; flash attention reads the same boundaries from ``position_ids``), so the
+  loss and gradient are the unpacked batch's and only padding is saved. A probe at start-up refuses a model
+  that lets packed examples see each other (`check_packing`);
+- metrics.jsonl: a row at step 0 with ``eval/loss``, then per step ``step``, ``epoch`` (fractional),
+  ``train/loss``, ``grad/norm`` (before clipping), ``lr`` (the step's own), ``time/step_s``,
+  ``throughput/tokens_per_s`` (non-padding tokens), and on eval steps ``eval/loss`` and ``time/eval_s``.
+
+Deviations from TRL's SFTTrainer: dropout is off (`load_causal_lm`, LoRA dropout included) rather than the
+model's own, so that packing, micro-batching and resuming reproduce a run exactly (modern causal LMs —
+Llama, Qwen2, Mistral — ship with dropout 0 anyway); ``final/config.json`` gets the model's own dropout
+settings back, so the saved model is the input model, trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import sys
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf.config import ConfigError, SFTConfig, config_to_dict
+from rlhf.core.logprobs import selective_log_softmax
+from rlhf.core.losses import aggregate
+from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
+from rlhf.models.loading import apply_lora, load_causal_lm, load_tokenizer
+from rlhf.optim import build_optimizer
+from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.progress import StepProgress
+from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
+from rlhf.trainers import common
+
+MAX_HELD_OUT = 200
+HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) is held out; none below 20
+
+
+def run(config: SFTConfig) -> Path:
+    """Fine-tune ``config.model`` on ``config.train_data``; returns the ``final/`` directory."""
+    out = Path(config.output_dir)
+    device = common.device_for_run()
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
+    train, eval_examples = _examples(config, tokenizer)
+    model = load_causal_lm(config.model, config.dtype, device)
+    if config.lora:
+        model = apply_lora(model, config.lora)
+    if config.packing:
+        check_packing(model, train, filler, device)
+    order = DataOrder(train, config.batch_size, config.seed)
+    total_steps = config.epochs * order.steps_per_epoch
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(
+        params, config.learning_rate, config.weight_decay, total_steps, config.lr_scheduler, config.warmup_steps,
+    )  # fmt: skip
+    start = 0
+    checkpoint = latest_checkpoint(out) if config.resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint)
+        order.check_state(state["data"], state["step"])
+        load_trainable_state(model, state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        start = state["step"]
+        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
+    elif config.resume:
+        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
+    common.write_run_config(out, config)
+    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
+                           run_config=config_to_dict(config))  # fmt: skip
+    batches = Batcher(config.effective_micro_batch_size, config.packing, config.max_length, filler, device)
+    model.train()  # dropout is off either way; train mode is what optimizer steps normally run in
+
+    with StepProgress(total_steps, start, enabled=config.progress) as progress:
+        if start == 0 and eval_examples:  # the starting point of every eval/loss curve
+            logger.log({"step": 0, "epoch": 0.0, **evaluate(model, eval_examples, batches)})
+        for step in range(start + 1, total_steps + 1):
+            t0 = time.perf_counter()
+            # 1. the next batch of this epoch's shuffled order
+            batch = [train[i] for i in order.batch(step)]
+            num_tokens = sum(label_tokens(e) for e in batch)
+            # 2-3. micro-batches (padded or packed), forward + backward, each loss over the batch's label tokens
+            optimizer.zero_grad(set_to_none=True)
+            loss = 0.0
+            for rows in batches(batch):
+                per_token, mask = token_losses(model, rows)
+                micro_loss = aggregate(per_token, mask, "token-mean", num_tokens=num_tokens)
+                micro_loss.backward()
+                loss += micro_loss.item()
+            # 4. clip the global gradient norm, then the optimizer and schedule step
+            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+            lr = scheduler.get_last_lr()[0]  # the rate this step uses
+            optimizer.step()
+            scheduler.step()
+            # 5. metrics of this step
+            step_s = time.perf_counter() - t0
+            metrics = {
+                "step": step, "epoch": step / order.steps_per_epoch, "train/loss": loss, "grad/norm": grad_norm,
+                "lr": lr, "time/step_s": step_s,
+                "throughput/tokens_per_s": sum(len(e.input_ids) for e in batch) / step_s,
+            }  # fmt: skip
+            # 6. eval/loss every eval_every steps and at the end of each epoch, in this step's row
+            end_of_epoch = step % order.steps_per_epoch == 0
+            evaluating = bool(eval_examples) and (
+                end_of_epoch or (config.eval_every > 0 and step % config.eval_every == 0)
+            )
+            if evaluating:
+                t1 = time.perf_counter()
+                metrics.update(evaluate(model, eval_examples, batches))
+                metrics["time/eval_s"] = time.perf_counter() - t1
+            if evaluating or step % config.log_every == 0 or step == total_steps:
+                logger.log(metrics)
+            progress.update(step, metrics)
+            # 7. checkpoint: everything the next step depends on
+            if config.save_every and step % config.save_every == 0:
+                save_checkpoint(out, step, {
+                    "step": step, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state(),
+                })  # fmt: skip
+    logger.close()
+    return save_final(model, tokenizer, config.model, out)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Data: examples, their order, micro-batches
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _examples(config: SFTConfig, tokenizer: Any) -> tuple[list[TokenizedSFT], list[TokenizedSFT]]:
+    """Training examples, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
+    train = load_sft(config.train_data, tokenizer, config.max_length)
+    if not train:
+        raise ConfigError(f"sft: train_data {config.train_data!r} holds no examples")
+    if config.eval_data:
+        return train, load_sft(config.eval_data, tokenizer, config.max_length)
+    n = min(MAX_HELD_OUT, len(train) // HELD_OUT_FRACTION)
+    if n == 0:
+        return train, []
+    return held_out(train, n, seed=config.seed)
+
+
+def label_tokens(example: TokenizedSFT) -> int:
+    """Tokens ``example`` is trained on. Label 0 never counts: no logit predicts the first token."""
+    return sum(label != IGNORE_INDEX for label in example.labels[1:])
+
+
+class DataOrder:
+    """Which examples each optimizer step trains on.
+
+    Epoch e visits all N examples once, in an order fixed by ``(seed, e)``, in consecutive batches of
+    ``batch_size`` (the last one holds the remainder). Step s (from 1) is batch ``(s−1) mod S`` of epoch
+    ``(s−1) div S``, S = ``steps_per_epoch``: the position in the data is a function of the step, and the
+    state saved with a checkpoint makes sure a resumed run reads the same data in the same order.
+    """
+
+    def __init__(self, examples: Sequence[TokenizedSFT], batch_size: int, seed: int):
+        self.num_examples, self.batch_size, self.seed = len(examples), batch_size, seed
+        self.steps_per_epoch = math.ceil(len(examples) / batch_size)
+        h = hashlib.sha256()
+        for e in examples:
+            h.update(array("q", e.input_ids).tobytes() + array("q", e.labels).tobytes() + b"|")
+        self.fingerprint = h.hexdigest()[:16]
+        self._epoch, self._order = -1, []
+
+    def batch(self, step: int) -> list[int]:
+        epoch, index = divmod(step - 1, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._order = list(range(self.num_examples))
+            # a string seed is hashed with SHA-512 by `random`: stable across runs and platforms
+            random.Random(f"rlhf.sft:{self.seed}:{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self._order[index * self.batch_size : (index + 1) * self.batch_size]
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """The position after ``step`` (next epoch and batch) and what the order depends on."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        return {"epoch": epoch, "next_batch": index, "seed": self.seed, "batch_size": self.batch_size,
+                "num_examples": self.num_examples, "fingerprint": self.fingerprint}  # fmt: skip
+
+    def check_state(self, state: dict[str, Any], step: int) -> None:
+        """Refuse to resume on other data, another seed or another batch size: the order would differ."""
+        mine = self.state_dict(step)
+        changed = [k for k in ("seed", "batch_size", "num_examples", "fingerprint") if state[k] != mine[k]]
+        if changed:
+            raise ConfigError(
+                "sft: the checkpoint was written with other "
+                + ", ".join(f"{k} ({state[k]}, now {mine[k]})" for k in changed)
+                + "; resume with the train_data, seed and batch_size of the interrupted run"
+            )
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One forward pass: ``input_ids``, ``position_ids``, ``labels`` (R, L) int64 on the device.
+
+    ``attention_mask`` (R, L) int64 for right-padded rows; None for packed rows, where ``position_ids``
+    restarting at 0 mark each example's start (and the trailing padding is one more block of its own).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor
+    attention_mask: torch.Tensor | None
+
+
+class Batcher:
+    """``batcher(examples)`` → the `Rows` of each micro-batch of ``micro_batch_size`` examples."""
+
+    def __init__(self, micro_batch_size: int, packing: bool, max_length: int, filler: int, device: Any):
+        self.micro_batch_size, self.packing, self.max_length = micro_batch_size, packing, max_length
+        self.filler, self.device = filler, device
+
+    def __call__(self, examples: Sequence[TokenizedSFT]) -> list[Rows]:
+        micro = [
+            examples[i : i + self.micro_batch_size] for i in range(0, len(examples), self.micro_batch_size)
+        ]
+        make = self.packed if self.packing else self.padded
+        return [make(m) for m in micro]
+
+    def padded(self, examples: Sequence[TokenizedSFT]) -> Rows:
+        """Right-padded rows, one example each (padding ids replaced by ``filler``, labels `IGNORE_INDEX`)."""
+        batch = collate_sft(examples, self.filler)
+        position_ids = position_ids_from_mask(batch.attention_mask)
+        return self._to_device(Rows(batch.input_ids, position_ids, batch.labels, batch.attention_mask))
+
+    def packed(self, examples: Sequence[TokenizedSFT]) -> Rows:
+        """The examples packed into rows of ≤ ``max_length`` tokens (`pack`)."""
+        return self.rows_of(pack(examples, self.max_length))
+
+    def rows_of(self, bins: Sequence[Sequence[TokenizedSFT]]) -> Rows:
+        """One row per bin: its examples concatenated, positions restarting at 0, right-padded with a block.
+
+        Each example's first label becomes `IGNORE_INDEX`: in a packed row the previous example's last logit
+        would otherwise be trained to predict it, which nothing predicts unpacked.
+        """
+        ids = [[t for e in b for t in e.input_ids] for b in bins]
+        labels = [[t for e in b for t in [IGNORE_INDEX, *e.labels[1:]]] for b in bins]
+        positions = [[p for e in b for p in range(len(e.input_ids))] for b in bins]
+        width = max(len(row) for row in ids)
+        for row_ids, row_labels, row_positions in zip(ids, labels, positions, strict=True):
+            pad = width - len(row_ids)
+            row_ids += [self.filler] * pad
+            row_labels += [IGNORE_INDEX] * pad
+            row_positions += range(pad)  # the padding restarts at 0 too: a block that attends only to itself
+        return self._to_device(Rows(torch.tensor(ids), torch.tensor(positions), torch.tensor(labels), None))
+
+    def _to_device(self, rows: Rows) -> Rows:
+        mask = rows.attention_mask
+        return Rows(
+            rows.input_ids.to(self.device), rows.position_ids.to(self.device), rows.labels.to(self.device),
+            None if mask is None else mask.to(self.device),
+        )  # fmt: skip
+
+
+def pack(examples: Sequence[TokenizedSFT], capacity: int) -> list[list[TokenizedSFT]]:
+    """Bins of examples with ≤ ``capacity`` tokens each: first-fit decreasing (longest first, ties in data order)."""
+    bins: list[list[TokenizedSFT]] = []
+    used: list[int] = []
+    for e in sorted(examples, key=lambda e: -len(e.input_ids)):
+        n = len(e.input_ids)
+        k = next((k for k, u in enumerate(used) if u + n <= capacity), len(bins))
+        if k == len(bins):
+            bins.append([])
+            used.append(0)
+        bins[k].append(e)
+        used[k] += n
+    return bins
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loss, evaluation, the packing probe
+# --------------------------------------------------------------------------------------------------------------
+
+
+def token_losses(model: nn.Module, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cross-entropy ``(R, L−1)`` float32 and its mask ``(R, L−1)`` bool (label ≠ `IGNORE_INDEX`).
+
+    ``loss[r, t] = −log p(x_{t+1} | x_≤t)``: the logits at t are scored against the label at t+1.
+    """
+    logits = model(
+        input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
+        use_cache=False,  # a cache would also switch off transformers' packed-sequence masking
+    ).logits  # fmt: skip
+    labels = rows.labels[:, 1:]
+    mask = labels != IGNORE_INDEX
+    # float32 log-softmax whatever the model's dtype (as transformers' own loss); masked labels → any valid id
+    logp = selective_log_softmax(logits[:, :-1].float(), labels.masked_fill(~mask, 0))
+    return -logp, mask
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, examples: Sequence[TokenizedSFT], batches: Batcher) -> dict[str, float]:
+    """``eval/loss``: the token-mean cross-entropy over every labelled token of ``examples``."""
+    model.eval()
+    num_tokens = sum(label_tokens(e) for e in examples)
+    total = 0.0
+    for rows in batches(examples):
+        per_token, mask = token_losses(model, rows)
+        total += aggregate(per_token, mask, "token-mean", num_tokens=num_tokens).item()
+    model.train()
+    return {"eval/loss": total}
+
+
+@torch.no_grad()
+def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: int, device: Any) -> None:
+    """Refuse packing for a model that does not keep packed examples apart (attention or positions leak).
+
+    Two examples are scored on every token, each alone and both packed in one row; they must agree to
+    float rounding. A leak changes the second example's log-probs by far more (≈0.2-0.5 nats on the tiny
+    random models, whose predictions are nearly flat).
+    """
+    a, b = (examples[0], examples[1]) if len(examples) > 1 else (examples[0], examples[0])
+    a, b = (TokenizedSFT(e.where, e.input_ids, list(e.input_ids)) for e in (a, b))  # train on every token
+    batcher = Batcher(1, False, 0, filler, device)
+    alone = [token_losses(model, batcher.padded([e]))[0][0] for e in (a, b)]
+    packed = token_losses(model, batcher.rows_of([[a, b]]))[0][0]
+    n = len(a.input_ids)
+    # the packed row loses one target: the first token of b, predicted from a's last position
+    packed = torch.cat([packed[: n - 1], packed[n:]])
+    deviation = (packed - torch.cat(alone)).abs().max().item()
+    dtype = next(model.parameters()).dtype
+    tolerance = 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+    if not deviation <= tolerance:
+        kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ConfigError(
+            f"sft: packing=true, but this {kind} model lets packed examples see each other (log-probs change "
+            f"by {deviation:.3g} when another example precedes one in its row; its attention "
+            f"({getattr(model.config, '_attn_implementation', '?')}) ignores restarting position_ids); "
+            "set packing: false"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Model state: checkpoints and final/
+# --------------------------------------------------------------------------------------------------------------
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trained weights only: all of them, or just the LoRA adapters."""
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k in trainable}
+
+
+def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    # strict=False: the frozen weights are not in the checkpoint, they come from `model` as configured
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"checkpoint has weights this model lacks: {result.unexpected_keys[:5]}")
+
+
+def save_final(model: nn.Module, tokenizer: Any, source: str, out: Path) -> Path:
+    """``final/``: ``save_pretrained`` (LoRA merged in) + tokenizer, with the source model's dropout settings."""
+    from transformers import AutoConfig
+
+    final = out / "final"
+    model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    original = AutoConfig.from_pretrained(source)
+    for key, value in vars(original).items():  # load_causal_lm zeroed them; restore what the user had
+        if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
+            setattr(model.config, key, value)
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    return final

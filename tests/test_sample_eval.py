@@ -1,0 +1,370 @@
+"""`rlhf sample` and `rlhf eval` end to end on the session's tiny random-init models (STYLE principle 9, c-d).
+
+Each run samples 6 prompts (two batches: 4 + 2) k times, 8 tokens each: well under a second. Judges are the
+deterministic functions of ``sample_rewards.py`` beside this file (``file.py:function``), or the tiny reward
+model. Every mode draws the same completions for the same seed, so a `candidates` file is the ground truth
+the other modes are checked against.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhf import cli, evaluate, sample
+from rlhf.config import ConfigError, config_from_dict
+from rlhf.data import load_preferences, load_sft, read_prompts
+from rlhf.models.loading import load_tokenizer
+from rlhf.models.tiny import toy_corpus
+
+REWARDS = Path(__file__).resolve().parent / "sample_rewards.py"
+K = 4
+
+
+def judge(name: str) -> str:
+    return f"{REWARDS}:{name}"
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """6 plain prompts of 3-4 words, each with an ``idx`` column."""
+    path = tmp_path_factory.mktemp("sample_prompts") / "prompts.jsonl"
+    rows = [
+        {"prompt": " ".join(line.split()[: 3 + i % 2]), "idx": i} for i, line in enumerate(toy_corpus(6, 7))
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sample_chat") / "chat.jsonl"
+    rows = [
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "count to 3"}]},
+        {"messages": [{"role": "user", "content": "the cat sees"}]},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def sample_config(policy: Path, prompts: Path, output: Path, **overrides: object):
+    values = {
+        "policy": str(policy),
+        "prompts": str(prompts),
+        "output": str(output),
+        "num_samples": K,
+        "batch_size": 4,
+        "max_new_tokens": 8,
+        "progress": False,
+    }
+    return config_from_dict("sample", values | overrides)
+
+
+def eval_config(policy: Path, prompts: Path, **overrides: object):
+    values = {
+        "policy": str(policy),
+        "eval_data": str(prompts),
+        "reward": judge("length"),
+        "batch_size": 4,
+        "max_new_tokens": 8,
+        "progress": False,
+    }
+    return config_from_dict("eval", values | overrides)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def candidates_file(
+    tiny_llama_dir: Path, prompts_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The k completions of every prompt at seed 0 (what every mode samples at that seed)."""
+    out = tmp_path_factory.mktemp("candidates") / "candidates.jsonl"
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out))
+    return out
+
+
+@pytest.fixture
+def candidates(candidates_file: Path) -> list[dict]:
+    return read_jsonl(candidates_file)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rlhf sample
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_candidates_format_and_same_seed_same_file(
+    tiny_llama_dir, prompts_file, candidates_file, candidates, tmp_path
+):
+    prompts = read_prompts(prompts_file)
+    assert [row["prompt"] for row in candidates] == [p.prompt for p in prompts]
+    assert [row["idx"] for row in candidates] == list(range(6))  # extra columns are copied
+    for row in candidates:
+        assert set(row) == {"prompt", "completions", "idx"}
+        assert len(row["completions"]) == K and all(isinstance(c, str) for c in row["completions"])
+        assert len(set(row["completions"])) > 1  # k independent samples, not one repeated
+    again, other = tmp_path / "again.jsonl", tmp_path / "other.jsonl"
+    sample.run(sample_config(tiny_llama_dir, prompts_file, again))
+    sample.run(sample_config(tiny_llama_dir, prompts_file, other, seed=1))
+    assert candidates_file.read_bytes() == again.read_bytes()
+    assert candidates_file.read_bytes() != other.read_bytes()
+
+
+def test_candidates_with_a_judge_carry_its_scores_and_the_judge_gets_the_columns(
+    tiny_llama_dir, prompts_file, candidates, tmp_path
+):
+    out = tmp_path / "scored.jsonl"
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out, judge=judge("length")))
+    rows = read_jsonl(out)
+    assert [row["completions"] for row in rows] == [row["completions"] for row in candidates]
+    for row in rows:
+        assert row["rewards"] == [float(len(c)) for c in row["completions"]]
+    # a judge reading the prompt's `idx` column gets it once per completion
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out, judge=judge("column_idx")))
+    assert [row["rewards"] for row in read_jsonl(out)] == [[float(i)] * K for i in range(6)]
+
+
+@pytest.mark.parametrize("pairing", ["adjacent", "all"])
+def test_pairs_for_labelling(tiny_llama_dir, prompts_file, candidates, tmp_path, pairing):
+    out = tmp_path / "pairs.jsonl"
+    summary = sample.run(sample_config(tiny_llama_dir, prompts_file, out, mode="pairs", pairing=pairing))
+    index = [(0, 1), (2, 3)] if pairing == "adjacent" else [(i, j) for i in range(K) for j in range(i + 1, K)]
+    expected = [
+        {"prompt": row["prompt"], "a": row["completions"][i], "b": row["completions"][j], "idx": row["idx"]}
+        for row in candidates
+        for i, j in index
+        if row["completions"][i] != row["completions"][j]
+    ]
+    assert read_jsonl(out) == expected
+    assert summary["rows"] == len(expected)
+    assert summary["rows"] + summary["skipped"]["identical"] == 6 * len(index)
+
+
+def test_sample_judge_rm_round_trip(tiny_llama_dir, prompts_file, candidates, tmp_path, capsys):
+    """sample → judge → a preferences file `rlhf rm` accepts and trains on, through the command line."""
+    out = tmp_path / "prefs.jsonl"
+    argv = ["sample", "--policy", str(tiny_llama_dir), "--prompts", str(prompts_file), "--output", str(out),
+            "--mode", "preferences", "--judge", judge("length"), "--num_samples", str(K), "--batch_size", "4",
+            "--max_new_tokens", "8", "--summary", "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert f"sample: wrote 6 preferences rows to {out}" in capsys.readouterr().err
+
+    rows = read_jsonl(out)
+    for row, cands in zip(rows, candidates, strict=True):
+        lengths = [len(c) for c in cands["completions"]]
+        assert row["prompt"] == cands["prompt"]
+        assert row["chosen"] == cands["completions"][lengths.index(max(lengths))]  # the first best
+        assert row["rejected"] == cands["completions"][lengths.index(min(lengths))]
+        assert (row["chosen_reward"], row["rejected_reward"]) == (max(lengths), min(lengths))
+    loaded = load_preferences(out, load_tokenizer(str(tiny_llama_dir)))
+    assert len(loaded) == len(rows) == 6
+
+    summary = json.loads(Path(f"{out}.summary.json").read_text())
+    assert summary["rows"] == 6 and summary["skipped"] == {"tie": 0, "unscored": 0}
+    assert summary["prompts"] == 6 and summary["samples"] == 6 * K
+    all_scores = [len(c) for row in candidates for c in row["completions"]]
+    assert summary["judge/mean"] == pytest.approx(sum(all_scores) / len(all_scores))
+
+    # ... and `rlhf rm` trains on it for one epoch
+    argv = ["rm", "--model", str(tiny_llama_dir), "--train_data", str(out),
+            "--output_dir", str(tmp_path / "rm"), "--epochs", "1", "--batch_size", "2", "--save_every", "0",
+            "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    metrics = read_jsonl(tmp_path / "rm" / "metrics.jsonl")
+    assert any(math.isfinite(row.get("train/loss", math.nan)) for row in metrics)
+    assert (tmp_path / "rm" / "final" / "config.json").is_file()
+
+
+def test_ties_and_unscored_prompts_are_skipped_and_counted(tiny_llama_dir, prompts_file, tmp_path):
+    out = tmp_path / "prefs.jsonl"
+    summary = sample.run(
+        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", judge=judge("constant"))
+    )
+    assert out.read_text() == ""
+    assert summary["rows"] == 0 and summary["skipped"] == {"tie": 6, "unscored": 0}
+    # only the first completion of each batch is scored: prompts 0 and 4 have one, the rest none
+    summary = sample.run(
+        sample_config(
+            tiny_llama_dir, prompts_file, out, mode="best_of_n", judge=judge("unscored_after_first")
+        )
+    )
+    assert summary["rows"] == 2 and summary["skipped"]["unscored"] == 4
+    assert [row["idx"] for row in read_jsonl(out)] == [0, 4]
+
+
+def test_best_of_n_keeps_the_highest_scored_sample(tiny_llama_dir, prompts_file, candidates, tmp_path):
+    out = tmp_path / "best.jsonl"
+    summary = sample.run(
+        sample_config(tiny_llama_dir, prompts_file, out, mode="best_of_n", judge=judge("length"))
+    )
+    rows = read_jsonl(out)
+    assert summary["rows"] == len(rows) == 6
+    for row, cands in zip(rows, candidates, strict=True):
+        assert set(row) == {"prompt", "response", "reward", "idx"}
+        rescored = [
+            float(len(c)) for c in cands["completions"]
+        ]  # rescoring all N candidates of the same seed
+        assert row["reward"] == max(rescored) == len(row["response"])
+        assert row["response"] == cands["completions"][rescored.index(max(rescored))]
+    assert len(load_sft(out, load_tokenizer(str(tiny_llama_dir)))) == 6  # an SFT file, ready for `rlhf sft`
+
+
+def test_chat_prompts_keep_the_chat_form(tiny_llama_dir, chat_prompts_file, tmp_path):
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    prefs, best = tmp_path / "prefs.jsonl", tmp_path / "best.jsonl"
+    sample.run(
+        sample_config(tiny_llama_dir, chat_prompts_file, prefs, mode="preferences", judge=judge("length"))
+    )
+    sample.run(
+        sample_config(tiny_llama_dir, chat_prompts_file, best, mode="best_of_n", judge=judge("length"))
+    )
+    messages = [json.loads(line)["messages"] for line in chat_prompts_file.read_text().splitlines()]
+    for row, prompt in zip(read_jsonl(prefs), messages, strict=True):
+        assert row["prompt"] == prompt
+        assert row["chosen"][0]["role"] == row["rejected"][0]["role"] == "assistant"
+    for row, prompt in zip(read_jsonl(best), messages, strict=True):
+        assert row["messages"][:-1] == prompt and row["messages"][-1]["role"] == "assistant"
+    assert len(load_preferences(prefs, tokenizer)) == 2
+    assert len(load_sft(best, tokenizer)) == 2
+
+
+def test_a_reward_model_judges_too(tiny_llama_dir, tiny_reward_model_dir, prompts_file, candidates, tmp_path):
+    out = tmp_path / "prefs.jsonl"
+    summary = sample.run(
+        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", judge=str(tiny_reward_model_dir))
+    )
+    rows = read_jsonl(out)
+    assert summary["rows"] == len(rows) == 6  # continuous scores: no ties
+    for row, cands in zip(rows, candidates, strict=True):
+        assert {row["chosen"], row["rejected"]} <= set(cands["completions"])
+        assert row["chosen_reward"] > row["rejected_reward"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"mode": "preferences"}, "sample: mode='preferences' needs a judge"),
+        ({"mode": "best_of_n"}, "sample: mode='best_of_n' needs a judge"),
+        ({"mode": "pairs", "judge": judge("length")}, "sample: judge is not used by mode='pairs'"),
+        ({"mode": "pairs", "num_samples": 1}, "sample: num_samples=1 is out of range; it must be ≥ 2"),
+        (
+            {"mode": "best_of_n", "judge": "rewards.py"},
+            "sample: judge='rewards.py' names a file but no function",
+        ),
+        (
+            {"judge": judge("length"), "reward_aggregation": "gdpo"},
+            "sample: reward_aggregation='gdpo' combines several rewards but judge is a single source",
+        ),
+    ],  # fmt: skip
+)
+def test_sample_config_errors_name_the_field(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        sample_config(tmp_path / "m", tmp_path / "p.jsonl", tmp_path / "o.jsonl", **overrides)
+
+
+def test_cli_refuses_preferences_without_judge(tmp_path, capsys):
+    argv = ["sample", "--policy", "m", "--prompts", "p.jsonl", "--output", "o.jsonl", "--mode", "preferences"]
+    assert cli.main(argv) == 2
+    assert "error: sample: mode='preferences' needs a judge" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rlhf eval
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_eval_results_and_samples(tiny_llama_dir, prompts_file, tmp_path):
+    reward = [{"source": judge("length"), "weight": 0.5}, {"source": judge("digits"), "weight": 2.0}]
+    out, rows_file = tmp_path / "results.json", tmp_path / "rows.jsonl"
+    results = evaluate.run(eval_config(tiny_llama_dir, prompts_file, reward=reward, output=str(out),
+                                       samples_output=str(rows_file)))  # fmt: skip
+    assert json.loads(out.read_text()) == results
+    rows = read_jsonl(rows_file)
+    assert len(rows) == results["num_prompts"] == 6
+    combined = [0.5 * len(r["completion"]) + 2.0 * sum(ch.isdigit() for ch in r["completion"]) for r in rows]
+    assert [r["reward"] for r in rows] == pytest.approx(combined)
+    assert results["reward/mean"] == pytest.approx(sum(combined) / 6)
+    assert results["reward/std"] == pytest.approx(torch.tensor(combined).std(unbiased=False).item())
+    assert results["reward/length/mean"] == pytest.approx(sum(len(r["completion"]) for r in rows) / 6)
+    assert rows[0]["rewards"].keys() == {"length", "digits"}
+    assert 1 <= results["response/length_mean"] <= 8 and 0 <= results["response/eos_rate"] <= 1
+    assert "win_rate" not in results
+
+    again = evaluate.run(eval_config(tiny_llama_dir, prompts_file, reward=reward))  # same seed, same results
+    drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
+    assert drop_times(again) == drop_times(results)
+
+
+def test_win_rate_against_itself_is_one_half(tiny_llama_dir, prompts_file, capsys):
+    argv = ["eval", "--policy", str(tiny_llama_dir), "--baseline", str(tiny_llama_dir),
+            "--eval_data", str(prompts_file), "--reward", judge("length"), "--max_new_tokens", "8",
+            "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    results = json.loads(capsys.readouterr().out)  # no output file: the JSON goes to stdout, alone
+    assert results["win_rate"] == 0.5
+    assert (results["wins"], results["losses"], results["ties"], results["compared"]) == (0, 0, 6, 6)
+    assert results["baseline/reward/mean"] == results["reward/mean"] == results["reward/length/mean"]
+
+
+def test_win_rate_on_two_models_matches_the_judge(tiny_llama_dir, tiny_gpt2_dir, prompts_file, tmp_path):
+    rows_file = tmp_path / "rows.jsonl"
+    # temperature 0.3 so the two random-init models' near-uniform samples part ways
+    config = eval_config(tiny_llama_dir, prompts_file, baseline=str(tiny_gpt2_dir), judge=judge("length"),
+                         reward=judge("digits"), temperature=0.3, samples_output=str(rows_file))  # fmt: skip
+    results = evaluate.run(config)
+    rows = read_jsonl(rows_file)
+    a = [len(r["completion"]) for r in rows]
+    b = [len(r["baseline_completion"]) for r in rows]
+    wins = sum(x > y for x, y in zip(a, b, strict=True))
+    losses = sum(x < y for x, y in zip(a, b, strict=True))
+    ties = 6 - wins - losses
+    assert (results["wins"], results["losses"], results["ties"]) == (wins, losses, ties)
+    assert wins and losses  # a constructed case with both outcomes
+    assert results["win_rate"] == (wins + ties / 2) / 6
+    assert [r["outcome"] for r in rows] == [
+        "win" if x > y else "loss" if x < y else "tie" for x, y in zip(a, b, strict=True)
+    ]
+    assert [r["judge_policy"] for r in rows] == a
+    assert [r["reward"] for r in rows] == [float(sum(ch.isdigit() for ch in r["completion"])) for r in rows]
+
+
+def test_win_rate_counts() -> None:
+    nan = math.nan
+    a = torch.tensor([1.0, 2.0, 3.0, 3.0, nan, 0.0])
+    b = torch.tensor([0.0, 2.0, 4.0, 1.0, 1.0, nan])
+    # wins: rows 0, 3; tie: row 1; loss: row 2; rows 4-5 unscored → (2 + 0.5) / 4
+    assert evaluate.win_rate(a, b) == {
+        "win_rate": 0.625, "wins": 2, "losses": 1, "ties": 1, "compared": 4, "unscored": 2,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"judge": judge("length")}, "eval: judge decides the win rate against baseline, which is not set"),
+        (
+            {"output": "x.json", "samples_output": "x.json"},
+            "eval: output and samples_output are both 'x.json'",
+        ),
+        (
+            {
+                "baseline": "b",
+                "judge": judge("length"),
+                "reward_aggregation": "gdpo",
+                "reward": [{"source": judge("length")}, {"source": judge("digits")}],
+            },
+            "but judge is a single source",
+        ),
+    ],  # fmt: skip
+)
+def test_eval_config_errors_name_the_field(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        eval_config(tmp_path / "m", tmp_path / "p.jsonl", **overrides)

@@ -1,0 +1,584 @@
+"""`rlhf rm` end to end on tiny random-init models (STYLE principle 9, layers b-e).
+
+The toy preference: a prompt names an animal, both answers are sentences of the toy language about it, and
+the chosen one is always the *happy* one (``the happy cat sees a dog in the park.``), the rejected one has
+another adjective — the rest of each sentence is drawn independently, so only that word separates them.
+Runs are real `rlhf.trainers.reward_model.run(config)` calls on the session's tiny models (conftest), a
+few steps each (well under a second). The learning tests use a harder task — the correct sum preferred to
+a wrong one — and train a tiny Llama from scratch (≈ 12 s) and a tiny BERT with its own WordPiece tokenizer
+(≈ 6 s) on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from rlhf import cli
+from rlhf.config import ConfigError, config_from_dict
+from rlhf.core.preference import bradley_terry_loss
+from rlhf.data import DataError
+from rlhf.models.reward import BIAS_KEY, GAIN_KEY, load_reward_model, reward_normalization, reward_scores
+from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
+from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
+from rlhf.runlog.seeding import seed_everything
+from rlhf.trainers import reward_model
+
+# DESIGN.md ("Metric names", rm) and the issue: every training row carries these; evaluation rows add EVAL.
+TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]
+EVAL_METRICS = ["eval/loss", "eval/accuracy", "eval/reward_margin"]
+
+ADJECTIVES = ["small", "big", "red", "blue", "quiet", "old", "young", "fast", "slow"]
+NOUNS = ["cat", "dog", "bird", "fish", "child", "cow", "robot", "farmer"]
+VERBS = ["sees", "likes", "finds", "follows", "helps", "watches"]
+PLACES = ["in the park", "by the river", "at home", "under the tree", "on the hill"]
+
+
+def happy_pairs(n: int, seed: int, margins: bool = False) -> list[dict]:
+    """``n`` comparisons of the toy preference (module docstring); ``margins`` adds a "margin" in [0, 1)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        noun = rng.choice(NOUNS)
+
+        def sentence(adjective: str, noun: str = noun) -> str:
+            verb, other, place = rng.choice(VERBS), rng.choice(NOUNS), rng.choice(PLACES)
+            return f" the {adjective} {noun} {verb} a {other} {place}."
+
+        row = {"prompt": f"tell me about a {noun}:", "chosen": sentence("happy")}
+        row["rejected"] = sentence(rng.choice(ADJECTIVES))
+        if margins:
+            row["margin"] = round(rng.random(), 2)
+        rows.append(row)
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``train`` (24 pairs), ``eval`` (16), ``margins`` (24 with margins), ``prompts`` (8 prompt rows)."""
+    root = tmp_path_factory.mktemp("rm_data")
+    prompts = [{"prompt": f"tell me about a {noun}:"} for noun in NOUNS]
+    return {
+        "train": write_jsonl(root / "train.jsonl", happy_pairs(24, seed=1)),
+        "eval": write_jsonl(root / "eval.jsonl", happy_pairs(16, seed=2)),
+        "margins": write_jsonl(root / "margins.jsonl", happy_pairs(24, seed=3, margins=True)),
+        "prompts": write_jsonl(root / "prompts.jsonl", prompts),
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT classifier (one output, 2 layers, hidden 64, 128 positions) with its own WordPiece tokenizer.
+
+    The tokenizer is trained on the toy corpus and on sentences of the toy preference — "happy" included,
+    as a real encoder's vocabulary would hold it.
+    """
+    texts = toy_corpus(2000, seed=0) + [
+        row[k] for row in happy_pairs(200, seed=9) for k in ("prompt", "chosen")
+    ]
+    tokenizer = train_wordpiece_tokenizer(texts, vocab_size=400, model_max_length=128)
+    model = tiny_bert_classifier(tokenizer, seed=0)
+    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("bert") / "tiny_bert")
+
+
+def make_config(model: Path, data: dict[str, Path], out: Path, **overrides: object):
+    """A small, fast rm config: 24 training pairs, batches of 8 (3 steps per epoch), lr 1e-3, no checkpoints."""
+    values = {
+        "model": str(model),
+        "train_data": str(data["train"]),
+        "eval_data": str(data["eval"]),
+        "output_dir": str(out),
+        "batch_size": 8,
+        "learning_rate": 1e-3,
+        "epochs": 1,
+        "eval_every": 0,
+        "save_every": 0,
+        "progress": False,
+    }
+    return config_from_dict("rm", values | overrides)
+
+
+def metric_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def held_out_accuracy(final: Path, path: Path) -> float:
+    """Strict accuracy of a saved reward model on a preference file, scored as consumers score (RewardModelReward)."""
+    rm = RewardModelReward.load(str(final))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    prompts = [row["prompt"] for row in rows]
+    chosen = torch.tensor(rm.score(prompts, [row["chosen"] for row in rows], {}))
+    rejected = torch.tensor(rm.score(prompts, [row["rejected"] for row in rows], {}))
+    return (chosen > rejected).float().mean().item()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model loading: head init, pad token, encoder detection
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_causal_lm_gets_a_fresh_head_with_the_reference_init(tiny_llama_dir):
+    rm = load_reward_model(str(tiny_llama_dir))
+    assert rm.is_decoder and rm.fresh_head and rm.max_positions == 512
+    head = rm.model.score
+    assert head.out_features == 1 and head.bias is None  # Llama's score head has no bias
+    # checklist item 15: W ~ N(0, 1/sqrt(H+1)), H = 64 → std 0.124; 64 draws: ±35% is > 3.9 σ of the estimate
+    assert head.weight.std().item() == pytest.approx(1 / math.sqrt(65), rel=0.35)
+    assert head.weight.mean().abs().item() < 0.07
+    assert rm.model.config.num_labels == 1 and rm.model.config.pad_token_id == rm.tokenizer.pad_token_id
+    assert rm.tokenizer.padding_side == "right"
+
+
+def test_a_head_from_the_checkpoint_is_kept_and_a_mismatched_one_reinitialised(
+    tiny_reward_model_dir, tmp_path
+):
+    saved = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
+    rm = load_reward_model(str(tiny_reward_model_dir))
+    assert not rm.fresh_head
+    torch.testing.assert_close(rm.model.score.weight, saved.score.weight, rtol=0, atol=0)
+
+    # a 3-label BERT classifier: its head has the wrong size → fresh, N(0, 1/sqrt(H+1)) and bias 0
+    tokenizer = train_wordpiece_tokenizer(toy_corpus(200), vocab_size=200)
+    path = save_tiny(
+        tiny_bert_classifier(tokenizer, hidden_size=256, num_labels=3), tokenizer, tmp_path / "b"
+    )
+    bert = load_reward_model(str(path))
+    assert not bert.is_decoder and bert.fresh_head and bert.model.config.num_labels == 1
+    assert bert.model.classifier.bias.abs().max().item() == 0.0
+    assert bert.model.classifier.weight.std().item() == pytest.approx(1 / math.sqrt(257), rel=0.15)
+
+
+def test_a_tokenizer_without_pad_gets_one_and_the_embeddings_hold_it(tiny_llama_dir, tmp_path):
+    """GPT-2 style: no pad token in the vocabulary. The saved reward model must embed the pad id it uses."""
+    path = tmp_path / "no_pad"
+    shutil.copytree(tiny_llama_dir, path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # rename the pad token away, drop the setting
+        text = (path / name).read_text().replace("<|pad|>", "<|spare|>")
+        (path / name).write_text(text)
+    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    tokenizer_config["pad_token"] = None
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert AutoTokenizer.from_pretrained(path).pad_token is None
+
+    rows = json.loads((path / "config.json").read_text())["vocab_size"]
+    rm = load_reward_model(str(path))
+    pad = rm.tokenizer.pad_token_id
+    assert rm.tokenizer.pad_token == "<|pad|>" and pad == rows  # appended past the ids the model had
+    assert rm.model.get_input_embeddings().num_embeddings == rows + 1 and rm.model.config.pad_token_id == pad
+    # the plain transformers way (tokenizer padding + the model's own pooling) now works on the saved model
+    final = reward_model.run(make_config(path, small_data(tmp_path), tmp_path / "run", epochs=1))
+    tok = AutoTokenizer.from_pretrained(final)
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    batch = tok(["tell me about a cat: the cat.", "a"], padding=True, return_tensors="pt")
+    assert model(**batch).logits.shape == (2, 1)
+
+
+def small_data(tmp_path: Path) -> dict[str, Path]:
+    return {
+        "train": write_jsonl(tmp_path / "t.jsonl", happy_pairs(8, seed=4)),
+        "eval": write_jsonl(tmp_path / "e.jsonl", happy_pairs(4, seed=5)),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# (d) smoke runs
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_smoke_one_epoch(tiny_model_dir_factory, data, tmp_path, arch):
+    source = tiny_model_dir_factory(arch)
+    out = tmp_path / "run"
+    final = reward_model.run(make_config(source, data, out, eval_every=2))
+
+    rows = metric_rows(out)
+    # before training (step 0), every step, eval at step 2 (eval_every) and at the end of the epoch (3)
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert ["eval/accuracy" in row for row in rows] == [True, False, True, True]
+    assert set(EVAL_METRICS) <= rows[0].keys() and "train/loss" not in rows[0]
+    for row in rows[1:]:
+        assert set(TRAIN_METRICS) <= row.keys()
+        assert all(
+            math.isfinite(row[k]) for k in TRAIN_METRICS + (EVAL_METRICS if "eval/loss" in row else [])
+        )
+    assert [row["epoch"] for row in rows] == pytest.approx([0, 1 / 3, 2 / 3, 1])
+    assert rows[1]["lr"] == pytest.approx(1e-3) and rows[3]["lr"] < rows[2]["lr"]  # linear decay to 0
+    for row in rows:
+        if "eval/accuracy" in row:
+            assert row["eval/accuracy"] * 16 == pytest.approx(
+                round(row["eval/accuracy"] * 16)
+            )  # k of 16 pairs
+
+    # final/: one output, loads as is; the trunk and the head were trained
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    assert model.config.num_labels == 1 and AutoTokenizer.from_pretrained(final).pad_token is not None
+    assert GAIN_KEY not in json.loads((final / "config.json").read_text())  # no normalisation asked
+    initial = load_reward_model(str(source)).model.state_dict()
+    trained = model.state_dict()
+    head = next(k for k in trained if k.startswith("score."))
+    trunk = [k for k in trained if not k.startswith("score.")]
+    assert max_abs_diff({k: trained[k] for k in trunk}, {k: initial[k] for k in trunk}) > 1e-4
+    assert (trained[head] - initial[head]).abs().max() > 1e-4
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"] == str(source)
+
+
+def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, tmp_path):
+    """Step 1's train/loss is the core loss of the untouched model on all 24 pairs (one step = the whole set)."""
+    fields = {"train_data": str(data["margins"]), "eval_data": None, "batch_size": 24, "micro_batch_size": 6,
+              "center_rewards_coefficient": 0.01, "seed": 3}  # fmt: skip
+    config = make_config(tiny_llama_dir, data, tmp_path / "run", **fields)
+    reward_model.run(config)
+    (row,) = metric_rows(tmp_path / "run")
+
+    seed_everything(3)  # the run's seed: the same fresh head
+    rm = load_reward_model(str(tiny_llama_dir))
+    pairs, _ = reward_model.load_pairs(config, rm)
+    with torch.no_grad():
+        chosen, rejected, margin = reward_model.pair_rewards(
+            rm.model, pairs, rm.tokenizer.pad_token_id, "cpu"
+        )
+    assert margin.abs().sum() > 0  # the file's margins arrived
+    loss, stats = bradley_terry_loss(chosen, rejected, margin, center_coef=0.01)
+    assert row["train/loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert row["train/accuracy"] == pytest.approx(stats["accuracy"].item(), abs=1e-6)
+    without_margin, _ = bradley_terry_loss(chosen, rejected, None, center_coef=0.01)
+    assert abs(without_margin.item() - loss.item()) > 1e-3  # the margin made a difference
+
+    reward_model.run(dataclasses.replace(config, use_margin=False, output_dir=str(tmp_path / "no_margin")))
+    (row,) = metric_rows(tmp_path / "no_margin")
+    assert row["train/loss"] == pytest.approx(without_margin.item(), rel=1e-5)
+
+
+def test_lora_run_saves_a_plain_merged_model(tiny_llama_dir, data, tmp_path):
+    final = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "run", lora={"r": 4, "alpha": 8}))
+    assert not (final / "adapter_config.json").exists()
+    trained = AutoModelForSequenceClassification.from_pretrained(final).state_dict()
+    initial = load_reward_model(str(tiny_llama_dir)).model.state_dict()
+    assert trained.keys() == initial.keys()
+    attention = [k for k in trained if "q_proj" in k]  # adapted, then merged into the weights
+    assert max_abs_diff({k: trained[k] for k in attention}, {k: initial[k] for k in attention}) > 1e-5
+    assert (trained["score.weight"] - initial["score.weight"]).abs().max() > 1e-4  # the head trains in full
+    embeddings = [k for k in trained if "embed_tokens" in k]  # not adapted: untouched
+    assert max_abs_diff({k: trained[k] for k in embeddings}, {k: initial[k] for k in embeddings}) == 0
+
+
+def test_cli_runs_rm_from_a_yaml_file(tiny_llama_dir, data, tmp_path):
+    out = tmp_path / "run"
+    config = {"model": str(tiny_llama_dir), "train_data": str(data["train"]), "output_dir": str(out),
+              "batch_size": 8, "epochs": 2}  # fmt: skip
+    path = tmp_path / "rm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli.main(["rm", "--config", str(path), "--epochs", "1", "--no-progress"]) == 0
+    assert [row["step"] for row in metric_rows(out)] == [1, 2, 3]  # no eval_data: no step-0 row
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_config_refuses_normalisation_settings_without_a_policy(tiny_llama_dir, data, tmp_path):
+    with pytest.raises(ConfigError, match="normalize_prompts is set but normalize_policy is None"):
+        make_config(tiny_llama_dir, data, tmp_path, normalize_prompts=str(data["prompts"]))
+    with pytest.raises(ConfigError, match=r"normalize_samples=1 is out of range"):
+        make_config(tiny_llama_dir, data, tmp_path, normalize_policy="x", normalize_samples=1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# data errors: file:line, before anything is trained or written
+# --------------------------------------------------------------------------------------------------------------
+
+GOOD = {"prompt": "tell me about a cat:", "chosen": " the happy cat.", "rejected": " the old cat."}
+BAD_ROWS = [  # (row, regex of the problem)
+    ({"prompt": "p", "chosen": "a"}, r'missing "rejected" \(keys present: prompt, chosen\)'),
+    ({"prompt": "p", "chosen": 3, "rejected": "b"}, '"chosen" must be a non-empty string, got int'),
+    ({"prompt": "", "chosen": "a", "rejected": "b"}, '"prompt" must be a non-empty string, got an empty string'),
+    ({"prompt": "p", "chosen": " same", "rejected": " same"}, '"chosen" and "rejected" are the same text'),
+    ({"prompt": "p", "chosen": "a", "rejected": "b", "margin": "1"}, '"margin" must be a number, got str'),
+    ({"prompt": "the red cat sees a dog. " * 100, "chosen": "a", "rejected": "b"},
+     r"the prompt takes \d+ tokens, leaving no room for a response within the model's 512 positions"),
+    ({"prompt": "p", "chosen": " the cat." * 200, "rejected": "b"},
+     r'prompt \+ "chosen" takes \d+ tokens, more than the model\'s 512 positions'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "expected"), BAD_ROWS, ids=[f"row-{i}" for i in range(len(BAD_ROWS))])
+@pytest.mark.parametrize("which", ["train_data", "eval_data"])
+def test_a_bad_row_stops_the_run_with_file_and_line(tiny_llama_dir, tmp_path, bad, expected, which):
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, GOOD, bad, GOOD])
+    good = write_jsonl(tmp_path / "good.jsonl", [GOOD] * 4)
+    files = {"train": good, "eval": good} | ({"train": path} if which == "train_data" else {"eval": path})
+    out = tmp_path / "run"
+    config = make_config(tiny_llama_dir, files, out, max_length=4096 if "positions" in expected else 1024)
+    with pytest.raises(DataError, match=rf"^{path}:3: {expected}"):
+        reward_model.run(config)
+    assert not out.exists()  # nothing trained, nothing written
+
+
+def test_every_bad_row_is_listed_in_one_error(tiny_llama_dir, tmp_path):
+    rows = [GOOD, BAD_ROWS[0][0], GOOD, BAD_ROWS[3][0], BAD_ROWS[1][0]]
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DataError) as error:
+        reward_model.run(make_config(tiny_llama_dir, {"train": path, "eval": path}, tmp_path / "run"))
+    assert error.value.count == 3
+    assert [p.split(": ")[0] for p in error.value.problems] == [f"{path}:2", f"{path}:4", f"{path}:5"]
+
+
+def test_responses_cut_to_the_same_tokens_are_refused(tiny_llama_dir, tmp_path):
+    row = {"prompt": "cat:", "chosen": " the happy cat sees a dog.", "rejected": " the happy cat."}
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    # cut after prompt + " the happy cat", the two responses are the same tokens
+    length = len(tok("cat: the happy cat", add_special_tokens=False)["input_ids"])
+    path = write_jsonl(tmp_path / "cut.jsonl", [row | {"rejected": " a cow."}, row])
+    config = make_config(tiny_llama_dir, {"train": path, "eval": path}, tmp_path / "run", max_length=length)
+    with pytest.raises(
+        DataError, match=rf"{path}:2: \"chosen\" and \"rejected\" encode to the same tokens once cut"
+    ):
+        reward_model.run(config)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# (b) equivalences: micro-batching, resume
+# --------------------------------------------------------------------------------------------------------------
+
+
+def run_recording_gradients(config, monkeypatch) -> tuple[Path, list[list[torch.Tensor]]]:
+    """Run; returns final/ and, per optimizer step, the accumulated gradients before clipping."""
+    grads: list[list[torch.Tensor]] = []
+    train_step = reward_model.train_step
+
+    def recording(config, rm, pairs, rows, device):
+        stats = train_step(config, rm, pairs, rows, device)
+        grads.append([p.grad.clone() for p in rm.model.parameters() if p.grad is not None])
+        return stats
+
+    with monkeypatch.context() as patch:
+        patch.setattr(reward_model, "train_step", recording)
+        return reward_model.run(config), grads
+
+
+def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, monkeypatch):
+    """One step on all 24 pairs (responses of different lengths: padding varies): in one pass or 6 × 4."""
+    fields = {"batch_size": 24, "eval_data": None}
+    whole, whole_grads = run_recording_gradients(
+        make_config(tiny_llama_dir, data, tmp_path / "whole", **fields), monkeypatch
+    )
+    micro, micro_grads = run_recording_gradients(
+        make_config(tiny_llama_dir, data, tmp_path / "micro", micro_batch_size=4, **fields), monkeypatch
+    )
+    assert len(whole_grads) == len(micro_grads) == 1 and len(whole_grads[0]) > 0
+    for g_micro, g_whole in zip(micro_grads[0], whole_grads[0], strict=True):
+        torch.testing.assert_close(g_micro, g_whole, rtol=1e-4, atol=1e-6)
+    # Adam's first step ≈ lr·g/(|g| + 1e-8) magnifies float noise where |g| is near 1e-8, hence not 1e-7
+    assert max_abs_diff(load_file(whole / "model.safetensors"), load_file(micro / "model.safetensors")) < 2e-5
+    (a,), (b,) = metric_rows(tmp_path / "whole"), metric_rows(tmp_path / "micro")
+    for key in ("train/loss", "train/accuracy", "train/reward_margin", "grad/norm"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path, monkeypatch):
+    # 2 epochs of 3 steps (a reshuffle at the boundary), linear decay, evaluations: the state to restore
+    fields = {"epochs": 2, "save_every": 2, "eval_every": 2}
+    whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
+
+    original = reward_model.save_checkpoint
+
+    def save_then_die(out, step, state, *args, **kwargs):
+        path = original(out, step, state, *args, **kwargs)
+        if step == 4:
+            raise Interrupted
+        return path
+
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(reward_model, "save_checkpoint", save_then_die)
+        reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "resumed", **fields))
+    torch.manual_seed(1234)  # the process goes on with other random numbers drawn meanwhile
+    steps: list[int] = []
+    train_step = reward_model.train_step
+    with monkeypatch.context() as patch:
+        patch.setattr(reward_model, "train_step", lambda *args: steps.append(1) or train_step(*args))
+        resumed = reward_model.run(
+            make_config(tiny_llama_dir, data, tmp_path / "resumed", resume=True, **fields)
+        )
+    assert len(steps) == 2  # steps 5 and 6 only
+
+    def comparable(out: Path) -> list[dict]:
+        return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in metric_rows(out)]
+
+    expected, got = comparable(tmp_path / "whole"), comparable(tmp_path / "resumed")
+    assert [row["step"] for row in got] == [row["step"] for row in expected] == [0, 1, 2, 3, 4, 5, 6]
+    for want, have in zip(expected, got, strict=True):
+        assert want.keys() == have.keys()
+        for key in want:
+            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (want["step"], key)
+    assert (
+        max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# normalisation: stored with the model, applied by every consumer
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_reward_model_reward_applies_a_stored_normalisation(tiny_reward_model_dir, tmp_path):
+    raw = RewardModelReward.load(str(tiny_reward_model_dir))
+    assert (raw.gain, raw.bias) == (1.0, 0.0)
+    path = tmp_path / "normalised"
+    shutil.copytree(tiny_reward_model_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {GAIN_KEY: 0.5, BIAS_KEY: -2.0}))
+    normalised = load_reward_source(str(path))  # the way ppo / grpo / eval / sample load a reward
+    prompts, completions = ["what is 2 + 3?", "count to 3:"], [" 5", " 1 2 3"]
+    expected = [0.5 * s - 2.0 for s in raw.score(prompts, completions, {})]
+    assert normalised.score(prompts, completions, {}) == pytest.approx(expected, abs=1e-6)
+    ids = torch.tensor([normalised.encode(prompts[:1], completions[:1])[0]])
+    assert normalised.score_ids(ids, torch.ones_like(ids)).tolist() == pytest.approx(expected[:1], abs=1e-6)
+
+    (path / "config.json").write_text(json.dumps(config | {GAIN_KEY: 0.0, BIAS_KEY: 1.0}))
+    with pytest.raises(RewardError, match=r"rlhf_reward_gain=0.0.*must be a finite non-zero number"):
+        load_reward_source(str(path))
+
+
+def test_normalisation_gives_policy_samples_mean_0_std_1_for_consumers(tiny_llama_dir, data, tmp_path):
+    out = tmp_path / "run"
+    fields = {"normalize_policy": str(tiny_llama_dir), "normalize_prompts": str(data["prompts"]),
+              "normalize_samples": 24, "normalize_max_new_tokens": 8, "micro_batch_size": 4}  # fmt: skip
+    final = reward_model.run(make_config(tiny_llama_dir, data, out, **fields))
+
+    stored = json.loads((final / "config.json").read_text())
+    gain, bias = stored[GAIN_KEY], stored[BIAS_KEY]
+    assert gain > 0 and (gain, bias) == reward_normalization(
+        AutoModelForSequenceClassification.from_pretrained(final).config
+    )
+    samples = [json.loads(line) for line in (out / reward_model.NORMALIZATION_FILE).read_text().splitlines()]
+    assert len(samples) == 24 and {s["prompt"] for s in samples} <= {f"tell me about a {n}:" for n in NOUNS}
+    assert len({s["completion"] for s in samples}) > 12  # really sampled, not one answer repeated
+    # re-scored by a consumer loading final/: mean 0, population std 1 (OAI, checklist item 19)
+    consumer = RewardModelReward.load(str(final))
+    scores = torch.tensor(
+        consumer.score([s["prompt"] for s in samples], [s["completion"] for s in samples], {})
+    )
+    assert scores.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert scores.std(correction=0).item() == pytest.approx(1.0, abs=1e-5)
+    assert scores.tolist() == pytest.approx([s["normalized"] for s in samples], abs=1e-5)
+    # plain transformers gets the raw head; gain·raw + bias is the consumer's score
+    model = AutoModelForSequenceClassification.from_pretrained(final).eval()
+    ids = consumer.encode([samples[0]["prompt"]], [samples[0]["completion"]])[0]
+    with torch.no_grad():
+        raw = model(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    assert raw == pytest.approx(samples[0]["score"], abs=1e-5)
+    assert gain * raw + bias == pytest.approx(scores[0].item(), abs=1e-5)
+
+
+def test_normalisation_prompts_default_to_the_distinct_prompts_of_train_data(tiny_llama_dir, data, tmp_path):
+    config = make_config(tiny_llama_dir, data, tmp_path, normalize_policy=str(tiny_llama_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    prompts = reward_model.normalization_prompts(config, tokenizer, positions=512)
+    expected = list(dict.fromkeys(row["prompt"] for row in happy_pairs(24, seed=1)))
+    assert [p.text for p in prompts] == expected and len(expected) < 24
+
+
+# --------------------------------------------------------------------------------------------------------------
+# (e) learning
+# --------------------------------------------------------------------------------------------------------------
+
+
+def sum_pairs(n: int, seed: int) -> list[dict]:
+    """The learning task: ``what is a + b?`` with the correct sum chosen over a wrong one (0..18), a, b < 10."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randrange(10), rng.randrange(10)
+        wrong = rng.choice([x for x in range(19) if x != a + b])
+        rows.append({"prompt": f"what is {a} + {b}?", "chosen": f" {a + b}", "rejected": f" {wrong}"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sums(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """2000 training comparisons and 200 held-out ones (drawn apart: the same (a, b) may occur in both)."""
+    root = tmp_path_factory.mktemp("rm_sums")
+    return {
+        "train": write_jsonl(root / "train.jsonl", sum_pairs(2000, seed=1)),
+        "eval": write_jsonl(root / "eval.jsonl", sum_pairs(200, seed=2)),
+    }
+
+
+def learn(model: Path, sums: dict[str, Path], out: Path, epochs: int) -> tuple[Path, list[dict], float]:
+    """Train on the sums (batches of 32, lr 1e-3 decaying linearly); (final/, evaluation rows, seconds)."""
+    start = time.perf_counter()
+    final = reward_model.run(make_config(model, sums, out, batch_size=32, epochs=epochs))
+    seconds = time.perf_counter() - start
+    return final, [row for row in metric_rows(out) if "eval/accuracy" in row], seconds
+
+
+@pytest.mark.slow
+def test_tiny_llama_from_scratch_learns_to_prefer_correct_sums(tiny_llama_dir, sums, tmp_path):
+    """≥ 95% strict held-out accuracy within a CPU minute: 10 epochs of 2000 pairs (630 steps).
+
+    Measured (2 threads, idle machine), held-out accuracy before training and after each epoch:
+    49.5%, 59.5, 65.5, 79.5, 92, 94, 93.5, 97, 97.5, 99, 99% — ≈ 12 s for the whole run.
+    """
+    final, rows, seconds = learn(tiny_llama_dir, sums, tmp_path / "run", epochs=10)
+    assert [row["step"] for row in rows] == [63 * e for e in range(11)]  # before training, each epoch
+    assert rows[0]["eval/accuracy"] < 0.6 and rows[-1]["eval/accuracy"] >= 0.95, (rows, seconds)
+    assert rows[-1]["eval/loss"] < rows[0]["eval/loss"] / 4
+    # the saved model, scored the way ppo / eval score with it (text re-encoded, eos appended), agrees
+    assert held_out_accuracy(final, sums["eval"]) == pytest.approx(rows[-1]["eval/accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_tiny_bert_with_its_own_wordpiece_tokenizer_learns_the_same_task(tiny_bert_dir, sums, tmp_path):
+    """The encoder path: ``[CLS] prompt+response [SEP]``, BERT's own pooling and classifier, no eos.
+
+    Measured, held-out accuracy before training and after each of 8 epochs (504 steps): 43%, 68, 91.5,
+    97, 97.5, 98, 97, 98, 98% — ≈ 6.5 s.
+    """
+    final, rows, seconds = learn(tiny_bert_dir, sums, tmp_path / "run", epochs=8)
+    assert rows[0]["eval/accuracy"] < 0.6 and rows[-1]["eval/accuracy"] >= 0.9, (rows, seconds)
+    rm = RewardModelReward.load(str(final))
+    tok = rm.tokenizer
+    assert (
+        rm.eos_id is None and rm.encode(["what is 1 + 2?"], [" 3"])[0] == tok("what is 1 + 2? 3")["input_ids"]
+    )
+    assert tok.convert_ids_to_tokens(rm.encode(["what is 1 + 2?"], [" 3"])[0][-2:]) == ["3", "[SEP]"]
+    assert held_out_accuracy(final, sums["eval"]) == pytest.approx(rows[-1]["eval/accuracy"], abs=1e-6)
+
+
+def test_reward_is_read_at_the_last_real_token_whatever_the_padding(tiny_llama_dir, tiny_bert_dir):
+    for path in (tiny_llama_dir, tiny_bert_dir):
+        rm = load_reward_model(str(path))
+        tok = rm.tokenizer
+        rows = [tok("tell me about a cat: the happy cat.")["input_ids"], tok("a dog")["input_ids"]]
+        with torch.no_grad():
+            alone = [reward_scores(rm.model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)).item()
+                     for r in rows]  # fmt: skip
+            width = max(map(len, rows)) + 3
+            ids = torch.full((2, width), tok.pad_token_id)
+            mask = torch.zeros((2, width), dtype=torch.long)
+            for i, r in enumerate(rows):
+                ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+            padded = reward_scores(rm.model, ids, mask).tolist()
+        assert padded == pytest.approx(alone, abs=1e-5)

@@ -1,0 +1,389 @@
+"""`rlhf sft` end to end on tiny random-init models (STYLE principle 9, layers b-e).
+
+The data: 64 questions from the toy language, "what is 2 + 3?" → " 5" (61 trained on, 3 held out for
+eval/loss), or 10 of them for the single-step equivalence runs (no held-out slice below 20 examples).
+Each run is a real `rlhf.trainers.sft.run(config)`; the loss-level checks call the trainer's own
+`token_losses` and `Batcher`, the functions its loop uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from rlhf import cli
+from rlhf.config import ConfigError, config_from_dict
+from rlhf.data import IGNORE_INDEX, load_sft
+from rlhf.models.loading import load_causal_lm, load_tokenizer
+from rlhf.models.tiny import toy_corpus
+from rlhf.trainers import sft
+
+LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
+DESIGN_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
+
+
+def questions(n: int, seed: int = 3) -> list[dict]:
+    rows = []
+    for line in toy_corpus(8 * n, seed=seed):
+        if line.startswith("what is"):
+            question, answer = line.split("?")
+            rows.append({"prompt": question + "?", "response": answer})
+    return rows[:n]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sft_data")
+    write_jsonl(root / "train.jsonl", questions(64))
+    write_jsonl(root / "small.jsonl", questions(10, seed=4))
+    chat = [
+        {"messages": [
+            {"role": "system", "content": "answer with a number"},
+            {"role": "user", "content": row["prompt"]},
+            {"role": "assistant", "content": row["response"].strip()},
+            {"role": "user", "content": "and plus one?"},
+            {"role": "assistant", "content": str(int(row["response"]) + 1)},
+        ]}
+        for row in questions(24, seed=5)
+    ]  # fmt: skip
+    write_jsonl(root / "chat.jsonl", chat)
+    return root
+
+
+def make_config(model: Path, data: Path, out: Path, **overrides: object):
+    """A small, fast SFT config: batches of 8, a high learning rate, no checkpoints, no progress bar."""
+    values = {
+        "model": str(model),
+        "train_data": str(data),
+        "output_dir": str(out),
+        "epochs": 1,
+        "batch_size": 8,
+        "learning_rate": 3e-3,
+        "max_length": 64,
+        "eval_every": 0,
+        "save_every": 0,
+        "progress": False,
+    }
+    return config_from_dict("sft", values | overrides)
+
+
+def rows_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """metrics.jsonl rows without the wall-clock ones."""
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows]
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def run_recording_gradients(config, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[torch.Tensor]]:
+    """Run; also return the gradient of every trainable parameter at each optimizer step (before clipping)."""
+    grads: list[torch.Tensor] = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording(params, max_norm, *args, **kwargs):
+        params = list(params)
+        grads.extend(torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params)
+        return clip(params, max_norm, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.utils, "clip_grad_norm_", recording)
+        return sft.run(config), grads
+
+
+# --------------------------------------------------------------------------------------------------------------
+# (e) learning, with the eval schedule and final/
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch(
+    tiny_llama_dir, data_dir, tmp_path
+):
+    """Observed (torch 2.13 CPU, ≈0.4 s for the 32 steps): eval/loss 5.92 at step 0 → 1.73 after 4 epochs;
+    train/loss 5.99 at step 1 → 1.6-1.8 in the last epoch (the digit of a sum is ≈ ln 10 = 2.3 nats to a
+    model that has not learnt to add; the eos after it is free). The margin asserted is 2.5 nats."""
+    out = tmp_path / "run"
+    final = sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, epochs=4, eval_every=5))
+
+    rows = rows_of(out)
+    # 61 training examples / 8 per step = 8 steps per epoch (the last one of 5); 3 held out for eval/loss
+    assert [row["step"] for row in rows] == list(range(33))
+    evals = [row["step"] for row in rows if "eval/loss" in row]
+    assert evals == [0, 5, 8, 10, 15, 16, 20, 24, 25, 30, 32]  # before, every 5, at each epoch's end (8k)
+    assert rows[0] == {"step": 0, "epoch": 0.0, "eval/loss": rows[0]["eval/loss"]}
+    for row in rows[1:]:
+        assert all(key in row for key in DESIGN_METRICS), row
+        assert row["epoch"] == pytest.approx(row["step"] / 8)
+    first, last = rows[0]["eval/loss"], rows[-1]["eval/loss"]
+    assert last < first - 2.5, (first, last)
+    assert sum(row["train/loss"] for row in rows[-8:]) / 8 < rows[1]["train/loss"] - 2.5
+    assert rows[1]["lr"] == 3e-3 and rows[-1]["lr"] == pytest.approx(3e-3 / 32)  # linear decay over 32 steps
+
+    # final/ is an ordinary checkpoint: AutoModelForCausalLM + tokenizer, the trained weights
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert max_abs_diff(model.state_dict(), load_file(tiny_llama_dir / "model.safetensors")) > 1e-3
+    tokenizer = load_tokenizer(str(final))
+    assert tokenizer.eos_token_id == load_tokenizer(str(tiny_llama_dir)).eos_token_id
+    assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 4
+
+
+# --------------------------------------------------------------------------------------------------------------
+# (b) prompt tokens carry no loss
+# --------------------------------------------------------------------------------------------------------------
+
+
+class NoiseAt(nn.Module):
+    """The model, with large random numbers added to the logits of the positions ``where`` (R, L) is True."""
+
+    def __init__(self, model: nn.Module, where: torch.Tensor):
+        super().__init__()
+        self.model, self.where = model, where
+
+    def forward(self, **inputs):
+        logits = self.model(**inputs).logits
+        return SimpleNamespace(logits=logits + 100 * torch.randn_like(logits) * self.where[..., None])
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_prompt_tokens_carry_no_loss(tiny_llama_dir, data_dir, packing):
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    examples = load_sft(data_dir / "small.jsonl", tokenizer, max_length=64)
+    rows_in_file = [json.loads(line) for line in (data_dir / "small.jsonl").read_text().splitlines()]
+    # the labels: IGNORE_INDEX on every prompt token, the response and its eos labelled
+    for example, row in zip(examples, rows_in_file, strict=True):
+        n_prompt = len(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])
+        assert example.labels[:n_prompt] == [IGNORE_INDEX] * n_prompt
+        assert example.labels[n_prompt:] == example.input_ids[n_prompt:]
+        assert tokenizer.decode(example.labels[n_prompt:]) == row["response"] + tokenizer.eos_token
+    # ... and they survive collation: the labelled tokens of the rows are exactly the responses
+    batcher = sft.Batcher(len(examples), packing, 64, tokenizer.eos_token_id, "cpu")
+    (rows,) = batcher(examples)
+    labelled = rows.labels[rows.labels != IGNORE_INDEX].tolist()
+    assert sorted(labelled) == sorted(t for e in examples for t in e.labels if t != IGNORE_INDEX)
+    assert rows.input_ids.shape[0] == (2 if packing else len(examples))  # 10 × 11-12 tokens in rows of 64
+
+    # the loss: logits that predict a prompt (or padding) token may be anything; the others may not
+    model = load_causal_lm(str(tiny_llama_dir))
+    predicts_prompt = torch.ones_like(rows.labels, dtype=torch.bool)
+    predicts_prompt[:, :-1] = rows.labels[:, 1:] == IGNORE_INDEX
+    per_token, mask = sft.token_losses(model, rows)
+    noisy, noisy_mask = sft.token_losses(NoiseAt(model, predicts_prompt), rows)
+    assert torch.equal(mask, noisy_mask) and mask.sum() == sum(sft.label_tokens(e) for e in examples)
+    assert torch.equal(per_token[mask], noisy[mask])
+    assert not torch.equal(per_token[~mask], noisy[~mask])  # the noise did reach the prompt positions
+    elsewhere, _ = sft.token_losses(NoiseAt(model, ~predicts_prompt), rows)
+    assert (elsewhere[mask] - per_token[mask]).abs().min() > 0  # noise on response positions changes all
+
+    # and the gradient flows into response predictions only
+    logits = model(input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
+                   use_cache=False).logits.detach().requires_grad_()  # fmt: skip
+    per_token, mask = sft.token_losses(lambda **_: SimpleNamespace(logits=logits), rows)
+    (per_token * mask).sum().backward()
+    grad_norm = logits.grad.abs().sum(-1)
+    assert grad_norm[predicts_prompt].max() == 0
+    assert grad_norm[~predicts_prompt].min() > 0
+
+
+def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tmp_path):
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    examples = load_sft(data_dir / "chat.jsonl", tokenizer, max_length=64)
+    first = json.loads((data_dir / "chat.jsonl").read_text().splitlines()[0])["messages"]
+    trained = tokenizer.decode([t for t in examples[0].labels if t != IGNORE_INDEX])
+    assert (
+        trained == f"{first[2]['content']}<|eos|>{first[4]['content']}<|eos|>"
+    )  # both answers, nothing else
+
+    out = tmp_path / "run"
+    final = sft.run(make_config(tiny_llama_dir, data_dir / "chat.jsonl", out, epochs=2))
+    rows = rows_of(out)
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5, 6]  # 23 examples, 1 held out: 3 steps/epoch
+    assert rows[-1]["eval/loss"] < rows[0]["eval/loss"]
+    assert (final / "chat_template.jinja").is_file()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# (b) equivalences: micro-batching, packing, resume
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_micro_batching_gives_the_same_update(tiny_llama_dir, data_dir, tmp_path, monkeypatch):
+    # one optimizer step on all 10 examples: in one pass, or in micro-batches of 4, 4 and 2 of other lengths
+    fields = {"batch_size": 16, "eval_data": str(data_dir / "small.jsonl")}
+    small = data_dir / "small.jsonl"
+    whole, whole_grads = run_recording_gradients(
+        make_config(tiny_llama_dir, small, tmp_path / "whole", **fields), monkeypatch
+    )
+    micro, micro_grads = run_recording_gradients(
+        make_config(tiny_llama_dir, small, tmp_path / "micro", micro_batch_size=4, **fields), monkeypatch
+    )
+    assert len(micro_grads) == len(whole_grads) > 0
+    for g_micro, g_whole in zip(micro_grads, whole_grads, strict=True):
+        torch.testing.assert_close(g_micro, g_whole, rtol=1e-5, atol=1e-7)
+    # Adam's first step ≈ lr·sign(g) magnifies float noise where |g| ≈ 1e-8, hence not 1e-7 (see test_ppo)
+    initial = load_file(tiny_llama_dir / "model.safetensors")
+    assert max_abs_diff(load_file(whole / "model.safetensors"), initial) > 1e-3
+    assert max_abs_diff(load_file(micro / "model.safetensors"), load_file(whole / "model.safetensors")) < 2e-5
+    a, b = rows_of(tmp_path / "whole"), rows_of(tmp_path / "micro")
+    for key in ("train/loss", "grad/norm", "eval/loss"):
+        assert b[1][key] == pytest.approx(a[1][key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_packing_gives_the_same_loss_and_gradient(
+    tiny_model_dir_factory, data_dir, tmp_path, monkeypatch, arch
+):
+    model_dir = tiny_model_dir_factory(arch)
+    small = data_dir / "small.jsonl"
+    fields = {"batch_size": 16, "micro_batch_size": 8, "eval_data": str(small)}  # micro-batches of 8 and 2
+    _, padded_grads = run_recording_gradients(
+        make_config(model_dir, small, tmp_path / "padded", **fields), monkeypatch
+    )
+    _, packed_grads = run_recording_gradients(
+        make_config(model_dir, small, tmp_path / "packed", packing=True, max_length=32, **fields), monkeypatch
+    )
+    for g_packed, g_padded in zip(packed_grads, padded_grads, strict=True):
+        torch.testing.assert_close(g_packed, g_padded, rtol=1e-4, atol=1e-6)
+    a, b = rows_of(tmp_path / "padded"), rows_of(tmp_path / "packed")
+    for row_a, row_b in zip(a, b, strict=True):
+        for key in ("eval/loss", "train/loss", "grad/norm"):
+            if key in row_a:
+                assert row_b[key] == pytest.approx(row_a[key], abs=1e-5), (row_a["step"], key)
+
+    # token by token, and the rows really were packed: 8 examples of 11-12 tokens, two per row of 32
+    tokenizer = load_tokenizer(str(model_dir))
+    examples = load_sft(small, tokenizer, max_length=32)[:8]
+    model = load_causal_lm(str(model_dir))
+    padded = sft.Batcher(8, False, 32, tokenizer.eos_token_id, "cpu")(examples)[0]
+    packed = sft.Batcher(8, True, 32, tokenizer.eos_token_id, "cpu")(examples)[0]
+    assert packed.input_ids.shape[0] == 4 and packed.attention_mask is None
+    loss_padded, mask_padded = sft.token_losses(model, padded)
+    loss_packed, mask_packed = sft.token_losses(model, packed)
+    # first-fit decreasing reorders the examples; compare the sorted per-token losses
+    torch.testing.assert_close(
+        loss_packed[mask_packed].sort().values, loss_padded[mask_padded].sort().values, rtol=0, atol=1e-5
+    )
+
+
+class IgnoresPacking(nn.Module):
+    """A model whose attention spans the whole row whatever the position ids: what packing must never train."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+
+def test_packing_is_refused_for_a_model_that_lets_examples_see_each_other(tiny_llama_dir, data_dir):
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    examples = load_sft(data_dir / "small.jsonl", tokenizer, max_length=64)
+    model = load_causal_lm(str(tiny_llama_dir))
+    sft.check_packing(model, examples, tokenizer.eos_token_id, "cpu")  # the real model passes
+    with pytest.raises(ConfigError, match=r"packing=true, but this llama model lets packed examples see"):
+        sft.check_packing(IgnoresPacking(model), examples, tokenizer.eos_token_id, "cpu")
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "variant", [{}, {"lora": LORA, "packing": True, "micro_batch_size": 4}], ids=["full", "lora-packed-micro"]
+)
+def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_path, monkeypatch, variant):
+    # 2 epochs of 8 steps; interrupted after the checkpoint of step 6 (mid-epoch), resumed to the end
+    fields = {"epochs": 2, "save_every": 3, "eval_every": 4, **variant}
+    train = data_dir / "train.jsonl"
+    whole = sft.run(make_config(tiny_llama_dir, train, tmp_path / "whole", **fields))
+
+    original = sft.save_checkpoint
+
+    def save_then_die(out, step, state, *args, **kwargs):
+        path = original(out, step, state, *args, **kwargs)
+        if step == 6:
+            raise Interrupted
+        return path
+
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(sft, "save_checkpoint", save_then_die)
+        sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", **fields))
+    torch.manual_seed(1234)  # a new process would draw other random numbers meanwhile
+    steps: list[int] = []
+    token_losses = sft.token_losses
+    with monkeypatch.context() as patch:
+        patch.setattr(sft, "token_losses", lambda *args: steps.append(1) or token_losses(*args))
+        resumed = sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", resume=True, **fields))
+    # steps 7-16 only: 10 steps × 1 or 2 micro-batches, + eval at 8, 12, 16 (3 examples: one micro-batch)
+    # (+ the 3 forwards of the start-up packing probe)
+    micro_batches = 2 if "micro_batch_size" in variant else 1
+    assert len(steps) == 10 * micro_batches + 3 + (3 if variant.get("packing") else 0)
+
+    expected, got = comparable(rows_of(tmp_path / "whole")), comparable(rows_of(tmp_path / "resumed"))
+    assert [row["step"] for row in got] == [row["step"] for row in expected] == list(range(17))
+    for want, have in zip(expected, got, strict=True):
+        assert want.keys() == have.keys()
+        for key in want:
+            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-6), (want["step"], key)
+    assert (
+        max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
+    )
+
+
+def test_resume_refuses_other_data(tiny_llama_dir, data_dir, tmp_path):
+    out = tmp_path / "run"
+    sft.run(make_config(tiny_llama_dir, data_dir / "small.jsonl", out, save_every=1))
+    with pytest.raises(ConfigError, match=r"other num_examples \(10, now 61\), fingerprint"):
+        sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, resume=True))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LoRA, the command line
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_lora_is_merged_into_final_with_the_models_own_dropout(tiny_gpt2_dir, data_dir, tmp_path):
+    out = tmp_path / "run"
+    final = sft.run(make_config(tiny_gpt2_dir, data_dir / "train.jsonl", out, lora={"r": 4}, save_every=4))
+    assert not (final / "adapter_config.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(final)  # a plain GPT-2, the adapters merged in
+    assert (
+        max_abs_diff(model.state_dict(), AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).state_dict()) > 0
+    )
+    assert model.config.resid_pdrop == 0.1  # trained without dropout, saved with the model's own
+    # checkpoints hold the adapters only
+    state = torch.load(out / "checkpoints" / "step_000004" / "state.pt", weights_only=False)
+    assert state["model"] and all("lora_" in name for name in state["model"])
+
+
+def test_cli_runs_sft_from_a_yaml_file(tiny_llama_dir, data_dir, tmp_path):
+    out = tmp_path / "run"
+    config = {"model": str(tiny_llama_dir), "train_data": str(data_dir / "train.jsonl"), "output_dir": str(out),
+              "epochs": 3, "batch_size": 16, "max_length": 64}  # fmt: skip
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli.main(["sft", "--config", str(path), "--epochs", "1", "--packing", "--no-progress"]) == 0
+    assert [row["step"] for row in rows_of(out)] == [0, 1, 2, 3, 4]  # the flag won over the file
+    assert (out / "final" / "model.safetensors").is_file()
+    written = yaml.safe_load((out / "config.yaml").read_text())
+    assert written["epochs"] == 1 and written["packing"] is True
