@@ -1,7 +1,9 @@
 """Build the offline assets the example configs use: a tiny Llama policy, a tiny reward model and prompts.
 
     python examples/make_tiny_assets.py            # writes examples/assets/
-    rlhf ppo --config examples/ppo_tiny.yaml       # trains against examples/rewards.py:short_and_counting
+    rlhf ppo --config examples/ppo_tiny.yaml       # PPO against examples/rewards.py:digits
+    rlhf sft --config examples/sft_tiny.yaml       # SFT on examples/assets/sft.jsonl
+    rlhf rm --config examples/rm_tiny.yaml         # a reward model on examples/assets/preferences.jsonl
 
 Everything is random-initialised and trained locally (no downloads); replace `policy:` / `reward:` in the
 YAML files with your own model directories or hub ids for real work.
@@ -10,6 +12,7 @@ YAML files with your own model directories or hub ids for real work.
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -27,7 +30,19 @@ def main(root: Path) -> None:
     with (root / "eval_prompts.jsonl").open("w") as f:
         for line in lines[360:]:
             f.write(json.dumps({"prompt": " ".join(line.split()[:3])}) + "\n")
-    print(f"wrote {root}/policy, {root}/reward_model, {root}/prompts.jsonl, {root}/eval_prompts.jsonl")
+    # SFT demonstrations and preference pairs on a toy task: answer "what is a + b?" with the sum
+    rng = random.Random(0)
+    questions = [(a, b) for a in range(10) for b in range(10)]
+    with (root / "sft.jsonl").open("w") as f:
+        for a, b in questions:
+            f.write(json.dumps({"prompt": f"what is {a} + {b}?", "response": f" {a + b}"}) + "\n")
+    for name, pairs in (("preferences.jsonl", questions * 10), ("eval_preferences.jsonl", questions)):
+        with (root / name).open("w") as f:
+            for a, b in pairs:
+                wrong = rng.choice([n for n in range(19) if n != a + b])
+                row = {"prompt": f"what is {a} + {b}?", "chosen": f" {a + b}", "rejected": f" {wrong}"}
+                f.write(json.dumps(row) + "\n")
+    print(f"wrote {root}/: policy/, reward_model/, prompts.jsonl, eval_prompts.jsonl, sft.jsonl, preferences.jsonl")
 
 
 if __name__ == "__main__":

@@ -60,3 +60,13 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"```bash\n# run the tests\n(.+)\n", readme).group(1).strip()
     assert command in ci, f"README's test command {command!r} is not what .ci/run runs"
+
+
+def test_example_configs_load():
+    from rlhf.config import load_config
+
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    assert examples, "examples/ has no configs"
+    for path in examples:
+        command = path.stem.split("_")[0]
+        load_config(command, path)  # raises ConfigError naming the field when an example goes stale
