@@ -904,6 +904,8 @@ class GRPOConfig(_PolicyGradientConfig):
     """Largest overlong penalty (reached at max_new_tokens)."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) and sample more prompts until batch_size groups remain."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at max_new_tokens (no stop token) out of the loss (DAPO); they still count in the group statistics."""
 
     def _check(self, where: str) -> None:
         super()._check(where)

@@ -53,7 +53,6 @@ from rlhf.runlog.seeding import seed_everything
 from rlhf.sample import (
     BatchProgress,
     Sampler,
-    concat_scores,
     json_safe,
     nan_to_none,
     prompt_batches,
@@ -159,7 +158,7 @@ def answer(
             stopped.append(generated.has_stop.cpu())
             scores_all.append(scores)
             bar.advance(len(batch), f"reward {torch.cat([s.combined for s in scores_all]).nanmean():.3g}")
-    scores = concat_scores(scores_all) if scores_all else _no_scores(rewards)
+    scores = common.concat_scores(scores_all) if scores_all else _no_scores(rewards)
     metrics = reward_metrics(scores) | response_metrics(lengths, stopped)
     return Answers(completions, scores, metrics, time.perf_counter() - start)
 

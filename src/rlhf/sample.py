@@ -97,8 +97,8 @@ def run(config: SampleConfig) -> dict[str, Any]:
             rewards: list[float | None] | None = None
             if judge is not None:
                 scores = common.score(
-                    judge, repeat_each(batch.texts, k), generated.completions,
-                    {name: repeat_each(values, k) for name, values in batch.columns.items()},
+                    judge, common.repeat_each(batch.texts, k), generated.completions,
+                    {name: common.repeat_each(values, k) for name, values in batch.columns.items()},
                     config.reward_aggregation, group_size=k,
                 )  # fmt: skip
                 scores_all.append(scores)
@@ -131,7 +131,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
     elif config.mode == "pairs":
         summary["skipped"] = {"identical": skipped["identical"]}
     if scores_all:
-        summary.update(common.reward_metrics(concat_scores(scores_all), prefix="judge"))
+        summary.update(common.reward_metrics(common.concat_scores(scores_all), prefix="judge"))
     summary.update(response_metrics(lengths, stopped))
     summary["time/generate_s"] = sampler.seconds
     summary["time/judge_s"] = sum((s.seconds for s in scores_all), 0.0)
@@ -272,21 +272,6 @@ def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[
         PromptBatch.of(prompts, range(start, min(len(prompts), start + batch_size)))
         for start in range(0, len(prompts), batch_size)
     ]
-
-
-def repeat_each(values: Sequence[Any], k: int) -> list[Any]:
-    """[a, b] → [a, a, b, b] for k = 2: per-prompt values aligned with k consecutive completions."""
-    return [value for value in values for _ in range(k)]
-
-
-def concat_scores(parts: Sequence[common.Scores]) -> common.Scores:
-    """The Scores of several batches as one (rows in order, times summed)."""
-    return common.Scores(
-        torch.cat([s.per_source for s in parts]),
-        torch.cat([s.combined for s in parts]),
-        parts[0].names,
-        sum(s.seconds for s in parts),
-    )
 
 
 def response_lengths(generated: common.Generated) -> torch.Tensor:

@@ -18,9 +18,12 @@ from torch import nn
 
 from rlhf.config import config_to_yaml
 from rlhf.core.group import gdpo_advantages, sum_rewards
-from rlhf.data import left_pad
+from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch
 from rlhf.rollout.engine import SamplingParams, sample
+
+MAX_HELD_OUT = 32
+"""Held-out prompts answered at every eval step: the first ones of ``eval_data``, or a slice of ``train_data``."""
 
 
 def device_for_run() -> torch.device:
@@ -168,3 +171,69 @@ def write_samples(
 def write_run_config(output_dir: Path, config: Any) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config.yaml").write_text(config_to_yaml(config))
+
+
+def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
+    """Training prompts, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
+    prompts = load_prompts(config.train_data, tokenizer, config.max_prompt_length)
+    if config.eval_data:
+        return prompts, load_prompts(config.eval_data, tokenizer, config.max_prompt_length)[:MAX_HELD_OUT]
+    n = min(MAX_HELD_OUT, len(prompts) // 10)
+    if n == 0:
+        return prompts, []
+    return held_out(prompts, n, seed=config.seed)
+
+
+def repeat_each(values: list[Any], k: int) -> list[Any]:
+    """[a, b] → [a, a, b, b] for k = 2: per-prompt values aligned with k consecutive completions."""
+    return [value for value in values for _ in range(k)]
+
+
+def concat_scores(parts: list[Scores]) -> Scores:
+    """The Scores of several batches as one (rows in order, times summed)."""
+    return Scores(
+        torch.cat([s.per_source for s in parts]),
+        torch.cat([s.combined for s in parts]),
+        parts[0].names,
+        sum(s.seconds for s in parts),
+    )
+
+
+def response_metrics(generated: Generated) -> dict[str, float]:
+    """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch."""
+    lengths = (generated.responses != generated.pad_token_id).sum(-1).float()
+    return {
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/eos_rate": generated.has_stop.float().mean().item(),
+        "response/tokens": lengths.sum().item(),
+    }
+
+
+def chunks(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Consecutive pieces of ``rows`` of ``size`` (the last may be shorter)."""
+    return list(rows.split(size))
+
+
+@torch.no_grad()
+def evaluate(
+    config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
+    device: torch.device, out: Path, step: int,
+) -> dict[str, float]:  # fmt: skip
+    """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
+    ``samples/step_NNNNNN.jsonl`` and return ``eval/reward/*``."""
+    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+    generator = torch.Generator(device).manual_seed(config.seed + 2)
+    size = config.effective_micro_batch_size
+    texts, completions, parts = [], [], []
+    for start in range(0, len(prompts), size):
+        batch = PromptBatch.of(prompts, range(start, min(len(prompts), start + size)))
+        generated = generate(policy, tokenizer, batch, sampling, stops, generator, device)
+        parts.append(
+            score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation)
+        )
+        texts += batch.texts
+        completions += generated.completions
+    scores = concat_scores(parts)
+    write_samples(out, step, texts, completions, scores)
+    return reward_metrics(scores, prefix="eval/reward")

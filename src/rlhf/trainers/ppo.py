@@ -37,7 +37,6 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.data import held_out, load_prompts
 from rlhf.data.stream import PromptStream
 from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_critic, load_tokenizer
 from rlhf.models.policy import ValueHead, score_response_tokens
@@ -49,8 +48,6 @@ from rlhf.runlog.metrics import MetricsLogger
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common
-
-MAX_HELD_OUT = 32
 
 
 @dataclass(frozen=True)
@@ -141,7 +138,7 @@ def run(config: PPOConfig) -> Path:
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config.policy)
     stops = common.stop_token_ids(tokenizer, config.stop_token)
-    train_prompts, eval_prompts = _prompts(config, tokenizer)
+    train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
     rewards = load_reward_set(
         common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
     )
@@ -203,7 +200,7 @@ def run(config: PPOConfig) -> Path:
             # 8. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {"step": step, **common.reward_metrics(scores), **stats, **train_stats}
-            metrics.update(_response_metrics(generated, tokenizer.pad_token_id))
+            metrics.update(common.response_metrics(generated))
             metrics.update({
                 "kl/coef": kl_coef, "lr": scheduler.get_last_lr()[0],
                 "time/rollout_s": t_rollout, "time/score_s": scores.seconds, "time/logprobs_s": t_logprobs,
@@ -217,7 +214,9 @@ def run(config: PPOConfig) -> Path:
             if evaluating:
                 t3 = time.perf_counter()
                 metrics.update(
-                    evaluate(config, models, tokenizer, rewards, eval_prompts, stops, device, out, step)
+                    common.evaluate(
+                        config, models.policy, tokenizer, rewards, eval_prompts, stops, device, out, step
+                    )
                 )
                 metrics["time/eval_s"] = time.perf_counter() - t3
             if evaluating or step % config.log_every == 0 or step == config.steps:
@@ -241,7 +240,7 @@ def make_rollout(
     ids, mask = generated.query_responses, generated.attention_mask
     T = generated.responses.shape[1]
     logprobs, values, ref_logprobs = [], [], []
-    for chunk in _chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
+    for chunk in common.chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
         lp, v, _ = models.score(ids[chunk], mask[chunk], T, config.temperature)
         logprobs.append(lp)
         values.append(v)
@@ -308,11 +307,11 @@ def ppo_update(
     first_ratio_dev = None
     for epoch in range(config.ppo_epochs):
         order = torch.arange(B) if epoch == 0 else torch.randperm(B, generator=shuffle)
-        for minibatch in _chunks(order, config.minibatch_size):
+        for minibatch in common.chunks(order, config.minibatch_size):
             optimizer.zero_grad(set_to_none=True)
             n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
             n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
-            for micro in _chunks(minibatch, config.effective_micro_batch_size):
+            for micro in common.chunks(minibatch, config.effective_micro_batch_size):
                 stats = _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef)
                 ratio_dev = stats.pop("ratio_dev")
                 if epoch == 0 and first_ratio_dev is None:
@@ -370,34 +369,6 @@ def _micro_step(
     }
 
 
-@torch.no_grad()
-def evaluate(
-    config: PPOConfig, models: Models, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
-    device: torch.device, out: Path, step: int,
-) -> dict[str, float]:  # fmt: skip
-    """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable) and write them out."""
-    from rlhf.data.stream import PromptBatch
-
-    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-    generator = torch.Generator(device).manual_seed(config.seed + 2)
-    texts, completions, per_batch = [], [], []
-    for start in range(0, len(prompts), config.effective_micro_batch_size):
-        batch = PromptBatch.of(
-            prompts, range(start, min(len(prompts), start + config.effective_micro_batch_size))
-        )
-        generated = common.generate(models.policy, tokenizer, batch, sampling, stops, generator, device)
-        per_batch.append(common.score(rewards, batch.texts, generated.completions, batch.columns,
-                                      config.reward_aggregation))  # fmt: skip
-        texts += batch.texts
-        completions += generated.completions
-    scores = common.Scores(
-        torch.cat([s.per_source for s in per_batch]), torch.cat([s.combined for s in per_batch]),
-        per_batch[0].names, sum(s.seconds for s in per_batch),
-    )  # fmt: skip
-    common.write_samples(out, step, texts, completions, scores)
-    return common.reward_metrics(scores, prefix="eval/reward")
-
-
 def save_final(models: Models, tokenizer: Any, out: Path) -> Path:
     """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; the value function beside it."""
     from safetensors.torch import save_file
@@ -415,28 +386,3 @@ def save_final(models: Models, tokenizer: Any, out: Path) -> Path:
         models.critic.trunk.save_pretrained(final / "critic")
         save_file(dict(models.critic.head.state_dict()), final / "critic" / "value_head.safetensors")
     return final
-
-
-def _prompts(config: PPOConfig, tokenizer: Any) -> tuple[list, list]:
-    """Training prompts, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
-    prompts = load_prompts(config.train_data, tokenizer, config.max_prompt_length)
-    if config.eval_data:
-        return prompts, load_prompts(config.eval_data, tokenizer, config.max_prompt_length)[:MAX_HELD_OUT]
-    n = min(MAX_HELD_OUT, len(prompts) // 10)
-    if n == 0:
-        return prompts, []
-    return held_out(prompts, n, seed=config.seed)
-
-
-def _response_metrics(generated: common.Generated, pad: int) -> dict[str, float]:
-    lengths = (generated.responses != pad).sum(-1).float()
-    return {
-        "response/length_mean": lengths.mean().item(),
-        "response/length_max": lengths.max().item(),
-        "response/eos_rate": generated.has_stop.float().mean().item(),
-        "response/tokens": lengths.sum().item(),
-    }
-
-
-def _chunks(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
-    return list(rows.split(size))

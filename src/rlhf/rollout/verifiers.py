@@ -1,0 +1,119 @@
+"""Built-in verifiable rewards, used by name as ``reward: rlhf.rollout.verifiers:<function>``.
+
+Each follows the reward-function convention of ``rlhf.rollout.rewards.function``:
+``fn(prompts, completions, **columns) -> list[float | None]`` with one value per completion, where a
+column holds one value per completion and ``None`` means "cannot score this one" (NaN: advantage 0).
+
+==================  =================================================================  ===================
+function            reward                                                             dataset column
+==================  =================================================================  ===================
+``exact_match``     1.0 when the completion's answer equals the reference, else 0.0;    ``answer``
+                    the answer is the content of the last ``\\boxed{...}``, else the
+                    last number; the reference's box or GSM8K ``#### x`` tail counts;
+                    None when the row has no ``answer``
+``format_regex``    1.0 when the whole completion matches the pattern, else 0.0         ``format_pattern``
+                    (default :data:`DEFAULT_FORMAT`, the R1 think/answer format)        (optional)
+``length_penalty``  −|len(completion) − target| / 1000 characters (target 0 unless      ``target_length``
+                    the row gives one)                                                  (optional)
+==================  =================================================================  ===================
+
+Another pattern for every row: write a one-line function in your own file,
+``def my_format(completions, **kw): return format_regex(completions, format_pattern=[P] * len(completions))``.
+Weighting and combining them is the ``reward:`` list's job: ``[{source: rlhf.rollout.verifiers:exact_match},
+{source: rlhf.rollout.verifiers:format_regex, weight: 0.1}]``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+DEFAULT_FORMAT = r"<think>.*?</think>\s*<answer>.*?</answer>"
+"""DeepSeek-R1's format reward: reasoning in ``<think>`` tags, then the answer in ``<answer>`` tags."""
+
+LENGTH_SCALE = 1000.0
+"""Characters per unit of length penalty."""
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j].strip()
+    return None  # unbalanced: the completion was cut inside the box
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (``-3``, ``1,234``, ``0.5``, ``3/4``), or None."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The answer of a completion: the last ``\\boxed{}`` content, else the last number."""
+    boxed = last_boxed(completion)
+    return boxed if boxed is not None else last_number(completion)
+
+
+def _as_number(text: str) -> Fraction | None:
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def answers_match(predicted: str | None, reference: Any) -> bool:
+    """Equal as numbers when both parse (``"1,000" == 1000``, ``"0.50" == "1/2"``), else as stripped text."""
+    if predicted is None:
+        return False
+    reference = str(reference).strip()
+    boxed = last_boxed(reference)  # references written as "...\\boxed{42}" compare by their box
+    reference = boxed if boxed is not None else reference.rpartition("####")[2].strip()  # GSM8K "... #### 42"
+    a, b = _as_number(predicted), _as_number(reference)
+    if a is not None and b is not None:
+        return a == b
+    return predicted.strip() == reference
+
+
+def exact_match(
+    completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
+) -> list[float | None]:
+    """1.0 when the completion's answer (last ``\\boxed{}``, else last number) equals ``answer``, else 0.0;
+    None for a row without an answer (its column value is None, or the dataset has no ``answer`` column)."""
+    if answer is None:
+        return [None] * len(completions)
+    return [
+        None if ref is None else float(answers_match(extract_answer(c), ref))
+        for c, ref in zip(completions, answer, strict=True)
+    ]
+
+
+def format_regex(
+    completions: list[str], format_pattern: Sequence[str | None] | None = None, **columns: Any
+) -> list[float]:
+    """1.0 when the whole completion (stripped) matches the row's ``format_pattern`` (``re.fullmatch`` with
+    DOTALL), else 0.0; rows without a pattern use :data:`DEFAULT_FORMAT`."""
+    patterns = format_pattern if format_pattern is not None else [None] * len(completions)
+    return [
+        float(re.fullmatch(p or DEFAULT_FORMAT, c.strip(), flags=re.DOTALL) is not None)
+        for c, p in zip(completions, patterns, strict=True)
+    ]
+
+
+def length_penalty(
+    completions: list[str], target_length: Sequence[int | None] | None = None, **columns: Any
+) -> list[float]:
+    """``−|len(c) − target| / 1000`` in characters; target = the row's ``target_length``, else 0 (shorter is
+    better). A soft pressure to add with a small weight next to a task reward."""
+    targets = target_length if target_length is not None else [None] * len(completions)
+    return [-abs(len(c) - (t or 0)) / LENGTH_SCALE for c, t in zip(completions, targets, strict=True)]

@@ -1,0 +1,489 @@
+"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++) with DAPO options; read `run` top to bottom.
+
+One iteration: (1) sample G = ``group_size`` responses for each of ``batch_size`` prompts → (2) score them,
+combine the rewards (weighted sum, or GDPO within each group), add the missing-EOS and DAPO overlong
+penalties; with ``dynamic_sampling`` drop the groups whose rewards are all equal and sample more prompts until
+``batch_size`` groups remain → (3) old log-probs (and reference log-probs when ``kl_coef > 0``) in one no-grad
+pass → (4) group-relative advantages from ``rlhf.core.group`` → (5) ``num_iterations`` passes × minibatches ×
+micro-batches of the clipped per-token loss (+ β·KL in the loss), one optimizer step per minibatch → (6)
+metrics → (7) held-out samples, log, checkpoint. All math is in ``rlhf.core``; each phase is one call.
+The rollout engine, reward sources, held-out evaluation, metrics, checkpoints and resume are ppo's.
+
+Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
+- the loss mask covers the response up to and including the first stop token (item 44); with
+  ``mask_truncated_completions`` responses cut at ``max_new_tokens`` are left out of the loss (they still
+  count in their group's mean and std); a sample no reward source could score (NaN) gets advantage 0 and is
+  left out of the loss;
+- sequence advantages are broadcast to every token (item 41); the loss is reduced by ``loss_aggregation``
+  with the minibatch's global denominators, so micro-batching does not change the gradient (item 43);
+- iteration 0 visits the rollout in the order it was scored, in the same micro-batches: the ratio of the
+  first minibatch is exactly 1 (item 34; with ``num_iterations: 1`` and one minibatch it is 1 throughout);
+- ``kl_coef: 0`` loads no reference model at all (no frozen copy, no reference forward);
+- ``reward_aggregation: gdpo``: the combined value is GDPO's normalised advantage (each reward normalised in
+  its group, weighted sum, normalised over the batch); the estimator still runs on it. It is already
+  group-centred, so ``dr_grpo`` leaves it unchanged, ``rloo`` scales it by G/(G−1) and ``grpo`` (group
+  scaling) also divides each group by its own std. Penalties (missing EOS, overlong) are added after GDPO.
+- ``kl_in: reward``: the per-token −β·KL joins the rewards and the token-level advantage is the reward-to-go
+  (γ = 1, ``rlhf.core.advantages.gae`` with zero values and λ = 1): A_t = A_seq − β·Σ_{k≥t} KL_k. For
+  ``reinforce_pp`` this is REINFORCE++ (OpenRLHF ``reinforce_baseline``): group-centred scores, KL in the
+  reward, then the token-level returns whitened over the batch (population variance).
+Deviations from the references: dynamic sampling stops after ``MAX_SAMPLING_ROUNDS`` generation rounds and
+fills the batch with zero-signal groups (verl raises an error instead); log-probs are recomputed by the
+training model at the sampling temperature, never taken from the sampler (item 47).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlhf.config import GRPOConfig, config_to_dict
+from rlhf.core.advantages import gae
+from rlhf.core.group import dapo_overlong_penalty, group_advantages, groups_with_signal
+from rlhf.core.kl import kl_estimate, kl_shaped_rewards
+from rlhf.core.logprobs import INVALID_LOGPROB
+from rlhf.core.losses import aggregate, clipped_policy_loss
+from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
+from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
+from rlhf.data.stream import PromptStream
+from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_tokenizer
+from rlhf.models.policy import score_response_tokens
+from rlhf.optim import build_optimizer
+from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.rewards import load_reward_set
+from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.progress import StepProgress
+from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
+from rlhf.trainers import common
+
+MAX_SAMPLING_ROUNDS = 4
+"""Dynamic sampling: most generation rounds (of ``batch_size`` prompts each) per iteration."""
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """Sampled groups: ``generated`` (B = N·G rows, prompt-major), their ``scores`` and the ``rewards`` (B,)
+    float32 the advantages start from (combined score + penalties; NaN = unscored)."""
+
+    generated: common.Generated
+    scores: common.Scores
+    rewards: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What the update needs about one sampled batch; all tensors (B, ·) on the training device.
+
+    query_responses, attention_mask: (B, C+T) long.  logprobs: (B, T) float32 at the sampling temperature,
+    INVALID_LOGPROB at padding.  ref_logprobs: the same under the reference, or None (``kl_coef: 0``).
+    advantages: (B, T) float32, 0 outside ``mask``.  mask: (B, T) bool, the tokens of the loss.
+    """
+
+    query_responses: torch.Tensor
+    attention_mask: torch.Tensor
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    advantages: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def response_length(self) -> int:
+        return self.logprobs.shape[1]
+
+
+class Models:
+    """The trainable policy and, when ``kl_coef > 0``, the reference: a frozen copy, or the LoRA base with the
+    adapter switched off. With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
+
+    def __init__(self, config: GRPOConfig, device: torch.device):
+        self.policy = load_causal_lm(config.policy, config.dtype, device)
+        self.has_reference = config.kl_coef > 0
+        self.reference = frozen_copy(self.policy) if self.has_reference and not config.lora else None
+        if config.lora:
+            self.policy = apply_lora(self.policy, config.lora)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def score(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False):
+        """(log-probs, entropy or None) of the last T tokens under the current policy."""
+        scored = score_response_tokens(self.policy, ids, mask, T, temperature, with_entropy=entropy)
+        return scored.logprobs, scored.entropy
+
+    def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
+        if self.reference is not None:
+            return score_response_tokens(self.reference, ids, mask, T, temperature).logprobs
+        with self.policy.disable_adapter():  # LoRA: the base model *is* the reference
+            return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
+
+    def state_dict(self) -> dict[str, Any]:
+        trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+        return {"policy": {k: v for k, v in self.policy.state_dict().items() if k in trainable}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # strict=False: only the trainable weights were saved (all of them, or just the LoRA adapters)
+        result = self.policy.load_state_dict(state["policy"], strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"checkpoint has policy weights this model lacks: {result.unexpected_keys[:5]}")
+
+
+def run(config: GRPOConfig) -> Path:
+    """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
+    out = Path(config.output_dir)
+    device = common.device_for_run()
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.policy)
+    stops = common.stop_token_ids(tokenizer, config.stop_token)
+    train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
+    rewards = load_reward_set(
+        common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
+    )
+    models = Models(config, device)
+    total_updates = config.steps * config.num_iterations * config.num_minibatches
+    optimizer, scheduler = build_optimizer(
+        models.trainable_parameters(), config.learning_rate, config.weight_decay, total_updates,
+        config.lr_scheduler, config.warmup_steps,
+    )  # fmt: skip
+    stream = PromptStream(train_prompts, config.batch_size, seed=config.seed)
+    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+    generators = {"sampling": torch.Generator(device).manual_seed(config.seed), "shuffle": torch.Generator()}
+    generators["shuffle"].manual_seed(config.seed + 1)
+    start = 0
+
+    checkpoint = latest_checkpoint(out) if config.resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint)
+        models.load_state_dict(state["models"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+        set_rng_state(state["rng"], generators)
+        start = state["step"]
+        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
+    elif config.resume:
+        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
+    common.write_run_config(out, config)
+    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
+                           run_config=config_to_dict(config))  # fmt: skip
+
+    def sample_round() -> Sampled:
+        return sample_groups(config, models, tokenizer, rewards, next(stream), sampling, stops,
+                             generators["sampling"], device)  # fmt: skip
+
+    with StepProgress(config.steps, start, enabled=config.progress) as progress:
+        for step in range(start + 1, config.steps + 1):
+            t0 = time.perf_counter()
+            # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
+            sampled, sampling_stats = fill_batch(config, sample_round)
+            t_rollout = time.perf_counter() - t0
+            # 3-4. old (and reference) log-probs, group-relative advantages
+            t1 = time.perf_counter()
+            rollout, stats = make_rollout(config, models, sampled)
+            t_logprobs = time.perf_counter() - t1
+            # 5. num_iterations passes × minibatches of the clipped per-token loss
+            t2 = time.perf_counter()
+            train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"])
+            t_train = time.perf_counter() - t2
+            # 6. metrics of this step
+            step_s = time.perf_counter() - t0
+            metrics = {"step": step, **common.reward_metrics(sampled.scores), **sampling_stats, **stats}
+            metrics.update(train_stats)
+            metrics.update(common.response_metrics(sampled.generated))
+            metrics.update({
+                "lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
+                "time/score_s": sampled.scores.seconds, "time/logprobs_s": t_logprobs, "time/train_s": t_train,
+                "time/step_s": step_s, "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
+            })  # fmt: skip
+            # 7. held-out samples (in this step's metrics row), then the checkpoint
+            evaluating = bool(eval_prompts) and (
+                (config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps
+            )
+            if evaluating:
+                t3 = time.perf_counter()
+                metrics.update(
+                    common.evaluate(
+                        config, models.policy, tokenizer, rewards, eval_prompts, stops, device, out, step
+                    )
+                )
+                metrics["time/eval_s"] = time.perf_counter() - t3
+            if evaluating or step % config.log_every == 0 or step == config.steps:
+                logger.log(metrics)
+            progress.update(step, metrics)
+            if config.save_every and step % config.save_every == 0:
+                save_checkpoint(out, step, {
+                    "step": step, "models": models.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "stream": stream.state_dict(),
+                    "rng": rng_state(generators),
+                })  # fmt: skip
+    logger.close()
+    return save_final(models, tokenizer, out)
+
+
+def sample_groups(
+    config: GRPOConfig, models: Models, tokenizer: Any, rewards: Any, batch: Any, sampling: SamplingParams,
+    stops: list[int], generator: torch.Generator, device: torch.device,
+) -> Sampled:  # fmt: skip
+    """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties."""
+    G = config.group_size
+    generated = common.generate(models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G)
+    columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
+    scores = common.score(rewards, common.repeat_each(batch.texts, G), generated.completions, columns,
+                          config.reward_aggregation, group_size=G)  # fmt: skip
+    return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated))
+
+
+def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: common.Generated) -> torch.Tensor:
+    """The combined score (B,) with the missing-EOS penalty and the DAPO overlong penalty; NaN stays NaN."""
+    rewards = combined.float()
+    if config.missing_eos_penalty is not None:
+        # config: a penalty size ≥ 0; core's "replace" takes the replacement score itself
+        amount = (
+            -config.missing_eos_penalty
+            if config.missing_eos_mode == "replace"
+            else config.missing_eos_penalty
+        )
+        penalized = penalize_missing_eos(rewards, generated.has_stop.cpu(), config.missing_eos_mode, amount)
+        rewards = torch.where(rewards.isnan(), rewards, penalized)
+    if config.overlong_buffer > 0:
+        lengths = (generated.responses != generated.pad_token_id).sum(-1).cpu()
+        rewards = rewards + dapo_overlong_penalty(
+            lengths, config.max_new_tokens, config.overlong_buffer, config.overlong_penalty_factor
+        )
+    return rewards
+
+
+def fill_batch(config: GRPOConfig, sample_round: Any) -> tuple[Sampled, dict[str, float]]:
+    """One round of ``batch_size`` groups; with ``dynamic_sampling`` (DAPO, checklist item 46) more rounds until
+    ``batch_size`` groups have rewards that differ, at most ``MAX_SAMPLING_ROUNDS``; a batch still short is
+    filled with zero-signal groups (advantage 0: only the KL term moves them) so every step has one size."""
+    G, N = config.group_size, config.batch_size
+    first = sample_round()
+    signal = groups_with_signal(first.rewards.view(-1, G))
+    stats = {"reward/zero_std_groups": 1.0 - signal.float().mean().item()}
+    if not config.dynamic_sampling:
+        return first, stats
+    kept, spare, n_kept, rounds, part = [], [], 0, 0, first
+    while True:
+        rounds += 1
+        signal = groups_with_signal(part.rewards.view(-1, G))
+        kept.append(_select_groups(part, signal.nonzero().flatten(), G))
+        spare.append(_select_groups(part, (~signal).nonzero().flatten(), G))
+        n_kept += int(signal.sum())
+        if n_kept >= N or rounds >= MAX_SAMPLING_ROUNDS:
+            break
+        part = sample_round()
+    merged = _concat(kept + spare)
+    stats.update({
+        "dynamic_sampling/rounds": rounds,
+        "dynamic_sampling/dropped_groups": rounds * N - n_kept,
+        "dynamic_sampling/filled_groups": max(0, N - n_kept),
+    })  # fmt: skip
+    return _select_groups(merged, torch.arange(N), G), stats
+
+
+@torch.no_grad()
+def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[Rollout, dict[str, float]]:
+    """Phases 3-4: one no-grad pass for old (and reference) log-probs, then the advantages (rlhf.core.group)."""
+    generated = sampled.generated
+    ids, mask = generated.query_responses, generated.attention_mask
+    T = generated.responses.shape[1]
+    logprobs, ref_logprobs = [], []
+    # the same micro-batches as the first minibatch of iteration 0: its ratio is exactly 1 (checklist 34)
+    for chunk in common.chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
+        logprobs.append(models.score(ids[chunk], mask[chunk], T, config.temperature)[0])
+        if models.has_reference:
+            ref_logprobs.append(models.reference_logprobs(ids[chunk], mask[chunk], T, config.temperature))
+    masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
+    rewards = sampled.rewards.to(ids.device)
+    scored = ~rewards.isnan()
+    loss_mask = ~masks.padding_mask & scored[:, None]  # up to and including the stop token (checklist 44)
+    if config.mask_truncated_completions:
+        loss_mask = loss_mask & generated.has_stop[:, None]
+    # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13)
+    logprobs = torch.cat(logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    ref = torch.cat(ref_logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB) if ref_logprobs else None
+    kl = kl_estimate(logprobs, ref, config.kl_estimator) if ref is not None else None
+    advantages = token_advantages(config, rewards, kl, masks.sequence_lengths, loss_mask)
+
+    stats = {
+        "reward/score_mean": rewards[scored].mean().item() if scored.any() else math.nan,
+        "advantages/abs_mean": masked_mean(advantages.abs(), loss_mask).item(),
+        "response/masked_fraction": 1.0 - (loss_mask.any(-1) | ~scored).float().mean().item(),
+    }
+    if config.overlong_buffer > 0:
+        lengths = (generated.responses != generated.pad_token_id).sum(-1)
+        penalty = dapo_overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
+                                        config.overlong_penalty_factor)  # fmt: skip
+        stats["reward/overlong_penalty_mean"] = penalty.mean().item()
+    if ref is not None:
+        # kl/mean: per-sequence Σ (log π − log π_ref) over the loss tokens, averaged over scored sequences
+        stats["kl/mean"] = masked_sum(logprobs - ref, loss_mask, dim=-1)[scored].mean().item()
+        stats["kl/estimator_mean"] = masked_sum(kl, loss_mask, dim=-1)[scored].mean().item()
+    return Rollout(ids, mask, logprobs, ref, advantages, loss_mask), stats
+
+
+def token_advantages(
+    config: GRPOConfig, rewards: torch.Tensor, kl: torch.Tensor | None, lengths: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Per-token advantages (B, T) from the rewards (B,) of prompt-major groups; 0 outside ``mask``.
+
+    Sequence level (default): ``group_advantages`` of the chosen estimator, broadcast over the tokens.
+    ``kl_in: reward`` (and a reference): A_t = A_seq − β·Σ_{k≥t} KL_k, the reward-to-go of the per-token
+    rewards; REINFORCE++ centres the scores in their group and whitens these token-level returns instead of
+    whitening per sequence (OpenRLHF ``reinforce_baseline``).
+    """
+    G, T = config.group_size, mask.shape[1]
+    estimator = config.estimator
+    options = {"scale": config.reward_scaling} if estimator == "grpo" else {}
+    whiten = config.whiten_advantages
+    if config.kl_in == "reward" and kl is not None:
+        if estimator == "reinforce_pp":
+            estimator, whiten = "dr_grpo", True  # centre only; the whitening comes after the KL
+        per_seq = group_advantages(rewards.view(-1, G), estimator, **options).view(-1)
+        index = score_index(lengths, T, "eos")
+        token_rewards, _ = kl_shaped_rewards(per_seq, kl, config.kl_coef, index, mask)
+        # γ = λ = 1 and zero values: GAE's advantages are the plain reward-to-go Σ_{k≥t} r_k
+        advantages, _ = gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma=1.0, lam=1.0)
+    else:
+        per_seq = group_advantages(rewards.view(-1, G), estimator, **options).view(-1)
+        advantages = per_seq[:, None].expand(-1, T)
+    if whiten:
+        advantages = masked_whiten(advantages, mask, unbiased=False)
+    return advantages.masked_fill(~mask, 0.0)
+
+
+def grpo_update(
+    config: GRPOConfig,
+    models: Models,
+    rollout: Rollout,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    shuffle: torch.Generator,
+) -> dict[str, float]:
+    """Phase 5: ``num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
+    minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
+    denominators, so accumulation gives exactly the minibatch's gradient (STYLE principle 5)."""
+    B = rollout.logprobs.shape[0]
+    params = models.trainable_parameters()
+    totals: dict[str, float] = {}
+    first_ratio_dev = None
+    for iteration in range(config.num_iterations):
+        order = torch.arange(B) if iteration == 0 else torch.randperm(B, generator=shuffle)
+        for minibatch in common.chunks(order, config.minibatch_size):
+            optimizer.zero_grad(set_to_none=True)
+            denominators = {
+                "num_tokens": rollout.mask[minibatch].sum().clamp(min=1),
+                "num_seqs": len(minibatch),
+                "max_len": config.max_new_tokens,
+            }
+            for micro in common.chunks(minibatch, config.effective_micro_batch_size):
+                stats = _micro_step(config, models, rollout, micro, denominators)
+                ratio_dev = stats.pop("ratio_dev")
+                if first_ratio_dev is None:
+                    first_ratio_dev = ratio_dev  # checklist item 34: must be exactly 0
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value
+            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            totals["grad/norm"] = totals.get("grad/norm", 0.0) + grad_norm.item()
+            optimizer.step()
+            scheduler.step()
+    updates = config.num_iterations * config.num_minibatches
+    result = {key: value / updates for key, value in totals.items()}  # per-update means
+    result["policy/first_ratio_max_dev"] = first_ratio_dev
+    return result
+
+
+def _micro_step(
+    config: GRPOConfig, models: Models, rollout: Rollout, rows: torch.Tensor, denominators: dict[str, Any]
+) -> dict[str, float]:
+    """Forward + backward of one micro-batch; returns its share of the minibatch stats."""
+    ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
+    loss_mask = rollout.mask[rows]
+    logprobs, entropy = models.score(ids, mask, rollout.response_length, config.temperature, entropy=True)
+    in_loss = rollout.ref_logprobs is not None and config.kl_in == "loss"
+    pg, pg_stats = clipped_policy_loss(
+        logprobs, rollout.logprobs[rows], rollout.advantages[rows], loss_mask,
+        clip_low=config.clip_range, clip_high=config.clip_range_upper,
+        ref_logp=rollout.ref_logprobs[rows] if in_loss else None, kl_coef=config.kl_coef,
+    )  # fmt: skip
+    policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
+    entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
+    (policy_loss - config.entropy_coef * entropy_mean).backward()
+    share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens
+    with torch.no_grad():
+        ratio_dev = (logprobs - rollout.logprobs[rows]).exp().sub(1).abs().masked_fill(~loss_mask, 0).max()
+    stats = {
+        "policy/loss": policy_loss.item(),
+        "policy/entropy": entropy_mean.item(),
+        "ratio_dev": ratio_dev.item(),
+    }
+    names = ["clipfrac", "approx_kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region"]
+    names += ["kl"] if in_loss else []
+    for name in names:
+        key = "kl/loss_mean" if name == "kl" else name if name.startswith("clip_ratio") else f"policy/{name}"
+        stats[key] = pg_stats[name].item() * share
+    return stats
+
+
+def save_final(models: Models, tokenizer: Any, out: Path) -> Path:
+    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer."""
+    final = out / "final"
+    policy = models.policy.merge_and_unload() if hasattr(models.policy, "merge_and_unload") else models.policy
+    policy.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    return final
+
+
+def _select_groups(sampled: Sampled, groups: torch.Tensor, G: int) -> Sampled:
+    """The rows of whole groups ``groups`` (indices into the N groups), in that order."""
+    rows = (groups[:, None] * G + torch.arange(G)).flatten()
+    g, s = sampled.generated, sampled.scores
+    generated = common.Generated(
+        query_responses=g.query_responses[rows.to(g.query_responses.device)],
+        attention_mask=g.attention_mask[rows.to(g.attention_mask.device)],
+        responses=g.responses[rows.to(g.responses.device)],
+        completions=[g.completions[i] for i in rows.tolist()],
+        has_stop=g.has_stop[rows.to(g.has_stop.device)],
+        pad_token_id=g.pad_token_id,
+    )
+    scores = common.Scores(s.per_source[rows], s.combined[rows], s.names, s.seconds)
+    return Sampled(generated, scores, sampled.rewards[rows])
+
+
+def _concat(parts: list[Sampled]) -> Sampled:
+    """Rows of several rounds in one batch: prompts re-left-padded, responses re-right-padded to common widths."""
+    parts = [p for p in parts if len(p.generated.completions)]
+    if len(parts) == 1:
+        return parts[0]
+    pad = parts[0].generated.pad_token_id
+    T = max(p.generated.responses.shape[1] for p in parts)
+    C = max(p.generated.query_responses.shape[1] - p.generated.responses.shape[1] for p in parts)
+    queries, query_masks, responses = [], [], []
+    for p in parts:
+        g = p.generated
+        c = g.query_responses.shape[1] - g.responses.shape[1]
+        queries.append(F.pad(g.query_responses[:, :c], (C - c, 0), value=pad))
+        query_masks.append(F.pad(g.attention_mask[:, :c], (C - c, 0), value=0))
+        responses.append(F.pad(g.responses, (0, T - g.responses.shape[1]), value=pad))
+    response = torch.cat(responses)
+    generated = common.Generated(
+        query_responses=torch.cat([torch.cat(queries), response], dim=1),
+        attention_mask=torch.cat([torch.cat(query_masks), (response != pad).long()], dim=1),
+        responses=response,
+        completions=[c for p in parts for c in p.generated.completions],
+        has_stop=torch.cat([p.generated.has_stop for p in parts]),
+        pad_token_id=pad,
+    )
+    scores = common.concat_scores([p.scores for p in parts])
+    return Sampled(generated, scores, torch.cat([p.rewards for p in parts]))
