@@ -240,3 +240,31 @@ def test_import_rlhf_cli_does_not_import_torch() -> None:
     result = run_process(sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_bad_data_is_reported_without_a_traceback(
+    tmp_path: Path, tiny_llama_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
+    path = write_config(tmp_path, policy=str(tiny_llama_dir), train_data=str(data), reward="r.py:f")
+    (tmp_path / "r.py").write_text(
+        "def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
+    assert (
+        cli.main(["ppo", "--config", str(path), "--reward", f"{tmp_path / 'r.py'}:f", "--no_progress"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert f'error: rlhf ppo: {data}:2: "prompt" must be a non-empty string, got int' in err
+    assert "Traceback" not in err
+
+
+def test_bugs_inside_a_run_keep_their_traceback(
+    tmp_path: Path, fake_runner: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(config: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "runner", lambda command: broken)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["ppo", "--config", str(write_config(tmp_path))])

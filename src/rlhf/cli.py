@@ -148,7 +148,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(config)
     except ConfigError as e:  # a problem found once the run looked at its inputs (e.g. an unusable model)
         return _error(str(e))
+    except Exception as e:
+        if not _is_input_error(e):
+            raise  # a bug, not the user's input: keep the traceback
+        # data and reward errors list file:line / source and sample, one per line: keep the lines
+        print(f"error: rlhf {command}: {e}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _is_input_error(error: Exception) -> bool:
+    """Errors whose message already says what is wrong with the user's files or reward (no traceback needed)."""
+    from rlhf.data.files import DataError  # imported here: `import rlhf.cli` stays free of torch
+    from rlhf.rollout.rewards import RewardError
+
+    return isinstance(error, DataError | RewardError | FileNotFoundError)
 
 
 if __name__ == "__main__":
