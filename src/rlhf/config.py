@@ -1139,16 +1139,16 @@ class EvalConfig(_Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DemoConfig(_Config):
-    """A self-contained end-to-end run on a tiny model built on the spot (no downloads)."""
+    """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model → PPO and GRPO → held-out evaluation under the gold judge."""
 
     COMMAND: ClassVar[str] = "demo"
 
     output_dir: str = "runs/demo"
-    """Directory for the demo's runs."""
-    preset: Preset = "tiny"
-    """Size of the demo: tiny (about a CPU minute) or small (a few CPU minutes)."""
+    """Directory for the demo: one run directory per stage, summary.json."""
+    preset: Preset = "small"
+    """Size of the demo (sizes in rlhf.demo.pipeline.PRESETS): tiny (seconds; a smoke test of every stage) or small (a few CPU minutes; PPO learns to beat SFT under the gold judge)."""
     steps: int | None = None
-    """RL iterations; None = the preset's own."""
+    """Iterations of both PPO and GRPO; None = the preset's own."""
     seed: int = 0
     """Seed for every random number generator."""
     progress: bool = True

@@ -1,0 +1,413 @@
+"""``rlhf demo``: the whole RLHF pipeline on the advice task (`rlhf.demo.task`), offline, on a CPU.
+
+Stages, each in its own directory under ``output_dir`` (the RL stages through the public runners, with the
+configs they would read from YAML, written next to them as ``config.yaml``):
+
+1. ``pretrain/`` — a byte-level BPE tokenizer and a tiny Llama trained on the corpus (prompt + response texts of
+   every quality), with a plain next-token loop (`pretrain`);
+2. ``sft/`` — `rlhf sft` on mixed-quality demonstrations (`Preset.sft_mix`: mostly not helpful);
+3. ``sample/`` — `rlhf sample` (mode candidates): k responses of the SFT model per training prompt;
+4. ``label/`` — the gold judge labels every pair of a prompt's candidates with Bradley–Terry noise (`task.gold_label`):
+   ``preferences.jsonl`` for training; ``eval_preferences.jsonl`` (pairs of held-out prompts) labelled by the
+   noiseless gold rule, so the reward model's held-out accuracy is its agreement with the truth;
+5. ``rm/`` — `rlhf rm` from the pretrained LM (a decoder reward model); it sees only the labels;
+6. ``ppo/`` — `rlhf ppo` from the SFT model against the reward model;
+7. ``grpo/`` — `rlhf grpo` from the SFT model against the same reward model;
+8. ``eval/`` — `rlhf eval` of PPO and of GRPO on held-out prompts, the SFT model as the baseline, the gold
+   judge deciding each comparison (``judge: rlhf.demo.task:gold``), scored by both gold and the reward model.
+
+``summary.json`` is computed from those outputs only (see `summarize`); nothing in it is written in by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from rlhf.config import DemoConfig, config_from_dict, config_to_yaml
+from rlhf.demo import task
+
+GOLD = "rlhf.demo.task:gold"
+"""The gold judge as a reward source (module:function)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Sizes of one demo preset; every stage reads its numbers from here."""
+
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    pretrain_steps: int
+    pretrain_batch: int
+    corpus_size: int
+    """Lines of the pretraining corpus (prompt + response, every quality equally often)."""
+    sft_examples: int
+    sft_epochs: int
+    sample_prompts: int
+    """How many training prompts the SFT model answers for the preference pairs (at most all of them)."""
+    num_samples: int
+    rm_epochs: int
+    ppo_steps: int
+    ppo_batch: int
+    grpo_steps: int
+    grpo_batch: int
+    group_size: int
+    max_new_tokens: int
+    eval_prompts: int
+    learning_rate: float = 3e-4
+    kl_coef: float = 0.2
+    sft_mix: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: MappingProxyType(
+            {"helpful": 0.3, "vague": 0.15, "rambling": 0.2, "off_topic": 0.25, "rude": 0.1}
+        )
+    )
+
+
+PRESETS: Mapping[str, Preset] = MappingProxyType(
+    {
+        # seconds: a smoke test of every stage (the test suite runs it end to end)
+        "tiny": Preset(
+            hidden_size=32,
+            num_layers=1,
+            vocab_size=384,
+            pretrain_steps=20,
+            pretrain_batch=16,
+            corpus_size=320,
+            sft_examples=64,
+            sft_epochs=1,
+            sample_prompts=16,
+            num_samples=4,
+            rm_epochs=1,
+            ppo_steps=2,
+            ppo_batch=8,
+            grpo_steps=2,
+            grpo_batch=2,
+            group_size=4,
+            max_new_tokens=12,
+            eval_prompts=8,
+        ),
+        # a few CPU minutes: enough for PPO to beat SFT under the gold judge
+        "small": Preset(
+            hidden_size=128,
+            num_layers=2,
+            vocab_size=512,
+            pretrain_steps=400,
+            pretrain_batch=32,
+            corpus_size=4000,
+            sft_examples=960,
+            sft_epochs=2,
+            sample_prompts=192,
+            num_samples=8,
+            rm_epochs=3,
+            ppo_steps=60,
+            ppo_batch=32,
+            grpo_steps=40,
+            grpo_batch=4,
+            group_size=8,
+            max_new_tokens=24,
+            eval_prompts=48,
+        ),
+    }
+)
+"""Preset name → sizes (`DemoConfig.preset`)."""
+
+STAGES = ("pretrain", "sft", "sample", "label", "rm", "ppo", "grpo", "eval")
+
+
+def run(config: DemoConfig) -> dict[str, Any]:
+    """Run every stage into ``config.output_dir``; returns the summary (also written to summary.json)."""
+    preset = PRESETS[config.preset]
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    train_prompts, eval_prompts = task.split_prompts(config.seed)
+    seconds: dict[str, float] = {}
+    paths: dict[str, Path] = {}
+
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        _announce(config, name)
+        t0 = time.perf_counter()
+        result = fn()
+        seconds[name] = time.perf_counter() - t0
+        return result
+
+    common = {"seed": config.seed, "progress": config.progress}
+    # 1. tokenizer + tiny Llama pretrained on the corpus
+    paths["pretrain"] = stage("pretrain", lambda: pretrain(out / "pretrain", train_prompts, preset, config))
+    # 2. SFT on mixed-quality demonstrations
+    data = out / "data"
+    _write_jsonl(data / "prompts.jsonl", [{"prompt": p} for p in train_prompts])
+    _write_jsonl(data / "eval_prompts.jsonl", [{"prompt": p} for p in eval_prompts[: preset.eval_prompts]])
+    rng = random.Random(config.seed)
+    mix = dict(preset.sft_mix)
+    _write_jsonl(data / "sft.jsonl", task.demonstrations(train_prompts, mix, preset.sft_examples, rng))
+    _write_jsonl(data / "sft_eval.jsonl", task.demonstrations(eval_prompts, mix, 64, rng))
+    sft = _config(out / "sft", "sft", {
+        **common, "output_dir": str(out / "sft"), "model": str(paths["pretrain"]),
+        "train_data": str(data / "sft.jsonl"), "eval_data": str(data / "sft_eval.jsonl"),
+        "epochs": preset.sft_epochs, "batch_size": 32, "learning_rate": 3e-3, "max_length": 64,
+        "eval_every": 0, "save_every": 0,
+    })  # fmt: skip
+    from rlhf.trainers import sft as sft_runner
+
+    paths["sft"] = stage("sft", lambda: sft_runner.run(sft))
+    # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
+    _write_jsonl(
+        data / "sample_prompts.jsonl", [{"prompt": p} for p in train_prompts[: preset.sample_prompts]]
+    )
+    rm_eval_prompts = eval_prompts[preset.eval_prompts :] or eval_prompts
+    _write_jsonl(data / "rm_eval_prompts.jsonl", [{"prompt": p} for p in rm_eval_prompts])
+    sample_common = {
+        "seed": config.seed, "progress": config.progress, "policy": str(paths["sft"]), "mode": "candidates",
+        "num_samples": preset.num_samples, "max_new_tokens": preset.max_new_tokens, "temperature": 1.0,
+        "batch_size": 16,
+    }  # fmt: skip
+    samples = [
+        _config(
+            out / "sample" / name,
+            "sample",
+            {
+                **sample_common,
+                "prompts": str(data / prompts),
+                "output": str(out / "sample" / f"{name}.jsonl"),
+            },
+        )
+        for name, prompts in (
+            ("candidates", "sample_prompts.jsonl"),
+            ("eval_candidates", "rm_eval_prompts.jsonl"),
+        )
+    ]
+    from rlhf import sample as sample_runner
+
+    stage("sample", lambda: [sample_runner.run(cfg) for cfg in samples])
+    # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
+    labels = stage("label", lambda: label(out / "sample", out / "label", config.seed))
+    # 5. reward model from the pretrained LM; it only ever sees the labels
+    rm = _config(out / "rm", "rm", {
+        **common, "output_dir": str(out / "rm"), "model": str(paths["pretrain"]),
+        "train_data": str(out / "label" / "preferences.jsonl"),
+        "eval_data": str(out / "label" / "eval_preferences.jsonl"),
+        "epochs": preset.rm_epochs, "batch_size": 32, "learning_rate": 1e-3, "max_length": 64,
+        "eval_every": 0, "save_every": 0,
+    })  # fmt: skip
+    from rlhf.trainers import reward_model as rm_runner
+
+    paths["rm"] = stage("rm", lambda: rm_runner.run(rm))
+    # 6-7. PPO and GRPO from the SFT model against the reward model
+    rl_common = {
+        **common, "policy": str(paths["sft"]), "reward": str(paths["rm"]),
+        "train_data": str(data / "prompts.jsonl"), "max_new_tokens": preset.max_new_tokens, "temperature": 1.0,
+        "learning_rate": preset.learning_rate, "lr_scheduler": "constant", "kl_coef": preset.kl_coef,
+        "eval_every": 0, "save_every": 0,
+    }  # fmt: skip
+    ppo = _config(out / "ppo", "ppo", {
+        **rl_common, "output_dir": str(out / "ppo"), "steps": config.steps or preset.ppo_steps,
+        "batch_size": preset.ppo_batch, "num_minibatches": 2, "ppo_epochs": 4,
+    })  # fmt: skip
+    grpo = _config(out / "grpo", "grpo", {
+        **rl_common, "output_dir": str(out / "grpo"), "steps": config.steps or preset.grpo_steps,
+        "batch_size": preset.grpo_batch, "group_size": preset.group_size,
+    })  # fmt: skip
+    from rlhf.trainers import grpo as grpo_runner
+    from rlhf.trainers import ppo as ppo_runner
+
+    paths["ppo"] = stage("ppo", lambda: ppo_runner.run(ppo))
+    paths["grpo"] = stage("grpo", lambda: grpo_runner.run(grpo))
+    # 8. held-out prompts: PPO and GRPO against the SFT baseline, the gold judge deciding
+    evals = {
+        name: _config(
+            out / "eval" / name,
+            "eval",
+            {
+                "seed": config.seed,
+                "progress": config.progress,
+                "policy": str(paths[name]),
+                "baseline": str(paths["sft"]),
+                "eval_data": str(data / "eval_prompts.jsonl"),
+                "reward": [{"source": GOLD, "name": "gold"}, {"source": str(paths["rm"]), "name": "rm"}],
+                "judge": GOLD,
+                "max_new_tokens": preset.max_new_tokens,
+                "temperature": 1.0,
+                "output": str(out / "eval" / f"{name}.json"),
+                "samples_output": str(out / "eval" / f"{name}_samples.jsonl"),
+            },
+        )
+        for name in ("ppo", "grpo")
+    }
+    from rlhf import evaluate as eval_runner
+
+    results = stage("eval", lambda: {name: eval_runner.run(cfg) for name, cfg in evals.items()})
+    summary = summarize(out, results, labels, seconds, time.perf_counter() - start)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _announce(config, f"done in {summary['seconds']:.0f} s → {out / 'summary.json'}")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stages that are the demo's own
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def pretrain(out: Path, train_prompts: list[str], preset: Preset, config: DemoConfig) -> Path:
+    """Tokenizer + tiny Llama trained with next-token loss on the corpus; returns ``out/final``.
+
+    The corpus holds every quality of response equally often (a pretrained LM has seen all kinds of text);
+    each line is prompt + response + eos, the layout SFT and generation use.
+    """
+    import torch
+
+    from rlhf.models.tiny import save_tiny, tiny_causal_lm, train_tokenizer
+    from rlhf.runlog.progress import StepProgress
+    from rlhf.runlog.seeding import seed_everything
+
+    seed_everything(config.seed)
+    rng = random.Random(config.seed + 1)
+    mix = dict.fromkeys(task.QUALITIES, 1.0)
+    corpus = [
+        r["prompt"] + r["response"] for r in task.demonstrations(train_prompts, mix, preset.corpus_size, rng)
+    ]
+    tokenizer = train_tokenizer(corpus, preset.vocab_size, model_max_length=128)
+    model = tiny_causal_lm(
+        "llama", tokenizer, preset.hidden_size, preset.num_layers, num_heads=4, seed=config.seed
+    )
+    encoded = [ids + [tokenizer.eos_token_id] for ids in tokenizer(corpus)["input_ids"]]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    out.mkdir(parents=True, exist_ok=True)
+    with (
+        (out / "metrics.jsonl").open("w") as log,
+        StepProgress(preset.pretrain_steps, enabled=config.progress, description="pretrain") as bar,
+    ):
+        for step in range(1, preset.pretrain_steps + 1):
+            t0 = time.perf_counter()
+            batch = rng.sample(encoded, preset.pretrain_batch)
+            width = max(map(len, batch))
+            ids = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in batch])
+            mask = (torch.arange(width)[None, :] < torch.tensor([len(r) for r in batch])[:, None]).long()
+            labels = ids.masked_fill(mask == 0, -100)  # padding carries no loss
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            row = {"step": step, "train/loss": loss.item(), "time/step_s": time.perf_counter() - t0}
+            log.write(json.dumps(row) + "\n")
+            bar.update(step, row)
+    return save_tiny(model, tokenizer, out / "final")
+
+
+def label(sample_dir: Path, out: Path, seed: int) -> dict[str, float]:
+    """Pair every two candidates of each prompt (k·(k−1)/2 pairs) and label them; returns label statistics.
+
+    Training pairs (``candidates.jsonl``) get a noisy rater's label (`task.gold_label`); held-out pairs
+    (``eval_candidates.jsonl``) the noiseless gold preference. Pairs with equal text or equal gold score are
+    skipped (there is nothing to prefer), and so are pairs with an empty response (`rlhf rm` refuses them).
+    """
+    rng = random.Random(seed + 2)
+    stats: dict[str, float] = {}
+    for source, target, noisy in (
+        ("candidates.jsonl", "preferences.jsonl", True),
+        ("eval_candidates.jsonl", "eval_preferences.jsonl", False),
+    ):
+        rows, agree = [], 0
+        for record in _read_jsonl(sample_dir / source):
+            prompt, completions = record["prompt"], record["completions"]
+            for a, b in itertools.combinations(completions, 2):
+                score_a, score_b = task.gold_score(prompt, a), task.gold_score(prompt, b)
+                if a == b or score_a == score_b or not a.strip() or not b.strip():
+                    continue
+                if noisy:
+                    row = task.gold_label((prompt, a, b), rng)
+                else:
+                    chosen, rejected = (a, b) if score_a > score_b else (b, a)
+                    row = {"prompt": prompt, "chosen": chosen, "rejected": rejected,
+                           "gold_margin": abs(score_a - score_b)}  # fmt: skip
+                agree += row["gold_margin"] > 0
+                rows.append(row)
+        if not rows:
+            raise RuntimeError(
+                f"demo: no labelled pairs from {sample_dir / source}: every pair of candidates tied; "
+                "use a larger preset"
+            )
+        _write_jsonl(out / target, rows)
+        kind = "train" if noisy else "eval"
+        stats[f"label/{kind}_pairs"] = len(rows)
+        stats[f"label/{kind}_gold_agreement"] = agree / len(rows)
+    return stats
+
+
+def summarize(
+    out: Path,
+    results: Mapping[str, Mapping[str, Any]],
+    labels: Mapping[str, float],
+    seconds: Mapping[str, float],
+    total: float,
+) -> dict[str, Any]:
+    """summary.json, from the stages' own outputs: the eval results, the rm and ppo/grpo metrics files."""
+    rm_rows = [row for row in _read_jsonl(out / "rm" / "metrics.jsonl") if "eval/accuracy" in row]
+    ppo_rows = [row for row in _read_jsonl(out / "ppo" / "metrics.jsonl") if "kl/mean" in row]
+    grpo_rows = [row for row in _read_jsonl(out / "grpo" / "metrics.jsonl") if "reward/mean" in row]
+    ppo, grpo = results["ppo"], results["grpo"]
+    summary: dict[str, Any] = {
+        "gold/sft_mean": ppo["baseline/reward/gold/mean"],
+        "gold/ppo_mean": ppo["reward/gold/mean"],
+        "gold/grpo_mean": grpo["reward/gold/mean"],
+        "gold/win_rate_vs_sft": ppo["win_rate"],
+        "gold/grpo_win_rate_vs_sft": grpo["win_rate"],
+        "rm/sft_mean": ppo["baseline/reward/rm/mean"],
+        "rm/ppo_mean": ppo["reward/rm/mean"],
+        "rm/grpo_mean": grpo["reward/rm/mean"],
+        "rm/accuracy": rm_rows[-1]["eval/accuracy"],
+        "kl/final": ppo_rows[-1]["kl/mean"],
+        "ppo/reward_first": ppo_rows[0].get("reward/mean"),
+        "ppo/reward_last": ppo_rows[-1].get("reward/mean"),
+        "grpo/reward_first": grpo_rows[0]["reward/mean"],
+        "grpo/reward_last": grpo_rows[-1]["reward/mean"],
+        **labels,
+        "seconds": total,
+        **{f"time/{name}_s": value for name, value in seconds.items()},
+    }
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plumbing
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _config(run_dir: Path, command: str, values: Mapping[str, Any]) -> Any:
+    """The checked config of `command`, also written as ``run_dir/<command>.yaml`` (``rlhf <command> --config``)."""
+    cfg = config_from_dict(command, values)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"{command}.yaml").write_text(config_to_yaml(cfg))
+    return cfg
+
+
+def _announce(config: DemoConfig, text: str) -> None:
+    if not config.progress:
+        return
+    from rich.console import Console
+
+    label = f"stage {STAGES.index(text) + 1}/{len(STAGES)}: {text}" if text in STAGES else text
+    Console(stderr=True).rule(f"[bold]demo · {label}")
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]

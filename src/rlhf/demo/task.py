@@ -1,0 +1,239 @@
+"""The demo's task: advice prompts, responses of five qualities, and a gold judge standing in for human raters.
+
+Modelled on the classic RLHF example (InstructGPT / "learning to summarize"): people ask for advice, a model
+answers, raters compare two answers. Here the raters are a transparent rule, so every result can be checked
+against the truth:
+
+- **prompts** — topics × question forms × openings, e.g. ``"Q: any tips for better sleep?\\nA:"``.
+- **responses** by quality class (`QUALITIES`): helpful (on-topic tips, polite, the right length, a proper
+  ending), vague (polite but says nothing), off_topic (tips for another topic), rude (insults), rambling
+  (fillers, far too long, never finishes).
+- **the gold judge** `gold_score` — the sum of five visible terms (see its docstring). The reward model never
+  sees it: it learns only from the pairs `gold_label` labels, with Bradley–Terry noise, like a human rater.
+- `gold` — the judge as a reward function (``fn(prompts, completions, **columns) -> list[float]``), so
+  ``rlhf eval --judge rlhf.demo.task:gold`` (or ppo's ``reward``) can use it.
+
+Pure Python (no torch): cheap to import from the reward loader and from tests.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+Quality = Literal["helpful", "vague", "rambling", "off_topic", "rude"]
+QUALITIES: tuple[Quality, ...] = ("helpful", "vague", "rambling", "off_topic", "rude")
+"""The response classes, best first (by the gold judge's mean score; a test checks the order)."""
+
+# Topic phrase (as it appears in the prompt) → the words an on-topic answer uses.
+TOPICS: dict[str, tuple[str, ...]] = {
+    "sleep": ("bed", "night", "dark", "routine"),
+    "exercise": ("walk", "muscles", "stretch", "gym"),
+    "cooking": ("recipe", "vegetables", "oven", "salt"),
+    "saving money": ("budget", "spending", "savings", "bills"),
+    "studying": ("notes", "exam", "review", "focus"),
+    "gardening": ("soil", "seeds", "water", "plants"),
+    "travel": ("ticket", "luggage", "map", "hotel"),
+    "stress": ("breathe", "calm", "break", "relax"),
+    "writing": ("draft", "words", "edit", "story"),
+    "learning guitar": ("chords", "strings", "practice", "songs"),
+    "making friends": ("club", "talk", "smile", "invite"),
+    "job interviews": ("resume", "questions", "company", "prepare"),
+}
+QUESTION_FORMS = (
+    "how can I get better at {topic}?",
+    "any tips for {topic}?",
+    "what should I know about {topic}?",
+    "I need advice on {topic}.",
+    "what is a good way to start with {topic}?",
+)
+OPENINGS = ("", "hi, ", "please help: ", "quick question: ")
+PROMPT_TEMPLATE = "Q: {question}\nA:"
+"""How a question is put to the model; responses start with a space after ``A:``."""
+
+TIP_FORMS = (
+    "try a simple {a} and keep the {b} in mind",
+    "start with the {a} and check the {b} each day",
+    "plan your {a} first, then your {b}",
+    "a steady {a} helps, and so does the {b}",
+)
+POLITE_OPENERS = ("", "good question. ", "happy to help. ", "sure. ")
+POLITE_CLOSERS = ("good luck!", "hope this helps.", "you can do it!")
+VAGUE = (
+    "it depends on a lot of things, so just see what works for you.",
+    "there are many ways to do it, and everyone is different.",
+    "just keep going and things will work out in the end.",
+    "do what feels right, it is up to you really.",
+)
+RUDE = (
+    "that is a stupid question, figure it out yourself.",
+    "nobody cares, stop asking dumb things, idiot.",
+    "ugh, what a boring question. go away.",
+    "are you serious? that is dumb, just shut up.",
+)
+RUDE_WORDS = frozenset({"stupid", "dumb", "idiot", "shut", "ugh", "nobody", "boring"})
+POLITE_WORDS = frozenset({"luck", "hope", "helps", "help", "please", "happy"})
+FILLERS = ("well", "um", "so", "like", "you know", "I mean", "anyway", "basically")
+
+TARGET_WORDS = 14
+"""Length (in words) the gold judge likes best; helpful answers are written near it."""
+BT_TEMPERATURE = 0.5
+"""Rater noise: P(a preferred over b) = σ((gold(a) − gold(b)) / BT_TEMPERATURE)."""
+
+_WORD = re.compile(r"[a-z']+")
+_KEYWORD_TOPIC = {word: topic for topic, words in TOPICS.items() for word in words}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts and responses
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def prompts() -> list[str]:
+    """Every prompt of the task, in a fixed order: len(TOPICS)·len(QUESTION_FORMS)·len(OPENINGS) = 240."""
+    return [
+        PROMPT_TEMPLATE.format(question=opening + form.format(topic=topic))
+        for topic in TOPICS
+        for form in QUESTION_FORMS
+        for opening in OPENINGS
+    ]
+
+
+def split_prompts(seed: int, eval_fraction: float = 0.2) -> tuple[list[str], list[str]]:
+    """(train, held-out) prompts: a seeded shuffle, the last `eval_fraction` held out."""
+    shuffled = prompts()
+    random.Random(seed).shuffle(shuffled)
+    n_eval = max(1, round(len(shuffled) * eval_fraction))
+    return shuffled[:-n_eval], shuffled[-n_eval:]
+
+
+def topic_of(prompt: str) -> str | None:
+    """The topic a prompt asks about (the first topic phrase in it), or None."""
+    text = prompt.lower()
+    return next((topic for topic in TOPICS if topic in text), None)
+
+
+def _tips(rng: random.Random, topic: str, n: int) -> list[str]:
+    words = list(TOPICS[topic])
+    tips = []
+    for _ in range(n):
+        a, b = rng.sample(words, 2)
+        tips.append(rng.choice(TIP_FORMS).format(a=a, b=b))
+    return tips
+
+
+def response(prompt: str, quality: Quality, rng: random.Random) -> str:
+    """One response of class `quality` to `prompt` (with a leading space, as it follows ``A:``)."""
+    topic = topic_of(prompt) or rng.choice(list(TOPICS))
+    if quality == "helpful":
+        text = f"{rng.choice(POLITE_OPENERS)}{'. '.join(_tips(rng, topic, 1))}. {rng.choice(POLITE_CLOSERS)}"
+    elif quality == "vague":
+        text = rng.choice(VAGUE)
+    elif quality == "off_topic":
+        other = rng.choice([t for t in TOPICS if t != topic])
+        text = f"{'. '.join(_tips(rng, other, 2))}."
+    elif quality == "rude":
+        text = rng.choice(RUDE)
+    elif quality == "rambling":
+        words = [rng.choice(FILLERS) for _ in range(rng.randint(14, 22))]
+        words.insert(rng.randrange(len(words)), rng.choice(TOPICS[topic]))
+        text = ", ".join(words)  # no closing punctuation: a ramble never finishes
+    else:
+        raise ValueError(f"unknown quality {quality!r}; expected one of {', '.join(QUALITIES)}")
+    return " " + text
+
+
+def demonstrations(
+    prompts_: Sequence[str], mix: dict[Quality, float], n: int, rng: random.Random
+) -> list[dict[str, Any]]:
+    """`n` rows {prompt, response, quality}: prompts drawn uniformly, qualities drawn with weights `mix`."""
+    qualities = list(mix)
+    weights = [mix[q] for q in qualities]
+    rows = []
+    for _ in range(n):
+        prompt = rng.choice(list(prompts_))
+        quality = rng.choices(qualities, weights)[0]
+        rows.append({"prompt": prompt, "response": response(prompt, quality, rng), "quality": quality})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gold judge
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def gold_terms(prompt: str, response_: str) -> dict[str, float]:
+    """The five terms of `gold_score`, by name (for reading why a response scored what it did)."""
+    words = _WORD.findall(response_.lower())
+    distinct = set(words)
+    topic = topic_of(prompt)
+    on_topic = {w for w in distinct if _KEYWORD_TOPIC.get(w) == topic}
+    off_topic = {w for w in distinct if w in _KEYWORD_TOPIC and _KEYWORD_TOPIC[w] != topic}
+    return {
+        # relevance: +1 per distinct on-topic keyword (at most 2), −0.5 per keyword of another topic (at most 2)
+        "relevance": min(len(on_topic), 2) - 0.5 * min(len(off_topic), 4),
+        # politeness: +0.5 for a courteous word, −1.5 per distinct rude word (at most 3)
+        "politeness": 0.5 * bool(distinct & POLITE_WORDS) - 1.5 * min(len(distinct & RUDE_WORDS), 3),
+        # length: −0.1 per word away from the target, at most −2
+        "length": -min(0.1 * abs(len(words) - TARGET_WORDS), 2.0),
+        # repetition: −1 for a response that is all repeats (1 − distinct/total words)
+        "repetition": -(1 - len(distinct) / len(words)) if words else -1.0,
+        # ending: +0.5 when the response ends a sentence
+        "ending": 0.5 if response_.rstrip().endswith((".", "!", "?")) else 0.0,
+    }
+
+
+def gold_score(prompt: str, response_: str) -> float:
+    """The gold judge: the sum of `gold_terms` (relevance, politeness, length, repetition, ending).
+
+    Roughly in [−7, 3]; a helpful answer near the target length scores about 2.5–3.
+    """
+    return sum(gold_terms(prompt, response_).values())
+
+
+def preference_probability(score_a: float, score_b: float, temperature: float = BT_TEMPERATURE) -> float:
+    """Bradley–Terry: P(a preferred over b) = σ((score_a − score_b) / temperature)."""
+    return 1.0 / (1.0 + math.exp(-(score_a - score_b) / temperature))
+
+
+def gold_label(
+    pair: tuple[str, str, str], rng: random.Random, temperature: float = BT_TEMPERATURE
+) -> dict[str, Any]:
+    """A rater's label of `pair` = (prompt, a, b): {prompt, chosen, rejected, gold_margin}.
+
+    a is chosen with probability σ((gold(a) − gold(b)) / temperature), so close pairs are labelled almost at
+    random and clear ones almost always right. ``gold_margin`` is gold(chosen) − gold(rejected) (negative when
+    the noise flipped the label); it is for analysis only — `rlhf rm` reads a column named "margin", not this.
+    """
+    prompt, a, b = pair
+    score_a, score_b = gold_score(prompt, a), gold_score(prompt, b)
+    a_wins = rng.random() < preference_probability(score_a, score_b, temperature)
+    chosen, rejected = (a, b) if a_wins else (b, a)
+    margin = score_a - score_b if a_wins else score_b - score_a
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "gold_margin": margin}
+
+
+def gold(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """The gold judge as a reward function (``rlhf.demo.task:gold``): one `gold_score` per completion."""
+    return [gold_score(p, c) for p, c in zip(prompts, completions, strict=True)]
+
+
+__all__ = [
+    "BT_TEMPERATURE",
+    "QUALITIES",
+    "TOPICS",
+    "Quality",
+    "demonstrations",
+    "gold",
+    "gold_label",
+    "gold_score",
+    "gold_terms",
+    "preference_probability",
+    "prompts",
+    "response",
+    "split_prompts",
+    "topic_of",
+]

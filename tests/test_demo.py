@@ -1,0 +1,168 @@
+"""`rlhf demo`: the gold judge of the advice task, and the "tiny" preset run end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from rlhf.demo import task
+
+SUMMARY_KEYS = (
+    "gold/sft_mean",
+    "gold/ppo_mean",
+    "gold/grpo_mean",
+    "gold/win_rate_vs_sft",
+    "gold/grpo_win_rate_vs_sft",
+    "rm/accuracy",
+    "kl/final",
+    "seconds",
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The task and its gold judge
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_prompts_cover_every_topic_and_split_without_overlap():
+    prompts = task.prompts()
+    assert len(prompts) == len(set(prompts)) == 240
+    assert {task.topic_of(p) for p in prompts} == set(task.TOPICS)
+    train, held_out = task.split_prompts(seed=0)
+    assert not set(train) & set(held_out)
+    assert len(held_out) == 48 and sorted(train + held_out) == sorted(prompts)
+
+
+def test_quality_classes_are_ordered_by_the_gold_judge():
+    rng = random.Random(0)
+    prompts = task.prompts()
+    means = {}
+    for quality in task.QUALITIES:
+        scores = []
+        for _ in range(400):
+            prompt = rng.choice(prompts)
+            scores.append(task.gold_score(prompt, task.response(prompt, quality, rng)))
+        means[quality] = statistics.mean(scores)
+    # QUALITIES lists the classes best first: helpful > vague > rambling > off_topic > rude
+    ordered = [means[q] for q in task.QUALITIES]
+    assert ordered == sorted(ordered, reverse=True), means
+    assert means["helpful"] - means["vague"] > 1.5  # a clear gap for the reward model to learn
+
+
+def test_gold_terms_read_relevance_from_the_prompt():
+    prompt = "Q: any tips for sleep?\nA:"
+    on = " sure. keep a dark room and a fixed bed time each night. hope this helps."
+    off = " sure. keep a clean oven and a good recipe for each night. hope this helps."
+    assert task.gold_terms(prompt, on)["relevance"] == 2  # capped at two keywords
+    assert task.gold_terms(prompt, off)["relevance"] == 1 - 0.5 * 2  # night; oven, recipe from cooking
+    assert task.gold_score(prompt, on) > task.gold_score(prompt, off)
+    rude = " that is a stupid question, idiot."
+    assert task.gold_terms(prompt, rude)["politeness"] == -3.0
+    assert task.gold_terms(prompt, " good luck")["ending"] == 0.0
+    assert task.gold_terms(prompt, "")["repetition"] == -1.0  # an empty answer scores, it does not crash
+
+
+def test_gold_reward_function_scores_each_completion():
+    prompts = ["Q: any tips for cooking?\nA:"] * 2
+    completions = [" try a simple recipe and keep the salt in mind. good luck!", " ugh, go away."]
+    scores = task.gold(prompts, completions, extra_column=[1, 2])
+    assert scores == [task.gold_score(p, c) for p, c in zip(prompts, completions, strict=True)]
+    assert scores[0] > scores[1]
+
+
+@pytest.mark.parametrize("a_text", [" sure. hope this helps.", " plan your budget first, then your bills."])
+def test_bradley_terry_noise_flips_labels_at_the_documented_rate(a_text):
+    prompt = "Q: any tips for saving money?\nA:"
+    b_text = " it depends on a lot of things, so just see what works for you."
+    delta = task.gold_score(prompt, a_text) - task.gold_score(prompt, b_text)
+    expected = 1 / (1 + math.exp(-delta / task.BT_TEMPERATURE))  # σ(Δ / T)
+    assert task.preference_probability(delta, 0.0) == pytest.approx(expected)
+    rng, n = random.Random(1), 4000
+    labels = [task.gold_label((prompt, a_text, b_text), rng) for _ in range(n)]
+    a_chosen = sum(row["chosen"] == a_text for row in labels) / n
+    # binomial standard error ≤ 0.5/√4000 ≈ 0.008; allow four of them
+    assert a_chosen == pytest.approx(expected, abs=0.032)
+    for row in labels:  # the margin is the gold gap of the label as given: negative exactly when flipped
+        sign = 1 if row["chosen"] == a_text else -1
+        assert row["gold_margin"] == pytest.approx(sign * delta)
+
+
+def test_clear_pairs_are_rarely_flipped_and_close_pairs_often():
+    prompt = "Q: any tips for travel?\nA:"
+    helpful = " sure. start with the map and check the ticket each day. good luck!"
+    rude = " nobody cares, stop asking dumb things, idiot."
+    rng = random.Random(2)
+    flips = sum(task.gold_label((prompt, helpful, rude), rng)["chosen"] != helpful for _ in range(2000))
+    assert flips == 0  # Δ ≈ 7: σ(−14) ≈ 1e-6
+    same = sum(
+        task.gold_label((prompt, helpful, helpful + " "), rng)["chosen"] == helpful for _ in range(2000)
+    )
+    assert 900 < same < 1100  # Δ = 0: a coin flip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tiny preset end to end, through `rlhf demo`
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory) -> Path:
+    from rlhf.cli import main
+
+    out = tmp_path_factory.mktemp("demo")
+    assert main(["demo", "--output_dir", str(out), "--preset", "tiny", "--no-progress"]) == 0
+    return out
+
+
+def test_every_stage_writes_its_run(demo_dir):
+    for model in ("pretrain", "sft", "rm", "ppo", "grpo"):
+        assert (demo_dir / model / "final" / "config.json").is_file(), model
+    for run in ("sft", "rm", "ppo", "grpo"):
+        assert (
+            demo_dir / run / f"{run}.yaml"
+        ).is_file()  # the config the stage ran, for `rlhf <cmd> --config`
+        assert _read_jsonl(demo_dir / run / "metrics.jsonl")
+    assert _read_jsonl(demo_dir / "sample" / "candidates.jsonl")
+    assert _read_jsonl(demo_dir / "label" / "preferences.jsonl")
+    assert _read_jsonl(demo_dir / "label" / "eval_preferences.jsonl")
+    for name in ("ppo", "grpo"):
+        assert (demo_dir / "eval" / f"{name}.json").is_file()
+        assert _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")
+
+
+def test_summary_is_computed_from_the_runs(demo_dir):
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    for key in SUMMARY_KEYS:
+        assert isinstance(summary[key], int | float) and math.isfinite(summary[key]), key
+    rm_rows = [row for row in _read_jsonl(demo_dir / "rm" / "metrics.jsonl") if "eval/accuracy" in row]
+    assert summary["rm/accuracy"] == rm_rows[-1]["eval/accuracy"]
+    ppo_rows = [row for row in _read_jsonl(demo_dir / "ppo" / "metrics.jsonl") if "kl/mean" in row]
+    assert summary["kl/final"] == ppo_rows[-1]["kl/mean"]
+    ppo_eval = json.loads((demo_dir / "eval" / "ppo.json").read_text())
+    grpo_eval = json.loads((demo_dir / "eval" / "grpo.json").read_text())
+    assert summary["gold/win_rate_vs_sft"] == ppo_eval["win_rate"]
+    assert summary["gold/grpo_win_rate_vs_sft"] == grpo_eval["win_rate"]
+    # the gold means, recomputed from the completions with the gold rule itself
+    rows = _read_jsonl(demo_dir / "eval" / "ppo_samples.jsonl")
+    ppo_gold = [task.gold_score(r["prompt"], r["completion"]) for r in rows]
+    sft_gold = [task.gold_score(r["prompt"], r["baseline_completion"]) for r in rows]
+    assert summary["gold/ppo_mean"] == pytest.approx(statistics.mean(ppo_gold), abs=1e-5)
+    assert summary["gold/sft_mean"] == pytest.approx(statistics.mean(sft_gold), abs=1e-5)
+    assert 0 <= summary["gold/win_rate_vs_sft"] <= 1 and 0 <= summary["rm/accuracy"] <= 1
+    assert summary["seconds"] >= sum(v for k, v in summary.items() if k.startswith("time/")) - 1e-6
+
+
+def test_reward_model_never_sees_the_gold_rule(demo_dir):
+    rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
+    assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
+    ppo_config = (demo_dir / "ppo" / "ppo.yaml").read_text()
+    assert str(demo_dir / "rm" / "final") in ppo_config and "rlhf.demo.task" not in ppo_config
