@@ -166,3 +166,21 @@ def test_reward_model_never_sees_the_gold_rule(demo_dir):
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
     ppo_config = (demo_dir / "ppo" / "ppo.yaml").read_text()
     assert str(demo_dir / "rm" / "final") in ppo_config and "rlhf.demo.task" not in ppo_config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The honest targets of the default preset (issue 6): the real demo, about two minutes on 2 CPU cores
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_default_demo_meets_its_targets(tmp_path):
+    from rlhf.cli import main
+
+    assert main(["demo", "--output_dir", str(tmp_path), "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["gold/win_rate_vs_sft"] >= 0.7
+    assert summary["gold/ppo_mean"] > summary["gold/sft_mean"]
+    assert summary["rm/accuracy"] >= 0.8
+    assert math.isfinite(summary["kl/final"]) and summary["kl/final"] < 20  # the KL leash holds
+    assert summary["seconds"] <= 600
