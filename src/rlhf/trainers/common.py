@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf.config import config_to_yaml
+from rlhf.config import config_to_dict, config_to_yaml
 from rlhf.core.group import gdpo_advantages, sum_rewards
 from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch
 from rlhf.rollout.engine import SamplingParams, sample
+from rlhf.runlog.metrics import MetricsLogger
 
 MAX_HELD_OUT = 32
 """Held-out prompts answered at every eval step: the first ones of ``eval_data``, or a slice of ``train_data``."""
@@ -173,6 +175,25 @@ def write_run_config(output_dir: Path, config: Any) -> None:
     (output_dir / "config.yaml").write_text(config_to_yaml(config))
 
 
+def open_run(output_dir: Path, config: Any, checkpoint: Path | None, start: int) -> MetricsLogger:
+    """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``.
+
+    Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``; otherwise
+    the file starts empty. Shared by every trainer so resumes read the same everywhere.
+    """
+    if checkpoint is not None:
+        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
+    elif config.resume:
+        print(
+            f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0", file=sys.stderr
+        )
+    write_run_config(output_dir, config)
+    resume_step = start + 1 if checkpoint is not None else None
+    return MetricsLogger(
+        output_dir, config.report_to, resume_step=resume_step, run_config=config_to_dict(config)
+    )
+
+
 def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
     """Training prompts, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
     prompts = load_prompts(config.train_data, tokenizer, config.max_prompt_length)
@@ -213,6 +234,23 @@ def response_metrics(generated: Generated) -> dict[str, float]:
 def chunks(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
     """Consecutive pieces of ``rows`` of ``size`` (the last may be shorter)."""
     return list(rows.split(size))
+
+
+def evaluate_and_log(
+    config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
+    device: torch.device, out: Path, step: int, metrics: dict[str, Any], logger: MetricsLogger,
+) -> None:  # fmt: skip
+    """End of an RL step: answer the held-out prompts when due (every ``eval_every`` steps and at the last),
+    adding ``eval/reward/*`` to this step's ``metrics``, then log the row when due (every ``log_every``)."""
+    evaluating = bool(prompts) and (
+        (config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps
+    )
+    if evaluating:
+        start = time.perf_counter()
+        metrics.update(evaluate(config, policy, tokenizer, rewards, prompts, stops, device, out, step))
+        metrics["time/eval_s"] = time.perf_counter() - start
+    if evaluating or step % config.log_every == 0 or step == config.steps:
+        logger.log(metrics)
 
 
 @torch.no_grad()

@@ -21,7 +21,6 @@ a sample no reward source could score (``None``) is left out of the update, not 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf.config import PPOConfig, config_to_dict
+from rlhf.config import PPOConfig
 from rlhf.core.advantages import gae, whiten_advantages
 from rlhf.core.kl import kl_estimate, kl_shaped_rewards, update_kl_coef
 from rlhf.core.logprobs import INVALID_LOGPROB
@@ -44,7 +43,6 @@ from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward, load_reward_set
 from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlhf.runlog.metrics import MetricsLogger
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common
@@ -163,12 +161,7 @@ def run(config: PPOConfig) -> Path:
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"], generators)
         kl_coef, start = state["kl_coef"], state["step"]
-        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
-    elif config.resume:
-        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
-    common.write_run_config(out, config)
-    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
-                           run_config=config_to_dict(config))  # fmt: skip
+    logger = common.open_run(out, config, checkpoint, start)
 
     with StepProgress(config.steps, start, enabled=config.progress) as progress:
         for step in range(start + 1, config.steps + 1):
@@ -208,19 +201,8 @@ def run(config: PPOConfig) -> Path:
                 "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
             })  # fmt: skip
             # 9. held-out samples (in this step's metrics row), then the checkpoint
-            evaluating = bool(eval_prompts) and (
-                (config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps
-            )
-            if evaluating:
-                t3 = time.perf_counter()
-                metrics.update(
-                    common.evaluate(
-                        config, models.policy, tokenizer, rewards, eval_prompts, stops, device, out, step
-                    )
-                )
-                metrics["time/eval_s"] = time.perf_counter() - t3
-            if evaluating or step % config.log_every == 0 or step == config.steps:
-                logger.log(metrics)
+            common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
+                                    out, step, metrics, logger)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {

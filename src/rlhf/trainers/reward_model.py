@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf.config import RMConfig, config_to_dict
+from rlhf.config import RMConfig
 from rlhf.core.preference import bradley_terry_loss, normalization_gain_bias
 from rlhf.data import (
     PromptExample,
@@ -64,7 +64,6 @@ from rlhf.models.reward import (
 )
 from rlhf.optim import build_optimizer
 from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlhf.runlog.metrics import MetricsLogger
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common
@@ -104,12 +103,7 @@ def run(config: RMConfig) -> Path:
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
-        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
-    elif config.resume:
-        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
-    common.write_run_config(out, config)
-    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
-                           run_config=config_to_dict(config))  # fmt: skip
+    logger = common.open_run(out, config, checkpoint, start)
 
     with StepProgress(total_steps, start, enabled=config.progress, description="rm") as progress:
         # 2. the untrained model on the held-out pairs (step 0)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import sys
 import time
 from array import array
 from collections.abc import Sequence
@@ -44,14 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf.config import ConfigError, SFTConfig, config_to_dict
+from rlhf.config import ConfigError, SFTConfig
 from rlhf.core.logprobs import selective_log_softmax
 from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
 from rlhf.models.loading import apply_lora, load_causal_lm, load_tokenizer
 from rlhf.optim import build_optimizer
 from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlhf.runlog.metrics import MetricsLogger
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common
@@ -89,12 +87,7 @@ def run(config: SFTConfig) -> Path:
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
-        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
-    elif config.resume:
-        print(f"resume: no checkpoint under {out / 'checkpoints'}; starting from step 0", file=sys.stderr)
-    common.write_run_config(out, config)
-    logger = MetricsLogger(out, config.report_to, resume_step=start + 1 if checkpoint else None,
-                           run_config=config_to_dict(config))  # fmt: skip
+    logger = common.open_run(out, config, checkpoint, start)
     batches = Batcher(config.effective_micro_batch_size, config.packing, config.max_length, filler, device)
     model.train()  # dropout is off either way; train mode is what optimizer steps normally run in
 
