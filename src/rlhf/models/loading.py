@@ -43,8 +43,11 @@ def load_causal_lm(
     return model
 
 
-def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
-    """Wrap ``model`` in LoRA adapters (peft). The base weights are frozen; only the adapters train."""
+def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM") -> nn.Module:
+    """Wrap ``model`` in LoRA adapters (peft). The base weights are frozen; only the adapters train.
+
+    ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head in full as well.
+    """
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -52,7 +55,7 @@ def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules) if lora.target_modules else None,
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
     peft_model = get_peft_model(model, config)
     # LoRA's own dropout would make the first PPO ratio ≠ 1, like any dropout (checklist item 7)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from rlhf.config import LoRAConfig
+    pass
 
 GAIN_KEY = "rlhf_reward_gain"
 """``config.json`` key of the normalisation gain (``reward = gain · score + bias``)."""
@@ -214,29 +214,10 @@ def load_reward_model(
     )
 
 
-def apply_reward_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
-    """LoRA adapters on a reward model (peft ``SEQ_CLS``: the head is trained in full, the trunk via adapters)."""
-    from peft import LoraConfig, get_peft_model
-
-    from rlhf.models.policy import disable_dropout
-
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules) if lora.target_modules else None,
-        task_type="SEQ_CLS",
-    )
-    peft_model = get_peft_model(model, config)
-    disable_dropout(peft_model)
-    return peft_model
-
-
 __all__ = [
     "BIAS_KEY",
     "GAIN_KEY",
     "TrainableRewardModel",
-    "apply_reward_lora",
     "clear_reward_normalization",
     "decoder_parts",
     "init_reward_head",

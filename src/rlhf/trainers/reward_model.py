@@ -53,9 +53,9 @@ from rlhf.data import (
     tokenize_prompts,
 )
 from rlhf.data.stream import PromptBatch
+from rlhf.models.loading import apply_lora
 from rlhf.models.reward import (
     TrainableRewardModel,
-    apply_reward_lora,
     clear_reward_normalization,
     load_reward_model,
     max_positions,
@@ -80,7 +80,7 @@ def run(config: RMConfig) -> Path:
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
     rm = load_reward_model(config.model, config.dtype, device)
     if config.lora:
-        rm.model = apply_reward_lora(rm.model, config.lora)
+        rm.model = apply_lora(rm.model, config.lora, task_type="SEQ_CLS")
     train, held_out = load_pairs(config, rm)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total_steps = config.epochs * steps_per_epoch
