@@ -47,6 +47,7 @@ REQUIRED: dict[str, dict[str, object]] = {
     "sample": {"policy": "models/sft", "prompts": "data/p.jsonl", "output": "samples.jsonl"},
     "eval": {"policy": "runs/ppo/final", "eval_data": "data/heldout.jsonl", "reward": "models/rm"},
     "demo": {},
+    "report": {"run_dir": "runs/ppo"},
 }
 
 
@@ -336,6 +337,7 @@ NON_DEFAULTS: dict[str, dict[str, object]] = {
     "sample": {"judge": [{"source": "models/rm"}], "mode": "best_of_n", "num_samples": 8, "pairing": "all"},
     "eval": {"output": "eval.jsonl", "max_prompts": 100},
     "demo": {"preset": "small", "steps": 3},
+    "report": {"output": "out/report.html", "max_samples": 4},
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import random
@@ -9,6 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlhf.demo import task
 
@@ -134,6 +136,7 @@ def test_every_stage_writes_its_run(demo_dir):
     assert _read_jsonl(demo_dir / "sample" / "candidates.jsonl")
     assert _read_jsonl(demo_dir / "label" / "preferences.jsonl")
     assert _read_jsonl(demo_dir / "label" / "eval_preferences.jsonl")
+    assert (demo_dir / "report.html").is_file()
     for name in ("ppo", "grpo"):
         assert (demo_dir / "eval" / f"{name}.json").is_file()
         assert _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")
@@ -164,8 +167,36 @@ def test_summary_is_computed_from_the_runs(demo_dir):
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
-    ppo_config = (demo_dir / "ppo" / "ppo.yaml").read_text()
-    assert str(demo_dir / "rm" / "final") in ppo_config and "rlhf.demo.task" not in ppo_config
+    for run in ("ppo", "grpo"):  # the policy optimises the reward model; gold rides along with weight 0
+        rewards = yaml.safe_load((demo_dir / run / f"{run}.yaml").read_text())["reward"]
+        weights = {entry["source"]: entry["weight"] for entry in rewards}
+        assert weights == {str(demo_dir / "rm" / "final"): 1.0, "rlhf.demo.task:gold": 0.0}
+        rows = _read_jsonl(demo_dir / run / "metrics.jsonl")
+        for row in rows:  # so reward/mean is the reward model's score alone
+            assert row["reward/mean"] == pytest.approx(row["reward/rm/mean"], abs=1e-6)
+        assert all("reward/gold/mean" in row for row in rows)
+
+
+def test_report_shows_every_part_of_the_demo(demo_dir):
+    page = (demo_dir / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and 'src="http' not in page
+    for heading in ("Pipeline", "Results", "Training curves", "Reward against KL", "Held-out answers: SFT, PPO, GRPO",
+                    "Configs"):  # fmt: skip
+        assert f"<h2>{heading}</h2>" in page, heading
+    for title in ("Reward source 'gold'", "Reward source 'rm'", "KL to the reference", "Entropy", "Clip fraction",
+                  "Value loss", "Response length"):  # fmt: skip
+        assert f'alt="{html.escape(title)}"' in page, title
+    assert "<th>SFT</th><th>PPO</th><th>GRPO</th>" in page
+    ppo_rows = _read_jsonl(demo_dir / "eval" / "ppo_samples.jsonl")
+    grpo_rows = {row["prompt"]: row for row in _read_jsonl(demo_dir / "eval" / "grpo_samples.jsonl")}
+    for row in ppo_rows[:12]:  # each prompt with its three answers
+        for text in (row["prompt"], row["baseline_completion"], row["completion"], grpo_rows[row["prompt"]]["completion"]):
+            assert html.escape(text) in page
+    assert html.escape((demo_dir / "ppo" / "ppo.yaml").read_text()) in page
+    # `rlhf report` on the demo directory rebuilds the same page
+    from rlhf import report
+
+    assert report.build(demo_dir) == page
 
 
 # ---------------------------------------------------------------------------------------------------------------

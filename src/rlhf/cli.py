@@ -35,6 +35,7 @@ RUNNERS: dict[str, tuple[str, str]] = {
         "score a policy on held-out prompts; win rate against a baseline under a judge",
     ),
     "demo": ("rlhf.demo", "a tiny self-contained end-to-end run (no downloads)"),
+    "report": ("rlhf.report", "an HTML report of a ppo/grpo run or a demo: curves, reward vs KL, samples"),
 }
 assert RUNNERS.keys() == COMMANDS.keys()
 
@@ -44,6 +45,7 @@ def usage() -> str:
     width = max(len(name) for name in RUNNERS)
     lines = [
         "usage: rlhf <command> --config FILE.yaml [--<field> <value> ...]",
+        "       rlhf report RUN_DIR",
         "",
         "RLHF post-training for causal language models.",
         "",
@@ -129,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlhf {__version__}")
         return 0
     command, rest = args[0], args[1:]
+    if command == "report" and rest and not rest[0].startswith("-"):
+        rest = ["--run_dir", rest[0], *rest[1:]]  # `rlhf report RUN_DIR`: the one positional argument
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""

@@ -1161,6 +1161,24 @@ class DemoConfig(_Config):
         _check_range(where, "seed", self.seed, ge=0)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReportConfig(_Config):
+    """A self-contained HTML report of a ppo/grpo run, or of an rlhf demo directory: training curves, reward against KL, held-out answers, the config. `rlhf report RUN_DIR` is short for --run_dir RUN_DIR."""
+
+    COMMAND: ClassVar[str] = "report"
+
+    run_dir: str
+    """The output_dir of a ppo or grpo run (config.yaml, metrics.jsonl, samples/), or of rlhf demo."""
+    output: str | None = None
+    """Where to write the HTML file; None = RUN_DIR/report.html."""
+    max_samples: int = 12
+    """Held-out prompts shown in the answers table."""
+
+    def _check(self, where: str) -> None:
+        _check_nonempty(where, "run_dir", self.run_dir, "a run directory")
+        _check_range(where, "max_samples", self.max_samples, ge=1)
+
+
 COMMANDS: dict[str, type[_Config]] = {
     "sft": SFTConfig,
     "rm": RMConfig,
@@ -1169,10 +1187,13 @@ COMMANDS: dict[str, type[_Config]] = {
     "sample": SampleConfig,
     "eval": EvalConfig,
     "demo": DemoConfig,
+    "report": ReportConfig,
 }
 """Command name → its config class."""
 
-AnyConfig = SFTConfig | RMConfig | PPOConfig | GRPOConfig | SampleConfig | EvalConfig | DemoConfig
+AnyConfig = (
+    SFTConfig | RMConfig | PPOConfig | GRPOConfig | SampleConfig | EvalConfig | DemoConfig | ReportConfig
+)
 
 
 def config_class(command: str) -> type[_Config]:

@@ -17,6 +17,7 @@ configs they would read from YAML, written next to them as ``config.yaml``):
    judge deciding each comparison (``judge: rlhf.demo.task:gold``), scored by both gold and the reward model.
 
 ``summary.json`` is computed from those outputs only (see `summarize`); nothing in it is written in by hand.
+``report.html`` (`rlhf.demo.report`) is built from the same files; ``rlhf report OUTPUT_DIR`` rebuilds it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Preset:
     group_size: int
     max_new_tokens: int
     eval_prompts: int
+    eval_every: int
+    """PPO/GRPO answer the held-out prompts every this many steps (``samples/``, ``eval/reward/*``)."""
     learning_rate: float = 3e-4
     kl_coef: float = 0.2
     sft_mix: Mapping[str, float] = dataclasses.field(
@@ -94,6 +97,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
             group_size=4,
             max_new_tokens=12,
             eval_prompts=8,
+            eval_every=1,
         ),
         # a few CPU minutes: enough for PPO to beat SFT under the gold judge
         "small": Preset(
@@ -115,6 +119,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
             group_size=8,
             max_new_tokens=24,
             eval_prompts=48,
+            eval_every=10,
         ),
     }
 )
@@ -203,11 +208,15 @@ def run(config: DemoConfig) -> dict[str, Any]:
 
     paths["rm"] = stage("rm", lambda: rm_runner.run(rm))
     # 6-7. PPO and GRPO from the SFT model against the reward model
+    # The gold judge rides along with weight 0: logged (reward/gold/mean) but never optimised, so the report
+    # can show the proxy reward and the true score side by side as the policy moves away from the reference.
     rl_common = {
-        **common, "policy": str(paths["sft"]), "reward": str(paths["rm"]),
-        "train_data": str(data / "prompts.jsonl"), "max_new_tokens": preset.max_new_tokens, "temperature": 1.0,
+        **common, "policy": str(paths["sft"]),
+        "reward": [{"source": str(paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}],
+        "train_data": str(data / "prompts.jsonl"), "eval_data": str(data / "eval_prompts.jsonl"),
+        "max_new_tokens": preset.max_new_tokens, "temperature": 1.0,
         "learning_rate": preset.learning_rate, "lr_scheduler": "constant", "kl_coef": preset.kl_coef,
-        "eval_every": 0, "save_every": 0,
+        "eval_every": preset.eval_every, "save_every": 0,
     }  # fmt: skip
     ppo = _config(out / "ppo", "ppo", {
         **rl_common, "output_dir": str(out / "ppo"), "steps": config.steps or preset.ppo_steps,
@@ -248,7 +257,10 @@ def run(config: DemoConfig) -> dict[str, Any]:
     results = stage("eval", lambda: {name: eval_runner.run(cfg) for name, cfg in evals.items()})
     summary = summarize(out, results, labels, seconds, time.perf_counter() - start)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _announce(config, f"done in {summary['seconds']:.0f} s → {out / 'summary.json'}")
+    from rlhf import report
+
+    page = report.write(out)
+    _announce(config, f"done in {summary['seconds']:.0f} s → {out / 'summary.json'}, {page}")
     return summary
 
 

@@ -133,7 +133,7 @@ def score(
 
 
 def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
-    """``reward/mean``, ``reward/std`` over scored samples and ``reward/<name>/mean`` per source."""
+    """``reward/mean``, ``reward/std`` over scored samples and ``reward/<name>/mean`` and ``/std`` per source."""
     valid = ~scores.combined.isnan()
     combined = scores.combined[valid]
     out = {
@@ -147,6 +147,7 @@ def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
             column = scores.per_source[:, k]
             column = column[~column.isnan()]
             out[f"{prefix}/{name}/mean"] = column.mean().item() if len(column) else math.nan
+            out[f"{prefix}/{name}/std"] = column.std(unbiased=False).item() if len(column) else math.nan
     return out
 
 

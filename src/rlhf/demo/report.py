@@ -1,0 +1,159 @@
+"""The demo's ``report.html``: the pipeline, its numbers, PPO and GRPO curves, proxy against gold as KL grows,
+the same held-out prompts answered by SFT, PPO and GRPO, and every stage's config.
+
+Everything is read from the demo directory (``summary.json`` and the stages' own files), so ``rlhf report
+runs/demo`` rebuilds the same page.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlhf import report as r
+
+# (stage, what it does, why it is there) — the order of `rlhf.demo.pipeline.STAGES`
+STAGE_NOTES = (
+    ("pretrain", "BPE tokenizer + tiny Llama, next-token loss on text of every quality",
+     "a base LM that can write, but has no reason to prefer good answers"),
+    ("sft", "fine-tune on demonstrations (mixed quality, as crowd data is)",
+     "puts the model in the answer format; becomes the frozen reference"),
+    ("sample", "k answers per prompt from the SFT model, temperature 1",
+     "the comparisons must be about what this policy actually writes"),
+    ("label", "gold judge compares pairs with Bradley–Terry noise",
+     "stands in for human raters; the only place the gold rule is used for training data"),
+    ("rm", "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
+     "a learned, imperfect proxy of the raters, cheap to query"),
+    ("ppo", "PPO against the reward model, KL penalty to the SFT model",
+     "climbs the proxy while the KL leash keeps it near text the proxy understands"),
+    ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
+     "the critic-free alternative, same reward, same leash"),
+    ("eval", "held-out prompts, gold judge decides PPO/GRPO vs SFT",
+     "the truth the proxy was meant to track"),
+)  # fmt: skip
+
+
+def demo_report(out: Path, max_samples: int = 12) -> str:
+    """The demo page for the output directory ``out`` (see the module docstring)."""
+    summary = json.loads((out / "summary.json").read_text())
+    runs = [r.load_run(out / "ppo", "PPO"), r.load_run(out / "grpo", "GRPO")]
+    body = [
+        "<h1>rlhf demo report</h1>",
+        f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
+        "number below is read from the stages' own output files</p>",
+        *_pipeline(out, summary),
+        *_results(summary),
+        *r.curves_section(runs),
+        *r.gain_section(runs),
+        *_answers(out, max_samples),
+        *_configs(out, summary),
+    ]
+    return r.page("rlhf demo report", body)
+
+
+def _pipeline(out: Path, summary: dict[str, Any]) -> list[str]:
+    numbers = _stage_numbers(out, summary)
+    boxes = []
+    for name, what, _ in STAGE_NOTES:
+        seconds = summary.get(f"time/{name}_s")
+        boxes.append(
+            f'<div class="stage"><b>{r.esc(name)}</b>{r.esc(what)}<br>'
+            f'<span class="muted">{numbers.get(name, "")}{" · " if numbers.get(name) else ""}'
+            f"{r.fmt_seconds(seconds)}</span></div>"
+        )
+    why = "".join(f"<li><b>{r.esc(name)}</b>: {r.esc(reason)}</li>" for name, _, reason in STAGE_NOTES)
+    return [
+        "<h2>Pipeline</h2>",
+        '<div class="pipeline">' + '<span class="arrow">→</span>'.join(boxes) + "</div>",
+        f"<p>Why each stage is there:</p><ul>{why}</ul>",
+    ]
+
+
+def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
+    """One line of numbers per stage, from its files."""
+    numbers: dict[str, str] = {}
+    pretrain = [row["train/loss"] for row in _rows(out / "pretrain" / "metrics.jsonl") if "train/loss" in row]
+    if pretrain:
+        numbers["pretrain"] = "loss {} → {}".format(*map(r.fmt, r.first_last(pretrain)))
+    sft = [row["eval/loss"] for row in _rows(out / "sft" / "metrics.jsonl") if "eval/loss" in row]
+    if sft:
+        numbers["sft"] = f"eval loss {r.fmt(sft[0])} → {r.fmt(sft[-1])}"
+    candidates = _rows(out / "sample" / "candidates.jsonl")
+    if candidates:
+        numbers["sample"] = f"{len(candidates)} prompts × {len(candidates[0]['completions'])}"
+    if "label/train_pairs" in summary:
+        agreement = summary.get("label/train_gold_agreement", float("nan"))
+        numbers["label"] = f"{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement, 3)}% agree with gold"
+    numbers["rm"] = f"held-out accuracy {r.fmt(summary.get('rm/accuracy'))}"
+    numbers["ppo"] = f"reward {r.fmt(summary.get('ppo/reward_first'))} → {r.fmt(summary.get('ppo/reward_last'))}"
+    numbers["grpo"] = f"reward {r.fmt(summary.get('grpo/reward_first'))} → {r.fmt(summary.get('grpo/reward_last'))}"
+    numbers["eval"] = f"win rate PPO {r.fmt(summary.get('gold/win_rate_vs_sft'))}"
+    return numbers
+
+
+RESULT_ROWS = (
+    ("gold/sft_mean", "gold score of the SFT model (held-out prompts)"),
+    ("gold/ppo_mean", "gold score after PPO"),
+    ("gold/grpo_mean", "gold score after GRPO"),
+    ("gold/win_rate_vs_sft", "PPO's win rate against SFT, the gold judge deciding (ties count ½)"),
+    ("gold/grpo_win_rate_vs_sft", "GRPO's win rate against SFT"),
+    ("rm/sft_mean", "reward-model score of the SFT answers (the proxy)"),
+    ("rm/ppo_mean", "reward-model score of the PPO answers"),
+    ("rm/grpo_mean", "reward-model score of the GRPO answers"),
+    ("rm/accuracy", "reward model's accuracy on held-out pairs ordered by the noiseless gold rule"),
+    ("kl/final", "PPO's KL to the SFT reference at the last step (nats per answer)"),
+    ("seconds", "wall time of the whole demo"),
+)
+
+
+def _results(summary: dict[str, Any]) -> list[str]:
+    rows = [[r.td(f"<code>{r.esc(key)}</code>"), r.td(r.fmt(summary.get(key)), "num"), r.td(r.esc(meaning))]
+            for key, meaning in RESULT_ROWS]  # fmt: skip
+    return ["<h2>Results</h2>", r.table(["summary.json", "value", "meaning"], rows)]
+
+
+def _answers(out: Path, limit: int) -> list[str]:
+    """The same held-out prompts answered by SFT (the eval baseline), PPO and GRPO, with gold and proxy scores."""
+    ppo = _rows(out / "eval" / "ppo_samples.jsonl")
+    grpo = {row["prompt"]: row for row in _rows(out / "eval" / "grpo_samples.jsonl")}
+    rows = []
+    for row in ppo[:limit]:
+        other = grpo.get(row["prompt"], {})
+        rows.append([
+            r.td(f'<span class="answer">{r.esc(row["prompt"])}</span>'),
+            _answer_cell(row.get("baseline_completion"), row.get("baseline_rewards")),
+            _answer_cell(row.get("completion"), row.get("rewards")),
+            _answer_cell(other.get("completion"), other.get("rewards")),
+        ])  # fmt: skip
+    return [
+        "<h2>Held-out answers: SFT, PPO, GRPO</h2>",
+        '<p class="muted">One sample each from the same seed; under each answer its gold score and the reward '
+        "model's (proxy) score.</p>",
+        r.table(["prompt", "SFT", "PPO", "GRPO"], rows),
+    ]
+
+
+def _answer_cell(text: str | None, scores: dict[str, float] | None) -> str:
+    if text is None:
+        return r.td("—")
+    scores = scores or {}
+    line = " · ".join(f"{name} {r.fmt(scores.get(name))}" for name in ("gold", "rm") if name in scores)
+    return r.td(f'<span class="answer">{r.esc(text)}</span><br><span class="muted">{line}</span>')
+
+
+def _configs(out: Path, summary: dict[str, Any]) -> list[str]:
+    blocks = [r.config_block("summary.json", json.dumps(summary, indent=2))]
+    for path in sorted(out.glob("*/*.yaml")) + sorted(out.glob("*/*/*.yaml")):
+        if path.name == "config.yaml":  # the runs' resolved copy of the stage config shown here
+            continue
+        blocks.append(r.config_block(str(path.relative_to(out)), path.read_text()))
+    return ["<h2>Configs</h2>", '<p class="muted">Each stage ran `rlhf &lt;command&gt; --config` on these.</p>',
+            *blocks]  # fmt: skip
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]

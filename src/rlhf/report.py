@@ -1,0 +1,521 @@
+"""``rlhf report RUN_DIR``: one self-contained HTML page about a ppo or grpo run (or a whole ``rlhf demo``).
+
+The page reads only what the run wrote — ``config.yaml``, ``metrics.jsonl`` and ``samples/step_*.jsonl`` —
+and embeds every plot as a PNG data URI, so the file can be mailed or attached to an issue as it is.
+
+Sections: headline numbers; training curves (reward, each reward source, KL, entropy, clip fraction, value
+loss, response length, gradient norm, |advantage|, where the step's time went); reward gained against KL
+(`reward_gain`); held-out answers at the first and the last eval step; the config. A demo directory gets
+its own page (`rlhf.demo.report`), built from the same pieces.
+
+Reading the reward-vs-KL plot: each reward source's batch mean is drawn as its gain over step 1 in units of
+step 1's standard deviation, against the KL to the reference. Sources with weight 0 in the reward list are
+*monitors* (logged, never optimised): when the optimised proxy keeps rising while a monitor that stands for
+the truth flattens or falls, the policy is exploiting the proxy — reward over-optimisation, which the KL
+penalty exists to limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf.config import ConfigError, ReportConfig
+
+RL_COMMANDS = ("ppo", "grpo")
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading a run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a ppo/grpo run directory holds: its config, its metric rows and its held-out samples."""
+
+    path: Path
+    label: str
+    command: str
+    config_text: str
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    samples: dict[int, list[dict[str, Any]]]
+    """Step → the rows of ``samples/step_NNNNNN.jsonl``."""
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the rows that logged ``key`` with a finite value."""
+        steps, values = [], []
+        for row in self.rows:
+            value = row.get(key)
+            if isinstance(value, int | float) and math.isfinite(value):
+                steps.append(int(row["step"]))
+                values.append(float(value))
+        return steps, values
+
+    def has(self, key: str) -> bool:
+        return bool(self.series(key)[0])
+
+    def reward_weights(self) -> dict[str, float]:
+        """Reward source name → weight, for a reward list; empty for a single source."""
+        reward = self.config.get("reward")
+        if not isinstance(reward, list):
+            return {}
+        return {str(entry["name"]): float(entry.get("weight", 1.0)) for entry in reward}
+
+
+def load_run(path: str | Path, label: str | None = None) -> Run:
+    """Read a ppo/grpo output directory; FileNotFoundError / ConfigError say what is missing or wrong."""
+    path = Path(path)
+    for name in ("metrics.jsonl", "config.yaml"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path / name} does not exist: RUN_DIR must be the output_dir of a ppo or grpo run")
+    config_text = (path / "config.yaml").read_text()
+    command = _command_of(config_text)
+    if command not in RL_COMMANDS:
+        raise ConfigError(f"{path} is the output of `rlhf {command}`; rlhf report reads ppo and grpo runs")
+    rows = [row for row in _read_jsonl(path / "metrics.jsonl") if "step" in row]
+    samples = {
+        int(file.stem.removeprefix("step_")): _read_jsonl(file)
+        for file in sorted((path / "samples").glob("step_*.jsonl"))
+    }
+    config = yaml.safe_load(config_text) or {}
+    return Run(path, label or command, command, config_text, config, rows, samples)
+
+
+def _command_of(config_text: str) -> str:
+    """The command from the first line every run writes: ``# rlhf <command>: resolved config …``."""
+    first = config_text.splitlines()[0] if config_text else ""
+    if first.startswith("# rlhf ") and ":" in first:
+        return first.removeprefix("# rlhf ").split(":", 1)[0].strip()
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Math of the plots (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """Centred moving average (shorter windows at the ends), so noisy per-step metrics show their trend."""
+    half = window // 2
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - half) : i + half + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def smoothing_window(n: int) -> int:
+    """About a fifteenth of the run, odd, at least 1: enough to see trends without hiding turns."""
+    window = max(1, n // 15)
+    return window if window % 2 else window + 1
+
+
+def reward_gain(means: Sequence[float], first_std: float) -> list[float]:
+    """Gain of a reward's batch mean over the first step's, in units of the first step's std.
+
+    ``(m_t − m_1) / s_1``: sources with different scales (a reward model's logits, a 0–10 judge) become
+    comparable — one unit is "one standard deviation of the initial policy's answers". A zero or missing
+    std falls back to 1 (the gain is then in the reward's own units).
+    """
+    scale = first_std if math.isfinite(first_std) and first_std > 0 else 1.0
+    return [(m - means[0]) / scale for m in means]
+
+
+def binned_means(xs: Sequence[float], ys: Sequence[float], bins: int) -> tuple[list[float], list[float]]:
+    """Sort the points by x, cut them into ``bins`` groups of (nearly) equal count, return each group's means.
+
+    The first ``len % bins`` groups take one extra point; empty groups (fewer points than bins) are skipped.
+    """
+    points = sorted(zip(xs, ys, strict=True))
+    size, extra = divmod(len(points), bins)
+    bx, by, start = [], [], 0
+    for b in range(bins):
+        group = points[start : start + size + (b < extra)]
+        start += len(group)
+        if group:
+            bx.append(sum(x for x, _ in group) / len(group))
+            by.append(sum(y for _, y in group) / len(group))
+    return bx, by
+
+
+def first_last(values: Sequence[float], k: int = 5) -> tuple[float, float]:
+    """Means of the first and the last ``k`` values (the start and the end of a run, less noisy than 1 step)."""
+    k = max(1, min(k, len(values) // 2 or 1))
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    fig = Figure(figsize=(5.2, 3.1), dpi=96, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _img(fig: Any, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(fig)}">'
+
+
+def _plot_trend(ax: Any, xs: Sequence[float], ys: Sequence[float], label: str, color: str, **style: Any) -> None:
+    """Raw values as a faint line, their moving average on top (when there are enough points to smooth)."""
+    window = smoothing_window(len(ys))
+    if window > 1:
+        ax.plot(xs, ys, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(xs, rolling_mean(ys, window), color=color, label=label, linewidth=1.6, **style)
+    else:
+        ax.plot(xs, ys, color=color, label=label, linewidth=1.4, marker="." if len(ys) < 30 else None, **style)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chart:
+    """One training-curve plot: the metric keys it draws (the first a run has is used) and its caption."""
+
+    title: str
+    keys: tuple[str, ...]
+    ylabel: str
+    caption: str
+
+
+CHARTS = (
+    Chart("Reward (training batch)", ("reward/mean",), "reward", "Combined reward of each step's rollouts."),
+    Chart("Held-out reward", ("eval/reward/mean",), "reward", "Same sampler on the held-out prompts, every eval step."),
+    Chart("KL to the reference", ("kl/mean",), "nats per sequence", "Σ log π/π_ref over the response, averaged."),
+    Chart("KL coefficient β", ("kl/coef",), "β", "After each step's controller update (adaptive KL moves it)."),
+    Chart("Entropy", ("policy/entropy",), "nats per token", "Falling entropy: the policy grows more certain."),
+    Chart(
+        "Clip fraction",
+        ("policy/clipfrac", "clip_ratio/region"),
+        "fraction of tokens",
+        "Tokens whose ratio left the clip range (the update was cut there).",
+    ),
+    Chart("Value loss", ("value/loss",), "loss", "Clipped value loss of the critic (ppo)."),
+    Chart("Response length", ("response/length_mean",), "tokens", "Mean sampled response length, stop token included."),
+    Chart("Gradient norm", ("grad/norm",), "‖g‖ before clipping", "Mean over the step's updates."),
+    Chart("|Advantage|", ("advantages/abs_mean",), "mean |A|", "After whitening / group normalisation."),
+)
+
+
+def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
+    """The chart for the runs that logged one of its keys, or None when none did."""
+    drawn = [(run, next(key for key in chart.keys if run.has(key))) for run in runs if any(map(run.has, chart.keys))]
+    if not drawn or _constant([run.series(key)[1] for run, key in drawn]):
+        return None  # e.g. a fixed β: nothing to see
+    fig, ax = _figure(chart.title, "step", chart.ylabel)
+    for i, (run, key) in enumerate(drawn):
+        steps, values = run.series(key)
+        _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
+    if len(runs) > 1:
+        ax.legend(fontsize=7)
+    return _figure_block(_img(fig, chart.title), chart.caption)
+
+
+def _constant(series: Sequence[Sequence[float]]) -> bool:
+    values = {v for values in series for v in values}
+    return len(values) <= 1
+
+
+def source_charts(runs: Sequence[Run]) -> list[str]:
+    """One chart per reward source of a reward list (``reward/<name>/mean``), all runs overlaid."""
+    names = list(dict.fromkeys(name for run in runs for name in run.reward_weights()))
+    blocks = []
+    for name in names:
+        key = f"reward/{name}/mean"
+        present = [run for run in runs if run.has(key)]
+        if not present:
+            continue
+        title = f"Reward source '{name}'"
+        fig, ax = _figure(title, "step", "batch mean")
+        for i, run in enumerate(present):
+            steps, values = run.series(key)
+            _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
+            eval_steps, eval_values = run.series(f"eval/reward/{name}/mean")
+            if eval_steps:
+                ax.plot(eval_steps, eval_values, "o", color=COLORS[i % len(COLORS)], markersize=4,
+                        label=f"{run.label} (held-out)")  # fmt: skip
+        ax.legend(fontsize=7)
+        weights = {run.reward_weights().get(name, 1.0) for run in present}
+        role = "a monitor (weight 0): logged, never optimised" if weights == {0.0} else "optimised"
+        blocks.append(_figure_block(_img(fig, title), f"Batch mean (line) and held-out mean (dots); {role}."))
+    return blocks
+
+
+def time_chart(runs: Sequence[Run]) -> str | None:
+    """Where each step's time went, as stacked areas (the first run only: one stack per figure)."""
+    parts = ("time/rollout_s", "time/score_s", "time/logprobs_s", "time/train_s")
+    blocks = []
+    for run in runs:
+        if not run.has("time/step_s"):
+            continue
+        fig, ax = _figure(f"Seconds per step — {run.label}", "step", "seconds")
+        steps = [int(row["step"]) for row in run.rows if "time/step_s" in row]
+        stacks = [[float(row.get(key, 0.0)) for row in run.rows if "time/step_s" in row] for key in parts]
+        ax.stackplot(steps, stacks, labels=[p.removeprefix("time/").removesuffix("_s") for p in parts],
+                     colors=COLORS[: len(parts)], alpha=0.8)  # fmt: skip
+        ax.legend(fontsize=7, loc="upper right")
+        blocks.append(_img(fig, f"time {run.label}"))
+    if not blocks:
+        return None
+    return _figure_block("".join(blocks), "Rollout (sampling), score (rewards), logprobs (the no-grad pass), train (updates).")
+
+
+def gain_chart(runs: Sequence[Run]) -> str | None:
+    """Every reward source's gain (`reward_gain`) against KL to the reference, all runs on one plot.
+
+    Steps are points; the line joins the means of equal-count KL bins (`binned_means`), so it reads as a
+    function of KL even when KL goes up and down during the run.
+    """
+    fig, ax = _figure("Reward gained as the policy moves away from the reference", "KL to the reference (nats)",
+                      "gain over step 1 (step-1 std)")  # fmt: skip
+    drawn = 0
+    for i, run in enumerate(runs):
+        color = COLORS[i % len(COLORS)]
+        for name, weight in (run.reward_weights() or {"": 1.0}).items():
+            prefix = f"reward/{name}" if name else "reward"
+            _, kls, means, first_std = _aligned(run, "kl/mean", f"{prefix}/mean", f"{prefix}/std")
+            if len(kls) < 2 or max(kls) <= 0:
+                continue
+            gains = reward_gain(means, first_std)
+            monitor = weight == 0
+            ax.plot(kls, gains, "x" if monitor else ".", color=color, alpha=0.3, markersize=4)
+            bx, by = binned_means(kls, gains, bins=min(8, max(2, len(kls) // 6)))
+            label = f"{run.label}: {name or 'reward'}" + (" (monitor)" if monitor else "")
+            ax.plot(bx, by, color=color, linestyle="--" if monitor else "-", marker="o", markersize=3, label=label)
+            drawn += 1
+    if not drawn:
+        return None
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.legend(fontsize=7)
+    caption = (
+        "Each reward's batch mean as its gain over step 1, in units of step 1's std, against KL: points are "
+        "steps, lines the means of KL bins. Solid: optimised rewards; dashed: monitors (weight 0). A proxy "
+        "that keeps climbing while the monitor stalls or falls is being over-optimised — the failure the KL "
+        "penalty is there to hold back."
+    )
+    return _figure_block(_img(fig, "Reward against KL"), caption)
+
+
+def _aligned(run: Run, x_key: str, y_key: str, std_key: str) -> tuple[list[int], list[float], list[float], float]:
+    """Steps where both keys are finite, their values, and the std of ``y`` at the first such step."""
+    steps, xs, ys, first_std = [], [], [], math.nan
+    for row in run.rows:
+        x, y = row.get(x_key), row.get(y_key)
+        if isinstance(x, int | float) and isinstance(y, int | float) and math.isfinite(x) and math.isfinite(y):
+            if not steps:
+                first_std = float(row.get(std_key, math.nan) or math.nan)
+            steps.append(int(row["step"]))
+            xs.append(float(x))
+            ys.append(float(y))
+    return steps, xs, ys, first_std
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTML
+# ---------------------------------------------------------------------------------------------------------------
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2em auto; max-width: 1180px;
+       color: #222; line-height: 1.45; padding: 0 1em; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 2em; }
+.muted { color: #666; font-size: 0.9em; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 1em; }
+figure { margin: 0; } figcaption { color: #555; font-size: 0.82em; }
+img { max-width: 100%; }
+table { border-collapse: collapse; font-size: 0.88em; width: 100%; }
+th, td { border: 1px solid #ddd; padding: 0.35em 0.5em; vertical-align: top; text-align: left; }
+th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.cards { display: flex; flex-wrap: wrap; gap: 0.8em; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 0.5em 0.9em; min-width: 9em; }
+.card b { display: block; font-size: 1.3em; }
+.pipeline { display: flex; flex-wrap: wrap; align-items: stretch; gap: 0.3em; }
+.stage { border: 1px solid #9ab; border-radius: 6px; background: #f4f8fb; padding: 0.4em 0.5em; width: 8.3em;
+         font-size: 0.78em; }
+.stage b { display: block; font-size: 1.1em; } .arrow { align-self: center; color: #789; font-size: 1.3em; }
+pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.82em; }
+.answer { white-space: pre-wrap; }
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for a table cell: 3 significant digits, '—' for missing or NaN."""
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return "—" if not math.isfinite(value) else f"{value:.{digits}g}"
+    return esc(value)
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def page(title: str, body: Iterable[str]) -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def _figure_block(content: str, caption: str) -> str:
+    return f"<figure>{content}<figcaption>{esc(caption)}</figcaption></figure>"
+
+
+def cards(items: Sequence[tuple[str, str]]) -> str:
+    inner = "".join(f'<div class="card"><span class="muted">{esc(k)}</span><b>{v}</b></div>' for k, v in items)
+    return f'<div class="cards">{inner}</div>'
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """An HTML table; cells are HTML already (escape text with `esc`)."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(rows_cell for rows_cell in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def td(text: Any, cls: str = "") -> str:
+    return f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>"
+
+
+def config_block(title: str, text: str, open_: bool = False) -> str:
+    return f"<details{' open' if open_ else ''}><summary>{esc(title)}</summary><pre>{esc(text)}</pre></details>"
+
+
+def headline(run: Run) -> str:
+    """Cards: steps, wall time, reward and KL at the start and end, held-out reward at first and last eval."""
+    items = [("steps", str(len(run.rows))), ("training time", f"{sum(run.series('time/step_s')[1]):.0f} s")]
+    for key, name in (("reward/mean", "reward"), ("eval/reward/mean", "held-out reward"), ("kl/mean", "KL"),
+                      ("policy/entropy", "entropy")):  # fmt: skip
+        values = run.series(key)[1]
+        if values:
+            start, end = (values[0], values[-1]) if key.startswith("eval/") else first_last(values)
+            items.append((name, f"{fmt(start)} → {fmt(end)}"))
+    return cards(items)
+
+
+def curves_section(runs: Sequence[Run]) -> list[str]:
+    blocks = [block for chart in CHARTS if (block := curve_chart(runs, chart))]
+    blocks[1:1] = source_charts(runs)
+    if block := time_chart(runs):
+        blocks.append(block)
+    return ["<h2>Training curves</h2>", '<div class="grid">', *blocks, "</div>"]
+
+
+def gain_section(runs: Sequence[Run]) -> list[str]:
+    block = gain_chart(runs)
+    if block is None:
+        return []
+    return ["<h2>Reward against KL</h2>", '<div class="grid">', block, "</div>"]
+
+
+def samples_section(run: Run, limit: int) -> list[str]:
+    """Held-out prompts answered at the first and the last eval step, side by side with their rewards."""
+    if not run.samples:
+        return ["<h2>Held-out samples</h2>", '<p class="muted">No samples/ in this run (eval_every: 0).</p>']
+    first, last = min(run.samples), max(run.samples)
+    before = {row["prompt"]: row for row in run.samples[first]}
+    rows = []
+    for row in run.samples[last][:limit]:
+        old = before.get(row["prompt"], {})
+        rows.append([
+            td(f'<span class="answer">{esc(row["prompt"])}</span>'),
+            td(f'<span class="answer">{esc(old.get("completion", ""))}</span>'), td(_scores(old), "num"),
+            td(f'<span class="answer">{esc(row["completion"])}</span>'), td(_scores(row), "num"),
+        ])  # fmt: skip
+    header = ["prompt", f"step {first}", "reward", f"step {last}", "reward"]
+    return [f"<h2>Held-out samples (step {first} and step {last})</h2>", table(header, rows)]
+
+
+def _scores(row: dict[str, Any]) -> str:
+    if not row:
+        return "—"
+    if "rewards" in row:
+        return "<br>".join(f"{esc(k)} {fmt(v)}" for k, v in row["rewards"].items())
+    return fmt(row.get("reward"))
+
+
+def run_report(run: Run, max_samples: int) -> str:
+    title = f"rlhf {run.command} — {run.path}"
+    body = [
+        f"<h1>rlhf {esc(run.command)} report</h1>",
+        f'<p class="muted">{esc(run.path.resolve())} · policy {esc(run.config.get("policy", "?"))}</p>',
+        headline(run),
+        *curves_section([run]),
+        *gain_section([run]),
+        *samples_section(run, max_samples),
+        "<h2>Config</h2>",
+        config_block("config.yaml", run.config_text, open_=True),
+    ]
+    return page(title, body)
+
+
+def is_demo_dir(path: Path) -> bool:
+    return (path / "summary.json").is_file() and (path / "ppo" / "metrics.jsonl").is_file()
+
+
+def build(run_dir: str | Path, max_samples: int = 12) -> str:
+    """The report's HTML for a ppo/grpo run directory, or for an ``rlhf demo`` output directory."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory: pass the output_dir of a ppo/grpo run or of rlhf demo")
+    if is_demo_dir(path):
+        from rlhf.demo.report import demo_report
+
+        return demo_report(path, max_samples)
+    return run_report(load_run(path), max_samples)
+
+
+def write(run_dir: str | Path, output: str | Path | None = None, max_samples: int = 12) -> Path:
+    """Build the report and write it (default ``RUN_DIR/report.html``); returns the path."""
+    target = Path(output) if output is not None else Path(run_dir) / "report.html"
+    text = build(run_dir, max_samples)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return target
+
+
+def run(config: ReportConfig) -> Path:
+    """`rlhf report`: write the report and say where it is."""
+    path = write(config.run_dir, config.output, config.max_samples)
+    print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
+    return path
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,159 @@
+"""`rlhf report RUN_DIR`: the plot math against hand-computed numbers, and real ppo/grpo runs turned into
+self-contained pages (every image embedded, every text escaped, refusals as clean errors)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlhf import cli, report
+from rlhf.config import config_from_dict
+from rlhf.models.tiny import toy_corpus
+
+REWARDS = Path(__file__).resolve().parent / "trainers" / "ppo_rewards.py"
+HOSTILE = "what is <script>alert(1)</script> & co"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pure pieces
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_rolling_mean_is_centred_and_shrinks_at_the_ends():
+    assert report.rolling_mean([1.0, 2.0, 6.0, 3.0, 8.0], 3) == [1.5, 3.0, 11 / 3, 17 / 3, 5.5]
+    assert report.rolling_mean([4.0, 5.0], 1) == [4.0, 5.0]
+
+
+def test_smoothing_window_is_odd_and_grows_with_the_run():
+    assert [report.smoothing_window(n) for n in (1, 14, 15, 30, 45, 100)] == [1, 1, 1, 3, 3, 7]
+
+
+def test_reward_gain_is_in_units_of_the_first_std():
+    # means 2, 3, 1.5 with first-step std 0.5: gains 0, (3−2)/0.5 = 2, (1.5−2)/0.5 = −1
+    assert report.reward_gain([2.0, 3.0, 1.5], 0.5) == [0.0, 2.0, -1.0]
+    # a constant first batch (std 0) or a missing std falls back to the reward's own units
+    assert report.reward_gain([2.0, 3.0], 0.0) == [0.0, 1.0]
+    assert report.reward_gain([2.0, 3.0], float("nan")) == [0.0, 1.0]
+
+
+def test_binned_means_group_points_by_x():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    ys = [50.0, 10.0, 30.0, 20.0, 40.0]
+    # sorted by x: (1,10) (2,20) (3,30) (4,40) (5,50); 2 bins of 3 and 2 points
+    assert report.binned_means(xs, ys, 2) == ([2.0, 4.5], [20.0, 45.0])
+    assert report.binned_means(xs[:1], ys[:1], 3) == ([5.0], [50.0])  # fewer points than bins
+
+
+def test_first_last_averages_the_ends():
+    assert report.first_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], k=2) == (1.5, 5.5)
+    assert report.first_last([7.0], k=5) == (7.0, 7.0)
+    assert report.first_last([1.0, 3.0, 5.0], k=5) == (1.0, 5.0)  # never overlapping halves
+
+
+def test_fmt_and_esc():
+    assert report.fmt(0.123456) == "0.123" and report.fmt(12) == "12" and report.fmt(None) == "—"
+    assert report.fmt(float("nan")) == "—"
+    assert report.fmt_seconds(167.4) == "167 s" and report.fmt_seconds(2.23) == "2.2 s"
+    assert report.esc("<a & b>") == "&lt;a &amp; b&gt;"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real runs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("report_prompts") / "prompts.jsonl"
+    rows = [{"prompt": " ".join(line.split()[:3])} for line in toy_corpus(24, seed=3)]
+    rows.insert(0, {"prompt": HOSTILE})  # must reach the page escaped
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _run(command: str, policy: Path, prompts: Path, out: Path, **overrides: object) -> Path:
+    from rlhf.trainers import grpo, ppo
+
+    values = {
+        "policy": str(policy),
+        "reward": [
+            {"source": f"{REWARDS}:length_chars", "name": "length"},
+            {"source": f"{REWARDS}:digit_count", "name": "digits", "weight": 0.0},
+        ],
+        "train_data": str(prompts), "eval_data": str(prompts), "output_dir": str(out),
+        "steps": 4, "batch_size": 4, "max_new_tokens": 6, "temperature": 1.0, "learning_rate": 1e-3,
+        "kl_coef": 0.1, "eval_every": 2, "save_every": 0, "progress": False,
+    }  # fmt: skip
+    config = config_from_dict(command, values | overrides)
+    (ppo if command == "ppo" else grpo).run(config)
+    return out
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(b64) for b64 in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tiny_llama_dir: Path, prompts_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run("ppo", tiny_llama_dir, prompts_file, tmp_path_factory.mktemp("ppo_run"), num_minibatches=2)
+
+
+def test_ppo_report_is_self_contained_and_complete(ppo_run: Path):
+    assert cli.main(["report", str(ppo_run)]) == 0
+    page = (ppo_run / "report.html").read_text()
+    images = _images(page)
+    assert images and all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in images)
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from the network
+    # (no response-length chart: a random model never stops early, every length is max_new_tokens — a flat line)
+    for title in ("Reward (training batch)", "Held-out reward", "KL to the reference", "Entropy", "Clip fraction",
+                  "Value loss", "Reward source 'length'", "Reward source 'digits'", "Reward against KL"):  # fmt: skip
+        assert f'alt="{report.esc(title)}"' in page, title
+    assert "Held-out samples (step 2 and step 4)" in page
+    assert "monitor (weight 0)" in page  # the weight-0 source is labelled as never optimised
+    assert "<script>" not in page and report.esc(HOSTILE) in page
+    assert report.esc((ppo_run / "config.yaml").read_text()) in page
+    last = [json.loads(line) for line in (ppo_run / "samples" / "step_000004.jsonl").read_text().splitlines()]
+    for row in last[:12]:
+        assert report.esc(row["completion"]) in page
+
+
+def test_output_flag_writes_elsewhere(ppo_run: Path, tmp_path: Path):
+    target = tmp_path / "nested" / "page.html"
+    assert cli.main(["report", str(ppo_run), "--output", str(target), "--max_samples", "2"]) == 0
+    page = target.read_text()
+    assert page.count("<tr>") == 1 + 2  # the samples table: header + 2 prompts
+
+
+def test_grpo_report_uses_its_own_metrics(tiny_llama_dir: Path, prompts_file: Path, tmp_path: Path):
+    out = _run("grpo", tiny_llama_dir, prompts_file, tmp_path / "grpo", batch_size=2, group_size=4)
+    page = report.build(out)
+    assert "rlhf grpo report" in page
+    assert 'alt="KL to the reference"' in page and 'alt="Reward against KL"' in page
+    assert "Value loss" not in page  # no critic, no chart
+    assert 'alt="KL coefficient β"' not in page  # a fixed β is a flat line: not drawn
+    assert len(_images(page)) >= 8
+
+
+def test_run_loading_reads_weights_and_series(ppo_run: Path):
+    run = report.load_run(ppo_run)
+    assert run.command == "ppo" and run.reward_weights() == {"length": 1.0, "digits": 0.0}
+    steps, values = run.series("eval/reward/mean")
+    assert steps == [2, 4] and len(values) == 2
+    assert sorted(run.samples) == [2, 4]
+
+
+def test_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["report", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "metrics.jsonl does not exist" in capsys.readouterr().err
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "config.yaml").write_text("# rlhf sft: resolved config (defaults < --config file < command line)\n")
+    (sft / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n')
+    assert cli.main(["report", str(sft)]) == 2
+    assert "reads ppo and grpo runs" in capsys.readouterr().err
