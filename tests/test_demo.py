@@ -126,7 +126,7 @@ def demo_dir(tmp_path_factory) -> Path:
 
 
 def test_every_stage_writes_its_run(demo_dir):
-    for model in ("pretrain", "sft", "rm", "ppo", "grpo"):
+    for model in ("pretrain", "sft", "rm", "ppo", "ppo_no_kl", "grpo"):
         assert (demo_dir / model / "final" / "config.json").is_file(), model
     for run in ("sft", "rm", "ppo", "grpo"):
         assert (
@@ -150,6 +150,10 @@ def test_summary_is_computed_from_the_runs(demo_dir):
     assert summary["rm/accuracy"] == rm_rows[-1]["eval/accuracy"]
     ppo_rows = [row for row in _read_jsonl(demo_dir / "ppo" / "metrics.jsonl") if "kl/mean" in row]
     assert summary["kl/final"] == ppo_rows[-1]["kl/mean"]
+    no_kl_rows = _read_jsonl(demo_dir / "ppo_no_kl" / "metrics.jsonl")
+    assert all(row["kl/coef"] == 0.0 for row in no_kl_rows)  # the unleashed run: β = 0 throughout
+    assert summary["ppo_no_kl/kl_last"] == no_kl_rows[-1]["kl/mean"]
+    assert summary["ppo_no_kl/held_out_gold_last"] == no_kl_rows[-1]["eval/reward/gold/mean"]
     ppo_eval = json.loads((demo_dir / "eval" / "ppo.json").read_text())
     grpo_eval = json.loads((demo_dir / "eval" / "grpo.json").read_text())
     assert summary["gold/win_rate_vs_sft"] == ppo_eval["win_rate"]
@@ -167,8 +171,9 @@ def test_summary_is_computed_from_the_runs(demo_dir):
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
-    for run in ("ppo", "grpo"):  # the policy optimises the reward model; gold rides along with weight 0
-        rewards = yaml.safe_load((demo_dir / run / f"{run}.yaml").read_text())["reward"]
+    for run in ("ppo", "ppo_no_kl", "grpo"):  # the policy optimises the reward model; gold rides with weight 0
+        command = run.removesuffix("_no_kl")
+        rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]
         weights = {entry["source"]: entry["weight"] for entry in rewards}
         assert weights == {str(demo_dir / "rm" / "final"): 1.0, "rlhf.demo.task:gold": 0.0}
         rows = _read_jsonl(demo_dir / run / "metrics.jsonl")
@@ -214,4 +219,8 @@ def test_default_demo_meets_its_targets(tmp_path):
     assert summary["gold/ppo_mean"] > summary["gold/sft_mean"]
     assert summary["rm/accuracy"] >= 0.8
     assert math.isfinite(summary["kl/final"]) and summary["kl/final"] < 20  # the KL leash holds
+    # without the leash the proxy is exploited: further from the reference, a higher proxy score, a lower gold
+    assert summary["ppo_no_kl/kl_last"] > 2 * summary["kl/final"]
+    assert summary["ppo_no_kl/held_out_rm_last"] > summary["ppo/held_out_rm_last"]
+    assert summary["ppo_no_kl/held_out_gold_last"] < summary["ppo/held_out_gold_last"]
     assert summary["seconds"] <= 600

@@ -9,7 +9,7 @@ loss, response length, gradient norm, |advantage|, where the step's time went); 
 its own page (`rlhf.demo.report`), built from the same pieces.
 
 Reading the reward-vs-KL plot: each reward source's batch mean is drawn as its gain over step 1 in units of
-step 1's standard deviation, against the KL to the reference. Sources with weight 0 in the reward list are
+step 1's standard deviation, against √KL to the reference. Sources with weight 0 in the reward list are
 *monitors* (logged, never optimised): when the optimised proxy keeps rising while a monitor that stands for
 the truth flattens or falls, the policy is exploiting the proxy — reward over-optimisation, which the KL
 penalty exists to limit.
@@ -293,7 +293,7 @@ def gain_chart(runs: Sequence[Run]) -> str | None:
     Steps are points; the line joins the means of equal-count KL bins (`binned_means`), so it reads as a
     function of KL even when KL goes up and down during the run.
     """
-    fig, ax = _figure("Reward gained as the policy moves away from the reference", "KL to the reference (nats)",
+    fig, ax = _figure("Reward gained as the policy moves away from the reference", "√KL to the reference (√nats)",
                       "gain over step 1 (step-1 std)")  # fmt: skip
     drawn = 0
     for i, run in enumerate(runs):
@@ -305,6 +305,7 @@ def gain_chart(runs: Sequence[Run]) -> str | None:
                 continue
             gains = reward_gain(means, first_std)
             monitor = weight == 0
+            kls = [math.sqrt(max(kl, 0.0)) for kl in kls]  # √KL spreads small and large KL (Gao et al., 2022)
             ax.plot(kls, gains, "x" if monitor else ".", color=color, alpha=0.3, markersize=4)
             bx, by = binned_means(kls, gains, bins=min(8, max(2, len(kls) // 6)))
             label = f"{run.label}: {name or 'reward'}" + (" (monitor)" if monitor else "")
@@ -315,7 +316,7 @@ def gain_chart(runs: Sequence[Run]) -> str | None:
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.legend(fontsize=7)
     caption = (
-        "Each reward's batch mean as its gain over step 1, in units of step 1's std, against KL: points are "
+        "Each reward's batch mean as its gain over step 1, in units of step 1's std, against √KL: points are "
         "steps, lines the means of KL bins. Solid: optimised rewards; dashed: monitors (weight 0). A proxy "
         "that keeps climbing while the monitor stalls or falls is being over-optimised — the failure the KL "
         "penalty is there to hold back."

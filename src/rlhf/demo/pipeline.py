@@ -12,6 +12,8 @@ configs they would read from YAML, written next to them as ``config.yaml``):
    noiseless gold rule, so the reward model's held-out accuracy is its agreement with the truth;
 5. ``rm/`` — `rlhf rm` from the pretrained LM (a decoder reward model); it sees only the labels;
 6. ``ppo/`` — `rlhf ppo` from the SFT model against the reward model;
+   ``ppo_no_kl/`` — the same run with ``kl_coef: 0``: without the KL leash the policy exploits the reward model
+   (its score keeps rising while the gold score falls), which is what the leash is for;
 7. ``grpo/`` — `rlhf grpo` from the SFT model against the same reward model;
 8. ``eval/`` — `rlhf eval` of PPO and of GRPO on held-out prompts, the SFT model as the baseline, the gold
    judge deciding each comparison (``judge: rlhf.demo.task:gold``), scored by both gold and the reward model.
@@ -125,7 +127,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
 )
 """Preset name → sizes (`DemoConfig.preset`)."""
 
-STAGES = ("pretrain", "sft", "sample", "label", "rm", "ppo", "grpo", "eval")
+STAGES = ("pretrain", "sft", "sample", "label", "rm", "ppo", "ppo_no_kl", "grpo", "eval")
 
 
 def run(config: DemoConfig) -> dict[str, Any]:
@@ -218,10 +220,15 @@ def run(config: DemoConfig) -> dict[str, Any]:
         "learning_rate": preset.learning_rate, "lr_scheduler": "constant", "kl_coef": preset.kl_coef,
         "eval_every": preset.eval_every, "save_every": 0,
     }  # fmt: skip
-    ppo = _config(out / "ppo", "ppo", {
-        **rl_common, "output_dir": str(out / "ppo"), "steps": config.steps or preset.ppo_steps,
-        "batch_size": preset.ppo_batch, "num_minibatches": 2, "ppo_epochs": 4,
-    })  # fmt: skip
+    ppo_values = {
+        **rl_common, "steps": config.steps or preset.ppo_steps, "batch_size": preset.ppo_batch,
+        "num_minibatches": 2, "ppo_epochs": 4,
+    }  # fmt: skip
+    ppo = _config(out / "ppo", "ppo", {**ppo_values, "output_dir": str(out / "ppo")})
+    # the same PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it
+    ppo_no_kl = _config(
+        out / "ppo_no_kl", "ppo", {**ppo_values, "output_dir": str(out / "ppo_no_kl"), "kl_coef": 0.0}
+    )
     grpo = _config(out / "grpo", "grpo", {
         **rl_common, "output_dir": str(out / "grpo"), "steps": config.steps or preset.grpo_steps,
         "batch_size": preset.grpo_batch, "group_size": preset.group_size,
@@ -230,6 +237,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
     from rlhf.trainers import ppo as ppo_runner
 
     paths["ppo"] = stage("ppo", lambda: ppo_runner.run(ppo))
+    stage("ppo_no_kl", lambda: ppo_runner.run(ppo_no_kl))
     paths["grpo"] = stage("grpo", lambda: grpo_runner.run(grpo))
     # 8. held-out prompts: PPO and GRPO against the SFT baseline, the gold judge deciding
     evals = {
@@ -384,11 +392,23 @@ def summarize(
         "ppo/reward_last": ppo_rows[-1].get("reward/mean"),
         "grpo/reward_first": grpo_rows[0]["reward/mean"],
         "grpo/reward_last": grpo_rows[-1]["reward/mean"],
+        **_held_out_end("ppo", ppo_rows),
+        **_held_out_end("ppo_no_kl", _read_jsonl(out / "ppo_no_kl" / "metrics.jsonl")),
         **labels,
         "seconds": total,
         **{f"time/{name}_s": value for name, value in seconds.items()},
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+
+
+def _held_out_end(name: str, rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The run's last held-out eval (gold and reward-model means) and its last KL, from its metrics rows."""
+    last_eval = [row for row in rows if "eval/reward/gold/mean" in row][-1]
+    return {
+        f"{name}/held_out_gold_last": last_eval["eval/reward/gold/mean"],
+        f"{name}/held_out_rm_last": last_eval["eval/reward/rm/mean"],
+        f"{name}/kl_last": rows[-1]["kl/mean"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------

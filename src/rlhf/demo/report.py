@@ -27,6 +27,8 @@ STAGE_NOTES = (
      "a learned, imperfect proxy of the raters, cheap to query"),
     ("ppo", "PPO against the reward model, KL penalty to the SFT model",
      "climbs the proxy while the KL leash keeps it near text the proxy understands"),
+    ("ppo_no_kl", "the same PPO with β = 0: no KL penalty",
+     "shows the failure the leash prevents: the proxy climbs, the gold score falls"),
     ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
      "the critic-free alternative, same reward, same leash"),
     ("eval", "held-out prompts, gold judge decides PPO/GRPO vs SFT",
@@ -38,6 +40,8 @@ def demo_report(out: Path, max_samples: int = 12) -> str:
     """The demo page for the output directory ``out`` (see the module docstring)."""
     summary = json.loads((out / "summary.json").read_text())
     runs = [r.load_run(out / "ppo", "PPO"), r.load_run(out / "grpo", "GRPO")]
+    if (out / "ppo_no_kl" / "metrics.jsonl").is_file():
+        runs.insert(1, r.load_run(out / "ppo_no_kl", "PPO, β = 0"))
     body = [
         "<h1>rlhf demo report</h1>",
         f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
@@ -87,6 +91,11 @@ def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
         numbers["label"] = f"{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement, 3)}% agree with gold"
     numbers["rm"] = f"held-out accuracy {r.fmt(summary.get('rm/accuracy'))}"
     numbers["ppo"] = f"reward {r.fmt(summary.get('ppo/reward_first'))} → {r.fmt(summary.get('ppo/reward_last'))}"
+    if "ppo_no_kl/kl_last" in summary:
+        numbers["ppo_no_kl"] = (
+            f"held-out rm {r.fmt(summary.get('ppo_no_kl/held_out_rm_last'))}, gold "
+            f"{r.fmt(summary.get('ppo_no_kl/held_out_gold_last'))}, KL {r.fmt(summary['ppo_no_kl/kl_last'])}"
+        )
     numbers["grpo"] = f"reward {r.fmt(summary.get('grpo/reward_first'))} → {r.fmt(summary.get('grpo/reward_last'))}"
     numbers["eval"] = f"win rate PPO {r.fmt(summary.get('gold/win_rate_vs_sft'))}"
     return numbers
@@ -103,6 +112,11 @@ RESULT_ROWS = (
     ("rm/grpo_mean", "reward-model score of the GRPO answers"),
     ("rm/accuracy", "reward model's accuracy on held-out pairs ordered by the noiseless gold rule"),
     ("kl/final", "PPO's KL to the SFT reference at the last step (nats per answer)"),
+    ("ppo/held_out_gold_last", "PPO's gold score on the held-out prompts at its last step"),
+    ("ppo/held_out_rm_last", "… and its reward-model score"),
+    ("ppo_no_kl/held_out_gold_last", "the same for PPO without the KL penalty (β = 0): gold score …"),
+    ("ppo_no_kl/held_out_rm_last", "… reward-model score (higher than PPO's: the proxy is being exploited)"),
+    ("ppo_no_kl/kl_last", "… and its KL to the reference at the last step"),
     ("seconds", "wall time of the whole demo"),
 )
 

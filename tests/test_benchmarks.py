@@ -1,0 +1,99 @@
+"""benchmarks/measure.py: the FLOP formula against hand-computed numbers, the summaries and the results table.
+
+Pure functions only: nothing is installed, no model is built, no peer runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "measure.py"
+_spec = importlib.util.spec_from_file_location("benchmarks_measure", _PATH)
+measure = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(measure)
+
+
+def test_step_flops_ppo_separate_critic_by_hand():
+    # N_policy = 1000, N_reward = N_critic = 500, B = 2, C = 3, T = 4 (L = 7), 2 epochs, with a reference:
+    # generate: 2·1000 · 2·(3 + 4 − 1)                    =  24 000
+    # score:    2·(1000 old + 1000 ref + 500 value + 500 reward) · 2·7 =  84 000
+    # train:    6 · 2 epochs · (1000 + 500) · 2·7          = 252 000
+    flops = measure.step_flops(
+        policy_params=1000, reward_params=500, critic_params=500,
+        sequences=2, prompt_len=3, response_len=4, epochs=2, reference=True,
+    )  # fmt: skip
+    assert flops == {"generate": 24_000, "score": 84_000, "train": 252_000, "total": 360_000}
+
+
+def test_step_flops_without_critic_or_reference_by_hand():
+    # GRPO with β = 0 (or PPO's shared value head, whose h+1 weights are not counted), 1 pass:
+    # generate 24 000 as above; score 2·(1000 old + 500 reward)·14 = 42 000; train 6·1·1000·14 = 84 000
+    flops = measure.step_flops(
+        policy_params=1000, reward_params=500, sequences=2, prompt_len=3, response_len=4, epochs=1,
+        reference=False,
+    )  # fmt: skip
+    assert flops == {"generate": 24_000, "score": 42_000, "train": 84_000, "total": 150_000}
+
+
+def test_median_skips_warmup_steps():
+    assert measure.median_after_warmup([9.0, 8.0, 1.0, 3.0, 2.0]) == 2.0
+    assert measure.median_after_warmup([9.0, 8.0]) == 8.5  # too few steps: keep them all
+    with pytest.raises(ValueError):
+        measure.median_after_warmup([])
+
+
+def _step(step_s: float, tokens: float) -> dict:
+    # a quarter of the step in each phase
+    return {"step_s": step_s, "sequences": 16, "gen_tokens": tokens, "gen_columns": 32} | {
+        f"{phase}_s": step_s / 4 for phase in measure.PHASES
+    }
+
+
+def test_summarize_rates_and_split():
+    steps = [_step(10.0, 100), _step(10.0, 100), _step(2.0, 512), _step(2.0, 512)]
+    s = measure.summarize(steps)
+    assert s["s_per_step"] == 2.0
+    assert s["episodes_per_s"] == 8.0  # 16 sequences / 2 s
+    assert s["gen_tokens_per_s"] == 256.0  # 512 tokens / 2 s
+    assert s["mean_gen_len"] == 32.0
+    assert s["split"] == {phase: 0.25 for phase in measure.PHASES}
+    assert s["gen_columns"] == 32
+    peer = measure.summarize([{"step_s": 4.0, "sequences": 16, "gen_tokens": 512}] * 3)
+    assert "split" not in peer
+    assert measure.ratios(s | {"peak_rss_mb": 500.0}, peer | {"peak_rss_mb": 1000.0}) == {
+        "speed": 2.0,
+        "rss": 0.5,
+    }
+
+
+def test_markdown_table_rows():
+    ours = {"summary": {"s_per_step": 2.0, "episodes_per_s": 8.0, "gen_tokens_per_s": 256.0,
+                        "mean_gen_len": 32.0, "peak_rss_mb": 500.0, "floor_fraction": 0.125,
+                        "split": {"generate": 0.5, "reward": 0.05, "score": 0.15, "train": 0.3}},
+            "vs_peer": {"speed": 2.0, "rss": 0.5}, "label": "rlhf ppo"}  # fmt: skip
+    peer = {"summary": {"s_per_step": 4.0, "episodes_per_s": 4.0, "gen_tokens_per_s": 128.0,
+                        "mean_gen_len": 32.0, "peak_rss_mb": 1000.0}, "label": "TRL PPOTrainer"}  # fmt: skip
+    failed = {"label": "TRL GRPOTrainer", "error": "exit code 1: ImportError | no module"}
+    table = measure.markdown_table(
+        [{"name": "ppo32", "runs": [ours, peer]}, {"name": "grpo", "runs": [failed]}]
+    )
+    lines = table.strip().splitlines()
+    assert len(lines) == 5
+    assert {line.count("|") for line in lines} == {12}  # 11 columns everywhere, the failed row too
+    assert lines[2] == (
+        "| ppo32 | rlhf ppo | 2.000 | 8.0 | 256 | 32.0 | 500 | 2.00× | 0.50× | 50 / 5 / 15 / 30 | 12.5% |"
+    )
+    assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | 4.0 | 128 | 32.0 | 1000 | — | — | — | — |"
+    assert lines[4].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
+
+
+def test_replace_between_markers():
+    text = "intro\n<!-- benchmarks:start -->\nold table\n<!-- benchmarks:end -->\noutro\n"
+    assert measure.replace_between_markers(text, "new table\n") == (
+        "intro\n<!-- benchmarks:start -->\nnew table\n<!-- benchmarks:end -->\noutro\n"
+    )
+    assert measure.replace_between_markers("no markers here\n", "table") is None
+    assert measure.replace_between_markers("<!-- benchmarks:end --> <!-- benchmarks:start -->", "t") is None
