@@ -36,6 +36,12 @@ def test_step_flops_without_critic_or_reference_by_hand():
         reference=False,
     )  # fmt: skip
     assert flops == {"generate": 24_000, "score": 42_000, "train": 84_000, "total": 150_000}
+    # on-policy GRPO skips the old-log-prob pass: score is the reward model alone, 2·500·14 = 14 000
+    flops = measure.step_flops(
+        policy_params=1000, reward_params=500, sequences=2, prompt_len=3, response_len=4, epochs=1,
+        reference=False, old_logprobs=False,
+    )  # fmt: skip
+    assert flops["score"] == 14_000 and flops["total"] == 122_000
 
 
 def test_median_skips_warmup_steps():

@@ -1,0 +1,453 @@
+"""Speed and memory of `rlhf ppo` / `rlhf grpo` side by side with TRL, from one command.
+
+    python benchmarks/run.py                      # every case, 12 steps per run
+    python benchmarks/run.py --quick              # a smoke run: 4 steps per run
+    python benchmarks/run.py --only ppo32,grpo    # some cases
+    python benchmarks/run.py --update-readme README.md        # also put the table between the README markers
+    python benchmarks/run.py --from-results --update-readme README.md   # re-render saved results, run nothing
+
+Run it with the Python that has rlhf installed. It builds tiny models offline into benchmarks/.work/,
+installs each TRL version into its own venv under benchmarks/.venvs/ (reused when the versions match),
+runs every (case, run) in its own process (child_ours.py / child_trl.py) and writes
+benchmarks/results/results.{json,md}. Fairness notes: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import measure
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / ".work"
+VENVS = HERE / ".venvs"
+RESULTS = HERE / "results"
+
+TORCH_PIN = "torch==2.13.0"  # installed first in each peer venv: the CPU build this machine serves locally
+PEERS = {"trl-ppo": "1.0.0", "trl-grpo": "1.16.0"}
+"""TRL 1.0.0 is the last release with PPOTrainer (trl.experimental.ppo); GRPO runs on the newest TRL."""
+
+SIZES = {
+    "3m": {"hidden_size": 256, "num_layers": 3, "num_heads": 4},
+    "25m": {"hidden_size": 512, "num_layers": 6, "num_heads": 8},
+}
+"""Llama policy and reward model sizes (≈3.4M and ≈25.6M parameters with the 398-token tokenizer)."""
+PROMPT_TOKENS = 10  # every prompt is exactly this long, so neither side pads a prompt
+NUM_PROMPTS = 64
+BUSY = 0.1  # share of the CPU used by other processes just before a run above which the results say "busy"
+
+PPO = {"batch_size": 16, "ppo_epochs": 4, "num_minibatches": 1, "learning_rate": 3e-6, "kl_coef": 0.05,
+       "temperature": 0.7}  # fmt: skip
+# TRL's GRPO default beta is 0.0 (no reference model); ours is 0 too, so neither side loads a reference.
+GRPO = {"batch_size": 4, "group_size": 4, "num_iterations": 1, "learning_rate": 1e-6, "kl_coef": 0.0,
+        "temperature": 1.0}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    side: str  # "ours" or a key of PEERS
+    critic: str | None = None  # ours ppo only
+
+
+@dataclass(frozen=True)
+class Case:
+    algo: str
+    size: str
+    max_new_tokens: int
+    runs: tuple[Run, ...]
+    settings: dict
+
+
+CASES = {
+    "ppo32": Case("ppo", "3m", 32, (
+        Run("rlhf ppo, critic: separate", "ours", "separate"),
+        Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
+    ), PPO),
+    "ppo128": Case("ppo", "3m", 128, (
+        Run("rlhf ppo, critic: separate", "ours", "separate"),
+        Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
+    ), PPO),
+    "grpo": Case("grpo", "3m", 32, (
+        Run("rlhf grpo", "ours"),
+        Run(f"TRL {PEERS['trl-grpo']} GRPOTrainer", "trl-grpo"),
+    ), GRPO),
+    "ppo32-25m": Case("ppo", "25m", 32, (
+        Run("rlhf ppo, critic: separate", "ours", "separate"),
+        Run("rlhf ppo, critic: shared", "ours", "shared"),
+    ), PPO),
+}  # fmt: skip
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Assets: tokenizer, prompts, policy and reward model per size — built offline once, reused afterwards
+# ------------------------------------------------------------------------------------------------------------
+
+
+def matmul_params(model) -> int:
+    """Parameters that take part in matmuls: all but the input embedding; a tied LM head still counts."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    tied = getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head")
+    return total - embedding + (embedding if tied else 0)
+
+
+def build_assets(sizes: set[str]) -> dict:
+    """``.work/assets/manifest.json``: directories, parameter counts and prompt length; built when missing."""
+    root = WORK / "assets"
+    manifest_path = root / "manifest.json"
+    recipe = {"sizes": SIZES, "prompt_tokens": PROMPT_TOKENS, "num_prompts": NUM_PROMPTS}
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if manifest.get("recipe") != recipe:
+        manifest = {"recipe": recipe, "models": {}}
+    missing = [s for s in sorted(sizes) if s not in manifest["models"]]
+    if not missing and (root / "prompts.jsonl").exists():
+        return manifest
+    from rlhf.models.tiny import save_tiny, tiny_causal_lm, tiny_reward_model, toy_corpus, train_tokenizer
+
+    log(f"building tiny models ({', '.join(missing) or 'prompts'}) into {root}")
+    tokenizer = train_tokenizer(toy_corpus(2000), vocab_size=512)
+    # Prompts: toy lines of exactly PROMPT_TOKENS tokens, so both sides see the same unpadded batches.
+    lines = [line for line in toy_corpus(4000, seed=1)
+             if len(tokenizer(line, add_special_tokens=False)["input_ids"]) == PROMPT_TOKENS]  # fmt: skip
+    if len(lines) < NUM_PROMPTS:
+        raise RuntimeError(f"only {len(lines)} toy prompts of {PROMPT_TOKENS} tokens; change PROMPT_TOKENS")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in lines[:NUM_PROMPTS])
+    )
+    for size in missing:
+        dims = SIZES[size]
+        policy = tiny_causal_lm("llama", tokenizer, **dims, seed=0)
+        reward = tiny_reward_model("llama", tokenizer, **dims, seed=1)
+        save_tiny(policy, tokenizer, root / f"policy-{size}")
+        save_tiny(reward, tokenizer, root / f"reward-{size}")
+        manifest["models"][size] = {
+            "policy": str(root / f"policy-{size}"),
+            "reward": str(root / f"reward-{size}"),
+            "policy_params": sum(p.numel() for p in policy.parameters()),
+            "policy_matmul_params": matmul_params(policy),
+            "reward_matmul_params": matmul_params(reward),
+        }
+    manifest["prompts"] = str(root / "prompts.jsonl")
+    manifest["prompt_len"] = PROMPT_TOKENS
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Peer venvs
+# ------------------------------------------------------------------------------------------------------------
+
+PROBE = (
+    "import json, importlib.metadata as m; "
+    "print(json.dumps({p: m.version(p) for p in ('trl', 'torch', 'transformers', 'accelerate', 'datasets')}))"
+)
+
+
+def venv_versions(python: Path) -> dict | None:
+    if not python.exists():
+        return None
+    probe = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True)
+    return json.loads(probe.stdout) if probe.returncode == 0 else None
+
+
+def imports_trainer(python: Path, peer: str) -> bool:
+    """Whether the peer's trainer imports (TRL 1.0.0 predates transformers 5 and may not)."""
+    module = (
+        "from trl.experimental.ppo import PPOTrainer" if peer == "trl-ppo" else "from trl import GRPOTrainer"
+    )
+    return subprocess.run([str(python), "-c", module], capture_output=True).returncode == 0
+
+
+def ensure_venv(peer: str) -> tuple[Path, dict]:
+    """The peer venv's python and its package versions; created (torch first, then trl) unless it matches."""
+    version = PEERS[peer]
+    venv = VENVS / f"trl-{version}"
+    python = venv / "bin" / "python"
+    found = venv_versions(python)
+    matches = found and found["trl"] == version and found["torch"].startswith(TORCH_PIN.split("==")[1])
+    if matches and imports_trainer(python, peer):
+        return python, found
+    log(f"installing TRL {version} into {venv} (torch first: a bare torch could pull a CUDA build)")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, TORCH_PIN], check=True)
+    subprocess.run([*pip, f"trl=={version}"], check=True)  # pip picks a transformers this trl accepts
+    if not imports_trainer(python, peer):
+        log(f"TRL {version} does not import with this transformers; pinning transformers<5")
+        subprocess.run([*pip, "transformers<5"], check=True)
+        if not imports_trainer(python, peer):
+            raise RuntimeError(f"TRL {version}'s trainer does not import in {venv}")
+    return python, venv_versions(python)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------------------------
+
+
+def peak_gflops(threads: int) -> float:
+    """Best fp32 matmul rate of this machine (GFLOP/s) with ``threads`` threads: the compute floor's rate."""
+    import torch
+
+    torch.set_num_threads(threads)
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.matmul(a, b)  # warm-up
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def run_spec(case: Case, run: Run, assets: dict, steps: int, out_dir: Path) -> dict:
+    """The SPEC a child reads: our config dict, or TRL's settings."""
+    models = assets["models"][case.size]
+    s = case.settings
+    if run.side == "ours":
+        config = {
+            "policy": models["policy"], "reward": models["reward"], "train_data": assets["prompts"],
+            "output_dir": str(out_dir), "seed": 0, "steps": steps, "max_new_tokens": case.max_new_tokens,
+            "report_to": ["jsonl"], "progress": False, "eval_every": 0, "save_every": 0,
+            **s,
+        }  # fmt: skip
+        if run.critic:
+            config["critic"] = run.critic
+        return {"algo": case.algo, "config": config}
+    return {
+        "algo": case.algo, "policy": models["policy"], "reward": models["reward"],
+        "prompts": assets["prompts"], "output_dir": str(out_dir), "seed": 0, "steps": steps,
+        "max_new_tokens": case.max_new_tokens,
+        "batch_size": s["batch_size"], "group_size": s.get("group_size", 1), "epochs": s.get("ppo_epochs", 1),
+        "learning_rate": s["learning_rate"], "kl_coef": s["kl_coef"], "temperature": s["temperature"],
+    }  # fmt: skip
+
+
+def run_child(python: Path, script: str, spec: dict, folder: Path, threads: int, timeout: float) -> dict:
+    """Run one child process in ``folder``; its result JSON, or {"error": ...} with the tail of its log."""
+    spec = {**spec, "threads": threads}
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "spec.json").write_text(json.dumps(spec, indent=1))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}  # fmt: skip
+    env.pop("PYTHONPATH", None)  # a peer venv must not see this checkout
+    result_path = folder / "result.json"
+    with (folder / "log.txt").open("w") as logfile:
+        try:
+            code = subprocess.run(
+                [str(python), str(HERE / script), str(folder / "spec.json"), str(result_path)],
+                stdout=logfile, stderr=subprocess.STDOUT, env=env, timeout=timeout,
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s (log: {folder / 'log.txt'})"}
+    if code != 0 or not result_path.exists():
+        tail = (folder / "log.txt").read_text().strip().splitlines()[-3:]
+        return {"error": f"exit code {code}: {' '.join(tail)} (log: {folder / 'log.txt'})"}
+    return json.loads(result_path.read_text())
+
+
+def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) -> dict:
+    """measure.summarize plus peak RSS and, for our runs, the FLOPs and the floor fraction."""
+    summary = measure.summarize(raw["steps"])
+    summary["peak_rss_mb"] = raw["peak_rss_mb"]
+    if run.side == "ours":
+        models, s = assets["models"][case.size], case.settings
+        flops = measure.step_flops(
+            policy_params=models["policy_matmul_params"],
+            reward_params=models["reward_matmul_params"],
+            sequences=s["batch_size"] * s.get("group_size", 1),
+            prompt_len=assets["prompt_len"],
+            response_len=round(summary["gen_columns"]),
+            epochs=s.get("ppo_epochs", s.get("num_iterations", 1)),
+            critic_params=models["reward_matmul_params"] if run.critic == "separate" else 0,
+            reference=case.algo == "ppo" or s["kl_coef"] > 0,
+            # our grpo skips the old-log-prob pass with one update per rollout and no reference (on_policy)
+            old_logprobs=not (case.algo == "grpo" and s["kl_coef"] == 0 and s.get("num_iterations", 1) == 1),
+        )
+        summary["flops"] = flops
+        summary["floor_s"] = flops["total"] / (gflops * 1e9)
+        summary["floor_fraction"] = summary["floor_s"] / summary["s_per_step"]
+    return summary
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of all cores' time spent busy over the next ``seconds`` (/proc/stat), while this process waits."""
+
+    def sample() -> tuple[int, int]:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, all
+
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return 1 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def machine_info(threads: int, gflops: float) -> dict:
+    import torch
+    import transformers
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())  # fmt: skip
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "threads": threads,
+        "peak_fp32_gflops": gflops, "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------------------
+
+
+def caption(results: dict) -> str:
+    m = results["machine"]
+    peers = ", ".join(f"TRL {v['trl']} (transformers {v['transformers']})" for v in results["peers"].values())
+    mode = "quick run, " if results["quick"] else ""
+    busy = max(
+        (run.get("cpu_busy_before", 0.0) for case in results["cases"] for run in case["runs"]), default=0
+    )
+    warning = (
+        f" **Other processes used up to {100 * busy:.0f}% of the CPU just before a run: not a measurement.**"
+        if busy > BUSY
+        else ""
+    )
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, fp32 matmul peak "
+        f"{m['peak_fp32_gflops']:.0f} GFLOP/s; {peers}; {mode}median of {results['steps']} steps after "
+        f"{measure.WARMUP_STEPS} warm-up; {m['date']}. `python benchmarks/run.py`; notes in "
+        f"benchmarks/README.md.{warning}"
+    )
+
+
+def render(results: dict) -> str:
+    return f"{caption(results)}\n\n{measure.markdown_table(results['cases'])}"
+
+
+LEGEND = """
+Columns: **s/step** median wall seconds of a step; **episodes/s** sampled responses per second;
+**gen tok/s** generated tokens (up to and including the stop token) per second; **mean gen len** generated
+tokens per response; **peak RSS** of the run's own process (ru_maxrss); **speed vs TRL** our steps/s ÷ TRL's
+(> 1: we are faster); **RSS vs TRL** our peak RSS ÷ TRL's; **% gen / reward / score / train** our step's
+median split into sampling, the reward model, the no-grad pass (old log-probs, values, reference), and the
+update epochs; **floor fraction** the step's model FLOPs at the machine's fp32 matmul peak ÷ the measured
+step (`measure.step_flops`). Cases: `ppo32` / `ppo128` 16 prompts × 32 / 128 new tokens, 4 epochs,
+1 minibatch; `grpo` 4 prompts × 4 samples, 32 new tokens, one update; `ppo32-25m` as ppo32 with a
+25M-parameter policy.
+"""
+
+
+def write_results(results: dict, update_readme: str | None) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    table = render(results)
+    (RESULTS / "results.md").write_text(f"# Benchmark: rlhf vs TRL\n\n{table}{LEGEND}")
+    print(table)
+    if update_readme:
+        path = Path(update_readme)
+        updated = measure.replace_between_markers(path.read_text(), table)
+        if updated is None:
+            markers = f"{measure.START_MARKER} … {measure.END_MARKER}"
+            log(f"warning: {path} has no {markers} markers; left unchanged")
+        else:
+            path.write_text(updated)
+            log(f"updated the table in {path}")
+
+
+def run_case(
+    name: str, case: Case, assets: dict, peers: dict, args: argparse.Namespace, gflops: float
+) -> dict:
+    """Every run of one case, one process each; ours are then compared with the case's peer."""
+    entry = {"name": name, "algo": case.algo, "size": case.size, "max_new_tokens": case.max_new_tokens,
+             "settings": case.settings, "runs": [],
+             "model": {k: v for k, v in assets["models"][case.size].items() if k.endswith("params")}}  # fmt: skip
+    for i, run in enumerate(case.runs):
+        busy = cpu_busy()  # other processes skew every timing (see README.md), so their CPU use is kept
+        log(f"{name}: {run.label} ({args.steps} steps)")
+        if busy > BUSY:
+            log(f"  warning: other processes use {100 * busy:.0f}% of the CPU; timings will be noisy")
+        ours = run.side == "ours"
+        python = Path(sys.executable) if ours else peers[run.side][0]
+        folder = WORK / "runs" / f"{name}-{i}-{run.side}"
+        spec = run_spec(case, run, assets, args.steps, folder / "out")
+        raw = run_child(python, "child_ours.py" if ours else "child_trl.py", spec, folder, args.threads,
+                        args.timeout)  # fmt: skip
+        record = {"label": run.label, "side": run.side, "critic": run.critic, "cpu_busy_before": busy}
+        if "error" in raw:
+            record["error"] = raw["error"]
+            log(f"  failed: {raw['error']}")
+        else:
+            record["summary"] = summarize_run(raw, case, run, assets, gflops)
+            record["raw"] = raw
+            log(f"  {record['summary']['s_per_step']:.3f} s/step, {raw['peak_rss_mb']:.0f} MB peak RSS")
+        entry["runs"].append(record)
+    peer = next((r for r in entry["runs"] if r["side"] != "ours" and "summary" in r), None)
+    for record in entry["runs"]:
+        if peer and record["side"] == "ours" and "summary" in record:
+            record["vs_peer"] = measure.ratios(record["summary"], peer["summary"])
+    return entry
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="4 steps per run (2 warm-up + 2 timed)")
+    parser.add_argument("--only", help=f"comma-separated cases out of {','.join(CASES)}")
+    parser.add_argument("--steps", type=int, help="steps per run (default 12, or 4 with --quick)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, both sides")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
+    parser.add_argument("--update-readme", metavar="FILE", help="put the table between the benchmark markers")
+    parser.add_argument("--from-results", action="store_true", help="re-render results/results.json only")
+    args = parser.parse_args()
+    if args.from_results:
+        write_results(json.loads((RESULTS / "results.json").read_text()), args.update_readme)
+        return 0
+    names = args.only.split(",") if args.only else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    args.steps = args.steps or (4 if args.quick else 12)
+
+    assets = build_assets({CASES[name].size for name in names})
+    needed = sorted({run.side for name in names for run in CASES[name].runs} - {"ours"})
+    peers = {peer: ensure_venv(peer) for peer in needed}
+    gflops = peak_gflops(args.threads)
+    log(f"fp32 matmul peak with {args.threads} threads: {gflops:.1f} GFLOP/s")
+    results = {
+        "machine": machine_info(args.threads, gflops),
+        "quick": args.quick,
+        "steps": args.steps,
+        "peers": {f"trl-{PEERS[peer]}": versions for peer, (_, versions) in peers.items()},
+        "cases": [run_case(name, CASES[name], assets, peers, args, gflops) for name in names],
+    }
+    write_results(results, args.update_readme)
+    return 1 if any("error" in run for case in results["cases"] for run in case["runs"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
