@@ -39,10 +39,24 @@ def build_optimizer(
     schedule: str,
     warmup: int,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable ``params`` and its schedule (stepped once per optimizer step)."""
+    """AdamW over the trainable ``params`` and its schedule (stepped once per optimizer step).
+
+    The fused kernel is used when every parameter allows it (floating point, one CPU or CUDA device): one
+    pass over the parameters instead of a dozen ``foreach`` ops — 1.8 ms instead of 12 ms per step for a 3M
+    model on 2 CPU cores (benchmarks/), the same update up to float rounding.
+    """
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         raise ValueError("no trainable parameters: every parameter has requires_grad=False")
-    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, fused=_can_fuse(trainable))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(schedule, warmup, total_steps))
     return optimizer, scheduler
+
+
+def _can_fuse(params: list[torch.nn.Parameter]) -> bool:
+    devices = {p.device for p in params}
+    return (
+        len(devices) == 1
+        and next(iter(devices)).type in ("cpu", "cuda")
+        and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
+    )

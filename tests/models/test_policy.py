@@ -65,3 +65,14 @@ def test_disable_dropout_makes_train_mode_deterministic(tiny_gpt2_dir):
     assert not torch.equal(model(ids).logits, model(ids).logits)
     disable_dropout(model)
     assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_entropy_as_a_metric_only_builds_no_graph(tiny_llama_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    mask = torch.ones_like(ids)
+    tracked = score_response_tokens(model, ids, mask, 3, 0.7, with_entropy=True)
+    metric = score_response_tokens(model, ids, mask, 3, 0.7, with_entropy=True, entropy_grad=False)
+    assert tracked.entropy.requires_grad and not metric.entropy.requires_grad
+    assert metric.logprobs.requires_grad  # the log-probs still train
+    assert torch.equal(tracked.entropy.detach(), metric.entropy)

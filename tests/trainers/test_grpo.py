@@ -9,6 +9,7 @@ Reward functions are the ppo tests' (``ppo_rewards.py``) and a few defined here,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -380,3 +381,38 @@ def test_reward_rises_on_a_toy_task(tiny_llama_dir, prompts_file, tmp_path):
     rewards = [row["reward/mean"] for row in train_rows(out)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.45, (first, last, rewards)
+
+
+def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
+    tiny_llama_dir: Path, prompts_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """One minibatch, one iteration, no reference: the old log-probs come from the training forward (detached)
+    instead of a no-grad pass. Forcing the pass back on must give the same weights and metrics."""
+    calls = {"no_grad_scores": 0}
+    score = grpo.Models.score
+
+    def counting_score(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            calls["no_grad_scores"] += 1
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(grpo.Models, "score", counting_score)
+    overrides = {"num_minibatches": 1, "steps": 3, "kl_coef": 0.0}
+    skipped = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "skip", **overrides))
+    assert calls["no_grad_scores"] == 0
+    monkeypatch.setattr(grpo, "on_policy", lambda config, models: False)
+    with_pass = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "pass", **overrides))
+    assert calls["no_grad_scores"] == 3  # one no-grad pass per step when the shortcut is off
+    assert max_abs_diff(load_file(skipped / "model.safetensors"), load_file(with_pass / "model.safetensors")) == 0
+    for a, b in zip(train_rows(tmp_path / "skip"), train_rows(tmp_path / "pass"), strict=True):
+        assert a["policy/first_ratio_max_dev"] == b["policy/first_ratio_max_dev"] == 0.0
+        assert a["policy/loss"] == pytest.approx(b["policy/loss"], abs=1e-7)
+
+
+def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_dir: Path, prompts_file: Path,
+                                                                     tmp_path: Path):  # fmt: skip
+    config = make_config(tiny_llama_dir, prompts_file, tmp_path, num_minibatches=2, kl_coef=0.0)
+    models = grpo.Models(config, torch.device("cpu"))
+    assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
+    assert not grpo.on_policy(dataclasses.replace(config, num_minibatches=1, num_iterations=2), models)
+    assert grpo.on_policy(dataclasses.replace(config, num_minibatches=1), models)

@@ -300,7 +300,7 @@ def pretrain(out: Path, train_prompts: list[str], preset: Preset, config: DemoCo
         "llama", tokenizer, preset.hidden_size, preset.num_layers, num_heads=4, seed=config.seed
     )
     encoded = [ids + [tokenizer.eos_token_id] for ids in tokenizer(corpus)["input_ids"]]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
     model.train()
     out.mkdir(parents=True, exist_ok=True)
     with (

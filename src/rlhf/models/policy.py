@@ -84,6 +84,7 @@ def score_response_tokens(
     temperature: float,
     value_head: ValueHead | None = None,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> ScoredTokens:
     """One forward of ``query ⊕ response`` giving response log-probs (and values, entropy).
 
@@ -92,6 +93,8 @@ def score_response_tokens(
     (checklist item 9); logits are divided by the sampling temperature (item 10). Only the T needed
     positions are projected onto the vocabulary (``logits_to_keep``), which saves B·C·V floats.
     Pad ids are replaced by 0 before the forward (item 1) and explicit position ids are passed (item 2).
+    ``entropy_grad=False`` computes the entropy outside autograd: a metric only (entropy_coef 0) then costs
+    no softmax graph of B·T·V floats and no backward through it.
     """
     T = response_length
     ids = input_ids.masked_fill(attention_mask == 0, 0)
@@ -112,5 +115,6 @@ def score_response_tokens(
         values = value_head(out.hidden_states[-1][:, -(T + 1) : -1]).float()
     entropy = None
     if with_entropy:
-        entropy = entropy_from_logits(logits, temperature=temperature).float()
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = entropy_from_logits(logits, temperature=temperature).float()
     return ScoredTokens(logprobs, values, entropy)

@@ -176,19 +176,25 @@ def load_reward_model(
     set; dropout is disabled (checklist item 7); a normalisation stored by an earlier run is dropped.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from rlhf.data.tokenization import ensure_pad_token
     from rlhf.models.loading import DTYPES
     from rlhf.models.policy import disable_dropout
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        name_or_path,
-        num_labels=1,
-        dtype=DTYPES[dtype],
-        output_loading_info=True,
-        ignore_mismatched_sizes=True,  # a classifier with another number of labels gets a fresh head
-    )
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its "LOAD REPORT" (lm_head unexpected, score missing) is expected here;
+    try:  # the trainer says in one line whether the head is fresh
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            name_or_path,
+            num_labels=1,
+            dtype=DTYPES[dtype],
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # a classifier with another number of labels gets a fresh head
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     new_keys = set(info["missing_keys"]) | {key for key, *_ in info["mismatched_keys"]}
     fresh = False
     for name, module in model.named_modules():

@@ -4,7 +4,7 @@ One iteration: (1) sample G = ``group_size`` responses for each of ``batch_size`
 combine the rewards (weighted sum, or GDPO within each group), add the missing-EOS and DAPO overlong
 penalties; with ``dynamic_sampling`` drop the groups whose rewards are all equal and sample more prompts until
 ``batch_size`` groups remain → (3) old log-probs (and reference log-probs when ``kl_coef > 0``) in one no-grad
-pass → (4) group-relative advantages from ``rlhf.core.group`` → (5) ``num_iterations`` passes × minibatches ×
+pass (the policy's part skipped when `on_policy`) → (4) group-relative advantages from ``rlhf.core.group`` → (5) ``num_iterations`` passes × minibatches ×
 micro-batches of the clipped per-token loss (+ β·KL in the loss), one optimizer step per minibatch → (6)
 metrics → (7) held-out samples, log, checkpoint. All math is in ``rlhf.core``; each phase is one call.
 The rollout engine, reward sources, held-out evaluation, metrics, checkpoints and resume are ppo's.
@@ -17,7 +17,8 @@ Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
 - sequence advantages are broadcast to every token (item 41); the loss is reduced by ``loss_aggregation``
   with the minibatch's global denominators, so micro-batching does not change the gradient (item 43);
 - iteration 0 visits the rollout in the order it was scored, in the same micro-batches: the ratio of the
-  first minibatch is exactly 1 (item 34; with ``num_iterations: 1`` and one minibatch it is 1 throughout);
+  first minibatch is exactly 1 (item 34; with ``num_iterations: 1`` and one minibatch it is 1 throughout, and without a reference
+  the old log-probs are then taken from the training forward itself, see `on_policy`);
 - ``kl_coef: 0`` loads no reference model at all (no frozen copy, no reference forward);
 - ``reward_aggregation: gdpo``: the combined value is GDPO's normalised advantage (each reward normalised in
   its group, weighted sum, normalised over the batch); the estimator still runs on it. It is already
@@ -82,20 +83,21 @@ class Rollout:
     """What the update needs about one sampled batch; all tensors (B, ·) on the training device.
 
     query_responses, attention_mask: (B, C+T) long.  logprobs: (B, T) float32 at the sampling temperature,
-    INVALID_LOGPROB at padding.  ref_logprobs: the same under the reference, or None (``kl_coef: 0``).
-    advantages: (B, T) float32, 0 outside ``mask``.  mask: (B, T) bool, the tokens of the loss.
+    INVALID_LOGPROB at padding, or None when the update is `on_policy`.  ref_logprobs: the same under the
+    reference, or None (``kl_coef: 0``).  advantages: (B, T) float32, 0 outside ``mask``.  mask: (B, T)
+    bool, the tokens of the loss.
     """
 
     query_responses: torch.Tensor
     attention_mask: torch.Tensor
-    logprobs: torch.Tensor
+    logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     mask: torch.Tensor
 
     @property
     def response_length(self) -> int:
-        return self.logprobs.shape[1]
+        return self.mask.shape[1]
 
 
 class Models:
@@ -112,9 +114,14 @@ class Models:
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]
 
-    def score(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False):
+    def score(
+        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
+        entropy_grad: bool = True,
+    ):  # fmt: skip
         """(log-probs, entropy or None) of the last T tokens under the current policy."""
-        scored = score_response_tokens(self.policy, ids, mask, T, temperature, with_entropy=entropy)
+        scored = score_response_tokens(
+            self.policy, ids, mask, T, temperature, with_entropy=entropy, entropy_grad=entropy_grad
+        )
         return scored.logprobs, scored.entropy
 
     def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
@@ -177,7 +184,7 @@ def run(config: GRPOConfig) -> Path:
             t0 = time.perf_counter()
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
             sampled, sampling_stats = fill_batch(config, sample_round)
-            t_rollout = time.perf_counter() - t0
+            t_rollout = time.perf_counter() - t0 - sampled.scores.seconds  # sampling only, as in ppo
             # 3-4. old (and reference) log-probs, group-relative advantages
             t1 = time.perf_counter()
             rollout, stats = make_rollout(config, models, sampled)
@@ -274,14 +281,20 @@ def fill_batch(config: GRPOConfig, sample_round: Any) -> tuple[Sampled, dict[str
 
 @torch.no_grad()
 def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[Rollout, dict[str, float]]:
-    """Phases 3-4: one no-grad pass for old (and reference) log-probs, then the advantages (rlhf.core.group)."""
+    """Phases 3-4: one no-grad pass for old (and reference) log-probs, then the advantages (rlhf.core.group).
+
+    When the update is `on_policy` the policy's pass is skipped (``Rollout.logprobs`` is None): the training
+    forward supplies the old log-probs itself.
+    """
     generated = sampled.generated
     ids, mask = generated.query_responses, generated.attention_mask
     T = generated.responses.shape[1]
     logprobs, ref_logprobs = [], []
+    skip_policy = on_policy(config, models)
     # the same micro-batches as the first minibatch of iteration 0: its ratio is exactly 1 (checklist 34)
     for chunk in common.chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
-        logprobs.append(models.score(ids[chunk], mask[chunk], T, config.temperature)[0])
+        if not skip_policy:
+            logprobs.append(models.score(ids[chunk], mask[chunk], T, config.temperature)[0])
         if models.has_reference:
             ref_logprobs.append(models.reference_logprobs(ids[chunk], mask[chunk], T, config.temperature))
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
@@ -291,7 +304,7 @@ def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[
     if config.mask_truncated_completions:
         loss_mask = loss_mask & generated.has_stop[:, None]
     # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13)
-    logprobs = torch.cat(logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    logprobs = torch.cat(logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB) if logprobs else None
     ref = torch.cat(ref_logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB) if ref_logprobs else None
     kl = kl_estimate(logprobs, ref, config.kl_estimator) if ref is not None else None
     advantages = token_advantages(config, rewards, kl, masks.sequence_lengths, loss_mask)
@@ -311,6 +324,13 @@ def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[
         stats["kl/mean"] = masked_sum(logprobs - ref, loss_mask, dim=-1)[scored].mean().item()
         stats["kl/estimator_mean"] = masked_sum(kl, loss_mask, dim=-1)[scored].mean().item()
     return Rollout(ids, mask, logprobs, ref, advantages, loss_mask), stats
+
+
+def on_policy(config: GRPOConfig, models: Models) -> bool:
+    """One optimizer step per rollout and no reference: the policy has not moved when the loss is computed,
+    so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
+    one policy forward less per step, the same update (TRL's GRPO does the same)."""
+    return config.num_iterations == 1 and config.num_minibatches == 1 and not models.has_reference
 
 
 def token_advantages(
@@ -355,7 +375,7 @@ def grpo_update(
     """Phase 5: ``num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
     denominators, so accumulation gives exactly the minibatch's gradient (STYLE principle 5)."""
-    B = rollout.logprobs.shape[0]
+    B = rollout.query_responses.shape[0]
     params = models.trainable_parameters()
     totals: dict[str, float] = {}
     first_ratio_dev = None
@@ -392,10 +412,13 @@ def _micro_step(
     """Forward + backward of one micro-batch; returns its share of the minibatch stats."""
     ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
     loss_mask = rollout.mask[rows]
-    logprobs, entropy = models.score(ids, mask, rollout.response_length, config.temperature, entropy=True)
+    logprobs, entropy = models.score(ids, mask, rollout.response_length, config.temperature, entropy=True,
+                                     entropy_grad=config.entropy_coef != 0)  # fmt: skip
+    # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
+    old_logprobs = rollout.logprobs[rows] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl_in == "loss"
     pg, pg_stats = clipped_policy_loss(
-        logprobs, rollout.logprobs[rows], rollout.advantages[rows], loss_mask,
+        logprobs, old_logprobs, rollout.advantages[rows], loss_mask,
         clip_low=config.clip_range, clip_high=config.clip_range_upper,
         ref_logp=rollout.ref_logprobs[rows] if in_loss else None, kl_coef=config.kl_coef,
     )  # fmt: skip
@@ -404,7 +427,7 @@ def _micro_step(
     (policy_loss - config.entropy_coef * entropy_mean).backward()
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens
     with torch.no_grad():
-        ratio_dev = (logprobs - rollout.logprobs[rows]).exp().sub(1).abs().masked_fill(~loss_mask, 0).max()
+        ratio_dev = (logprobs - old_logprobs).exp().sub(1).abs().masked_fill(~loss_mask, 0).max()
     stats = {
         "policy/loss": policy_loss.item(),
         "policy/entropy": entropy_mean.item(),

@@ -104,9 +104,14 @@ class Models:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         return params + [p for p in self.value_module().parameters() if p.requires_grad]
 
-    def score(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False):
+    def score(
+        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
+        entropy_grad: bool = True,
+    ):  # fmt: skip
         """(log-probs, values, entropy) of the last T tokens under the current policy / value function."""
-        scored = score_response_tokens(self.policy, ids, mask, T, temperature, self.value_head, entropy)
+        scored = score_response_tokens(
+            self.policy, ids, mask, T, temperature, self.value_head, entropy, entropy_grad
+        )
         values = scored.values if self.critic is None else self.critic(ids, mask, T)
         return scored.logprobs, values, scored.entropy
 
@@ -322,7 +327,9 @@ def _micro_step(
     T = rollout.response_length
     ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
     policy_mask, value_mask = rollout.policy_mask[rows], rollout.value_mask[rows]
-    logprobs, values, entropy = models.score(ids, mask, T, config.temperature, entropy=True)
+    # the entropy carries gradients only when it is in the loss
+    logprobs, values, entropy = models.score(ids, mask, T, config.temperature, entropy=True,
+                                             entropy_grad=config.entropy_coef != 0)  # fmt: skip
     ref = rollout.ref_logprobs[rows] if config.kl_in == "loss" else None
     pg, pg_stats = clipped_policy_loss(
         logprobs, rollout.logprobs[rows], rollout.advantages[rows], policy_mask,
