@@ -239,8 +239,8 @@ def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
 
 
 def _constant(series: Sequence[Sequence[float]]) -> bool:
-    values = {v for values in series for v in values}
-    return len(values) <= 1
+    """Every run's values are one number (a fixed β, a length always at max_new_tokens): a chart of flat lines."""
+    return all(len(set(values)) <= 1 for values in series)
 
 
 def source_charts(runs: Sequence[Run]) -> list[str]:
@@ -268,23 +268,23 @@ def source_charts(runs: Sequence[Run]) -> list[str]:
     return blocks
 
 
-def time_chart(runs: Sequence[Run]) -> str | None:
-    """Where each step's time went, as stacked areas (the first run only: one stack per figure)."""
+def time_charts(runs: Sequence[Run]) -> list[str]:
+    """Where each step's time went, as stacked areas: one chart per run."""
     parts = ("time/rollout_s", "time/score_s", "time/logprobs_s", "time/train_s")
     blocks = []
     for run in runs:
-        if not run.has("time/step_s"):
+        rows = [row for row in run.rows if "time/step_s" in row]
+        if not rows:
             continue
-        fig, ax = _figure(f"Seconds per step — {run.label}", "step", "seconds")
-        steps = [int(row["step"]) for row in run.rows if "time/step_s" in row]
-        stacks = [[float(row.get(key, 0.0)) for row in run.rows if "time/step_s" in row] for key in parts]
-        ax.stackplot(steps, stacks, labels=[p.removeprefix("time/").removesuffix("_s") for p in parts],
-                     colors=COLORS[: len(parts)], alpha=0.8)  # fmt: skip
+        title = f"Seconds per step — {run.label}"
+        fig, ax = _figure(title, "step", "seconds")
+        stacks = [[float(row.get(key, 0.0)) for row in rows] for key in parts]
+        ax.stackplot([int(row["step"]) for row in rows], stacks, colors=COLORS[: len(parts)], alpha=0.8,
+                     labels=[p.removeprefix("time/").removesuffix("_s") for p in parts])  # fmt: skip
         ax.legend(fontsize=7, loc="upper right")
-        blocks.append(_img(fig, f"time {run.label}"))
-    if not blocks:
-        return None
-    return _figure_block("".join(blocks), "Rollout (sampling), score (rewards), logprobs (the no-grad pass), train (updates).")
+        caption = "Rollout (sampling), score (rewards), logprobs (the no-grad pass), train (the updates)."
+        blocks.append(_figure_block(_img(fig, title), caption))
+    return blocks
 
 
 def gain_chart(runs: Sequence[Run]) -> str | None:
@@ -357,8 +357,8 @@ th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: ta
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.5em 0.9em; min-width: 9em; }
 .card b { display: block; font-size: 1.3em; }
 .pipeline { display: flex; flex-wrap: wrap; align-items: stretch; gap: 0.3em; }
-.stage { border: 1px solid #9ab; border-radius: 6px; background: #f4f8fb; padding: 0.4em 0.5em; width: 8.3em;
-         font-size: 0.78em; }
+.stage { border: 1px solid #9ab; border-radius: 6px; background: #f4f8fb; padding: 0.4em 0.5em; width: 7.6em;
+         font-size: 0.76em; }
 .stage b { display: block; font-size: 1.1em; } .arrow { align-self: center; color: #789; font-size: 1.3em; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.82em; }
 .answer { white-space: pre-wrap; }
@@ -432,8 +432,7 @@ def headline(run: Run) -> str:
 def curves_section(runs: Sequence[Run]) -> list[str]:
     blocks = [block for chart in CHARTS if (block := curve_chart(runs, chart))]
     blocks[1:1] = source_charts(runs)
-    if block := time_chart(runs):
-        blocks.append(block)
+    blocks += time_charts(runs)
     return ["<h2>Training curves</h2>", '<div class="grid">', *blocks, "</div>"]
 
 

@@ -69,6 +69,10 @@ class Preset:
     eval_every: int
     """PPO/GRPO answer the held-out prompts every this many steps (``samples/``, ``eval/reward/*``)."""
     learning_rate: float = 3e-4
+    """GRPO's learning rate (one update per rollout)."""
+    ppo_learning_rate: float = 1e-4
+    """PPO's: it takes 8 updates per rollout (4 epochs × 2 minibatches); at 3e-4 it over-optimised the reward
+    model in one of two measured seeds' worlds (gold score peaking mid-run, then falling), at 1e-4 in neither."""
     kl_coef: float = 0.2
     sft_mix: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: MappingProxyType(
@@ -222,7 +226,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
     }  # fmt: skip
     ppo_values = {
         **rl_common, "steps": config.steps or preset.ppo_steps, "batch_size": preset.ppo_batch,
-        "num_minibatches": 2, "ppo_epochs": 4,
+        "num_minibatches": 2, "ppo_epochs": 4, "learning_rate": preset.ppo_learning_rate,
     }  # fmt: skip
     ppo = _config(out / "ppo", "ppo", {**ppo_values, "output_dir": str(out / "ppo")})
     # the same PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it

@@ -28,7 +28,7 @@ STAGE_NOTES = (
     ("ppo", "PPO against the reward model, KL penalty to the SFT model",
      "climbs the proxy while the KL leash keeps it near text the proxy understands"),
     ("ppo_no_kl", "the same PPO with β = 0: no KL penalty",
-     "shows the failure the leash prevents: the proxy climbs, the gold score falls"),
+     "shows what the leash prevents: far from the reference the gold score falls while the proxy does not"),
     ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
      "the critic-free alternative, same reward, same leash"),
     ("eval", "held-out prompts, gold judge decides PPO/GRPO vs SFT",
@@ -115,7 +115,7 @@ RESULT_ROWS = (
     ("ppo/held_out_gold_last", "PPO's gold score on the held-out prompts at its last step"),
     ("ppo/held_out_rm_last", "… and its reward-model score"),
     ("ppo_no_kl/held_out_gold_last", "the same for PPO without the KL penalty (β = 0): gold score …"),
-    ("ppo_no_kl/held_out_rm_last", "… reward-model score (higher than PPO's: the proxy is being exploited)"),
+    ("ppo_no_kl/held_out_rm_last", "… its reward-model score"),
     ("ppo_no_kl/kl_last", "… and its KL to the reference at the last step"),
     ("seconds", "wall time of the whole demo"),
 )
