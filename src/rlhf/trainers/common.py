@@ -20,9 +20,11 @@ from torch import nn
 from rlhf.config import config_to_dict, config_to_yaml
 from rlhf.core.group import gdpo_advantages, sum_rewards
 from rlhf.data import held_out, left_pad, load_prompts
-from rlhf.data.stream import PromptBatch
+from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import SamplingParams, sample
 from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.seeding import rng_state, set_rng_state
 
 MAX_HELD_OUT = 32
 """Held-out prompts answered at every eval step: the first ones of ``eval_data``, or a slice of ``train_data``."""
@@ -204,6 +206,42 @@ def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
     if n == 0:
         return prompts, []
     return held_out(prompts, n, seed=config.seed)
+
+
+@dataclasses.dataclass
+class TrainState:
+    """The resumable part of an RL run besides the models: optimizer, schedule, prompt stream and the RNGs
+    (``sampling`` draws the responses, ``shuffle`` the minibatch order of later epochs)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    stream: PromptStream
+    generators: dict[str, torch.Generator]
+
+    @classmethod
+    def create(
+        cls, config: Any, params: list[nn.Parameter], total_updates: int, prompts: list, device: torch.device
+    ) -> TrainState:
+        optimizer, scheduler = build_optimizer(
+            params, config.learning_rate, config.weight_decay, total_updates, config.lr_scheduler,
+            config.warmup_steps,
+        )  # fmt: skip
+        generators = {"sampling": torch.Generator(device).manual_seed(config.seed), "shuffle": torch.Generator()}
+        generators["shuffle"].manual_seed(config.seed + 1)
+        return cls(optimizer, scheduler, PromptStream(prompts, config.batch_size, seed=config.seed), generators)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint entries ``optimizer``, ``scheduler``, ``stream`` and ``rng``."""
+        return {
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "stream": self.stream.state_dict(), "rng": rng_state(self.generators),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["stream"])
+        set_rng_state(state["rng"], self.generators)
 
 
 def repeat_each(values: list[Any], k: int) -> list[Any]:

@@ -36,15 +36,13 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.data.stream import PromptStream
 from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_critic, load_tokenizer
 from rlhf.models.policy import ValueHead, score_response_tokens
-from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward, load_reward_set
 from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlhf.runlog.progress import StepProgress
-from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
+from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common
 
 
@@ -147,25 +145,17 @@ def run(config: PPOConfig) -> Path:
     )
     models = Models(config, rewards, device)
     total_updates = config.steps * config.ppo_epochs * config.num_minibatches
-    optimizer, scheduler = build_optimizer(
-        models.trainable_parameters(), config.learning_rate, config.weight_decay, total_updates,
-        config.lr_scheduler, config.warmup_steps,
-    )  # fmt: skip
-    stream = PromptStream(train_prompts, config.batch_size, seed=config.seed)
+    state = common.TrainState.create(config, models.trainable_parameters(), total_updates, train_prompts, device)
+    optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
     sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-    generators = {"sampling": torch.Generator(device).manual_seed(config.seed), "shuffle": torch.Generator()}
-    generators["shuffle"].manual_seed(config.seed + 1)
     kl_coef, start = config.kl_coef, 0
 
     checkpoint = latest_checkpoint(out) if config.resume else None
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
-        models.load_state_dict(state["models"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
-        set_rng_state(state["rng"], generators)
-        kl_coef, start = state["kl_coef"], state["step"]
+        saved = load_checkpoint(checkpoint)
+        models.load_state_dict(saved["models"])
+        state.load_state_dict(saved)
+        kl_coef, start = saved["kl_coef"], saved["step"]
     logger = common.open_run(out, config, checkpoint, start)
 
     with StepProgress(config.steps, start, enabled=config.progress) as progress:
@@ -211,9 +201,7 @@ def run(config: PPOConfig) -> Path:
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {
-                    "step": step, "models": models.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "stream": stream.state_dict(), "kl_coef": kl_coef,
-                    "rng": rng_state(generators),
+                    "step": step, "models": models.state_dict(), **state.state_dict(), "kl_coef": kl_coef,
                 })  # fmt: skip
     logger.close()
     return save_final(models, tokenizer, out)
