@@ -12,8 +12,8 @@ configs they would read from YAML, written next to them as ``config.yaml``):
    noiseless gold rule, so the reward model's held-out accuracy is its agreement with the truth;
 5. ``rm/`` — `rlhf rm` from the pretrained LM (a decoder reward model); it sees only the labels;
 6. ``ppo/`` — `rlhf ppo` from the SFT model against the reward model;
-   ``ppo_no_kl/`` — the same run with ``kl_coef: 0``: without the KL leash the policy exploits the reward model
-   (its score keeps rising while the gold score falls), which is what the leash is for;
+   ``ppo_no_kl/`` — the same run with ``kl_coef: 0``: without the KL leash the policy drifts far from the
+   reference and its gold score falls while its reward-model score does not — what the leash is for;
 7. ``grpo/`` — `rlhf grpo` from the SFT model against the same reward model;
 8. ``eval/`` — `rlhf eval` of PPO and of GRPO on held-out prompts, the SFT model as the baseline, the gold
    judge deciding each comparison (``judge: rlhf.demo.task:gold``), scored by both gold and the reward model.

@@ -4,10 +4,11 @@ One iteration: (1) sample G = ``group_size`` responses for each of ``batch_size`
 combine the rewards (weighted sum, or GDPO within each group), add the missing-EOS and DAPO overlong
 penalties; with ``dynamic_sampling`` drop the groups whose rewards are all equal and sample more prompts until
 ``batch_size`` groups remain → (3) old log-probs (and reference log-probs when ``kl_coef > 0``) in one no-grad
-pass (the policy's part skipped when `on_policy`) → (4) group-relative advantages from ``rlhf.core.group`` → (5) ``num_iterations`` passes × minibatches ×
-micro-batches of the clipped per-token loss (+ β·KL in the loss), one optimizer step per minibatch → (6)
-metrics → (7) held-out samples, log, checkpoint. All math is in ``rlhf.core``; each phase is one call.
-The rollout engine, reward sources, held-out evaluation, metrics, checkpoints and resume are ppo's.
+pass (the policy's part skipped when `on_policy`) → (4) group-relative advantages from ``rlhf.core.group`` →
+(5) ``num_iterations`` passes × minibatches × micro-batches of the clipped per-token loss (+ β·KL in the
+loss), one optimizer step per minibatch → (6) metrics → (7) held-out samples, log, checkpoint. All math is
+in ``rlhf.core``; each phase is one call. The rollout engine, reward sources, held-out evaluation, metrics,
+checkpoints and resume are ppo's.
 
 Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
 - the loss mask covers the response up to and including the first stop token (item 44); with
@@ -17,8 +18,8 @@ Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
 - sequence advantages are broadcast to every token (item 41); the loss is reduced by ``loss_aggregation``
   with the minibatch's global denominators, so micro-batching does not change the gradient (item 43);
 - iteration 0 visits the rollout in the order it was scored, in the same micro-batches: the ratio of the
-  first minibatch is exactly 1 (item 34; with ``num_iterations: 1`` and one minibatch it is 1 throughout, and without a reference
-  the old log-probs are then taken from the training forward itself, see `on_policy`);
+  first minibatch is exactly 1 (item 34; with ``num_iterations: 1`` and one minibatch it is 1 throughout,
+  and without a reference the old log-probs are then taken from the training forward itself, `on_policy`);
 - ``kl_coef: 0`` loads no reference model at all (no frozen copy, no reference forward);
 - ``reward_aggregation: gdpo``: the combined value is GDPO's normalised advantage (each reward normalised in
   its group, weighted sum, normalised over the batch); the estimator still runs on it. It is already
