@@ -58,6 +58,7 @@ class Run:
     label: str
     side: str  # "ours" or a key of PEERS
     critic: str | None = None  # ours ppo only
+    micro_batch_size: int | None = None  # ours: smaller micro-batches, the same update, less activation memory
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,13 @@ CASES = {
     "ppo32": Case("ppo", "3m", 32, (
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
         Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
     ), PPO),
     "ppo128": Case("ppo", "3m", 128, (
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
         Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
     ), PPO),
     "grpo": Case("grpo", "3m", 32, (
@@ -233,6 +236,8 @@ def run_spec(case: Case, run: Run, assets: dict, steps: int, out_dir: Path) -> d
         }  # fmt: skip
         if run.critic:
             config["critic"] = run.critic
+        if run.micro_batch_size:
+            config["micro_batch_size"] = run.micro_batch_size
         return {"algo": case.algo, "config": config}
     return {
         "algo": case.algo, "policy": models["policy"], "reward": models["reward"],
