@@ -403,9 +403,9 @@ def cards(items: Sequence[tuple[str, str]]) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """An HTML table; cells are HTML already (escape text with `esc`)."""
+    """An HTML table: ``header`` texts (HTML) and rows of `td` cells."""
     head = "".join(f"<th>{h}</th>" for h in header)
-    body = "".join("<tr>" + "".join(rows_cell for rows_cell in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
