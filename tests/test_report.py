@@ -157,3 +157,20 @@ def test_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixtu
     (sft / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n')
     assert cli.main(["report", str(sft)]) == 2
     assert "reads ppo and grpo runs" in capsys.readouterr().err
+
+
+def test_a_run_still_writing_gets_a_report(ppo_run: Path, tmp_path: Path):
+    """A run killed (or still running) mid-line: the cut-off last metrics line is left out, the rest is drawn."""
+    import shutil
+
+    run = tmp_path / "partial"
+    shutil.copytree(ppo_run, run, ignore=shutil.ignore_patterns("report.html"))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    assert len(report.load_run(run).rows) == len(lines) - 1
+    assert "Training curves" in report.build(run)
+    broken = lines[:1] + ["{not json"] + lines[1:]
+    (run / "metrics.jsonl").write_text("\n".join(broken) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        report.load_run(run)
+    assert cli.main(["report", str(run)]) == 2  # a clean error line, no traceback

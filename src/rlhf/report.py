@@ -517,5 +517,17 @@ def run(config: ReportConfig) -> Path:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a JSONL file. A cut-off last line (a run still writing, or killed mid-write) is left out,
+    so a report can be made of a run in progress; a broken line before it is an error naming file:line."""
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for n, line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == lines[-1][0]:
+                break
+            from rlhf.data.files import DataError  # `rlhf report` shows it as one clean error line
+
+            raise DataError([f"{path}:{n}: not a JSON line ({e.msg})"]) from None
+    return rows
