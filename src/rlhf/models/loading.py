@@ -63,6 +63,20 @@ def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM")
     return peft_model
 
 
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trained weights only, for a checkpoint: all of them, or just the LoRA adapters (and a head)."""
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k in trainable}
+
+
+def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor], what: str = "weights") -> None:
+    """Load `trainable_state` back; ``what`` names the weights in the error (e.g. "policy weights")."""
+    # strict=False: the frozen weights are not in the checkpoint, they come from `model` as configured
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"checkpoint has {what} this model lacks: {result.unexpected_keys[:5]}")
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A frozen, eval-mode deep copy: the reference policy when there is no LoRA adapter to switch off."""
     ref = copy.deepcopy(model).eval()

@@ -54,7 +54,14 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_tokenizer
+from rlhf.models.loading import (
+    apply_lora,
+    frozen_copy,
+    load_causal_lm,
+    load_tokenizer,
+    load_trainable_state,
+    trainable_state,
+)
 from rlhf.models.policy import score_response_tokens
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import load_reward_set
@@ -130,14 +137,10 @@ class Models:
             return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
 
     def state_dict(self) -> dict[str, Any]:
-        trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
-        return {"policy": {k: v for k, v in self.policy.state_dict().items() if k in trainable}}
+        return {"policy": trainable_state(self.policy)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # strict=False: only the trainable weights were saved (all of them, or just the LoRA adapters)
-        result = self.policy.load_state_dict(state["policy"], strict=False)
-        if result.unexpected_keys:
-            raise ValueError(f"checkpoint has policy weights this model lacks: {result.unexpected_keys[:5]}")
+        load_trainable_state(self.policy, state["policy"], "policy weights")
 
 
 def run(config: GRPOConfig) -> Path:

@@ -53,7 +53,7 @@ from rlhf.data import (
     tokenize_prompts,
 )
 from rlhf.data.stream import PromptBatch
-from rlhf.models.loading import apply_lora
+from rlhf.models.loading import apply_lora, load_trainable_state, trainable_state
 from rlhf.models.reward import (
     TrainableRewardModel,
     clear_reward_normalization,
@@ -98,7 +98,7 @@ def run(config: RMConfig) -> Path:
     checkpoint = latest_checkpoint(out) if config.resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint)
-        _load_trainable(rm.model, state["model"])
+        load_trainable_state(rm.model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
@@ -140,7 +140,7 @@ def run(config: RMConfig) -> Path:
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {
-                    "step": step, "model": _trainable_state(rm.model), "optimizer": optimizer.state_dict(),
+                    "step": step, "model": trainable_state(rm.model), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": rng_state(),
                 })  # fmt: skip
     logger.close()
@@ -311,13 +311,3 @@ def normalization_prompts(config: RMConfig, tokenizer: Any, positions: int | Non
     return list(distinct.values())
 
 
-def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v for k, v in model.state_dict().items() if k in trainable}
-
-
-def _load_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    # strict=False: only the trainable weights were saved (all of them, or the LoRA adapters and the head)
-    result = model.load_state_dict(state, strict=False)
-    if result.unexpected_keys:
-        raise ValueError(f"checkpoint has weights this model lacks: {result.unexpected_keys[:5]}")

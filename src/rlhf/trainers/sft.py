@@ -47,7 +47,13 @@ from rlhf.config import ConfigError, SFTConfig
 from rlhf.core.logprobs import selective_log_softmax
 from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
-from rlhf.models.loading import apply_lora, load_causal_lm, load_tokenizer
+from rlhf.models.loading import (
+    apply_lora,
+    load_causal_lm,
+    load_tokenizer,
+    load_trainable_state,
+    trainable_state,
+)
 from rlhf.optim import build_optimizer
 from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlhf.runlog.progress import StepProgress
@@ -354,19 +360,6 @@ def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: in
 # --------------------------------------------------------------------------------------------------------------
 # Model state: checkpoints and final/
 # --------------------------------------------------------------------------------------------------------------
-
-
-def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The trained weights only: all of them, or just the LoRA adapters."""
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v for k, v in model.state_dict().items() if k in trainable}
-
-
-def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    # strict=False: the frozen weights are not in the checkpoint, they come from `model` as configured
-    result = model.load_state_dict(state, strict=False)
-    if result.unexpected_keys:
-        raise ValueError(f"checkpoint has weights this model lacks: {result.unexpected_keys[:5]}")
 
 
 def save_final(model: nn.Module, tokenizer: Any, source: str, out: Path) -> Path:
