@@ -85,9 +85,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     command = _command_of(config_text)
     if command not in RL_COMMANDS:
         raise ConfigError(f"{path} is the output of `rlhf {command}`; rlhf report reads ppo and grpo runs")
-    rows = [row for row in _read_jsonl(path / "metrics.jsonl") if "step" in row]
+    rows = [row for row in read_jsonl(path / "metrics.jsonl") if "step" in row]
     samples = {
-        int(file.stem.removeprefix("step_")): _read_jsonl(file)
+        int(file.stem.removeprefix("step_")): read_jsonl(file)
         for file in sorted((path / "samples").glob("step_*.jsonl"))
     }
     config = yaml.safe_load(config_text) or {}
@@ -516,7 +516,7 @@ def run(config: ReportConfig) -> Path:
     return path
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The rows of a JSONL file. A cut-off last line (a run still writing, or killed mid-write) is left out,
     so a report can be made of a run in progress; a broken line before it is an error naming file:line."""
     lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]

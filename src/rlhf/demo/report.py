@@ -167,7 +167,5 @@ def _configs(out: Path, summary: dict[str, Any]) -> list[str]:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a stage's JSONL file, none when the stage did not write it."""
+    return r.read_jsonl(path) if path.is_file() else []
