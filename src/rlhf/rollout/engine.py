@@ -10,6 +10,7 @@ resume, and an early exit as soon as every row has stopped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 
 from rlhf.data.collate import position_ids_from_mask
 from rlhf.models.policy import accepts_logits_to_keep
+from rlhf.rollout.decoder import build_decoder
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,19 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, V) probabilities -> (B,) token ids, one draw per row from exactly that distribution.
+
+    The exponential race: with E_v ~ Exp(1) i.i.d., argmax_v p_v / E_v is distributed as p (the trick
+    ``torch.multinomial`` uses for one draw). Drawing E as −log(1 − U) from ``torch.rand`` is 6× faster on
+    CPU than ``Tensor.exponential_`` (18 µs against 116 µs for 16 × 398), and this runs once per token.
+    E is kept ≥ the smallest normal float so a token of probability 0 scores 0, never 0/0.
+    """
+    race = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    race = race.neg_().log1p_().neg_().clamp_(min=torch.finfo(probs.dtype).tiny)
+    return (probs / race).argmax(-1)
+
+
 @torch.inference_mode()
 def sample(
     model: nn.Module,
@@ -67,47 +82,70 @@ def sample(
     stop_token_ids: list[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    fast: bool = True,
 ) -> torch.Tensor:
     """Sample responses for a left-padded batch of prompts.
 
     prompt_ids, prompt_mask: (B, C), left-padded. Returns responses (B, T) long with T ≤ max_new_tokens:
     each row keeps its first stop token and is ``pad_token_id`` after it (checklist item 4); a row that
     never stops runs to max_new_tokens. The loop ends early once every row has stopped.
+    ``fast`` uses :class:`~rlhf.rollout.decoder.LlamaDecoder` when it covers the model (same logits, less
+    overhead per token); ``fast=False`` or any other model runs the model's own forward with its KV cache.
     """
-    B = prompt_ids.shape[0]
+    B, C = prompt_ids.shape
     device = prompt_ids.device
     stops = torch.tensor(stop_token_ids, device=device)
-    attention_mask = prompt_mask.long()
-    positions = position_ids_from_mask(attention_mask)
-    inputs = prompt_ids.masked_fill(attention_mask == 0, 0)
-    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    past = None
+    step = _decode_steps(model, prompt_ids, prompt_mask, C + params.max_new_tokens, fast)
+    logits = step(None)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     columns: list[torch.Tensor] = []
     for _ in range(params.max_new_tokens):
-        out = model(
-            input_ids=inputs,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=past,
-            use_cache=True,
-            **extra,
-        )
-        past = out.past_key_values
-        logits = out.logits[:, -1].float() / params.temperature
+        logits = logits.float() / params.temperature
         # PAD marks "no token" everywhere downstream; a sampled PAD would silently end the response.
         # A pad token added to the tokenizer after training may lie beyond the vocabulary: nothing to mask.
         if pad_token_id < logits.shape[-1]:
             logits[:, pad_token_id] = float("-inf")
-        probs = filter_logits(logits, params.top_k, params.top_p).softmax(-1)
-        token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        token = draw(filter_logits(logits, params.top_k, params.top_p).softmax(-1), generator)
         token = token.masked_fill(finished, pad_token_id)
         columns.append(token)
         finished |= torch.isin(token, stops)
-        if bool(finished.all()):
+        if bool(finished.all()) or len(columns) == params.max_new_tokens:
             break
-        # next step feeds only the new token; its position is one past the row's last real position
-        inputs = token.masked_fill(finished, 0).unsqueeze(-1)
-        positions = positions[:, -1:] + 1
-        attention_mask = torch.cat([attention_mask, torch.ones_like(token).unsqueeze(-1)], dim=-1)
+        # a finished row keeps feeding token 0 (its output is never read), so every row advances together
+        logits = step(token.masked_fill(finished, 0))
     return torch.stack(columns, dim=-1)
+
+
+def _decode_steps(
+    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, total_length: int, fast: bool
+) -> Callable[[torch.Tensor | None], torch.Tensor]:
+    """``step(None)`` scores the prompt, ``step(tokens)`` appends a (B,) column; each returns (B, V) logits."""
+    decoder = build_decoder(model, total_length) if fast else None
+    if decoder is not None:
+        return lambda tokens: (
+            decoder.prefill(prompt_ids, prompt_mask) if tokens is None else decoder.step(tokens)
+        )
+
+    attention_mask = prompt_mask.long()
+    state = {"past": None, "mask": attention_mask, "positions": position_ids_from_mask(attention_mask)}
+    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+
+    def step(tokens: torch.Tensor | None) -> torch.Tensor:
+        if tokens is None:
+            inputs = prompt_ids.masked_fill(attention_mask == 0, 0)
+        else:  # the new token sits one past the row's last real position
+            inputs = tokens.unsqueeze(-1)
+            state["positions"] = state["positions"][:, -1:] + 1
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(inputs)], dim=-1)
+        out = model(
+            input_ids=inputs,
+            attention_mask=state["mask"],
+            position_ids=state["positions"],
+            past_key_values=state["past"],
+            use_cache=True,
+            **extra,
+        )
+        state["past"] = out.past_key_values
+        return out.logits[:, -1]
+
+    return step

@@ -1,0 +1,138 @@
+"""The lean decoder gives the model's own logits at every step, for every layout it accepts, and refuses the rest.
+
+Reference: the model's plain forward (no cache) over the whole left-padded sequence so far, read at the last
+column, with the position ids the trainers use. Weights are drawn with a large init range so the logits
+spread over several nats and a wrong mask, position or rotation shows up far above float noise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+from rlhf.data.collate import position_ids_from_mask
+from rlhf.rollout.decoder import LlamaDecoder, build_decoder
+from rlhf.rollout.engine import SamplingParams, draw, sample
+
+VOCAB = 50
+SMALL = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 64, "initializer_range": 0.3, "pad_token_id": 0}  # fmt: skip
+
+LAYOUTS = {
+    "llama": LlamaConfig(**SMALL),
+    "llama-gqa-biases-tied": LlamaConfig(
+        **SMALL, num_key_value_heads=2, attention_bias=True, mlp_bias=True, tie_word_embeddings=True
+    ),
+    "llama-head_dim-rope-scaling": LlamaConfig(
+        **SMALL, head_dim=16, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}
+    ),
+    "mistral": MistralConfig(**SMALL, num_key_value_heads=1, sliding_window=64),
+    "qwen2": Qwen2Config(**SMALL, num_key_value_heads=2),
+}
+
+
+def model_for(config) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def left_padded(pads: list[int], length: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (len(pads), length), generator=g)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(pads):
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    return ids, mask
+
+
+@torch.no_grad()
+def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+    return out.logits[:, -1]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@torch.no_grad()
+def test_logits_match_the_models_forward_at_every_step(layout):
+    model = model_for(LAYOUTS[layout])
+    ids, mask = left_padded([0, 3, 5, 1], length=7)
+    steps = 6
+    decoder = build_decoder(model, ids.shape[1] + steps)
+    assert isinstance(decoder, LlamaDecoder)
+    logits = decoder.prefill(ids, mask)
+    expected = reference_logits(model, ids, mask)
+    assert expected.std() > 0.5  # spread enough that a wrong position or mask would show
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        token = torch.randint(1, VOCAB, (ids.shape[0],), generator=g)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(token)[:, None]], dim=1)
+        torch.testing.assert_close(
+            decoder.step(token), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4
+        )
+
+
+@torch.no_grad()
+def test_lora_adapter_is_folded_into_the_weights():
+    peft = pytest.importorskip("peft")
+    model = model_for(LAYOUTS["llama"])
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"],
+                           init_lora_weights=False)  # fmt: skip  # random B: the adapter changes the logits
+    wrapped = peft.get_peft_model(model, lora)
+    ids, mask = left_padded([2, 0], length=5)
+    decoder = build_decoder(wrapped, ids.shape[1] + 1)
+    assert decoder is not None
+    adapted = reference_logits(wrapped, ids, mask)
+    with wrapped.disable_adapter():
+        assert (reference_logits(wrapped, ids, mask) - adapted).abs().max() > 1e-2
+    torch.testing.assert_close(decoder.prefill(ids, mask), adapted, rtol=1e-4, atol=1e-4)
+
+
+def test_models_it_does_not_reproduce_are_refused():
+    assert build_decoder(model_for(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4)), 10) is None
+    mistral = model_for(MistralConfig(**SMALL, sliding_window=8))
+    assert build_decoder(mistral, 8) is not None
+    assert build_decoder(mistral, 9) is None  # the window would cut the attention: only the model knows how
+    dynamic = LlamaConfig(**SMALL, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    assert build_decoder(model_for(dynamic), 10) is None
+
+    class QuantisedLinear(torch.nn.Linear):
+        pass
+
+    custom = model_for(LAYOUTS["llama"])
+    old = custom.model.layers[0].mlp.up_proj
+    custom.model.layers[0].mlp.up_proj = QuantisedLinear(old.in_features, old.out_features, bias=False)
+    assert build_decoder(custom, 10) is None
+
+
+def test_dora_adapters_are_refused():
+    peft = pytest.importorskip("peft")
+    dora = peft.LoraConfig(r=2, target_modules=["q_proj"], use_dora=True)
+    assert build_decoder(peft.get_peft_model(model_for(LAYOUTS["llama"]), dora), 10) is None
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen2"])
+def test_sampling_with_and_without_the_decoder_gives_the_same_tokens(layout):
+    model = model_for(LAYOUTS[layout])
+    ids, mask = left_padded([0, 4, 2, 6, 1, 0], length=8)
+    params = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.95)
+    unstopped = sample(model, ids, mask, params, [], 0, torch.Generator().manual_seed(5))
+    stop = int(unstopped[0, 4])  # row 0 stops at its 5th token, the others where they happen to sample it
+    fast = sample(model, ids, mask, params, [stop], 0, torch.Generator().manual_seed(5))
+    slow = sample(model, ids, mask, params, [stop], 0, torch.Generator().manual_seed(5), fast=False)
+    assert torch.equal(fast, slow)
+    assert fast.shape[1] > 5 and int(fast[0, 4]) == stop and int(fast[0, 5]) == 0  # stops and padding covered
+
+
+def test_draw_follows_the_distribution_and_never_picks_probability_zero():
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0]).expand(40_000, 4)
+    tokens = draw(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    # binomial standard error ≤ 0.0025 at n = 40 000: 0.01 is four of them
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), rtol=0, atol=0.01)
+    assert int(freq[3]) == 0
+    one_hot = torch.zeros(100, 7)
+    one_hot[:, 4] = 1.0
+    assert bool((draw(one_hot) == 4).all())
