@@ -502,6 +502,42 @@ def test_micro_batching_gives_the_same_update(tiny_llama_dir, prompts_file, tmp_
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
+    tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, critic
+):
+    """One minibatch in one micro-batch: the first update's forward supplies the old log-probs and values
+    (detached), so the no-grad pass is skipped. Forcing the pass back on gives the same weights and metrics."""
+    calls = {"no_grad_scores": 0}
+    score = ppo.Models.score
+
+    def counting_score(self, *args, **kwargs):
+        calls["no_grad_scores"] += not torch.is_grad_enabled()
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(ppo.Models, "score", counting_score)
+    fields = {"steps": 3, "ppo_epochs": 2, "num_minibatches": 1, "critic": critic}
+    fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields))
+    assert calls["no_grad_scores"] == 0
+    monkeypatch.setattr(ppo, "fuses_first_update", lambda config: False)
+    unfused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "unfused", **fields))
+    assert calls["no_grad_scores"] == 3  # one no-grad pass per step when the shortcut is off
+    files = ["model.safetensors", "value_head.safetensors" if critic == "shared" else "critic/model.safetensors"]
+    for name in files:
+        assert max_abs_diff(load_file(fused / name), load_file(unfused / name)) == 0, name
+    for a, b in zip(train_rows(tmp_path / "fused"), train_rows(tmp_path / "unfused"), strict=True):
+        assert a["policy/first_ratio_max_dev"] == b["policy/first_ratio_max_dev"] == 0.0
+        for key in ("policy/loss", "value/loss", "kl/mean", "grad/norm", "advantages/abs_mean"):
+            assert a[key] == b[key], key
+
+
+def test_first_update_is_fused_only_for_one_minibatch_in_one_micro_batch(tiny_llama_dir, prompts_file, tmp_path):
+    config = make_config(tiny_llama_dir, prompts_file, tmp_path, num_minibatches=1)
+    assert ppo.fuses_first_update(config)
+    assert not ppo.fuses_first_update(dataclasses.replace(config, num_minibatches=2))  # the 2nd sees a new policy
+    assert not ppo.fuses_first_update(dataclasses.replace(config, micro_batch_size=4))  # advantages need all rows
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Failing rewards, the command line
 # --------------------------------------------------------------------------------------------------------------

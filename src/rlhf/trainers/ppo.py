@@ -45,7 +45,7 @@ from rlhf.models.loading import (
     load_trainable_state,
     trainable_state,
 )
-from rlhf.models.policy import ValueHead, score_response_tokens
+from rlhf.models.policy import ScoredTokens, ValueHead, score_response_tokens
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward, load_reward_set
 from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -176,12 +176,14 @@ def run(config: PPOConfig) -> Path:
             )
             # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
             t1 = time.perf_counter()
-            rollout, stats = make_rollout(config, models, generated, scores.combined, kl_coef)
+            rollout, stats, first = make_rollout(
+                config, models, generated, scores.combined, kl_coef, fuses_first_update(config)
+            )
             t_logprobs = time.perf_counter() - t1
             # 6. K epochs of clipped policy + value updates
             t2 = time.perf_counter()
             train_stats = ppo_update(
-                config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef
+                config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first
             )
             t_train = time.perf_counter() - t2
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
@@ -210,19 +212,45 @@ def run(config: PPOConfig) -> Path:
     return save_final(models, tokenizer, out)
 
 
+def fuses_first_update(config: PPOConfig) -> bool:
+    """Whether the first update's forward can serve as the rollout's old-log-prob and value pass.
+
+    With one minibatch in one micro-batch, the first update runs the unchanged policy on exactly the rollout's
+    rows (epoch 0 is not shuffled), so its log-probs and values *are* the old ones: taking them detached
+    skips a whole no-grad forward per step and gives the same update (the first ratio is exactly 1).
+    """
+    return config.num_minibatches == 1 and config.effective_micro_batch_size >= config.batch_size
+
+
+def first_update_forward(config: PPOConfig, models: Models, generated: common.Generated) -> ScoredTokens:
+    """The first update's forward over the whole rollout, with its graph (see :func:`fuses_first_update`)."""
+    T = generated.responses.shape[1]
+    return ScoredTokens(*models.score(generated.query_responses, generated.attention_mask, T, config.temperature,
+                                      entropy=True, entropy_grad=config.entropy_coef != 0))  # fmt: skip
+
+
 @torch.no_grad()
 def make_rollout(
-    config: PPOConfig, models: Models, generated: common.Generated, scores: torch.Tensor, kl_coef: float
-) -> tuple[Rollout, dict[str, float]]:
-    """Phases 3-5: one no-grad scoring pass, then KL-shaped rewards, GAE and whitening (all from rlhf.core)."""
+    config: PPOConfig, models: Models, generated: common.Generated, scores: torch.Tensor, kl_coef: float,
+    fused: bool = False,
+) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:  # fmt: skip
+    """Phases 3-5: reference and old log-prob/value passes, KL-shaped rewards, GAE and whitening (all from
+    rlhf.core). ``fused``: the old log-probs and values are the first update's forward (returned with its graph,
+    see :func:`fuses_first_update`); it runs after the reference pass so the two never hold memory together."""
     ids, mask = generated.query_responses, generated.attention_mask
     T = generated.responses.shape[1]
     logprobs, values, ref_logprobs = [], [], []
     for chunk in common.chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
-        lp, v, _ = models.score(ids[chunk], mask[chunk], T, config.temperature)
-        logprobs.append(lp)
-        values.append(v)
         ref_logprobs.append(models.reference_logprobs(ids[chunk], mask[chunk], T, config.temperature))
+        if not fused:
+            lp, v, _ = models.score(ids[chunk], mask[chunk], T, config.temperature)
+            logprobs.append(lp)
+            values.append(v)
+    first = None
+    if fused:
+        with torch.enable_grad():
+            first = first_update_forward(config, models, generated)
+        logprobs, values = [first.logprobs.detach()], [first.values.detach()]
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
     scored = ~scores.isnan()
     policy_mask = ~masks.padding_mask & scored[:, None]
@@ -263,7 +291,7 @@ def make_rollout(
         "returns/mean": masked_mean(returns, value_mask).item(),
     }
     rollout = Rollout(ids, mask, logprobs, ref_logprobs, values, advantages, returns, policy_mask, value_mask)
-    return rollout, stats
+    return rollout, stats, first
 
 
 def ppo_update(
@@ -274,11 +302,13 @@ def ppo_update(
     scheduler: Any,
     shuffle: torch.Generator,
     kl_coef: float,
+    first: ScoredTokens | None = None,
 ) -> dict[str, float]:
     """Phase 6: ``ppo_epochs`` passes; each shuffled into minibatches (one optimizer step each), each split into
     micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation gives
     exactly the gradient of the whole minibatch (STYLE principle 5). ``kl_coef`` is the current β (used by
-    ``kl_in: loss``; the adaptive controller changes it between iterations)."""
+    ``kl_in: loss``; the adaptive controller changes it between iterations). ``first``: the forward of the first
+    update, already run by the rollout (:func:`fuses_first_update`)."""
     B, T = rollout.logprobs.shape
     params = models.trainable_parameters()
     totals: dict[str, float] = {}
@@ -290,7 +320,8 @@ def ppo_update(
             n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
             n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
             for micro in common.chunks(minibatch, config.effective_micro_batch_size):
-                stats = _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef)
+                stats = _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, first)
+                first = None  # only the very first micro-batch has its forward already
                 ratio_dev = stats.pop("ratio_dev")
                 if epoch == 0 and first_ratio_dev is None:
                     first_ratio_dev = ratio_dev  # checklist item 34: must be exactly 0
@@ -312,15 +343,18 @@ def ppo_update(
 
 def _micro_step(
     config: PPOConfig, models: Models, rollout: Rollout, rows: torch.Tensor, n_policy: torch.Tensor,
-    n_value: torch.Tensor, kl_coef: float,
+    n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None,
 ) -> dict[str, float]:  # fmt: skip
-    """Forward + backward of one micro-batch; returns its token-weighted share of the minibatch stats."""
+    """Forward (unless given) + backward of one micro-batch; returns its token-weighted share of the minibatch
+    stats."""
     T = rollout.response_length
     ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
     policy_mask, value_mask = rollout.policy_mask[rows], rollout.value_mask[rows]
     # the entropy carries gradients only when it is in the loss
-    logprobs, values, entropy = models.score(ids, mask, T, config.temperature, entropy=True,
-                                             entropy_grad=config.entropy_coef != 0)  # fmt: skip
+    if forward is None:
+        forward = ScoredTokens(*models.score(ids, mask, T, config.temperature, entropy=True,
+                                             entropy_grad=config.entropy_coef != 0))  # fmt: skip
+    logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows] if config.kl_in == "loss" else None
     pg, pg_stats = clipped_policy_loss(
         logprobs, rollout.logprobs[rows], rollout.advantages[rows], policy_mask,
