@@ -433,6 +433,25 @@ def test_score_all_stacks_sources_with_names_and_times(rm):
     assert empty.scores.shape == (0, 1)
 
 
+def test_reward_set_scores_the_policys_tokens_with_models_that_share_its_tokenizer(rm, rm_other, policy_tokenizer):
+    """With ``token_ids``, a shared-tokenizer reward model reads exactly the policy's ids (no decode/re-encode);
+    function rewards and reward models with another tokenizer still get the texts."""
+    tok = policy_tokenizer
+    rows = [tok(p + c)["input_ids"] for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    L = max(map(len, rows)) + 1
+    ids = torch.full((3, L), tok.pad_token_id)
+    mask = torch.zeros((3, L), dtype=torch.long)
+    for b, row in enumerate(rows):  # left padding, as the trainer's query ⊕ response has
+        ids[b, L - len(row) :], mask[b, L - len(row) :] = torch.tensor(row), 1
+    # the ids say something else than the texts: each source must show which one it read
+    texts = ["x " * (3 + i) for i in range(3)]
+    result = RewardSet([fn("length_reward"), rm, rm_other]).score(PROMPTS, texts, {}, token_ids=(ids, mask))
+    assert result.scores[:, 0].tolist() == score_one(fn("length_reward"), texts, PROMPTS).scores[:, 0].tolist()
+    assert result.scores[:, 1].tolist() == pytest.approx(rm.score_ids(ids, mask).tolist(), abs=1e-6)
+    assert result.scores[:, 1].tolist() != pytest.approx(rm.score(PROMPTS, texts, {}), abs=1e-3)
+    assert result.scores[:, 2].tolist() == pytest.approx(rm_other.score(PROMPTS, texts, {}), abs=1e-6)
+
+
 def test_score_all_checks_its_inputs():
     with pytest.raises(ValueError, match=r"column 'answer' has 1 values for 3 completions"):
         score_all([fn("length_reward")], None, PROMPTS, COMPLETIONS, {"answer": ["5"]})

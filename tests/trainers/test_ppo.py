@@ -367,6 +367,33 @@ def test_reward_model_with_a_different_tokenizer(
     assert rows[0]["reward/std"] > 0  # the reward model really scored the (decoded, re-encoded) responses
 
 
+def test_reward_model_sharing_the_tokenizer_scores_the_sampled_ids(
+    tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path, monkeypatch
+):
+    """The policy's own query ⊕ response ids reach the reward model (no decode / re-encode), and its scores
+    are the rewards."""
+    from rlhf.rollout.rewards.model import RewardModelReward
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    original = RewardModelReward.score_ids
+
+    def recording(self, ids, mask):
+        scores = original(self, ids, mask)
+        seen.append((ids.clone(), scores))
+        return scores
+
+    monkeypatch.setattr(RewardModelReward, "score_ids", recording)
+    out = tmp_path / "run"
+    ppo.run(make_config(tiny_llama_dir, prompts_file, out, reward=str(tiny_reward_model_dir)))
+    rows = train_rows(out)
+    training = [scores for ids, scores in seen if len(ids) == 8]  # the rest: the 4 held-out prompts
+    assert len(training) == len(rows) == 2
+    for row, scores in zip(rows, training, strict=True):
+        assert finite(row, DESIGN_METRICS)
+        assert row["reward/mean"] == pytest.approx(scores.mean().item(), abs=1e-5)
+        assert row["reward/std"] > 0
+
+
 def test_separate_critic_starts_from_the_reward_model_only_when_it_reads_the_policys_tokens(
     tiny_llama_dir, tiny_reward_model_dir, tiny_reward_model_other_tokenizer_dir
 ):

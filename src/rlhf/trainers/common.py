@@ -67,6 +67,11 @@ class Generated:
     has_stop: torch.Tensor  # (B,) bool: the response ended with a stop token (not cut at max_new_tokens)
     pad_token_id: int
 
+    @property
+    def token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a reward model sharing the policy's tokenizer scores: (query ⊕ response, mask)."""
+        return self.query_responses, self.attention_mask
+
 
 def generate(
     model: nn.Module,
@@ -114,14 +119,17 @@ def score(
     columns: dict[str, list],
     aggregation: str,
     group_size: int = 1,
+    token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Scores:
     """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows.
 
     For PPO (one sample per prompt) GDPO's "group" is the whole batch: each reward is normalised over the
     batch before the weighted sum, so rewards on different scales weigh as their weights say.
+    ``token_ids``: the policy's (query ⊕ response, mask), scored as they are by reward models that share the
+    policy's tokenizer (see ``RewardSet.score``).
     """
     start = time.perf_counter()
-    result = rewards.score(prompts, completions, columns)
+    result = rewards.score(prompts, completions, columns, token_ids)
     per_source = result.scores.float()
     B, K = per_source.shape
     weights = rewards.weights.to(per_source)
@@ -307,7 +315,8 @@ def evaluate(
         batch = PromptBatch.of(prompts, range(start, min(len(prompts), start + size)))
         generated = generate(policy, tokenizer, batch, sampling, stops, generator, device)
         parts.append(
-            score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation)
+            score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation,
+                  token_ids=generated.token_ids)  # fmt: skip
         )
         texts += batch.texts
         completions += generated.completions

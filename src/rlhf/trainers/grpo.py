@@ -216,7 +216,7 @@ def sample_groups(
     generated = common.generate(models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G)
     columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
     scores = common.score(rewards, common.repeat_each(batch.texts, G), generated.completions, columns,
-                          config.reward_aggregation, group_size=G)  # fmt: skip
+                          config.reward_aggregation, group_size=G, token_ids=generated.token_ids)  # fmt: skip
     return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated))
 
 

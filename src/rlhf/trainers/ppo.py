@@ -171,9 +171,8 @@ def run(config: PPOConfig) -> Path:
             )
             t_rollout = time.perf_counter() - t0
             # 2. score the finished responses
-            scores = common.score(
-                rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation
-            )
+            scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
+                                  config.reward_aggregation, token_ids=generated.token_ids)  # fmt: skip
             # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
             t1 = time.perf_counter()
             rollout, stats, first = make_rollout(

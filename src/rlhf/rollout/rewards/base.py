@@ -124,9 +124,16 @@ class RewardSet:
         prompts: Sequence[str],
         completions: Sequence[str],
         columns: Mapping[str, Sequence] | None = None,
+        token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> RewardScores:
-        """Score every sample with every source; see :func:`score_all`."""
-        return _score(self.sources, prompts, completions, columns)
+        """Score every sample with every source; see :func:`score_all`.
+
+        ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``, both (B, L). A reward model
+        that reads the policy's tokens (``shares_policy_tokenizer``) then scores exactly those tokens through
+        ``score_ids``: no decode and re-encode, which can split a sampled text into other, often more, tokens
+        (measured: 217 instead of 139 for 128 sampled tokens of the benchmark's model) and costs time.
+        """
+        return _score(self.sources, prompts, completions, columns, token_ids)
 
 
 def score_all(
@@ -161,6 +168,7 @@ def _score(
     prompts: Sequence[str],
     completions: Sequence[str],
     columns: Mapping[str, Sequence] | None,
+    token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> RewardScores:
     prompts, completions = list(prompts), list(completions)
     batch = len(completions)
@@ -175,7 +183,9 @@ def _score(
     seconds = []
     for k, source in enumerate(sources):
         start = time.perf_counter()
-        if batch:
+        if batch and token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
+            scores[:, k] = _validate(source.name, source.score_ids(*token_ids).cpu(), completions)
+        elif batch:
             # copies: a source that mutates its arguments must not change what the next one sees
             raw = _call(source, list(prompts), list(completions), {c: list(v) for c, v in columns.items()})
             scores[:, k] = _validate(source.name, raw, completions)
