@@ -84,6 +84,40 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return ref
 
 
+def compile_blocks(model: nn.Module) -> int:
+    """``torch.compile`` each transformer block of ``model`` in place, with dynamic shapes; returns how many.
+
+    The blocks are the largest ``nn.ModuleList`` of same-type modules (``model.layers`` in Llama, ``h`` in
+    GPT-2), LoRA-wrapped or not. Blocks rather than the whole model: the model's own forward (masks, caches,
+    the LM head) stays eager, every block shares one compiled graph, and response lengths that change from
+    step to step do not recompile. Inductor fuses each block's elementwise work (norms, rotary, SwiGLU,
+    their backward), which is what an update spends outside matrix products on CPU: on the benchmark's 3.4M
+    model the PPO updates took 9-10% less time at 32 and at 128 new tokens. The first forwards compile
+    (about 35 s on 2 cores, 6-10 s once inductor's on-disk cache is warm).
+    """
+    lists = [
+        m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1
+    ]
+    if not lists:
+        raise ValueError(f"compile: found no list of transformer blocks in {type(model).__name__}")
+    blocks = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    for block in blocks:
+        block.compile(dynamic=True)
+    return len(blocks)
+
+
+def check_compiler(device: torch.device) -> None:
+    """``torch.compile`` on CPU builds C++ kernels: fail at start-up, not at the first forward, without one."""
+    import os
+    import shutil
+
+    if device.type == "cpu" and not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")):
+        raise RuntimeError(
+            "compile: true needs a C++ compiler on CPU (torch.compile builds its kernels with it): "
+            "install g++ (e.g. `apt install g++`) or set CXX, or set compile: false"
+        )
+
+
 class Critic(nn.Module):
     """A separate value model: its own transformer trunk and a scalar head read at every response state.
 

@@ -56,6 +56,8 @@ from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
 from rlhf.models.loading import (
     apply_lora,
+    check_compiler,
+    compile_blocks,
     frozen_copy,
     load_causal_lm,
     load_tokenizer,
@@ -116,6 +118,11 @@ class Models:
         self.reference = frozen_copy(self.policy) if self.has_reference and not config.lora else None
         if config.lora:
             self.policy = apply_lora(self.policy, config.lora)
+        if config.compile:
+            check_compiler(device)
+            for model in (self.policy, self.reference):
+                if model is not None:
+                    compile_blocks(model)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]
