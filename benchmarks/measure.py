@@ -69,8 +69,9 @@ def summarize(steps: list[dict[str, float]], warmup: int = WARMUP_STEPS) -> dict
 
     Each record has ``step_s``, ``sequences``, ``gen_tokens`` (real generated tokens, stop token included);
     ours also ``gen_columns`` and the phase seconds of :data:`PHASES` (as ``<phase>_s``). Returns the median
-    seconds per step, episodes/s, generated tokens/s, mean generated length, and for ours the median share
-    of each phase in the step.
+    seconds per step, episodes/s, generated tokens/s, mean generated length, the seconds of the warm-up
+    steps together (where one-time work such as compiling shows), and for ours the median share of each
+    phase in the step.
     """
     seconds = median_after_warmup([s["step_s"] for s in steps], warmup)
     kept = steps[warmup:] if len(steps) > warmup else steps
@@ -81,6 +82,7 @@ def summarize(steps: list[dict[str, float]], warmup: int = WARMUP_STEPS) -> dict
         "episodes_per_s": sequences / seconds,
         "gen_tokens_per_s": gen_tokens / seconds,
         "mean_gen_len": gen_tokens / sequences,
+        "warmup_s": sum(s["step_s"] for s in steps[:warmup]) if len(steps) > warmup else None,
     }
     if all(f"{phase}_s" in s for s in steps for phase in PHASES):
         out["split"] = {
@@ -111,7 +113,7 @@ def _split(split: dict[str, float] | None) -> str:
 
 
 TABLE_HEADER = (
-    "| case | run | s/step | episodes/s | gen tok/s | mean gen len | peak RSS MB | speed vs TRL | RSS vs TRL "
+    "| case | run | s/step | warm-up s | episodes/s | gen tok/s | mean gen len | peak RSS MB | speed vs TRL | RSS vs TRL "
     "| % gen / reward / score / train | floor fraction |"
 )
 
@@ -120,7 +122,7 @@ def table_row(case: str, label: str, run: dict[str, Any]) -> str:
     """One markdown row; a failed run (``error``) keeps its place with the reason."""
     if run.get("error"):
         reason = " ".join(str(run["error"]).split())[:80].replace("|", "/")
-        return f"| {case} | {label} | failed: {reason} | | | | | | | | |"
+        return f"| {case} | {label} | failed: {reason} | | | | | | | | | |"
     s = run["summary"]
     vs = run.get("vs_peer") or {}
     speed = f"{vs['speed']:.2f}×" if "speed" in vs else "—"
@@ -130,6 +132,7 @@ def table_row(case: str, label: str, run: dict[str, Any]) -> str:
         case,
         label,
         _num(s["s_per_step"], 3),
+        _num(s.get("warmup_s"), 1),
         _num(s["episodes_per_s"], 1),
         _num(s["gen_tokens_per_s"], 0),
         _num(s["mean_gen_len"], 1),

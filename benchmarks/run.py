@@ -58,7 +58,10 @@ class Run:
     label: str
     side: str  # "ours" or a key of PEERS
     critic: str | None = None  # ours ppo only
-    micro_batch_size: int | None = None  # ours: smaller micro-batches, the same update, less activation memory
+    micro_batch_size: int | None = (
+        None  # ours: smaller micro-batches, the same update, less activation memory
+    )
+    compile: bool = False  # ours: `compile: true` (torch.compile of the transformer blocks)
 
 
 @dataclass(frozen=True)
@@ -75,16 +78,19 @@ CASES = {
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run("rlhf ppo, critic: shared", "ours", "shared"),
         Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
+        Run("rlhf ppo, critic: shared, compile", "ours", "shared", compile=True),
         Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
     ), PPO),
     "ppo128": Case("ppo", "3m", 128, (
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run("rlhf ppo, critic: shared", "ours", "shared"),
         Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
+        Run("rlhf ppo, critic: shared, compile", "ours", "shared", compile=True),
         Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
     ), PPO),
     "grpo": Case("grpo", "3m", 32, (
         Run("rlhf grpo", "ours"),
+        Run("rlhf grpo, compile", "ours", compile=True),
         Run(f"TRL {PEERS['trl-grpo']} GRPOTrainer", "trl-grpo"),
     ), GRPO),
     "ppo32-25m": Case("ppo", "25m", 32, (
@@ -238,6 +244,8 @@ def run_spec(case: Case, run: Run, assets: dict, steps: int, out_dir: Path) -> d
             config["critic"] = run.critic
         if run.micro_batch_size:
             config["micro_batch_size"] = run.micro_batch_size
+        if run.compile:
+            config["compile"] = True
         return {"algo": case.algo, "config": config}
     return {
         "algo": case.algo, "policy": models["policy"], "reward": models["reward"],
@@ -289,12 +297,23 @@ def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) 
             critic_params=models["reward_matmul_params"] if run.critic == "separate" else 0,
             reference=case.algo == "ppo" or s["kl_coef"] > 0,
             # our grpo skips the old-log-prob pass with one update per rollout and no reference (on_policy)
-            old_logprobs=not (case.algo == "grpo" and s["kl_coef"] == 0 and s.get("num_iterations", 1) == 1),
+            old_logprobs=not skips_old_logprob_pass(case, run),
         )
         summary["flops"] = flops
         summary["floor_s"] = flops["total"] / (gflops * 1e9)
         summary["floor_fraction"] = summary["floor_s"] / summary["s_per_step"]
     return summary
+
+
+def skips_old_logprob_pass(case: Case, run: Run) -> bool:
+    """Whether our trainer takes the old log-probs from the first update's forward (no separate pass):
+    grpo with one update per rollout and no reference (``grpo.on_policy``); ppo with one minibatch in one
+    micro-batch (``ppo.fuses_first_update``)."""
+    s = case.settings
+    if case.algo == "grpo":
+        return s["kl_coef"] == 0 and s.get("num_iterations", 1) == 1 and s.get("num_minibatches", 1) == 1
+    one_micro_batch = run.micro_batch_size is None or run.micro_batch_size >= s["batch_size"]
+    return s.get("num_minibatches", 1) == 1 and one_micro_batch
 
 
 def cpu_busy(seconds: float = 1.0) -> float:
@@ -333,6 +352,9 @@ def caption(results: dict) -> str:
     m = results["machine"]
     peers = ", ".join(f"TRL {v['trl']} (transformers {v['transformers']})" for v in results["peers"].values())
     mode = "quick run, " if results["quick"] else ""
+    n = results.get("repeats", 1)
+    repeats = f"the faster of {n} rounds run in turn" if n == 2 else f"the fastest of {n} rounds run in turn"
+    repeats = repeats if n > 1 else "one round"
     busy = max(
         (run.get("cpu_busy_before", 0.0) for case in results["cases"] for run in case["runs"]), default=0
     )
@@ -344,7 +366,7 @@ def caption(results: dict) -> str:
     return (
         f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, fp32 matmul peak "
         f"{m['peak_fp32_gflops']:.0f} GFLOP/s; {peers}; {mode}median of {results['steps']} steps after "
-        f"{measure.WARMUP_STEPS} warm-up; {m['date']}. `python benchmarks/run.py`; notes in "
+        f"{measure.WARMUP_STEPS} warm-up, {repeats}; {m['date']}. `python benchmarks/run.py`; notes in "
         f"benchmarks/README.md.{warning}"
     )
 
@@ -354,7 +376,8 @@ def render(results: dict) -> str:
 
 
 LEGEND = """
-Columns: **s/step** median wall seconds of a step; **episodes/s** sampled responses per second;
+Columns: **s/step** median wall seconds of a step; **warm-up s** the warm-up steps together (start-up
+work that the median leaves out, such as `compile: true` compiling); **episodes/s** sampled responses per second;
 **gen tok/s** generated tokens (up to and including the stop token) per second; **mean gen len** generated
 tokens per response; **peak RSS** of the run's own process (ru_maxrss); **speed vs TRL** our steps/s ÷ TRL's
 (> 1: we are faster); **RSS vs TRL** our peak RSS ÷ TRL's; **% gen / reward / score / train** our step's
@@ -386,29 +409,44 @@ def write_results(results: dict, update_readme: str | None) -> None:
 def run_case(
     name: str, case: Case, assets: dict, peers: dict, args: argparse.Namespace, gflops: float
 ) -> dict:
-    """Every run of one case, one process each; ours are then compared with the case's peer."""
+    """Every run of one case, one process each; ours are then compared with the case's peer.
+
+    With ``--repeats N`` the case's runs go round N times in turn (ours, TRL, ours, TRL, …) and each run keeps
+    its fastest repeat: the machine's speed drifts by tens of percent within an hour, and a drift that hits
+    one side's only run would decide the ratio.
+    """
     entry = {"name": name, "algo": case.algo, "size": case.size, "max_new_tokens": case.max_new_tokens,
              "settings": case.settings, "runs": [],
              "model": {k: v for k, v in assets["models"][case.size].items() if k.endswith("params")}}  # fmt: skip
-    for i, run in enumerate(case.runs):
-        busy = cpu_busy()  # other processes skew every timing (see README.md), so their CPU use is kept
-        log(f"{name}: {run.label} ({args.steps} steps)")
-        if busy > BUSY:
-            log(f"  warning: other processes use {100 * busy:.0f}% of the CPU; timings will be noisy")
-        ours = run.side == "ours"
-        python = Path(sys.executable) if ours else peers[run.side][0]
-        folder = WORK / "runs" / f"{name}-{i}-{run.side}"
-        spec = run_spec(case, run, assets, args.steps, folder / "out")
-        raw = run_child(python, "child_ours.py" if ours else "child_trl.py", spec, folder, args.threads,
-                        args.timeout)  # fmt: skip
-        record = {"label": run.label, "side": run.side, "critic": run.critic, "cpu_busy_before": busy}
-        if "error" in raw:
-            record["error"] = raw["error"]
-            log(f"  failed: {raw['error']}")
+    attempts: list[list[tuple[float, dict]]] = [[] for _ in case.runs]  # (cpu busy before, raw) per repeat
+    for repeat in range(args.repeats):
+        for i, run in enumerate(case.runs):
+            busy = cpu_busy()  # other processes skew every timing (see README.md), so their CPU use is kept
+            log(f"{name}: {run.label} ({args.steps} steps, repeat {repeat + 1}/{args.repeats})")
+            if busy > BUSY:
+                log(f"  warning: other processes use {100 * busy:.0f}% of the CPU; timings will be noisy")
+            ours = run.side == "ours"
+            python = Path(sys.executable) if ours else peers[run.side][0]
+            folder = WORK / "runs" / f"{name}-{i}-{run.side}-r{repeat}"
+            spec = run_spec(case, run, assets, args.steps, folder / "out")
+            raw = run_child(python, "child_ours.py" if ours else "child_trl.py", spec, folder, args.threads,
+                            args.timeout)  # fmt: skip
+            if "error" in raw:
+                log(f"  failed: {raw['error']}")
+            else:
+                log(f"  {measure.summarize(raw['steps'])['s_per_step']:.3f} s/step, "
+                    f"{raw['peak_rss_mb']:.0f} MB peak RSS")  # fmt: skip
+            attempts[i].append((busy, raw))
+    for run, tries in zip(case.runs, attempts, strict=True):
+        record: dict = {"label": run.label, "side": run.side, "critic": run.critic}
+        done = [(busy, raw, summarize_run(raw, case, run, assets, gflops)) for busy, raw in tries
+                if "error" not in raw]  # fmt: skip
+        if not done:
+            record["error"] = tries[-1][1]["error"]
         else:
-            record["summary"] = summarize_run(raw, case, run, assets, gflops)
-            record["raw"] = raw
-            log(f"  {record['summary']['s_per_step']:.3f} s/step, {raw['peak_rss_mb']:.0f} MB peak RSS")
+            busy, raw, summary = min(done, key=lambda t: t[2]["s_per_step"])
+            summary["repeats_s_per_step"] = [t[2]["s_per_step"] for t in done]
+            record.update({"cpu_busy_before": busy, "summary": summary, "raw": raw})
         entry["runs"].append(record)
     peer = next((r for r in entry["runs"] if r["side"] != "ours" and "summary" in r), None)
     for record in entry["runs"]:
@@ -426,6 +464,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="steps per run (default 12, or 4 with --quick)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, both sides")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
+    parser.add_argument(
+        "--repeats", type=int, help="rounds of each case's runs, fastest kept (default 2, 1 with --quick)"
+    )
     parser.add_argument("--update-readme", metavar="FILE", help="put the table between the benchmark markers")
     parser.add_argument("--from-results", action="store_true", help="re-render results/results.json only")
     args = parser.parse_args()
@@ -437,6 +478,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     args.steps = args.steps or (4 if args.quick else 12)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
 
     assets = build_assets({CASES[name].size for name in names})
     needed = sorted({run.side for name in names for run in CASES[name].runs} - {"ours"})
@@ -447,6 +491,7 @@ def main() -> int:
         "machine": machine_info(args.threads, gflops),
         "quick": args.quick,
         "steps": args.steps,
+        "repeats": args.repeats,
         "peers": {f"trl-{PEERS[peer]}": versions for peer, (_, versions) in peers.items()},
         "cases": [run_case(name, CASES[name], assets, peers, args, gflops) for name in names],
     }

@@ -67,6 +67,7 @@ def test_summarize_rates_and_split():
     assert s["mean_gen_len"] == 32.0
     assert s["split"] == {phase: 0.25 for phase in measure.PHASES}
     assert s["gen_columns"] == 32
+    assert s["warmup_s"] == 20.0  # the two warm-up steps together
     peer = measure.summarize([{"step_s": 4.0, "sequences": 16, "gen_tokens": 512}] * 3)
     assert "split" not in peer
     assert measure.ratios(s | {"peak_rss_mb": 500.0}, peer | {"peak_rss_mb": 1000.0}) == {
@@ -76,7 +77,7 @@ def test_summarize_rates_and_split():
 
 
 def test_markdown_table_rows():
-    ours = {"summary": {"s_per_step": 2.0, "episodes_per_s": 8.0, "gen_tokens_per_s": 256.0,
+    ours = {"summary": {"s_per_step": 2.0, "warmup_s": 31.25, "episodes_per_s": 8.0, "gen_tokens_per_s": 256.0,
                         "mean_gen_len": 32.0, "peak_rss_mb": 500.0, "floor_fraction": 0.125,
                         "split": {"generate": 0.5, "reward": 0.05, "score": 0.15, "train": 0.3}},
             "vs_peer": {"speed": 2.0, "rss": 0.5}, "label": "rlhf ppo"}  # fmt: skip
@@ -88,11 +89,11 @@ def test_markdown_table_rows():
     )
     lines = table.strip().splitlines()
     assert len(lines) == 5
-    assert {line.count("|") for line in lines} == {12}  # 11 columns everywhere, the failed row too
+    assert {line.count("|") for line in lines} == {13}  # 12 columns everywhere, the failed row too
     assert lines[2] == (
-        "| ppo32 | rlhf ppo | 2.000 | 8.0 | 256 | 32.0 | 500 | 2.00× | 0.50× | 50 / 5 / 15 / 30 | 12.5% |"
+        "| ppo32 | rlhf ppo | 2.000 | 31.2 | 8.0 | 256 | 32.0 | 500 | 2.00× | 0.50× | 50 / 5 / 15 / 30 | 12.5% |"
     )
-    assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | 4.0 | 128 | 32.0 | 1000 | — | — | — | — |"
+    assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | — | 4.0 | 128 | 32.0 | 1000 | — | — | — | — |"
     assert lines[4].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
 
 
