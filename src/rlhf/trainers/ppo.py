@@ -1,7 +1,8 @@
 """PPO for RLHF (Ziegler et al. 2019; Stiennon et al. 2020; Ouyang et al. 2022), read top to bottom in `run`.
 
-One iteration: (1) roll out the policy → (2) score the responses → (3) old log-probs, values and reference
-log-probs in one no-grad pass → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
+One iteration: (1) roll out the policy → (2) score the responses → (3) reference log-probs, then old
+log-probs and values (a no-grad pass, or with one minibatch in one micro-batch the first update's own
+forward, detached: :func:`fuses_first_update`) → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
 → (6) K epochs × minibatches × micro-batches of clipped policy + clipped value loss (+ entropy bonus),
 gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) metrics → (9) held-out
 samples, log, checkpoint.
@@ -228,11 +229,13 @@ def fuses_first_update(config: PPOConfig) -> bool:
     return config.num_minibatches == 1 and config.effective_micro_batch_size >= config.batch_size
 
 
-def first_update_forward(config: PPOConfig, models: Models, generated: common.Generated) -> ScoredTokens:
-    """The first update's forward over the whole rollout, with its graph (see :func:`fuses_first_update`)."""
-    T = generated.responses.shape[1]
-    return ScoredTokens(*models.score(generated.query_responses, generated.attention_mask, T, config.temperature,
-                                      entropy=True, entropy_grad=config.entropy_coef != 0))  # fmt: skip
+def training_forward(
+    config: PPOConfig, models: Models, ids: torch.Tensor, mask: torch.Tensor, T: int
+) -> ScoredTokens:
+    """An update's forward: log-probs and values with gradients, and the entropy (with gradients only when it
+    is in the loss)."""
+    return ScoredTokens(*models.score(ids, mask, T, config.temperature, entropy=True,
+                                      entropy_grad=config.entropy_coef != 0))  # fmt: skip
 
 
 @torch.no_grad()
@@ -254,8 +257,8 @@ def make_rollout(
             values.append(v)
     first = None
     if fused:
-        with torch.enable_grad():
-            first = first_update_forward(config, models, generated)
+        with torch.enable_grad():  # the first update's forward over the whole rollout, graph kept
+            first = training_forward(config, models, ids, mask, T)
         logprobs, values = [first.logprobs.detach()], [first.values.detach()]
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
     scored = ~scores.isnan()
@@ -356,10 +359,8 @@ def _micro_step(
     T = rollout.response_length
     ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
     policy_mask, value_mask = rollout.policy_mask[rows], rollout.value_mask[rows]
-    # the entropy carries gradients only when it is in the loss
     if forward is None:
-        forward = ScoredTokens(*models.score(ids, mask, T, config.temperature, entropy=True,
-                                             entropy_grad=config.entropy_coef != 0))  # fmt: skip
+        forward = training_forward(config, models, ids, mask, T)
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows] if config.kl_in == "loss" else None
     pg, pg_stats = clipped_policy_loss(
