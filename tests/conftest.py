@@ -13,10 +13,12 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 | ``tiny_model_dir`` | parametrised over the three architectures above |
 | ``tiny_reward_model_dir`` | llama reward model (one output) + main tokenizer |
 | ``tiny_reward_model_other_tokenizer_dir`` | gpt2 reward model + ``other_tokenizer`` |
+| ``ragged`` | trainer runs whose sampled responses have different lengths (some stopped, some cut) |
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -172,3 +174,42 @@ def tiny_reward_model_other_tokenizer_dir(tiny_root: Path, other_tokenizer_dir: 
     return save_tiny(
         tiny_reward_model("gpt2", tok, seed=2), tok, tiny_root / "gpt2_reward_model_other_tokenizer"
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Trainers
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ragged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Responses of different lengths, most ending with EOS, some running to max_new_tokens.
+
+    A random-init model almost never samples EOS (≈1/400 per token), so without this every response would
+    fill max_new_tokens and padding, the score position and per-token normalisation would go untested.
+    Row i that has not stopped is cut after 1 + (2i mod T) tokens with a stop token, except every 4th row.
+    """
+    from rlhf.trainers import common
+
+    original = common.generate
+
+    def generate(model, tokenizer, batch, params, stops, generator, device, repeat=1):
+        g = original(model, tokenizer, batch, params, stops, generator, device, repeat)
+        responses = g.responses.clone()
+        B, T = responses.shape
+        for i in range(B):
+            if not g.has_stop[i] and i % 4 != 3:
+                n = 1 + (2 * i) % T
+                responses[i, n - 1] = stops[0]
+                responses[i, n:] = g.pad_token_id
+        C = g.query_responses.shape[1] - T
+        return dataclasses.replace(
+            g,
+            query_responses=torch.cat([g.query_responses[:, :C], responses], dim=1),
+            attention_mask=torch.cat([g.attention_mask[:, :C], (responses != g.pad_token_id).long()], dim=1),
+            responses=responses,
+            completions=tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True),
+            has_stop=torch.isin(responses, torch.tensor(stops)).any(-1),
+        )
+
+    monkeypatch.setattr(common, "generate", generate)

@@ -279,15 +279,17 @@ def test_overlong_penalty_and_truncation_mask(tiny_llama_dir, prompts_file, tmp_
         assert row["response/masked_fraction"] == pytest.approx(1 - eos)
 
 
-def test_micro_batching_gives_the_same_update(tiny_llama_dir, prompts_file, tmp_path):
+@pytest.mark.parametrize("split", [{"micro_batch_size": 2}, {"micro_batch_tokens": 30}], ids=["rows", "tokens"])
+def test_micro_batching_gives_the_same_update(tiny_llama_dir, prompts_file, tmp_path, ragged, split):
+    # 8 ragged completions in one pass, or in micro-batches of 2 rows, or of at most 30 tokens (longest
+    # first), each cut to its own longest row; with a reference, so the rollout's pass gives the old log-probs
     fields = {"steps": 1, "num_minibatches": 1, "loss_aggregation": "seq-mean-token-mean", "kl_coef": 0.05}
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
-    micro = grpo.run(
-        make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", micro_batch_size=2, **fields)
-    )
+    micro = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields))
     a, b = train_rows(tmp_path / "whole")[0], train_rows(tmp_path / "micro")[0]
-    for key in ("policy/loss", "grad/norm", "policy/entropy"):
+    for key in ("policy/loss", "grad/norm", "policy/entropy", "kl/mean"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    assert b["policy/first_ratio_max_dev"] == 0.0
     assert max_abs_diff(load_file(micro / "model.safetensors"), load_file(whole / "model.safetensors")) < 2e-5
 
 

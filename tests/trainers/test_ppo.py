@@ -93,38 +93,6 @@ def finite(row: dict, keys: list[str]) -> bool:
 
 
 @pytest.fixture
-def ragged(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Responses of different lengths, most ending with EOS, some running to max_new_tokens.
-
-    A random-init model almost never samples EOS (≈1/400 per token), so without this every response would
-    fill max_new_tokens and padding, the score position and per-token normalisation would go untested.
-    Row i that has not stopped is cut after 1 + (2i mod T) tokens with a stop token, except every 4th row.
-    """
-    original = common.generate
-
-    def generate(model, tokenizer, batch, params, stops, generator, device, repeat=1):
-        g = original(model, tokenizer, batch, params, stops, generator, device, repeat)
-        responses = g.responses.clone()
-        B, T = responses.shape
-        for i in range(B):
-            if not g.has_stop[i] and i % 4 != 3:
-                n = 1 + (2 * i) % T
-                responses[i, n - 1] = stops[0]
-                responses[i, n:] = g.pad_token_id
-        C = g.query_responses.shape[1] - T
-        return dataclasses.replace(
-            g,
-            query_responses=torch.cat([g.query_responses[:, :C], responses], dim=1),
-            attention_mask=torch.cat([g.attention_mask[:, :C], (responses != g.pad_token_id).long()], dim=1),
-            responses=responses,
-            completions=tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True),
-            has_stop=torch.isin(responses, torch.tensor(stops)).any(-1),
-        )
-
-    monkeypatch.setattr(common, "generate", generate)
-
-
-@pytest.fixture
 def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Records the stats of every micro-batch forward/backward of the run, in order."""
     calls: list[dict] = []
@@ -501,25 +469,35 @@ def run_recording_gradients(config, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
         return ppo.run(config), grads
 
 
-def test_micro_batching_gives_the_same_update(tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch):
-    # one optimizer step on one minibatch of 8 ragged responses: in 8 micro-batches of 1, or in one pass
+@pytest.mark.parametrize("split", [{"micro_batch_size": 1}, {"micro_batch_tokens": 40}], ids=["rows", "tokens"])
+def test_micro_batching_gives_the_same_update(tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split):
+    # one optimizer step on one minibatch of 8 ragged responses: in one pass, or in 8 micro-batches of 1, or in
+    # micro-batches of at most 40 tokens (longest rows first), each cut to its own longest row
     fields = {"steps": 1, "ppo_epochs": 1, "num_minibatches": 1}
     whole, whole_grads = run_recording_gradients(
         make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields), monkeypatch
     )
+    plans = []
+    planner = common.plan_micro_batches
+    monkeypatch.setattr(common, "plan_micro_batches", lambda *a: plans.append(planner(*a)) or plans[-1])
     micro, micro_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", micro_batch_size=1, **fields),
-        monkeypatch,
+        make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields), monkeypatch
     )
+    # the rollout's pass and the update ran several micro-batches, of unequal widths
+    described = [[(m.rows.tolist(), m.first_column, m.response_length) for m in plan] for plan in plans]
+    assert len(plans) == 2 and described[0] == described[1] and len(plans[0]) > 1
+    assert len({m.response_length - m.first_column for m in plans[0]}) > 1
+    assert train_rows(tmp_path / "micro")[0]["policy/first_ratio_max_dev"] == 0.0
     # the accumulated gradient is the whole minibatch's (STYLE principle 5) ...
     assert len(micro_grads) == len(whole_grads) > 0
     for g_micro, g_whole in zip(micro_grads, whole_grads, strict=True):
         torch.testing.assert_close(g_micro, g_whole, rtol=1e-4, atol=1e-6)  # observed ≤ 5e-8; |g| ≤ 0.2
     # ... so the weights after the step agree. Not to 1e-7: Adam's first step is ≈ lr·g/(|g| + 1e-8), which
-    # magnifies float noise in the few entries whose gradient is near 1e-8 (observed: 6e-6 on 2 of 180k).
+    # magnifies float noise in the few entries whose gradient is near 1e-8 (observed: 6e-6 on 2 of 180k with
+    # full-width micro-batches, 2e-5 since each micro-batch of one row runs at its own length).
     initial = load_file(tiny_llama_dir / "model.safetensors")
     assert max_abs_diff(load_file(whole / "model.safetensors"), initial) > 5e-4  # the step moved the weights
-    assert max_abs_diff(load_file(micro / "model.safetensors"), load_file(whole / "model.safetensors")) < 2e-5
+    assert max_abs_diff(load_file(micro / "model.safetensors"), load_file(whole / "model.safetensors")) < 6e-5
     assert (
         max_abs_diff(load_file(micro / "value_head.safetensors"), load_file(whole / "value_head.safetensors"))
         < 1e-6

@@ -285,24 +285,28 @@ def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[
     """
     generated = sampled.generated
     ids, mask = generated.query_responses, generated.attention_mask
-    T = generated.responses.shape[1]
-    logprobs, ref_logprobs = [], []
+    (B, L), T = ids.shape, generated.responses.shape[1]
     skip_policy = on_policy(config, models)
-    # the same micro-batches as the first minibatch of iteration 0: its ratio is exactly 1 (checklist 34)
-    for chunk in common.chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
-        if not skip_policy:
-            logprobs.append(models.score(ids[chunk], mask[chunk], T, config.temperature)[0])
-        if models.has_reference:
-            ref_logprobs.append(models.reference_logprobs(ids[chunk], mask[chunk], T, config.temperature))
+    logprobs = None if skip_policy else torch.zeros(B, T, device=ids.device)
+    ref = torch.zeros(B, T, device=ids.device) if models.has_reference else None
+    # the same micro-batches as iteration 0 (unshuffled minibatches): its first ratio is exactly 1 (checklist 34)
+    for minibatch in common.chunks(torch.arange(B), config.minibatch_size):
+        for micro in common.micro_batches(config, minibatch, mask, T):
+            rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
+            if logprobs is not None:
+                logprobs[rows, :t] = models.score(ids[rows, cols], mask[rows, cols], t, config.temperature)[0]
+            if ref is not None:
+                ref[rows, :t] = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
     rewards = sampled.rewards.to(ids.device)
     scored = ~rewards.isnan()
     loss_mask = ~masks.padding_mask & scored[:, None]  # up to and including the stop token (checklist 44)
     if config.mask_truncated_completions:
         loss_mask = loss_mask & generated.has_stop[:, None]
-    # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13)
-    logprobs = torch.cat(logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB) if logprobs else None
-    ref = torch.cat(ref_logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB) if ref_logprobs else None
+    # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13); the columns a
+    # micro-batch cut are padding of all its rows, filled here too
+    logprobs = logprobs.masked_fill(masks.padding_mask, INVALID_LOGPROB) if logprobs is not None else None
+    ref = ref.masked_fill(masks.padding_mask, INVALID_LOGPROB) if ref is not None else None
     kl = kl_estimate(logprobs, ref, config.kl_estimator) if ref is not None else None
     advantages = token_advantages(config, rewards, kl, masks.sequence_lengths, loss_mask)
 
@@ -372,7 +376,7 @@ def grpo_update(
     """Phase 5: ``num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
     denominators, so accumulation gives exactly the minibatch's gradient (STYLE principle 5)."""
-    B = rollout.query_responses.shape[0]
+    B, T = rollout.query_responses.shape[0], rollout.response_length
     params = models.trainable_parameters()
     totals: dict[str, float] = {}
     first_ratio_dev = None
@@ -385,7 +389,7 @@ def grpo_update(
                 "num_seqs": len(minibatch),
                 "max_len": config.max_new_tokens,
             }
-            for micro in common.chunks(minibatch, config.effective_micro_batch_size):
+            for micro in common.micro_batches(config, minibatch, rollout.attention_mask, T):
                 stats = _micro_step(config, models, rollout, micro, denominators)
                 ratio_dev = stats.pop("ratio_dev")
                 if first_ratio_dev is None:
@@ -404,20 +408,23 @@ def grpo_update(
 
 
 def _micro_step(
-    config: GRPOConfig, models: Models, rollout: Rollout, rows: torch.Tensor, denominators: dict[str, Any]
+    config: GRPOConfig, models: Models, rollout: Rollout, micro: common.MicroBatch, denominators: dict[str, Any]
 ) -> dict[str, float]:
-    """Forward + backward of one micro-batch; returns its share of the minibatch stats."""
-    ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
-    loss_mask = rollout.mask[rows]
-    logprobs, entropy = models.score(ids, mask, rollout.response_length, config.temperature, entropy=True,
+    """Forward + backward of one micro-batch; returns its share of the minibatch stats. Only the micro-batch's
+    own columns run; the cut ones are padding, outside the loss mask."""
+    rows, t = micro.rows, micro.response_length
+    cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
+    ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
+    loss_mask = rollout.mask[rows, :t]
+    logprobs, entropy = models.score(ids, mask, t, config.temperature, entropy=True,
                                      entropy_grad=config.entropy_coef != 0)  # fmt: skip
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
-    old_logprobs = rollout.logprobs[rows] if rollout.logprobs is not None else logprobs.detach()
+    old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl_in == "loss"
     pg, pg_stats = clipped_policy_loss(
-        logprobs, old_logprobs, rollout.advantages[rows], loss_mask,
+        logprobs, old_logprobs, rollout.advantages[rows, :t], loss_mask,
         clip_low=config.clip_range, clip_high=config.clip_range_upper,
-        ref_logp=rollout.ref_logprobs[rows] if in_loss else None, kl_coef=config.kl_coef,
+        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None, kl_coef=config.kl_coef,
     )  # fmt: skip
     policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])

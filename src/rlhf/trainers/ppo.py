@@ -1,8 +1,8 @@
 """PPO for RLHF (Ziegler et al. 2019; Stiennon et al. 2020; Ouyang et al. 2022), read top to bottom in `run`.
 
-One iteration: (1) roll out the policy → (2) score the responses → (3) reference log-probs, then old
-log-probs and values (a no-grad pass, or with one minibatch in one micro-batch the first update's own
-forward, detached: :func:`fuses_first_update`) → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
+One iteration: (1) roll out the policy → (2) score the responses → (3) reference log-probs, then
+old log-probs and values (a no-grad pass, or with one minibatch in one micro-batch the first update's
+own forward, detached: :func:`fuses_first_update`) → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
 → (6) K epochs × minibatches × micro-batches of clipped policy + clipped value loss (+ entropy bonus),
 gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) metrics → (9) held-out
 samples, log, checkpoint.
@@ -226,7 +226,9 @@ def fuses_first_update(config: PPOConfig) -> bool:
     rows (epoch 0 is not shuffled), so its log-probs and values *are* the old ones: taking them detached
     skips a whole no-grad forward per step and gives the same update (the first ratio is exactly 1).
     """
-    return config.num_minibatches == 1 and config.effective_micro_batch_size >= config.batch_size
+    one_micro_batch = config.effective_micro_batch_size >= config.batch_size and config.micro_batch_tokens is None
+    return config.num_minibatches == 1 and one_micro_batch
+
 
 
 def training_forward(
@@ -247,27 +249,31 @@ def make_rollout(
     rlhf.core). ``fused``: the old log-probs and values are the first update's forward (returned with its graph,
     see :func:`fuses_first_update`); it runs after the reference pass so the two never hold memory together."""
     ids, mask = generated.query_responses, generated.attention_mask
-    T = generated.responses.shape[1]
-    logprobs, values, ref_logprobs = [], [], []
-    for chunk in common.chunks(torch.arange(ids.shape[0]), config.effective_micro_batch_size):
-        ref_logprobs.append(models.reference_logprobs(ids[chunk], mask[chunk], T, config.temperature))
-        if not fused:
-            lp, v, _ = models.score(ids[chunk], mask[chunk], T, config.temperature)
-            logprobs.append(lp)
-            values.append(v)
+    (B, L), T = ids.shape, generated.responses.shape[1]
+    logprobs, values, ref_logprobs = (torch.zeros(B, T, device=ids.device) for _ in range(3))
+    # the micro-batches of epoch 0 (unshuffled minibatches), so its first forward repeats this one exactly
+    for minibatch in common.chunks(torch.arange(B), config.minibatch_size):
+        for micro in common.micro_batches(config, minibatch, mask, T):
+            rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
+            ref_logprobs[rows, :t] = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t,
+                                                               config.temperature)  # fmt: skip
+            if not fused:
+                logprobs[rows, :t], values[rows, :t], _ = models.score(ids[rows, cols], mask[rows, cols], t,
+                                                                       config.temperature)  # fmt: skip
     first = None
     if fused:
         with torch.enable_grad():  # the first update's forward over the whole rollout, graph kept
             first = training_forward(config, models, ids, mask, T)
-        logprobs, values = [first.logprobs.detach()], [first.values.detach()]
+        logprobs, values = first.logprobs.detach(), first.values.detach()
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
     scored = ~scores.isnan()
     policy_mask = ~masks.padding_mask & scored[:, None]
     value_mask = ~masks.padding_mask_p1 & scored[:, None]
-    # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13)
-    logprobs = torch.cat(logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB)
-    ref_logprobs = torch.cat(ref_logprobs).masked_fill(masks.padding_mask, INVALID_LOGPROB)
-    values = torch.cat(values).masked_fill(masks.padding_mask_p1, 0.0)
+    # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13); the columns a
+    # micro-batch cut are padding of all its rows, filled here too
+    logprobs = logprobs.masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    ref_logprobs = ref_logprobs.masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    values = values.masked_fill(masks.padding_mask_p1, 0.0)
 
     score = torch.nan_to_num(scores.to(logprobs.device), nan=0.0)
     if config.missing_eos_penalty is not None:
@@ -328,7 +334,7 @@ def ppo_update(
             optimizer.zero_grad(set_to_none=True)
             n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
             n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
-            for micro in common.chunks(minibatch, config.effective_micro_batch_size):
+            for micro in common.micro_batches(config, minibatch, rollout.attention_mask, T):
                 stats = _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, first)
                 first = None  # only the very first micro-batch has its forward already
                 ratio_dev = stats.pop("ratio_dev")
@@ -351,24 +357,28 @@ def ppo_update(
 
 
 def _micro_step(
-    config: PPOConfig, models: Models, rollout: Rollout, rows: torch.Tensor, n_policy: torch.Tensor,
+    config: PPOConfig, models: Models, rollout: Rollout, micro: common.MicroBatch, n_policy: torch.Tensor,
     n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Forward (unless given) + backward of one micro-batch; returns its token-weighted share of the minibatch
-    stats."""
-    T = rollout.response_length
-    ids, mask = rollout.query_responses[rows], rollout.attention_mask[rows]
-    policy_mask, value_mask = rollout.policy_mask[rows], rollout.value_mask[rows]
+    stats. Only the micro-batch's own columns run; the cut ones are padding, outside every mask."""
+    rows, t = micro.rows, micro.response_length
+    cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
+    ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
+    policy_mask, value_mask = rollout.policy_mask[rows, :t], rollout.value_mask[rows, :t]
     if forward is None:
-        forward = training_forward(config, models, ids, mask, T)
+        forward = training_forward(config, models, ids, mask, t)
+    elif forward.logprobs.shape != policy_mask.shape:
+        shapes = f"{tuple(forward.logprobs.shape)}, not {tuple(policy_mask.shape)}"
+        raise RuntimeError(f"the fused first forward covers {shapes}")
     logprobs, values, entropy = forward
-    ref = rollout.ref_logprobs[rows] if config.kl_in == "loss" else None
+    ref = rollout.ref_logprobs[rows, :t] if config.kl_in == "loss" else None
     pg, pg_stats = clipped_policy_loss(
-        logprobs, rollout.logprobs[rows], rollout.advantages[rows], policy_mask,
+        logprobs, rollout.logprobs[rows, :t], rollout.advantages[rows, :t], policy_mask,
         clip_low=config.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=kl_coef,
     )  # fmt: skip
     vf, vf_stats = clipped_value_loss(
-        values, rollout.values[rows], rollout.returns[rows], value_mask, clip=config.value_clip_range
+        values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.value_clip_range
     )
     policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)
@@ -378,7 +388,7 @@ def _micro_step(
     share_p = (policy_mask.sum() / n_policy).item()  # this micro-batch's share of the minibatch's tokens
     share_v = (value_mask.sum() / n_value).item()
     with torch.no_grad():
-        ratio_dev = (logprobs - rollout.logprobs[rows]).exp().sub(1).abs().masked_fill(~policy_mask, 0).max()
+        ratio_dev = (logprobs - rollout.logprobs[rows, :t]).exp().sub(1).abs().masked_fill(~policy_mask, 0).max()
     return {
         "policy/loss": policy_loss.item(),
         "value/loss": value_loss.item(),
