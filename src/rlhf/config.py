@@ -763,7 +763,7 @@ class _PolicyGradientConfig(_TrainingConfig):
     micro_batch_tokens: int | None = None
     """Token budget of a forward/backward pass: each minibatch's sequences, longest first, are cut into micro-batches of at most this many tokens when padded to their own longest sequence (with micro_batch_size, both limits hold). Bounds activation memory by tokens rather than sequences and cuts padding between sequences of unequal length. None = no budget (micro-batches of micro_batch_size sequences in order; their padding is still cut)."""
     compile: bool = False
-    """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 5-8%), after a one-time compile of 6-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
+    """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 4-10%), after a one-time compile of 8-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
     eval_every: int = 50
     """Sample the eval_data prompts into output_dir/samples/ every this many iterations; 0 = only at the end."""
     save_every: int = 100

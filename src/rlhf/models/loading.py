@@ -93,7 +93,7 @@ def compile_blocks(model: nn.Module) -> int:
     step to step do not recompile. Inductor fuses each block's elementwise work (norms, rotary, SwiGLU,
     their backward), which is what an update spends outside matrix products on CPU: on the benchmark's 3.4M
     model the PPO updates took 9-10% less time at 32 and at 128 new tokens. The first forwards compile
-    (about 35 s on 2 cores, 6-10 s once inductor's on-disk cache is warm).
+    (about 35 s on 2 cores, 8-10 s once inductor's on-disk cache is warm).
     """
     lists = [
         m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1
