@@ -73,21 +73,18 @@ class Case:
     settings: dict
 
 
+PPO_RUNS = (
+    Run("rlhf ppo, critic: separate", "ours", "separate"),
+    Run("rlhf ppo, critic: shared", "ours", "shared"),
+    Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
+    Run("rlhf ppo, critic: shared, compile", "ours", "shared", compile=True),
+    Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
+)
+"""The runs of the 3M PPO cases (ppo32, ppo128): our three layouts, compile, and TRL."""
+
 CASES = {
-    "ppo32": Case("ppo", "3m", 32, (
-        Run("rlhf ppo, critic: separate", "ours", "separate"),
-        Run("rlhf ppo, critic: shared", "ours", "shared"),
-        Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
-        Run("rlhf ppo, critic: shared, compile", "ours", "shared", compile=True),
-        Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
-    ), PPO),
-    "ppo128": Case("ppo", "3m", 128, (
-        Run("rlhf ppo, critic: separate", "ours", "separate"),
-        Run("rlhf ppo, critic: shared", "ours", "shared"),
-        Run("rlhf ppo, critic: shared, micro-batch 8", "ours", "shared", 8),
-        Run("rlhf ppo, critic: shared, compile", "ours", "shared", compile=True),
-        Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
-    ), PPO),
+    "ppo32": Case("ppo", "3m", 32, PPO_RUNS, PPO),
+    "ppo128": Case("ppo", "3m", 128, PPO_RUNS, PPO),
     "grpo": Case("grpo", "3m", 32, (
         Run("rlhf grpo", "ours"),
         Run("rlhf grpo, compile", "ours", compile=True),

@@ -342,12 +342,12 @@ def plan_micro_batches(
     ]
 
 
-
 def micro_batches(config: Any, minibatch: torch.Tensor, mask: torch.Tensor, T: int) -> list[MicroBatch]:
     """The micro-batches of one minibatch of rollout rows under ``config.micro_batch_size`` and
     ``config.micro_batch_tokens``, padding cut (:func:`plan_micro_batches`)."""
     size, budget = config.effective_micro_batch_size, config.micro_batch_tokens
     return plan_micro_batches(minibatch, mask, T, size, budget)
+
 
 def evaluate_and_log(
     config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
