@@ -106,6 +106,15 @@ def compile_blocks(model: nn.Module) -> int:
     return len(blocks)
 
 
+def compile_models(models: list[nn.Module | None], device: torch.device) -> None:
+    """``compile: true``: check for a C++ compiler once, then :func:`compile_blocks` of each model given
+    (``None`` entries, such as an absent reference or critic, are skipped)."""
+    check_compiler(device)
+    for model in models:
+        if model is not None:
+            compile_blocks(model)
+
+
 def check_compiler(device: torch.device) -> None:
     """``torch.compile`` on CPU builds C++ kernels: fail at start-up, not at the first forward, without one."""
     import os

@@ -56,8 +56,7 @@ from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
 from rlhf.models.loading import (
     apply_lora,
-    check_compiler,
-    compile_blocks,
+    compile_models,
     frozen_copy,
     load_causal_lm,
     load_tokenizer,
@@ -119,10 +118,7 @@ class Models:
         if config.lora:
             self.policy = apply_lora(self.policy, config.lora)
         if config.compile:
-            check_compiler(device)
-            for model in (self.policy, self.reference):
-                if model is not None:
-                    compile_blocks(model)
+            compile_models([self.policy, self.reference], device)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]

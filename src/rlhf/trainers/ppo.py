@@ -39,8 +39,7 @@ from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
 from rlhf.models.loading import (
     apply_lora,
-    check_compiler,
-    compile_blocks,
+    compile_models,
     frozen_copy,
     load_causal_lm,
     load_critic,
@@ -106,10 +105,7 @@ class Models:
                 source, from_reward_model=rm is not None, dtype=config.dtype, device=device
             )
         if config.compile:
-            check_compiler(device)
-            for model in (self.policy, self.reference, self.critic):
-                if model is not None:
-                    compile_blocks(model)
+            compile_models([self.policy, self.reference, self.critic], device)
 
     def value_module(self) -> nn.Module:
         return self.value_head if self.value_head is not None else self.critic
