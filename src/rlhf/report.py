@@ -282,7 +282,8 @@ def time_charts(runs: Sequence[Run]) -> list[str]:
         ax.stackplot([int(row["step"]) for row in rows], stacks, colors=COLORS[: len(parts)], alpha=0.8,
                      labels=[p.removeprefix("time/").removesuffix("_s") for p in parts])  # fmt: skip
         ax.legend(fontsize=7, loc="upper right")
-        caption = "Rollout (sampling), score (rewards), logprobs (the no-grad pass), train (the updates)."
+        caption = ("Rollout (sampling), score (rewards), logprobs (reference and old log-probs; in PPO with one "
+                   "micro-batch, the first update's forward), train (the updates).")
         blocks.append(_figure_block(_img(fig, title), caption))
     return blocks
 
