@@ -49,9 +49,8 @@ def _linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     base = getattr(module, "base_layer", None)
     active = getattr(module, "active_adapters", None)
     if type(base) is nn.Linear and hasattr(module, "get_delta_weight") and active is not None:
-        if getattr(module, "merged", False):
-            return base.weight, base.bias  # already folded into the base weight by peft
-        if getattr(module, "disable_adapters", False):
+        # merged: peft already folded the adapter into the base weight; disabled: the adapter is off
+        if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
             return base.weight, base.bias
         if any(module.use_dora.get(name, False) for name in active):
             raise Unsupported("DoRA adapters")
