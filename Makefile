@@ -1,0 +1,46 @@
+# The two commands of the README, each complete on a fresh machine and safe to repeat:
+#
+#   make demo    set up .venv (once) and run the whole pipeline on a tiny model
+#   make test    set up .venv (once) and run the linter and the test suite
+#
+# Extra arguments go through ARGS, e.g. `make demo ARGS="--preset tiny"` or `make test ARGS="-x tests/core"`.
+# The virtualenv is rebuilt only when pyproject.toml changes (or after `make clean`).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+# Where a machine without an NVIDIA GPU finds the CPU build of torch; PyPI's Linux wheel bundles CUDA (GBs).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rlhf-installed
+
+.PHONY: demo test setup clean
+
+demo: $(STAMP)
+	$(BIN)/rlhf demo $(ARGS)
+
+# pytest's exit code 5 means "no test collected": not a failure of the suite.
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q $(ARGS) || [ $$? -eq 5 ]
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# torch first, so that the package's `torch>=…` requirement is already met and pulls nothing more.
+	@if $(BIN)/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null; then \
+		echo "torch $(TORCH_VERSION) is installed"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION); \
+	else \
+		echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_VERSION)"; \
+		$(BIN)/python -m pip install --quiet --retries 1 torch==$(TORCH_VERSION) --extra-index-url $(TORCH_CPU_INDEX); \
+	fi
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV)
