@@ -14,6 +14,7 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 | ``tiny_reward_model_dir`` | llama reward model (one output) + main tokenizer |
 | ``tiny_reward_model_other_tokenizer_dir`` | gpt2 reward model + ``other_tokenizer`` |
 | ``ragged`` | trainer runs whose sampled responses have different lengths (some stopped, some cut) |
+| ``first_adam_step`` | predicts the weights after one clipped AdamW step from the recorded gradients |
 """
 
 from __future__ import annotations
@@ -213,3 +214,40 @@ def ragged(monkeypatch: pytest.MonkeyPatch) -> None:
         )
 
     monkeypatch.setattr(common, "generate", generate)
+
+
+def _first_adam_step(
+    initial: dict[str, torch.Tensor],
+    grads: dict[str, torch.Tensor],
+    lr: float,
+    max_norm: float | None,
+    eps: float = 1e-8,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(predicted weights, per-element tolerance) after one AdamW step without weight decay.
+
+    Adam's first step has m̂ = g and v̂ = g² whatever β₁, β₂, so w₁ = w₀ − lr·g/(|g| + ε), with g first clipped
+    as ``clip_grad_norm_`` does (its own ``get_total_norm``, so the clip coefficient is bit-identical).
+    Checking each run against its *own* recorded gradients is how equivalence tests compare weights: two runs
+    whose gradients agree to float noise can still differ by up to 2·lr in an entry where |g| ≈ ε, because
+    g/(|g| + ε) turns that noise into a step of any size, so no fixed tolerance between two runs' weights
+    follows from the arithmetic. The tolerance: w₀ − step rounds once in the run and once here (½ ulp each),
+    and the step lr·g/(|g| + ε) carries a few ulp relative error from the clip, division and sqrt: 4 ulp of
+    (|w₀| + lr) bounds both.
+    """
+    names = list(initial)
+    scale = 1.0
+    if max_norm is not None:
+        total = torch.nn.utils.get_total_norm([grads[n] for n in names])
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    predicted, tolerance = {}, {}
+    for name in names:
+        w0, g = initial[name].float(), grads[name].float() * scale
+        predicted[name] = w0 - lr * g / (g.abs() + eps)
+        tolerance[name] = 4 * torch.finfo(torch.float32).eps * (w0.abs() + lr)
+    return predicted, tolerance
+
+
+@pytest.fixture
+def first_adam_step():
+    """``first_adam_step(initial, grads, lr, max_norm) -> (predicted, tolerance)``, see `_first_adam_step`."""
+    return _first_adam_step
