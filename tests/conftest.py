@@ -14,7 +14,8 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 | ``tiny_reward_model_dir`` | llama reward model (one output) + main tokenizer |
 | ``tiny_reward_model_other_tokenizer_dir`` | gpt2 reward model + ``other_tokenizer`` |
 | ``ragged`` | trainer runs whose sampled responses have different lengths (some stopped, some cut) |
-| ``first_adam_step`` | predicts the weights after one clipped AdamW step from the recorded gradients |
+| ``adam_steps`` | predicts the weights after clipped AdamW steps from the recorded gradients |
+| ``clipped_gradients`` | a list that collects every trainable gradient passed to ``clip_grad_norm_`` |
 """
 
 from __future__ import annotations
@@ -216,38 +217,64 @@ def ragged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "generate", generate)
 
 
-def _first_adam_step(
+def _adam_steps(
     initial: dict[str, torch.Tensor],
-    grads: dict[str, torch.Tensor],
-    lr: float,
+    steps: list[dict[str, torch.Tensor]],
+    lrs: list[float],
     max_norm: float | None,
+    betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(predicted weights, per-element tolerance) after one AdamW step without weight decay.
+    """(predicted weights, per-element tolerance) after AdamW steps without weight decay, from ``initial`` and
+    each step's recorded gradients (before clipping) and learning rate.
 
-    Adam's first step has m̂ = g and v̂ = g² whatever β₁, β₂, so w₁ = w₀ − lr·g/(|g| + ε), with g first clipped
-    as ``clip_grad_norm_`` does (its own ``get_total_norm``, so the clip coefficient is bit-identical).
-    Checking each run against its *own* recorded gradients is how equivalence tests compare weights: two runs
-    whose gradients agree to float noise can still differ by up to 2·lr in an entry where |g| ≈ ε, because
-    g/(|g| + ε) turns that noise into a step of any size, so no fixed tolerance between two runs' weights
-    follows from the arithmetic. The tolerance: w₀ − step rounds once in the run and once here (½ ulp each),
-    and the step lr·g/(|g| + ε) carries a few ulp relative error from the clip, division and sqrt: 4 ulp of
-    (|w₀| + lr) bounds both.
+    Each step clips as ``clip_grad_norm_`` does (its own ``get_total_norm``, so the clip coefficient is
+    bit-identical), then m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², w ← w − lr·m̂/(√v̂ + ε) with m̂ = m/(1−β₁ᵗ),
+    v̂ = v/(1−β₂ᵗ). Checking each run against its *own* gradients is how equivalence tests compare weights:
+    two runs whose gradients agree to float noise can still differ by up to 2·lr in an entry where |g| ≈ ε
+    (at the first step m̂/(√v̂ + ε) = g/(|g| + ε) turns that noise into a step of any size), so no fixed
+    tolerance between two runs' weights follows from the arithmetic. The tolerance: per step, w − step rounds
+    once in the run and once here (½ ulp of |w| each) and the step carries a few ulp of relative error from
+    the clip, the moments, the sqrt and the division: 4 ulp of (|w| + lr) per step bounds both.
     """
-    names = list(initial)
-    scale = 1.0
-    if max_norm is not None:
-        total = torch.nn.utils.get_total_norm([grads[n] for n in names])
-        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    predicted, tolerance = {}, {}
-    for name in names:
-        w0, g = initial[name].float(), grads[name].float() * scale
-        predicted[name] = w0 - lr * g / (g.abs() + eps)
-        tolerance[name] = 4 * torch.finfo(torch.float32).eps * (w0.abs() + lr)
-    return predicted, tolerance
+    beta1, beta2 = betas
+    ulp = torch.finfo(torch.float32).eps
+    weights = {name: w.float().clone() for name, w in initial.items()}
+    m = {name: torch.zeros_like(w) for name, w in weights.items()}
+    v = {name: torch.zeros_like(w) for name, w in weights.items()}
+    tolerance = {name: torch.zeros_like(w) for name, w in weights.items()}
+    for t, (grads, lr) in enumerate(zip(steps, lrs, strict=True), start=1):
+        scale = 1.0
+        if max_norm is not None:
+            total = torch.nn.utils.get_total_norm([grads[name] for name in weights])
+            scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for name, w in weights.items():
+            g = grads[name].float() * scale
+            m[name] = beta1 * m[name] + (1 - beta1) * g
+            v[name] = beta2 * v[name] + (1 - beta2) * g * g
+            m_hat, v_hat = m[name] / (1 - beta1**t), v[name] / (1 - beta2**t)
+            tolerance[name] += 4 * ulp * (w.abs() + lr)
+            weights[name] = w - lr * m_hat / (v_hat.sqrt() + eps)
+    return weights, tolerance
 
 
 @pytest.fixture
-def first_adam_step():
-    """``first_adam_step(initial, grads, lr, max_norm) -> (predicted, tolerance)``, see `_first_adam_step`."""
-    return _first_adam_step
+def adam_steps():
+    """``adam_steps(initial, steps, lrs, max_norm) -> (predicted, tolerance)``, see `_adam_steps`."""
+    return _adam_steps
+
+
+@pytest.fixture
+def clipped_gradients(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Every gradient handed to ``torch.nn.utils.clip_grad_norm_`` (before clipping), in parameter order, one
+    optimizer step after the other (the trainers clip once per step, with no-grad parameters as zeros)."""
+    grads: list[torch.Tensor] = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording(params, max_norm, *args, **kwargs):
+        params = list(params)
+        grads.extend(torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params)
+        return clip(params, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording)
+    return grads

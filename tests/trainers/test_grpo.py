@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from rlhf import cli
 from rlhf.config import config_from_dict
@@ -280,17 +281,33 @@ def test_overlong_penalty_and_truncation_mask(tiny_llama_dir, prompts_file, tmp_
 
 
 @pytest.mark.parametrize("split", [{"micro_batch_size": 2}, {"micro_batch_tokens": 30}], ids=["rows", "tokens"])
-def test_micro_batching_gives_the_same_update(tiny_llama_dir, prompts_file, tmp_path, ragged, split):
+def test_micro_batching_gives_the_same_update(
+    tiny_llama_dir, prompts_file, tmp_path, ragged, split, clipped_gradients, adam_steps
+):
     # 8 ragged completions in one pass, or in micro-batches of 2 rows, or of at most 30 tokens (longest
     # first), each cut to its own longest row; with a reference, so the rollout's pass gives the old log-probs
     fields = {"steps": 1, "num_minibatches": 1, "loss_aggregation": "seq-mean-token-mean", "kl_coef": 0.05}
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
+    whole_grads = list(clipped_gradients)
+    clipped_gradients.clear()
     micro = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields))
+    micro_grads = list(clipped_gradients)
     a, b = train_rows(tmp_path / "whole")[0], train_rows(tmp_path / "micro")[0]
     for key in ("policy/loss", "grad/norm", "policy/entropy", "kl/mean"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     assert b["policy/first_ratio_max_dev"] == 0.0
-    assert max_abs_diff(load_file(micro / "model.safetensors"), load_file(whole / "model.safetensors")) < 2e-5
+    # the same gradient: float32 sums over 8 rows of ≤ 8 tokens in another grouping (|g| ≤ 1)
+    assert len(micro_grads) == len(whole_grads) > 0
+    for g_micro, g_whole in zip(micro_grads, whole_grads, strict=True):
+        torch.testing.assert_close(g_micro, g_whole, rtol=1e-4, atol=1e-6)
+    # ... and each run's weights are exactly one clipped AdamW step of its own gradient
+    initial = load_file(tiny_llama_dir / "model.safetensors")
+    names = [name for name, _ in AutoModelForCausalLM.from_pretrained(tiny_llama_dir).named_parameters()]
+    for out, grads in ((whole, whole_grads), (micro, micro_grads)):
+        predicted, tolerance = adam_steps(initial, [dict(zip(names, grads, strict=True))], [1e-3], 1.0)
+        final = load_file(out / "model.safetensors")
+        for name in names:
+            assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)
 
 
 # ---------------------------------------------------------------------------------------------------------------

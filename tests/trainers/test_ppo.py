@@ -472,7 +472,7 @@ def run_recording_gradients(config, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
 
 @pytest.mark.parametrize("split", [{"micro_batch_size": 1}, {"micro_batch_tokens": 40}], ids=["rows", "tokens"])
 def test_micro_batching_gives_the_same_update(
-    tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split, first_adam_step
+    tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split, adam_steps
 ):
     # one optimizer step on one minibatch of 8 ragged responses: in one pass, or in 8 micro-batches of 1, or in
     # micro-batches of at most 40 tokens (longest rows first), each cut to its own longest row
@@ -505,7 +505,7 @@ def test_micro_batching_gives_the_same_update(
     initial |= {"value.linear.weight": torch.zeros(1, hidden), "value.linear.bias": torch.zeros(1)}
     names += ["value.linear.weight", "value.linear.bias"]
     for out, grads in ((whole, whole_grads), (micro, micro_grads)):
-        predicted, tolerance = first_adam_step(initial, dict(zip(names, grads, strict=True)), 1e-3, 1.0)
+        predicted, tolerance = adam_steps(initial, [dict(zip(names, grads, strict=True))], [1e-3], 1.0)
         final = load_file(out / "model.safetensors")
         final |= {f"value.{k}": v for k, v in load_file(out / "value_head.safetensors").items()}
         for name in names:

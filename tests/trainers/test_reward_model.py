@@ -378,7 +378,7 @@ def run_recording_gradients(config, monkeypatch) -> tuple[Path, list[dict[str, t
         return reward_model.run(config), grads, initial
 
 
-def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, monkeypatch, first_adam_step):
+def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, monkeypatch, adam_steps):
     """One step on all 24 pairs (responses of different lengths: padding varies): in one pass or 6 × 4."""
     fields = {"batch_size": 24, "eval_data": None}
     whole, whole_grads, initial = run_recording_gradients(
@@ -398,7 +398,7 @@ def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, 
     # each run's weights are exactly what one clipped AdamW step makes of its own gradient
     for out, (grads,) in ((whole, whole_grads), (micro, micro_grads)):
         trained = {name: initial[name] for name in grads}
-        predicted, tolerance = first_adam_step(trained, grads, 1e-3, 1.0)
+        predicted, tolerance = adam_steps(trained, [grads], [1e-3], 1.0)
         final = load_file(out / "model.safetensors")
         for name in grads:
             assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)

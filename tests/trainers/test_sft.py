@@ -225,7 +225,7 @@ def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tm
 
 
 def test_micro_batching_gives_the_same_update(
-    tiny_llama_dir, data_dir, tmp_path, monkeypatch, first_adam_step
+    tiny_llama_dir, data_dir, tmp_path, monkeypatch, adam_steps
 ):
     # one optimizer step on all 10 examples: in one pass, or in micro-batches of 4, 4 and 2 of other lengths
     fields = {"batch_size": 16, "eval_data": str(data_dir / "small.jsonl")}
@@ -245,7 +245,7 @@ def test_micro_batching_gives_the_same_update(
     initial = load_file(tiny_llama_dir / "model.safetensors")
     names = [name for name, _ in AutoModelForCausalLM.from_pretrained(tiny_llama_dir).named_parameters()]
     for out, grads in ((whole, whole_grads), (micro, micro_grads)):
-        predicted, tolerance = first_adam_step(initial, dict(zip(names, grads, strict=True)), 3e-3, 1.0)
+        predicted, tolerance = adam_steps(initial, [dict(zip(names, grads, strict=True))], [3e-3], 1.0)
         final = load_file(out / "model.safetensors")
         for name in names:
             assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)
