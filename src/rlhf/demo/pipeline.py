@@ -37,6 +37,7 @@ from typing import Any
 
 from rlhf.config import DemoConfig, config_from_dict, config_to_yaml
 from rlhf.demo import task
+from rlhf.runlog.seeding import environment
 
 GOLD = "rlhf.demo.task:gold"
 """The gold judge as a reward source (module:function)."""
@@ -401,6 +402,7 @@ def summarize(
         **labels,
         "seconds": total,
         **{f"time/{name}_s": value for name, value in seconds.items()},
+        "environment": environment(),  # the same seed gives other figures on other CPU kernels
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
 

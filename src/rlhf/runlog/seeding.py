@@ -23,6 +23,36 @@ def seed_everything(seed: int, rank: int = 0) -> int:
     return s
 
 
+def environment() -> dict[str, Any]:
+    """What a run's floating-point results depend on besides its seed and inputs (saved with the demo's summary).
+
+    The same seed gives the same run on one machine, but the last bits of float32 sums depend on the kernels
+    that compute them: torch picks them by the CPU's instruction set (``cpu_capability``, which
+    ``ATEN_CPU_CAPABILITY`` can lower), the BLAS picks its own code path by CPU, and reductions split by the
+    number of threads. RL training amplifies those bits into another trajectory (docs/reproducibility.md).
+    """
+    import os
+    import platform
+
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
     """Everything random in this process: Python, torch CPU (and CUDA), and named torch generators."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
