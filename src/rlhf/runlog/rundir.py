@@ -77,13 +77,16 @@ def claims_output_dir(run: F) -> F:
 
 
 @contextlib.contextmanager
-def claim(config: Any, field: str = "output_dir") -> Iterator[Path]:
-    """Usable directory, lock, refusal of existing work, resume check — everything before any work starts."""
+def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
+    """Usable directory, lock, refusal of existing work, resume check — everything before any work starts.
+
+    ``entries``: the names whose presence means "a run is here" (the demo has its own).
+    """
     out = Path(getattr(config, field))
     where = f"{config.COMMAND}: "
     ensure_directory(out, where + field)
     with lock(out, where + field):
-        found = existing_run(out)
+        found = existing_run(out, entries)
         resume, overwrite = getattr(config, "resume", False), getattr(config, "overwrite", False)
         if found and not (resume or overwrite):
             raise ConfigError(
@@ -133,20 +136,42 @@ def lock(directory: Path, name: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def existing_run(out: Path) -> list[str]:
-    """The rlhf entries in ``out`` (:data:`RUN_ENTRIES`); empty when no run has written there."""
-    return [name for name in RUN_ENTRIES if (out / name).exists()]
+def existing_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> list[str]:
+    """The rlhf ``entries`` present in ``out``; empty when no run has written there."""
+    return [name for name in entries if (out / name).exists()]
 
 
-def clear_run(out: Path) -> None:
+def clear_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
     """Remove the previous run's entries (checkpoints, metrics, final/, …), so nothing stale survives."""
-    for name in RUN_ENTRIES:
+    for name in entries:
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
     fsync_dir(out)
+
+
+def check_outputs(config: Any, outputs: dict[str, str | Path | None]) -> None:
+    """Before any work: each output file (field name → path; None = not written) is refused if it exists and
+    ``config.overwrite`` is off, or if it is a directory or its directory cannot be written.
+
+    The file itself is written later through :func:`atomic_open` with ``replace=config.overwrite``, which
+    also refuses to replace a file another process wrote in the meantime.
+    """
+    where = f"{config.COMMAND}: "
+    for field, path in outputs.items():
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{where}{field} {str(path)!r} is a directory; give a file")
+        if path.exists() and not config.overwrite:
+            raise ConfigError(
+                f"{where}{field} {str(path)!r} already exists; pass --overwrite to replace it, or choose "
+                "another file"
+            )
+        ensure_directory(path.parent, f"{where}{field}'s directory")
 
 
 # --------------------------------------------------------------------------------------------------------------
