@@ -175,6 +175,24 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
 # --------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("command", "changes"),
+    [("rm", {"batch_size": 8, "learning_rate": 1e-3}), ("grpo", {"group_size": 2, "lora": {"r": 2}})],
+)
+def test_rm_and_grpo_resume_with_a_changed_config_is_refused(tmp_path, command, changes):
+    out = tmp_path / "run"
+    out.mkdir()
+    base = {"train_data": "t.jsonl", "output_dir": str(out)}
+    base |= {"model": "m"} if command == "rm" else {"policy": "p", "reward": LENGTH}
+    common.write_run_config(out, config_from_dict(command, base))
+    save_checkpoint(out, 1, {"step": 1})
+    runner = cli.runner(command)
+    with pytest.raises(ConfigError, match="resume: the config differs") as error:
+        runner(config_from_dict(command, base | changes | {"resume": True}))
+    for field in changes:
+        assert f"{field}: " in str(error.value), field
+
+
 def test_resume_with_a_changed_config_is_refused_naming_each_field(tmp_path):
     out = tmp_path / "run"
     recorded = ppo_config("policy", tmp_path, out)  # never loaded: the refusal comes first

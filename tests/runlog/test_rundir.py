@@ -233,6 +233,10 @@ def test_a_kill_during_the_metrics_rewrite_leaves_the_complete_file(tmp_path):
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
     assert path.read_text() == rows
+    leftovers = list(tmp_path.glob(".metrics.jsonl.*.tmp"))
+    assert len(leftovers) == 1  # the new contents it never renamed; the next run's claim deletes them
+    claim(sft_config(tmp_path, resume=True))
+    assert not leftovers[0].exists()
     # the next resume cleans up after it and keeps steps 1-10
     MetricsLogger(tmp_path, resume_step=11).close()
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(range(1, 11))

@@ -437,8 +437,7 @@ def _held_out_end(name: str, rows: list[dict[str, Any]]) -> dict[str, float]:
 def _config(run_dir: Path, command: str, values: Mapping[str, Any]) -> Any:
     """The checked config of `command`, also written as ``run_dir/<command>.yaml`` (``rlhf <command> --config``)."""
     cfg = config_from_dict(command, values)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / f"{command}.yaml").write_text(config_to_yaml(cfg))
+    rundir.atomic_write_text(run_dir / f"{command}.yaml", config_to_yaml(cfg))
     return cfg
 
 

@@ -86,6 +86,7 @@ def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN
     where = f"{config.COMMAND}: "
     ensure_directory(out, where + field)
     with lock(out, where + field):
+        remove_leftovers(out, entries)
         found = existing_run(out, entries)
         resume, overwrite = getattr(config, "resume", False), getattr(config, "overwrite", False)
         if found and not (resume or overwrite):
@@ -139,6 +140,19 @@ def lock(directory: Path, name: str) -> Iterator[None]:
 def existing_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> list[str]:
     """The rlhf ``entries`` present in ``out``; empty when no run has written there."""
     return [name for name in entries if (out / name).exists()]
+
+
+def remove_leftovers(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
+    """Delete the temp files and directories of a killed run (``.<entry>.*.tmp``, see :func:`atomic_open`).
+
+    Only called with the lock held: nobody else can be writing them.
+    """
+    for name in entries:
+        for path in out.glob(f".{name}.*.tmp"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def clear_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
