@@ -284,17 +284,27 @@ def atomic_open(path: str | Path, mode: str = "w", replace: bool = True) -> Iter
         if replace:
             os.replace(tmp, path)
         else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise ConfigError(
-                    f"{str(path)!r} was written by another process meanwhile; left as it is"
-                ) from None
-            os.unlink(tmp)
+            _publish_new(tmp, path)
         fsync_dir(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _publish_new(tmp: str, path: Path) -> None:
+    """Rename ``tmp`` to ``path`` unless ``path`` exists: a hard link is the atomic "create, never replace"."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise ConfigError(f"{str(path)!r} was written by another process meanwhile; left as it is") from None
+    except OSError:  # a filesystem without hard links: check, then rename (a narrow race, not a torn file)
+        if path.exists():
+            raise ConfigError(
+                f"{str(path)!r} was written by another process meanwhile; left as it is"
+            ) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
