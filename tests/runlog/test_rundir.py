@@ -275,3 +275,14 @@ def test_atomic_open_keeps_the_old_file_on_error_and_never_replaces_a_file_witho
         f.write("new\n")
     assert path.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+
+def test_a_run_failing_before_it_writes_leaves_no_directory_it_created(tmp_path):
+    out = tmp_path / "new" / "run"
+    with pytest.raises(ValueError), rundir.claim(sft_config(out)):
+        raise ValueError("bad data")
+    assert not out.exists()
+    out.mkdir()  # a directory that was there before stays
+    with pytest.raises(ValueError), rundir.claim(sft_config(out)):
+        raise ValueError("bad data")
+    assert out.is_dir()

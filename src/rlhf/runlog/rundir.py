@@ -84,8 +84,9 @@ def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN
     """
     out = Path(getattr(config, field))
     where = f"{config.COMMAND}: "
+    created = not out.exists()
     ensure_directory(out, where + field)
-    with lock(out, where + field):
+    with lock(out, where + field), _removed_if_unused(out, created):
         remove_leftovers(out, entries)
         found = existing_run(out, entries)
         resume, overwrite = getattr(config, "resume", False), getattr(config, "overwrite", False)
@@ -97,6 +98,18 @@ def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN
         if resume and found:
             check_resumable(out, config, where)
         yield out
+
+
+@contextlib.contextmanager
+def _removed_if_unused(out: Path, created: bool) -> Iterator[None]:
+    """A run that fails before writing anything (bad data, a missing model) leaves no directory it created."""
+    try:
+        yield
+    except BaseException:
+        if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
+            (out / LOCK_FILE).unlink()
+            out.rmdir()
+        raise
 
 
 def ensure_directory(path: Path, name: str) -> None:
