@@ -128,7 +128,7 @@ def test_candidates_with_a_judge_carry_its_scores_and_the_judge_gets_the_columns
     for row in rows:
         assert row["rewards"] == [float(len(c)) for c in row["completions"]]
     # a judge reading the prompt's `idx` column gets it once per completion
-    sample.run(sample_config(tiny_llama_dir, prompts_file, out, judge=judge("column_idx")))
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out, judge=judge("column_idx"), overwrite=True))
     assert [row["rewards"] for row in read_jsonl(out)] == [[float(i)] * K for i in range(6)]
 
 
@@ -193,7 +193,12 @@ def test_ties_and_unscored_prompts_are_skipped_and_counted(tiny_llama_dir, promp
     # only the first completion of each batch is scored: prompts 0 and 4 have one, the rest none
     summary = sample.run(
         sample_config(
-            tiny_llama_dir, prompts_file, out, mode="best_of_n", judge=judge("unscored_after_first")
+            tiny_llama_dir,
+            prompts_file,
+            out,
+            mode="best_of_n",
+            judge=judge("unscored_after_first"),
+            overwrite=True,
         )
     )
     assert summary["rows"] == 2 and summary["skipped"]["unscored"] == 4

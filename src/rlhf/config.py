@@ -580,12 +580,15 @@ class _TrainingConfig(_Config):
     log_every: int = 1
     """Log metrics every this many steps."""
     resume: bool = False
-    """Continue from the newest checkpoint in output_dir/checkpoints instead of starting afresh."""
+    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except steps, epochs, eval_every, save_every, log_every, progress, report_to, run_name, micro_batch_size, micro_batch_tokens and compile (a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
+    overwrite: bool = False
+    """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
     progress: bool = True
     """Show a progress bar on the console."""
 
     def _check(self, where: str) -> None:
         _check_nonempty(where, "output_dir", self.output_dir, "a directory for the run")
+        _check_resume_overwrite(where, self)
         _check_nonempty(where, "train_data", self.train_data, "a data file or directory")
         _check_nonempty(where, "eval_data", self.eval_data, "a data file or directory, or None")
         _check_range(where, "seed", self.seed, ge=0)
@@ -617,6 +620,14 @@ class _TrainingConfig(_Config):
     def grad_accum_steps(self) -> int:
         """Forward/backward passes per optimizer step."""
         return self.batch_size // self.effective_micro_batch_size
+
+
+def _check_resume_overwrite(where: str, cfg: Any) -> None:
+    if getattr(cfg, "resume", False) and cfg.overwrite:
+        raise ConfigError(
+            f"{where}resume and overwrite are both set; resume continues the run in output_dir, overwrite "
+            "replaces it — choose one"
+        )
 
 
 def _check_batch_divides(where: str, cfg: "_TrainingConfig", unit: str) -> None:
@@ -1046,6 +1057,8 @@ class SampleConfig(_Config):
     """Model dtype."""
     summary: bool = False
     """Also write the run's counts, mean judge score and timings to <output>.summary.json (they always go to stderr)."""
+    overwrite: bool = False
+    """Replace output (and <output>.summary.json) if it exists; without it an existing file is refused before any sampling."""
     progress: bool = True
     """Show a progress bar on the console."""
 
@@ -1116,6 +1129,8 @@ class EvalConfig(_Config):
     """Seed of sampling (the policy and the baseline each start from it): the same seed gives the same results."""
     dtype: DType = "float32"
     """Model dtype."""
+    overwrite: bool = False
+    """Replace output and samples_output if they exist; without it an existing file is refused before any work."""
     progress: bool = True
     """Show a progress bar on the console."""
 
@@ -1157,6 +1172,8 @@ class DemoConfig(_Config):
     """Iterations of both PPO and GRPO; None = the preset's own."""
     seed: int = 0
     """Seed for every random number generator."""
+    overwrite: bool = False
+    """Replace a demo already in output_dir (its stage directories, data/, summary.json and report.html; other files are left alone); without it such a directory is refused."""
     progress: bool = True
     """Show a progress bar on the console."""
 

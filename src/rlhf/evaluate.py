@@ -39,7 +39,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +48,7 @@ from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.models.loading import load_tokenizer
 from rlhf.rollout.rewards import RewardSet, load_reward_set
+from rlhf.runlog import rundir
 from rlhf.runlog.seeding import seed_everything
 from rlhf.sample import (
     BatchProgress,
@@ -76,6 +76,7 @@ class Answers:
 def run(config: EvalConfig) -> dict[str, Any]:
     """Evaluate ``config.policy`` (and its win rate against ``config.baseline``); returns the results."""
     start = time.perf_counter()
+    rundir.check_outputs(config, {"output": config.output, "samples_output": config.samples_output})
     seed_everything(config.seed)
     device = common.device_for_run()
     # 1. prompts (through the policy's tokenizer) and the reward
@@ -128,11 +129,11 @@ def run(config: EvalConfig) -> dict[str, Any]:
     if config.output is None:
         print(text)
     else:
-        _write(config.output, text + "\n")
+        _write(config.output, text + "\n", config.overwrite)
         print(f"eval: {_summary_line(results)} → {config.output}", file=sys.stderr)
     if config.samples_output is not None:
         lines = [json.dumps(json_safe(row), ensure_ascii=False) + "\n" for row in rows]
-        _write(config.samples_output, "".join(lines))
+        _write(config.samples_output, "".join(lines), config.overwrite)
     return results
 
 
@@ -231,9 +232,10 @@ def _prompts(config: EvalConfig, tokenizer: Any) -> list[TokenizedPrompt]:
     return prompts if config.max_prompts is None else prompts[: config.max_prompts]
 
 
-def _write(path: str, text: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text, encoding="utf-8")
+def _write(path: str, text: str, overwrite: bool) -> None:
+    """Temp file + rename; without ``overwrite`` a file another process wrote meanwhile is not replaced."""
+    with rundir.atomic_open(path, replace=overwrite) as f:
+        f.write(text)
 
 
 def _summary_line(results: dict[str, Any]) -> str:

@@ -58,6 +58,7 @@ from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import load_reward_set
+from rlhf.runlog import rundir
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common
 
@@ -67,6 +68,9 @@ Row = dict[str, Any]
 def run(config: SampleConfig) -> dict[str, Any]:
     """Sample ``config.num_samples`` completions per prompt and write ``config.output``; returns the summary."""
     start = time.perf_counter()
+    out = Path(config.output)
+    summary_path = Path(f"{out}.summary.json")
+    rundir.check_outputs(config, {"output": out, "summary": summary_path if config.summary else None})
     seed_everything(config.seed)
     device = common.device_for_run()
     # 1. policy, prompts, judge
@@ -80,14 +84,15 @@ def run(config: SampleConfig) -> dict[str, Any]:
     make_rows = ROWS[config.mode]
     k = config.num_samples
 
-    out = Path(config.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
     rows_written, skipped = 0, Counter()
     lengths: list[torch.Tensor] = []  # per batch: response lengths (B·k,) and whether each stopped (B·k,)
     stopped: list[torch.Tensor] = []
     scores_all: list[common.Scores] = []
     batches = prompt_batches(prompts, config.batch_size)
-    with out.open("w", encoding="utf-8") as f, BatchProgress(len(prompts), "sample", config.progress) as bar:
+    with (
+        rundir.atomic_open(out, replace=config.overwrite) as f,
+        BatchProgress(len(prompts), "sample", config.progress) as bar,
+    ):
         for batch in batches:
             # 2. k completions per prompt (consecutive rows)
             generated = sampler(batch, repeat=k)
@@ -138,7 +143,8 @@ def run(config: SampleConfig) -> dict[str, Any]:
     summary["time/total_s"] = time.perf_counter() - start
     summary = json_safe(summary)
     if config.summary:
-        Path(f"{out}.summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with rundir.atomic_open(summary_path, replace=config.overwrite) as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
     print(summary_line(summary), file=sys.stderr)
     return summary
 

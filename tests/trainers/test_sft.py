@@ -9,6 +9,7 @@ Each run is a real `rlhf.trainers.sft.run(config)`; the loss-level checks call t
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -360,10 +361,16 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
 
 
 def test_resume_refuses_other_data(tiny_llama_dir, data_dir, tmp_path):
-    out = tmp_path / "run"
-    sft.run(make_config(tiny_llama_dir, data_dir / "small.jsonl", out, save_every=1))
-    with pytest.raises(ConfigError, match=r"other num_examples \(10, now 61\), fingerprint"):
+    out, train = tmp_path / "run", tmp_path / "train.jsonl"
+    shutil.copy(data_dir / "small.jsonl", train)
+    sft.run(make_config(tiny_llama_dir, train, out, save_every=1))
+    # another file: the config check names the field
+    with pytest.raises(ConfigError, match=r"differs .* in train_data: '.*train.jsonl' → '.*train.jsonl'"):
         sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, resume=True))
+    # the same file with other contents: the checkpoint's fingerprint of the data
+    shutil.copy(data_dir / "train.jsonl", train)
+    with pytest.raises(ConfigError, match=r"other num_examples \(10, now 61\), fingerprint"):
+        sft.run(make_config(tiny_llama_dir, train, out, resume=True))
 
 
 # --------------------------------------------------------------------------------------------------------------

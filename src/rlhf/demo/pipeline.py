@@ -37,6 +37,7 @@ from typing import Any
 
 from rlhf.config import DemoConfig, config_from_dict, config_to_yaml
 from rlhf.demo import task
+from rlhf.runlog import rundir
 from rlhf.runlog.seeding import environment
 
 GOLD = "rlhf.demo.task:gold"
@@ -134,12 +135,25 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
 
 STAGES = ("pretrain", "sft", "sample", "label", "rm", "ppo", "ppo_no_kl", "grpo", "eval")
 
+ENTRIES = (*STAGES, "data", "summary.json", "report.html")
+"""What a demo writes into its output_dir: a directory holding any of them is a demo (refused without
+``overwrite``, and exactly these are removed with it)."""
+
 
 def run(config: DemoConfig) -> dict[str, Any]:
-    """Run every stage into ``config.output_dir``; returns the summary (also written to summary.json)."""
+    """Run every stage into ``config.output_dir``; returns the summary (also written to summary.json).
+
+    The directory is locked for the whole demo; a previous demo there is refused, or removed with ``overwrite``
+    before the first stage, so that every stage starts in an empty run directory.
+    """
+    with rundir.claim(config, entries=ENTRIES) as out:
+        if config.overwrite:
+            rundir.clear_run(out, ENTRIES)
+        return _stages(config, out)
+
+
+def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     preset = PRESETS[config.preset]
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     train_prompts, eval_prompts = task.split_prompts(config.seed)
     seconds: dict[str, float] = {}
@@ -269,7 +283,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
 
     results = stage("eval", lambda: {name: eval_runner.run(cfg) for name, cfg in evals.items()})
     summary = summarize(out, results, labels, seconds, time.perf_counter() - start)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rundir.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     from rlhf import report
 
     page = report.write(out)
@@ -425,8 +439,7 @@ def _held_out_end(name: str, rows: list[dict[str, Any]]) -> dict[str, float]:
 def _config(run_dir: Path, command: str, values: Mapping[str, Any]) -> Any:
     """The checked config of `command`, also written as ``run_dir/<command>.yaml`` (``rlhf <command> --config``)."""
     cfg = config_from_dict(command, values)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / f"{command}.yaml").write_text(config_to_yaml(cfg))
+    rundir.atomic_write_text(run_dir / f"{command}.yaml", config_to_yaml(cfg))
     return cfg
 
 

@@ -38,13 +38,24 @@ def save_checkpoint(
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
+    fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): replace it whole
         shutil.rmtree(final)
     os.replace(tmp, final)
+    fsync_dir(final.parent)  # the rename itself must survive a power cut, not only the file's bytes
     if keep_last is not None:
         for old in list_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old)
     return final
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:

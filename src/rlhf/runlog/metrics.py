@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
+
+from rlhf.runlog.rundir import atomic_open
 
 
 def _plain(value: Any) -> Any:
@@ -31,11 +34,12 @@ class MetricsLogger:
     ):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is None:
-            self.path.write_text("")
-        else:
-            kept = [line for line in self._lines() if json.loads(line).get("step", -1) < resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        kept = (
+            [] if resume_step is None else [row for row in self._rows() if row.get("step", -1) < resume_step]
+        )
+        # a temp file renamed over the old one: a kill mid-rewrite leaves the old rows, never an empty file
+        with atomic_open(self.path) as f:
+            f.writelines(json.dumps(row, allow_nan=True) + "\n" for row in kept)
         self._file = self.path.open("a")
         self._sinks: list[Any] = []
         for name in report_to:
@@ -43,10 +47,23 @@ class MetricsLogger:
                 continue
             self._sinks.append(_open_sink(name, Path(output_dir), run_config or {}))
 
-    def _lines(self) -> list[str]:
+    def _rows(self) -> list[dict[str, Any]]:
+        """The logged rows; a torn last line (the process died mid-write) is dropped, saying so on stderr."""
         if not self.path.exists():
             return []
-        return [line for line in self.path.read_text().splitlines() if line.strip()]
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        rows = []
+        for number, line in enumerate(lines, 1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if number < len(lines):
+                    raise ValueError(
+                        f"{self.path}:{number}: not a JSON row ({e}); fix or remove it"
+                    ) from None
+                print(f"resume: dropping the torn last line {number} of {self.path}: {line[:60]!r}",
+                      file=sys.stderr)  # fmt: skip
+        return rows
 
     def log(self, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {key: _plain(value) for key, value in metrics.items()}

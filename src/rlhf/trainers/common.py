@@ -24,6 +24,7 @@ from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import SamplingParams, sample
 from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.rundir import atomic_open, atomic_write_text, clear_run
 from rlhf.runlog.seeding import rng_state, set_rng_state
 
 MAX_HELD_OUT = 32
@@ -166,8 +167,7 @@ def write_samples(
 ) -> Path:
     """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
     path = output_dir / "samples" / f"step_{step:06d}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
+    with atomic_open(path) as f:
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             row: dict[str, Any] = {"step": step, "prompt": prompt, "completion": completion}
             value = scores.combined[i].item()
@@ -182,22 +182,24 @@ def write_samples(
 
 
 def write_run_config(output_dir: Path, config: Any) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(config_to_yaml(config))
+    atomic_write_text(output_dir / "config.yaml", config_to_yaml(config))
 
 
 def open_run(output_dir: Path, config: Any, checkpoint: Path | None, start: int) -> MetricsLogger:
     """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``.
 
-    Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``; otherwise
-    the file starts empty. Shared by every trainer so resumes read the same everywhere.
+    Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``. Otherwise
+    the previous run's files are deleted first (``--overwrite``, or a resume with nothing to resume), so no
+    stale checkpoint or sample survives; `rundir.claim` has already refused a run nobody asked to replace.
+    Shared by every trainer so resumes read the same everywhere.
     """
     if checkpoint is not None:
         print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
-    elif config.resume:
-        print(
-            f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0", file=sys.stderr
-        )
+    else:
+        if config.resume:
+            print(f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0",
+                  file=sys.stderr)  # fmt: skip
+        clear_run(output_dir)
     write_run_config(output_dir, config)
     resume_step = start + 1 if checkpoint is not None else None
     return MetricsLogger(

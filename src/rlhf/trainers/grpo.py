@@ -66,7 +66,8 @@ from rlhf.models.loading import (
 from rlhf.models.policy import score_response_tokens
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import load_reward_set
-from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog import rundir
+from rlhf.runlog.checkpoint import save_checkpoint
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common
@@ -146,6 +147,7 @@ class Models:
         load_trainable_state(self.policy, state["policy"], "policy weights")
 
 
+@rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
     """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
     out = Path(config.output_dir)
@@ -164,9 +166,8 @@ def run(config: GRPOConfig) -> Path:
     sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
     start = 0
 
-    checkpoint = latest_checkpoint(out) if config.resume else None
+    checkpoint, saved = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        saved = load_checkpoint(checkpoint)
         models.load_state_dict(saved["models"])
         state.load_state_dict(saved)
         start = saved["step"]
@@ -207,7 +208,9 @@ def run(config: GRPOConfig) -> Path:
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {"step": step, "models": models.state_dict(), **state.state_dict()})
     logger.close()
-    return save_final(models, tokenizer, out)
+    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+        save_final(models, tokenizer, staging)
+    return out / "final"
 
 
 def sample_groups(

@@ -50,7 +50,8 @@ from rlhf.models.loading import (
 from rlhf.models.policy import ScoredTokens, ValueHead, score_response_tokens
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward, load_reward_set
-from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog import rundir
+from rlhf.runlog.checkpoint import save_checkpoint
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common
@@ -139,6 +140,7 @@ class Models:
         self.value_module().load_state_dict(state["value"])
 
 
+@rundir.claims_output_dir
 def run(config: PPOConfig) -> Path:
     """Train ``config.policy`` with PPO; returns the ``final/`` directory."""
     out = Path(config.output_dir)
@@ -157,9 +159,8 @@ def run(config: PPOConfig) -> Path:
     sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
     kl_coef, start = config.kl_coef, 0
 
-    checkpoint = latest_checkpoint(out) if config.resume else None
+    checkpoint, saved = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        saved = load_checkpoint(checkpoint)
         models.load_state_dict(saved["models"])
         state.load_state_dict(saved)
         kl_coef, start = saved["kl_coef"], saved["step"]
@@ -212,7 +213,9 @@ def run(config: PPOConfig) -> Path:
                     "step": step, "models": models.state_dict(), **state.state_dict(), "kl_coef": kl_coef,
                 })  # fmt: skip
     logger.close()
-    return save_final(models, tokenizer, out)
+    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+        save_final(models, tokenizer, staging)
+    return out / "final"
 
 
 def fuses_first_update(config: PPOConfig) -> bool:

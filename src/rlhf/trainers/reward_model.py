@@ -63,7 +63,8 @@ from rlhf.models.reward import (
     set_reward_normalization,
 )
 from rlhf.optim import build_optimizer
-from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog import rundir
+from rlhf.runlog.checkpoint import save_checkpoint
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common
@@ -72,6 +73,7 @@ NORMALIZATION_FILE = "normalization.jsonl"
 """In ``output_dir``: one row per normalisation sample — prompt, completion, raw score, normalised score."""
 
 
+@rundir.claims_output_dir
 def run(config: RMConfig) -> Path:
     """Train a reward model on ``config.train_data``; returns the ``final/`` directory."""
     out = Path(config.output_dir)
@@ -95,9 +97,8 @@ def run(config: RMConfig) -> Path:
     )
     start = 0
 
-    checkpoint = latest_checkpoint(out) if config.resume else None
+    checkpoint, state = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
         load_trainable_state(rm.model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -149,10 +150,10 @@ def run(config: RMConfig) -> Path:
     if config.normalize_policy:
         normalize(config, model, rm.tokenizer, device, out)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
-    final = out / "final"
-    model.save_pretrained(final)
-    rm.tokenizer.save_pretrained(final)
-    return final
+    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+        model.save_pretrained(staging / "final")
+        rm.tokenizer.save_pretrained(staging / "final")
+    return out / "final"
 
 
 def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:
@@ -272,7 +273,7 @@ def normalize(
             f"({scores[0]:.6g}); a gain cannot make them std 1 — is the reward model constant?"
         )
     set_reward_normalization(model.config, gain, bias)
-    with (out / NORMALIZATION_FILE).open("w") as f:
+    with rundir.atomic_open(out / NORMALIZATION_FILE) as f:
         for prompt, completion, score in zip(texts, completions, scores, strict=True):
             row = {
                 "prompt": prompt,

@@ -55,7 +55,8 @@ from rlhf.models.loading import (
     trainable_state,
 )
 from rlhf.optim import build_optimizer
-from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf.runlog import rundir
+from rlhf.runlog.checkpoint import save_checkpoint
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common
@@ -64,6 +65,7 @@ MAX_HELD_OUT = 200
 HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) is held out; none below 20
 
 
+@rundir.claims_output_dir
 def run(config: SFTConfig) -> Path:
     """Fine-tune ``config.model`` on ``config.train_data``; returns the ``final/`` directory."""
     out = Path(config.output_dir)
@@ -84,9 +86,8 @@ def run(config: SFTConfig) -> Path:
         params, config.learning_rate, config.weight_decay, total_steps, config.lr_scheduler, config.warmup_steps,
     )  # fmt: skip
     start = 0
-    checkpoint = latest_checkpoint(out) if config.resume else None
+    checkpoint, state = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
         order.check_state(state["data"], state["step"])
         load_trainable_state(model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -145,7 +146,9 @@ def run(config: SFTConfig) -> Path:
                     "scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state(),
                 })  # fmt: skip
     logger.close()
-    return save_final(model, tokenizer, config.model, out)
+    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+        save_final(model, tokenizer, config.model, staging)
+    return out / "final"
 
 
 # --------------------------------------------------------------------------------------------------------------

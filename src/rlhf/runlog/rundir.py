@@ -1,0 +1,352 @@
+"""The run directory belongs to one run at a time, and a finished run is never replaced without being asked.
+
+Every training command (sft, rm, ppo, grpo) runs inside :func:`claims_output_dir`: before any model loads it
+
+1. checks that ``output_dir`` is (or can become) a writable directory;
+2. takes an exclusive ``fcntl.flock`` on ``output_dir/.rlhf.lock`` for the whole run (the kernel drops it
+   when the process dies, so a killed run never leaves a stale lock); a second run is refused, naming the
+   holder's pid;
+3. refuses a directory that already holds a run (any of :data:`RUN_ENTRIES`) unless the config says
+   ``resume`` (continue it) or ``overwrite`` (replace it); files that are not rlhf's own are never counted
+   nor removed, so a run directory may hold the user's own YAML files (the demo writes ``sft.yaml`` there);
+4. on ``resume``, compares the config with the run's recorded ``config.yaml`` and refuses any change outside
+   :data:`SAFE_ON_RESUME`, listing each field as ``old → new``.
+
+The old run is removed (:func:`clear_run`) only once the new one has loaded its models and is about to write,
+so an ``--overwrite`` run that fails at start-up leaves the old run as it was.
+
+Files rewritten during a run go through :func:`atomic_open` / :func:`staged` (a temp file or directory in the
+same directory, fsynced, renamed into place, the directory fsynced): a crash leaves the old or the new
+version, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import yaml
+
+from rlhf.config import ConfigError
+from rlhf.runlog.checkpoint import fsync_dir, list_checkpoints, load_checkpoint
+
+LOCK_FILE = ".rlhf.lock"
+"""In ``output_dir``: the file a run holds an exclusive ``flock`` on; it holds the holder's pid."""
+
+RUN_ENTRIES = (
+    "config.yaml", "metrics.jsonl", "checkpoints", "samples", "final", "tensorboard", "normalization.jsonl",
+    "report.html",
+)  # fmt: skip
+"""What a training run writes into ``output_dir``: its presence means "a run is here"; ``overwrite`` removes
+exactly these (and nothing else, so ``output_dir: .`` never loses the user's own files)."""
+
+SAFE_ON_RESUME = frozenset({
+    "resume", "overwrite", "steps", "epochs", "eval_every", "save_every", "log_every", "progress", "report_to",
+    "run_name", "micro_batch_size", "micro_batch_tokens", "compile",
+})  # fmt: skip
+"""Fields that may differ between a run and its ``--resume``: how long it runs, how often it logs, evaluates
+and saves, where metrics go, and how the work is split into passes (the same math). Any other change would
+silently make the resumed run a different one, so it is refused."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Claiming output_dir: usable, locked, not someone else's finished run
+# --------------------------------------------------------------------------------------------------------------
+
+
+def claims_output_dir(run: F) -> F:
+    """Decorate a trainer's ``run(config)``: claim ``config.output_dir`` (:func:`claim`) for the whole call."""
+
+    @functools.wraps(run)
+    def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
+        with claim(config):
+            return run(config, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
+    """Usable directory, lock, refusal of existing work, resume check — everything before any work starts.
+
+    ``entries``: the names whose presence means "a run is here" (the demo has its own).
+    """
+    out = Path(getattr(config, field))
+    where = f"{config.COMMAND}: "
+    created = not out.exists()
+    ensure_directory(out, where + field)
+    with lock(out, where + field), _removed_if_unused(out, created):
+        remove_leftovers(out, entries)
+        found = existing_run(out, entries)
+        resume, overwrite = getattr(config, "resume", False), getattr(config, "overwrite", False)
+        if found and not (resume or overwrite):
+            raise ConfigError(
+                f"{where}{field} {str(out)!r} already holds a run ({', '.join(found)}); pass --resume to "
+                "continue it or --overwrite to replace it, or choose another output_dir"
+            )
+        if resume and found:
+            check_resumable(out, config, where)
+        yield out
+
+
+@contextlib.contextmanager
+def _removed_if_unused(out: Path, created: bool) -> Iterator[None]:
+    """A run that fails before writing anything (bad data, a missing model) leaves no directory it created."""
+    try:
+        yield
+    except BaseException:
+        if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
+            (out / LOCK_FILE).unlink()
+            out.rmdir()
+        raise
+
+
+def ensure_directory(path: Path, name: str) -> None:
+    """Create ``path`` if needed; ConfigError naming ``name`` when it is a file or cannot be written."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name} {str(path)!r} is a file, not a directory; give a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{name} {str(path)!r} cannot be created: {e.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} {str(path)!r} is not writable; give a directory you can write to")
+
+
+@contextlib.contextmanager
+def lock(directory: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``directory/.rlhf.lock``; ConfigError naming the holder's pid if taken."""
+    path = directory / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(
+            f"{name} {str(directory)!r} is not writable ({e.strerror}); give a directory you can write to"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(
+                f"{name} {str(directory)!r} is in use by another run (pid {holder}); wait for it to finish or "
+                "choose another output_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def existing_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> list[str]:
+    """The rlhf ``entries`` present in ``out``; empty when no run has written there."""
+    return [name for name in entries if (out / name).exists()]
+
+
+def remove_leftovers(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
+    """Delete the temp files and directories of a killed run (``.<entry>.*.tmp``, see :func:`atomic_open`).
+
+    Only called with the lock held: nobody else can be writing them.
+    """
+    for name in entries:
+        for path in out.glob(f".{name}.*.tmp"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def clear_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
+    """Remove the previous run's entries (checkpoints, metrics, final/, …), so nothing stale survives."""
+    for name in entries:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    fsync_dir(out)
+
+
+def check_outputs(config: Any, outputs: dict[str, str | Path | None]) -> None:
+    """Before any work: each output file (field name → path; None = not written) is refused if it exists and
+    ``config.overwrite`` is off, or if it is a directory or its directory cannot be written.
+
+    The file itself is written later through :func:`atomic_open` with ``replace=config.overwrite``, which
+    also refuses to replace a file another process wrote in the meantime.
+    """
+    where = f"{config.COMMAND}: "
+    for field, path in outputs.items():
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{where}{field} {str(path)!r} is a directory; give a file")
+        if path.exists() and not config.overwrite:
+            raise ConfigError(
+                f"{where}{field} {str(path)!r} already exists; pass --overwrite to replace it, or choose "
+                "another file"
+            )
+        ensure_directory(path.parent, f"{where}{field}'s directory")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Resume: the same config, a checkpoint that loads
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_resumable(out: Path, config: Any, where: str) -> None:
+    """Refuse a resume that cannot continue: a finished run without checkpoints, or a changed config."""
+    if not list_checkpoints(out):
+        if (out / "final").exists():
+            raise ConfigError(
+                f"{where}resume: the run in {str(out)!r} finished without a checkpoint to continue from "
+                "(save_every: 0?); pass --overwrite instead of --resume to run it again"
+            )
+        return  # nothing to continue: the run starts afresh (open_run says so)
+    changed = config_changes(out / "config.yaml", config)
+    if changed:
+        raise ConfigError(
+            f"{where}resume: the config differs from the run's {out / 'config.yaml'} in "
+            + "; ".join(changed)
+            + f". Only {', '.join(sorted(SAFE_ON_RESUME - {'resume', 'overwrite'}))} may change on resume; "
+            "restore the others, or pass --overwrite instead of --resume to start a new run"
+        )
+
+
+def config_changes(recorded: Path, config: Any) -> list[str]:
+    """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``."""
+    from rlhf.config import config_to_dict
+
+    if not recorded.is_file():
+        return []  # a run from before config.yaml was written: nothing to compare with
+    try:
+        old = yaml.safe_load(recorded.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{config.COMMAND}: resume: cannot read {recorded}: {e}") from None
+    header = recorded.read_text().partition("\n")[0]
+    if not header.startswith(f"# rlhf {config.COMMAND}:"):
+        return [f"command: {header.removeprefix('# rlhf ').partition(':')[0] or '?'} → {config.COMMAND}"]
+    new = config_to_dict(config)
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING
+    }  # a field added since the run was recorded counts as its default then
+    return [
+        f"{name}: {old.get(name, defaults.get(name))!r} → {value!r}"
+        for name, value in new.items()
+        if name not in SAFE_ON_RESUME and old.get(name, defaults.get(name)) != value
+    ]
+
+
+def load_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest checkpoint of ``config.output_dir`` that loads, and its state; (None, None) without resume.
+
+    A checkpoint whose ``state.pt`` cannot be read (a disk filled mid-write on a filesystem that renamed it
+    anyway, a truncated copy) is skipped with a message on stderr and the one before it is used.
+    """
+    if not config.resume:
+        return None, None
+    out = Path(config.output_dir)
+    found = list_checkpoints(out)
+    for path in reversed(found):
+        try:
+            return path, load_checkpoint(path)
+        except Exception as e:  # torch.load raises RuntimeError, EOFError, UnpicklingError, … on a torn file
+            print(f"resume: checkpoint {path} cannot be loaded ({type(e).__name__}: {e}); "
+                  "falling back to the one before it", file=sys.stderr)  # fmt: skip
+    if found:
+        raise ConfigError(
+            f"{config.COMMAND}: resume: none of the {len(found)} checkpoints under {out / 'checkpoints'} can "
+            "be loaded; pass --overwrite instead of --resume to start afresh"
+        )
+    return None, None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Atomic writes
+# --------------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", replace: bool = True) -> Iterator[IO[Any]]:
+    """Write ``path`` through a temp file in its directory, renamed into place when the block succeeds.
+
+    ``replace=False`` publishes with a hard link, which fails if ``path`` appeared meanwhile (another process
+    wrote it): ConfigError then, and that file is left alone.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        encoding = None if "b" in mode else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _publish_new(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _publish_new(tmp: str, path: Path) -> None:
+    """Rename ``tmp`` to ``path`` unless ``path`` exists: a hard link is the atomic "create, never replace"."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise ConfigError(f"{str(path)!r} was written by another process meanwhile; left as it is") from None
+    except OSError:  # a filesystem without hard links: check, then rename (a narrow race, not a torn file)
+        if path.exists():
+            raise ConfigError(
+                f"{str(path)!r} was written by another process meanwhile; left as it is"
+            ) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_open(path) as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """``with staged(out / "final") as tmp: save(tmp)`` — ``save`` writes ``tmp / "final"``, which then
+    replaces ``out / "final"`` whole: a crash while saving leaves the previous ``final/`` (or none).
+
+    The old directory is moved aside before the new one is renamed in, then deleted; rename cannot replace
+    a non-empty directory in one step.
+    """
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        yield staging
+        new = staging / target.name
+        if not new.is_dir():
+            raise RuntimeError(f"nothing was saved to {new}")
+        for path in new.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        old = staging / (target.name + ".old")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(new, target)
+        fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
