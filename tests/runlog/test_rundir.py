@@ -57,8 +57,9 @@ def claim(config) -> None:
 
 def python(code: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # stdin is a pipe the child can wait on (`input()`), whatever the test runner's own stdin is (CI has none)
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------
