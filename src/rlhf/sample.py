@@ -100,6 +100,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
                     judge, common.repeat_each(batch.texts, k), generated.completions,
                     {name: common.repeat_each(values, k) for name, values in batch.columns.items()},
                     config.reward_aggregation, group_size=k,
+                    context=common.reward_context(batch, generated, k, common.make_trainer_state(None, 0)),
                 )  # fmt: skip
                 scores_all.append(scores)
                 rewards = nan_to_none(scores.combined.tolist())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import math
 import numbers
 import threading
@@ -111,7 +112,9 @@ class RewardContext:
     def copy(self) -> RewardContext:
         """Deep copies of the per-sample lists (a source that mutates them must not change what the next sees);
         the trainer state is shared, as TRL passes its one ``self.state`` to every function."""
-        return RewardContext(copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state)
+        return RewardContext(
+            copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state
+        )
 
 
 @dataclass
@@ -142,7 +145,9 @@ class RewardLog:
 
         def log_extra(column: str, values: list) -> None:
             if not isinstance(column, str) or not column:
-                raise RewardError(f"reward {source!r}: log_extra column must be a non-empty string, got {column!r}")
+                raise RewardError(
+                    f"reward {source!r}: log_extra column must be a non-empty string, got {column!r}"
+                )
             if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
                 raise RewardError(
                     f"reward {source!r}: log_extra({column!r}, …) got a {type(values).__name__}; "
@@ -295,15 +300,14 @@ def _score(
             scores[:, k] = _validate(source.name, source.score_ids(*token_ids).cpu(), completions)
         else:
             call = _arguments(source, prompts, completions, columns, context, log)
-            scores[:, k] = _validate(source.name, _call(source, call, lambda c: source.score(*c[0], **c[1])),
-                                     completions)  # fmt: skip
+            scores[:, k] = _validate(source.name, _call(source, call, source.score), completions)
         seconds[k] = time.perf_counter() - start
     if concurrent:
         calls = [_arguments(sources[k], prompts, completions, columns, context, log) for k in concurrent]
         results = run_coroutine(_gather([sources[k] for k in concurrent], calls))
         for k, call, (result, elapsed) in zip(concurrent, calls, results, strict=True):
             source = sources[k]
-            raw = _call(source, call, lambda c, r=result: _reraise(r))
+            raw = _call(source, call, functools.partial(_reraise, result))
             scores[:, k] = _validate(source.name, raw, completions)
             seconds[k] = elapsed
     return RewardScores(scores, [s.name for s in sources], seconds, log.metrics, log.extra)
@@ -328,15 +332,16 @@ def _arguments(
     return positional, keywords
 
 
-def _call(source: RewardSource, call: Call, run: Callable[[Call], Any]) -> Any:
-    """``run(call)``; an exception that is not already a RewardError is traced to a sample.
+def _call(source: RewardSource, call: Call, run: Callable[..., Any]) -> Any:
+    """``run(*positional, **keywords)`` of ``call``; an exception that is not already a RewardError is traced to
+    a sample.
 
     The batch is re-scored one sample at a time (through ``source.score``, an async source on the shared
     loop, without logging) to find the first sample that fails on its own, so the error can name it (a user
     function that chokes on one odd completion is the common case).
     """
     try:
-        return run(call)
+        return run(*call[0], **call[1])
     except RewardError:
         raise
     except Exception as batch_error:
@@ -357,7 +362,8 @@ def _call(source: RewardSource, call: Call, run: Callable[[Call], Any]) -> Any:
         ) from batch_error
 
 
-def _reraise(result: Any) -> Any:
+def _reraise(result: Any, *call: Any, **keywords: Any) -> Any:
+    """The outcome of a call already made (by :func:`_gather`): its value, or its exception raised again."""
     if isinstance(result, BaseException):
         raise result
     return result

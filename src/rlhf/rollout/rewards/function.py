@@ -171,13 +171,13 @@ class FunctionReward:
         if context.completion_ids is None:  # scored outside a rollout (e.g. a direct call): no ids to give
             del kwargs["completion_ids"]
         kwargs |= {name: values for name, values in columns.items() if name not in kwargs}
+        missing = sorted(self.required - kwargs.keys())
+        if missing:
+            raise RewardError(
+                f"reward function {self.spec!r} requires {', '.join(missing)}, which the batch does not "
+                f"have; available: {', '.join(kwargs)}"
+            )
         if not self.accepts_kwargs:
-            missing = sorted(self.required - kwargs.keys())
-            if missing:
-                raise RewardError(
-                    f"reward function {self.spec!r} requires {', '.join(missing)}, which the batch does not "
-                    f"have; available: {', '.join(kwargs)}"
-                )
             kwargs = {key: value for key, value in kwargs.items() if key in self.parameters}
         return kwargs
 
@@ -190,9 +190,8 @@ def _is_async(function: Callable[..., Any]) -> bool:
     ``functools.partial`` unwrapped, and a callable object's ``async def __call__`` counts."""
     while isinstance(function, functools.partial):
         function = function.func
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)
-    )
+    call = type(function).__call__ if callable(function) else None  # an instance's `async def __call__`
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
 def _load_file(target: str, spec: str) -> ModuleType:

@@ -130,7 +130,9 @@ def _check_number(url: str, i: int, value: object) -> None:
             "expected a number, or null for a completion that cannot be scored"
         )
     if not math.isfinite(value):
-        raise RewardError(f'reward {url}: "rewards"[{i}] is {value}; send null for a completion that cannot be scored')
+        raise RewardError(
+            f'reward {url}: "rewards"[{i}] is {value}; send null for a completion that cannot be scored'
+        )
 
 
 def _json_type(value: object) -> str:
