@@ -558,3 +558,36 @@ def test_a_reward_that_never_scores_stops_the_run(tiny_llama_dir, chat_prompts_f
                                           r"'never_scores' returned None"):  # fmt: skip
         trainer.run(config)
     assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == common.MAX_UNSCORED_STEPS - 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rlhf eval and rlhf sample
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_eval_and_sample_call_trl_style_rewards_on_chat_prompts(tiny_llama_dir, chat_prompts_file, tmp_path):
+    """Outside training the state is a fresh TrainerState (step 0 of 0, as TRL's before training); reward/mean
+    and each row's reward are the weighted sum of the raw rewards, also under GDPO."""
+    from rlhf import evaluate, sample
+
+    rewards = [{"source": spec("chat_length"), "name": "chat"},
+               {"source": spec("curriculum"), "name": "curriculum", "weight": 2.0}]  # fmt: skip
+    values = {"policy": str(tiny_llama_dir), "eval_data": str(chat_prompts_file), "reward": rewards,
+              "reward_aggregation": "gdpo", "batch_size": 4, "max_new_tokens": 8, "max_prompts": 8,
+              "progress": False, "samples_output": str(tmp_path / "rows.jsonl")}  # fmt: skip
+    results = evaluate.run(config_from_dict("eval", values))
+    assert results["reward/chat/global_step"] == 0 and results["reward/chat/max_steps"] == 0
+    expected = results["reward/chat/mean"] + 2.0 * results["reward/curriculum/mean"]
+    assert results["reward/mean"] == pytest.approx(expected, rel=1e-5)  # float32 means of 8 values: rel 1e-5
+    rows = read_jsonl(tmp_path / "rows.jsonl")
+    for row in rows:
+        assert row["reward"] == pytest.approx(row["rewards"]["chat"] + 2.0 * row["rewards"]["curriculum"], rel=1e-6)
+        assert row["extra"]["chat/role"] == "assistant"
+
+    values = {"policy": str(tiny_llama_dir), "prompts": str(chat_prompts_file), "judge": rewards,
+              "mode": "candidates", "num_samples": 2, "batch_size": 4, "max_new_tokens": 8, "progress": False,
+              "output": str(tmp_path / "candidates.jsonl")}  # fmt: skip
+    summary = sample.run(config_from_dict("sample", values))
+    expected = summary["judge/chat/mean"] + 2.0 * summary["judge/curriculum/mean"]
+    assert summary["judge/mean"] == pytest.approx(expected, rel=1e-5)  # float32 means of 80 values: rel 1e-5
+    assert summary["judge/chat/global_step"] == 0
