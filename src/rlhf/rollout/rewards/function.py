@@ -168,9 +168,9 @@ class FunctionReward:
             "log_extra": log_extra,
             "log_metric": log_metric,
         }
+        kwargs |= {name: values for name, values in columns.items() if name not in kwargs}
         if context.completion_ids is None:  # scored outside a rollout (e.g. a direct call): no ids to give
             del kwargs["completion_ids"]
-        kwargs |= {name: values for name, values in columns.items() if name not in kwargs}
         missing = sorted(self.required - kwargs.keys())
         if missing:
             raise RewardError(
