@@ -391,14 +391,9 @@ class TrainState:
             params, config.learning_rate, config.weight_decay, total_updates, config.lr_scheduler,
             config.warmup_steps,
         )  # fmt: skip
-        generators = {
-            "sampling": torch.Generator(device).manual_seed(config.seed),
-            "shuffle": torch.Generator(),
-        }
+        generators = {"sampling": torch.Generator(device).manual_seed(config.seed), "shuffle": torch.Generator()}
         generators["shuffle"].manual_seed(config.seed + 1)
-        return cls(
-            optimizer, scheduler, PromptStream(prompts, config.batch_size, seed=config.seed), generators
-        )
+        return cls(optimizer, scheduler, PromptStream(prompts, config.batch_size, seed=config.seed), generators)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint entries ``optimizer``, ``scheduler``, ``stream`` and ``rng``."""
@@ -561,15 +556,8 @@ def evaluate(
         generated = generate(policy, tokenizer, batch, sampling, stops, generator, device)
         context = reward_context(batch, generated, trainer_state=trainer_state)
         parts.append(
-            score(
-                rewards,
-                batch.texts,
-                generated.completions,
-                batch.columns,
-                config.reward_aggregation,
-                token_ids=generated.token_ids,
-                context=context,
-            )  # fmt: skip
+            score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation,
+                  token_ids=generated.token_ids, context=context)  # fmt: skip
         )
         texts += batch.texts
         completions += generated.completions
