@@ -4,8 +4,9 @@ from __future__ import annotations
 
 
 def length(completions, **kwargs):
-    """The completion's length in characters: random completions rarely tie on it."""
-    return [float(len(c)) for c in completions]
+    """The completion's length in characters: random completions rarely tie on it. Chat prompts give TRL's
+    conversational completions, ``[{"role": "assistant", "content": text}]``."""
+    return [float(len(c if isinstance(c, str) else c[0]["content"])) for c in completions]
 
 
 def digits(completions, **kwargs):

@@ -19,7 +19,7 @@ Results (flat keys, the metric names of ``metrics.jsonl``; NaN is written as nul
 - ``time/policy_s``, ``time/baseline_s``, ``time/judge_s``, ``time/total_s``.
 
 Per-prompt rows: ``{"prompt", "completion", "reward"}`` (+ ``"rewards": {name: score}`` with several
-sources); with a baseline also ``"baseline_completion"``, ``"baseline_reward"`` (+ ``"baseline_rewards"``),
+sources, ``"extra"`` with what reward functions logged through ``log_extra``); with a baseline also ``"baseline_completion"``, ``"baseline_reward"`` (+ ``"baseline_rewards"``),
 ``"judge_policy"``, ``"judge_baseline"`` and ``"outcome"`` (``"win"`` | ``"loss"`` | ``"tie"`` | null when
 the judge could not score both answers).
 
@@ -28,8 +28,11 @@ compared with itself writes identical answers and ties on every prompt (win rate
 sees each pair together: the policy's and the baseline's answers are scored as a group of two, which is
 what ``reward_aggregation: gdpo`` normalises within (with ``sum`` each answer is scored on its own). Both
 answers are judged against the prompt text as the policy's tokenizer renders it; a baseline with another
-tokenizer reads the prompts through its own. With ``gdpo``, ``reward/mean`` is a normalised score (≈ 0 by
-construction); compare the per-source ``reward/<name>/mean``.
+tokenizer reads the prompts through its own. ``reward/mean`` and each row's ``reward`` are the weighted sum
+of the raw rewards, also with ``gdpo`` (whose normalised combination is ``reward/normalized_mean``, ≈ 0 by
+construction); the win rate compares the judge's combination (with ``gdpo``: normalised within each pair).
+Reward functions get ``trainer_state`` as a fresh ``transformers.TrainerState`` (step 0 of 0, as TRL's
+before training) and, for the judge's pairs, no ``completion_ids``.
 """
 
 from __future__ import annotations
@@ -151,14 +154,14 @@ def answer(
     with BatchProgress(len(prompts), description, config.progress) as bar:
         for batch in prompt_batches(prompts, config.batch_size):
             generated = sampler(batch)
-            scores = common.score(
-                rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation
-            )
+            context = common.reward_context(batch, generated, trainer_state=common.make_trainer_state(None, 0))
+            scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
+                                  config.reward_aggregation, context=context)  # fmt: skip
             completions += generated.completions
             lengths.append(response_lengths(generated))
             stopped.append(generated.has_stop.cpu())
             scores_all.append(scores)
-            bar.advance(len(batch), f"reward {torch.cat([s.combined for s in scores_all]).nanmean():.3g}")
+            bar.advance(len(batch), f"reward {torch.cat([s.raw for s in scores_all]).nanmean():.3g}")
     scores = common.concat_scores(scores_all) if scores_all else _no_scores(rewards)
     metrics = reward_metrics(scores) | response_metrics(lengths, stopped)
     return Answers(completions, scores, metrics, time.perf_counter() - start)
@@ -187,7 +190,10 @@ def judge_pairs(
         texts = [t for t in batch.texts for _ in range(2)]
         answers = [x for i in batch.indices for x in (a[i], b[i])]
         columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
-        scores = common.score(judge, texts, answers, columns, config.reward_aggregation, group_size=2)
+        # no completion ids: the two answers may come from models with different tokenizers
+        context = common.reward_context(batch, repeat=2, trainer_state=common.make_trainer_state(None, 0))
+        scores = common.score(judge, texts, answers, columns, config.reward_aggregation, group_size=2,
+                              context=context)  # fmt: skip
         combined.append(scores.combined)
     pairs = torch.cat(combined).view(-1, 2) if combined else torch.empty(0, 2)
     return pairs[:, 0], pairs[:, 1]
@@ -216,15 +222,20 @@ def _outcome(a: float, b: float) -> str | None:
 
 
 def _reward_fields(scores: common.Scores, i: int) -> dict[str, Any]:
-    """``reward`` (combined) and, with several sources, ``rewards`` by name, of row ``i``."""
-    fields: dict[str, Any] = {"reward": nan_to_none([scores.combined[i].item()])[0]}
+    """``reward`` (the weighted sum of the raw rewards), with several sources ``rewards`` by name, and the
+    ``log_extra`` columns as ``extra``, of row ``i``."""
+    fields: dict[str, Any] = {"reward": nan_to_none([scores.raw[i].item()])[0]}
     if len(scores.names) > 1:
         fields["rewards"] = dict(zip(scores.names, nan_to_none(scores.per_source[i].tolist()), strict=True))
+    if scores.extra:
+        fields["extra"] = {key: values[i] for key, values in scores.extra.items()}
     return fields
 
 
 def _no_scores(rewards: RewardSet) -> common.Scores:
-    return common.Scores(torch.empty(0, len(rewards)), torch.empty(0), list(rewards.names), 0.0)
+    return common.Scores(
+        torch.empty(0, len(rewards)), torch.empty(0), list(rewards.names), 0.0, torch.empty(0)
+    )
 
 
 def _prompts(config: EvalConfig, tokenizer: Any) -> list[TokenizedPrompt]:

@@ -32,6 +32,12 @@ when its best and worst completions score the same or are the same text (``skipp
 preference to learn). Pairs leave out identical a/b (``skipped.identical``, counted per pair).
 Ties between several best (or worst) completions go to the earliest sample.
 
+The judge is called like every reward source of ``ppo``/``grpo``: reward functions get TRL's arguments (chat
+prompts and completions in the conversational form, ``completion_ids``, a fresh ``trainer_state`` — step 0 of
+0 — and ``log_metric``, whose means land in the summary as ``judge/<source>/<name>``; ``log_extra`` columns
+are not written). The summary's ``judge/mean`` is the weighted sum of the raw rewards; the rows' rewards and
+the ranking use the judge's combination (with ``gdpo``: normalised within the k completions of a prompt).
+
 Reproducible: the same seed, model, prompts, batch_size and sampling settings write the same file, and
 every mode draws exactly the same completions (so best_of_n can be checked against candidates).
 One process: ``torchrun`` is not used here.
@@ -105,6 +111,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
                     judge, common.repeat_each(batch.texts, k), generated.completions,
                     {name: common.repeat_each(values, k) for name, values in batch.columns.items()},
                     config.reward_aggregation, group_size=k,
+                    context=common.reward_context(batch, generated, k, common.make_trainer_state(None, 0)),
                 )  # fmt: skip
                 scores_all.append(scores)
                 rewards = nan_to_none(scores.combined.tolist())

@@ -75,8 +75,12 @@ def test_columns_are_passed_through_as_keyword_lists():
     module.CALLS.clear()
     columns = {"answer": ["5", "4", "x"], "level": [1, 2, 3]}
     result = score_all([source], None, PROMPTS, COMPLETIONS, columns)
-    calls = module.CALLS
-    assert calls == [{"prompts": PROMPTS, "completions": COMPLETIONS, **columns}]
+    (call,) = module.CALLS
+    # TRL's extra keyword arguments ride along (tests/rollout/test_trl_convention.py checks their values)
+    assert call.keys() == {"prompts", "completions", *columns, "trainer_state", "log_metric", "log_extra"}
+    assert {key: call[key] for key in ("prompts", "completions", *columns)} == {
+        "prompts": PROMPTS, "completions": COMPLETIONS, **columns
+    }
     assert result.scores.shape == (3, 1)
 
 
@@ -89,13 +93,13 @@ def test_function_without_kwargs_gets_only_declared_arguments():
 
 def test_function_missing_a_required_column_names_it():
     with pytest.raises(
-        RewardError, match=r"exact_match.*requires answer.*available: prompts, completions, level"
+        RewardError, match=r"exact_match.*requires answer.*available: prompts, completions, .*level"
     ):
         score_all([fn("exact_match")], None, PROMPTS, COMPLETIONS, {"level": [1, 2, 3]})
 
 
 def test_function_without_completions_parameter_is_refused_at_load():
-    with pytest.raises(RewardError, match=r"no_completions.*has no `completions` parameter"):
+    with pytest.raises(RewardError, match=r"no_completions.*has no `completions` \(or `completion_ids`\) parameter"):
         fn("no_completions")
 
 
@@ -237,6 +241,23 @@ def test_http_bad_replies_fail_at_once(server, action, message):
     with pytest.raises(RewardError, match=message):
         HttpReward(server["url"], backoff=0.01).score(PROMPTS, COMPLETIONS, {})
     assert len(server["requests"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        ('{"rewards": ["0.5", 1, 2]}', r'"rewards"\[0\] is \'"0.5"\' \(a JSON string\), expected a number, or null'),
+        ('{"rewards": [1, {"score": 2}, 3]}', r'"rewards"\[1\] is .* \(a JSON object\)'),
+        ('{"rewards": [1, 2, [3]]}', r'"rewards"\[2\] is .* \(a JSON array\)'),
+        ('{"rewards": [1, 2, NaN]}', r'"rewards"\[2\] is nan; send null'),
+    ],
+)
+def test_http_rewards_that_are_not_numbers_name_the_url(server, reply, message):
+    """Scored the way the trainers score (score_all): the error names the URL, not just the source's name."""
+    server["plan"] = [("raw", reply)]
+    with pytest.raises(RewardError, match=f"reward {server['url']}: " + message):
+        score_all([HttpReward(server["url"], backoff=0.01)], None, PROMPTS, COMPLETIONS)
+    assert len(server["requests"]) == 1  # a malformed reply is not retried
 
 
 def test_http_unreachable_is_retried_then_named():

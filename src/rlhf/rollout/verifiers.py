@@ -1,8 +1,9 @@
 """Built-in verifiable rewards, used by name as ``reward: rlhf.rollout.verifiers:<function>``.
 
-Each follows the reward-function convention of ``rlhf.rollout.rewards.function``:
+Each follows the reward-function convention of ``rlhf.rollout.rewards.function`` (TRL's):
 ``fn(prompts, completions, **columns) -> list[float | None]`` with one value per completion, where a
 column holds one value per completion and ``None`` means "cannot score this one" (NaN: advantage 0).
+A completion is a string, or for chat prompts TRL's ``[{"role": "assistant", "content": text}]``: both work.
 
 ==================  =================================================================  ===================
 function            reward                                                             dataset column
@@ -85,6 +86,14 @@ def answers_match(predicted: str | None, reference: Any) -> bool:
     return predicted.strip() == reference
 
 
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """The text of a completion: the string itself, or the contents of a conversational completion's messages
+    (TRL reads ``completion[0]["content"]``; a completion here is one assistant message)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(str(message.get("content") or "") for message in completion)
+
+
 def exact_match(
     completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
 ) -> list[float | None]:
@@ -93,7 +102,7 @@ def exact_match(
     if answer is None:
         return [None] * len(completions)
     return [
-        None if ref is None else float(answers_match(extract_answer(c), ref))
+        None if ref is None else float(answers_match(extract_answer(completion_text(c)), ref))
         for c, ref in zip(completions, answer, strict=True)
     ]
 
@@ -105,7 +114,7 @@ def format_regex(
     DOTALL), else 0.0; rows without a pattern use :data:`DEFAULT_FORMAT`."""
     patterns = format_pattern if format_pattern is not None else [None] * len(completions)
     return [
-        float(re.fullmatch(p or DEFAULT_FORMAT, c.strip(), flags=re.DOTALL) is not None)
+        float(re.fullmatch(p or DEFAULT_FORMAT, completion_text(c).strip(), flags=re.DOTALL) is not None)
         for c, p in zip(completions, patterns, strict=True)
     ]
 
@@ -116,4 +125,5 @@ def length_penalty(
     """``−|len(c) − target| / 1000`` in characters; target = the row's ``target_length``, else 0 (shorter is
     better). A soft pressure to add with a small weight next to a task reward."""
     targets = target_length if target_length is not None else [None] * len(completions)
-    return [-abs(len(c) - (t or 0)) / LENGTH_SCALE for c, t in zip(completions, targets, strict=True)]
+    lengths = [len(completion_text(c)) for c in completions]
+    return [-abs(n - (t or 0)) / LENGTH_SCALE for n, t in zip(lengths, targets, strict=True)]

@@ -23,12 +23,18 @@ from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import SamplingParams, sample
+from rlhf.rollout.rewards import RewardContext, RewardError
 from rlhf.runlog.metrics import MetricsLogger
 from rlhf.runlog.rundir import atomic_open, atomic_write_text, clear_run
 from rlhf.runlog.seeding import rng_state, set_rng_state
 
 MAX_HELD_OUT = 32
 """Held-out prompts answered at every eval step: the first ones of ``eval_data``, or a slice of ``train_data``."""
+
+MAX_UNSCORED_STEPS = 5
+"""Consecutive steps whose every sample no reward source could score (all ``None``) before the run stops:
+one such step is skipped with a warning (a multi-task batch can miss every reward by chance), five in a row
+mean the rewards do not fit the data."""
 
 
 def device_for_run() -> torch.device:
@@ -73,6 +79,13 @@ class Generated:
         """What a reward model sharing the policy's tokenizer scores: (query ⊕ response, mask)."""
         return self.query_responses, self.attention_mask
 
+    @property
+    def completion_ids(self) -> list[list[int]]:
+        """Each response's token ids without padding, the stop token included (TRL's ``completion_ids``: up to
+        and including the first EOS)."""
+        lengths = (self.responses != self.pad_token_id).sum(-1).tolist()
+        return [row[:n] for row, n in zip(self.responses.tolist(), lengths, strict=True)]
+
 
 def generate(
     model: nn.Module,
@@ -105,12 +118,35 @@ def generate(
 
 @dataclasses.dataclass(frozen=True)
 class Scores:
-    """Rewards of a batch. ``per_source``: (B, K) with NaN = unscored; ``combined``: (B,) NaN = unscored."""
+    """Rewards of a batch of B samples from K sources.
+
+    ``per_source``: (B, K), NaN = unscored. ``raw``: (B,) the weighted sum of the scored sources — the user's
+    objective, what ``reward/mean`` reports; NaN when no source scored the sample. ``combined``: (B,) what
+    the advantages start from: ``raw`` itself, or with ``reward_aggregation: gdpo`` the GDPO-normalised
+    combination (``normalized`` is then True). ``metrics`` / ``extra``: what reward functions logged through
+    ``log_metric`` (``"<source>/<name>"`` → values) and ``log_extra`` (``"<source>/<column>"`` → B values).
+    """
 
     per_source: torch.Tensor
     combined: torch.Tensor
     names: list[str]
     seconds: float
+    raw: torch.Tensor
+    normalized: bool = False
+    metrics: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    extra: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+
+    def select(self, rows: torch.Tensor) -> Scores:
+        """The scores of ``rows`` (B',) in that order; logged metrics are the batch's and stay whole."""
+        index = rows.tolist()
+        extra = {key: [values[i] for i in index] for key, values in self.extra.items()}
+        return dataclasses.replace(
+            self,
+            per_source=self.per_source[rows],
+            combined=self.combined[rows],
+            raw=self.raw[rows],
+            extra=extra,
+        )
 
 
 def score(
@@ -121,45 +157,122 @@ def score(
     aggregation: str,
     group_size: int = 1,
     token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+    context: RewardContext | None = None,
 ) -> Scores:
     """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows.
 
     For PPO (one sample per prompt) GDPO's "group" is the whole batch: each reward is normalised over the
     batch before the weighted sum, so rewards on different scales weigh as their weights say.
     ``token_ids``: the policy's (query ⊕ response, mask), scored as they are by reward models that share the
-    policy's tokenizer (see ``RewardSet.score``).
+    policy's tokenizer (see ``RewardSet.score``). ``context``: chat prompts, completion ids and trainer state
+    for reward functions (:func:`reward_context`, :func:`make_trainer_state`).
     """
     start = time.perf_counter()
-    result = rewards.score(prompts, completions, columns, token_ids)
+    result = rewards.score(prompts, completions, columns, token_ids, context)
     per_source = result.scores.float()
     B, K = per_source.shape
     weights = rewards.weights.to(per_source)
+    raw = sum_rewards(per_source.view(1, B, K), weights).reshape(B)
+    combined, normalized = raw, False
     if aggregation == "gdpo" and K > 1:
         groups = per_source.view(-1, group_size if group_size > 1 else B, K)
         combined = gdpo_advantages(groups, weights).reshape(B)
-        combined = torch.where(per_source.isnan().all(-1), torch.nan, combined)
-    else:
-        combined = sum_rewards(per_source.view(1, B, K), weights).reshape(B)
-    return Scores(per_source, combined, list(result.names), time.perf_counter() - start)
+        combined, normalized = torch.where(per_source.isnan().all(-1), torch.nan, combined), True
+    return Scores(per_source, combined, list(result.names), time.perf_counter() - start, raw, normalized,
+                  dict(result.metrics), dict(result.extra))  # fmt: skip
+
+
+def reward_context(
+    batch: PromptBatch, generated: Generated | None = None, repeat: int = 1, trainer_state: Any = None
+) -> RewardContext:
+    """What reward functions get besides texts (TRL's convention): each row's chat prompt (``repeat`` rows per
+    prompt, as :func:`generate` lays them out), the completion ids of ``generated`` and ``trainer_state``."""
+    messages = repeat_each(batch.messages, repeat) if any(m is not None for m in batch.messages) else None
+    ids = generated.completion_ids if generated is not None else None
+    return RewardContext(messages=messages, completion_ids=ids, trainer_state=trainer_state)
+
+
+def make_trainer_state(
+    config: Any, steps_done: int, stream: PromptStream | None = None, rows: int | None = None
+) -> Any:
+    """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's).
+
+    ``global_step``: iterations completed (the ``step`` of metrics.jsonl, 0 while the first batch is scored);
+    ``max_steps``: ``config.steps``; ``epoch``: passes over the training prompts so far, fractional (from the
+    prompt stream's position); ``logging_steps`` / ``eval_steps`` / ``save_steps``: ``log_every`` /
+    ``eval_every`` / ``save_every``; ``train_batch_size``: ``rows`` (completions per step). Without a config
+    (``rlhf sample``, ``rlhf eval``) it is a fresh state, as TRL's before training: step 0 of 0.
+    """
+    from transformers import TrainerState  # only here: importing transformers costs seconds
+
+    if config is None:
+        return TrainerState()
+    epoch = None
+    if stream is not None:
+        epoch = stream.epoch + stream.index / len(stream.prompts)
+        num_epochs = math.ceil(config.steps * stream.batch_size / len(stream.prompts))
+    return TrainerState(
+        epoch=epoch, global_step=steps_done, max_steps=config.steps, logging_steps=config.log_every,
+        eval_steps=config.eval_every, save_steps=config.save_every, train_batch_size=rows,
+        num_train_epochs=num_epochs if stream is not None else 0,
+    )  # fmt: skip
+
+
+def _mean_std(values: torch.Tensor) -> tuple[float, float]:
+    """Mean and population std of the non-NaN entries; NaN for both when there are none."""
+    values = values[~values.isnan()]
+    if not len(values):
+        return math.nan, math.nan
+    return values.mean().item(), values.std(unbiased=False).item()
 
 
 def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
-    """``reward/mean``, ``reward/std`` over scored samples and ``reward/<name>/mean`` and ``/std`` per source."""
-    valid = ~scores.combined.isnan()
-    combined = scores.combined[valid]
-    out = {
-        f"{prefix}/mean": combined.mean().item() if len(combined) else math.nan,
-        f"{prefix}/std": combined.std(unbiased=False).item() if len(combined) else math.nan,
-    }
-    if (~valid).any():
-        out[f"{prefix}/unscored"] = int((~valid).sum())
+    """``reward/mean``, ``reward/std``: the weighted sum of the raw rewards over scored samples (the user's
+    objective, also under GDPO); ``reward/normalized_mean`` / ``_std``: GDPO's combination, with gdpo only;
+    ``reward/unscored``: samples no source scored (when > 0); ``reward/<name>/mean`` and ``/std`` per source
+    with several sources; ``reward/<source>/<metric>``: the step's mean of what a reward function logged with
+    ``log_metric(metric, value)`` (NaN values left out, as TRL does)."""
+    out = dict(zip((f"{prefix}/mean", f"{prefix}/std"), _mean_std(scores.raw), strict=True))
+    if scores.normalized:
+        out[f"{prefix}/normalized_mean"], out[f"{prefix}/normalized_std"] = _mean_std(scores.combined)
+    unscored = int(scores.raw.isnan().sum())
+    if unscored:
+        out[f"{prefix}/unscored"] = unscored
     if len(scores.names) > 1:
         for k, name in enumerate(scores.names):
-            column = scores.per_source[:, k]
-            column = column[~column.isnan()]
-            out[f"{prefix}/{name}/mean"] = column.mean().item() if len(column) else math.nan
-            out[f"{prefix}/{name}/std"] = column.std(unbiased=False).item() if len(column) else math.nan
+            out[f"{prefix}/{name}/mean"], out[f"{prefix}/{name}/std"] = _mean_std(scores.per_source[:, k])
+    for key, values in scores.metrics.items():
+        out[f"{prefix}/{key}"] = _mean_std(torch.tensor(values, dtype=torch.float64))[0]
     return out
+
+
+def sample_rows(
+    step: int, prompts: list[str], completions: list[str], scores: Scores
+) -> list[dict[str, Any]]:
+    """One JSON row per sample: step, prompt, completion, ``reward`` (the weighted sum of the raw rewards),
+    ``rewards`` by source (with several) and ``extra`` (the ``log_extra`` columns, ``"<source>/<column>"``)."""
+    rows = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        value = scores.raw[i].item()
+        row: dict[str, Any] = {"step": step, "prompt": prompt, "completion": completion}
+        row["reward"] = None if math.isnan(value) else value
+        if len(scores.names) > 1:
+            row["rewards"] = {
+                name: (None if math.isnan(v) else v)
+                for name, v in zip(scores.names, scores.per_source[i].tolist(), strict=True)
+            }
+        if scores.extra:
+            row["extra"] = {key: values[i] for key, values in scores.extra.items()}
+        rows.append(row)
+    return rows
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with atomic_open(path) as f:
+        for row in rows:
+            # default=str: a log_extra value JSON cannot hold is written as its text rather than losing the file
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    return path
 
 
 def write_samples(
@@ -167,18 +280,62 @@ def write_samples(
 ) -> Path:
     """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
     path = output_dir / "samples" / f"step_{step:06d}.jsonl"
-    with atomic_open(path) as f:
-        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            row: dict[str, Any] = {"step": step, "prompt": prompt, "completion": completion}
-            value = scores.combined[i].item()
-            row["reward"] = None if math.isnan(value) else value
-            if len(scores.names) > 1:
-                row["rewards"] = {
-                    name: (None if math.isnan(v) else v)
-                    for name, v in zip(scores.names, scores.per_source[i].tolist(), strict=True)
-                }
-            f.write(json.dumps(row) + "\n")
-    return path
+    return _write_rows(path, sample_rows(step, prompts, completions, scores))
+
+
+def write_completions(
+    output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Scores
+) -> Path | None:
+    """``completions/step_NNNNNN.jsonl``: the step's training samples (rows as in ``samples/``), written only
+    when a reward function logged columns with ``log_extra`` — TRL's completions table
+    (``completions/completions_NNNNN.parquet``, the last batch's prompts, completions, rewards and extra
+    columns at each logging step). None when there is nothing to write."""
+    if not scores.extra:
+        return None
+    path = output_dir / "completions" / f"step_{step:06d}.jsonl"
+    return _write_rows(path, sample_rows(step, prompts, completions, scores))
+
+
+def log_completions(
+    config: Any, output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Scores
+) -> None:
+    """:func:`write_completions` at the steps whose metrics are logged (every ``log_every`` and the last)."""
+    if step % config.log_every == 0 or step == config.steps:
+        write_completions(output_dir, step, prompts, completions, scores)
+
+
+class UnscoredSteps:
+    """Watches for batches in which no sample could be scored (every reward ``None``).
+
+    Such a batch carries no learning signal: updating on it would still move the policy (Adam's momentum,
+    weight decay, the KL and entropy terms) on nothing. :meth:`skip` says whether to skip this step's update,
+    warning on stderr; after :data:`MAX_UNSCORED_STEPS` such steps in a row it raises a :class:`RewardError`.
+    """
+
+    def __init__(self, limit: int = MAX_UNSCORED_STEPS):
+        self.limit = limit
+        self.in_a_row = 0
+
+    def skip(self, step: int, rewards: torch.Tensor, names: list[str]) -> bool:
+        """``rewards``: (B,) the batch's combined rewards, NaN = unscored."""
+        if not rewards.isnan().all():
+            self.in_a_row = 0
+            return False
+        self.in_a_row += 1
+        sources = ", ".join(map(repr, names))
+        if self.in_a_row >= self.limit:
+            raise RewardError(
+                f"step {step}: no sample of the last {self.in_a_row} batches could be scored (reward {sources} "
+                "returned None for every one): check that the reward functions fit the data, e.g. the dataset "
+                "columns they read and the completion format they expect"
+            )
+        print(
+            f"warning: step {step}: no sample of the batch could be scored (reward {sources} returned None for "
+            f"all {len(rewards)}); the update is skipped ({self.in_a_row} such step(s) in a row, the run stops "
+            f"at {self.limit})",
+            file=sys.stderr,
+        )
+        return True
 
 
 def write_run_config(output_dir: Path, config: Any) -> None:
@@ -260,12 +417,25 @@ def repeat_each(values: list[Any], k: int) -> list[Any]:
 
 
 def concat_scores(parts: list[Scores]) -> Scores:
-    """The Scores of several batches as one (rows in order, times summed)."""
+    """The Scores of several batches as one (rows in order, times summed, logged metrics pooled; a ``log_extra``
+    column missing from a part is None in its rows)."""
+    metrics: dict[str, list[float]] = {}
+    for part in parts:
+        for key, values in part.metrics.items():
+            metrics.setdefault(key, []).extend(values)
+    columns = list(dict.fromkeys(key for part in parts for key in part.extra))
+    extra = {
+        key: [v for part in parts for v in part.extra.get(key, [None] * len(part.raw))] for key in columns
+    }
     return Scores(
         torch.cat([s.per_source for s in parts]),
         torch.cat([s.combined for s in parts]),
         parts[0].names,
         sum(s.seconds for s in parts),
+        torch.cat([s.raw for s in parts]),
+        parts[0].normalized,
+        metrics,
+        extra,
     )
 
 
@@ -354,15 +524,19 @@ def micro_batches(config: Any, minibatch: torch.Tensor, mask: torch.Tensor, T: i
 def evaluate_and_log(
     config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
     device: torch.device, out: Path, step: int, metrics: dict[str, Any], logger: MetricsLogger,
+    trainer_state: Any = None,
 ) -> None:  # fmt: skip
     """End of an RL step: answer the held-out prompts when due (every ``eval_every`` steps and at the last),
-    adding ``eval/reward/*`` to this step's ``metrics``, then log the row when due (every ``log_every``)."""
+    adding ``eval/reward/*`` to this step's ``metrics``, then log the row when due (every ``log_every``).
+    ``trainer_state``: what reward functions get as ``trainer_state`` on the held-out prompts."""
     evaluating = bool(prompts) and (
         (config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps
     )
     if evaluating:
         start = time.perf_counter()
-        metrics.update(evaluate(config, policy, tokenizer, rewards, prompts, stops, device, out, step))
+        metrics.update(
+            evaluate(config, policy, tokenizer, rewards, prompts, stops, device, out, step, trainer_state)
+        )
         metrics["time/eval_s"] = time.perf_counter() - start
     if evaluating or step % config.log_every == 0 or step == config.steps:
         logger.log(metrics)
@@ -371,7 +545,7 @@ def evaluate_and_log(
 @torch.no_grad()
 def evaluate(
     config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
-    device: torch.device, out: Path, step: int,
+    device: torch.device, out: Path, step: int, trainer_state: Any = None,
 ) -> dict[str, float]:  # fmt: skip
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
     ``samples/step_NNNNNN.jsonl`` and return ``eval/reward/*``."""
@@ -382,9 +556,10 @@ def evaluate(
     for start in range(0, len(prompts), size):
         batch = PromptBatch.of(prompts, range(start, min(len(prompts), start + size)))
         generated = generate(policy, tokenizer, batch, sampling, stops, generator, device)
+        context = reward_context(batch, generated, trainer_state=trainer_state)
         parts.append(
             score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation,
-                  token_ids=generated.token_ids)  # fmt: skip
+                  token_ids=generated.token_ids, context=context)  # fmt: skip
         )
         texts += batch.texts
         completions += generated.completions

@@ -36,6 +36,7 @@ training model at the sampling temperature, never taken from the sampler (item 4
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -78,12 +79,13 @@ MAX_SAMPLING_ROUNDS = 4
 
 @dataclass(frozen=True)
 class Sampled:
-    """Sampled groups: ``generated`` (B = N·G rows, prompt-major), their ``scores`` and the ``rewards`` (B,)
-    float32 the advantages start from (combined score + penalties; NaN = unscored)."""
+    """Sampled groups: ``generated`` (B = N·G rows, prompt-major), their ``scores``, the ``rewards`` (B,)
+    float32 the advantages start from (combined score + penalties; NaN = unscored) and each row's prompt."""
 
     generated: common.Generated
     scores: common.Scores
     rewards: torch.Tensor
+    prompts: list[str]
 
 
 @dataclass(frozen=True)
@@ -172,25 +174,30 @@ def run(config: GRPOConfig) -> Path:
         state.load_state_dict(saved)
         start = saved["step"]
     logger = common.open_run(out, config, checkpoint, start)
+    unscored, rows = common.UnscoredSteps(), config.batch_size * config.group_size
 
-    def sample_round() -> Sampled:
+    def sample_round(trainer_state: Any) -> Sampled:
         return sample_groups(config, models, tokenizer, rewards, next(stream), sampling, stops,
-                             generators["sampling"], device)  # fmt: skip
+                             generators["sampling"], device, trainer_state)  # fmt: skip
 
     with StepProgress(config.steps, start, enabled=config.progress) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
-            sampled, sampling_stats = fill_batch(config, sample_round)
+            trainer_state = common.make_trainer_state(config, step - 1, stream, rows)
+            sampled, sampling_stats = fill_batch(config, functools.partial(sample_round, trainer_state))
             t_rollout = time.perf_counter() - t0 - sampled.scores.seconds  # sampling only, as in ppo
-            # 3-4. old (and reference) log-probs, group-relative advantages
-            t1 = time.perf_counter()
-            rollout, stats = make_rollout(config, models, sampled)
-            t_logprobs = time.perf_counter() - t1
-            # 5. num_iterations passes × minibatches of the clipped per-token loss
-            t2 = time.perf_counter()
-            train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"])
-            t_train = time.perf_counter() - t2
+            stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
+            if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else no signal: no update
+                # 3-4. old (and reference) log-probs, group-relative advantages
+                t1 = time.perf_counter()
+                rollout, stats = make_rollout(config, models, sampled)
+                t_logprobs = time.perf_counter() - t1
+                # 5. num_iterations passes × minibatches of the clipped per-token loss
+                t2 = time.perf_counter()
+                shuffle = generators["shuffle"]
+                train_stats = grpo_update(config, models, rollout, optimizer, scheduler, shuffle)
+                t_train = time.perf_counter() - t2
             # 6. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {"step": step, **common.reward_metrics(sampled.scores), **sampling_stats, **stats}
@@ -202,8 +209,11 @@ def run(config: GRPOConfig) -> Path:
                 "time/step_s": step_s, "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
             })  # fmt: skip
             # 7. held-out samples (in this step's metrics row), then the checkpoint
+            common.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
+                                   sampled.scores)  # fmt: skip
+            trainer_state = common.make_trainer_state(config, step, stream, rows)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
-                                    out, step, metrics, logger)  # fmt: skip
+                                    out, step, metrics, logger, trainer_state)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {"step": step, "models": models.state_dict(), **state.state_dict()})
@@ -215,15 +225,17 @@ def run(config: GRPOConfig) -> Path:
 
 def sample_groups(
     config: GRPOConfig, models: Models, tokenizer: Any, rewards: Any, batch: Any, sampling: SamplingParams,
-    stops: list[int], generator: torch.Generator, device: torch.device,
+    stops: list[int], generator: torch.Generator, device: torch.device, trainer_state: Any = None,
 ) -> Sampled:  # fmt: skip
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties."""
     G = config.group_size
     generated = common.generate(models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G)
     columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
-    scores = common.score(rewards, common.repeat_each(batch.texts, G), generated.completions, columns,
-                          config.reward_aggregation, group_size=G, token_ids=generated.token_ids)  # fmt: skip
-    return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated))
+    prompts = common.repeat_each(batch.texts, G)
+    context = common.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
+    scores = common.score(rewards, prompts, generated.completions, columns, config.reward_aggregation,
+                          group_size=G, token_ids=generated.token_ids, context=context)  # fmt: skip
+    return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
 
 
 def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: common.Generated) -> torch.Tensor:
@@ -465,8 +477,8 @@ def _select_groups(sampled: Sampled, groups: torch.Tensor, G: int) -> Sampled:
         has_stop=g.has_stop[rows.to(g.has_stop.device)],
         pad_token_id=g.pad_token_id,
     )
-    scores = common.Scores(s.per_source[rows], s.combined[rows], s.names, s.seconds)
-    return Sampled(generated, scores, sampled.rewards[rows])
+    prompts = [sampled.prompts[i] for i in rows.tolist()]
+    return Sampled(generated, s.select(rows), sampled.rewards[rows], prompts)
 
 
 def _concat(parts: list[Sampled]) -> Sampled:
@@ -494,4 +506,5 @@ def _concat(parts: list[Sampled]) -> Sampled:
         pad_token_id=pad,
     )
     scores = common.concat_scores([p.scores for p in parts])
-    return Sampled(generated, scores, torch.cat([p.rewards for p in parts]))
+    prompts = [text for p in parts for text in p.prompts]
+    return Sampled(generated, scores, torch.cat([p.rewards for p in parts]), prompts)

@@ -165,10 +165,12 @@ def run(config: PPOConfig) -> Path:
         state.load_state_dict(saved)
         kl_coef, start = saved["kl_coef"], saved["step"]
     logger = common.open_run(out, config, checkpoint, start)
+    unscored = common.UnscoredSteps()
 
     with StepProgress(config.steps, start, enabled=config.progress) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
+            trainer_state = common.make_trainer_state(config, step - 1, stream, config.batch_size)
             batch = next(stream)
             # 1. roll out the current policy
             generated = common.generate(
@@ -176,22 +178,26 @@ def run(config: PPOConfig) -> Path:
             )
             t_rollout = time.perf_counter() - t0
             # 2. score the finished responses
+            context = common.reward_context(batch, generated, trainer_state=trainer_state)
             scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
-                                  config.reward_aggregation, token_ids=generated.token_ids)  # fmt: skip
-            # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
-            t1 = time.perf_counter()
-            rollout, stats, first = make_rollout(
-                config, models, generated, scores.combined, kl_coef, fuses_first_update(config)
-            )
-            t_logprobs = time.perf_counter() - t1
-            # 6. K epochs of clipped policy + value updates
-            t2 = time.perf_counter()
-            train_stats = ppo_update(
-                config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first
-            )
-            t_train = time.perf_counter() - t2
+                                  config.reward_aggregation, token_ids=generated.token_ids,
+                                  context=context)  # fmt: skip
+            stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
+            if not unscored.skip(step, scores.combined, scores.names):  # else nothing to learn: no update
+                # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
+                t1 = time.perf_counter()
+                rollout, stats, first = make_rollout(
+                    config, models, generated, scores.combined, kl_coef, fuses_first_update(config)
+                )
+                t_logprobs = time.perf_counter() - t1
+                # 6. K epochs of clipped policy + value updates
+                t2 = time.perf_counter()
+                train_stats = ppo_update(
+                    config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first
+                )
+                t_train = time.perf_counter() - t2
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
-            if math.isfinite(stats["kl/mean"]):  # NaN when no sample was scored: keep β
+            if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
                 kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
                                          config.kl_horizon, config.batch_size)  # fmt: skip
             # 8. metrics of this step
@@ -205,8 +211,10 @@ def run(config: PPOConfig) -> Path:
                 "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
             })  # fmt: skip
             # 9. held-out samples (in this step's metrics row), then the checkpoint
+            common.log_completions(config, out, step, batch.texts, generated.completions, scores)
+            trainer_state = common.make_trainer_state(config, step, stream, config.batch_size)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
-                                    out, step, metrics, logger)  # fmt: skip
+                                    out, step, metrics, logger, trainer_state)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
                 save_checkpoint(out, step, {

@@ -14,8 +14,10 @@ anything else without ``:`` (e.g. ``org/model``)   :class:`RewardModelReward`   
 
 :func:`load_reward_set` turns the whole ``reward:`` value — one spec, or a list of specs and
 ``{source, weight, name}`` entries — into a :class:`RewardSet`; :meth:`RewardSet.score` (or
-:func:`score_all`) returns the (B, K) score matrix with NaN for unscored samples, the names and the time
-each source took. Combining the columns (weighted sum or GDPO) is done by the trainer with ``rlhf.core``.
+:func:`score_all`) returns the (B, K) score matrix with NaN for unscored samples, the names, the time
+each source took and what reward functions logged (``log_metric`` / ``log_extra``); a
+:class:`RewardContext` carries what TRL's convention adds for reward functions (chat prompts, completion
+ids, trainer state). Combining the columns (weighted sum or GDPO) is done by the trainer with ``rlhf.core``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.rollout.rewards.base import (
+    RewardContext,
     RewardError,
+    RewardLog,
     RewardScores,
     RewardSet,
     RewardSource,
@@ -126,7 +130,9 @@ def load_reward_set(
 __all__ = [
     "FunctionReward",
     "HttpReward",
+    "RewardContext",
     "RewardError",
+    "RewardLog",
     "RewardModelReward",
     "RewardScores",
     "RewardSet",

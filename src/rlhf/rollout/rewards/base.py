@@ -9,6 +9,13 @@ A *reward source* is any object with
 * ``score(prompts, completions, columns) -> list[float | None]`` — one score per sample, ``None`` meaning
   "could not be scored" (kept as NaN in the score matrix, never silently turned into 0).
 
+A source with ``takes_context = True`` (:class:`~rlhf.rollout.rewards.function.FunctionReward`) is called as
+``score(prompts, completions, columns, context=RewardContext)`` instead: the context carries what TRL's
+``GRPOTrainer`` gives reward functions besides texts — the chat prompts, the completion token ids, the trainer
+state and the ``log_metric`` / ``log_extra`` callbacks. A source with ``is_async = True`` also has
+``score_async(...)`` (same arguments): every such source of a batch runs concurrently on one event loop, as
+TRL runs ``async def`` reward functions with ``asyncio.gather`` on a daemon-thread loop.
+
 The three built-in sources live in sibling modules: :class:`~rlhf.rollout.rewards.function.FunctionReward`,
 :class:`~rlhf.rollout.rewards.remote.HttpReward` and
 :class:`~rlhf.rollout.rewards.model.RewardModelReward` (which also offers a token fast path, ``score_ids``).
@@ -16,10 +23,15 @@ The three built-in sources live in sibling modules: :class:`~rlhf.rollout.reward
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import functools
 import math
 import numbers
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -69,6 +81,89 @@ class RewardScores(NamedTuple):
     """K source names, in column order."""
     seconds: list[float]
     """K wall-clock times (s) spent in each source's ``score``, for ``time/`` metrics."""
+    metrics: dict[str, list[float]] = {}
+    """``log_metric`` calls of this batch: ``"<source>/<name>"`` → the values logged, in call order."""
+    extra: dict[str, list[Any]] = {}
+    """``log_extra`` calls of this batch: ``"<source>/<column>"`` → B values, one per sample."""
+
+
+@dataclass
+class RewardContext:
+    """What TRL's ``GRPOTrainer._calculate_rewards`` passes to a reward function besides the prompt texts,
+    completion texts and dataset columns; every list has one entry per sample (B).
+
+    ``messages``: the chat prompt of each sample (None for a plain-text prompt), or None for a batch without
+    chat prompts. ``completion_ids``: each completion's token ids, stop token included, no padding.
+    ``trainer_state``: a ``transformers.TrainerState`` (``global_step``, ``max_steps``, ``epoch``, …) or None.
+    """
+
+    messages: list[list[dict[str, Any]] | None] | None = None
+    completion_ids: list[list[int]] | None = None
+    trainer_state: Any = None
+
+    def row(self, i: int) -> RewardContext:
+        """The context of sample ``i`` alone (for re-scoring one sample to locate a failure)."""
+        return RewardContext(
+            messages=None if self.messages is None else [self.messages[i]],
+            completion_ids=None if self.completion_ids is None else [self.completion_ids[i]],
+            trainer_state=self.trainer_state,
+        )
+
+    def copy(self) -> RewardContext:
+        """Deep copies of the per-sample lists (a source that mutates them must not change what the next sees);
+        the trainer state is shared, as TRL passes its one ``self.state`` to every function."""
+        return RewardContext(
+            copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state
+        )
+
+
+@dataclass
+class RewardLog:
+    """Collects ``log_metric`` and ``log_extra`` calls of one batch (:attr:`RewardScores.metrics` / ``extra``)."""
+
+    batch: int
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+
+    def callbacks(self, source: str) -> tuple[Callable[[str, float], None], Callable[[str, list], None]]:
+        """``(log_metric, log_extra)`` for reward ``source``, with TRL's signatures (``GRPOTrainer._log_metric``
+        and ``_log_completion_extra``); names are kept under ``<source>/`` so two sources never mix."""
+
+        def log_metric(name: str, value: float) -> None:
+            if not isinstance(name, str) or not name or name in _RESERVED_METRICS:
+                raise RewardError(
+                    f"reward {source!r}: log_metric name must be a non-empty string other than "
+                    f"{' or '.join(_RESERVED_METRICS)} (those are rlhf's own per-source metrics), got {name!r}"
+                )
+            number = value.item() if hasattr(value, "item") else value  # 0-d tensors and numpy scalars
+            if isinstance(number, bool) or not isinstance(number, numbers.Real):
+                raise RewardError(
+                    f"reward {source!r}: log_metric({name!r}, …) got {value!r}, a {type(value).__name__}; "
+                    "it takes one number per call"
+                )
+            self.metrics.setdefault(f"{source}/{name}", []).append(float(number))
+
+        def log_extra(column: str, values: list) -> None:
+            if not isinstance(column, str) or not column:
+                raise RewardError(
+                    f"reward {source!r}: log_extra column must be a non-empty string, got {column!r}"
+                )
+            if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
+                raise RewardError(
+                    f"reward {source!r}: log_extra({column!r}, …) got a {type(values).__name__}; "
+                    f"it takes a list with one value per sample ({self.batch})"
+                )
+            if len(values) != self.batch:
+                raise RewardError(
+                    f"reward {source!r}: log_extra({column!r}, …) got {len(values)} values for a batch of "
+                    f"{self.batch}; give one value per sample"
+                )
+            self.extra[f"{source}/{column}"] = list(values)  # a column logged again replaces the first
+
+        return log_metric, log_extra
+
+
+_RESERVED_METRICS = ("mean", "std")
 
 
 class RewardSet:
@@ -125,15 +220,19 @@ class RewardSet:
         completions: Sequence[str],
         columns: Mapping[str, Sequence] | None = None,
         token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+        context: RewardContext | None = None,
     ) -> RewardScores:
         """Score every sample with every source; see :func:`score_all`.
+
+        ``context``: chat prompts, completion ids and trainer state for sources that take them (reward
+        functions, in TRL's convention); None = plain-text prompts, no ids, no trainer state.
 
         ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``, both (B, L). A reward model
         that reads the policy's tokens (``shares_policy_tokenizer``) then scores exactly those tokens through
         ``score_ids``: no decode and re-encode, which can split a sampled text into other, often more, tokens
         (measured: 217 instead of 139 for 128 sampled tokens of the benchmark's model) and costs time.
         """
-        return _score(self.sources, prompts, completions, columns, token_ids)
+        return _score(self.sources, prompts, completions, columns, token_ids, context)
 
 
 def score_all(
@@ -142,6 +241,7 @@ def score_all(
     prompts: Sequence[str],
     completions: Sequence[str],
     columns: Mapping[str, Sequence] | None = None,
+    context: RewardContext | None = None,
 ) -> RewardScores:
     """Call every source on the batch and stack the validated scores into a (B, K) matrix.
 
@@ -151,16 +251,17 @@ def score_all(
         prompts: B prompt texts (as the policy saw them, chat template applied).
         completions: B completion texts (decoded without special tokens).
         columns: extra dataset columns, each a list of B values, passed to every source.
+        context: :class:`RewardContext` of the batch, for sources that take one (reward functions).
 
     Returns:
         :class:`RewardScores` — ``scores`` (B, K) float32 with NaN where a source returned ``None``,
-        ``names`` (K,) and per-source wall ``seconds`` (K,).
+        ``names`` (K,), per-source wall ``seconds`` (K,) and what the sources logged (``metrics``, ``extra``).
 
     Raises:
         RewardError: a source raised (the sample whose scoring fails on its own is located and named), or
             returned a non-list, the wrong number of scores, a non-number, NaN or ±inf.
     """
-    return RewardSet(sources, weights).score(prompts, completions, columns)
+    return RewardSet(sources, weights).score(prompts, completions, columns, context=context)
 
 
 def _score(
@@ -169,6 +270,7 @@ def _score(
     completions: Sequence[str],
     columns: Mapping[str, Sequence] | None,
     token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+    context: RewardContext | None = None,
 ) -> RewardScores:
     prompts, completions = list(prompts), list(completions)
     batch = len(completions)
@@ -178,35 +280,78 @@ def _score(
     for key, values in columns.items():
         if len(values) != batch:
             raise ValueError(f"column {key!r} has {len(values)} values for {batch} completions")
+    context = context or RewardContext()
+    for what, values in (("messages", context.messages), ("completion_ids", context.completion_ids)):
+        if values is not None and len(values) != batch:
+            raise ValueError(f"context {what} has {len(values)} entries for {batch} completions")
 
+    log = RewardLog(batch)
     scores = torch.full((batch, len(sources)), float("nan"), dtype=torch.float32)
-    seconds = []
+    seconds = [0.0] * len(sources)
+    concurrent = []  # async sources: run together after the others, as TRL does
     for k, source in enumerate(sources):
+        if not batch:
+            continue
+        if getattr(source, "is_async", False):
+            concurrent.append(k)
+            continue
         start = time.perf_counter()
-        if batch and token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
+        if token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
             scores[:, k] = _validate(source.name, source.score_ids(*token_ids).cpu(), completions)
-        elif batch:
-            # copies: a source that mutates its arguments must not change what the next one sees
-            raw = _call(source, list(prompts), list(completions), {c: list(v) for c, v in columns.items()})
+        else:
+            call = _arguments(source, prompts, completions, columns, context, log)
+            scores[:, k] = _validate(source.name, _call(source, call, source.score), completions)
+        seconds[k] = time.perf_counter() - start
+    if concurrent:
+        calls = [_arguments(sources[k], prompts, completions, columns, context, log) for k in concurrent]
+        results = run_coroutine(_gather([sources[k] for k in concurrent], calls))
+        for k, call, (result, elapsed) in zip(concurrent, calls, results, strict=True):
+            source = sources[k]
+            raw = _call(source, call, functools.partial(_reraise, result))
             scores[:, k] = _validate(source.name, raw, completions)
-        seconds.append(time.perf_counter() - start)
-    return RewardScores(scores, [s.name for s in sources], seconds)
+            seconds[k] = elapsed
+    return RewardScores(scores, [s.name for s in sources], seconds, log.metrics, log.extra)
 
 
-def _call(source: RewardSource, prompts: list[str], completions: list[str], columns: dict[str, list]) -> Any:
-    """``source.score(...)``; an exception that is not already a RewardError is traced to a sample.
+Call = tuple[tuple[list[str], list[str], dict[str, list]], dict[str, Any]]
+"""A source's ``score`` arguments: ``((prompts, completions, columns), {"context": …})``."""
 
-    The batch is re-scored one sample at a time to find the first sample that fails on its own, so the
-    error can name it (a user function that chokes on one odd completion is the common case).
+
+def _arguments(
+    source: RewardSource, prompts: list[str], completions: list[str], columns: dict[str, list],
+    context: RewardContext, log: RewardLog | None,
+) -> Call:  # fmt: skip
+    """Fresh copies of the batch for one source (a source that mutates its arguments must not change what the
+    next one sees), with its context and logging callbacks when it takes them."""
+    positional = (list(prompts), list(completions), {c: list(v) for c, v in columns.items()})
+    if not getattr(source, "takes_context", False):
+        return positional, {}
+    keywords: dict[str, Any] = {"context": context.copy()}
+    if log is not None:
+        keywords["log"] = log.callbacks(source.name)
+    return positional, keywords
+
+
+def _call(source: RewardSource, call: Call, run: Callable[..., Any]) -> Any:
+    """``run(*positional, **keywords)`` of ``call``; an exception that is not already a RewardError is traced to
+    a sample.
+
+    The batch is re-scored one sample at a time (through ``source.score``, an async source on the shared
+    loop, without logging) to find the first sample that fails on its own, so the error can name it (a user
+    function that chokes on one odd completion is the common case).
     """
     try:
-        return source.score(prompts, completions, columns)
+        return run(*call[0], **call[1])
     except RewardError:
         raise
     except Exception as batch_error:
+        (prompts, completions, columns), keywords = call
         for i, completion in enumerate(completions):
+            single = {}
+            if "context" in keywords:  # what this sample logs is thrown away: the batch fails anyway
+                single = {"context": keywords["context"].row(i), "log": RewardLog(1).callbacks(source.name)}
             try:
-                source.score([prompts[i]], [completion], {c: [v[i]] for c, v in columns.items()})
+                source.score([prompts[i]], [completion], {c: [v[i]] for c, v in columns.items()}, **single)
             except Exception as error:
                 raise sample_error(
                     source.name, i, completion, f"raised {type(error).__name__}: {error}"
@@ -215,6 +360,53 @@ def _call(source: RewardSource, prompts: list[str], completions: list[str], colu
             f"reward {source.name!r} raised {type(batch_error).__name__}: {batch_error} on a batch of "
             f"{len(completions)}, but every sample scores fine alone"
         ) from batch_error
+
+
+def _reraise(result: Any, *call: Any, **keywords: Any) -> Any:
+    """The outcome of a call already made (by :func:`_gather`): its value, or its exception raised again."""
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+async def _gather(sources: list[RewardSource], calls: list[Call]) -> list[tuple[Any, float]]:
+    """Every async source's ``score_async`` at once (TRL: ``asyncio.gather`` of the async reward functions);
+    each result is its scores or the exception it raised, with the seconds until it finished."""
+    start = time.perf_counter()
+
+    async def timed(source: RewardSource, call: Call) -> tuple[Any, float]:
+        try:
+            result = await source.score_async(*call[0], **call[1])
+        except Exception as error:  # kept, so the other sources' results still arrive
+            result = error
+        return result, time.perf_counter() - start
+
+    return await asyncio.gather(*(timed(s, c) for s, c in zip(sources, calls, strict=True)))
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coroutine`` to completion on rlhf's one event loop, which lives in a daemon thread for the whole
+    process (TRL's ``start_event_loop_in_daemon``): clients an async reward function keeps between calls
+    (an ``httpx.AsyncClient``, a semaphore) stay bound to the same loop from batch to batch."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            threading.Thread(target=serve, name="rlhf-reward-loop", daemon=True).start()
+            ready.wait()
+            _loop = loop
+    return asyncio.run_coroutine_threadsafe(coroutine, _loop).result()
 
 
 def _validate(name: str, raw: Any, completions: list[str]) -> torch.Tensor:

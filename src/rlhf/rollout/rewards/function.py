@@ -1,16 +1,33 @@
 """Reward functions written in Python: ``path/to/file.py:function`` or ``package.module:function``.
 
-The function is called the way TRL calls its reward functions, so users can bring theirs unchanged::
+The function is called exactly the way TRL's ``GRPOTrainer._calculate_rewards`` calls its reward functions
+(trl/trainer/grpo_trainer.py, TRL 1.16), so users bring theirs unchanged::
 
-    def reward(prompts: list[str], completions: list[str], **columns) -> list[float | None]: ...
+    def reward(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, **columns)
+        -> list[float | None]: ...
 
-``columns`` are the extra dataset columns of the batch, each a list with one value per completion.
+- ``prompts``, ``completions``: plain-text prompts → strings; chat prompts (``{"messages": [...]}`` or a
+  message-list ``"prompt"``) → TRL's conversational form: each prompt is its message list and each completion
+  ``[{"role": "assistant", "content": text}]``. A batch with any chat prompt is conversational; its plain-text
+  prompts then read as one user message ``[{"role": "user", "content": text}]``.
+- ``completion_ids``: each completion's token ids, the stop token included, no padding (TRL: up to and
+  including the first EOS).
+- ``trainer_state``: a ``transformers.TrainerState`` — ``global_step`` (updates done), ``max_steps``,
+  ``epoch`` (fraction of the prompts seen), … (see ``rlhf.trainers.common.make_trainer_state``).
+- ``log_metric(name, value)``: one number per call, averaged over the step → ``reward/<source>/<name>`` in
+  ``metrics.jsonl`` (``eval/reward/…`` on held-out prompts). ``log_extra(column, values)``: one value per
+  sample → the sample rows' ``"extra"`` (see :class:`~rlhf.rollout.rewards.base.RewardLog`).
+- ``columns``: the extra dataset columns of the batch, each a list with one value per completion.
+- ``async def`` functions (and callable objects with an ``async def __call__``) are awaited; all async
+  functions of a batch run concurrently on one event loop, after the synchronous ones (as TRL does).
+
 A function without ``**kwargs`` receives only what it declares: ``def f(completions)`` gets just the
 completions, ``def f(completions, answer)`` the completions and the ``answer`` column.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -22,18 +39,24 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rlhf.rollout.rewards.base import RewardError
+from rlhf.rollout.rewards.base import RewardContext, RewardError, RewardLog, run_coroutine
 
-_BUILTIN_ARGS = ("prompts", "completions")
+_SIGNATURE = (
+    "function(prompts=..., completions=..., completion_ids=..., trainer_state=..., log_metric=..., "
+    "log_extra=..., **columns) -> list[float | None]"
+)
 
 
 class FunctionReward:
     """A Python callable used as a reward source.
 
     Build one with :meth:`load` from a spec string, or directly from a callable. The signature is checked
-    once, here: the function must accept ``completions`` by keyword (or take ``**kwargs``); it may not
-    have positional-only parameters without defaults.
+    once, here: the function must accept ``completions`` or ``completion_ids`` by keyword (or take
+    ``**kwargs``); it may not have positional-only parameters without defaults.
     """
+
+    takes_context = True
+    """`score` takes ``context`` and ``log`` (see rlhf.rollout.rewards.base)."""
 
     def __init__(self, function: Callable[..., Any], *, name: str | None = None, spec: str | None = None):
         if not callable(function):
@@ -41,6 +64,7 @@ class FunctionReward:
         self.function = function
         self.name = name or getattr(function, "__name__", None) or type(function).__name__
         self.spec = spec or f"{getattr(function, '__module__', '?')}:{self.name}"
+        self.is_async = _is_async(function)
         try:
             signature = inspect.signature(function)
         except (TypeError, ValueError):  # some builtins have no signature: pass everything
@@ -50,18 +74,18 @@ class FunctionReward:
         self.accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
         keyword = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         self.parameters = frozenset(p.name for p in keyword)
-        """Keyword parameters the function declares (``prompts``, ``completions`` and column names)."""
+        """Keyword parameters the function declares (``prompts``, ``completions``, … and column names)."""
         self.required = frozenset(p.name for p in keyword if p.default is p.empty)
         positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
         if positional_only:
             raise RewardError(
                 f"reward function {self.spec!r}: positional-only parameter(s) {', '.join(positional_only)} "
-                "cannot be passed; it is called as function(prompts=..., completions=..., **columns)"
+                f"cannot be passed; it is called as {_SIGNATURE}"
             )
-        if "completions" not in self.parameters and not self.accepts_kwargs:
+        if not {"completions", "completion_ids"} & self.parameters and not self.accepts_kwargs:
             raise RewardError(
-                f"reward function {self.spec!r}{signature} has no `completions` parameter; it is called as "
-                "function(prompts=list[str], completions=list[str], **columns) -> list[float | None]"
+                f"reward function {self.spec!r}{signature} has no `completions` (or `completion_ids`) "
+                f"parameter; it is called as {_SIGNATURE}"
             )
 
     @classmethod
@@ -90,22 +114,84 @@ class FunctionReward:
         return cls(obj, name=name or attribute.rsplit(".", 1)[-1], spec=spec)
 
     def score(
-        self, prompts: list[str], completions: list[str], columns: dict[str, list]
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+        context: RewardContext | None = None,
+        log: tuple[Any, Any] | None = None,
     ) -> list[float | None]:
-        """Call the function with the keyword arguments it can take."""
-        kwargs = {"prompts": prompts, "completions": completions, **columns}
+        """Call the function with the keyword arguments it can take (an async one runs on the shared loop).
+
+        ``context``: chat prompts, completion ids, trainer state (None: plain prompts and nothing else);
+        ``log``: the ``(log_metric, log_extra)`` callbacks (None: calls are accepted and dropped).
+        """
+        result = self.function(**self.arguments(prompts, completions, columns, context, log))
+        return run_coroutine(result) if inspect.isawaitable(result) else result
+
+    async def score_async(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+        context: RewardContext | None = None,
+        log: tuple[Any, Any] | None = None,
+    ) -> list[float | None]:
+        """`score` for an ``async def`` function, awaited on the caller's loop (concurrently with others)."""
+        result = self.function(**self.arguments(prompts, completions, columns, context, log))
+        return await result if inspect.isawaitable(result) else result
+
+    def arguments(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+        context: RewardContext | None = None,
+        log: tuple[Any, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The keyword arguments of one call: TRL's (module docstring), filtered to what the function takes.
+
+        A column named like a built-in argument does not replace it (in TRL it would replace
+        ``trainer_state`` and the callbacks, and clash with ``prompts``/``completions``).
+        """
+        context = context or RewardContext()
+        log_metric, log_extra = log or RewardLog(len(completions)).callbacks(self.name)
+        if context.messages is not None and any(m is not None for m in context.messages):
+            prompts = [m if m is not None else [{"role": "user", "content": p}]
+                       for p, m in zip(prompts, context.messages, strict=True)]  # fmt: skip
+            completions = [[{"role": "assistant", "content": c}] for c in completions]
+        kwargs = {
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": context.completion_ids,
+            "trainer_state": context.trainer_state,
+            "log_extra": log_extra,
+            "log_metric": log_metric,
+        }
+        kwargs |= {name: values for name, values in columns.items() if name not in kwargs}
+        if context.completion_ids is None:  # scored outside a rollout (e.g. a direct call): no ids to give
+            del kwargs["completion_ids"]
+        missing = sorted(self.required - kwargs.keys())
+        if missing:
+            raise RewardError(
+                f"reward function {self.spec!r} requires {', '.join(missing)}, which the batch does not "
+                f"have; available: {', '.join(kwargs)}"
+            )
         if not self.accepts_kwargs:
-            missing = sorted(self.required - kwargs.keys())
-            if missing:
-                raise RewardError(
-                    f"reward function {self.spec!r} requires {', '.join(missing)}, which the batch does not "
-                    f"have; available: {', '.join(kwargs)}"
-                )
             kwargs = {key: value for key, value in kwargs.items() if key in self.parameters}
-        return self.function(**kwargs)
+        return kwargs
 
     def __repr__(self) -> str:
         return f"FunctionReward({self.spec!r}, name={self.name!r})"
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    """Whether calling ``function`` returns a coroutine: TRL's ``is_async_callable`` (trl/trainer/utils.py) —
+    ``functools.partial`` unwrapped, and a callable object's ``async def __call__`` counts."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    call = type(function).__call__ if callable(function) else None  # an instance's `async def __call__`
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
 def _load_file(target: str, spec: str) -> ModuleType:

@@ -14,6 +14,7 @@ errors and malformed replies fail at once. Every error names the URL.
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -78,6 +79,8 @@ class HttpReward:
         if not isinstance(rewards, list) or len(rewards) != len(completions):
             got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"a {type(rewards).__name__}"
             raise RewardError(f'reward {self.url}: "rewards" is {got}, expected a list of {len(completions)}')
+        for i, value in enumerate(rewards):
+            _check_number(self.url, i, value)
         return rewards
 
     def _post(self, data: bytes) -> bytes:
@@ -114,6 +117,27 @@ class HttpReward:
 
     def __repr__(self) -> str:
         return f"HttpReward({self.url!r}, name={self.name!r})"
+
+
+def _check_number(url: str, i: int, value: object) -> None:
+    """A reply's reward ``i`` must be a finite JSON number or null; the error names the URL (the generic check
+    downstream only knows the source's name, often just the host)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardError(
+            f'reward {url}: "rewards"[{i}] is {_cut(json.dumps(value))} (a JSON {_json_type(value)}), '
+            "expected a number, or null for a completion that cannot be scored"
+        )
+    if not math.isfinite(value):
+        raise RewardError(
+            f'reward {url}: "rewards"[{i}] is {value}; send null for a completion that cannot be scored'
+        )
+
+
+def _json_type(value: object) -> str:
+    names = {str: "string", list: "array", dict: "object", bool: "boolean"}
+    return next((name for kind, name in names.items() if isinstance(value, kind)), type(value).__name__)
 
 
 def _cut(body: bytes | str) -> str:
