@@ -12,7 +12,6 @@ libraries (transformers, huggingface_hub, datasets, torch) print their progress 
 are kept off the console otherwise.
 """
 
-import contextlib
 import difflib
 import importlib
 import sys
@@ -192,16 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(command: str, config: Any, verbose: bool) -> None:
-    """Check the config's models and sources (`rlhf.inputs`), then run the command; libraries kept quiet."""
+    """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet."""
     run = runner(command)
-    if command == "report":  # reads run directories only: no library to quiet, no model to check
+    if command == "report" or verbose:  # report reads run directories only: no library to quiet
         run(config)
         return
-    from rlhf.inputs import check_inputs
     from rlhf.runlog.progress import quiet_libraries
 
-    with contextlib.nullcontext() if verbose else quiet_libraries():
-        check_inputs(config)
+    with quiet_libraries():
         run(config)
 
 

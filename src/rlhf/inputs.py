@@ -51,12 +51,20 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # huggingface_hub's rule for repo ids: `name` or `namespace/name`, no '--' or '..', at most 96 characters
 HUB_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 VALID_MODEL = (
-    "a model directory written by save_pretrained (config.json, weights, tokenizer) or a hub id 'org/name'"
+    "a model directory written by save_pretrained, with config.json, weights and tokenizer, or a hub id "
+    "'org/name'"
 )
 
 
 def check_inputs(config: Any) -> None:
     """Every model path and reward source of ``config`` (any command), then its stop token; ConfigError."""
+    try:
+        _check_inputs(config)
+    except ConfigError as e:
+        raise ConfigError(f"{config.COMMAND}: {e}") from None
+
+
+def _check_inputs(config: Any) -> None:
     command = config.COMMAND
     for field, kind in MODEL_FIELDS.get(command, ()):
         value = getattr(config, field)
@@ -93,7 +101,10 @@ def check_reward_source(field: str, source: str) -> None:
     try:
         FunctionReward.load(spec)
     except RewardError as e:
-        raise ConfigError(f"{field}={spec!r}: {e}") from None
+        message = str(e)
+        for prefix in (f"reward {spec!r}: ", f"reward spec {spec!r}: "):  # the field says which reward
+            message = message.removeprefix(prefix)
+        raise ConfigError(f"{field}={spec!r}: {message}") from None
 
 
 def check_model(field: str, spec: str, kind: str) -> None:
@@ -105,12 +116,12 @@ def check_model(field: str, spec: str, kind: str) -> None:
     elif path.exists():
         raise ConfigError(f"{where} is a file; expected {VALID_MODEL}")
     elif HUB_ID.match(spec) and not spec.startswith("."):
-        _check_hub_id(where, spec, kind)
+        _check_hub_id(where, spec, path, kind)
     else:
         raise ConfigError(f"{where}: no such directory ({path.resolve()}); expected {VALID_MODEL}")
 
 
-def _check_hub_id(where: str, spec: str, kind: str) -> None:
+def _check_hub_id(where: str, spec: str, path: Path, kind: str) -> None:
     from transformers import AutoConfig
 
     try:
@@ -118,7 +129,7 @@ def _check_hub_id(where: str, spec: str, kind: str) -> None:
     except Exception as e:  # OSError offline or for an unknown repo, ValueError for an unknown model type, …
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"{where}: no such local directory, and loading it as a hub id failed: {reason} "
+            f"{where}: no local directory {path.resolve()}, and as a hub id it cannot be loaded: {reason} "
             f"(expected {VALID_MODEL})"
         ) from None
     _check_kind(where, config.to_dict(), kind)

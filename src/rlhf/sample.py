@@ -66,6 +66,9 @@ Row = dict[str, Any]
 
 def run(config: SampleConfig) -> dict[str, Any]:
     """Sample ``config.num_samples`` completions per prompt and write ``config.output``; returns the summary."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     seed_everything(config.seed)
     device = common.device_for_run()
