@@ -73,6 +73,11 @@ def _broken_config(tmp: Path, policy: Path) -> None:
     (_model_copy(tmp, policy) / "config.json").write_text('{"model_type": "llama",')
 
 
+def _unknown_model_type(tmp: Path, policy: Path) -> None:
+    config = _model_copy(tmp, policy) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "llama9000"}))
+
+
 def _missing_shard(tmp: Path, policy: Path) -> None:
     model = _model_copy(tmp, policy)
     (model / "model.safetensors").unlink()
@@ -86,6 +91,7 @@ SETUPS: dict[str, Callable[[Path, Path], None]] = {
     "no tokenizer": _no_tokenizer,
     "broken config.json": _broken_config,
     "missing shard": _missing_shard,
+    "unknown model_type": _unknown_model_type,
 }
 
 NOT_UTF8 = b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n'
@@ -161,6 +167,10 @@ CASES: dict[str, Case] = {
     ),
     "policy: broken config.json": Case(
         "ppo", "--policy {tmp}/model", "{tmp}/model/config.json is not valid JSON", setup="broken config.json"
+    ),
+    "policy: unknown model_type": Case(
+        "sample", "--policy {tmp}/model", "has model type `llama9000` but Transformers does not recognize",
+        setup="unknown model_type",
     ),
     "policy: a shard is missing": Case(
         "grpo", "--policy {tmp}/model", "lists model-00001-of-00002.safetensors, which is missing",

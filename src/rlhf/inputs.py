@@ -122,23 +122,32 @@ def check_model(field: str, spec: str, kind: str) -> None:
 
 
 def _check_hub_id(where: str, spec: str, path: Path, kind: str) -> None:
-    from transformers import AutoConfig
-
     try:
-        config = AutoConfig.from_pretrained(spec)
-    except Exception as e:  # OSError offline or for an unknown repo, ValueError for an unknown model type, …
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        config = _load_config(where, spec)
+    except ConfigError as e:
         raise ConfigError(
-            f"{where}: no local directory {path.resolve()}, and as a hub id it cannot be loaded: {reason} "
+            f"{where}: no local directory {path.resolve()}, and as a hub id {str(e).removeprefix(where + ': ')} "
             f"(expected {VALID_MODEL})"
         ) from None
     _check_kind(where, config.to_dict(), kind)
+
+
+def _load_config(where: str, source: str) -> Any:
+    """``AutoConfig.from_pretrained(source)``; its failure as a ConfigError with its first line."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source)
+    except Exception as e:  # OSError offline or for an unknown repo, ValueError for an unknown model type, …
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{where}: it cannot be loaded: {reason}") from None
 
 
 def _check_model_dir(where: str, path: Path, kind: str) -> None:
     if (path / "adapter_config.json").exists() and not (path / "config.json").exists():
         return  # a peft adapter directory: transformers loads its base model; nothing cheap to check here
     config = _read_config(where, path)
+    _load_config(where, str(path))  # what transformers makes of it: an unknown model_type, a bad value
     _check_kind(where, config, kind)
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise ConfigError(
@@ -246,4 +255,8 @@ def check_stop_token(policy: str, stop_token: str) -> None:
 
     from rlhf.trainers.common import stop_token_ids
 
-    stop_token_ids(AutoTokenizer.from_pretrained(policy), stop_token)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(policy)
+    except Exception as e:  # the model checks passed, so this is the tokenizer files themselves
+        raise ConfigError(f"policy={policy!r}: cannot load its tokenizer: {type(e).__name__}: {e}") from None
+    stop_token_ids(tokenizer, stop_token)
