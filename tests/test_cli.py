@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlhf import cli
-from rlhf.config import COMMANDS, PPOConfig
+from rlhf.config import COMMANDS, ConfigError, PPOConfig
 
 PPO_REQUIRED = {
     "policy": "models/sft",
@@ -151,13 +151,17 @@ def test_missing_trainer_is_a_clear_error(
 
 
 def test_a_missing_dependency_inside_a_trainer_is_not_hidden(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "rlhf_test_broken_trainer.py").write_text("import rlhf_test_no_such_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(cli.RUNNERS, "ppo", ("rlhf_test_broken_trainer", "x"))
+    assert (
+        cli.main(["ppo", "--config", str(write_config(tmp_path))]) == 1
+    )  # not "not built": an internal error
+    assert "No module named 'rlhf_test_no_such_dependency'" in capsys.readouterr().err
     with pytest.raises(ModuleNotFoundError, match="rlhf_test_no_such_dependency"):
-        cli.main(["ppo", "--config", str(write_config(tmp_path))])
+        cli.main(["ppo", "--config", str(write_config(tmp_path)), "--debug"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,12 +263,76 @@ def test_bad_data_is_reported_without_a_traceback(
     assert "Traceback" not in err
 
 
-def test_bugs_inside_a_run_keep_their_traceback(
-    tmp_path: Path, fake_runner: list[object], monkeypatch: pytest.MonkeyPatch
+def test_a_bug_inside_a_run_is_one_line_and_its_traceback_is_behind_debug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def broken(config: object) -> None:
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(cli, "runner", lambda command: broken)
-    with pytest.raises(ZeroDivisionError):
-        cli.main(["ppo", "--config", str(write_config(tmp_path))])
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path))]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: rlhf ppo: internal error: ZeroDivisionError: a bug (at ")
+    assert "test_cli.py:" in err and "rerun with --debug" in err and "Traceback" not in err
+    with pytest.raises(ZeroDivisionError):  # --debug, anywhere on the line: the full traceback
+        cli.main(["--debug", "ppo", "--config", str(write_config(tmp_path))])
+
+
+def test_debug_raises_config_errors_with_their_traceback(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown key 'kl_coeff'"):
+        cli.main(["ppo", "--config", str(write_config(tmp_path, kl_coeff=0.1)), "--debug"])
+
+
+def test_console_script_bug_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    (tmp_path / "rlhf_test_buggy.py").write_text("def run(config):\n    return 1 / 0\n")
+    code = (
+        f"import sys; sys.path[:0] = [{str(Path(cli.__file__).parents[1])!r}, {str(tmp_path)!r}]; "
+        "from rlhf import cli; cli.RUNNERS['ppo'] = ('rlhf_test_buggy', 'x'); sys.exit(cli.main(sys.argv[1:]))"
+    )
+    args = ["ppo", "--config", str(write_config(tmp_path))]
+    result = run_process(sys.executable, "-c", code, *args)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "internal error: ZeroDivisionError: division by zero" in result.stderr
+    result = run_process(sys.executable, "-c", code, *args, "--debug")
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Library noise: quiet unless --verbose
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "quiet"), [([], True), (["--verbose"], False)])
+def test_libraries_are_quiet_during_a_run_unless_verbose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], quiet: bool
+) -> None:
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    seen: list[tuple[bool, int, bool]] = []
+
+    def run(config: object) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.warn_explicit("deprecated", FutureWarning, "x.py", 1, module="transformers.x")
+            warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rlhf_test_ours")
+        messages = [str(w.message) for w in caught]
+        seen.append(
+            (
+                hf_logging.is_progress_bar_enabled(),
+                logging.getLogger("transformers").level,
+                "deprecated" in messages,
+            )
+        )
+        assert "ours" in messages
+
+    monkeypatch.setattr(cli, "runner", lambda command: run)
+    before = (hf_logging.is_progress_bar_enabled(), logging.getLogger("transformers").level)
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path)), *flags]) == 0
+    bars, level, library_warning = seen[0]
+    assert bars is not quiet and (level == logging.ERROR) is quiet and library_warning is not quiet
+    assert (
+        hf_logging.is_progress_bar_enabled(),
+        logging.getLogger("transformers").level,
+    ) == before  # restored

@@ -4,12 +4,18 @@ Each command has one config class (`rlhf.config`); its fields come from the clas
 file, then the flags (last wins), and the merged config is checked before any work starts. The command's
 module is imported only then, so ``import rlhf.cli`` (and ``rlhf --help``) never loads torch.
 
-Exit codes: 0 success (and ``--help``), 2 a refused command line or config (one line on stderr, no traceback).
+Exit codes: 0 success (and ``--help``); 2 a refused command line, config, model path, data file or reward
+(``error: …`` on stderr naming the field or ``file:line``, no traceback); 1 an internal error — a bug, not
+the input: one line with the exception and where it was raised, and a pointer to ``--debug``; 130 Ctrl-C.
+``--debug`` (anywhere on the line) lets any error raise with its full traceback; ``--verbose`` lets the
+libraries (transformers, huggingface_hub, datasets, torch) print their progress bars and warnings, which
+are kept off the console otherwise.
 """
 
 import difflib
 import importlib
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -54,6 +60,9 @@ def usage() -> str:
         "",
         "`rlhf <command> --help` lists every field of the command with its documentation and default.",
         "Fields come from the defaults, then the --config YAML file, then the flags (the last one wins).",
+        "",
+        "--debug    show the full traceback of any error (errors are one message otherwise)",
+        "--verbose  show the libraries' own progress bars, load reports and warnings",
     ]
     return "\n".join(lines)
 
@@ -118,9 +127,15 @@ def _exit_code(exit: SystemExit) -> int:
     return 1
 
 
+GLOBAL_FLAGS = ("--debug", "--verbose")
+"""Flags of `rlhf` itself, accepted anywhere on the line (they are not config fields)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `rlhf` with `argv` (default: sys.argv[1:]); returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    debug, verbose = "--debug" in args, "--verbose" in args
+    args = [arg for arg in args if arg not in GLOBAL_FLAGS]
     if not args:
         print(usage(), file=sys.stderr)
         return 2
@@ -141,32 +156,70 @@ def main(argv: Sequence[str] | None = None) -> int:
         path, overrides = split_config_flag(rest)
         config = load_config(command, path, overrides)
     except ConfigError as e:
+        if debug:
+            raise
         return _error(str(e))
+    except UnicodeDecodeError as e:  # the YAML file is read as UTF-8
+        if debug:
+            raise
+        return _error(f"{command}: config file {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+                      f"offset {e.start}); save it as UTF-8")  # fmt: skip
     except SystemExit as e:  # tyro printed --help (0) or its own error message (2)
         return _exit_code(e)
     try:
-        run = runner(command)
+        _run(command, config, verbose)
     except NotBuiltError as e:
         return _error(f"rlhf {command}: this command's trainer is not part of this build yet (no module {e})")
-    try:
-        run(config)
     except ConfigError as e:  # a problem found once the run looked at its inputs (e.g. an unusable model)
+        if debug:
+            raise
         return _error(str(e))
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"rlhf {command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:
+        if debug:
+            raise
         if not _is_input_error(e):
-            raise  # a bug, not the user's input: keep the traceback
+            return _internal_error(command, e)
         # data and reward errors list file:line / source and sample, one per line: keep the lines
         print(f"error: rlhf {command}: {e}", file=sys.stderr)
         return 2
     return 0
 
 
+def _run(command: str, config: Any, verbose: bool) -> None:
+    """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet."""
+    run = runner(command)
+    if command == "report" or verbose:  # report reads run directories only: no library to quiet
+        run(config)
+        return
+    from rlhf.runlog.progress import quiet_libraries
+
+    with quiet_libraries():
+        run(config)
+
+
+def _internal_error(command: str, error: BaseException) -> int:
+    """A bug, not the user's input: one line with the exception and where it was raised; the rest with --debug."""
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    message = " ".join(f"{type(error).__name__}: {error}".split())
+    print(f"error: rlhf {command}: internal error: {message}{at}", file=sys.stderr)
+    print("this is a bug in rlhf or a library, not in your input: rerun with --debug for the full traceback",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
 def _is_input_error(error: Exception) -> bool:
-    """Errors whose message already says what is wrong with the user's files or reward (no traceback needed)."""
+    """Errors whose message already says what is wrong with the user's files, reward or machine (no traceback
+    needed): data (file:line), reward sources, and the OS refusing a path (missing, unreadable, disk full)."""
     from rlhf.data.files import DataError  # imported here: `import rlhf.cli` stays free of torch
     from rlhf.rollout.rewards import RewardError
 
-    return isinstance(error, DataError | RewardError | FileNotFoundError)
+    return isinstance(error, DataError | RewardError | OSError)
 
 
 if __name__ == "__main__":

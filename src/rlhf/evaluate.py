@@ -78,6 +78,9 @@ class Answers:
 
 def run(config: EvalConfig) -> dict[str, Any]:
     """Evaluate ``config.policy`` (and its win rate against ``config.baseline``); returns the results."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     rundir.check_outputs(config, {"output": config.output, "samples_output": config.samples_output})
     seed_everything(config.seed)

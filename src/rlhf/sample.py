@@ -73,6 +73,9 @@ Row = dict[str, Any]
 
 def run(config: SampleConfig) -> dict[str, Any]:
     """Sample ``config.num_samples`` completions per prompt and write ``config.output``; returns the summary."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     out = Path(config.output)
     summary_path = Path(f"{out}.summary.json")

@@ -17,6 +17,7 @@ Formats: JSONL, JSON, Parquet, or a ``datasets`` directory (`read_records`). Sha
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from rlhf.data.collate import (
@@ -57,6 +58,12 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike[str]
 
 
+def warn(message: str) -> None:
+    """A warning about the user's data, on stderr: printed rather than `warnings.warn`, so that it shows once
+    per call and is never filtered with the libraries' warnings (`rlhf.runlog.progress.quiet_libraries`)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def read_prompts(path: PathLike) -> list[PromptExample]:
     """Read and validate a prompts file (no tokenizer needed): raises `DataError` with ``file:line``."""
     return validate_prompts(read_records(path))
@@ -75,9 +82,16 @@ def read_preferences(path: PathLike) -> list[PreferenceExample]:
 def load_prompts(
     path: PathLike, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None = None
 ) -> list[TokenizedPrompt]:
-    """Read, validate and tokenise prompts for generation (count ``p.truncated`` to log truncations)."""
+    """Read, validate and tokenise prompts for generation; says on stderr how many were cut to fit."""
     require_pad_token_id(tokenizer)
-    return tokenize_prompts(read_prompts(path), tokenizer, max_prompt_length)
+    prompts = tokenize_prompts(read_prompts(path), tokenizer, max_prompt_length)
+    cut = sum(p.truncated for p in prompts)
+    if cut:
+        warn(
+            f"{path}: {cut} of {len(prompts)} prompts are longer than max_prompt_length={max_prompt_length} "
+            "tokens and keep only their last tokens (the start is cut); raise max_prompt_length to keep them whole"
+        )
+    return prompts
 
 
 def load_sft(
@@ -85,7 +99,14 @@ def load_sft(
 ) -> list[TokenizedSFT]:
     """Read, validate and tokenise SFT demonstrations: (input_ids, labels) with loss on responses only."""
     require_pad_token_id(tokenizer)
-    return tokenize_sft(read_sft(path), tokenizer, max_length)
+    examples = tokenize_sft(read_sft(path), tokenizer, max_length)
+    cut = sum(e.truncated for e in examples)
+    if cut:
+        warn(
+            f"{path}: {cut} of {len(examples)} examples are longer than max_length={max_length} tokens and "
+            "lose their end (the rest of the response is not trained on); raise max_length to keep them whole"
+        )
+    return examples
 
 
 def load_preferences(

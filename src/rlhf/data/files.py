@@ -15,6 +15,7 @@ are dropped from those records (a row with ``prompt = null`` reads as a record w
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -110,10 +111,34 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _read_text(p: Path, name: str) -> str:
+    """The file as text (UTF-8, with or without a byte-order mark); `DataError` naming each line that is not.
+
+    JSON text is UTF-8 (RFC 8259); a file saved in Latin-1 or UTF-16 fails here, at its line and column,
+    rather than as a decoding traceback.
+    """
+    data = p.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    problems = ProblemList()
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        try:
+            line.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            problems.add(
+                f"{name}:{lineno}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+                "save the file as UTF-8"
+            )
+    problems.raise_if_any()
+    raise AssertionError("unreachable: the whole file failed to decode but no line did")
+
+
 def _read_jsonl(p: Path, name: str) -> list[Record]:
     records: list[Record] = []
     problems = ProblemList()
-    with p.open(encoding="utf-8-sig") as f:
+    with io.StringIO(_read_text(p, name), newline=None) as f:  # universal newlines, as open() would
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -132,7 +157,7 @@ def _read_jsonl(p: Path, name: str) -> list[Record]:
 
 
 def _read_json(p: Path, name: str) -> list[Record]:
-    text = p.read_text(encoding="utf-8-sig")
+    text = _read_text(p, name)
     try:
         top = json.loads(text)
     except json.JSONDecodeError as e:

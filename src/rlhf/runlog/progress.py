@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from collections.abc import Iterator
 from typing import Any
 
 SHOWN = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/entropy", "entropy"), ("train/loss", "loss"))
@@ -44,3 +47,57 @@ class StepProgress:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+# Libraries whose console output is theirs, not the run's: progress bars ("Loading weights"), load reports,
+# retry notices and deprecation/future warnings addressed to developers rather than to the user of `rlhf`.
+LIBRARIES = ("transformers", "huggingface_hub", "datasets", "peft", "accelerate", "torch", "tokenizers")
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Keep library chatter off the console while a command runs (``rlhf --verbose`` goes without this).
+
+    Their loggers show errors only, their progress bars are off and warnings raised inside their modules
+    (and deprecation/future warnings from anywhere: notices for whoever maintains the calling code) are
+    ignored. Our own messages are printed, not logged, so they still show, and a library's errors still
+    reach the user as exceptions. Everything is restored on exit, for callers that run commands in-process.
+    """
+    import logging
+    import warnings
+
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as hf_logging
+
+    loggers = {name: logging.getLogger(name) for name in LIBRARIES}
+    levels = {name: logger.level for name, logger in loggers.items()}
+    hf_verbosity, hf_bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hub_bars_off = hub.are_progress_bars_disabled()
+    datasets_bars = os.environ.get(DATASETS_BARS)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=rf"({'|'.join(LIBRARIES)})(\.|$)")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        for logger in loggers.values():
+            logger.setLevel(logging.ERROR)
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        hub.disable_progress_bars()
+        os.environ[DATASETS_BARS] = "1"  # read when `datasets` is imported (only for datasets directories)
+        try:
+            yield
+        finally:
+            for name, logger in loggers.items():
+                logger.setLevel(levels[name])
+            hf_logging.set_verbosity(hf_verbosity)
+            if hf_bars:
+                hf_logging.enable_progress_bar()
+            if not hub_bars_off:
+                hub.enable_progress_bars()
+            if datasets_bars is None:
+                os.environ.pop(DATASETS_BARS, None)
+            else:
+                os.environ[DATASETS_BARS] = datasets_bars
+
+
+DATASETS_BARS = "HF_DATASETS_DISABLE_PROGRESS_BARS"

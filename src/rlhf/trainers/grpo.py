@@ -152,6 +152,9 @@ class Models:
 @rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
     """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
     device = common.device_for_run()
     seed_everything(config.seed)

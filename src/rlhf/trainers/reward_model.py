@@ -76,6 +76,9 @@ NORMALIZATION_FILE = "normalization.jsonl"
 @rundir.claims_output_dir
 def run(config: RMConfig) -> Path:
     """Train a reward model on ``config.train_data``; returns the ``final/`` directory."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
     device = common.device_for_run()
     seed_everything(config.seed)

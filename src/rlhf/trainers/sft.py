@@ -68,6 +68,9 @@ HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) 
 @rundir.claims_output_dir
 def run(config: SFTConfig) -> Path:
     """Fine-tune ``config.model`` on ``config.train_data``; returns the ``final/`` directory."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
     device = common.device_for_run()
     seed_everything(config.seed)
