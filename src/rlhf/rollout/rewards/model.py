@@ -163,6 +163,13 @@ class RewardModelReward:
             raise RewardError(
                 f"reward model {spec!r}: cannot load: {type(error).__name__}: {error}"
             ) from error
+        # The pad token the policy's tokenizer gets too (a model trained by `rlhf rm` has it already), so a
+        # reward model built on the policy's base still shares its vocabulary, and padding stays embeddable.
+        from rlhf.data.tokenization import ensure_pad_token
+        from rlhf.models.loading import align_pad_token
+
+        ensure_pad_token(tokenizer)
+        align_pad_token(model, tokenizer)
         return cls(
             model,
             tokenizer,
