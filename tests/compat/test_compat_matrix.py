@@ -68,12 +68,14 @@ def assert_generates(final: Path, base: Path) -> None:
     tokenizer.padding_side = "left"
     batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     assert (batch["attention_mask"] == 0).any()  # the short prompt really is padded
-    new = 4
-    together = model.generate(**batch, max_new_tokens=new, do_sample=False)[:, -new:]
+    width = batch["input_ids"].shape[1]
+    together = model.generate(**batch, max_new_tokens=4, do_sample=False)[:, width:].tolist()
     for i, prompt in enumerate(PROMPTS):
         alone = tokenizer(prompt, return_tensors="pt")
-        expected = model.generate(**alone, max_new_tokens=new, do_sample=False)[0, -new:]
-        assert together[i].tolist() == expected.tolist(), f"row {i} changes when padded"
+        # a row that stops at eos ends there alone, and is filled with the pad id in the batch
+        expected = model.generate(**alone, max_new_tokens=4, do_sample=False)[0, alone["input_ids"].shape[1] :]
+        expected = expected.tolist() + [tokenizer.pad_token_id] * (len(together[i]) - len(expected))
+        assert together[i] == expected, f"row {i} changes when padded"
 
 
 # --------------------------------------------------------------------------------------------------------------
