@@ -370,27 +370,87 @@ class Family:
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("gpt2", ("<|endoftext|>",), eos="<|endoftext|>", bos="<|endoftext|>", unk="<|endoftext|>",
-               specials_last=True, tied=True, quirks="no pad; bos = eos = unk; vocabulary = embedding rows"),
-        Family("gpt_neox", ("<|endoftext|>", "<|padding|>"), eos="<|endoftext|>", bos="<|endoftext|>",
-               unk="<|endoftext|>", spare_rows=27,
-               quirks="Pythia: no pad (an unused <|padding|> token); bos = eos; spare embedding rows"),
-        Family("opt", ("<s>", "<pad>", "</s>", "<unk>"), eos="</s>", bos="</s>", pad="<pad>", unk="<unk>",
-               add_bos=True, spare_rows=7, tied=True, quirks="bos = eos, added in front of every text"),
-        Family("qwen2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<|endoftext|>",
-               specials_last=True, chat_template=CHATML_TEMPLATE, spare_rows=17, tied=True,
-               quirks="no bos; ChatML; spare embedding rows"),
-        Family("gemma2", ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"), eos="<eos>",
-               bos="<bos>", pad="<pad>", unk="<unk>", add_bos=True, chat_template=GEMMA_TEMPLATE, tied=True,
-               quirks="bos added; turns end with <end_of_turn>, not eos; soft-capped logits"),
-        Family("phi3", ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>",
-                        "<|user|>"), eos="<|endoftext|>", bos="<s>", pad="<|endoftext|>", unk="<unk>",
-               chat_template=PHI3_TEMPLATE, spare_rows=53, pad_in_config="<|endoftext|>",
-               quirks="pad = eos (tokenizer and config); fused qkv_proj / gate_up_proj; spare embedding rows"),
-        Family("llama", ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-                         "<|reserved_special_token_1|>"), eos="<|end_of_text|>", bos="<|begin_of_text|>",
-               specials_last=True, add_bos=True, quirks="Llama-3 base: no pad; bos added; no chat template"),
-    )  # fmt: skip
+        Family(
+            "gpt2",
+            ("<|endoftext|>",),
+            eos="<|endoftext|>",
+            bos="<|endoftext|>",
+            unk="<|endoftext|>",
+            specials_last=True,
+            tied=True,
+            quirks="no pad; bos = eos = unk; vocabulary = embedding rows",
+        ),
+        Family(
+            "gpt_neox",
+            ("<|endoftext|>", "<|padding|>"),
+            eos="<|endoftext|>",
+            bos="<|endoftext|>",
+            unk="<|endoftext|>",
+            spare_rows=27,
+            quirks="Pythia: no pad (an unused <|padding|> token); bos = eos; spare embedding rows",
+        ),
+        Family(
+            "opt",
+            ("<s>", "<pad>", "</s>", "<unk>"),
+            eos="</s>",
+            bos="</s>",
+            pad="<pad>",
+            unk="<unk>",
+            add_bos=True,
+            spare_rows=7,
+            tied=True,
+            quirks="bos = eos, added in front of every text",
+        ),
+        Family(
+            "qwen2",
+            ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+            eos="<|im_end|>",
+            pad="<|endoftext|>",
+            specials_last=True,
+            chat_template=CHATML_TEMPLATE,
+            spare_rows=17,
+            tied=True,
+            quirks="no bos; ChatML; spare embedding rows",
+        ),
+        Family(
+            "gemma2",
+            ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+            eos="<eos>",
+            bos="<bos>",
+            pad="<pad>",
+            unk="<unk>",
+            add_bos=True,
+            chat_template=GEMMA_TEMPLATE,
+            tied=True,
+            quirks="bos added; turns end with <end_of_turn>, not eos; soft-capped logits",
+        ),
+        Family(
+            "phi3",
+            ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"),
+            eos="<|endoftext|>",
+            bos="<s>",
+            pad="<|endoftext|>",
+            unk="<unk>",
+            chat_template=PHI3_TEMPLATE,
+            spare_rows=53,
+            pad_in_config="<|endoftext|>",
+            quirks="pad = eos (tokenizer and config); fused qkv_proj / gate_up_proj; spare embedding rows",
+        ),
+        Family(
+            "llama",
+            (
+                "<|begin_of_text|>",
+                "<|end_of_text|>",
+                "<|reserved_special_token_0|>",
+                "<|reserved_special_token_1|>",
+            ),
+            eos="<|end_of_text|>",
+            bos="<|begin_of_text|>",
+            specials_last=True,
+            add_bos=True,
+            quirks="Llama-3 base: no pad; bos added; no chat template",
+        ),
+    )
 }
 """The families :func:`train_family_tokenizer` and :func:`tiny_family_lm` build, by ``config.model_type``."""
 
@@ -425,7 +485,11 @@ def train_family_tokenizer(
 
 
 def tiny_family_config(
-    family: str, tokenizer: PreTrainedTokenizerBase, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4
+    family: str,
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
 ) -> PretrainedConfig:
     """A tiny config of ``family``'s architecture for ``tokenizer``: ``len(tokenizer) + spare_rows``
     embedding rows, its bos/eos ids (pad too, when the family's config names one), tied or untied embeddings
@@ -443,7 +507,12 @@ def tiny_family_config(
     }
     n_positions = int(tokenizer.model_max_length)
     if family == "gpt2":
-        fields |= {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads, "n_positions": n_positions}
+        fields |= {
+            "n_embd": hidden_size,
+            "n_layer": num_layers,
+            "n_head": num_heads,
+            "n_positions": n_positions,
+        }
     else:
         fields |= {"hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
                    "max_position_embeddings": n_positions}  # fmt: skip
