@@ -6,6 +6,11 @@ config with random weights. The results are ordinary Hugging Face objects: save 
 and load them back with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``AutoModelForSequenceClassification``
 exactly as a user would load a hub checkpoint. For encoder reward models there is a BERT classifier
 (:func:`tiny_bert_classifier`) with its own WordPiece tokenizer (:func:`train_wordpiece_tokenizer`).
+For the model families users bring (GPT-2, GPT-NeoX/Pythia, OPT, Qwen2, Gemma-2, Phi-3, Llama-3, see
+:data:`FAMILIES`) :func:`train_family_tokenizer` mimics each family's tokenizer quirks (no pad, pad = eos,
+bos = eos, bos added, chat template or none) and :func:`tiny_family_lm` builds a tiny model of its
+architecture (spare embedding rows where the real checkpoints have them); the conventions below are those of
+:func:`train_tokenizer` only.
 
 Tokenizer conventions (checklist items 1-2):
 
@@ -348,9 +353,16 @@ PHI3_TEMPLATE = (
 @dataclass(frozen=True)
 class Family:
     """A model family's tokenizer and checkpoint layout, as :func:`train_family_tokenizer` and
-    :func:`tiny_family_lm` mimic it. ``specials`` are the special tokens in id order, at ids 0.. or (``specials_last``)
-    after the trained vocabulary; ``pad`` None = no pad token; ``add_bos``: encoding a text puts bos in front;
-    ``spare_rows``: embedding rows beyond ``len(tokenizer)`` (the real checkpoints round the vocabulary up)."""
+    :func:`tiny_family_lm` mimic it.
+
+    ``name`` is the ``config.model_type``; ``specials`` the special tokens in id order, at ids 0.. or
+    (``specials_last``) after the trained vocabulary; ``eos``/``bos``/``pad``/``unk`` name some of them (None =
+    the tokenizer has none; the same token twice = shared, e.g. GPT-2's bos = eos); ``add_bos``: encoding a
+    text puts bos in front; ``chat_template``: None = a base model without one; ``spare_rows``: embedding
+    rows beyond ``len(tokenizer)`` (the real checkpoints round the vocabulary up); ``tied``: input and output
+    embeddings shared; ``pad_in_config``: the token the checkpoint's ``config.pad_token_id`` names (Phi-3:
+    its eos); ``quirks``: one line for people.
+    """
 
     name: str
     specials: tuple[str, ...]
