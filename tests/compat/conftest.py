@@ -159,7 +159,9 @@ class Runs:
         return self._ppo(family, out, lora={"r": 4, "alpha": 8, "dropout": 0.0})
 
     def ppo_chat(self, family: str, out: Path) -> Path:
-        return self._ppo(family, out, train_data=str(self.data["chat_prompts"]))
+        """Chat prompts; a template whose turns end with a token other than eos stops at that token."""
+        stop = {"gemma2": "<end_of_turn>", "phi3": "<|end|>"}.get(family, "eos")
+        return self._ppo(family, out, train_data=str(self.data["chat_prompts"]), stop_token=stop)
 
     def grpo(self, family: str, out: Path) -> Path:
         return self._ppo(family, out, command="grpo", policy=str(self.get("sft", family)))
