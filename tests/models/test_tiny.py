@@ -246,7 +246,7 @@ def test_reward_model_builder_returns_one_output(tokenizer) -> None:
         assert model(**batch).logits.shape == (len(PROMPTS), 1)
 
 
-def test_conftest_architectures_match_the_library() -> None:
-    import conftest  # tests/ is on sys.path (pytest's default "prepend" import mode)
-
+def test_conftest_architectures_match_the_library(request: pytest.FixtureRequest) -> None:
+    # tests/conftest.py by its path: "import conftest" may find tests/compat/conftest.py, also on sys.path
+    conftest = request.config.pluginmanager.get_plugin(str(Path(__file__).parents[1] / "conftest.py"))
     assert tuple(conftest.ARCHS) == ARCHS

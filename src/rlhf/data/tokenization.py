@@ -113,9 +113,9 @@ def require_pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, pad_token: str = DEFAULT_PAD_TOKEN) -> bool:
     """Give the tokenizer a pad token distinct from eos if it has none (or pad == eos); True if it did.
 
-    The new token may lie beyond the model's embedding matrix: either resize the embeddings, or (what the
-    reference implementations do, checklist item 1) replace pad ids by any valid id before the forward pass —
-    padded positions are masked anyway.
+    The new token's id is ``len(tokenizer)`` before the call, which may lie beyond the model's embedding
+    matrix: ``rlhf.models.loading.align_pad_token`` gives every model rlhf loads a row for it (a spare one
+    when the matrix has one) and names it in the model's config, so a saved model and tokenizer agree.
     """
     if tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
         return False

@@ -1,8 +1,19 @@
 """Loading models the ordinary way (``from_pretrained`` on a hub id or a directory) and preparing them for RL.
 
-Every model that is scored is put through :func:`disable_dropout` (checklist item 7). The tokenizer gets a
-pad token distinct from EOS when it has none (item 1); the embeddings are not resized — pad ids are
-replaced by 0 before every forward, and padded positions are masked anyway.
+Every model that is scored is put through :func:`disable_dropout` (checklist item 7).
+
+**Pad token** (checklist item 1). Masks are built from ``ids != pad_token_id``, so the pad id must never be
+the EOS id. A tokenizer without a pad token, or whose pad token is its EOS (GPT-2, Pythia, Llama-2/3 base,
+Mistral, Phi-3), gets a new ``<|pad|>`` token (:func:`load_tokenizer`); its id is ``len(tokenizer)`` before
+the addition. Every model loaded here is then made able to embed that id (:func:`align_pad_token`): a model
+whose embedding matrix has spare rows beyond the tokenizer (Pythia, Qwen2, Phi-3) already can, and is not
+changed; one without (GPT-2, Llama-3) gets one more row, set to the mean of the existing rows (Hewitt's
+initialisation: the new token's logit is the mean logit, so it takes little probability mass and the
+distribution barely moves; no random numbers, so the policy and its reference agree exactly). The pad id is
+written to ``config.pad_token_id`` and ``generation_config.pad_token_id``, so a saved ``final/`` — model,
+config and tokenizer — works with plain ``transformers`` (a padded batch ``generate``, a reward model's
+pooled score) and loads back into rlhf unchanged. Pad ids are still replaced by 0 before every forward and
+padded positions are masked: what a pad position holds never matters.
 """
 
 from __future__ import annotations
@@ -13,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from rlhf.data.tokenization import ensure_pad_token
+from rlhf.config import ConfigError
+from rlhf.data.tokenization import ensure_pad_token, require_pad_token_id
 from rlhf.models.policy import ValueHead, disable_dropout
 
 if TYPE_CHECKING:
@@ -33,34 +45,110 @@ def load_tokenizer(name_or_path: str) -> Any:
 
 
 def load_causal_lm(
-    name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu"
+    name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu", tokenizer: Any = None
 ) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` with dropout off, on ``device``."""
+    """``AutoModelForCausalLM.from_pretrained`` with dropout off, on ``device``, able to embed the pad id of
+    ``tokenizer`` (default: :func:`load_tokenizer` of the same directory; see :func:`align_pad_token`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype]).to(device)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    align_pad_token(model, tokenizer if tokenizer is not None else load_tokenizer(name_or_path))
+    model.to(device)
     disable_dropout(model)
     return model
+
+
+def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
+    """Make ``model`` embed ``tokenizer``'s pad id and record it in its config; returns the pad id.
+
+    The tokenizer must have a pad token distinct from EOS (:func:`~rlhf.data.tokenization.ensure_pad_token`).
+    The embedding matrix grows only when the pad id lies beyond it (see the module docstring).
+    """
+    pad = require_pad_token_id(tokenizer)
+    rows = model.get_input_embeddings().num_embeddings
+    if pad >= rows:
+        grow_embeddings(model, pad + 1)
+    model.config.pad_token_id = pad
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.pad_token_id = pad
+    return pad
+
+
+@torch.no_grad()
+def grow_embeddings(model: nn.Module, rows: int) -> None:
+    """Resize the input (and output) embeddings to ``rows`` rows; each new row is the mean of the old ones.
+
+    The mean rather than transformers' ``mean_resizing`` draw: the same numbers without random numbers or
+    the (H, H) covariance of the vocabulary (seconds for a 128k × 4096 matrix on a CPU).
+    """
+    old = model.get_input_embeddings().num_embeddings
+    model.resize_token_embeddings(rows, mean_resizing=False)
+    output = model.get_output_embeddings()
+    for layer in (model.get_input_embeddings(), output):
+        if layer is not None:  # a tied output layer is the same tensor: setting it twice is harmless
+            layer.weight[old:] = layer.weight[:old].float().mean(0).to(layer.weight.dtype)
+            bias = getattr(layer, "bias", None)
+            if bias is not None:
+                bias[old:] = bias[:old].float().mean().to(bias.dtype)
 
 
 def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM") -> nn.Module:
     """Wrap ``model`` in LoRA adapters (peft). The base weights are frozen; only the adapters train.
 
-    ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head in full as well.
+    ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head in full as well (and
+    ``all-linear`` leaves it out of the adapted layers). Targets: ``lora.target_modules`` when set (each entry
+    must name a module of the model); otherwise peft's default for the architecture, or, for one peft does
+    not list (Phi-3's fused ``qkv_proj``, say), every linear layer but the output layer (``all-linear``).
+    A value head is not part of ``model``: it trains in full beside the adapters.
     """
     from peft import LoraConfig, get_peft_model
 
+    targets = lora_targets(model, lora.target_modules)
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules) if lora.target_modules else None,
+        target_modules=targets,
         task_type=task_type,
     )
-    peft_model = get_peft_model(model, config)
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as error:  # e.g. a target that is not a layer type LoRA supports (a norm, say)
+        raise ConfigError(f"lora.target_modules: {error}") from error
     # LoRA's own dropout would make the first PPO ratio ≠ 1, like any dropout (checklist item 7)
     disable_dropout(peft_model)
     return peft_model
+
+
+def lora_targets(model: nn.Module, target_modules: tuple[str, ...] | None) -> list[str] | str | None:
+    """What peft's ``target_modules`` gets: the configured names (checked), None (peft's default), or
+    ``"all-linear"`` when peft has no default for the model type. Raises ConfigError for a name matching no
+    module, listing the model's linear layers."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    if target_modules is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        return None if model_type in DEFAULTS else "all-linear"
+    targets = list(target_modules)
+    if [t.lower() for t in targets] == ["all-linear"]:
+        return "all-linear"
+    names = [name for name, _ in model.named_modules()]
+    # peft's rule for a list: a module is targeted when its name is the entry or ends with "." + entry
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _is_linear(m)})
+        raise ConfigError(
+            f"lora.target_modules: {', '.join(map(repr, missing))} match no module of this "
+            f"{type(model).__name__}; its linear layers are {', '.join(linear)} (or use ['all-linear'], or "
+            "null for the default)"
+        )
+    return targets
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """A layer LoRA can adapt as a linear one: ``nn.Linear`` or GPT-2's ``Conv1D`` (a transposed linear)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -179,6 +267,8 @@ def load_critic(
     else:
         trunk = AutoModel.from_pretrained(name_or_path, dtype=DTYPES[dtype])
         head = ValueHead(trunk.config.hidden_size)
+    # the critic never sees a pad id (they are replaced by 0), but final/critic must load with its tokenizer
+    align_pad_token(trunk, load_tokenizer(name_or_path))
     critic = Critic(trunk, head).to(device)
     disable_dropout(critic)
     return critic

@@ -92,7 +92,8 @@ def score_response_tokens(
     Logits at position i predict token i+1, so response token t is scored by the logits at C−1+t
     (checklist item 9); logits are divided by the sampling temperature (item 10). Only the T needed
     positions are projected onto the vocabulary (``logits_to_keep``), which saves B·C·V floats.
-    Pad ids are replaced by 0 before the forward (item 1) and explicit position ids are passed (item 2).
+    Pad ids are replaced by 0 before the forward and in the gathered tokens (item 1; padded log-probs are
+    masked by the caller) and explicit position ids are passed (item 2).
     ``entropy_grad=False`` computes the entropy outside autograd: a metric only (entropy_coef 0) then costs
     no softmax graph of B·T·V floats and no backward through it.
     """
@@ -109,7 +110,8 @@ def score_response_tokens(
         kwargs["logits_to_keep"] = T + 1
     out = model(**kwargs)
     logits = out.logits[:, -(T + 1) : -1]  # (B, T, V): positions C−1 … L−2
-    logprobs = token_logprobs(logits, input_ids[:, -T:], temperature)
+    # ids, not input_ids: a padded response position holds 0, which any vocabulary has, whatever the pad id
+    logprobs = token_logprobs(logits, ids[:, -T:], temperature)
     values = None
     if value_head is not None:
         values = value_head(out.hidden_states[-1][:, -(T + 1) : -1]).float()

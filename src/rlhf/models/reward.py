@@ -16,11 +16,12 @@ Notation: B sequences, L tokens (right-padded), H hidden size.
 another number of labels) is re-initialised ``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15; OAI
 ``fc_layer``, N-details, N+). A head the checkpoint holds (continuing a reward model) is kept.
 
-**Pad token.** The tokenizer gets a pad token distinct from eos when it lacks one (checklist item 1). Unlike
-the policy (whose pad ids are replaced before every forward), a reward model is saved and later loaded on its
-own — by ``RewardModelReward`` or by plain transformers code that pads with ``tokenizer.pad_token_id`` — so
-it must be self-consistent: when the pad id lies outside the embedding matrix the embeddings are resized to
-hold it, and ``model.config.pad_token_id`` is set. The tokenizer pads on the right.
+**Pad token.** The tokenizer gets a pad token distinct from eos when it lacks one, or has pad == eos
+(checklist item 1), and the model is made to embed it, as every model rlhf loads
+(:func:`rlhf.models.loading.align_pad_token`). ``model.config.pad_token_id`` is that id, never eos: plain
+``transformers`` pools a decoder's score at the last token that is not ``config.pad_token_id``, so a saved
+reward model scores a padded batch (left or right) at its last real token — the eos that ends every
+training sequence — as rlhf does. The tokenizer pads on the right.
 
 **Normalisation** (checklist item 19): ``reward = gain · score + bias``. The two numbers live in the model's
 ``config.json`` as ``rlhf_reward_gain`` and ``rlhf_reward_bias`` (:data:`GAIN_KEY`, :data:`BIAS_KEY`), so
@@ -179,7 +180,7 @@ def load_reward_model(
     from transformers.utils import logging as hf_logging
 
     from rlhf.data.tokenization import ensure_pad_token
-    from rlhf.models.loading import DTYPES
+    from rlhf.models.loading import DTYPES, align_pad_token
     from rlhf.models.policy import disable_dropout
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
@@ -203,11 +204,7 @@ def load_reward_model(
             fresh = True
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "right"
-    pad = int(tokenizer.pad_token_id)
-    rows = model.get_input_embeddings().num_embeddings
-    if pad >= rows:  # the pad token was just added: make the saved model able to embed it
-        model.resize_token_embeddings(max(len(tokenizer), pad + 1))
-    model.config.pad_token_id = pad
+    align_pad_token(model, tokenizer)  # the saved model embeds its pad id; config.pad_token_id says which
     clear_reward_normalization(model.config)
     disable_dropout(model)
     model.to(device)

@@ -6,6 +6,11 @@ config with random weights. The results are ordinary Hugging Face objects: save 
 and load them back with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``AutoModelForSequenceClassification``
 exactly as a user would load a hub checkpoint. For encoder reward models there is a BERT classifier
 (:func:`tiny_bert_classifier`) with its own WordPiece tokenizer (:func:`train_wordpiece_tokenizer`).
+For the model families users bring (GPT-2, GPT-NeoX/Pythia, OPT, Qwen2, Gemma-2, Phi-3, Llama-3, see
+:data:`FAMILIES`) :func:`train_family_tokenizer` mimics each family's tokenizer quirks (no pad, pad = eos,
+bos = eos, bos added, chat template or none) and :func:`tiny_family_lm` builds a tiny model of its
+architecture (spare embedding rows where the real checkpoints have them); the conventions below are those of
+:func:`train_tokenizer` only.
 
 Tokenizer conventions (checklist items 1-2):
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -116,6 +122,31 @@ def toy_corpus(n: int = 2000, seed: int = 0) -> list[str]:
     return lines
 
 
+def _train_bpe(texts: Iterable[str], vocab_size: int, specials: list[str], specials_last: bool) -> Tokenizer:
+    """A byte-level BPE backend trained on ``texts``: ``specials`` at ids 0.. (or none yet when
+    ``specials_last``: the wrapper appends them after the trained vocabulary)."""
+    backend = Tokenizer(models.BPE())
+    # The same normaliser and pre-tokeniser as transformers' Qwen2Tokenizer, because AutoTokenizer always
+    # loads a directory whose config.json says model_type "qwen2" as a Qwen2Tokenizer, rebuilt from our
+    # vocab and merges with its own pre-tokeniser: matching it makes every tiny directory tokenise alike.
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(specials) if specials_last else vocab_size,
+        special_tokens=[] if specials_last else specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    return backend
+
+
 def train_tokenizer(
     texts: Iterable[str],
     vocab_size: int = 512,
@@ -141,25 +172,7 @@ def train_tokenizer(
         :data:`CHAT_TEMPLATE`, ``padding_side="right"`` and no automatically added special tokens.
     """
     specials = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, *ROLE_TOKENS.values()]
-    backend = Tokenizer(models.BPE())
-    # The same normaliser and pre-tokeniser as transformers' Qwen2Tokenizer, because AutoTokenizer always
-    # loads a directory whose config.json says model_type "qwen2" as a Qwen2Tokenizer, rebuilt from our
-    # vocab and merges with its own pre-tokeniser: matching it makes every tiny directory tokenise alike.
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(specials) if specials_last else vocab_size,
-        special_tokens=[] if specials_last else specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(texts, trainer=trainer)
+    backend = _train_bpe(texts, vocab_size, specials, specials_last)
     # Special tokens not known to the trained model are appended at the end of the vocabulary when the
     # wrapper registers them below; ones already trained in keep their ids 0..5.
     tokenizer = PreTrainedTokenizerFast(
@@ -309,6 +322,240 @@ def tiny_reward_model(
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Model families: a tokenizer with each family's quirks and a tiny model of its architecture
+# --------------------------------------------------------------------------------------------------------------
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' ~ message['role'] ~ '\\n' ~ message['content'] ~ '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+"""Qwen2's ChatML: every turn ends with ``<|im_end|>`` (its eos) and a newline; no bos."""
+GEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' ~ role ~ '\\n' ~ message['content'] ~ '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+"""Gemma's: the template writes bos; turns end with ``<end_of_turn>``, which is not the eos."""
+PHI3_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|' ~ message['role'] ~ '|>\\n' ~ message['content'] ~ '<|end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- else -%}{{- eos_token -}}{%- endif -%}"
+)
+"""Phi-3's: turns end with ``<|end|>``; a conversation without the generation prompt ends with the eos."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family's tokenizer and checkpoint layout, as :func:`train_family_tokenizer` and
+    :func:`tiny_family_lm` mimic it.
+
+    ``name`` is the ``config.model_type``; ``specials`` the special tokens in id order, at ids 0.. or
+    (``specials_last``) after the trained vocabulary; ``eos``/``bos``/``pad``/``unk`` name some of them (None =
+    the tokenizer has none; the same token twice = shared, e.g. GPT-2's bos = eos); ``add_bos``: encoding a
+    text puts bos in front; ``chat_template``: None = a base model without one; ``spare_rows``: embedding
+    rows beyond ``len(tokenizer)`` (the real checkpoints round the vocabulary up); ``tied``: input and output
+    embeddings shared; ``pad_in_config``: the token the checkpoint's ``config.pad_token_id`` names (Phi-3:
+    its eos); ``quirks``: one line for people.
+    """
+
+    name: str
+    specials: tuple[str, ...]
+    eos: str
+    bos: str | None = None
+    pad: str | None = None
+    unk: str | None = None
+    specials_last: bool = False
+    add_bos: bool = False
+    chat_template: str | None = None
+    spare_rows: int = 0
+    tied: bool = False
+    pad_in_config: str | None = None
+    quirks: str = ""
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "gpt2",
+            ("<|endoftext|>",),
+            eos="<|endoftext|>",
+            bos="<|endoftext|>",
+            unk="<|endoftext|>",
+            specials_last=True,
+            tied=True,
+            quirks="no pad; bos = eos = unk; vocabulary = embedding rows",
+        ),
+        Family(
+            "gpt_neox",
+            ("<|endoftext|>", "<|padding|>"),
+            eos="<|endoftext|>",
+            bos="<|endoftext|>",
+            unk="<|endoftext|>",
+            spare_rows=27,
+            quirks="Pythia: no pad (an unused <|padding|> token); bos = eos; spare embedding rows",
+        ),
+        Family(
+            "opt",
+            ("<s>", "<pad>", "</s>", "<unk>"),
+            eos="</s>",
+            bos="</s>",
+            pad="<pad>",
+            unk="<unk>",
+            add_bos=True,
+            spare_rows=7,
+            tied=True,
+            quirks="bos = eos, added in front of every text",
+        ),
+        Family(
+            "qwen2",
+            ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+            eos="<|im_end|>",
+            pad="<|endoftext|>",
+            specials_last=True,
+            chat_template=CHATML_TEMPLATE,
+            spare_rows=17,
+            tied=True,
+            quirks="no bos; ChatML; spare embedding rows",
+        ),
+        Family(
+            "gemma2",
+            ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+            eos="<eos>",
+            bos="<bos>",
+            pad="<pad>",
+            unk="<unk>",
+            add_bos=True,
+            chat_template=GEMMA_TEMPLATE,
+            tied=True,
+            quirks="bos added; turns end with <end_of_turn>, not eos; soft-capped logits",
+        ),
+        Family(
+            "phi3",
+            ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"),
+            eos="<|endoftext|>",
+            bos="<s>",
+            pad="<|endoftext|>",
+            unk="<unk>",
+            chat_template=PHI3_TEMPLATE,
+            spare_rows=53,
+            pad_in_config="<|endoftext|>",
+            quirks="pad = eos (tokenizer and config); fused qkv_proj / gate_up_proj; spare embedding rows",
+        ),
+        Family(
+            "llama",
+            (
+                "<|begin_of_text|>",
+                "<|end_of_text|>",
+                "<|reserved_special_token_0|>",
+                "<|reserved_special_token_1|>",
+            ),
+            eos="<|end_of_text|>",
+            bos="<|begin_of_text|>",
+            specials_last=True,
+            add_bos=True,
+            quirks="Llama-3 base: no pad; bos added; no chat template",
+        ),
+    )
+}
+"""The families :func:`train_family_tokenizer` and :func:`tiny_family_lm` build, by ``config.model_type``."""
+
+
+def train_family_tokenizer(
+    family: str, texts: Iterable[str], vocab_size: int = 320, *, model_max_length: int = 256
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts`` with the special tokens and quirks of ``family``
+    (a key of :data:`FAMILIES`): which tokens exist, which of pad/bos/eos are missing or shared, whether
+    bos is added in front of every text, the chat template. ``padding_side="right"``, as the hub's."""
+    spec = FAMILIES[family]
+    backend = _train_bpe(texts, vocab_size, list(spec.specials), spec.specials_last)
+    backend.add_special_tokens(list(spec.specials))  # when last: appended after the trained vocabulary
+    if spec.add_bos:
+        assert spec.bos is not None
+        bos = (spec.bos, backend.token_to_id(spec.bos))
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[bos]
+        )
+    named = {"bos_token": spec.bos, "eos_token": spec.eos, "pad_token": spec.pad, "unk_token": spec.unk}
+    extra = [t for t in spec.specials if t not in named.values()]
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        **named,
+        additional_special_tokens=extra,
+        model_max_length=model_max_length,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = spec.chat_template
+    return tokenizer
+
+
+def tiny_family_config(
+    family: str,
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+) -> PretrainedConfig:
+    """A tiny config of ``family``'s architecture for ``tokenizer``: ``len(tokenizer) + spare_rows``
+    embedding rows, its bos/eos ids (pad too, when the family's config names one), tied or untied embeddings
+    as the family ships, positions = ``tokenizer.model_max_length``."""
+    from transformers import AutoConfig
+
+    spec = FAMILIES[family]
+    head_dim = hidden_size // num_heads
+    fields: dict[str, object] = {
+        "vocab_size": len(tokenizer) + spec.spare_rows,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.convert_tokens_to_ids(spec.pad_in_config) if spec.pad_in_config else None,
+        "tie_word_embeddings": spec.tied,
+    }
+    n_positions = int(tokenizer.model_max_length)
+    if family == "gpt2":
+        fields |= {
+            "n_embd": hidden_size,
+            "n_layer": num_layers,
+            "n_head": num_heads,
+            "n_positions": n_positions,
+        }
+    else:
+        fields |= {"hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+                   "max_position_embeddings": n_positions}  # fmt: skip
+    if family == "opt":
+        fields |= {"ffn_dim": 4 * hidden_size, "word_embed_proj_dim": hidden_size}
+    elif family != "gpt2":
+        fields["intermediate_size"] = 4 * hidden_size
+    if family == "gpt_neox":
+        fields["rotary_pct"] = 0.25
+    if family in ("qwen2", "gemma2"):
+        fields["num_key_value_heads"] = max(1, num_heads // 2)
+    if family == "gemma2":
+        fields |= {"head_dim": head_dim, "query_pre_attn_scalar": head_dim}
+    if family == "phi3":
+        fields |= {"original_max_position_embeddings": n_positions, "sliding_window": None}
+    return AutoConfig.for_model(family, **fields)
+
+
+def tiny_family_lm(
+    family: str, tokenizer: PreTrainedTokenizerBase, hidden_size: int = 32, num_layers: int = 2,
+    num_heads: int = 4, seed: int = 0,
+) -> PreTrainedModel:  # fmt: skip
+    """A randomly initialised causal LM of ``family`` (see :func:`tiny_family_config`); the same seed gives the
+    same weights and the global torch RNG is left as it was."""
+    config = tiny_family_config(family, tokenizer, hidden_size, num_layers, num_heads)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Encoders (BERT-style reward models with their own WordPiece tokenizer)
 # --------------------------------------------------------------------------------------------------------------
 
@@ -405,15 +652,23 @@ def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: 
 
 __all__ = [
     "ARCHS",
+    "CHATML_TEMPLATE",
     "CHAT_TEMPLATE",
+    "FAMILIES",
+    "GEMMA_TEMPLATE",
+    "PHI3_TEMPLATE",
     "WORDPIECE_SPECIALS",
+    "Family",
     "Arch",
     "save_tiny",
     "tiny_bert_classifier",
     "tiny_causal_lm",
     "tiny_config",
+    "tiny_family_config",
+    "tiny_family_lm",
     "tiny_reward_model",
     "toy_corpus",
+    "train_family_tokenizer",
     "train_tokenizer",
     "train_wordpiece_tokenizer",
 ]

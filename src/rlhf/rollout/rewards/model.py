@@ -24,6 +24,10 @@ How a sample is scored (checklist items 7, 14, 21; Part 3 §5):
    ``gain · head + bias``, on both paths; without them the head's output is the score. ``gain`` and
    ``bias`` are readable as attributes. See ``rlhf.models.reward``.
 
+**Pad token.** :meth:`RewardModelReward.load` gives the tokenizer the pad token the policy's gets (distinct
+from eos, ``rlhf.data.ensure_pad_token``) and the model a row for it (``rlhf.models.loading.align_pad_token``),
+so a reward model built on the policy's base model (GPT-2, Pythia, Llama-3: no pad) shares its vocabulary.
+
 The model is frozen: eval mode, every dropout probability 0, ``requires_grad=False``; forwards run under
 ``torch.inference_mode`` in micro-batches of ``batch_size`` (longest first, to pad little).
 
@@ -163,6 +167,13 @@ class RewardModelReward:
             raise RewardError(
                 f"reward model {spec!r}: cannot load: {type(error).__name__}: {error}"
             ) from error
+        # The pad token the policy's tokenizer gets too (a model trained by `rlhf rm` has it already), so a
+        # reward model built on the policy's base still shares its vocabulary, and padding stays embeddable.
+        from rlhf.data.tokenization import ensure_pad_token
+        from rlhf.models.loading import align_pad_token
+
+        ensure_pad_token(tokenizer)
+        align_pad_token(model, tokenizer)
         return cls(
             model,
             tokenizer,
