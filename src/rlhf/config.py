@@ -351,7 +351,7 @@ class LoRAConfig:
     dropout: float = 0.05
     """Dropout on the adapter input, in [0, 1)."""
     target_modules: tuple[str, ...] | None = None
-    """Module names to adapt; None = peft's default for the architecture, ['all-linear'] = every linear layer except the output head."""
+    """Module names to adapt; None = peft's default for the architecture, or every linear layer of the decoder (not the output head) where peft has none (e.g. Phi-3); ['all-linear'] = every linear layer except the output head. Names that match no module are refused, listing the model's linear layers."""
 
     def __post_init__(self) -> None:
         if not _DEFER_CHECKS.get():
