@@ -455,36 +455,29 @@ def test_resume_reproduces_the_uninterrupted_run(
         ).read_text()
 
 
-def run_recording_gradients(config, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[torch.Tensor]]:
-    """Run; also return the gradient of every trainable parameter at each optimizer step (before clipping)."""
-    grads: list[torch.Tensor] = []
-    clip = torch.nn.utils.clip_grad_norm_
-
-    def recording(params, max_norm, *args, **kwargs):
-        params = list(params)
-        grads.extend(torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params)
-        return clip(params, max_norm, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.nn.utils, "clip_grad_norm_", recording)
-        return ppo.run(config), grads
+def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tuple[Path, list]:
+    """Run; also return the gradient of every trainable parameter at each optimizer step (before clipping),
+    as the ``clipped_gradients`` fixture records them."""
+    clipped_gradients.clear()
+    final = ppo.run(config)
+    return final, list(clipped_gradients)
 
 
 @pytest.mark.parametrize("split", [{"micro_batch_size": 1}, {"micro_batch_tokens": 40}], ids=["rows", "tokens"])
 def test_micro_batching_gives_the_same_update(
-    tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split, adam_steps
+    tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split, clipped_gradients, adam_steps
 ):
     # one optimizer step on one minibatch of 8 ragged responses: in one pass, or in 8 micro-batches of 1, or in
     # micro-batches of at most 40 tokens (longest rows first), each cut to its own longest row
     fields = {"steps": 1, "ppo_epochs": 1, "num_minibatches": 1}
     whole, whole_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields), monkeypatch
+        make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields), clipped_gradients
     )
     plans = []
     planner = common.plan_micro_batches
     monkeypatch.setattr(common, "plan_micro_batches", lambda *a: plans.append(planner(*a)) or plans[-1])
     micro, micro_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields), monkeypatch
+        make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields), clipped_gradients
     )
     # the rollout's pass and the update ran several micro-batches, of unequal widths
     described = [[(m.rows.tolist(), m.first_column, m.response_length) for m in plan] for plan in plans]

@@ -95,19 +95,12 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def run_recording_gradients(config, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[torch.Tensor]]:
-    """Run; also return the gradient of every trainable parameter at each optimizer step (before clipping)."""
-    grads: list[torch.Tensor] = []
-    clip = torch.nn.utils.clip_grad_norm_
-
-    def recording(params, max_norm, *args, **kwargs):
-        params = list(params)
-        grads.extend(torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params)
-        return clip(params, max_norm, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.nn.utils, "clip_grad_norm_", recording)
-        return sft.run(config), grads
+def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tuple[Path, list]:
+    """Run; also return the gradient of every trainable parameter at each optimizer step (before clipping),
+    as the ``clipped_gradients`` fixture records them."""
+    clipped_gradients.clear()
+    final = sft.run(config)
+    return final, list(clipped_gradients)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -226,16 +219,16 @@ def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tm
 
 
 def test_micro_batching_gives_the_same_update(
-    tiny_llama_dir, data_dir, tmp_path, monkeypatch, adam_steps
+    tiny_llama_dir, data_dir, tmp_path, clipped_gradients, adam_steps
 ):
     # one optimizer step on all 10 examples: in one pass, or in micro-batches of 4, 4 and 2 of other lengths
     fields = {"batch_size": 16, "eval_data": str(data_dir / "small.jsonl")}
     small = data_dir / "small.jsonl"
     whole, whole_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, small, tmp_path / "whole", **fields), monkeypatch
+        make_config(tiny_llama_dir, small, tmp_path / "whole", **fields), clipped_gradients
     )
     micro, micro_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, small, tmp_path / "micro", micro_batch_size=4, **fields), monkeypatch
+        make_config(tiny_llama_dir, small, tmp_path / "micro", micro_batch_size=4, **fields), clipped_gradients
     )
     # the accumulated gradient is the whole batch's: float32 sums over ≤ 10 examples of ≤ 64 tokens in
     # another grouping differ by a few ulp of the partial sums (|g| ≤ 1), far inside rtol 1e-5 / atol 1e-7
@@ -258,16 +251,17 @@ def test_micro_batching_gives_the_same_update(
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
 def test_packing_gives_the_same_loss_and_gradient(
-    tiny_model_dir_factory, data_dir, tmp_path, monkeypatch, arch
+    tiny_model_dir_factory, data_dir, tmp_path, clipped_gradients, arch
 ):
     model_dir = tiny_model_dir_factory(arch)
     small = data_dir / "small.jsonl"
     fields = {"batch_size": 16, "micro_batch_size": 8, "eval_data": str(small)}  # micro-batches of 8 and 2
     _, padded_grads = run_recording_gradients(
-        make_config(model_dir, small, tmp_path / "padded", **fields), monkeypatch
+        make_config(model_dir, small, tmp_path / "padded", **fields), clipped_gradients
     )
     _, packed_grads = run_recording_gradients(
-        make_config(model_dir, small, tmp_path / "packed", packing=True, max_length=32, **fields), monkeypatch
+        make_config(model_dir, small, tmp_path / "packed", packing=True, max_length=32, **fields),
+        clipped_gradients,
     )
     for g_packed, g_padded in zip(packed_grads, padded_grads, strict=True):
         torch.testing.assert_close(g_packed, g_padded, rtol=1e-4, atol=1e-6)
