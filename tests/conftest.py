@@ -36,8 +36,12 @@ if TYPE_CHECKING:
 # (tests/core) do not pay for them.
 ARCHS = ("llama", "gpt2", "qwen2")  # = rlhf.models.tiny.ARCHS, checked in tests/models/test_tiny.py
 
-# Tiny models gain nothing from many threads, and parallel test workers would oversubscribe the CPU.
-torch.set_num_threads(2)
+# One intra-op thread. The suite must not crawl on a busy machine: with two threads, OpenMP's threads spin
+# waiting for each other whenever another process holds a core (measured on 2 cores with two CPU-bound
+# processes beside it: tests/trainers/test_grpo.py 77 s with two threads, 10 s with one). On an idle machine the
+# whole suite takes 254 s instead of 188 s. Results do not depend on it: every comparison is within one process,
+# and the demo's figures were measured identical with 1 and 2 threads (docs/reproducibility.md).
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

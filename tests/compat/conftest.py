@@ -21,19 +21,6 @@ import pytest
 REWARDS = Path(__file__).resolve().parent / "compat_rewards.py"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: width-32 matrices gain nothing from a second one, and on a busy machine (the CI's
-    2 cores run several test processes) OpenMP threads waiting for each other made a 2-step ppo run 40× slower
-    (15 s against 0.4 s)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
