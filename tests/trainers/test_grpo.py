@@ -297,6 +297,9 @@ def test_micro_batching_gives_the_same_update(
     micro = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields))
     micro_grads = list(clipped_gradients)
     a, b = train_rows(tmp_path / "whole")[0], train_rows(tmp_path / "micro")[0]
+    # the logged values sum 8 completions × ≤ 8 tokens in another grouping (per micro-batch, then added): float32 sums of
+    # ≤ 64 terms, apart by ≲ 64·2⁻²⁴ of the terms' magnitudes; rel 1e-5 holds where the result is not
+    # much smaller than them (losses, norms, entropy, KL), abs 1e-7 where it is near 0
     for key in ("policy/loss", "grad/norm", "policy/entropy", "kl/mean"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     assert b["policy/first_ratio_max_dev"] == 0.0
@@ -359,6 +362,8 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
 
     expected, got = rows("whole"), rows("resumed")
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2, 3, 4]
+    # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
+    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
     for want, have in zip(expected, got, strict=True):
         assert want.keys() == have.keys()
         for key in want:

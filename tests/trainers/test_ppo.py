@@ -440,6 +440,8 @@ def test_resume_reproduces_the_uninterrupted_run(
     # one row per step; the eval steps carry the held-out rewards in the same row
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2, 3, 4]
     assert ["eval/reward/mean" in row for row in got] == [False, True, False, True]
+    # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
+    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
     for want, have in zip(expected, got, strict=True):
         assert want.keys() == have.keys()
         for key in want:
@@ -504,6 +506,9 @@ def test_micro_batching_gives_the_same_update(
         for name in names:
             assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)
     a, b = train_rows(tmp_path / "whole")[0], train_rows(tmp_path / "micro")[0]
+    # the logged values sum 8 responses × ≤ 8 tokens in another grouping (per micro-batch, then added): float32 sums of
+    # ≤ 64 terms, apart by ≲ 64·2⁻²⁴ of the terms' magnitudes; rel 1e-5 holds where the result is not
+    # much smaller than them (losses, norms, entropy, KL), abs 1e-7 where it is near 0
     for key in ("policy/loss", "value/loss", "policy/entropy", "grad/norm", "kl/mean"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 

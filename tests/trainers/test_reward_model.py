@@ -403,6 +403,9 @@ def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, 
         for name in grads:
             assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)
     (a,), (b,) = metric_rows(tmp_path / "whole"), metric_rows(tmp_path / "micro")
+    # the logged values sum 24 pairs in another grouping (per micro-batch, then added): float32 sums of
+    # ≤ 24 terms, apart by ≲ 24·2⁻²⁴ of the terms' magnitudes; rel 1e-5 holds where the result is not
+    # much smaller than them (losses, norms, entropy, KL), abs 1e-7 where it is near 0
     for key in ("train/loss", "train/accuracy", "train/reward_margin", "grad/norm"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
@@ -442,6 +445,8 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
 
     expected, got = comparable(tmp_path / "whole"), comparable(tmp_path / "resumed")
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [0, 1, 2, 3, 4, 5, 6]
+    # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
+    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
     for want, have in zip(expected, got, strict=True):
         assert want.keys() == have.keys()
         for key in want:

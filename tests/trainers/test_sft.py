@@ -245,8 +245,10 @@ def test_micro_batching_gives_the_same_update(
             assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)
     assert max_abs_diff(load_file(whole / "model.safetensors"), initial) > 1e-3  # the step moved the weights
     a, b = rows_of(tmp_path / "whole"), rows_of(tmp_path / "micro")
+    # the logged loss, norm and means sum 10 examples × ≤ 12 tokens in another grouping (per micro-batch, then added):
+    # float32 sums of ≤ 120 terms of one sign differ by ≲ 120·2⁻²⁴ ≈ 7e-6 relative, inside rel 1e-5
     for key in ("train/loss", "grad/norm", "eval/loss"):
-        assert b[1][key] == pytest.approx(a[1][key], rel=1e-6), key
+        assert b[1][key] == pytest.approx(a[1][key], rel=1e-5), key
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
@@ -345,6 +347,8 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
 
     expected, got = comparable(rows_of(tmp_path / "whole")), comparable(rows_of(tmp_path / "resumed"))
     assert [row["step"] for row in got] == [row["step"] for row in expected] == list(range(17))
+    # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
+    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
     for want, have in zip(expected, got, strict=True):
         assert want.keys() == have.keys()
         for key in want:
