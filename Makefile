@@ -17,8 +17,9 @@ STAMP := $(VENV)/.rlhf-installed
 
 .PHONY: demo test setup clean
 
+# Safe to repeat: a second `make demo` replaces the demo's own output directory (runs/demo) instead of refusing it.
 demo: $(STAMP)
-	$(BIN)/rlhf demo $(ARGS)
+	$(BIN)/rlhf demo --overwrite $(ARGS)
 
 # pytest's exit code 5 means "no test collected": not a failure of the suite.
 test: $(STAMP)
