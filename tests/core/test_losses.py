@@ -1,4 +1,4 @@
-"""Hand-computed vectors for rlhf.core.losses (shared/reference/ppo_reference_vectors.txt 2-E, 2-F, 2-K)."""
+"""Hand-computed vectors for rlhf.core.losses (cases 2-E, 2-F, 2-K; the arithmetic is in the comments below)."""
 
 from __future__ import annotations
 

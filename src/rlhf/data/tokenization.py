@@ -1,6 +1,6 @@
 """Tokenisation of validated examples with a Hugging Face tokenizer (passed in; never imported here).
 
-Conventions (``reference/ppo_checklist.md`` items 1, 2, 21):
+Conventions (``docs/ppo_checklist.md`` items 1, 2, 21):
 
 - **Plain text** is encoded the way the tokenizer encodes a single text with special tokens (so a Llama
   tokenizer puts its ``<s>`` in front and GPT-2 adds nothing) — except that a special token the tokenizer

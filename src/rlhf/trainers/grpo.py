@@ -10,7 +10,7 @@ loss), one optimizer step per minibatch → (6) metrics → (7) held-out samples
 in ``rlhf.core``; each phase is one call. The rollout engine, reward sources, held-out evaluation, metrics,
 checkpoints and resume are ppo's.
 
-Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
+Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - the loss mask covers the response up to and including the first stop token (item 44); with
   ``mask_truncated_completions`` responses cut at ``max_new_tokens`` are left out of the loss (they still
   count in their group's mean and std); a sample no reward source could score (NaN) gets advantage 0 and is

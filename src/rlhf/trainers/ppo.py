@@ -8,7 +8,7 @@ gradient clipping, one optimizer step per minibatch → (7) KL controller → (8
 samples, log, checkpoint.
 All math is in ``rlhf.core``; each phase below is one call.
 
-Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
+Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - the score sits on the first PAD after EOS (TRL/N+, item 25) or on the EOS (``score_position: eos``);
 - advantages are whitened once per rollout with Bessel's correction (TRL; N+ uses the population variance);
 - the value loss and GAE use ``~padding_mask_p1``, the policy loss ``~padding_mask`` (item 24);

@@ -8,7 +8,7 @@ every ``eval_every`` steps and at the end of each epoch, checkpoint → after tr
 normalisation → (8) ``final/``.
 All math is in ``rlhf.core.preference``; each phase below is one call.
 
-Conventions (checklist numbers from ``shared/reference/ppo_checklist.md``):
+Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - input = prompt ⊕ response + eos, the reward read at the last real token (items 14, 21), right padding;
 - a decoder reward model is a causal LM's trunk with a fresh one-output ``score`` head, ``W ~ N(0,
   1/sqrt(H+1))``, bias 0 (item 15); an encoder (BERT-style) keeps its own classifier and pooling and its
