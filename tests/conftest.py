@@ -20,7 +20,6 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -189,36 +188,11 @@ def tiny_reward_model_other_tokenizer_dir(tiny_root: Path, other_tokenizer_dir: 
 
 @pytest.fixture
 def ragged(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Responses of different lengths, most ending with EOS, some running to max_new_tokens.
-
-    A random-init model almost never samples EOS (≈1/400 per token), so without this every response would
-    fill max_new_tokens and padding, the score position and per-token normalisation would go untested.
-    Row i that has not stopped is cut after 1 + (2i mod T) tokens with a stop token, except every 4th row.
-    """
+    """Responses of different lengths, most ending with EOS, some running to max_new_tokens (tests/ragged.py)."""
+    from ragged import ragged as make_ragged
     from rlhf.trainers import common
 
-    original = common.generate
-
-    def generate(model, tokenizer, batch, params, stops, generator, device, repeat=1):
-        g = original(model, tokenizer, batch, params, stops, generator, device, repeat)
-        responses = g.responses.clone()
-        B, T = responses.shape
-        for i in range(B):
-            if not g.has_stop[i] and i % 4 != 3:
-                n = 1 + (2 * i) % T
-                responses[i, n - 1] = stops[0]
-                responses[i, n:] = g.pad_token_id
-        C = g.query_responses.shape[1] - T
-        return dataclasses.replace(
-            g,
-            query_responses=torch.cat([g.query_responses[:, :C], responses], dim=1),
-            attention_mask=torch.cat([g.attention_mask[:, :C], (responses != g.pad_token_id).long()], dim=1),
-            responses=responses,
-            completions=tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True),
-            has_stop=torch.isin(responses, torch.tensor(stops)).any(-1),
-        )
-
-    monkeypatch.setattr(common, "generate", generate)
+    monkeypatch.setattr(common, "generate", make_ragged(common.generate))
 
 
 def _adam_steps(

@@ -69,6 +69,7 @@ class ConfigError(ValueError):
 
 LRScheduler = Literal["constant", "linear", "cosine"]
 DType = Literal["float32", "bfloat16", "float16"]
+Parallelism = Literal["auto", "none", "ddp", "fsdp"]
 Sink = Literal["jsonl", "tensorboard", "wandb", "trackio"]
 KLEstimator = Literal["k1", "k2", "k3"]
 KLIn = Literal["reward", "loss"]
@@ -573,6 +574,8 @@ class _TrainingConfig(_Config):
     """LoRA adapters instead of full fine-tuning: a mapping {r, alpha, dropout, target_modules} (on the command line as YAML, e.g. --lora '{r: 16, alpha: 32}'); None = full fine-tuning."""
     dtype: DType = "float32"
     """Parameter and compute dtype."""
+    parallelism: Parallelism = "auto"
+    """How the ranks of a torchrun launch share the work (batch_size stays global): ddp = every rank holds the models and trains on its share of each batch, gradients are averaged; fsdp = FSDP2, parameters, gradients and optimizer state sharded per decoder layer; auto = ddp under torchrun, one process otherwise; none = refuse torchrun."""
     report_to: tuple[Sink, ...] = ("jsonl",)
     """Metric sinks; jsonl writes output_dir/metrics.jsonl."""
     run_name: str | None = None

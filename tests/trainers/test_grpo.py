@@ -24,6 +24,7 @@ from rlhf import cli
 from rlhf.config import config_from_dict
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
+from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import grpo
 
 PPO_REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
@@ -114,9 +115,9 @@ def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     original = grpo._micro_step
 
     def recording(*args, **kwargs):
-        stats = original(*args, **kwargs)
-        calls.append(dict(stats))
-        return stats
+        loss, stats = original(*args, **kwargs)
+        calls.append({**stats, "ratio_dev": stats["ratio_dev_max"]})
+        return loss, stats
 
     monkeypatch.setattr(grpo, "_micro_step", recording)
     return calls
@@ -198,11 +199,11 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     base = storage_bytes([load_causal_lm(str(tiny_llama_dir))])
     with monkeypatch.context() as patch:
         patch.setattr(grpo, "frozen_copy", lambda model: pytest.fail("kl_coef 0 must not copy the policy"))
-        none = grpo.Models(make_config(tiny_llama_dir, Path("x"), Path("y")), torch.device("cpu"))
+        none = grpo.Models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
     assert none.reference is None and not none.has_reference
     assert storage_bytes(held_modules(none)) == base
     with_ref = grpo.Models(
-        make_config(tiny_llama_dir, Path("x"), Path("y"), kl_coef=0.1), torch.device("cpu")
+        make_config(tiny_llama_dir, Path("x"), Path("y"), kl_coef=0.1), SINGLE
     )
     assert with_ref.reference is not None
     assert storage_bytes(held_modules(with_ref)) == 2 * base
@@ -249,12 +250,12 @@ def test_dynamic_sampling_fills_the_batch(tiny_llama_dir, prompts_file, tmp_path
     sizes: list[int] = []
     original = grpo.make_rollout
 
-    def recording(config, models, sampled):
+    def recording(config, models, sampled, *rest):
         sizes.append(len(sampled.generated.completions))
         assert not torch.isnan(sampled.rewards).any()
         signal = grpo.groups_with_signal(sampled.rewards.view(-1, config.group_size))
         assert signal.all(), sampled.rewards  # only groups whose rewards differ were kept
-        return original(config, models, sampled)
+        return original(config, models, sampled, *rest)
 
     monkeypatch.setattr(grpo, "make_rollout", recording)
     out = tmp_path / "run"
@@ -417,14 +418,13 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     """One minibatch, one iteration, no reference: the old log-probs come from the training forward (detached)
     instead of a no-grad pass. Forcing the pass back on must give the same weights and metrics."""
     calls = {"no_grad_scores": 0}
-    score = grpo.Models.score
+    old_logprobs = grpo.Models.old_logprobs
 
-    def counting_score(self, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            calls["no_grad_scores"] += 1
-        return score(self, *args, **kwargs)
+    def counting_old_logprobs(self, *args, **kwargs):
+        calls["no_grad_scores"] += 1
+        return old_logprobs(self, *args, **kwargs)
 
-    monkeypatch.setattr(grpo.Models, "score", counting_score)
+    monkeypatch.setattr(grpo.Models, "old_logprobs", counting_old_logprobs)
     overrides = {"num_minibatches": 1, "steps": 3, "kl_coef": 0.0}
     skipped = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "skip", **overrides))
     assert calls["no_grad_scores"] == 0
@@ -440,7 +440,7 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_dir: Path, prompts_file: Path,
                                                                      tmp_path: Path):  # fmt: skip
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, num_minibatches=2, kl_coef=0.0)
-    models = grpo.Models(config, torch.device("cpu"))
+    models = grpo.Models(config, SINGLE)
     assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
     assert not grpo.on_policy(dataclasses.replace(config, num_minibatches=1, num_iterations=2), models)
     assert grpo.on_policy(dataclasses.replace(config, num_minibatches=1), models)

@@ -26,6 +26,7 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
+from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import common, ppo
 
 REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
@@ -100,9 +101,9 @@ def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     original = ppo._micro_step
 
     def recording(*args, **kwargs):
-        stats = original(*args, **kwargs)
-        calls.append(dict(stats))
-        return stats
+        loss, stats = original(*args, **kwargs)
+        calls.append({**stats, "ratio_dev": stats["ratio_dev_max"]})
+        return loss, stats
 
     monkeypatch.setattr(ppo, "_micro_step", recording)
     return calls
@@ -264,7 +265,7 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
 def build_models(policy: Path, reward_spec: str, **overrides: object) -> ppo.Models:
     config = make_config(policy, Path("unused.jsonl"), Path("unused"), reward=reward_spec, **overrides)
     rewards = load_reward_set(reward_spec, policy_tokenizer=load_tokenizer(str(policy)))
-    return ppo.Models(config, rewards, torch.device("cpu"))
+    return ppo.Models(config, rewards, SINGLE)
 
 
 def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeypatch):
@@ -520,13 +521,13 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     """One minibatch in one micro-batch: the first update's forward supplies the old log-probs and values
     (detached), so the no-grad pass is skipped. Forcing the pass back on gives the same weights and metrics."""
     calls = {"no_grad_scores": 0}
-    score = ppo.Models.score
+    old_scores = ppo.Models.old_scores
 
-    def counting_score(self, *args, **kwargs):
-        calls["no_grad_scores"] += not torch.is_grad_enabled()
-        return score(self, *args, **kwargs)
+    def counting_old_scores(self, *args, **kwargs):
+        calls["no_grad_scores"] += 1
+        return old_scores(self, *args, **kwargs)
 
-    monkeypatch.setattr(ppo.Models, "score", counting_score)
+    monkeypatch.setattr(ppo.Models, "old_scores", counting_old_scores)
     fields = {"steps": 3, "ppo_epochs": 2, "num_minibatches": 1, "critic": critic}
     fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields))
     assert calls["no_grad_scores"] == 0

@@ -29,7 +29,14 @@ from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.core.preference import bradley_terry_loss
 from rlhf.data import DataError
-from rlhf.models.reward import BIAS_KEY, GAIN_KEY, load_reward_model, reward_normalization, reward_scores
+from rlhf.models.reward import (
+    BIAS_KEY,
+    GAIN_KEY,
+    RewardScorer,
+    load_reward_model,
+    reward_normalization,
+    reward_scores,
+)
 from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
 from rlhf.runlog.seeding import seed_everything
@@ -256,7 +263,7 @@ def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, t
     pairs, _ = reward_model.load_pairs(config, rm)
     with torch.no_grad():
         chosen, rejected, margin = reward_model.pair_rewards(
-            rm.model, pairs, rm.tokenizer.pad_token_id, "cpu"
+            RewardScorer(rm.model), pairs, rm.tokenizer.pad_token_id, "cpu"
         )
     assert margin.abs().sum() > 0  # the file's margins arrived
     loss, stats = bradley_terry_loss(chosen, rejected, margin, center_coef=0.01)
@@ -366,10 +373,10 @@ def run_recording_gradients(config, monkeypatch) -> tuple[Path, list[dict[str, t
     initial: dict[str, torch.Tensor] = {}
     train_step = reward_model.train_step
 
-    def recording(config, rm, pairs, rows, device):
+    def recording(config, rm, trainable, pairs, rows, device):
         if not initial:
             initial.update({name: p.detach().clone() for name, p in rm.model.named_parameters()})
-        stats = train_step(config, rm, pairs, rows, device)
+        stats = train_step(config, rm, trainable, pairs, rows, device)
         grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters() if p.grad is not None})
         return stats
 

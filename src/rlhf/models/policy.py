@@ -120,3 +120,23 @@ def score_response_tokens(
         with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
             entropy = entropy_from_logits(logits, temperature=temperature).float()
     return ScoredTokens(logprobs, values, entropy)
+
+
+class ActorCritic(nn.Module):
+    """What an RL trainer trains, as one module (DDP wraps one): the policy and, for PPO, its value function —
+    a head on the policy's trunk or a separate critic (None for both: GRPO; the values are then None)."""
+
+    def __init__(self, policy: nn.Module, value_head: ValueHead | None, critic: nn.Module | None):
+        super().__init__()
+        self.policy, self.value_head, self.critic = policy, value_head, critic
+
+    def forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> ScoredTokens:  # fmt: skip
+        """(log-probs, values, entropy) of the last T tokens under the current policy / value function."""
+        scored = score_response_tokens(
+            self.policy, ids, mask, T, temperature, self.value_head, entropy, entropy_grad
+        )
+        values = scored.values if self.critic is None else self.critic(ids, mask, T)  # a separate critic
+        return ScoredTokens(scored.logprobs, values, scored.entropy)

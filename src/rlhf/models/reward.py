@@ -230,3 +230,14 @@ __all__ = [
     "reward_scores",
     "set_reward_normalization",
 ]
+
+
+class RewardScorer(nn.Module):
+    """:func:`reward_scores` as a module, so that data parallelism (which must see the forward) can wrap it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return reward_scores(self.model, input_ids, attention_mask)

@@ -18,6 +18,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class NoLogger:
+    """What ranks other than 0 log to under ``torchrun``: nothing (rank 0 writes the run's metrics)."""
+
+    def log(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return metrics
+
+    def close(self) -> None:
+        pass
+
+
 class MetricsLogger:
     """Writes one JSON object per step to ``output_dir/metrics.jsonl`` and forwards to optional sinks.
 

@@ -51,7 +51,7 @@ exactly these (and nothing else, so ``output_dir: .`` never loses the user's own
 
 SAFE_ON_RESUME = frozenset({
     "resume", "overwrite", "steps", "epochs", "eval_every", "save_every", "log_every", "progress", "report_to",
-    "run_name", "micro_batch_size", "micro_batch_tokens", "compile",
+    "run_name", "micro_batch_size", "micro_batch_tokens", "compile", "parallelism",
 })  # fmt: skip
 """Fields that may differ between a run and its ``--resume``: how long it runs, how often it logs, evaluates
 and saves, where metrics go, and how the work is split into passes (the same math). Any other change would
@@ -70,7 +70,21 @@ def claims_output_dir(run: F) -> F:
 
     @functools.wraps(run)
     def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
-        with claim(config):
+        from rlhf.runlog import distributed
+
+        d = distributed.current()
+        if not d.is_main:  # under torchrun rank 0 claims the directory; the others hear whether it could
+            refused = d.broadcast(None)
+            if refused:
+                raise ConfigError(refused)
+            return run(config, *args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(claim(config))
+            except ConfigError as e:
+                d.broadcast(str(e))
+                raise
+            d.broadcast("")
             return run(config, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -257,6 +271,16 @@ def load_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | N
     """
     if not config.resume:
         return None, None
+    from rlhf.runlog import distributed
+
+    d = distributed.current()
+    if d.distributed:  # rank 0 picks the checkpoint, every rank loads that one (output_dir is shared storage)
+        chosen = d.broadcast(_pick_resume_checkpoint(config)[0] if d.is_main else None)
+        return (chosen, load_checkpoint(chosen)) if chosen is not None else (None, None)
+    return _pick_resume_checkpoint(config)
+
+
+def _pick_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | None]:
     out = Path(config.output_dir)
     found = list_checkpoints(out)
     for path in reversed(found):

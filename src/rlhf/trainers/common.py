@@ -22,9 +22,10 @@ from rlhf.core.group import gdpo_advantages, sum_rewards
 from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.optim import build_optimizer
-from rlhf.rollout.engine import SamplingParams, sample
+from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
 from rlhf.rollout.rewards import RewardContext, RewardError
-from rlhf.runlog.metrics import MetricsLogger
+from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.runlog.metrics import MetricsLogger, NoLogger
 from rlhf.runlog.rundir import atomic_open, atomic_write_text, clear_run
 from rlhf.runlog.seeding import rng_state, set_rng_state
 
@@ -111,21 +112,52 @@ def generate(
     generator: torch.Generator,
     device: torch.device,
     repeat: int = 1,
+    d: Dist = SINGLE,
+    max_rows: int | None = None,
 ) -> Generated:
-    """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``."""
+    """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
+
+    Under ``torchrun`` each rank samples its shard of the rows (whole prompts: ``d.shard(rows, repeat)``) and
+    the token ids are gathered, so every rank returns the whole batch. Row ``i`` draws from its own stream
+    (:class:`~rlhf.rollout.engine.RowGenerators`, seeded from one draw of ``generator``), so the responses do
+    not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
+    """
     pad = tokenizer.pad_token_id
-    prompt_ids = [ids for ids in batch.input_ids for _ in range(repeat)]
+    n = len(batch) * repeat
+    rows = d.shard(n, unit=repeat)
+    noise = RowGenerators.spawn(generator, rows)
+    prompt_ids = [batch.input_ids[row // repeat] for row in rows]
+    responses: list[list[int]] = []
+    step = max_rows or max(1, len(rows))
+    for start in range(0, len(rows), step):
+        chunk = slice(start, start + step)
+        query, query_mask = left_pad(prompt_ids[chunk], pad)
+        sampled = sample(model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk])
+        lengths = (sampled != pad).sum(-1).tolist()
+        responses += [ids[:length] for ids, length in zip(sampled.tolist(), lengths, strict=True)]
+    responses = d.gather_rows(responses, n, unit=repeat)
+    return assemble([batch.input_ids[row // repeat] for row in range(n)], responses, tokenizer, stops, device)
+
+
+def assemble(
+    prompt_ids: list[list[int]], responses: list[list[int]], tokenizer: Any, stops: list[int], device: torch.device
+) -> Generated:
+    """A `Generated` batch from unpadded prompt and response ids: prompts left-padded, responses right-padded
+    to the longest one (at least one column)."""
+    pad = tokenizer.pad_token_id
     query, query_mask = left_pad(prompt_ids, pad)
-    query, query_mask = query.to(device), query_mask.to(device)
-    responses = sample(model, query, query_mask, params, stops, pad, generator)
-    response_mask = (responses != pad).long()
-    has_stop = torch.isin(responses, torch.tensor(stops, device=device)).any(-1)
-    completions = tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
+    T = max(1, max(map(len, responses), default=1))
+    response = torch.full((len(responses), T), pad, dtype=torch.long)
+    for i, ids in enumerate(responses):
+        response[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    query, query_mask, response = query.to(device), query_mask.to(device), response.to(device)
+    response_mask = (response != pad).long()
+    has_stop = torch.isin(response, torch.tensor(stops, device=device)).any(-1)
     return Generated(
-        query_responses=torch.cat([query, responses], dim=1),
+        query_responses=torch.cat([query, response], dim=1),
         attention_mask=torch.cat([query_mask, response_mask], dim=1),
-        responses=responses,
-        completions=completions,
+        responses=response,
+        completions=tokenizer.batch_decode(response.tolist(), skip_special_tokens=True),
         has_stop=has_stop,
         pad_token_id=pad,
     )
@@ -173,6 +205,7 @@ def score(
     group_size: int = 1,
     token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
     context: RewardContext | None = None,
+    d: Dist = SINGLE,
 ) -> Scores:
     """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows.
 
@@ -181,11 +214,26 @@ def score(
     ``token_ids``: the policy's (query ⊕ response, mask), scored as they are by reward models that share the
     policy's tokenizer (see ``RewardSet.score``). ``context``: chat prompts, completion ids and trainer state
     for reward functions (:func:`reward_context`, :func:`make_trainer_state`).
+    Every argument is the whole batch; under ``torchrun`` each rank scores its shard (whole groups) and the
+    scores are gathered before they are combined, so every rank returns the whole batch's `Scores`.
     """
     start = time.perf_counter()
+    B = len(prompts)
+    rows = d.shard(B, unit=group_size) if d.distributed else list(range(B))
+    if d.distributed:
+        prompts, completions = [prompts[i] for i in rows], [completions[i] for i in rows]
+        columns = {key: [values[i] for i in rows] for key, values in columns.items()}
+        token_ids = None if token_ids is None else (token_ids[0][rows], token_ids[1][rows])
+        context = None if context is None else context.select(rows)
     result = rewards.score(prompts, completions, columns, token_ids, context)
     per_source = result.scores.float()
-    B, K = per_source.shape
+    metrics, extra = dict(result.metrics), dict(result.extra)
+    if d.distributed:
+        per_source = torch.stack(d.gather_rows(list(per_source.cpu()), B, unit=group_size))
+        keys = sorted({key for part in d.gather([list(metrics)]) for key in part})
+        metrics = {key: d.gather(metrics.get(key, [])) for key in keys}  # pooled: their step means are logged
+        extra = _gather_extra(extra, B, group_size, d)
+    K = per_source.shape[1]
     weights = rewards.weights.to(per_source)
     raw = sum_rewards(per_source.view(1, B, K), weights).reshape(B)
     combined, normalized = raw, False
@@ -194,7 +242,16 @@ def score(
         combined = gdpo_advantages(groups, weights).reshape(B)
         combined, normalized = torch.where(per_source.isnan().all(-1), torch.nan, combined), True
     return Scores(per_source, combined, list(result.names), time.perf_counter() - start, raw, normalized,
-                  dict(result.metrics), dict(result.extra))  # fmt: skip
+                  metrics, extra)  # fmt: skip
+
+
+def _gather_extra(extra: dict[str, list[Any]], B: int, group_size: int, d: Dist) -> dict[str, list[Any]]:
+    """``log_extra`` columns of every rank's rows, back in row order (a column a rank lacks is None there)."""
+    keys = sorted({key for part in d.gather([list(extra)]) for key in part})
+    rows = len(d.shard(B, unit=group_size))
+    local = [{key: extra[key][i] if key in extra else None for key in keys} for i in range(rows)]
+    merged = d.gather_rows(local, B, unit=group_size)
+    return {key: [row[key] for row in merged] for key in keys}
 
 
 def reward_context(
@@ -357,14 +414,25 @@ def write_run_config(output_dir: Path, config: Any) -> None:
     atomic_write_text(output_dir / "config.yaml", config_to_yaml(config))
 
 
-def open_run(output_dir: Path, config: Any, checkpoint: Path | None, start: int) -> MetricsLogger:
+def open_run(
+    output_dir: Path, config: Any, checkpoint: Path | None, start: int, d: Dist = SINGLE
+) -> MetricsLogger | NoLogger:
     """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``.
 
     Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``. Otherwise
     the previous run's files are deleted first (``--overwrite``, or a resume with nothing to resume), so no
     stale checkpoint or sample survives; `rundir.claim` has already refused a run nobody asked to replace.
-    Shared by every trainer so resumes read the same everywhere.
+    Shared by every trainer so resumes read the same everywhere. Under ``torchrun`` rank 0 alone does this
+    (the others get a `NoLogger`), after every rank has checked that the global batch gives it rows.
     """
+    batch = getattr(config, "batch_size", None)
+    if batch is not None and batch < d.world_size:
+        raise ConfigError(
+            f"{config.COMMAND}: batch_size={batch} is global (all ranks together) and gives no rows to some of "
+            f"the {d.world_size} ranks; use a batch_size of at least {d.world_size} or fewer processes"
+        )
+    if not d.is_main:
+        return NoLogger()
     if checkpoint is not None:
         print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
     else:
@@ -538,8 +606,8 @@ def micro_batches(config: Any, minibatch: torch.Tensor, mask: torch.Tensor, T: i
 
 def evaluate_and_log(
     config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
-    device: torch.device, out: Path, step: int, metrics: dict[str, Any], logger: MetricsLogger,
-    trainer_state: Any = None,
+    device: torch.device, out: Path, step: int, metrics: dict[str, Any], logger: MetricsLogger | NoLogger,
+    trainer_state: Any = None, d: Dist = SINGLE,
 ) -> None:  # fmt: skip
     """End of an RL step: answer the held-out prompts when due (every ``eval_every`` steps and at the last),
     adding ``eval/reward/*`` to this step's ``metrics``, then log the row when due (every ``log_every``).
@@ -550,7 +618,7 @@ def evaluate_and_log(
     if evaluating:
         start = time.perf_counter()
         metrics.update(
-            evaluate(config, policy, tokenizer, rewards, prompts, stops, device, out, step, trainer_state)
+            evaluate(config, policy, tokenizer, rewards, prompts, stops, device, out, step, trainer_state, d)
         )
         metrics["time/eval_s"] = time.perf_counter() - start
     if evaluating or step % config.log_every == 0 or step == config.steps:
@@ -560,24 +628,19 @@ def evaluate_and_log(
 @torch.no_grad()
 def evaluate(
     config: Any, policy: nn.Module, tokenizer: Any, rewards: Any, prompts: list, stops: list[int],
-    device: torch.device, out: Path, step: int, trainer_state: Any = None,
+    device: torch.device, out: Path, step: int, trainer_state: Any = None, d: Dist = SINGLE,
 ) -> dict[str, float]:  # fmt: skip
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
-    ``samples/step_NNNNNN.jsonl`` and return ``eval/reward/*``."""
+    ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
+    share; the rows are gathered."""
     sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
     generator = torch.Generator(device).manual_seed(config.seed + 2)
-    size = config.effective_micro_batch_size
-    texts, completions, parts = [], [], []
-    for start in range(0, len(prompts), size):
-        batch = PromptBatch.of(prompts, range(start, min(len(prompts), start + size)))
-        generated = generate(policy, tokenizer, batch, sampling, stops, generator, device)
-        context = reward_context(batch, generated, trainer_state=trainer_state)
-        parts.append(
-            score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation,
-                  token_ids=generated.token_ids, context=context)  # fmt: skip
-        )
-        texts += batch.texts
-        completions += generated.completions
-    scores = concat_scores(parts)
-    write_samples(out, step, texts, completions, scores)
+    batch = PromptBatch.of(prompts, range(len(prompts)))
+    generated = generate(policy, tokenizer, batch, sampling, stops, generator, device, d=d,
+                         max_rows=config.effective_micro_batch_size)  # fmt: skip
+    context = reward_context(batch, generated, trainer_state=trainer_state)
+    scores = score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation,
+                   token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
+    if d.is_main:
+        write_samples(out, step, batch.texts, generated.completions, scores)
     return reward_metrics(scores, prefix="eval/reward")

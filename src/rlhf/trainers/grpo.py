@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from rlhf.config import GRPOConfig
 from rlhf.core.advantages import gae
@@ -64,14 +63,16 @@ from rlhf.models.loading import (
     load_trainable_state,
     trainable_state,
 )
-from rlhf.models.policy import score_response_tokens
+from rlhf.models.policy import ActorCritic, score_response_tokens
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import load_reward_set
-from rlhf.runlog import rundir
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.checkpoint import save_checkpoint
+from rlhf.runlog.distributed import Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import common
+from rlhf.trainers import common, update
+from rlhf.trainers.update import Trainable
 
 MAX_SAMPLING_ROUNDS = 4
 """Dynamic sampling: most generation rounds (of ``batch_size`` prompts each) per iteration."""
@@ -114,7 +115,8 @@ class Models:
     """The trainable policy and, when ``kl_coef > 0``, the reference: a frozen copy, or the LoRA base with the
     adapter switched off. With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
 
-    def __init__(self, config: GRPOConfig, device: torch.device):
+    def __init__(self, config: GRPOConfig, d: Dist):
+        device = d.device
         self.policy = load_causal_lm(config.policy, config.dtype, device)
         self.has_reference = config.kl_coef > 0
         self.reference = frozen_copy(self.policy) if self.has_reference and not config.lora else None
@@ -122,19 +124,20 @@ class Models:
             self.policy = apply_lora(self.policy, config.lora)
         if config.compile:
             compile_models([self.policy, self.reference], device)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
+        self.trainable = Trainable(ActorCritic(self.policy, None, None), d)
 
     def score(
         self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
         entropy_grad: bool = True,
     ):  # fmt: skip
-        """(log-probs, entropy or None) of the last T tokens under the current policy."""
-        scored = score_response_tokens(
-            self.policy, ids, mask, T, temperature, with_entropy=entropy, entropy_grad=entropy_grad
-        )
+        """(log-probs, entropy or None) of the last T tokens under the current policy: a training forward
+        (through the gradient-synchronising wrapper under torchrun)."""
+        scored = self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
         return scored.logprobs, scored.entropy
+
+    def old_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> torch.Tensor:
+        """The same log-probs without gradients, on the plain module (no collective)."""
+        return self.trainable.module(ids, mask, T, temperature).logprobs
 
     def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
         if self.reference is not None:
@@ -149,6 +152,7 @@ class Models:
         load_trainable_state(self.policy, state["policy"], "policy weights")
 
 
+@distributed.entry
 @rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
     """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
@@ -156,7 +160,8 @@ def run(config: GRPOConfig) -> Path:
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
-    device = common.device_for_run()
+    d = distributed.current()
+    device = d.device
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config.policy)
     stops = common.stop_token_ids(tokenizer, config.stop_token)
@@ -164,9 +169,9 @@ def run(config: GRPOConfig) -> Path:
     rewards = load_reward_set(
         common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
     )
-    models = Models(config, device)
+    models = Models(config, d)
     total_updates = config.steps * config.num_iterations * config.num_minibatches
-    state = common.TrainState.create(config, models.trainable_parameters(), total_updates, train_prompts, device)
+    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, train_prompts, device)
     optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
     sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
     start = 0
@@ -176,14 +181,14 @@ def run(config: GRPOConfig) -> Path:
         models.load_state_dict(saved["models"])
         state.load_state_dict(saved)
         start = saved["step"]
-    logger = common.open_run(out, config, checkpoint, start)
+    logger = common.open_run(out, config, checkpoint, start, d)
     unscored, rows = common.UnscoredSteps(), config.batch_size * config.group_size
 
     def sample_round(trainer_state: Any) -> Sampled:
         return sample_groups(config, models, tokenizer, rewards, next(stream), sampling, stops,
-                             generators["sampling"], device, trainer_state)  # fmt: skip
+                             generators["sampling"], device, trainer_state, d)  # fmt: skip
 
-    with StepProgress(config.steps, start, enabled=config.progress) as progress:
+    with StepProgress(config.steps, start, enabled=config.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
@@ -194,7 +199,7 @@ def run(config: GRPOConfig) -> Path:
             if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else no signal: no update
                 # 3-4. old (and reference) log-probs, group-relative advantages
                 t1 = time.perf_counter()
-                rollout, stats = make_rollout(config, models, sampled)
+                rollout, stats = make_rollout(config, models, sampled, d)
                 t_logprobs = time.perf_counter() - t1
                 # 5. num_iterations passes × minibatches of the clipped per-token loss
                 t2 = time.perf_counter()
@@ -212,32 +217,39 @@ def run(config: GRPOConfig) -> Path:
                 "time/step_s": step_s, "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
             })  # fmt: skip
             # 7. held-out samples (in this step's metrics row), then the checkpoint
-            common.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
-                                   sampled.scores)  # fmt: skip
+            if d.is_main:
+                common.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
+                                       sampled.scores)  # fmt: skip
             trainer_state = common.make_trainer_state(config, step, stream, rows)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
-                                    out, step, metrics, logger, trainer_state)  # fmt: skip
+                                    out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0:
+            if config.save_every and step % config.save_every == 0 and d.is_main:
                 save_checkpoint(out, step, {"step": step, "models": models.state_dict(), **state.state_dict()})
     logger.close()
-    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-        save_final(models, tokenizer, staging)
+    if d.is_main:
+        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+            save_final(models, tokenizer, staging)
     return out / "final"
 
 
 def sample_groups(
     config: GRPOConfig, models: Models, tokenizer: Any, rewards: Any, batch: Any, sampling: SamplingParams,
     stops: list[int], generator: torch.Generator, device: torch.device, trainer_state: Any = None,
+    d: Dist = distributed.SINGLE,
 ) -> Sampled:  # fmt: skip
-    """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties."""
+    """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties.
+    Under torchrun each rank samples and scores its share of the prompts (whole groups); every rank returns
+    the whole batch."""
     G = config.group_size
-    generated = common.generate(models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G)
+    generated = common.generate(
+        models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G, d=d
+    )
     columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
     prompts = common.repeat_each(batch.texts, G)
     context = common.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
     scores = common.score(rewards, prompts, generated.completions, columns, config.reward_aggregation,
-                          group_size=G, token_ids=generated.token_ids, context=context)  # fmt: skip
+                          group_size=G, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
     return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
 
 
@@ -291,11 +303,15 @@ def fill_batch(config: GRPOConfig, sample_round: Any) -> tuple[Sampled, dict[str
 
 
 @torch.no_grad()
-def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[Rollout, dict[str, float]]:
+def make_rollout(
+    config: GRPOConfig, models: Models, sampled: Sampled, d: Dist = distributed.SINGLE
+) -> tuple[Rollout, dict[str, float]]:
     """Phases 3-4: one no-grad pass for old (and reference) log-probs, then the advantages (rlhf.core.group).
 
     When the update is `on_policy` the policy's pass is skipped (``Rollout.logprobs`` is None): the training
-    forward supplies the old log-probs itself.
+    forward supplies the old log-probs itself. Each rank runs the pass on its groups in the micro-batches of the
+    first update; the log-probs are summed over ranks (each row filled by one rank) and the advantages are
+    computed on the whole batch on every rank, as in one process.
     """
     generated = sampled.generated
     ids, mask = generated.query_responses, generated.attention_mask
@@ -304,13 +320,19 @@ def make_rollout(config: GRPOConfig, models: Models, sampled: Sampled) -> tuple[
     logprobs = None if skip_policy else torch.zeros(B, T, device=ids.device)
     ref = torch.zeros(B, T, device=ids.device) if models.has_reference else None
     # the same micro-batches as iteration 0 (unshuffled minibatches): its first ratio is exactly 1 (checklist 34)
-    for minibatch in common.chunks(torch.arange(B), config.minibatch_size):
-        for micro in common.micro_batches(config, minibatch, mask, T):
-            rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
-            if logprobs is not None:
-                logprobs[rows, :t] = models.score(ids[rows, cols], mask[rows, cols], t, config.temperature)[0]
-            if ref is not None:
-                ref[rows, :t] = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
+    split = plan(config, mask, T)
+    for micro, real in update.first_pass(B, config.minibatch_size, config.group_size, split, d):
+        rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
+        if logprobs is not None:
+            old = models.old_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
+            if real:
+                logprobs[rows, :t] = old
+        if ref is not None:
+            reference = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
+            if real:
+                ref[rows, :t] = reference
+    logprobs = d.sum(logprobs) if logprobs is not None else None
+    ref = d.sum(ref) if ref is not None else None
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
     rewards = sampled.rewards.to(ids.device)
     scored = ~rewards.isnan()
@@ -379,6 +401,11 @@ def token_advantages(
     return advantages.masked_fill(~mask, 0.0)
 
 
+def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:
+    """``rows → micro-batches``: the same plan for the rollout's pass and every update (checklist item 34)."""
+    return lambda rows: common.micro_batches(config, rows, mask, T)
+
+
 def grpo_update(
     config: GRPOConfig,
     models: Models,
@@ -389,43 +416,30 @@ def grpo_update(
 ) -> dict[str, float]:
     """Phase 5: ``num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
-    denominators, so accumulation gives exactly the minibatch's gradient (STYLE principle 5)."""
+    denominators, so accumulation (and the ranks) give exactly the minibatch's gradient
+    (`rlhf.trainers.update`)."""
     B, T = rollout.query_responses.shape[0], rollout.response_length
-    params = models.trainable_parameters()
-    totals: dict[str, float] = {}
-    first_ratio_dev = None
-    for iteration in range(config.num_iterations):
-        order = torch.arange(B) if iteration == 0 else torch.randperm(B, generator=shuffle)
-        for minibatch in common.chunks(order, config.minibatch_size):
-            optimizer.zero_grad(set_to_none=True)
-            denominators = {
-                "num_tokens": rollout.mask[minibatch].sum().clamp(min=1),
-                "num_seqs": len(minibatch),
-                "max_len": config.max_new_tokens,
-            }
-            for micro in common.micro_batches(config, minibatch, rollout.attention_mask, T):
-                stats = _micro_step(config, models, rollout, micro, denominators)
-                ratio_dev = stats.pop("ratio_dev")
-                if first_ratio_dev is None:
-                    first_ratio_dev = ratio_dev  # checklist item 34: must be exactly 0
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + value
-            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            totals["grad/norm"] = totals.get("grad/norm", 0.0) + grad_norm.item()
-            optimizer.step()
-            scheduler.step()
-    updates = config.num_iterations * config.num_minibatches
-    result = {key: value / updates for key, value in totals.items()}  # per-update means
-    result["policy/first_ratio_max_dev"] = first_ratio_dev
-    return result
+
+    def step(micro: common.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        denominators = {
+            "num_tokens": rollout.mask[minibatch].sum().clamp(min=1),
+            "num_seqs": len(minibatch),
+            "max_len": config.max_new_tokens,
+        }
+        return _micro_step(config, models, rollout, micro, denominators)
+
+    return update.update_passes(
+        passes=config.num_iterations, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle,
+        unit=config.group_size, plan=plan(config, rollout.attention_mask, T), step=step,
+        trainable=models.trainable, optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.max_grad_norm,
+    )  # fmt: skip
 
 
 def _micro_step(
     config: GRPOConfig, models: Models, rollout: Rollout, micro: common.MicroBatch, denominators: dict[str, Any]
-) -> dict[str, float]:
-    """Forward + backward of one micro-batch; returns its share of the minibatch stats. Only the micro-batch's
-    own columns run; the cut ones are padding, outside the loss mask."""
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Forward of one micro-batch: its loss and its share of the minibatch stats. Only the micro-batch's own
+    columns run; the cut ones are padding, outside the loss mask."""
     rows, t = micro.rows, micro.response_length
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
@@ -442,21 +456,20 @@ def _micro_step(
     )  # fmt: skip
     policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
-    (policy_loss - config.entropy_coef * entropy_mean).backward()
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens
     with torch.no_grad():
         ratio_dev = (logprobs - old_logprobs).exp().sub(1).abs().masked_fill(~loss_mask, 0).max()
     stats = {
         "policy/loss": policy_loss.item(),
         "policy/entropy": entropy_mean.item(),
-        "ratio_dev": ratio_dev.item(),
+        "ratio_dev_max": ratio_dev.item(),
     }
     names = ["clipfrac", "approx_kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region"]
     names += ["kl"] if in_loss else []
     for name in names:
         key = "kl/loss_mean" if name == "kl" else name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
-    return stats
+    return policy_loss - config.entropy_coef * entropy_mean, stats
 
 
 def save_final(models: Models, tokenizer: Any, out: Path) -> Path:

@@ -47,14 +47,16 @@ from rlhf.models.loading import (
     load_trainable_state,
     trainable_state,
 )
-from rlhf.models.policy import ScoredTokens, ValueHead, score_response_tokens
+from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_response_tokens
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward, load_reward_set
-from rlhf.runlog import rundir
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.checkpoint import save_checkpoint
+from rlhf.runlog.distributed import Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import common
+from rlhf.trainers import common, update
+from rlhf.trainers.update import Trainable
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ class Models:
     """The trainable policy, its value function (a head on the policy's trunk, or a separate critic) and the
     reference policy (a frozen copy, or the LoRA base with the adapter switched off — no second copy)."""
 
-    def __init__(self, config: PPOConfig, rewards: Any, device: torch.device):
+    def __init__(self, config: PPOConfig, rewards: Any, d: Dist):
+        device = d.device
         self.policy = load_causal_lm(config.policy, config.dtype, device)
         self.reference = None if config.lora else frozen_copy(self.policy)
         if config.lora:
@@ -107,24 +110,21 @@ class Models:
             )
         if config.compile:
             compile_models([self.policy, self.reference, self.critic], device)
+        self.trainable = Trainable(ActorCritic(self.policy, self.value_head, self.critic), d)
 
     def value_module(self) -> nn.Module:
         return self.value_head if self.value_head is not None else self.critic
 
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return params + [p for p in self.value_module().parameters() if p.requires_grad]
-
     def score(
         self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
         entropy_grad: bool = True,
-    ):  # fmt: skip
-        """(log-probs, values, entropy) of the last T tokens under the current policy / value function."""
-        scored = score_response_tokens(
-            self.policy, ids, mask, T, temperature, self.value_head, entropy, entropy_grad
-        )
-        values = scored.values if self.critic is None else self.critic(ids, mask, T)
-        return scored.logprobs, values, scored.entropy
+    ) -> ScoredTokens:  # fmt: skip
+        """A training forward (through the gradient-synchronising wrapper under torchrun)."""
+        return self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
+
+    def old_scores(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> ScoredTokens:
+        """The same forward without gradients, on the plain module (no collective)."""
+        return self.trainable.module(ids, mask, T, temperature)
 
     def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
         if self.reference is not None:
@@ -140,6 +140,7 @@ class Models:
         self.value_module().load_state_dict(state["value"])
 
 
+@distributed.entry
 @rundir.claims_output_dir
 def run(config: PPOConfig) -> Path:
     """Train ``config.policy`` with PPO; returns the ``final/`` directory."""
@@ -147,7 +148,8 @@ def run(config: PPOConfig) -> Path:
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
-    device = common.device_for_run()
+    d = distributed.current()
+    device = d.device
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config.policy)
     stops = common.stop_token_ids(tokenizer, config.stop_token)
@@ -155,9 +157,9 @@ def run(config: PPOConfig) -> Path:
     rewards = load_reward_set(
         common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
     )
-    models = Models(config, rewards, device)
+    models = Models(config, rewards, d)
     total_updates = config.steps * config.ppo_epochs * config.num_minibatches
-    state = common.TrainState.create(config, models.trainable_parameters(), total_updates, train_prompts, device)
+    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, train_prompts, device)
     optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
     sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
     kl_coef, start = config.kl_coef, 0
@@ -167,30 +169,30 @@ def run(config: PPOConfig) -> Path:
         models.load_state_dict(saved["models"])
         state.load_state_dict(saved)
         kl_coef, start = saved["kl_coef"], saved["step"]
-    logger = common.open_run(out, config, checkpoint, start)
+    logger = common.open_run(out, config, checkpoint, start, d)
     unscored = common.UnscoredSteps()
 
-    with StepProgress(config.steps, start, enabled=config.progress) as progress:
+    with StepProgress(config.steps, start, enabled=config.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
             trainer_state = common.make_trainer_state(config, step - 1, stream, config.batch_size)
             batch = next(stream)
-            # 1. roll out the current policy
+            # 1. roll out the current policy (each rank its share of the prompts; every rank gets all responses)
             generated = common.generate(
-                models.policy, tokenizer, batch, sampling, stops, generators["sampling"], device
+                models.policy, tokenizer, batch, sampling, stops, generators["sampling"], device, d=d
             )
             t_rollout = time.perf_counter() - t0
             # 2. score the finished responses
             context = common.reward_context(batch, generated, trainer_state=trainer_state)
             scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
                                   config.reward_aggregation, token_ids=generated.token_ids,
-                                  context=context)  # fmt: skip
+                                  context=context, d=d)  # fmt: skip
             stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
             if not unscored.skip(step, scores.combined, scores.names):  # else nothing to learn: no update
                 # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
                 t1 = time.perf_counter()
                 rollout, stats, first = make_rollout(
-                    config, models, generated, scores.combined, kl_coef, fuses_first_update(config)
+                    config, models, generated, scores.combined, kl_coef, fuses_first_update(config), d
                 )
                 t_logprobs = time.perf_counter() - t1
                 # 6. K epochs of clipped policy + value updates
@@ -214,18 +216,20 @@ def run(config: PPOConfig) -> Path:
                 "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
             })  # fmt: skip
             # 9. held-out samples (in this step's metrics row), then the checkpoint
-            common.log_completions(config, out, step, batch.texts, generated.completions, scores)
+            if d.is_main:
+                common.log_completions(config, out, step, batch.texts, generated.completions, scores)
             trainer_state = common.make_trainer_state(config, step, stream, config.batch_size)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
-                                    out, step, metrics, logger, trainer_state)  # fmt: skip
+                                    out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0:
+            if config.save_every and step % config.save_every == 0 and d.is_main:
                 save_checkpoint(out, step, {
                     "step": step, "models": models.state_dict(), **state.state_dict(), "kl_coef": kl_coef,
                 })  # fmt: skip
     logger.close()
-    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-        save_final(models, tokenizer, staging)
+    if d.is_main:
+        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+            save_final(models, tokenizer, staging)
     return out / "final"
 
 
@@ -246,35 +250,46 @@ def training_forward(
 ) -> ScoredTokens:
     """An update's forward: log-probs and values with gradients, and the entropy (with gradients only when it
     is in the loss)."""
-    return ScoredTokens(*models.score(ids, mask, T, config.temperature, entropy=True,
-                                      entropy_grad=config.entropy_coef != 0))  # fmt: skip
+    return models.score(ids, mask, T, config.temperature, entropy=True, entropy_grad=config.entropy_coef != 0)
+
+
+def plan(config: PPOConfig, mask: torch.Tensor, T: int) -> Any:
+    """``rows → micro-batches``: the same plan for the rollout's passes and every update (checklist item 34)."""
+    return lambda rows: common.micro_batches(config, rows, mask, T)
 
 
 @torch.no_grad()
 def make_rollout(
     config: PPOConfig, models: Models, generated: common.Generated, scores: torch.Tensor, kl_coef: float,
-    fused: bool = False,
+    fused: bool = False, d: Dist = distributed.SINGLE,
 ) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:  # fmt: skip
     """Phases 3-5: reference and old log-prob/value passes, KL-shaped rewards, GAE and whitening (all from
     rlhf.core). ``fused``: the old log-probs and values are the first update's forward (returned with its graph,
-    see :func:`fuses_first_update`); it runs after the reference pass so the two never hold memory together."""
+    see :func:`fuses_first_update`); it runs after the reference pass so the two never hold memory together.
+
+    Each rank runs the passes on its rows in the micro-batches of the first update (so its first ratio is
+    exactly 1); the results are summed over ranks (each row is filled by one rank, zeros elsewhere), and the
+    rest runs on the whole batch on every rank, exactly as in one process.
+    """
     ids, mask = generated.query_responses, generated.attention_mask
     (B, L), T = ids.shape, generated.responses.shape[1]
     logprobs, values, ref_logprobs = (torch.zeros(B, T, device=ids.device) for _ in range(3))
-    # the micro-batches of epoch 0 (unshuffled minibatches), so its first forward repeats this one exactly
-    for minibatch in common.chunks(torch.arange(B), config.minibatch_size):
-        for micro in common.micro_batches(config, minibatch, mask, T):
-            rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
-            ref_logprobs[rows, :t] = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t,
-                                                               config.temperature)  # fmt: skip
-            if not fused:
-                logprobs[rows, :t], values[rows, :t], _ = models.score(ids[rows, cols], mask[rows, cols], t,
-                                                                       config.temperature)  # fmt: skip
+    split = plan(config, mask, T)
+    for micro, real in update.first_pass(B, config.minibatch_size, 1, split, d):
+        rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
+        ref = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
+        old = None if fused else models.old_scores(ids[rows, cols], mask[rows, cols], t, config.temperature)
+        if real:
+            ref_logprobs[rows, :t] = ref
+            if old is not None:
+                logprobs[rows, :t], values[rows, :t] = old.logprobs, old.values
     first = None
-    if fused:
-        with torch.enable_grad():  # the first update's forward over the whole rollout, graph kept
-            first = training_forward(config, models, ids, mask, T)
-        logprobs, values = first.logprobs.detach(), first.values.detach()
+    if fused:  # the first update's forward over this rank's rows of the rollout, graph kept
+        own = torch.tensor(d.shard(B))
+        with torch.enable_grad():
+            first = training_forward(config, models, ids[own], mask[own], T)
+        logprobs[own], values[own] = first.logprobs.detach(), first.values.detach()
+    logprobs, values, ref_logprobs = d.sum(logprobs), d.sum(values), d.sum(ref_logprobs)
     masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
     scored = ~scores.isnan()
     policy_mask = ~masks.padding_mask & scored[:, None]
@@ -330,48 +345,36 @@ def ppo_update(
     first: ScoredTokens | None = None,
 ) -> dict[str, float]:
     """Phase 6: ``ppo_epochs`` passes; each shuffled into minibatches (one optimizer step each), each split into
-    micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation gives
-    exactly the gradient of the whole minibatch (STYLE principle 5). ``kl_coef`` is the current β (used by
-    ``kl_in: loss``; the adaptive controller changes it between iterations). ``first``: the forward of the first
-    update, already run by the rollout (:func:`fuses_first_update`)."""
+    micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation (and the
+    ranks) give exactly the gradient of the whole minibatch (`rlhf.trainers.update`). ``kl_coef`` is the current
+    β (used by ``kl_in: loss``; the adaptive controller changes it between iterations). ``first``: the forward
+    of the first update, already run by the rollout (:func:`fuses_first_update`)."""
     B, T = rollout.logprobs.shape
-    params = models.trainable_parameters()
-    totals: dict[str, float] = {}
-    first_ratio_dev = None
-    for epoch in range(config.ppo_epochs):
-        order = torch.arange(B) if epoch == 0 else torch.randperm(B, generator=shuffle)
-        for minibatch in common.chunks(order, config.minibatch_size):
-            optimizer.zero_grad(set_to_none=True)
-            n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
-            n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
-            for micro in common.micro_batches(config, minibatch, rollout.attention_mask, T):
-                stats = _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, first)
-                first = None  # only the very first micro-batch has its forward already
-                ratio_dev = stats.pop("ratio_dev")
-                if epoch == 0 and first_ratio_dev is None:
-                    first_ratio_dev = ratio_dev  # checklist item 34: must be exactly 0
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + value
-            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            totals["grad/norm"] = totals.get("grad/norm", 0.0) + grad_norm.item()
-            optimizer.step()
-            scheduler.step()
-    updates = config.ppo_epochs * config.num_minibatches
-    # token-weighted sums over all minibatches → per-update means
-    result = {key: value / updates for key, value in totals.items()}
-    result["policy/first_ratio_max_dev"] = first_ratio_dev
-    values, returns = rollout.values, rollout.returns
-    result["value/explained_variance"] = explained_variance(values, returns, rollout.value_mask).item()
+    pending = [first]  # only the very first micro-batch has its forward already
+
+    def step(micro: common.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
+        n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
+        forward, pending[0] = pending[0], None
+        return _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward)
+
+    result = update.update_passes(
+        passes=config.ppo_epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
+        plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
+        optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.max_grad_norm,
+    )  # fmt: skip
+    result["value/explained_variance"] = explained_variance(
+        rollout.values, rollout.returns, rollout.value_mask
+    ).item()
     return result
 
 
 def _micro_step(
     config: PPOConfig, models: Models, rollout: Rollout, micro: common.MicroBatch, n_policy: torch.Tensor,
     n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None,
-) -> dict[str, float]:  # fmt: skip
-    """Forward (unless given) + backward of one micro-batch; returns its token-weighted share of the minibatch
-    stats. Only the micro-batch's own columns run; the cut ones are padding, outside every mask."""
+) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """Forward (unless given) of one micro-batch: its loss and its token-weighted share of the minibatch stats.
+    Only the micro-batch's own columns run; the cut ones are padding, outside every mask."""
     rows, t = micro.rows, micro.response_length
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
@@ -394,19 +397,18 @@ def _micro_step(
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)
     entropy_mean = aggregate(entropy, policy_mask, "token-mean", num_tokens=n_policy)
     loss = policy_loss + config.vf_coef * value_loss - config.entropy_coef * entropy_mean
-    loss.backward()
     share_p = (policy_mask.sum() / n_policy).item()  # this micro-batch's share of the minibatch's tokens
     share_v = (value_mask.sum() / n_value).item()
     with torch.no_grad():
         ratio_dev = (logprobs - rollout.logprobs[rows, :t]).exp().sub(1).abs().masked_fill(~policy_mask, 0).max()
-    return {
+    return loss, {
         "policy/loss": policy_loss.item(),
         "value/loss": value_loss.item(),
         "policy/entropy": entropy_mean.item(),
         "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
         "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
         "value/clipfrac": vf_stats["clipfrac"].item() * share_v,
-        "ratio_dev": ratio_dev.item(),
+        "ratio_dev_max": ratio_dev.item(),
     }
 
 

@@ -34,6 +34,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,24 +56,27 @@ from rlhf.data import (
 from rlhf.data.stream import PromptBatch
 from rlhf.models.loading import apply_lora, load_trainable_state, trainable_state
 from rlhf.models.reward import (
+    RewardScorer,
     TrainableRewardModel,
     clear_reward_normalization,
     load_reward_model,
     max_positions,
-    reward_scores,
     set_reward_normalization,
 )
 from rlhf.optim import build_optimizer
-from rlhf.runlog import rundir
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.checkpoint import save_checkpoint
+from rlhf.runlog.distributed import Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
-from rlhf.trainers import common
+from rlhf.trainers import common, update
+from rlhf.trainers.update import Trainable
 
 NORMALIZATION_FILE = "normalization.jsonl"
 """In ``output_dir``: one row per normalisation sample — prompt, completion, raw score, normalised score."""
 
 
+@distributed.entry
 @rundir.claims_output_dir
 def run(config: RMConfig) -> Path:
     """Train a reward model on ``config.train_data``; returns the ``final/`` directory."""
@@ -80,7 +84,8 @@ def run(config: RMConfig) -> Path:
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
-    device = common.device_for_run()
+    d = distributed.current()
+    device = d.device
     seed_everything(config.seed)
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
     rm = load_reward_model(config.model, config.dtype, device)
@@ -89,9 +94,9 @@ def run(config: RMConfig) -> Path:
     train, held_out = load_pairs(config, rm)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total_steps = config.epochs * steps_per_epoch
-    params = [p for p in rm.model.parameters() if p.requires_grad]
+    trainable = Trainable(RewardScorer(rm.hf_model), d)  # the HF model: LoRA layers sit inside it
     optimizer, scheduler = build_optimizer(
-        params,
+        trainable.parameters(),
         config.learning_rate,
         config.weight_decay,
         total_steps,
@@ -107,29 +112,26 @@ def run(config: RMConfig) -> Path:
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
-    logger = common.open_run(out, config, checkpoint, start)
+    logger = common.open_run(out, config, checkpoint, start, d)
 
-    with StepProgress(total_steps, start, enabled=config.progress, description="rm") as progress:
+    with StepProgress(total_steps, start, enabled=config.progress and d.is_main, description="rm") as progress:
         # 2. the untrained model on the held-out pairs (step 0)
         if start == 0 and held_out:
-            logger.log({"step": 0, "epoch": 0.0, **evaluate(config, rm, held_out, device)})
+            logger.log({"step": 0, "epoch": 0.0, **evaluate(config, rm, held_out, device, d)})
         for step in range(start + 1, total_steps + 1):
             t0 = time.perf_counter()
             # 3. this step's pairs: slice `index` of epoch `epoch`'s order (a function of seed and epoch only)
             epoch, index = divmod(step - 1, steps_per_epoch)
             order = epoch_order(len(train), config.seed, epoch)
             rows = order[index * config.batch_size : (index + 1) * config.batch_size]
-            # 4. forward/backward in micro-batches, weighted by their share of the step's pairs
+            # 4. forward/backward in micro-batches (this rank's share), weighted by their share of the step's pairs
             optimizer.zero_grad(set_to_none=True)
-            stats = train_step(config, rm, train, rows, device)
+            stats = train_step(config, rm, trainable, train, rows, device)
             # 5. clip, step, schedule
-            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            optimizer.step()
-            scheduler.step()
+            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.max_grad_norm)
             # 6. metrics; evaluation every eval_every steps and at the end of each epoch; checkpoint
-            metrics = {"step": step, "epoch": step / steps_per_epoch, **stats, "grad/norm": grad_norm.item(),
+            metrics = {"step": step, "epoch": step / steps_per_epoch, **stats, "grad/norm": grad_norm,
                        "lr": lr, "time/step_s": time.perf_counter() - t0}  # fmt: skip
             end_of_epoch = step % steps_per_epoch == 0
             evaluating = bool(held_out) and (
@@ -137,12 +139,12 @@ def run(config: RMConfig) -> Path:
             )
             if evaluating:
                 t1 = time.perf_counter()
-                metrics.update(evaluate(config, rm, held_out, device))
+                metrics.update(evaluate(config, rm, held_out, device, d))
                 metrics["time/eval_s"] = time.perf_counter() - t1
             if evaluating or step % config.log_every == 0 or step == total_steps:
                 logger.log(metrics)
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0:
+            if config.save_every and step % config.save_every == 0 and d.is_main:
                 save_checkpoint(out, step, {
                     "step": step, "model": trainable_state(rm.model), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": rng_state(),
@@ -151,11 +153,12 @@ def run(config: RMConfig) -> Path:
     model = rm.model.merge_and_unload() if hasattr(rm.model, "merge_and_unload") else rm.model
     # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
     if config.normalize_policy:
-        normalize(config, model, rm.tokenizer, device, out)
+        normalize(config, model, rm.tokenizer, device, out, d)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
-    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-        model.save_pretrained(staging / "final")
-        rm.tokenizer.save_pretrained(staging / "final")
+    if d.is_main:
+        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+            model.save_pretrained(staging / "final")
+            rm.tokenizer.save_pretrained(staging / "final")
     return out / "final"
 
 
@@ -186,63 +189,79 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 def pair_rewards(
-    model: nn.Module, pairs: list[TokenizedPreference], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(r_chosen (b,), r_rejected (b,), margin (b,)) of ``b`` pairs: one right-padded (2b, L) forward."""
+    scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], pairs: list[TokenizedPreference], pad_id: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(r_chosen (b,), r_rejected (b,), margin (b,)) of ``b`` pairs: one right-padded (2b, L) forward of
+    ``scorer`` (`RewardScorer`, or the wrapper that trains it)."""
     batch = collate_preferences(pairs, pad_id)
     ids = torch.cat([batch.chosen_input_ids, batch.rejected_input_ids]).to(device)
     mask = torch.cat([batch.chosen_attention_mask, batch.rejected_attention_mask]).to(device)
-    scores = reward_scores(model, ids, mask).float()
+    scores = scorer(ids, mask).float()
     b = len(pairs)
     return scores[:b], scores[b:], batch.margin.to(device)
 
 
 def train_step(
-    config: RMConfig, rm: TrainableRewardModel, pairs: list[TokenizedPreference], rows: torch.Tensor,
-    device: torch.device,
+    config: RMConfig, rm: TrainableRewardModel, trainable: Trainable, pairs: list[TokenizedPreference],
+    rows: torch.Tensor, device: torch.device,
 ) -> dict[str, float]:  # fmt: skip
-    """Phase 4: backward of the mean loss over ``rows``, in micro-batches; returns the step's train stats."""
-    model, n = rm.hf_model, len(rows)
+    """Phase 4: backward of the mean loss over the step's pairs ``rows`` (this rank's share of them, in
+    micro-batches); returns the step's train stats over all ranks."""
+    n, pad = len(rows), rm.tokenizer.pad_token_id
     center = config.center_rewards_coefficient or 0.0
-    totals = {"train/loss": 0.0, "train/accuracy": 0.0, "train/reward_margin": 0.0}
-    for micro in rows.split(config.effective_micro_batch_size):
-        chosen, rejected, margin = pair_rewards(
-            model, [pairs[i] for i in micro], rm.tokenizer.pad_token_id, device
-        )
+    d = trainable.d
+
+    def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        chosen, rejected, margin = pair_rewards(trainable.forward, [pairs[i] for i in micro], pad, device)
         loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)
         share = len(micro) / n  # micro-batch mean × its share = its part of the step's mean
-        (loss * share).backward()
-        totals["train/loss"] += loss.item() * share
-        totals["train/accuracy"] += stats["accuracy"].item() * share
-        totals["train/reward_margin"] += stats["margin_mean"].item() * share
-    return totals
+        return loss * share, {
+            "train/loss": loss.item() * share,
+            "train/accuracy": stats["accuracy"].item() * share,
+            "train/reward_margin": stats["margin_mean"].item() * share,
+        }
+
+    mine = rows[d.rank :: d.world_size]
+    micro_batches = list(mine.split(config.effective_micro_batch_size))
+    stats = update.accumulate(trainable, micro_batches, lambda: rows[:1], micro_step)
+    return update.reduce_stats(stats, d)
 
 
 @torch.no_grad()
 def evaluate(
-    config: RMConfig, rm: TrainableRewardModel, pairs: list[TokenizedPreference], device: torch.device
-) -> dict[str, float]:
-    """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs."""
+    config: RMConfig, rm: TrainableRewardModel, pairs: list[TokenizedPreference], device: torch.device,
+    d: Dist = distributed.SINGLE,
+) -> dict[str, float]:  # fmt: skip
+    """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs (each rank scores
+    its share; the sums are added over ranks)."""
     center = config.center_rewards_coefficient or 0.0
     totals = {"eval/loss": 0.0, "eval/accuracy": 0.0, "eval/reward_margin": 0.0}
-    for start in range(0, len(pairs), config.effective_micro_batch_size):
-        micro = pairs[start : start + config.effective_micro_batch_size]
-        chosen, rejected, margin = pair_rewards(rm.hf_model, micro, rm.tokenizer.pad_token_id, device)
+    size = config.effective_micro_batch_size
+    mine = list(range(d.rank, len(pairs), d.world_size))
+    micro_batches = [mine[start : start + size] for start in range(0, len(mine), size)]
+    for micro, real, _ in update.evenly(micro_batches, lambda: [0], d):
+        chosen, rejected, margin = pair_rewards(RewardScorer(rm.hf_model), [pairs[i] for i in micro],
+                                                rm.tokenizer.pad_token_id, device)  # fmt: skip
+        if not real:
+            continue
         loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)
         share = len(micro) / len(pairs)
         totals["eval/loss"] += loss.item() * share
         totals["eval/accuracy"] += stats["accuracy"].item() * share
         totals["eval/reward_margin"] += stats["margin_mean"].item() * share
-    return totals
+    return d.sum_values(totals)
 
 
 def normalize(
-    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path
-) -> tuple[float, float]:
+    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path,
+    d: Dist = distributed.SINGLE,
+) -> tuple[float, float]:  # fmt: skip
     """Phase 7 (checklist item 19): sample ``normalize_samples`` responses from ``normalize_policy``, score
     them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
     store ``gain = 1/σ``, ``bias = −μ/σ`` (population std, OAI) in ``model.config``. Writes
-    ``normalization.jsonl``; returns (gain, bias)."""
+    ``normalization.jsonl`` (rank 0); returns (gain, bias). Under torchrun each rank samples and scores its
+    share of the responses."""
     from rlhf.models.loading import load_causal_lm, load_tokenizer
     from rlhf.rollout.engine import SamplingParams
     from rlhf.rollout.rewards import RewardModelReward
@@ -259,15 +278,14 @@ def normalize(
     sampling = SamplingParams(config.normalize_max_new_tokens, config.normalize_temperature)
     stops = common.stop_token_ids(policy_tokenizer, "eos")
     generator = torch.Generator(device).manual_seed(config.seed)
-    texts: list[str] = []
-    completions: list[str] = []
-    scores: list[float] = []
-    for begin in range(0, len(picks), size):
-        batch = PromptBatch.of(prompts, picks[begin : begin + size])
-        generated = common.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device)
-        scores += scorer.score(batch.texts, generated.completions, batch.columns)
-        texts += batch.texts
-        completions += generated.completions
+    batch = PromptBatch.of(prompts, picks)
+    generated = common.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d,
+                                max_rows=size)  # fmt: skip
+    texts, completions = batch.texts, generated.completions
+    mine = d.shard(len(picks))
+    columns = {key: [values[i] for i in mine] for key, values in batch.columns.items()}
+    local = scorer.score([texts[i] for i in mine], [completions[i] for i in mine], columns)
+    scores = d.gather_rows(local, len(picks))
     raw = torch.tensor(scores, dtype=torch.float64)
     gain, bias = (float(x) for x in normalization_gain_bias(raw, unbiased=False))
     if not (math.isfinite(gain) and math.isfinite(bias)):
@@ -276,6 +294,8 @@ def normalize(
             f"({scores[0]:.6g}); a gain cannot make them std 1 — is the reward model constant?"
         )
     set_reward_normalization(model.config, gain, bias)
+    if not d.is_main:
+        return gain, bias
     with rundir.atomic_open(out / NORMALIZATION_FILE) as f:
         for prompt, completion, score in zip(texts, completions, scores, strict=True):
             row = {

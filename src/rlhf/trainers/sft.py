@@ -30,12 +30,13 @@ settings back, so the saved model is the input model, trained.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,16 +56,19 @@ from rlhf.models.loading import (
     trainable_state,
 )
 from rlhf.optim import build_optimizer
-from rlhf.runlog import rundir
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.checkpoint import save_checkpoint
+from rlhf.runlog.distributed import Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
-from rlhf.trainers import common
+from rlhf.trainers import common, update
+from rlhf.trainers.update import Trainable
 
 MAX_HELD_OUT = 200
 HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) is held out; none below 20
 
 
+@distributed.entry
 @rundir.claims_output_dir
 def run(config: SFTConfig) -> Path:
     """Fine-tune ``config.model`` on ``config.train_data``; returns the ``final/`` directory."""
@@ -72,7 +76,8 @@ def run(config: SFTConfig) -> Path:
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
-    device = common.device_for_run()
+    d = distributed.current()
+    device = d.device
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config.model)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
@@ -84,9 +89,10 @@ def run(config: SFTConfig) -> Path:
         check_packing(model, train, filler, device)
     order = DataOrder(train, config.batch_size, config.seed)
     total_steps = config.epochs * order.steps_per_epoch
-    params = [p for p in model.parameters() if p.requires_grad]
+    trainable = Trainable(model, d)
     optimizer, scheduler = build_optimizer(
-        params, config.learning_rate, config.weight_decay, total_steps, config.lr_scheduler, config.warmup_steps,
+        trainable.parameters(), config.learning_rate, config.weight_decay, total_steps, config.lr_scheduler,
+        config.warmup_steps,
     )  # fmt: skip
     start = 0
     checkpoint, state = rundir.load_resume_checkpoint(config)
@@ -97,32 +103,33 @@ def run(config: SFTConfig) -> Path:
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
-    logger = common.open_run(out, config, checkpoint, start)
+    logger = common.open_run(out, config, checkpoint, start, d)
     batches = Batcher(config.effective_micro_batch_size, config.packing, config.max_length, filler, device)
     model.train()  # dropout is off either way; train mode is what optimizer steps normally run in
 
-    with StepProgress(total_steps, start, enabled=config.progress) as progress:
+    with StepProgress(total_steps, start, enabled=config.progress and d.is_main) as progress:
         if start == 0 and eval_examples:  # the starting point of every eval/loss curve
-            logger.log({"step": 0, "epoch": 0.0, **evaluate(model, eval_examples, batches)})
+            logger.log({"step": 0, "epoch": 0.0, **evaluate(model, eval_examples, batches, d)})
         for step in range(start + 1, total_steps + 1):
             t0 = time.perf_counter()
-            # 1. the next batch of this epoch's shuffled order
+            # 1. the next batch of this epoch's shuffled order; this rank's share of it
             batch = [train[i] for i in order.batch(step)]
-            num_tokens = sum(label_tokens(e) for e in batch)
+            num_tokens = sum(label_tokens(e) for e in batch)  # of the whole batch, over all ranks
+            mine = batch[d.rank :: d.world_size]
             # 2-3. micro-batches (padded or packed), forward + backward, each loss over the batch's label tokens
             optimizer.zero_grad(set_to_none=True)
-            loss = 0.0
-            for rows in batches(batch):
-                per_token, mask = token_losses(model, rows)
+
+            def micro_step(rows: Rows, num_tokens: int = num_tokens) -> tuple[torch.Tensor, dict[str, float]]:
+                per_token, mask = token_losses(trainable.forward, rows)
                 micro_loss = aggregate(per_token, mask, "token-mean", num_tokens=num_tokens)
-                micro_loss.backward()
-                loss += micro_loss.item()
+                return micro_loss, {"train/loss": micro_loss.item()}
+
+            filler = functools.partial(batches.one, batch[0])  # a rank whose share is empty runs it at weight 0
+            stats = update.accumulate(trainable, batches(mine), filler, micro_step)
+            loss = update.reduce_stats(stats, d).get("train/loss", 0.0)
             # 4. clip the global gradient norm, then the optimizer and schedule step
-            max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
             lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            optimizer.step()
-            scheduler.step()
+            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.max_grad_norm)
             # 5. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {
@@ -137,20 +144,21 @@ def run(config: SFTConfig) -> Path:
             )
             if evaluating:
                 t1 = time.perf_counter()
-                metrics.update(evaluate(model, eval_examples, batches))
+                metrics.update(evaluate(model, eval_examples, batches, d))
                 metrics["time/eval_s"] = time.perf_counter() - t1
             if evaluating or step % config.log_every == 0 or step == total_steps:
                 logger.log(metrics)
             progress.update(step, metrics)
             # 7. checkpoint: everything the next step depends on
-            if config.save_every and step % config.save_every == 0:
+            if config.save_every and step % config.save_every == 0 and d.is_main:
                 save_checkpoint(out, step, {
                     "step": step, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state(),
                 })  # fmt: skip
     logger.close()
-    with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-        save_final(model, tokenizer, config.model, staging)
+    if d.is_main:
+        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+            save_final(model, tokenizer, config.model, staging)
     return out / "final"
 
 
@@ -250,6 +258,10 @@ class Batcher:
         make = self.packed if self.packing else self.padded
         return [make(m) for m in micro]
 
+    def one(self, example: TokenizedSFT) -> Rows:
+        """The rows of ``example`` alone (the filler pass of a rank with nothing else to do)."""
+        return self([example])[0]
+
     def padded(self, examples: Sequence[TokenizedSFT]) -> Rows:
         """Right-padded rows, one example each (padding ids replaced by ``filler``, labels `IGNORE_INDEX`)."""
         batch = collate_sft(examples, self.filler)
@@ -305,7 +317,7 @@ def pack(examples: Sequence[TokenizedSFT], capacity: int) -> list[list[Tokenized
 # --------------------------------------------------------------------------------------------------------------
 
 
-def token_losses(model: nn.Module, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+def token_losses(model: Callable[..., Any], rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token cross-entropy ``(R, L−1)`` float32 and its mask ``(R, L−1)`` bool (label ≠ `IGNORE_INDEX`).
 
     ``loss[r, t] = −log p(x_{t+1} | x_≤t)``: the logits at t are scored against the label at t+1.
@@ -322,16 +334,20 @@ def token_losses(model: nn.Module, rows: Rows) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, examples: Sequence[TokenizedSFT], batches: Batcher) -> dict[str, float]:
-    """``eval/loss``: the token-mean cross-entropy over every labelled token of ``examples``."""
+def evaluate(
+    model: nn.Module, examples: Sequence[TokenizedSFT], batches: Batcher, d: Dist = distributed.SINGLE
+) -> dict[str, float]:
+    """``eval/loss``: the token-mean cross-entropy over every labelled token of ``examples`` (each rank
+    scores its share; the sums are added over ranks)."""
     model.eval()
     num_tokens = sum(label_tokens(e) for e in examples)
     total = 0.0
-    for rows in batches(examples):
+    filler = functools.partial(batches.one, examples[0])
+    for rows, real, _ in update.evenly(batches(examples[d.rank :: d.world_size]), filler, d):
         per_token, mask = token_losses(model, rows)
-        total += aggregate(per_token, mask, "token-mean", num_tokens=num_tokens).item()
+        total += aggregate(per_token, mask, "token-mean", num_tokens=num_tokens).item() if real else 0.0
     model.train()
-    return {"eval/loss": total}
+    return {"eval/loss": d.sum_values({"eval/loss": total})["eval/loss"]}
 
 
 @torch.no_grad()

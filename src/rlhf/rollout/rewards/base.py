@@ -109,6 +109,14 @@ class RewardContext:
             trainer_state=self.trainer_state,
         )
 
+    def select(self, rows: list[int]) -> RewardContext:
+        """The context of the samples ``rows``, in that order (a rank's shard of a batch)."""
+        return RewardContext(
+            messages=None if self.messages is None else [self.messages[i] for i in rows],
+            completion_ids=None if self.completion_ids is None else [self.completion_ids[i] for i in rows],
+            trainer_state=self.trainer_state,
+        )
+
     def copy(self) -> RewardContext:
         """Deep copies of the per-sample lists (a source that mutates them must not change what the next sees);
         the trainer state is shared, as TRL passes its one ``self.state`` to every function."""

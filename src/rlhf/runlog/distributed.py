@@ -1,0 +1,227 @@
+"""One process, or many under ``torchrun``: the process group, this rank's device, and the reductions trainers use.
+
+Every trainer runs inside :func:`process_group` (through the :func:`entry` decorator): under ``torchrun``
+(``WORLD_SIZE`` in the environment) it joins the process group — gloo on CPU, NCCL on CUDA, the device from
+``LOCAL_RANK`` — and always destroys it on the way out, error or not; run directly it is one process and no
+group. The trainers talk to the other ranks only through the :class:`Dist` it yields, whose reductions are
+identities for one process, so a single-process run takes exactly the code path of rank 0 of one.
+
+Why results do not depend on the number of ranks (docs/scaling.md): every batch stays global — each rank
+trains on a strided share of it (:meth:`Dist.shard`) and every normaliser (token counts, whitening moments,
+group statistics, metric means) is reduced over all ranks before use — so N ranks compute the sums one
+process would, only in another order.
+
+Errors: a rank that raises leaves the group; ``torchrun`` then stops the other ranks of its node, and a peer
+blocked in a collective sees the closed connection (gloo) or hits the collective timeout
+(``RLHF_DIST_TIMEOUT_S``, default 1800 s: rank 0 may be writing a large final/ alone) instead of hanging for ever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_TIMEOUT_S = 1800
+"""Longest wait of a collective before it fails (a peer that died without closing its connection)."""
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the run: ``rank`` of ``world_size``, its ``device``, and the reductions.
+
+    ``parallelism``: ``"none"`` (one process), ``"ddp"`` (replicated models, gradients all-reduced) or
+    ``"fsdp"`` (FSDP2-sharded models).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    parallelism: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes files, logs metrics and draws progress bars."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def shard(self, n: int, unit: int = 1) -> list[int]:
+        """This rank's rows of a global batch of ``n`` rows, in runs of ``unit`` rows that stay together (the
+        ``G`` samples of one GRPO prompt): units ``rank, rank + world_size, …`` (strided).
+
+        Strided rather than in blocks so that any contiguous part of the global batch (a minibatch) is spread
+        evenly over the ranks.
+        """
+        return [row for first in range(self.rank * unit, n, self.world_size * unit)
+                for row in range(first, min(first + unit, n))]  # fmt: skip
+
+    def owns(self, rows: torch.Tensor, unit: int = 1) -> torch.Tensor:
+        """(k,) bool: which of the global ``rows`` (k,) are this rank's (:meth:`shard`)."""
+        return (rows // unit) % self.world_size == self.rank
+
+    def gather_rows(self, local: Sequence[Any], n: int, unit: int = 1) -> list[Any]:
+        """The global batch of ``n`` rows from every rank's rows of it (:meth:`shard`), back in row order."""
+        if not self.distributed:
+            return list(local)
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, list(local))
+        out: list[Any] = [None] * n
+        for rank, part in enumerate(parts):
+            rows = Dist(rank, self.world_size).shard(n, unit)
+            if len(rows) != len(part):
+                raise RuntimeError(f"rank {rank} sent {len(part)} rows, its shard of {n} has {len(rows)}")
+            for row, item in zip(rows, part, strict=True):
+                out[row] = item
+        return out
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``tensor`` over ranks (a new tensor; float64 sums stay float64)."""
+        if not self.distributed:
+            return tensor.clone()
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of ``tensor`` over ranks."""
+        if not self.distributed:
+            return tensor.clone()
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return out
+
+    def sum_values(self, values: dict[str, float]) -> dict[str, float]:
+        """Each value summed over ranks, in one collective. Every rank must pass the same keys."""
+        if not self.distributed or not values:
+            return dict(values)
+        keys = sorted(values)
+        totals = self.sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
+        return dict(zip(keys, totals.tolist(), strict=True))
+
+    def gather(self, items: Sequence[Any]) -> list[Any]:
+        """Every rank's ``items`` concatenated in rank order (picklable objects: texts, rows, floats)."""
+        if not self.distributed:
+            return list(items)
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, list(items))
+        return [item for part in parts for item in part]
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def all_agree(self, ok: bool) -> bool:
+        """True on every rank when ``ok`` is true on every rank (one collective)."""
+        if not self.distributed:
+            return ok
+        return bool(self.max(torch.tensor([0 if ok else 1])).item() == 0)
+
+
+SINGLE = Dist()
+"""One process, no group."""
+
+_current: Dist = SINGLE
+
+
+def current() -> Dist:
+    """The `Dist` of the run in progress (:data:`SINGLE` outside one)."""
+    return _current
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def process_group(parallelism: str = "auto") -> Iterator[Dist]:
+    """Join the ``torchrun`` process group for the duration of a run (or run as one process); always leave it.
+
+    ``parallelism``: ``auto`` — DDP under ``torchrun``, one process otherwise; ``ddp`` / ``fsdp`` — that
+    strategy under ``torchrun`` (one process without it is the same computation, so it runs); ``none`` —
+    refuse ``torchrun``. A group someone else already set up (a notebook, a test) is used and left alone.
+    """
+    global _current
+    if not launched_by_torchrun() and not dist.is_initialized():
+        _current = Dist(device=_device(0) if torch.cuda.is_available() else torch.device("cpu"))
+        try:
+            yield _current
+        finally:
+            _current = SINGLE
+        return
+    if parallelism == "none":
+        from rlhf.config import ConfigError
+
+        raise ConfigError(
+            "parallelism: none, but the run was launched by torchrun; set parallelism: ddp or fsdp"
+        )
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = _device(local_rank)
+    owned = not dist.is_initialized()
+    if owned:
+        timeout = datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+        dist.init_process_group(_backend(device), timeout=timeout)
+    strategy = "ddp" if parallelism == "auto" else parallelism
+    _current = Dist(dist.get_rank(), dist.get_world_size(), local_rank, device, strategy)
+    try:
+        yield _current
+    except BaseException:
+        # Leave at once: a collective now would wait for peers that may be waiting for us. torchrun stops them.
+        _current = SINGLE
+        raise
+    else:
+        dist.barrier()  # nobody tears the group down while a peer is still in its last collective
+        _current = SINGLE
+    finally:
+        if owned and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def entry(run: F) -> F:
+    """Decorate a trainer's ``run(config)``: it runs inside :func:`process_group` (``config.parallelism``).
+
+    Ranks other than 0 run with stdout and stderr silenced — their warnings and progress would repeat rank
+    0's — until an error leaves ``run``: it is then reported on the restored stderr like rank 0's.
+    """
+
+    @functools.wraps(run)
+    def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
+        with process_group(getattr(config, "parallelism", "auto")) as d:
+            if d.is_main:
+                return run(config, *args, **kwargs)
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
+                    contextlib.redirect_stderr(quiet):  # fmt: skip
+                return run(config, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

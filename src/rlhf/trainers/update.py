@@ -1,0 +1,209 @@
+"""The update engine: micro-batched forward/backward, gradient synchronisation over ranks, the optimizer step.
+
+Every trainer takes its optimizer steps through here; PPO and GRPO share :func:`update_passes`, the loop of
+passes × minibatches × micro-batches, so the distributed part of an update is written once.
+
+How N ranks take the step one process takes (docs/scaling.md):
+
+- every rank holds the whole rollout's token ids and per-token tensors (they are small next to the models);
+  minibatches are cut from one global order (the same ``shuffle`` generator on every rank) and each rank
+  runs forward/backward on its own rows of each minibatch (:meth:`Dist.owns`);
+- each loss is divided by the *global* denominators of its minibatch (token or sequence counts over all
+  ranks), so the gradients of all micro-batches of all ranks add up to the minibatch's gradient;
+  ``DistributedDataParallel`` and FSDP2 *average* gradients over ranks, so each loss is also multiplied by
+  ``world_size`` (:attr:`Trainable.grad_scale`);
+- a rank with fewer micro-batches than another runs zero-weighted passes over one of its rows until the
+  counts match (:func:`evenly`): DDP's synchronising backward and every FSDP2 forward are collectives that all
+  ranks must enter;
+- per-update statistics are summed (``*_max`` keys: maximised) over micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from rlhf.runlog.distributed import Dist
+
+M = TypeVar("M")
+
+Step = Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
+"""One micro-batch's forward: (its loss, already divided by the global denominators; its share of the stats)."""
+
+
+class Trainable:
+    """The trained module as the ranks train it: itself (one process), inside ``DistributedDataParallel``, or
+    FSDP2-sharded in place (``parallelism: fsdp``; sharding happens where the model loads).
+
+    ``module`` is the plain module (no-grad passes, generation, saving); ``forward`` runs a training forward
+    through the wrapper that synchronises gradients.
+    """
+
+    def __init__(self, module: nn.Module, d: Dist):
+        self.module, self.d = module, d
+        self.wrapped: nn.Module = module
+        if d.distributed and d.parallelism == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [d.device.index] if d.device.type == "cuda" else None
+            # broadcast_buffers=False: our buffers are constants (rotary tables); broadcasting them would make
+            # every forward, no-grad ones included, a collective
+            self.wrapped = DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.wrapped(*args, **kwargs)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    @property
+    def grad_scale(self) -> float:
+        """DDP and FSDP2 average gradients over ranks; our losses already are the global means."""
+        return float(self.d.world_size) if self.d.distributed else 1.0
+
+    @contextlib.contextmanager
+    def sync(self, last: bool) -> Iterator[None]:
+        """Gradients are reduced over ranks in the last backward of an optimizer step only (accumulation)."""
+        if last or self.wrapped is self.module:
+            yield
+        else:
+            with self.wrapped.no_sync():  # type: ignore[operator]
+                yield
+
+
+def evenly(micro_batches: Sequence[M], filler: Callable[[], M], d: Dist) -> Iterator[tuple[M, bool, bool]]:
+    """(micro-batch, real, last) for this rank's ``micro_batches``, followed by ``filler()`` until every rank has
+    run as many (``real`` False: its loss and stats must be weighted 0). One collective when distributed."""
+    n = len(micro_batches)
+    if d.distributed:
+        n = int(d.max(torch.tensor([n])).item())
+    for i in range(n):
+        real = i < len(micro_batches)
+        yield (micro_batches[i] if real else filler()), real, i == n - 1
+
+
+def accumulate(
+    trainable: Trainable, micro_batches: Sequence[M], filler: Callable[[], M], step: Step
+) -> dict[str, float]:
+    """Forward + backward of every micro-batch of one optimizer step on this rank; returns the summed stats
+    (``*_max`` keys: the maximum) of its real micro-batches. Gradients are synchronised in the last backward."""
+    totals: dict[str, float] = {}
+    for micro, real, last in evenly(micro_batches, filler, trainable.d):
+        with trainable.sync(last):
+            loss, stats = step(micro)
+            (loss * (trainable.grad_scale if real else 0.0)).backward()
+        if real:
+            merge(totals, stats)
+    return totals
+
+
+def merge(totals: dict[str, float], stats: dict[str, float]) -> None:
+    """Add ``stats`` into ``totals`` (``*_max`` keys keep the maximum)."""
+    for key, value in stats.items():
+        if key.endswith("_max"):
+            totals[key] = max(totals.get(key, -math.inf), value)
+        else:
+            totals[key] = totals.get(key, 0.0) + value
+
+
+def reduce_stats(totals: dict[str, float], d: Dist) -> dict[str, float]:
+    """Sum ``totals`` over ranks (``*_max`` keys: maximum). Every rank passes the same keys."""
+    sums = d.sum_values({k: v for k, v in totals.items() if not k.endswith("_max")})
+    maxima = {k: v for k, v in totals.items() if k.endswith("_max")}
+    if d.distributed and maxima:
+        keys = sorted(maxima)
+        values = d.max(torch.tensor([maxima[k] for k in keys], dtype=torch.float64)).tolist()
+        maxima = dict(zip(keys, values, strict=True))
+    return {**sums, **maxima}
+
+
+def optimizer_step(
+    trainable: Trainable, optimizer: Any, scheduler: Any, max_grad_norm: float | None
+) -> float:
+    """Clip the global gradient norm, step the optimizer and the schedule; returns the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(
+        trainable.parameters(), max_grad_norm if max_grad_norm is not None else math.inf
+    )
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
+        norm = norm.full_tensor()
+    optimizer.step()
+    scheduler.step()
+    return float(norm)
+
+
+def own_row(num_rows: int, unit: int, d: Dist) -> torch.Tensor:
+    """(1,) the first row this rank owns: what its filler passes run on."""
+    return torch.tensor(d.shard(num_rows, unit)[:1])
+
+
+def first_pass(
+    num_rows: int, minibatch_size: int, unit: int, plan: Callable[[torch.Tensor], list[Any]], d: Dist
+) -> Iterator[tuple[Any, bool]]:
+    """(micro-batch, real) for this rank's micro-batches of the first pass of :func:`update_passes`, in its
+    order: the rollout's no-grad passes run exactly these forwards, so the first update's ratio is exactly 1.
+    Under FSDP, where every forward is a collective, passes over a filler (``real`` False: run it, drop its
+    output) even out the count over ranks."""
+    micro_batches = []
+    for minibatch in torch.arange(num_rows).split(minibatch_size):
+        mine = minibatch[d.owns(minibatch, unit)]
+        micro_batches += plan(mine) if len(mine) else []
+    if d.parallelism != "fsdp":
+        yield from ((micro, True) for micro in micro_batches)
+        return
+    for micro, real, _ in evenly(micro_batches, lambda: plan(own_row(num_rows, unit, d))[0], d):
+        yield micro, real
+
+
+def update_passes(
+    *,
+    passes: int,
+    num_rows: int,
+    minibatch_size: int,
+    shuffle: torch.Generator,
+    unit: int,
+    plan: Callable[[torch.Tensor], list[Any]],
+    step: Callable[[Any, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+    trainable: Trainable,
+    optimizer: Any,
+    scheduler: Any,
+    max_grad_norm: float | None,
+) -> dict[str, float]:
+    """``passes`` passes over a rollout of ``num_rows`` rows, each cut into minibatches of ``minibatch_size``
+    (one optimizer step each); the first pass keeps the rollout's order, later ones are shuffled.
+
+    ``plan(rows)``: the micro-batches of some of this rank's rows (global row indices); ``step(micro,
+    minibatch)``: a micro-batch's loss and stats, normalised by the minibatch's global denominators; ``unit``:
+    rows that share a rank (the group of a GRPO prompt). Returns the per-update means over all ranks, the
+    gradient norm (``grad/norm``) and ``policy/first_ratio_max_dev`` — the largest |ratio − 1| of the first
+    minibatch, which must be exactly 0 (the policy has not moved yet; docs/ppo_checklist.md item 34).
+    """
+    d = trainable.d
+    totals: dict[str, float] = {}
+    norms, first_dev = 0.0, -math.inf
+
+    def filler() -> Any:
+        return plan(own_row(num_rows, unit, d))[0]
+
+    for p in range(passes):
+        order = torch.arange(num_rows) if p == 0 else torch.randperm(num_rows, generator=shuffle)
+        for k, minibatch in enumerate(order.split(minibatch_size)):
+            optimizer.zero_grad(set_to_none=True)
+            mine = minibatch[d.owns(minibatch, unit)]
+            micro_step = functools.partial(step, minibatch=minibatch)
+            stats = accumulate(trainable, plan(mine) if len(mine) else [], filler, micro_step)
+            dev = stats.pop("ratio_dev_max", -math.inf)
+            if p == 0 and k == 0:
+                first_dev = dev
+            merge(totals, stats)
+            norms += optimizer_step(trainable, optimizer, scheduler, max_grad_norm)  # the same on every rank
+    updates = passes * math.ceil(num_rows / minibatch_size)
+    result = {key: value / updates for key, value in reduce_stats(totals, d).items()}
+    result["grad/norm"] = norms / updates
+    result["policy/first_ratio_max_dev"] = reduce_stats({"first_max": first_dev}, d)["first_max"]
+    return result
