@@ -20,99 +20,16 @@ Tolerances, from that arithmetic:
 from __future__ import annotations
 
 import json
-import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
-from safetensors.torch import load_file
+from torchrun_runs import assert_same_gradients, assert_same_metrics, assert_same_weights, run, torchrun
 
 from rlhf.models.tiny import toy_corpus
 
 pytestmark = pytest.mark.slow
 
-WORKER = Path(__file__).resolve().parent / "worker.py"
 REWARDS = Path(__file__).resolve().parents[1] / "trainers" / "ppo_rewards.py"
-TIMEOUT_S = 300  # a hung collective fails the test instead of the suite
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def environment() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")]
-    )
-    return env
-
-
-def launch(args: list[str], nproc: int) -> subprocess.CompletedProcess:
-    """``python worker.py ARGS`` (nproc 0: no torchrun at all) or ``torchrun --nproc_per_node N worker.py ARGS``."""
-    if nproc == 0:
-        command = [sys.executable, str(WORKER), *args]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                   "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(WORKER), *args]  # fmt: skip
-    result = subprocess.run(command, env=environment(), stdin=subprocess.PIPE, capture_output=True, text=True,
-                            timeout=TIMEOUT_S)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
-
-
-def run(
-    command: str, config: dict, out: Path, nproc: int
-) -> tuple[list[dict], list[dict[str, torch.Tensor]]]:
-    """(metric rows, per-step gradients) of one run."""
-    out.mkdir(parents=True)
-    (out / "in.yaml").write_text(yaml.safe_dump(config))
-    launch([str(out / "grads.pt"), command, "--config", str(out / "in.yaml"), "--output_dir", str(out / "run")],
-           nproc)  # fmt: skip
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    return rows, torch.load(out / "grads.pt")
-
-
-def assert_same_gradients(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b) > 0
-    for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
-        assert ga.keys() == gb.keys()
-        for name in ga:
-            scale = ga[name].abs().max().item()
-            torch.testing.assert_close(gb[name], ga[name], rtol=0, atol=1e-4 * scale + 1e-7,
-                                       msg=lambda m, n=name, s=step: f"step {s} {n}: {m}")  # fmt: skip
-
-
-def assert_same_weights(
-    a: Path, b: Path, bound: float, files: tuple[str, ...] = ("model.safetensors",)
-) -> None:
-    for file in files:
-        wa, wb = load_file(a / file), load_file(b / file)
-        assert wa.keys() == wb.keys()
-        for name in wa:
-            torch.testing.assert_close(
-                wb[name], wa[name], rtol=0, atol=bound, msg=lambda m, n=name: f"{n}: {m}"
-            )
-
-
-NOT_COMPARED = ("time/", "throughput/")  # wall-clock
-
-
-def assert_same_metrics(a: list[dict], b: list[dict]) -> None:
-    assert [r.get("step") for r in a] == [r.get("step") for r in b]
-    for ra, rb in zip(a, b, strict=True):
-        assert ra.keys() == rb.keys()
-        for key, value in ra.items():
-            if key.startswith(NOT_COMPARED) or not isinstance(value, float) or math.isnan(value):
-                continue
-            assert rb[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (ra["step"], key)
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +54,8 @@ def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, crit
     config = rl_config(
         tiny_llama_dir, prompts, batch_size=8, ppo_epochs=2, critic=critic, kl_control="adaptive"
     )
-    one_rows, one_grads = run("ppo", config, tmp_path / "one", nproc=0)
-    two_rows, two_grads = run("ppo", config, tmp_path / "two", nproc=2)
+    one_rows, one_grads = run("ppo", config, tmp_path / "one")
+    two_rows, two_grads = run("ppo", config, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     samples = sorted((tmp_path / "one" / "run" / "samples").iterdir())
@@ -151,8 +68,8 @@ def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, crit
 def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path):
     config = rl_config(tiny_llama_dir, prompts, batch_size=4, group_size=4, num_iterations=2, kl_coef=0.05,
                        micro_batch_size=2)  # fmt: skip
-    one_rows, one_grads = run("grpo", config, tmp_path / "one", nproc=0)
-    two_rows, two_grads = run("grpo", config, tmp_path / "two", nproc=2)
+    one_rows, one_grads = run("grpo", config, tmp_path / "one")
+    two_rows, two_grads = run("grpo", config, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
@@ -184,8 +101,8 @@ def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path):
     config = {"model": str(tiny_llama_dir), "train_data": str(sft_data), "eval_data": str(sft_data), "epochs": 2,
               "batch_size": 4, "micro_batch_size": 1, "learning_rate": 1e-3, "max_length": 64, "eval_every": 2,
               "save_every": 0, "progress": False}  # fmt: skip
-    one_rows, one_grads = run("sft", config, tmp_path / "one", nproc=0)
-    two_rows, two_grads = run("sft", config, tmp_path / "two", nproc=2)
+    one_rows, one_grads = run("sft", config, tmp_path / "one")
+    two_rows, two_grads = run("sft", config, tmp_path / "two", torchrun())
     assert len(one_grads) == 6  # 2 epochs of ceil(11 / 4) steps
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
@@ -197,8 +114,8 @@ def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path):
     config = {"model": str(tiny_llama_dir), "train_data": str(train), "eval_data": str(held_out), "epochs": 1,
               "batch_size": 5, "micro_batch_size": 1, "learning_rate": 1e-3, "eval_every": 2, "save_every": 0,
               "progress": False}  # fmt: skip
-    one_rows, one_grads = run("rm", config, tmp_path / "one", nproc=0)
-    two_rows, two_grads = run("rm", config, tmp_path / "two", nproc=2)
+    one_rows, one_grads = run("rm", config, tmp_path / "one")
+    two_rows, two_grads = run("rm", config, tmp_path / "two", torchrun())
     assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)

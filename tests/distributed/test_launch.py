@@ -1,0 +1,109 @@
+"""Launching as users do: two torchrun "nodes" on localhost, a crash and a resume at another world size, a rank
+that fails. Real torchrun, gloo, processes on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from torchrun_runs import (
+    TIMEOUT_S,
+    assert_same_gradients,
+    assert_same_metrics,
+    assert_same_weights,
+    command_line,
+    environment,
+    run,
+    torchrun,
+    two_nodes,
+)
+
+from rlhf.models.tiny import toy_corpus
+
+pytestmark = pytest.mark.slow
+
+REWARDS = Path(__file__).resolve().parent / "dist_rewards.py"
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("launch_prompts") / "prompts.jsonl"
+    rows = [{"prompt": " ".join(line.split()[:4])} for line in toy_corpus(24, seed=6)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def ppo_config(policy: Path, prompts: Path, **overrides: object) -> dict:
+    return {
+        "policy": str(policy), "reward": f"{REWARDS}:length_or_die", "train_data": str(prompts), "steps": 3,
+        "batch_size": 4, "max_new_tokens": 6, "learning_rate": 1e-3, "ppo_epochs": 2, "num_minibatches": 2,
+        "eval_every": 0, "save_every": 0, "progress": False,
+    } | overrides  # fmt: skip
+
+
+def test_two_nodes_on_localhost_equal_one_process(tiny_llama_dir, prompts, tmp_path):
+    """``--nnodes 2`` with a c10d rendezvous: two torchrun launchers of one rank each make one run."""
+    config = ppo_config(tiny_llama_dir, prompts)
+    one_rows, one_grads = run("ppo", config, tmp_path / "one")
+    two_rows, two_grads = run("ppo", config, tmp_path / "two", *two_nodes())
+    assert_same_gradients(one_grads, two_grads)
+    assert_same_metrics(one_rows, two_rows)
+    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+
+
+def crash(config: dict, out: Path, die_at: int) -> None:
+    """Run 2 ranks that both die abruptly (``os._exit``) right after the checkpoint of step ``die_at``."""
+    out.mkdir(parents=True)
+    (out / "in.yaml").write_text(yaml.safe_dump(config))
+    args = [str(out / "unused.pt"), "ppo", "--config", str(out / "in.yaml"), "--output_dir", str(out / "run")]
+    result = subprocess.run(command_line(args, torchrun()), env={**environment(), "DIE_AT_STEP": str(die_at)},
+                            stdin=subprocess.PIPE, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert result.returncode != 0
+    assert not (out / "run" / "final").exists()
+    assert (out / "run" / "checkpoints" / f"step_{die_at:06d}").is_dir()
+
+
+@pytest.mark.parametrize("ranks_after", [2, 1])
+def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path, ranks_after):
+    """Both ranks die after step 2 of 4; ``--resume`` with 2 ranks or 1 process ends where the uninterrupted
+    2-rank run ends: the checkpoint holds global state only (weights, optimizer, schedule, prompt position,
+    random streams, KL coefficient), so the world size may change."""
+    config = ppo_config(tiny_llama_dir, prompts, steps=4, save_every=1, kl_control="adaptive")
+    whole_rows, whole_grads = run("ppo", config, tmp_path / "whole", torchrun())
+    crash(config, tmp_path / "resumed", die_at=2)
+    launcher = [torchrun()] if ranks_after == 2 else []
+    rows, grads = run("ppo", config, tmp_path / "resumed", *launcher, flags=("--resume",))
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert_same_gradients(whole_grads[2 * 4 :], grads)  # steps 3-4 (4 optimizer steps each: 2 epochs × 2)
+    assert_same_metrics(whole_rows, rows)
+    assert_same_weights(tmp_path / "whole" / "run" / "final", tmp_path / "resumed" / "run" / "final", 2 * 1e-3)
+
+
+def test_a_failing_rank_stops_every_rank_with_its_error(tiny_llama_dir, prompts, tmp_path):
+    """Rank 1's reward raises: the run ends non-zero with that error, long before the collective timeout (set
+    to 15 minutes here, so a rank left waiting in a collective would fail this test by its own timeout)."""
+    config = ppo_config(tiny_llama_dir, prompts, reward=f"{REWARDS}:fails_on_rank_one")
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "torch.distributed.run", *torchrun(), "-m", "rlhf", "ppo", "--config",
+               str(tmp_path / "in.yaml"), "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, env={**environment(), "RLHF_DIST_TIMEOUT_S": "900"}, stdin=subprocess.PIPE,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    assert "this sample cannot be scored (rank 1)" in result.stderr
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_bad_config_fails_on_every_rank_alike(tiny_llama_dir, prompts, tmp_path):
+    """An input error is found by every rank before any collective: each prints it, torchrun exits non-zero."""
+    config = ppo_config(tiny_llama_dir, prompts, train_data=str(tmp_path / "missing.jsonl"))
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "torch.distributed.run", *torchrun(), "-m", "rlhf", "ppo", "--config",
+               str(tmp_path / "in.yaml"), "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, env=environment(), stdin=subprocess.PIPE, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.count("missing.jsonl") >= 2, result.stderr[-3000:]  # both ranks said it
