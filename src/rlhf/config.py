@@ -583,7 +583,7 @@ class _TrainingConfig(_Config):
     log_every: int = 1
     """Log metrics every this many steps."""
     resume: bool = False
-    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except steps, epochs, eval_every, save_every, log_every, progress, report_to, run_name, micro_batch_size, micro_batch_tokens and compile (a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
+    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except steps, epochs, eval_every, save_every, log_every, progress, report_to, run_name, micro_batch_size, micro_batch_tokens, compile and parallelism (a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
     overwrite: bool = False
     """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
     progress: bool = True

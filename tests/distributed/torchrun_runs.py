@@ -28,8 +28,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def environment() -> dict[str, str]:
+def environment(gpus: bool = False) -> dict[str, str]:
+    """The runs' environment: one thread per process, this checkout's src, and no GPU unless asked (the CPU
+    tests run on CPU on any machine; tests/distributed/test_gpu.py asks for them)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")]
     )
@@ -56,10 +60,12 @@ def command_line(args: list[str], launcher: list[str] | None) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *launcher, str(WORKER), *args]
 
 
-def launch(args: list[str], launchers: list[list[str] | None]) -> list[subprocess.CompletedProcess]:
+def launch(
+    args: list[str], launchers: list[list[str] | None], gpus: bool = False
+) -> list[subprocess.CompletedProcess]:
     """Start one process per launcher (several: the nodes of one run), wait for all; each must succeed."""
     processes = [
-        subprocess.Popen(command_line(args, launcher), env=environment(), stdin=subprocess.PIPE,
+        subprocess.Popen(command_line(args, launcher), env=environment(gpus), stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         for launcher in launchers
     ]
@@ -78,15 +84,16 @@ def launch(args: list[str], launchers: list[list[str] | None]) -> list[subproces
 
 
 def run(
-    command: str, config: dict, out: Path, *launchers: list[str] | None, flags: tuple[str, ...] = ()
-) -> tuple[list[dict], list[dict[str, torch.Tensor]]]:
+    command: str, config: dict, out: Path, *launchers: list[str] | None, flags: tuple[str, ...] = (),
+    gpus: bool = False,
+) -> tuple[list[dict], list[dict[str, torch.Tensor]]]:  # fmt: skip
     """(metric rows, per-step gradients) of one run in ``out/run``: one process without launchers, else one
     ``torchrun`` per launcher (:func:`torchrun`, :func:`two_nodes`). ``flags``: more command-line fields."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "in.yaml").write_text(yaml.safe_dump(config))
     record = out / f"grads{len(list(out.glob('grads*.pt')))}.pt"
     args = [str(record), command, "--config", str(out / "in.yaml"), "--output_dir", str(out / "run"), *flags]
-    launch(args, list(launchers) or [None])
+    launch(args, list(launchers) or [None], gpus)
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     return rows, torch.load(record)
 

@@ -158,10 +158,19 @@ def _backend(device: torch.device) -> str:
 
 
 def _device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    """GPU ``LOCAL_RANK`` when there are GPUs (each rank of a node its own), else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        from rlhf.config import ConfigError
+
+        raise ConfigError(
+            f"local rank {local_rank} needs GPU {local_rank}, but this machine has {torch.cuda.device_count()}; "
+            "start at most one process per GPU (--nproc_per_node), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
+            "run on the CPU"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -48,13 +49,19 @@ class Trainable:
     def __init__(self, module: nn.Module, d: Dist):
         self.module, self.d = module, d
         self.wrapped: nn.Module = module
+        if d.distributed and d.parallelism == "fsdp":
+            from rlhf.config import ConfigError
+
+            raise ConfigError("parallelism: fsdp is not available in this build yet; use parallelism: ddp")
         if d.distributed and d.parallelism == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [d.device.index] if d.device.type == "cuda" else None
-            # broadcast_buffers=False: our buffers are constants (rotary tables); broadcasting them would make
-            # every forward, no-grad ones included, a collective
-            self.wrapped = DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+            # no buffer sync in forward: our buffers are constants (rotary tables); syncing them would make every
+            # forward a collective (torch ≥ 2.13 names the switch forward_sync_buffers, older ones broadcast_buffers)
+            params = inspect.signature(DistributedDataParallel).parameters
+            no_sync = {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": False}
+            self.wrapped = DistributedDataParallel(module, device_ids=device_ids, **no_sync)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.wrapped(*args, **kwargs)
