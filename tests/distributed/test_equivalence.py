@@ -65,9 +65,11 @@ def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, crit
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
-def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path):
+@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
+def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, lora):
+    """Also with LoRA: only the adapters train and synchronise; the reference is the adapter switched off."""
     config = rl_config(tiny_llama_dir, prompts, batch_size=4, group_size=4, num_iterations=2, kl_coef=0.05,
-                       micro_batch_size=2)  # fmt: skip
+                       micro_batch_size=2, lora=lora)  # fmt: skip
     one_rows, one_grads = run("grpo", config, tmp_path / "one")
     two_rows, two_grads = run("grpo", config, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
