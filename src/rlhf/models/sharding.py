@@ -1,0 +1,163 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the models the trainers hold: shard, load, generate, save.
+
+Why each piece:
+
+* :func:`shard` wraps every decoder layer, then the root, so one all-gather brings in one layer at a time:
+  the peak is one layer's full weights plus every rank's 1/world slice of the rest.
+* :func:`load_sharded_causal_lm` never puts a full copy of the model on every rank: the model is built on
+  the meta device, sharded, and only rank 0 reads the checkpoint; the other ranks receive just their shards.
+* :func:`gathered` is for sampling: a rollout runs the model once per generated token, and FSDP's own
+  hooks would all-gather (and free) each layer on every one of those forwards. Inside the block the weights
+  are gathered once and stay gathered, as plain tensors, so :func:`rlhf.rollout.decoder.build_decoder` packs
+  them as it packs an unsharded model's.
+* :func:`full_state_dict` is the unsharded weights on rank 0, for ``save_pretrained`` of ``final/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from rlhf.models.loading import DTYPES, align_pad_token, load_causal_lm
+from rlhf.models.policy import disable_dropout
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of ``model`` (plain, peft-wrapped, causal LM or classifier), in order.
+
+    The blocks are the modules whose class ``model._no_split_modules`` names (transformers' own list of
+    blocks that must stay whole; peft forwards the attribute to the model it wraps), outermost ones only;
+    without that list, the children of the longest ``nn.ModuleList``.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks: list[nn.Module] = []
+    inside: set[int] = set()  # ids of modules already covered by a block found above them
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if type(module).__name__ in names:
+            blocks.append(module)
+            inside.update(id(m) for m in module.modules())
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"found no transformer blocks in {type(model).__name__}")
+    return list(max(lists, key=len))
+
+
+def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool = False) -> nn.Module:
+    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``.
+
+    ``mixed_precision`` (for CUDA): compute in bfloat16, reduce gradients in float32; otherwise all in the
+    parameters' dtype. Frozen models (reference, reward) and LoRA models shard the same way: FSDP2 shards
+    frozen parameters too and reduce-scatters only the gradients that exist.
+    """
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_precision
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def load_sharded_causal_lm(
+    name_or_path: str, mesh: DeviceMesh, tokenizer: Any, dtype: str = "float32"
+) -> nn.Module:
+    """The sharded equivalent of :func:`~rlhf.models.loading.load_causal_lm`: the same weights, dropout off.
+
+    Every rank builds the model on the meta device (no memory), grown by the pad row exactly as
+    :func:`~rlhf.models.loading.align_pad_token` grows it, shards it and allocates only its shards. Rank 0
+    alone loads the checkpoint with ``load_causal_lm`` (the reference path, so the pad row is the same mean)
+    and broadcasts it tensor by tensor; each rank keeps its slice.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(name_or_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+        align_pad_token(model, tokenizer)
+    disable_dropout(model)
+    shard(model, mesh)
+    model.to_empty(device="cpu")
+    full = load_causal_lm(name_or_path, dtype, tokenizer=tokenizer) if dist.get_rank() == 0 else None
+    set_model_state_dict(
+        model,
+        full.state_dict() if full is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    _broadcast_non_persistent_buffers(model, full)
+    return model
+
+
+@torch.no_grad()
+def _broadcast_non_persistent_buffers(model: nn.Module, full: nn.Module | None) -> None:
+    """Fill the buffers no state dict carries (rotary ``inv_freq``, say) — ``to_empty`` left them garbage —
+    with rank 0's, which ``from_pretrained`` computed. Copying rather than re-running each module's own init
+    works for any architecture. FSDP does not shard buffers: each rank holds them whole."""
+    reference = dict(full.named_buffers()) if full is not None else {}
+    for module_name, module in model.named_modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            buffer = getattr(module, name)
+            if buffer is None:
+                continue
+            if full is not None:
+                buffer.copy_(reference[f"{module_name}.{name}" if module_name else name])
+            dist.broadcast(buffer, src=0)
+
+
+def fsdp_modules(model: nn.Module) -> list[FSDPModule]:
+    """Every module of ``model`` that ``fully_shard`` wrapped, root first."""
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def gathered(model: nn.Module) -> Iterator[nn.Module]:
+    """All-gather the full weights of a sharded ``model`` once for the whole block, reshard after it.
+
+    Inside, every parameter is a plain tensor holding the full weight, and forwards (any number: a whole
+    rollout) communicate nothing: each FSDP module is told not to reshard after its forward, so FSDP's
+    pre-forward finds its weights already gathered. On exit each module is resharded and gets back the
+    setting :func:`shard` gave it (layers reshard after forward; the root keeps its weights for backward).
+    Costs one full copy of the weights on every rank for the duration of the block.
+    """
+    modules = fsdp_modules(model)
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+    # Issue every all-gather, then wait on each handle: no collective is left in flight (see the abort
+    # note in tests/distributed/test_sharding.py).
+    handles = [module.unshard(async_op=True) for module in modules]
+    for handle in handles:
+        if handle is not None:
+            handle.wait()
+    try:
+        yield model
+    finally:
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(module is not model, recurse=False)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The full, unsharded state dict on CPU on rank 0 (``save_pretrained`` of ``final/``); None elsewhere.
+
+    Gathered one tensor at a time and moved to CPU as it comes, so no rank holds a second full copy on the
+    accelerator. Every rank must call it (each tensor is a collective).
+    """
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if dist.get_rank() == 0 else None
