@@ -49,13 +49,14 @@ def rl_config(policy: Path, prompts: Path, **overrides: object) -> dict:
     } | overrides  # fmt: skip
 
 
-@pytest.mark.parametrize("critic", ["shared", "separate"])
-def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic):
-    config = rl_config(
-        tiny_llama_dir, prompts, batch_size=8, ppo_epochs=2, critic=critic, kl_control="adaptive"
-    )
+@pytest.mark.parametrize(
+    ("critic", "parallelism"), [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")]
+)
+def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic, parallelism):
+    """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once)."""
+    config = rl_config(tiny_llama_dir, prompts, batch_size=8, ppo_epochs=2, critic=critic, kl_control="adaptive")
     one_rows, one_grads = run("ppo", config, tmp_path / "one")
-    two_rows, two_grads = run("ppo", config, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("ppo", config | {"parallelism": parallelism}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     samples = sorted((tmp_path / "one" / "run" / "samples").iterdir())
@@ -119,6 +120,17 @@ def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path):
     one_rows, one_grads = run("rm", config, tmp_path / "one")
     two_rows, two_grads = run("rm", config, tmp_path / "two", torchrun())
     assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
+    assert_same_gradients(one_grads, two_grads)
+    assert_same_metrics(one_rows, two_rows)
+    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+
+
+def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path):
+    """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout."""
+    config = rl_config(tiny_llama_dir, prompts, batch_size=4, group_size=4, num_iterations=2, kl_coef=0.05,
+                       micro_batch_size=2)  # fmt: skip
+    one_rows, one_grads = run("grpo", config, tmp_path / "one")
+    two_rows, two_grads = run("grpo", config | {"parallelism": "fsdp"}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)

@@ -30,6 +30,8 @@ def main(argv: list[str]) -> int:
     def recording(trainable, *rest, **kwargs):
         names = [name for name, p in trainable.module.named_parameters() if p.requires_grad]
         grads = [p.grad for p in trainable.parameters()]
+        # sharded (FSDP2) gradients are gathered whole: a collective every rank takes part in
+        grads = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in grads]
         steps.append(
             {n: g.detach().cpu().clone() for n, g in zip(names, grads, strict=True) if g is not None}
         )

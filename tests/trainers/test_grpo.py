@@ -22,10 +22,11 @@ from transformers import AutoModelForCausalLM
 
 from rlhf import cli
 from rlhf.config import config_from_dict
+from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import grpo
+from rlhf.trainers import common, grpo
 
 PPO_REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 
@@ -198,7 +199,7 @@ def held_modules(models: grpo.Models) -> list[torch.nn.Module]:
 def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     base = storage_bytes([load_causal_lm(str(tiny_llama_dir))])
     with monkeypatch.context() as patch:
-        patch.setattr(grpo, "frozen_copy", lambda model: pytest.fail("kl_coef 0 must not copy the policy"))
+        patch.setattr(sharding, "frozen_copy", lambda model: pytest.fail("kl_coef 0 must not copy the policy"))
         none = grpo.Models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
     assert none.reference is None and not none.has_reference
     assert storage_bytes(held_modules(none)) == base
@@ -335,7 +336,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
     fields = {"steps": 4, "save_every": 2, "eval_every": 2, "kl_coef": 0.1, "num_iterations": 2,
               "dynamic_sampling": True, "reward": local("half_constant")}  # fmt: skip
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
-    original = grpo.save_checkpoint
+    original = common.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -344,7 +345,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(grpo, "save_checkpoint", save_then_die)
+        patch.setattr(common, "save_checkpoint", save_then_die)
         grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
     torch.manual_seed(1234)  # other random numbers drawn meanwhile, as in a new process
     updates: list[int] = []

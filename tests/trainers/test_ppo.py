@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from rlhf import cli
 from rlhf.config import config_from_dict
+from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
@@ -273,7 +274,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
         raise AssertionError("LoRA must not make a frozen copy of the policy")
 
     with monkeypatch.context() as patch:
-        patch.setattr(ppo, "frozen_copy", no_copy)
+        patch.setattr(sharding, "frozen_copy", no_copy)
         models = build_models(tiny_llama_dir, reward("constant_one"), lora=LORA)
     base = load_causal_lm(str(tiny_llama_dir))
     assert models.reference is None
@@ -410,7 +411,7 @@ def test_resume_reproduces_the_uninterrupted_run(
     }
     whole = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
 
-    original = ppo.save_checkpoint
+    original = common.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -419,7 +420,7 @@ def test_resume_reproduces_the_uninterrupted_run(
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(ppo, "save_checkpoint", save_then_die)
+        patch.setattr(common, "save_checkpoint", save_then_die)
         ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
     # the process goes on with other random numbers drawn meanwhile, as a new process would
     torch.manual_seed(1234)

@@ -15,9 +15,9 @@ Why each piece:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -30,8 +30,12 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from rlhf.models.loading import DTYPES, align_pad_token, load_causal_lm
+from rlhf.models.loading import DTYPES, align_pad_token, apply_lora, frozen_copy, load_causal_lm
 from rlhf.models.policy import disable_dropout
+from rlhf.runlog.distributed import Dist
+
+if TYPE_CHECKING:
+    from rlhf.config import LoRAConfig
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -77,14 +81,19 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool = False) 
 
 
 def load_sharded_causal_lm(
-    name_or_path: str, mesh: DeviceMesh, tokenizer: Any, dtype: str = "float32"
+    name_or_path: str,
+    mesh: DeviceMesh,
+    tokenizer: Any,
+    dtype: str = "float32",
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> nn.Module:
     """The sharded equivalent of :func:`~rlhf.models.loading.load_causal_lm`: the same weights, dropout off.
 
     Every rank builds the model on the meta device (no memory), grown by the pad row exactly as
     :func:`~rlhf.models.loading.align_pad_token` grows it, shards it and allocates only its shards. Rank 0
     alone loads the checkpoint with ``load_causal_lm`` (the reference path, so the pad row is the same mean)
-    and broadcasts it tensor by tensor; each rank keeps its slice.
+    and broadcasts it tensor by tensor; each rank keeps its slice. ``prepare`` (e.g. adding LoRA adapters) is
+    applied to both before sharding: the adapters' random initial weights are rank 0's on every rank.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -92,10 +101,13 @@ def load_sharded_causal_lm(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
         align_pad_token(model, tokenizer)
+        model = prepare(model) if prepare is not None else model
     disable_dropout(model)
     shard(model, mesh)
-    model.to_empty(device="cpu")
+    model.to_empty(device=mesh.device_type)
     full = load_causal_lm(name_or_path, dtype, tokenizer=tokenizer) if dist.get_rank() == 0 else None
+    if full is not None and prepare is not None:
+        full = prepare(full)
     set_model_state_dict(
         model,
         full.state_dict() if full is not None else {},
@@ -161,3 +173,67 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     """
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state if dist.get_rank() == 0 else None
+
+
+def load_lm(
+    name_or_path: str, dtype: str, d: Dist, prepare: Callable[[nn.Module], nn.Module] | None = None
+) -> nn.Module:
+    """The trainers' causal LM: :func:`~rlhf.models.loading.load_causal_lm` on this rank's device, or, when
+    the run shards its models (``parallelism: fsdp``), :func:`load_sharded_causal_lm`. ``prepare``: applied
+    before sharding (LoRA adapters)."""
+    if not d.sharded:
+        model = load_causal_lm(name_or_path, dtype, d.device)
+        return prepare(model) if prepare is not None else model
+    from rlhf.models.loading import load_tokenizer
+
+    return load_sharded_causal_lm(name_or_path, d.mesh, load_tokenizer(name_or_path), dtype, prepare)
+
+
+def shard_small(module: nn.Module, d: Dist) -> nn.Module:
+    """``fully_shard`` a module without transformer blocks (a value head) as one unit when the run shards: its
+    gradients must go through FSDP like the rest (gradient clipping cannot mix sharded and plain tensors)."""
+    if d.sharded:
+        fully_shard(module, mesh=d.mesh)
+    return module
+
+
+@contextmanager
+def sampling(model: nn.Module, d: Dist) -> Iterator[nn.Module]:
+    """The weights ready for a rollout: :func:`gathered` when sharded, the model as it is otherwise."""
+    if not d.sharded:
+        yield model
+        return
+    with gathered(model):
+        yield model
+
+
+def load_policy(
+    name_or_path: str, dtype: str, d: Dist, lora: LoRAConfig | None, reference: bool
+) -> tuple[nn.Module, nn.Module | None]:
+    """(policy, reference) for an RL trainer. The reference is a frozen copy of the initial policy — or None
+    when not wanted, or with LoRA (the base model with the adapter switched off is the reference, no copy).
+    Sharded runs load the reference as a second sharded model (a copy of a sharded module is not one)."""
+    prepare = (lambda model: apply_lora(model, lora)) if lora else None
+    if not d.sharded:
+        policy = load_causal_lm(name_or_path, dtype, d.device)
+        frozen = frozen_copy(policy) if reference and not lora else None
+        return (prepare(policy) if prepare else policy), frozen
+    frozen = None
+    if reference and not lora:
+        frozen = load_lm(name_or_path, dtype, d).eval()
+        frozen.requires_grad_(False)
+    return load_lm(name_or_path, dtype, d, prepare), frozen
+
+
+def unsharded(model: nn.Module, build: Callable[[], nn.Module], d: Dist) -> nn.Module | None:
+    """``model`` itself when it is not sharded; else, on rank 0, a plain CPU model holding its full weights
+    (``build()`` makes the empty shell: the same architecture, adapters included), None on the other ranks.
+    Every rank must call it (the weights are gathered tensor by tensor)."""
+    if not d.sharded:
+        return model
+    state = full_state_dict(model)
+    if state is None:
+        return None
+    plain = build()
+    plain.load_state_dict(state)
+    return plain

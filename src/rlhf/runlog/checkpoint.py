@@ -17,6 +17,8 @@ import torch
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "state.pt"
+SHARDED_FILE = "extra.pt"
+"""What a sharded checkpoint (`rlhf.runlog.sharded_checkpoint`, FSDP2 runs) holds besides DCP's shard files."""
 
 
 def checkpoint_path(output_dir: str | Path, step: int) -> Path:
@@ -66,7 +68,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     found = [
         (int(m.group(1)), p)
         for p in root.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+        if (m := _STEP_DIR.match(p.name)) and ((p / STATE_FILE).is_file() or (p / SHARDED_FILE).is_file())
     ]
     return [p for _, p in sorted(found)]
 
@@ -77,9 +79,14 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint directory written by :func:`save_checkpoint`.
+    """Load a checkpoint directory written by :func:`save_checkpoint`; of a sharded one, its plain state (step,
+    schedule, data position, RNG, KL coefficient) with ``"sharded": <the directory>``: the models and the
+    optimizer are then read into the sharded models (`rlhf.runlog.sharded_checkpoint.load_sharded`).
 
     ``weights_only=False`` because the state holds Python's RNG state and other plain objects; only load
     checkpoints you wrote yourself.
     """
-    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+    path = Path(path)
+    if not (path / STATE_FILE).is_file() and (path / SHARDED_FILE).is_file():
+        return {**torch.load(path / SHARDED_FILE, map_location="cpu", weights_only=False), "sharded": path}
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)

@@ -58,6 +58,18 @@ class Dist:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def sharded(self) -> bool:
+        """Models are FSDP2-sharded over the ranks (``parallelism: fsdp`` under torchrun)."""
+        return self.distributed and self.parallelism == "fsdp"
+
+    @functools.cached_property
+    def mesh(self) -> Any:
+        """The one-dimensional device mesh of all ranks (FSDP2 shards over it)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.device.type, (self.world_size,))
+
     def shard(self, n: int, unit: int = 1) -> list[int]:
         """This rank's rows of a global batch of ``n`` rows, in runs of ``unit`` rows that stay together (the
         ``G`` samples of one GRPO prompt): units ``rank, rank + world_size, …`` (strided).

@@ -28,9 +28,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlhf.runlog.checkpoint import SHARDED_FILE as EXTRA_FILE
 from rlhf.runlog.checkpoint import fsync_dir
-
-EXTRA_FILE = "extra.pt"
 
 
 def save_sharded(

@@ -21,13 +21,16 @@ from rlhf.config import ConfigError, config_to_dict, config_to_yaml
 from rlhf.core.group import gdpo_advantages, sum_rewards
 from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
 from rlhf.rollout.rewards import RewardContext, RewardError
+from rlhf.runlog.checkpoint import checkpoint_path, save_checkpoint
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import MetricsLogger, NoLogger
 from rlhf.runlog.rundir import atomic_open, atomic_write_text, clear_run
 from rlhf.runlog.seeding import rng_state, set_rng_state
+from rlhf.runlog.sharded_checkpoint import load_sharded, save_sharded
 
 MAX_HELD_OUT = 32
 """Held-out prompts answered at every eval step: the first ones of ``eval_data``, or a slice of ``train_data``."""
@@ -129,12 +132,13 @@ def generate(
     prompt_ids = [batch.input_ids[row // repeat] for row in rows]
     responses: list[list[int]] = []
     step = max_rows or max(1, len(rows))
-    for start in range(0, len(rows), step):
-        chunk = slice(start, start + step)
-        query, query_mask = left_pad(prompt_ids[chunk], pad)
-        sampled = sample(model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk])
-        lengths = (sampled != pad).sum(-1).tolist()
-        responses += [ids[:length] for ids, length in zip(sampled.tolist(), lengths, strict=True)]
+    with sampling_weights(model, d):  # sharded weights are gathered once for the whole rollout
+        for start in range(0, len(rows), step):
+            chunk = slice(start, start + step)
+            query, query_mask = left_pad(prompt_ids[chunk], pad)
+            sampled = sample(model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk])
+            lengths = (sampled != pad).sum(-1).tolist()
+            responses += [ids[:length] for ids, length in zip(sampled.tolist(), lengths, strict=True)]
     responses = d.gather_rows(responses, n, unit=repeat)
     return assemble([batch.input_ids[row // repeat] for row in range(n)], responses, tokenizer, stops, device)
 
@@ -480,18 +484,44 @@ class TrainState:
         generators["shuffle"].manual_seed(config.seed + 1)
         return cls(optimizer, scheduler, PromptStream(prompts, config.batch_size, seed=config.seed), generators)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint entries ``optimizer``, ``scheduler``, ``stream`` and ``rng``."""
-        return {
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "stream": self.stream.state_dict(), "rng": rng_state(self.generators),
-        }  # fmt: skip
+    def state_dict(self, optimizer: bool = True) -> dict[str, Any]:
+        """The checkpoint entries ``optimizer`` (unless a sharded checkpoint holds it), ``scheduler``,
+        ``stream`` and ``rng``."""
+        state = {"scheduler": self.scheduler.state_dict(), "stream": self.stream.state_dict(),
+                 "rng": rng_state(self.generators)}  # fmt: skip
+        return {"optimizer": self.optimizer.state_dict(), **state} if optimizer else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"], self.generators)
+
+
+def save_training(out: Path, step: int, models: Any, state: TrainState, extra: dict[str, Any], d: Dist) -> None:
+    """The checkpoint of ``step``: one ``state.pt`` written by rank 0 (every rank holds the same state), or,
+    when the models are sharded, DCP shards written by every rank (`rlhf.runlog.sharded_checkpoint`).
+    ``models``: a trainer's models (``state_dict()`` / ``modules()``); ``extra``: e.g. the KL coefficient."""
+    if d.sharded:
+        plain = {"step": step, **state.state_dict(optimizer=False), **extra}
+        save_sharded(checkpoint_path(out, step), models.modules(), state.optimizer, plain)
+    elif d.is_main:
+        save_checkpoint(out, step, {"step": step, "models": models.state_dict(), **state.state_dict(), **extra})
+
+
+def restore_training(saved: dict[str, Any], models: Any, state: TrainState, d: Dist) -> None:
+    """Load what :func:`save_training` wrote (a sharded checkpoint at any number of ranks, sharded or not)."""
+    if "sharded" in saved:
+        load_sharded(saved["sharded"], models.modules(), state.optimizer)
+    elif d.sharded:
+        raise ConfigError(
+            "resume: this checkpoint was written by an unsharded run (parallelism none or ddp) and holds the "
+            "optimizer state by parameter position; resume it with parallelism: ddp"
+        )
+    else:
+        models.load_state_dict(saved["models"])
+    state.load_state_dict(saved)
 
 
 def repeat_each(values: list[Any], k: int) -> list[Any]:

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from rlhf.config import GRPOConfig
 from rlhf.core.advantages import gae
@@ -55,20 +56,17 @@ from rlhf.core.losses import aggregate, clipped_policy_loss
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
 from rlhf.models.loading import (
-    apply_lora,
     compile_models,
-    frozen_copy,
-    load_causal_lm,
     load_tokenizer,
     load_trainable_state,
     trainable_state,
 )
 from rlhf.models.policy import ActorCritic, score_response_tokens
+from rlhf.models.sharding import load_policy, unsharded
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import load_reward_set
 from rlhf.runlog import distributed, rundir
-from rlhf.runlog.checkpoint import save_checkpoint
-from rlhf.runlog.distributed import Dist
+from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common, update
@@ -116,14 +114,10 @@ class Models:
     adapter switched off. With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
 
     def __init__(self, config: GRPOConfig, d: Dist):
-        device = d.device
-        self.policy = load_causal_lm(config.policy, config.dtype, device)
         self.has_reference = config.kl_coef > 0
-        self.reference = frozen_copy(self.policy) if self.has_reference and not config.lora else None
-        if config.lora:
-            self.policy = apply_lora(self.policy, config.lora)
+        self.policy, self.reference = load_policy(config.policy, config.dtype, d, config.lora, self.has_reference)
         if config.compile:
-            compile_models([self.policy, self.reference], device)
+            compile_models([self.policy, self.reference], d.device)
         self.trainable = Trainable(ActorCritic(self.policy, None, None), d)
 
     def score(
@@ -147,6 +141,10 @@ class Models:
 
     def state_dict(self) -> dict[str, Any]:
         return {"policy": trainable_state(self.policy)}
+
+    def modules(self) -> dict[str, nn.Module]:
+        """The trained modules by name (sharded checkpoints)."""
+        return {"policy": self.policy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_trainable_state(self.policy, state["policy"], "policy weights")
@@ -178,8 +176,7 @@ def run(config: GRPOConfig) -> Path:
 
     checkpoint, saved = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        models.load_state_dict(saved["models"])
-        state.load_state_dict(saved)
+        common.restore_training(saved, models, state, d)
         start = saved["step"]
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored, rows = common.UnscoredSteps(), config.batch_size * config.group_size
@@ -224,12 +221,14 @@ def run(config: GRPOConfig) -> Path:
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0 and d.is_main:
-                save_checkpoint(out, step, {"step": step, "models": models.state_dict(), **state.state_dict()})
+            if config.save_every and step % config.save_every == 0:
+                common.save_training(out, step, models, state, {}, d)
     logger.close()
+    policy = unsharded(models.policy, lambda: load_policy(config.policy, config.dtype, SINGLE, config.lora,
+                                                          False)[0], d)  # fmt: skip
     if d.is_main:
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(models, tokenizer, staging)
+            save_final(policy, tokenizer, staging)
     return out / "final"
 
 
@@ -472,10 +471,10 @@ def _micro_step(
     return policy_loss - config.entropy_coef * entropy_mean, stats
 
 
-def save_final(models: Models, tokenizer: Any, out: Path) -> Path:
+def save_final(policy: nn.Module, tokenizer: Any, out: Path) -> Path:
     """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer."""
     final = out / "final"
-    policy = models.policy.merge_and_unload() if hasattr(models.policy, "merge_and_unload") else models.policy
+    policy = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") else policy
     policy.save_pretrained(final)
     tokenizer.save_pretrained(final)
     return final

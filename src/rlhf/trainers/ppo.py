@@ -21,6 +21,7 @@ a sample no reward source could score (``None``) is left out of the update, not 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -38,21 +39,18 @@ from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss,
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
 from rlhf.models.loading import (
-    apply_lora,
     compile_models,
-    frozen_copy,
-    load_causal_lm,
     load_critic,
     load_tokenizer,
     load_trainable_state,
     trainable_state,
 )
 from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_response_tokens
+from rlhf.models.sharding import load_policy, shard, shard_small, unsharded
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward, load_reward_set
 from rlhf.runlog import distributed, rundir
-from rlhf.runlog.checkpoint import save_checkpoint
-from rlhf.runlog.distributed import Dist
+from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common, update
@@ -91,26 +89,37 @@ class Models:
 
     def __init__(self, config: PPOConfig, rewards: Any, d: Dist):
         device = d.device
-        self.policy = load_causal_lm(config.policy, config.dtype, device)
-        self.reference = None if config.lora else frozen_copy(self.policy)
-        if config.lora:
-            self.policy = apply_lora(self.policy, config.lora)
+        self.policy, self.reference = load_policy(config.policy, config.dtype, d, config.lora, reference=True)
         self.value_head: ValueHead | None = None
         self.critic: nn.Module | None = None
         if config.critic == "shared":
-            self.value_head = ValueHead(self.policy.config.hidden_size).to(device)
+            self.value_head = shard_small(ValueHead(self.policy.config.hidden_size).to(device), d)
         else:
             # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it
             # (its embeddings would index other tokens, or run out of range), so it starts from the policy.
             reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
             rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
             source = rm.model.name_or_path if rm is not None else config.policy
-            self.critic = load_critic(
-                source, from_reward_model=rm is not None, dtype=config.dtype, device=device
+            self.load_critic = functools.partial(
+                load_critic, source, from_reward_model=rm is not None, dtype=config.dtype
             )
+            self.critic = self.load_critic(device=device)
+            if d.sharded:  # loaded whole on each rank, then sharded (its head is built from the reward model)
+                shard(self.critic, d.mesh)
         if config.compile:
             compile_models([self.policy, self.reference, self.critic], device)
         self.trainable = Trainable(ActorCritic(self.policy, self.value_head, self.critic), d)
+
+    def unsharded(self, config: PPOConfig, d: Dist) -> tuple[nn.Module, nn.Module] | None:
+        """(policy, value function) as plain modules for ``final/``: themselves, or when sharded, full copies on
+        rank 0 (None elsewhere). Every rank must call it."""
+        policy = unsharded(self.policy, lambda: load_policy(config.policy, config.dtype, SINGLE, config.lora,
+                                                            reference=False)[0], d)  # fmt: skip
+        if self.value_head is not None:
+            value = unsharded(self.value_head, lambda: ValueHead(self.value_head.linear.in_features), d)
+        else:
+            value = unsharded(self.critic, self.load_critic, d)
+        return (policy, value) if policy is not None else None
 
     def value_module(self) -> nn.Module:
         return self.value_head if self.value_head is not None else self.critic
@@ -134,6 +143,10 @@ class Models:
 
     def state_dict(self) -> dict[str, Any]:
         return {"policy": trainable_state(self.policy), "value": self.value_module().state_dict()}
+
+    def modules(self) -> dict[str, nn.Module]:
+        """The trained modules by name (sharded checkpoints)."""
+        return {"policy": self.policy, "value": self.value_module()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_trainable_state(self.policy, state["policy"], "policy weights")
@@ -166,8 +179,7 @@ def run(config: PPOConfig) -> Path:
 
     checkpoint, saved = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        models.load_state_dict(saved["models"])
-        state.load_state_dict(saved)
+        common.restore_training(saved, models, state, d)
         kl_coef, start = saved["kl_coef"], saved["step"]
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored = common.UnscoredSteps()
@@ -222,14 +234,13 @@ def run(config: PPOConfig) -> Path:
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0 and d.is_main:
-                save_checkpoint(out, step, {
-                    "step": step, "models": models.state_dict(), **state.state_dict(), "kl_coef": kl_coef,
-                })  # fmt: skip
+            if config.save_every and step % config.save_every == 0:
+                common.save_training(out, step, models, state, {"kl_coef": kl_coef}, d)
     logger.close()
-    if d.is_main:
+    plain = models.unsharded(config, d)
+    if plain is not None:  # rank 0
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(models, tokenizer, staging)
+            save_final(*plain, tokenizer, staging)
     return out / "final"
 
 
@@ -412,20 +423,18 @@ def _micro_step(
     }
 
 
-def save_final(models: Models, tokenizer: Any, out: Path) -> Path:
-    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; the value function beside it."""
+def save_final(policy: nn.Module, value: nn.Module, tokenizer: Any, out: Path) -> Path:
+    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; the value function beside
+    it (``value``: the shared critic's `ValueHead`, or the separate critic)."""
     from safetensors.torch import save_file
 
     final = out / "final"
-    policy = models.policy.merge_and_unload() if hasattr(models.policy, "merge_and_unload") else models.policy
+    policy = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") else policy
     policy.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    if models.value_head is not None:
-        save_file(
-            {k: v.contiguous() for k, v in models.value_head.state_dict().items()},
-            final / "value_head.safetensors",
-        )
+    if isinstance(value, ValueHead):
+        save_file({k: v.contiguous() for k, v in value.state_dict().items()}, final / "value_head.safetensors")
     else:
-        models.critic.trunk.save_pretrained(final / "critic")
-        save_file(dict(models.critic.head.state_dict()), final / "critic" / "value_head.safetensors")
+        value.trunk.save_pretrained(final / "critic")
+        save_file(dict(value.head.state_dict()), final / "critic" / "value_head.safetensors")
     return final

@@ -40,7 +40,8 @@ Step = Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
 
 class Trainable:
     """The trained module as the ranks train it: itself (one process), inside ``DistributedDataParallel``, or
-    FSDP2-sharded in place (``parallelism: fsdp``; sharding happens where the model loads).
+    FSDP2-sharded in place (``parallelism: fsdp``; sharding happens where the model loads, and every backward
+    reduce-scatters its gradients, so accumulation needs no switch).
 
     ``module`` is the plain module (no-grad passes, generation, saving); ``forward`` runs a training forward
     through the wrapper that synchronises gradients.
@@ -48,11 +49,7 @@ class Trainable:
 
     def __init__(self, module: nn.Module, d: Dist):
         self.module, self.d = module, d
-        self.wrapped: nn.Module = module
-        if d.distributed and d.parallelism == "fsdp":
-            from rlhf.config import ConfigError
-
-            raise ConfigError("parallelism: fsdp is not available in this build yet; use parallelism: ddp")
+        self.wrapped: nn.Module = module  # sharded (fsdp): the FSDP2 hooks sit in its modules already
         if d.distributed and d.parallelism == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
