@@ -100,25 +100,27 @@ def rm_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "train.jsonl", root / "eval.jsonl"
 
 
-def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path, parallelism):
     config = {"model": str(tiny_llama_dir), "train_data": str(sft_data), "eval_data": str(sft_data), "epochs": 2,
               "batch_size": 4, "micro_batch_size": 1, "learning_rate": 1e-3, "max_length": 64, "eval_every": 2,
               "save_every": 0, "progress": False}  # fmt: skip
     one_rows, one_grads = run("sft", config, tmp_path / "one")
-    two_rows, two_grads = run("sft", config, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("sft", config | {"parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 6  # 2 epochs of ceil(11 / 4) steps
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 6 * 1e-3)
 
 
-def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, parallelism):
     train, held_out = rm_data
     config = {"model": str(tiny_llama_dir), "train_data": str(train), "eval_data": str(held_out), "epochs": 1,
               "batch_size": 5, "micro_batch_size": 1, "learning_rate": 1e-3, "eval_every": 2, "save_every": 0,
               "progress": False}  # fmt: skip
     one_rows, one_grads = run("rm", config, tmp_path / "one")
-    two_rows, two_grads = run("rm", config, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("rm", config | {"parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)

@@ -40,7 +40,7 @@ from rlhf.models.reward import (
 from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
 from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import reward_model
+from rlhf.trainers import common, reward_model
 
 # DESIGN.md ("Metric names", rm) and the issue: every training row carries these; evaluation rows add EVAL.
 TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]
@@ -426,7 +426,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     fields = {"epochs": 2, "save_every": 2, "eval_every": 2}
     whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
 
-    original = reward_model.save_checkpoint
+    original = common.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -435,7 +435,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(reward_model, "save_checkpoint", save_then_die)
+        patch.setattr(common, "save_checkpoint", save_then_die)
         reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "resumed", **fields))
     torch.manual_seed(1234)  # the process goes on with other random numbers drawn meanwhile
     steps: list[int] = []

@@ -62,8 +62,9 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
-def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool = False) -> nn.Module:
+def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool = False, root: bool = True) -> nn.Module:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``.
+    ``root=False``: the layers only — a wrapper whose forward runs the model is sharded as the root instead.
 
     ``mixed_precision`` (for CUDA): compute in bfloat16, reduce gradients in float32; otherwise all in the
     parameters' dtype. Frozen models (reference, reward) and LoRA models shard the same way: FSDP2 shards
@@ -76,7 +77,8 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool = False) 
     )
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    if root:
+        fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

@@ -484,44 +484,61 @@ class TrainState:
         generators["shuffle"].manual_seed(config.seed + 1)
         return cls(optimizer, scheduler, PromptStream(prompts, config.batch_size, seed=config.seed), generators)
 
-    def state_dict(self, optimizer: bool = True) -> dict[str, Any]:
-        """The checkpoint entries ``optimizer`` (unless a sharded checkpoint holds it), ``scheduler``,
-        ``stream`` and ``rng``."""
-        state = {"scheduler": self.scheduler.state_dict(), "stream": self.stream.state_dict(),
-                 "rng": rng_state(self.generators)}  # fmt: skip
-        return {"optimizer": self.optimizer.state_dict(), **state} if optimizer else state
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint entries ``scheduler``, ``stream`` and ``rng`` (the optimizer is saved with the models)."""
+        return {"scheduler": self.scheduler.state_dict(), "stream": self.stream.state_dict(),
+                "rng": rng_state(self.generators)}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"], self.generators)
 
+    def save(self, out: Path, step: int, models: Any, extra: dict[str, Any], d: Dist) -> None:
+        """Checkpoint ``step`` of an RL run: ``models`` (``modules()`` / ``state_dict()``), this state, ``extra``."""
+        save_training(out, step, d, modules=models.modules(), optimizer=self.optimizer,
+                      plain={**self.state_dict(), **extra},
+                      unsharded=lambda: {"models": models.state_dict(), "optimizer": self.optimizer.state_dict()})
 
-def save_training(out: Path, step: int, models: Any, state: TrainState, extra: dict[str, Any], d: Dist) -> None:
-    """The checkpoint of ``step``: one ``state.pt`` written by rank 0 (every rank holds the same state), or,
-    when the models are sharded, DCP shards written by every rank (`rlhf.runlog.sharded_checkpoint`).
-    ``models``: a trainer's models (``state_dict()`` / ``modules()``); ``extra``: e.g. the KL coefficient."""
+    def restore(self, saved: dict[str, Any], models: Any, d: Dist) -> None:
+        """Load what :meth:`save` wrote into ``models`` and this state."""
+
+        def unsharded(saved: dict[str, Any]) -> None:
+            models.load_state_dict(saved["models"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+
+        restore_training(saved, d, modules=models.modules(), optimizer=self.optimizer, unsharded=unsharded)
+        self.load_state_dict(saved)
+
+
+def save_training(
+    out: Path, step: int, d: Dist, *, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
+    plain: dict[str, Any], unsharded: Any,
+) -> None:  # fmt: skip
+    """The checkpoint of ``step``. Unsharded runs: rank 0 writes ``state.pt`` = ``{step, **plain,
+    **unsharded()}`` (every rank holds the same state). Sharded runs: every rank writes its DCP shards of
+    ``modules`` and ``optimizer``, rank 0 the ``plain`` state (`rlhf.runlog.sharded_checkpoint`)."""
     if d.sharded:
-        plain = {"step": step, **state.state_dict(optimizer=False), **extra}
-        save_sharded(checkpoint_path(out, step), models.modules(), state.optimizer, plain)
+        save_sharded(checkpoint_path(out, step), modules, optimizer, {"step": step, **plain})
     elif d.is_main:
-        save_checkpoint(out, step, {"step": step, "models": models.state_dict(), **state.state_dict(), **extra})
+        save_checkpoint(out, step, {"step": step, **plain, **unsharded()})
 
 
-def restore_training(saved: dict[str, Any], models: Any, state: TrainState, d: Dist) -> None:
-    """Load what :func:`save_training` wrote (a sharded checkpoint at any number of ranks, sharded or not)."""
+def restore_training(
+    saved: dict[str, Any], d: Dist, *, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
+    unsharded: Any,
+) -> None:  # fmt: skip
+    """Load the models and optimizer of a :func:`save_training` checkpoint: DCP shards at any number of ranks,
+    sharded or not, or ``unsharded(saved)`` for a ``state.pt``. The caller restores the plain state."""
     if "sharded" in saved:
-        load_sharded(saved["sharded"], models.modules(), state.optimizer)
+        load_sharded(saved["sharded"], modules, optimizer)
     elif d.sharded:
         raise ConfigError(
-            "resume: this checkpoint was written by an unsharded run (parallelism none or ddp) and holds the "
-            "optimizer state by parameter position; resume it with parallelism: ddp"
+            "resume: this checkpoint was written by an unsharded run (parallelism none or ddp), whose optimizer "
+            "state is stored by parameter position; resume it with parallelism: ddp"
         )
     else:
-        models.load_state_dict(saved["models"])
-    state.load_state_dict(saved)
+        unsharded(saved)
 
 
 def repeat_each(values: list[Any], k: int) -> list[Any]:

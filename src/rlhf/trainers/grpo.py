@@ -176,7 +176,7 @@ def run(config: GRPOConfig) -> Path:
 
     checkpoint, saved = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        common.restore_training(saved, models, state, d)
+        state.restore(saved, models, d)
         start = saved["step"]
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored, rows = common.UnscoredSteps(), config.batch_size * config.group_size
@@ -222,7 +222,7 @@ def run(config: GRPOConfig) -> Path:
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
-                common.save_training(out, step, models, state, {}, d)
+                state.save(out, step, models, {}, d)
     logger.close()
     policy = unsharded(models.policy, lambda: load_policy(config.policy, config.dtype, SINGLE, config.lora,
                                                           False)[0], d)  # fmt: skip

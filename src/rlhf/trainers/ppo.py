@@ -179,7 +179,7 @@ def run(config: PPOConfig) -> Path:
 
     checkpoint, saved = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        common.restore_training(saved, models, state, d)
+        state.restore(saved, models, d)
         kl_coef, start = saved["kl_coef"], saved["step"]
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored = common.UnscoredSteps()
@@ -235,7 +235,7 @@ def run(config: PPOConfig) -> Path:
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
-                common.save_training(out, step, models, state, {"kl_coef": kl_coef}, d)
+                state.save(out, step, models, {"kl_coef": kl_coef}, d)
     logger.close()
     plain = models.unsharded(config, d)
     if plain is not None:  # rank 0

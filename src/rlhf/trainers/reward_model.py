@@ -63,9 +63,9 @@ from rlhf.models.reward import (
     max_positions,
     set_reward_normalization,
 )
+from rlhf.models.sharding import shard, shard_small, unsharded
 from rlhf.optim import build_optimizer
 from rlhf.runlog import distributed, rundir
-from rlhf.runlog.checkpoint import save_checkpoint
 from rlhf.runlog.distributed import Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
@@ -88,13 +88,15 @@ def run(config: RMConfig) -> Path:
     device = d.device
     seed_everything(config.seed)
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
-    rm = load_reward_model(config.model, config.dtype, device)
-    if config.lora:
-        rm.model = apply_lora(rm.model, config.lora, task_type="SEQ_CLS")
+    rm = load_trainable_reward_model(config, device)
     train, held_out = load_pairs(config, rm)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total_steps = config.epochs * steps_per_epoch
-    trainable = Trainable(RewardScorer(rm.hf_model), d)  # the HF model: LoRA layers sit inside it
+    scorer = RewardScorer(rm.hf_model)  # the HF model: LoRA layers sit inside it
+    if d.sharded:  # loaded whole on each rank, then sharded; the scorer is the root its forward goes through
+        shard(rm.hf_model, d.mesh, root=False)
+        shard_small(scorer, d)  # the rest (embeddings, final norm, head) as one unit
+    trainable = Trainable(scorer, d)
     optimizer, scheduler = build_optimizer(
         trainable.parameters(),
         config.learning_rate,
@@ -105,10 +107,15 @@ def run(config: RMConfig) -> Path:
     )
     start = 0
 
+    modules = {"scorer": scorer}
     checkpoint, state = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
-        load_trainable_state(rm.model, state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+
+        def load_unsharded(state: dict[str, Any]) -> None:
+            load_trainable_state(rm.model, state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
+        common.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
@@ -117,7 +124,7 @@ def run(config: RMConfig) -> Path:
     with StepProgress(total_steps, start, enabled=config.progress and d.is_main, description="rm") as progress:
         # 2. the untrained model on the held-out pairs (step 0)
         if start == 0 and held_out:
-            logger.log({"step": 0, "epoch": 0.0, **evaluate(config, rm, held_out, device, d)})
+            logger.log({"step": 0, "epoch": 0.0, **evaluate(config, scorer, rm, held_out, device, d)})
         for step in range(start + 1, total_steps + 1):
             t0 = time.perf_counter()
             # 3. this step's pairs: slice `index` of epoch `epoch`'s order (a function of seed and epoch only)
@@ -139,27 +146,45 @@ def run(config: RMConfig) -> Path:
             )
             if evaluating:
                 t1 = time.perf_counter()
-                metrics.update(evaluate(config, rm, held_out, device, d))
+                metrics.update(evaluate(config, scorer, rm, held_out, device, d))
                 metrics["time/eval_s"] = time.perf_counter() - t1
             if evaluating or step % config.log_every == 0 or step == total_steps:
                 logger.log(metrics)
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0 and d.is_main:
-                save_checkpoint(out, step, {
-                    "step": step, "model": trainable_state(rm.model), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                })  # fmt: skip
+            if config.save_every and step % config.save_every == 0:
+                plain = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
+                common.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
+                                     unsharded=lambda: {"model": trainable_state(rm.model),
+                                                        "optimizer": optimizer.state_dict()})  # fmt: skip
     logger.close()
-    model = rm.model.merge_and_unload() if hasattr(rm.model, "merge_and_unload") else rm.model
+    # sharded: rank 0 alone continues, with a whole copy in a fresh model of the same build (the others are done)
+    whole = [rm]
+
+    def shell() -> nn.Module:
+        whole[0] = load_trainable_reward_model(config, torch.device("cpu"))
+        return RewardScorer(whole[0].hf_model)
+
+    if unsharded(scorer, shell, d) is None:
+        return out / "final"
+    peft_or_hf = whole[0].model
+    model = peft_or_hf.merge_and_unload() if hasattr(peft_or_hf, "merge_and_unload") else peft_or_hf
     # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
     if config.normalize_policy:
-        normalize(config, model, rm.tokenizer, device, out, d)
+        normalize(config, model, rm.tokenizer, device, out, distributed.SINGLE if d.sharded else d)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
     if d.is_main:
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
             model.save_pretrained(staging / "final")
             rm.tokenizer.save_pretrained(staging / "final")
     return out / "final"
+
+
+def load_trainable_reward_model(config: RMConfig, device: torch.device) -> TrainableRewardModel:
+    """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters when asked."""
+    rm = load_reward_model(config.model, config.dtype, device)
+    if config.lora:
+        rm.model = apply_lora(rm.model, config.lora, task_type="SEQ_CLS")
+    return rm
 
 
 def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:
@@ -230,8 +255,8 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(
-    config: RMConfig, rm: TrainableRewardModel, pairs: list[TokenizedPreference], device: torch.device,
-    d: Dist = distributed.SINGLE,
+    config: RMConfig, scorer: nn.Module, rm: TrainableRewardModel, pairs: list[TokenizedPreference],
+    device: torch.device, d: Dist = distributed.SINGLE,
 ) -> dict[str, float]:  # fmt: skip
     """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs (each rank scores
     its share; the sums are added over ranks)."""
@@ -241,8 +266,8 @@ def evaluate(
     mine = list(range(d.rank, len(pairs), d.world_size))
     micro_batches = [mine[start : start + size] for start in range(0, len(mine), size)]
     for micro, real, _ in update.evenly(micro_batches, lambda: [0], d):
-        chosen, rejected, margin = pair_rewards(RewardScorer(rm.hf_model), [pairs[i] for i in micro],
-                                                rm.tokenizer.pad_token_id, device)  # fmt: skip
+        chosen, rejected, margin = pair_rewards(scorer, [pairs[i] for i in micro], rm.tokenizer.pad_token_id,
+                                                device)  # fmt: skip
         if not real:
             continue
         loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)

@@ -50,15 +50,14 @@ from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
 from rlhf.models.loading import (
     apply_lora,
-    load_causal_lm,
     load_tokenizer,
     load_trainable_state,
     trainable_state,
 )
+from rlhf.models.sharding import load_lm, unsharded
 from rlhf.optim import build_optimizer
 from rlhf.runlog import distributed, rundir
-from rlhf.runlog.checkpoint import save_checkpoint
-from rlhf.runlog.distributed import Dist
+from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.trainers import common, update
@@ -82,9 +81,7 @@ def run(config: SFTConfig) -> Path:
     tokenizer = load_tokenizer(config.model)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
-    model = load_causal_lm(config.model, config.dtype, device)
-    if config.lora:
-        model = apply_lora(model, config.lora)
+    model = load_lm(config.model, config.dtype, d, (lambda m: apply_lora(m, config.lora)) if config.lora else None)
     if config.packing:
         check_packing(model, train, filler, device)
     order = DataOrder(train, config.batch_size, config.seed)
@@ -95,11 +92,16 @@ def run(config: SFTConfig) -> Path:
         config.warmup_steps,
     )  # fmt: skip
     start = 0
+    modules = {"model": model}
     checkpoint, state = rundir.load_resume_checkpoint(config)
     if checkpoint is not None:
         order.check_state(state["data"], state["step"])
-        load_trainable_state(model, state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+
+        def load_unsharded(state: dict[str, Any]) -> None:
+            load_trainable_state(model, state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
+        common.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
@@ -150,15 +152,18 @@ def run(config: SFTConfig) -> Path:
                 logger.log(metrics)
             progress.update(step, metrics)
             # 7. checkpoint: everything the next step depends on
-            if config.save_every and step % config.save_every == 0 and d.is_main:
-                save_checkpoint(out, step, {
-                    "step": step, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state(),
-                })  # fmt: skip
+            if config.save_every and step % config.save_every == 0:
+                plain = {"scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state()}
+                common.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
+                                     unsharded=lambda: {"model": trainable_state(model),
+                                                        "optimizer": optimizer.state_dict()})  # fmt: skip
     logger.close()
-    if d.is_main:
+    shell = functools.partial(load_lm, config.model, config.dtype, SINGLE,
+                              (lambda m: apply_lora(m, config.lora)) if config.lora else None)  # fmt: skip
+    plain_model = unsharded(model, shell, d)
+    if plain_model is not None:  # rank 0
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(model, tokenizer, config.model, staging)
+            save_final(plain_model, tokenizer, config.model, staging)
     return out / "final"
 
 
