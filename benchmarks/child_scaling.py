@@ -39,3 +39,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from rlhf.cli import exit_process
+
+    exit_process(0)

@@ -1,6 +1,6 @@
 """`python -m rlhf <command> ...` — the same as the `rlhf` command (and what `torchrun -m rlhf` runs)."""
 
-from rlhf.cli import main
+from rlhf.cli import exit_process, main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())
