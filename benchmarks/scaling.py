@@ -5,7 +5,7 @@
     python benchmarks/scaling.py --only ppo-3m    # some cases
 
 Each case runs the same global batch as one process with all the machine's threads, and as ``torchrun`` with
-2 ranks of one thread each (DDP, and FSDP2 when this build has it) — the same cores either way, so on one
+2 ranks of one thread each (DDP, and FSDP2) — the same cores either way, so on one
 machine the table shows what data parallelism costs (the collectives, the duplicated gathers and the
 per-rank model copies), not a speed-up: that needs more hardware. Repeats go round all configurations in turn
 and each keeps its fastest, since the machine's speed drifts. The communication a rank does per step is
@@ -32,7 +32,7 @@ CASES = {
     "ppo-25m": {"algo": "ppo", "size": "25m", "settings": {**bench.PPO, "max_new_tokens": 32}},
     "grpo-3m": {"algo": "grpo", "size": "3m", "settings": {**bench.GRPO, "batch_size": 8, "max_new_tokens": 32}},
 }
-LAYOUTS = {"1 process": (1, "auto"), "2 ranks DDP": (2, "ddp")}
+LAYOUTS = {"1 process": (1, "auto"), "2 ranks DDP": (2, "ddp"), "2 ranks FSDP2": (2, "fsdp")}
 """label → (processes, parallelism)."""
 
 

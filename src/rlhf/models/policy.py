@@ -72,8 +72,9 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) -> (...)"""
-        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+        """(..., H) -> (...). A copy, not a view of the linear's output: FSDP2 hooks the backward of a module's
+        output, which an in-place op on a view would bypass (a few floats per token)."""
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1).clone()
 
 
 def score_response_tokens(

@@ -62,24 +62,32 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
-def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool = False, root: bool = True) -> nn.Module:
+def shard(
+    model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = None, root: bool = True
+) -> nn.Module:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``.
     ``root=False``: the layers only — a wrapper whose forward runs the model is sharded as the root instead.
 
-    ``mixed_precision`` (for CUDA): compute in bfloat16, reduce gradients in float32; otherwise all in the
-    parameters' dtype. Frozen models (reference, reward) and LoRA models shard the same way: FSDP2 shards
+    ``mixed_precision`` (default: on CUDA meshes): compute in bfloat16, reduce gradients in float32 (the
+    sharded parameters and the optimizer stay in their own dtype); otherwise all in the parameters' dtype. Frozen models (reference, reward) and LoRA models shard the same way: FSDP2 shards
     frozen parameters too and reduce-scatters only the gradients that exist.
     """
-    policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if mixed_precision
-        else MixedPrecisionPolicy()
-    )
+    policy = _precision(mesh, mixed_precision)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     if root:
         fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def _precision(mesh: DeviceMesh, mixed: bool | None = None) -> MixedPrecisionPolicy:
+    """bfloat16 compute with float32 gradient reduction on CUDA (or when ``mixed``); the parameters' dtype
+    otherwise (CPUs gain nothing from bfloat16 matmuls here, and float32 keeps runs comparable)."""
+    if mixed is None:
+        mixed = mesh.device_type == "cuda"
+    if mixed:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
 
 
 def load_sharded_causal_lm(
@@ -195,7 +203,7 @@ def shard_small(module: nn.Module, d: Dist) -> nn.Module:
     """``fully_shard`` a module without transformer blocks (a value head) as one unit when the run shards: its
     gradients must go through FSDP like the rest (gradient clipping cannot mix sharded and plain tensors)."""
     if d.sharded:
-        fully_shard(module, mesh=d.mesh)
+        fully_shard(module, mesh=d.mesh, mp_policy=_precision(d.mesh))
     return module
 
 

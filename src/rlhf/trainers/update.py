@@ -157,7 +157,7 @@ def first_pass(
     for minibatch in torch.arange(num_rows).split(minibatch_size):
         mine = minibatch[d.owns(minibatch, unit)]
         micro_batches += plan(mine) if len(mine) else []
-    if d.parallelism != "fsdp":
+    if not d.sharded:
         yield from ((micro, True) for micro in micro_batches)
         return
     for micro, real, _ in evenly(micro_batches, lambda: plan(own_row(num_rows, unit, d))[0], d):
