@@ -225,10 +225,11 @@ def _is_input_error(error: Exception) -> bool:
 def exit_process(code: int) -> None:
     """End the process with ``code``. A ``torchrun`` rank ends with ``os._exit`` once its output is flushed.
 
-    Why: after a sharded (FSDP2, gloo) run finished and left its process group, a few process exits in a hundred
-    aborted in C++ teardown ("terminate called without an active exception", SIGABRT), turning a finished run
-    into a failed launch. Everything the run wrote is closed and fsynced by then; ``os._exit`` skips only the
-    interpreter's and libraries' teardown.
+    Why: a sharded (FSDP2) run creates a ``DeviceMesh``, which keeps gloo's worker threads alive past
+    ``destroy_process_group``; when Python then finalises, it ends those threads with ``pthread_exit`` and the
+    process aborts ("terminate called without an active exception", SIGABRT) — a finished run reported as a
+    failed launch, a few times in a hundred. Everything the run wrote is closed and fsynced by then; ``os._exit``
+    skips only the interpreter's and libraries' teardown.
     """
     import os
 

@@ -3,11 +3,14 @@
 Each task measures and writes its numbers as JSON (rank 0, to the last argument); the test asserts on them,
 so a failure shows the numbers. Tasks:
 
-* ``load BIG_DIR GPT2_DIR SMALL_DIR OUT``: peak loading memory, load = ``load_causal_lm``, then ``gathered``
-  sampling (first, so the process's memory has not yet been through a larger peak);
+* ``load BIG_DIR GPT2_DIR SMALL_DIR OUT``: peak loading memory (first, so the process's memory has not yet
+  been through a larger peak), loaded weights = ``load_causal_lm``'s, ``gathered`` sampling, a frozen
+  reward model;
 * ``train BIG_DIR SMALL_DIR OUT``: two AdamW steps sharded vs one process on the whole batch, shard sizes,
-  and the same for a LoRA model;
+  one LoRA step, the mixed-precision policy;
 * ``save SMALL_DIR CKPT OUT`` / ``load-checkpoint SMALL_DIR CKPT OUT``: DCP checkpoints across world sizes.
+
+The worker leaves with ``os._exit(0)`` after destroying the process group: see test_sharding.py on why.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -138,7 +142,7 @@ def task_load(mesh: DeviceMesh, big: str, gpt2: str, small: str) -> dict:
     results["load_difference"][gpt2] = compare_loaded(model, gpt2, gpt2_tokenizer)
     results["gpt2_rows"] = int(model.get_input_embeddings().weight.shape[0])
     results |= task_gather(mesh, small)
-    return results
+    return results | task_reward_model(mesh, small)
 
 
 def compare_loaded(model: nn.Module, path: str, tokenizer) -> float | None:
@@ -209,6 +213,21 @@ def task_gather(mesh: DeviceMesh, small: str) -> dict:
     return results
 
 
+def task_reward_model(mesh: DeviceMesh, small: str) -> dict:
+    """A frozen sequence-classification reward model shards and scores as its unsharded copy does."""
+    from rlhf.models.tiny import tiny_reward_model
+
+    tokenizer = load_tokenizer(small)
+    model = tiny_reward_model("llama", tokenizer).requires_grad_(False)
+    reference = copy.deepcopy(model)
+    shard(model, mesh)
+    ids, mask = batch(len(tokenizer))
+    with torch.no_grad():
+        scores = model(input_ids=ids, attention_mask=mask).logits
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+    return {"reward_difference": float((scores - expected).abs().max()), "reward_shape": list(scores.shape)}
+
+
 def local_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes this rank holds of the parameters and their optimizer state (a DTensor's local shard only)."""
     tensors = list(model.parameters())
@@ -235,7 +254,27 @@ def task_train(mesh: DeviceMesh, big: str, small: str) -> dict:
         results["train_difference"] = max_difference(state, reference.state_dict())
         results["train_moved"] = max_difference(state, load_causal_lm(big, tokenizer=tokenizer).state_dict())
     del model, optimizer, reference
-    return results | task_lora(mesh, small)
+    return results | task_lora(mesh, small) | task_mixed_precision(mesh, small)
+
+
+def task_mixed_precision(mesh: DeviceMesh, small: str) -> dict:
+    """``shard(mixed_precision=True)`` (meant for CUDA, but the policy is device-agnostic): the forward runs
+    in bfloat16, the sharded weights and the reduced gradients stay float32."""
+    tokenizer = load_tokenizer(small)
+    model = load_causal_lm(small, tokenizer=tokenizer)
+    reference = copy.deepcopy(model)
+    shard(model, mesh, mixed_precision=True)
+    ids, mask = batch(len(tokenizer))
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    logits.float().sum().backward()
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+    return {
+        "mp_logits_dtype": str(logits.dtype),
+        "mp_param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "mp_grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters()}),
+        "mp_relative_difference": float((logits.float() - expected).abs().max() / expected.abs().max()),
+    }
 
 
 def task_lora(mesh: DeviceMesh, small: str) -> dict:
@@ -364,3 +403,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave without the interpreter's teardown: the process group is destroyed, every rank passed the
+    # barrier, the results are written. `destroy_process_group` does not end gloo's worker threads once
+    # DTensors were used (DTensor's caches keep the DeviceMesh, and with it the process group, alive), so
+    # those threads would still be running while Python finalises, which aborted about one run in ten with
+    # "terminate called without an active exception" (SIGABRT); see tests/distributed/test_sharding.py.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

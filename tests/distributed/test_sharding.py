@@ -4,12 +4,20 @@ processes launched by ``torchrun``; no mocks).
 Each multi-process test runs one task of ``sharding_worker.py``; the worker writes its measurements as
 JSON and the assertions live here. The models are built locally (:mod:`rlhf.models.tiny`), once per module.
 
-Exit aborts. ``model.unshard()`` + forward + ``model.reshard()`` was seen to abort about half the runs at
-process exit ("terminate called without an active exception"). :func:`rlhf.models.sharding.gathered`
-issues every all-gather with ``async_op=True`` and waits on each handle before it yields, so no collective
-is in flight when the block (or the process) ends; :func:`test_no_abort_at_exit` below checks the exit of
-every launch, and ten repeated launches of the ``load`` task (which samples under ``gathered`` twelve
-times) never aborted; see the report in the commit message for the runs.
+Exit aborts. A worker that used FSDP sometimes died *after* ``dist.barrier(); dist.destroy_process_group()``
+with "terminate called without an active exception" (SIGABRT), with or without ``unshard()``/``reshard()``.
+The cause: ``destroy_process_group`` does not end gloo's worker threads (``pt_gloo_runloop``,
+``gloo_tcp_loop``) while a DeviceMesh is alive, and DTensor's sharding caches keep it alive to the end
+(the threads are still in ``/proc/self/task`` after the call; without a mesh they are gone). The threads
+then run while Python finalises; a C++ thread that needs the GIL then (to release a tensor a Python
+object shares) is ended by CPython with ``pthread_exit``, whose forced unwinding through a ``noexcept``
+destructor calls ``std::terminate``: timing-dependent, hence intermittent. Reduced to plain gloo — init,
+``init_device_mesh``, one all-gather, barrier, destroy, return — it aborted in 6 of 10 launches (async
+all-gather, waited) and 2 of 10 (synchronous); 0 of 10 without the mesh, and 0 of 10 with the mesh when
+the process then leaves with ``os._exit(0)``, skipping finalisation. Waiting on every work handle does not
+help (the synchronous case waits). So the worker leaves with ``os._exit(0)`` once the group is destroyed
+and its results are written (ten launches of the ``load`` task in a row, each sampling under ``gathered``
+four times: no abort), and every launch below checks its exit code and its log for the abort.
 """
 
 from __future__ import annotations
@@ -46,6 +54,11 @@ def torchrun(task: str, *args: str | Path, world: int = WORLD, timeout: float = 
     """Run ``task`` on ``world`` processes; returns each rank's JSON. Fails on a non-zero exit or an abort."""
     out = Path(args[-1])
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    # A fixed mmap threshold: glibc serves every allocation ≥ 64 KiB with its own mapping and returns it to
+    # the system when freed. Its default threshold grows after the first large free, after which freed
+    # tensors may stay resident (0.60-0.73 copies measured where 0.59 is live): RSS then tracks the
+    # tensors' bytes instead of the allocator's history (test_sharded_loading_memory).
+    env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     command = [str(TORCHRUN), "--nproc_per_node", str(world), "--master_port", str(free_port()), str(WORKER)]
     done = subprocess.run(
         [*command, task, *map(str, args)],
@@ -164,6 +177,17 @@ def test_lora_model_shards_and_trains(train_results):
 
 
 @pytest.mark.slow
+def test_mixed_precision_policy(train_results):
+    """bfloat16 compute, float32 weights and gradients. The logits agree with float32 to bfloat16's
+    precision: 8 significant bits (relative rounding 2⁻⁹ ≈ 0.002 per operation), a few dozen roundings
+    deep in this 2-layer model: a few percent of the largest logit at most."""
+    for rank in train_results:
+        assert rank["mp_logits_dtype"] == "torch.bfloat16"
+        assert rank["mp_param_dtypes"] == rank["mp_grad_dtypes"] == ["torch.float32"]
+        assert rank["mp_relative_difference"] < 0.05
+
+
+@pytest.mark.slow
 def test_sharded_loading_equals_load_causal_lm(load_results):
     """The same weights and buffers as ``load_causal_lm``, the GPT-2 embedding grown by the pad row."""
     differences = load_results[0]["load_difference"]
@@ -173,14 +197,24 @@ def test_sharded_loading_equals_load_causal_lm(load_results):
 
 @pytest.mark.slow
 def test_sharded_loading_memory(load_results):
-    """Peak growth of resident memory while loading, in copies of the model's parameters (see the worker for
-    why the measure is sound). Ranks ≠ 0 hold their half, plus one broadcast tensor at a time: < 1 copy.
-    Rank 0 alone reads the checkpoint with ``from_pretrained``, so it holds that copy and its own half."""
+    """Peak growth of resident memory while loading the 25M model, in copies of its parameters (see the
+    worker for why the measure is sound). A rank ≠ 0 holds its 1/world shard plus the one tensor being
+    broadcast and sliced (≤ 2 × the largest, a 2048 × 512 matrix: 8%): below one full copy. Rank 0 alone
+    reads the checkpoint with ``from_pretrained``, so it holds that copy and its own shard."""
     for rank in load_results:
         assert rank["load_headroom_over_full"] < 0.05  # no earlier, higher peak hides the growth
     rank0, *others = load_results
-    assert all(rank["load_peak_over_full"] < 0.75 for rank in others), others
+    for rank in others:
+        assert rank["load_peak_over_full"] < 1 / WORLD + 0.25 < 1, rank
     assert rank0["load_peak_over_full"] < 1 + 1 / WORLD + 0.25, rank0
+
+
+@pytest.mark.slow
+def test_frozen_reward_model_shards(load_results):
+    """A frozen ``...ForSequenceClassification`` shards; its scores are its unsharded copy's, bit for bit
+    (the forward all-gathers the very same weights and runs the same kernels)."""
+    for rank in load_results:
+        assert rank["reward_shape"] == [4, 1] and rank["reward_difference"] == 0.0
 
 
 @pytest.mark.slow
@@ -219,3 +253,26 @@ def test_checkpoint_across_world_sizes(model_dirs, tmp_path):
     ranks = torchrun("load-checkpoint", small, one, tmp_path / "load")
     assert [rank["step"] for rank in ranks] == [1, 1]
     assert ranks[0]["other_world_difference"] == 0.0
+
+
+def test_save_is_atomic_and_replaces(tmp_path):
+    """One process, no process group: a leftover ``.tmp`` of an interrupted save is discarded, a re-save
+    replaces the directory whole, and only complete saves carry the final name."""
+    from rlhf.runlog.sharded_checkpoint import load_sharded, save_sharded
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    target = tmp_path / "step_000001"
+    stale = target.with_name("step_000001.tmp")
+    stale.mkdir()
+    (stale / "half_written.distcp").write_bytes(b"\0")
+    save_sharded(target, {"policy": model}, optimizer, {"step": 1})
+    assert not stale.exists() and not (target / "half_written.distcp").exists()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    save_sharded(target, {"policy": model}, optimizer, {"step": 2})
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.zero_()
+    assert load_sharded(target, {"policy": model}, optimizer) == {"step": 2}
+    assert torch.equal(model.weight, saved)

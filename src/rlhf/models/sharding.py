@@ -161,8 +161,8 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
     modules = fsdp_modules(model)
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
-    # Issue every all-gather, then wait on each handle: no collective is left in flight (see the abort
-    # note in tests/distributed/test_sharding.py).
+    # issue every module's all-gather before waiting on any, so they overlap; all are complete before the
+    # block starts, so no collective is in flight while the weights are read
     handles = [module.unshard(async_op=True) for module in modules]
     for handle in handles:
         if handle is not None:

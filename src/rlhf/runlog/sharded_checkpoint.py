@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,8 @@ def save_sharded(
     model_state, optimizer_state = get_state_dict(nn.ModuleDict(models), optimizer)
     # DCP's file writer fsyncs each file it writes (sync_files=True)
     state = {"models": model_state, "optimizer": optimizer_state}
-    dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+    with _one_process_is_fine():
+        dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
     if _rank() == 0:
         with open(tmp / EXTRA_FILE, "wb") as f:
             torch.save(extra, f)
@@ -82,12 +86,22 @@ def load_sharded(
     # state if no step has been taken yet
     model_state, optimizer_state = get_state_dict(container, optimizer)
     state = {"models": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    with _one_process_is_fine():
+        dcp.load(state, checkpoint_id=directory, no_dist=not dist.is_initialized())
     set_state_dict(
         container, optimizer, model_state_dict=state["models"], optim_state_dict=state["optimizer"]
     )
     # weights_only=False: extra holds Python's RNG state and other plain objects (as checkpoint.py's state)
     return torch.load(directory / EXTRA_FILE, map_location="cpu", weights_only=False)
+
+
+@contextmanager
+def _one_process_is_fine() -> Iterator[None]:
+    """DCP warns whenever it runs without a process group; here that is a supported use (one process
+    saving, or loading a sharded run's checkpoint), not a forgotten ``init_process_group``."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _rank() -> int:
