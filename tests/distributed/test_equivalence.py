@@ -127,10 +127,12 @@ def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, paral
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
-def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path):
-    """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout."""
+@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
+def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path, lora):
+    """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout; with LoRA the
+    adapters are added before sharding (rank 0's initial adapters on every rank) and only they train."""
     config = rl_config(tiny_llama_dir, prompts, batch_size=4, group_size=4, num_iterations=2, kl_coef=0.05,
-                       micro_batch_size=2)  # fmt: skip
+                       micro_batch_size=2, lora=lora)  # fmt: skip
     one_rows, one_grads = run("grpo", config, tmp_path / "one")
     two_rows, two_grads = run("grpo", config | {"parallelism": "fsdp"}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
