@@ -7,10 +7,10 @@ differ only in float rounding: which rows share a forward (padding widths and ma
 kernels' summation order) and the order in which the ranks' gradients are added.
 
 Tolerances, from that arithmetic:
-- gradients, every step: each element is a sum of per-token terms computed in fp32; regrouping the terms and
-  the changed kernel blocking perturb each term by a few ulp of its own size. We allow 1e-4 of the largest
-  gradient element of the tensor (the terms summed per element are ≲ 10³, each off by ≲ 10⁻⁷ relative) plus
-  absolute 1e-7;
+- gradients: each element is a sum of per-token terms computed in fp32; regrouping the terms and the changed
+  kernel blocking perturb each term by a few ulp of its own size. The first optimizer step (equal weights)
+  allows 1e-4 of the tensor's largest element (≲ 10³ terms, each off by ≲ 10⁻⁷ relative), later steps 1e-3,
+  because the weights have drifted apart by then (torchrun_runs.LATER_STEPS_RTOL says why);
 - weights after the run: Adam divides by √v, so an element whose gradient is ≈ 0 can move by up to the learning
   rate on a rounding difference: |Δw| ≤ steps · lr is the honest bound for those, and the gradient check above is
   what pins the arithmetic down;
@@ -30,14 +30,6 @@ from rlhf.models.tiny import toy_corpus
 pytestmark = pytest.mark.slow
 
 REWARDS = Path(__file__).resolve().parents[1] / "trainers" / "ppo_rewards.py"
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("dist_prompts") / "prompts.jsonl"
-    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2])} for i, line in enumerate(toy_corpus(40, seed=5))]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def rl_config(policy: Path, prompts: Path, **overrides: object) -> dict:

@@ -3,7 +3,6 @@ that fails. Real torchrun, gloo, processes on this machine."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +21,9 @@ from torchrun_runs import (
     two_nodes,
 )
 
-from rlhf.models.tiny import toy_corpus
-
 pytestmark = pytest.mark.slow
 
 REWARDS = Path(__file__).resolve().parent / "dist_rewards.py"
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("launch_prompts") / "prompts.jsonl"
-    rows = [{"prompt": " ".join(line.split()[:4])} for line in toy_corpus(24, seed=6)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def ppo_config(policy: Path, prompts: Path, **overrides: object) -> dict:

@@ -98,13 +98,25 @@ def run(
     return rows, torch.load(record)
 
 
+FIRST_STEP_RTOL = 1e-4
+"""The first optimizer step's gradients (the same weights on both sides): each element is a sum of ≲ 10³ fp32
+per-token terms, each perturbed by a few ulp (≲ 10⁻⁷ relative) by the other grouping and kernel blocking."""
+LATER_STEPS_RTOL = 1e-3
+"""Later steps: the weights themselves now differ. Adam divides by √v, so an element whose gradient is ≈ 0 moves
+by up to the learning rate on a rounding difference, and every later gradient is taken at slightly different
+weights. Still 10³× below what a wrong reduction does (a missing rank, a local instead of a global statistic, a
+gradient averaged twice: differences of the gradient's own size)."""
+
+
 def assert_same_gradients(a: list[dict], b: list[dict]) -> None:
+    """Every optimizer step's gradients, each tensor compared relative to its largest element (+ 1e-7)."""
     assert len(a) == len(b) > 0
     for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
         assert ga.keys() == gb.keys()
+        rtol = FIRST_STEP_RTOL if step == 0 else LATER_STEPS_RTOL
         for name in ga:
             scale = ga[name].abs().max().item()
-            torch.testing.assert_close(gb[name], ga[name], rtol=0, atol=1e-4 * scale + 1e-7,
+            torch.testing.assert_close(gb[name], ga[name], rtol=0, atol=rtol * scale + 1e-7,
                                        msg=lambda m, n=name, s=step: f"step {s} {n}: {m}")  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,9 @@ import torch
 import torch.distributed as dist
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_GRACE_S = 30
+"""Seconds a failed rank has to report its error and exit before it is ended (see :func:`process_group`)."""
 
 DEFAULT_TIMEOUT_S = 1800
 """Longest wait of a collective before it fails (a peer that died without closing its connection)."""
@@ -218,7 +222,10 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
     try:
         yield _current
     except BaseException:
-        # Leave at once: a collective now would wait for peers that may be waiting for us. torchrun stops them.
+        # Leave at once: a collective now would wait for peers that may be waiting for us. torchrun stops them
+        # when this process exits — so make sure it does: if reporting the error gets stuck (a print was seen to
+        # block for ever in a rank whose peer sat in a collective), a C-level watchdog ends the process.
+        faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True)
         _current = SINGLE
         raise
     else:

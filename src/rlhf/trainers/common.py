@@ -120,7 +120,7 @@ def generate(
 ) -> Generated:
     """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
 
-    Under ``torchrun`` each rank samples its shard of the rows (whole prompts: ``d.shard(rows, repeat)``) and
+    Under ``torchrun`` each rank samples its shard of the rows (whole prompts: ``d.shard(n, unit=repeat)``) and
     the token ids are gathered, so every rank returns the whole batch. Row ``i`` draws from its own stream
     (:class:`~rlhf.rollout.engine.RowGenerators`, seeded from one draw of ``generator``), so the responses do
     not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
