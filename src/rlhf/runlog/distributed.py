@@ -143,16 +143,6 @@ class Dist:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def barrier(self) -> None:
-        if self.distributed:
-            dist.barrier()
-
-    def all_agree(self, ok: bool) -> bool:
-        """True on every rank when ``ok`` is true on every rank (one collective)."""
-        if not self.distributed:
-            return ok
-        return bool(self.max(torch.tensor([0 if ok else 1])).item() == 0)
-
 
 SINGLE = Dist()
 """One process, no group."""

@@ -274,10 +274,14 @@ def load_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | N
     from rlhf.runlog import distributed
 
     d = distributed.current()
-    if d.distributed:  # rank 0 picks the checkpoint, every rank loads that one (output_dir is shared storage)
-        chosen = d.broadcast(_pick_resume_checkpoint(config)[0] if d.is_main else None)
-        return (chosen, load_checkpoint(chosen)) if chosen is not None else (None, None)
-    return _pick_resume_checkpoint(config)
+    if not d.distributed:
+        return _pick_resume_checkpoint(config)
+    # rank 0 picks the checkpoint (loading it), every other rank loads that one (output_dir is shared storage)
+    chosen, state = _pick_resume_checkpoint(config) if d.is_main else (None, None)
+    chosen = d.broadcast(chosen)
+    if chosen is not None and state is None:
+        state = load_checkpoint(chosen)
+    return chosen, state
 
 
 def _pick_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | None]:

@@ -223,8 +223,8 @@ def score(
     """
     start = time.perf_counter()
     B = len(prompts)
-    rows = d.shard(B, unit=group_size) if d.distributed else list(range(B))
     if d.distributed:
+        rows = d.shard(B, unit=group_size)
         prompts, completions = [prompts[i] for i in rows], [completions[i] for i in rows]
         columns = {key: [values[i] for i in rows] for key, values in columns.items()}
         token_ids = None if token_ids is None else (token_ids[0][rows], token_ids[1][rows])
@@ -578,11 +578,6 @@ def response_metrics(generated: Generated) -> dict[str, float]:
         "response/eos_rate": generated.has_stop.float().mean().item(),
         "response/tokens": lengths.sum().item(),
     }
-
-
-def chunks(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Consecutive pieces of ``rows`` of ``size`` (the last may be shorter)."""
-    return list(rows.split(size))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,6 +146,14 @@ def own_row(num_rows: int, unit: int, d: Dist) -> torch.Tensor:
     return torch.tensor(d.shard(num_rows, unit)[:1])
 
 
+def own_micro_batches(
+    minibatch: torch.Tensor, unit: int, plan: Callable[[torch.Tensor], list[Any]], d: Dist
+) -> list[Any]:
+    """The micro-batches of this rank's rows of ``minibatch`` (none when it owns none of them)."""
+    mine = minibatch[d.owns(minibatch, unit)]
+    return plan(mine) if len(mine) else []
+
+
 def first_pass(
     num_rows: int, minibatch_size: int, unit: int, plan: Callable[[torch.Tensor], list[Any]], d: Dist
 ) -> Iterator[tuple[Any, bool]]:
@@ -155,8 +163,7 @@ def first_pass(
     output) even out the count over ranks."""
     micro_batches = []
     for minibatch in torch.arange(num_rows).split(minibatch_size):
-        mine = minibatch[d.owns(minibatch, unit)]
-        micro_batches += plan(mine) if len(mine) else []
+        micro_batches += own_micro_batches(minibatch, unit, plan, d)
     if not d.sharded:
         yield from ((micro, True) for micro in micro_batches)
         return
@@ -198,9 +205,8 @@ def update_passes(
         order = torch.arange(num_rows) if p == 0 else torch.randperm(num_rows, generator=shuffle)
         for k, minibatch in enumerate(order.split(minibatch_size)):
             optimizer.zero_grad(set_to_none=True)
-            mine = minibatch[d.owns(minibatch, unit)]
             micro_step = functools.partial(step, minibatch=minibatch)
-            stats = accumulate(trainable, plan(mine) if len(mine) else [], filler, micro_step)
+            stats = accumulate(trainable, own_micro_batches(minibatch, unit, plan, d), filler, micro_step)
             dev = stats.pop("ratio_dev_max", -math.inf)
             if p == 0 and k == 0:
                 first_dev = dev
