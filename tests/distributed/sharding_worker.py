@@ -3,9 +3,9 @@
 Each task measures and writes its numbers as JSON (rank 0, to the last argument); the test asserts on them,
 so a failure shows the numbers. Tasks:
 
-* ``load BIG_DIR GPT2_DIR SMALL_DIR OUT``: peak loading memory (first, so the process's memory has not yet
-  been through a larger peak), loaded weights = ``load_causal_lm``'s, ``gathered`` sampling, a frozen
-  reward model;
+* ``load BIG_DIR GPT2_DIR SMALL_DIR REWARD_DIR OUT``: peak loading memory (first, so the process's memory has
+  not yet been through a larger peak), loaded weights = ``load_causal_lm``'s, ``gathered`` sampling, a frozen
+  reward model (sharded by hand, and loaded sharded as a reward source), a critic loaded sharded;
 * ``train BIG_DIR SMALL_DIR OUT``: two AdamW steps sharded vs one process on the whole batch, shard sizes,
   one LoRA step, the mixed-precision policy;
 * ``save SMALL_DIR CKPT OUT`` / ``load-checkpoint SMALL_DIR CKPT OUT``: DCP checkpoints across world sizes.
@@ -16,6 +16,7 @@ The worker leaves with ``os._exit(0)`` after destroying the process group: see t
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import json
 import os
@@ -30,9 +31,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.models.sharding import fsdp_modules, full_state_dict, gathered, load_sharded_causal_lm, shard
+from rlhf.models.sharding import (
+    fsdp_modules,
+    full_state_dict,
+    gathered,
+    load_sharded,
+    load_sharded_causal_lm,
+    shard,
+)
 from rlhf.rollout.engine import SamplingParams, sample
-from rlhf.runlog.sharded_checkpoint import load_sharded, save_sharded
+from rlhf.runlog import sharded_checkpoint
 
 LR = 1e-3
 EPS = 1e-3
@@ -115,7 +123,7 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def task_load(mesh: DeviceMesh, big: str, gpt2: str, small: str) -> dict:
+def task_load(mesh: DeviceMesh, big: str, gpt2: str, small: str, reward: str) -> dict:
     """Peak memory while loading, the loaded weights, then ``gathered`` sampling."""
     # Why RSS is a sound measure here: every byte a CPU tensor holds is in this process's resident memory
     # once written (and `to_empty` + the broadcast write every shard), so the high-water mark of RSS minus
@@ -142,7 +150,7 @@ def task_load(mesh: DeviceMesh, big: str, gpt2: str, small: str) -> dict:
     results["load_difference"][gpt2] = compare_loaded(model, gpt2, gpt2_tokenizer)
     results["gpt2_rows"] = int(model.get_input_embeddings().weight.shape[0])
     results |= task_gather(mesh, small)
-    return results | task_reward_model(mesh, small)
+    return results | task_reward_model(mesh, small, reward)
 
 
 def compare_loaded(model: nn.Module, path: str, tokenizer) -> float | None:
@@ -213,9 +221,13 @@ def task_gather(mesh: DeviceMesh, small: str) -> dict:
     return results
 
 
-def task_reward_model(mesh: DeviceMesh, small: str) -> dict:
-    """A frozen sequence-classification reward model shards and scores as its unsharded copy does."""
-    from rlhf.models.tiny import tiny_reward_model
+def task_reward_model(mesh: DeviceMesh, small: str, reward: str) -> dict:
+    """A frozen sequence-classification reward model shards and scores as its unsharded copy does; loaded
+    as a reward source (each rank holds its shards only) it scores unequal numbers of rows per rank inside
+    ``gathered``; a critic built from it loads sharded with the same weights."""
+    from rlhf.models.loading import load_critic
+    from rlhf.models.tiny import tiny_reward_model, toy_corpus
+    from rlhf.rollout.rewards import RewardModelReward
 
     tokenizer = load_tokenizer(small)
     model = tiny_reward_model("llama", tokenizer).requires_grad_(False)
@@ -225,7 +237,23 @@ def task_reward_model(mesh: DeviceMesh, small: str) -> dict:
     with torch.no_grad():
         scores = model(input_ids=ids, attention_mask=mask).logits
         expected = reference(input_ids=ids, attention_mask=mask).logits
-    return {"reward_difference": float((scores - expected).abs().max()), "reward_shape": list(scores.shape)}
+    results = {"reward_difference": float((scores - expected).abs().max()), "reward_shape": list(scores.shape)}
+
+    source = RewardModelReward.load(reward, batch_size=2, loader=functools.partial(load_sharded, mesh=mesh))
+    plain = RewardModelReward.load(reward, batch_size=2)
+    parameters = list(source.model.parameters())
+    results["source_sharded"] = all(isinstance(p, DTensor) for p in parameters)
+    results["source_local_fraction"] = sum(_local(p).numel() for p in parameters) / sum(p.numel() for p in parameters)
+    lines = toy_corpus(14, seed=dist.get_rank())[: 10 if dist.get_rank() == 0 else 4]  # 5 and 2 micro-batches
+    with gathered(source.model):
+        sharded_scores = source.score(lines[::2], lines[1::2])
+    results["source_score_difference"] = max(abs(a - b) for a, b in zip(sharded_scores, plain.score(lines[::2], lines[1::2]), strict=True))
+
+    critic = load_sharded(lambda device: load_critic(reward, from_reward_model=True, device=device), mesh)
+    state = full_state_dict(critic)
+    if dist.get_rank() == 0:
+        results["critic_difference"] = max_difference(state, load_critic(reward, from_reward_model=True).state_dict())
+    return results
 
 
 def local_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -353,7 +381,7 @@ def task_save(mesh: DeviceMesh | None, small: str, directory: str) -> dict:
     models, optimizer = checkpoint_models(small, mesh, seed=1)
     ids, mask = batch(models["policy"].config.vocab_size)
     train_steps(models["policy"], optimizer, ids, mask, 1, *_world_rank(mesh))
-    save_sharded(directory, models, optimizer, {"step": 1, "rng": torch.get_rng_state(), "kl_coef": 0.05})
+    sharded_checkpoint.save_sharded(directory, models, optimizer, {"step": 1, "rng": torch.get_rng_state(), "kl_coef": 0.05})
     return checkpoint_state(models, optimizer)
 
 
@@ -362,7 +390,7 @@ def task_load_checkpoint(mesh: DeviceMesh | None, small: str, directory: str) ->
     models, optimizer = checkpoint_models(small, mesh, seed=2)
     ids, mask = batch(models["policy"].config.vocab_size, seed=3)
     train_steps(models["policy"], optimizer, ids, mask, 1, *_world_rank(mesh))  # state to overwrite
-    extra = load_sharded(directory, models, optimizer)
+    extra = sharded_checkpoint.load_sharded(directory, models, optimizer)
     return checkpoint_state(models, optimizer), extra
 
 
@@ -376,7 +404,7 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     try:
         if task == "load":
-            results = task_load(mesh, *args[:3])
+            results = task_load(mesh, *args[:4])
         elif task == "train":
             results = task_train(mesh, *args[:2])
         elif task == "save":

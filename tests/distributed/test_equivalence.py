@@ -58,6 +58,17 @@ def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, crit
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
+def test_ppo_fsdp_with_a_reward_model_equals_one_process(tiny_llama_dir, tiny_reward_model_dir, prompts, tmp_path):
+    """FSDP2 with a reward model as the reward: it is loaded sharded and gathered for scoring (each rank scores
+    its own rows), and the separate critic starts from it, also loaded sharded."""
+    config = rl_config(tiny_llama_dir, prompts, batch_size=8, critic="separate", reward=str(tiny_reward_model_dir))
+    one_rows, one_grads = run("ppo", config, tmp_path / "one")
+    two_rows, two_grads = run("ppo", config | {"parallelism": "fsdp"}, tmp_path / "two", torchrun())
+    assert_same_gradients(one_grads, two_grads)
+    assert_same_metrics(one_rows, two_rows)
+    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+
+
 @pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
 def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, lora):
     """Also with LoRA: only the adapters train and synchronise; the reference is the adapter switched off."""

@@ -84,12 +84,15 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     corpus = toy_corpus(400)
     llama = train_family_tokenizer("llama", corpus)
     gpt2 = train_family_tokenizer("gpt2", corpus)
+    from rlhf.models.tiny import tiny_reward_model
+
     big = tiny_family_lm("llama", llama, hidden_size=512, num_layers=6, num_heads=8)
     assert 24e6 < sum(p.numel() for p in big.parameters()) < 26e6
     return {
         "big": save_tiny(big, llama, root / "big"),
         "small": save_tiny(tiny_family_lm("llama", llama), llama, root / "small"),
         "gpt2": save_tiny(tiny_family_lm("gpt2", gpt2), gpt2, root / "gpt2"),
+        "reward": save_tiny(tiny_reward_model("llama", llama), llama, root / "reward"),
     }
 
 
@@ -102,7 +105,7 @@ def train_results(model_dirs, tmp_path_factory) -> list[dict]:
 @pytest.fixture(scope="module")
 def load_results(model_dirs, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("load") / "out"
-    return torchrun("load", model_dirs["big"], model_dirs["gpt2"], model_dirs["small"], out)
+    return torchrun("load", model_dirs["big"], model_dirs["gpt2"], model_dirs["small"], model_dirs["reward"], out)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -215,6 +218,20 @@ def test_frozen_reward_model_shards(load_results):
     (the forward all-gathers the very same weights and runs the same kernels)."""
     for rank in load_results:
         assert rank["reward_shape"] == [4, 1] and rank["reward_difference"] == 0.0
+
+
+@pytest.mark.slow
+def test_reward_source_and_critic_load_sharded(load_results):
+    """A reward source loaded with the sharded loader holds 1/world of the model on each rank (FSDP pads a
+    dimension to a multiple of the world size: a few rows more at most); inside ``gathered`` the ranks score
+    5 and 2 micro-batches (no collective per forward) with the unsharded model's scores, bit for bit (the same
+    full weights and kernels). A critic built from that reward model (head folded in) loads sharded with
+    exactly the weights ``load_critic`` gives."""
+    for rank in load_results:
+        assert rank["source_sharded"], rank
+        assert abs(rank["source_local_fraction"] - 1 / WORLD) < 0.02, rank
+        assert rank["source_score_difference"] == 0.0, rank
+    assert load_results[0]["critic_difference"] == 0.0
 
 
 @pytest.mark.slow

@@ -44,14 +44,30 @@ def load_tokenizer(name_or_path: str) -> Any:
     return tokenizer
 
 
+def pretrained(auto_class: Any, name_or_path: str, device: str | torch.device, **kwargs: Any) -> nn.Module:
+    """``auto_class.from_pretrained(name_or_path, **kwargs)``; on the ``"meta"`` device, the same architecture
+    with no weights read (``from_config``; call it inside ``with torch.device("meta")``), which is how a
+    sharded run builds a model before rank 0 sends the weights (:func:`rlhf.models.sharding.load_sharded`).
+    Config overrides among ``kwargs`` (``num_labels``) apply to both."""
+    if torch.device(device).type != "meta":
+        return auto_class.from_pretrained(name_or_path, **kwargs)
+    from transformers import AutoConfig
+
+    overrides = {key: kwargs.pop(key) for key in ("num_labels",) if key in kwargs}
+    for key in ("output_loading_info", "ignore_mismatched_sizes"):  # about reading weights: none are read
+        kwargs.pop(key, None)
+    return auto_class.from_config(AutoConfig.from_pretrained(name_or_path, **overrides), **kwargs)
+
+
 def load_causal_lm(
     name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu", tokenizer: Any = None
 ) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` with dropout off, on ``device``, able to embed the pad id of
-    ``tokenizer`` (default: :func:`load_tokenizer` of the same directory; see :func:`align_pad_token`)."""
+    ``tokenizer`` (default: :func:`load_tokenizer` of the same directory; see :func:`align_pad_token`).
+    ``device="meta"``: the architecture only (:func:`pretrained`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    model = pretrained(AutoModelForCausalLM, name_or_path, device, dtype=DTYPES[dtype])
     align_pad_token(model, tokenizer if tokenizer is not None else load_tokenizer(name_or_path))
     model.to(device)
     disable_dropout(model)
@@ -247,11 +263,12 @@ class Critic(nn.Module):
 def load_critic(
     name_or_path: str, from_reward_model: bool, dtype: str = "float32", device: str | torch.device = "cpu"
 ) -> Critic:
-    """A :class:`Critic` from a reward-model directory (head copied) or from a causal-LM directory (zero head)."""
+    """A :class:`Critic` from a reward-model directory (head copied) or from a causal-LM directory (zero head).
+    ``device="meta"``: the architecture only (:func:`pretrained`)."""
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     if from_reward_model:
-        rm = AutoModelForSequenceClassification.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        rm = pretrained(AutoModelForSequenceClassification, name_or_path, device, dtype=DTYPES[dtype])
         trunk = rm.base_model
         head = ValueHead(rm.config.hidden_size)
         score = getattr(rm, "score", None)
@@ -265,7 +282,7 @@ def load_critic(
                 raw_bias = score.bias.float() if score.bias is not None else torch.zeros(1)
                 head.linear.bias.copy_(gain * raw_bias + bias)
     else:
-        trunk = AutoModel.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        trunk = pretrained(AutoModel, name_or_path, device, dtype=DTYPES[dtype])
         head = ValueHead(trunk.config.hidden_size)
     # the critic never sees a pad id (they are replaced by 0), but final/critic must load with its tokenizer
     align_pad_token(trunk, load_tokenizer(name_or_path))

@@ -34,13 +34,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    pass
 
 GAIN_KEY = "rlhf_reward_gain"
 """``config.json`` key of the normalisation gain (``reward = gain · score + bias``)."""
@@ -175,20 +172,23 @@ def load_reward_model(
     checkpoint (or of another size) is re-initialised (:func:`init_reward_head`). The tokenizer gets a
     distinct pad token (embeddings resized when needed), pads on the right; ``config.pad_token_id`` is
     set; dropout is disabled (checklist item 7); a normalisation stored by an earlier run is dropped.
+    ``device="meta"``: the architecture only, ``fresh_head`` False (:func:`~rlhf.models.loading.pretrained`).
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from rlhf.data.tokenization import ensure_pad_token
-    from rlhf.models.loading import DTYPES, align_pad_token
+    from rlhf.models.loading import DTYPES, align_pad_token, pretrained
     from rlhf.models.policy import disable_dropout
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its "LOAD REPORT" (lm_head unexpected, score missing) is expected here;
     try:  # the trainer says in one line whether the head is fresh
-        model, info = AutoModelForSequenceClassification.from_pretrained(
+        loaded = pretrained(
+            AutoModelForSequenceClassification,
             name_or_path,
+            device,
             num_labels=1,
             dtype=DTYPES[dtype],
             output_loading_info=True,
@@ -196,6 +196,8 @@ def load_reward_model(
         )
     finally:
         hf_logging.set_verbosity(verbosity)
+    # on the meta device nothing is read, so nothing is missing: the head's origin is rank 0's to say
+    model, info = loaded if isinstance(loaded, tuple) else (loaded, {"missing_keys": [], "mismatched_keys": []})
     new_keys = set(info["missing_keys"]) | {key for key, *_ in info["mismatched_keys"]}
     fresh = False
     for name, module in model.named_modules():

@@ -4,17 +4,21 @@ Why each piece:
 
 * :func:`shard` wraps every decoder layer, then the root, so one all-gather brings in one layer at a time:
   the peak is one layer's full weights plus every rank's 1/world slice of the rest.
-* :func:`load_sharded_causal_lm` never puts a full copy of the model on every rank: the model is built on
-  the meta device, sharded, and only rank 0 reads the checkpoint; the other ranks receive just their shards.
-* :func:`gathered` is for sampling: a rollout runs the model once per generated token, and FSDP's own
-  hooks would all-gather (and free) each layer on every one of those forwards. Inside the block the weights
-  are gathered once and stay gathered, as plain tensors, so :func:`rlhf.rollout.decoder.build_decoder` packs
-  them as it packs an unsharded model's.
+* :func:`load_sharded` never puts a full copy of a model on every rank: the model is built on the meta
+  device, sharded, and only rank 0 reads the checkpoint; the other ranks receive just their shards. Every
+  model a sharded run holds is loaded so: policy, reference, critic, the reward model ``rlhf rm`` trains and
+  the frozen reward models PPO and GRPO score with.
+* :func:`gathered` is for sampling and reward scoring: a rollout runs the model once per generated token,
+  and FSDP's own hooks would all-gather (and free) each layer on every one of those forwards. Inside the
+  block the weights are gathered once and stay gathered, as plain tensors, so
+  :func:`rlhf.rollout.decoder.build_decoder` packs them as it packs an unsharded model's; a reward model's
+  forwards may then differ in number between ranks.
 * :func:`full_state_dict` is the unsharded weights on rank 0, for ``save_pretrained`` of ``final/``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -30,8 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from rlhf.models.loading import DTYPES, align_pad_token, apply_lora, frozen_copy, load_causal_lm
-from rlhf.models.policy import disable_dropout
+from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm
 from rlhf.runlog.distributed import Dist
 
 if TYPE_CHECKING:
@@ -90,6 +93,47 @@ def _precision(mesh: DeviceMesh, mixed: bool | None = None) -> MixedPrecisionPol
     return MixedPrecisionPolicy()
 
 
+def load_sharded(
+    build: Callable[[str | torch.device], nn.Module],
+    mesh: DeviceMesh,
+    shard_model: Callable[[nn.Module], Any] | None = None,
+) -> nn.Module:
+    """A sharded model whose weights are ``build``'s, without a whole copy on every rank.
+
+    ``build(device)`` is an ordinary loader (``from_pretrained`` and whatever the trainer does after it);
+    called with ``"meta"`` it must make the same architecture without reading any weights (see
+    :func:`~rlhf.models.loading.pretrained`). Every rank builds that empty model (no memory), shards it
+    (``shard_model``, default :func:`shard`) and allocates only its shards; rank 0 alone calls
+    ``build("cpu")`` and broadcasts the result tensor by tensor, each rank keeping its slice.
+
+    Anything random in ``build`` (a fresh head, LoRA's initial adapters) is rank 0's draw on every rank, and
+    afterwards every rank's global random state is rank 0's — the state one process would be in after
+    loading the same models — so what the ranks draw next agrees with each other and with one process.
+    """
+    with torch.device("meta"):
+        model = build("meta")
+    (shard_model or (lambda m: shard(m, mesh)))(model)
+    return materialize(model, build("cpu") if dist.get_rank() == 0 else None, mesh)
+
+
+def materialize(model: nn.Module, full: nn.Module | None, mesh: DeviceMesh) -> nn.Module:
+    """Give a sharded ``model`` built on the meta device rank 0's ``full`` weights (None on the other ranks;
+    the same architecture, unsharded, on the CPU): each rank allocates its shards, rank 0 broadcasts tensor by
+    tensor, and the buffers no state dict holds are copied. Then every rank takes rank 0's global random state
+    (see :func:`load_sharded`). Returns ``model``."""
+    model.to_empty(device=mesh.device_type)
+    set_model_state_dict(
+        model,
+        full.state_dict() if full is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    _broadcast_non_persistent_buffers(model, full)
+    random_state = [torch.get_rng_state()]
+    dist.broadcast_object_list(random_state, src=0)
+    torch.set_rng_state(random_state[0])
+    return model
+
+
 def load_sharded_causal_lm(
     name_or_path: str,
     mesh: DeviceMesh,
@@ -97,34 +141,15 @@ def load_sharded_causal_lm(
     dtype: str = "float32",
     prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> nn.Module:
-    """The sharded equivalent of :func:`~rlhf.models.loading.load_causal_lm`: the same weights, dropout off.
+    """The sharded equivalent of :func:`~rlhf.models.loading.load_causal_lm` (:func:`load_sharded`): the same
+    weights, the same pad row, dropout off. ``prepare`` (e.g. adding LoRA adapters) is applied before
+    sharding; the adapters' random initial weights are rank 0's on every rank."""
 
-    Every rank builds the model on the meta device (no memory), grown by the pad row exactly as
-    :func:`~rlhf.models.loading.align_pad_token` grows it, shards it and allocates only its shards. Rank 0
-    alone loads the checkpoint with ``load_causal_lm`` (the reference path, so the pad row is the same mean)
-    and broadcasts it tensor by tensor; each rank keeps its slice. ``prepare`` (e.g. adding LoRA adapters) is
-    applied to both before sharding: the adapters' random initial weights are rank 0's on every rank.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    def build(device: str | torch.device) -> nn.Module:
+        model = load_causal_lm(name_or_path, dtype, device, tokenizer=tokenizer)
+        return prepare(model) if prepare is not None else model
 
-    config = AutoConfig.from_pretrained(name_or_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
-        align_pad_token(model, tokenizer)
-        model = prepare(model) if prepare is not None else model
-    disable_dropout(model)
-    shard(model, mesh)
-    model.to_empty(device=mesh.device_type)
-    full = load_causal_lm(name_or_path, dtype, tokenizer=tokenizer) if dist.get_rank() == 0 else None
-    if full is not None and prepare is not None:
-        full = prepare(full)
-    set_model_state_dict(
-        model,
-        full.state_dict() if full is not None else {},
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
-    _broadcast_non_persistent_buffers(model, full)
-    return model
+    return load_sharded(build, mesh)
 
 
 @torch.no_grad()
@@ -197,6 +222,12 @@ def load_lm(
     from rlhf.models.loading import load_tokenizer
 
     return load_sharded_causal_lm(name_or_path, d.mesh, load_tokenizer(name_or_path), dtype, prepare)
+
+
+def model_loader(d: Dist) -> Callable[[Callable[[str | torch.device], nn.Module]], nn.Module] | None:
+    """What a frozen model's ``loader`` is in this run (``rlhf.rollout.rewards.ModelLoader``): None (load it
+    whole) unless the run shards its models; then :func:`load_sharded`, each rank holding 1/world."""
+    return functools.partial(load_sharded, mesh=d.mesh) if d.sharded else None
 
 
 def shard_small(module: nn.Module, d: Dist) -> nn.Module:

@@ -6,6 +6,7 @@ Notation: B sequences, C prompt columns, T response columns, K reward sources.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -21,10 +22,11 @@ from rlhf.config import ConfigError, config_to_dict, config_to_yaml
 from rlhf.core.group import gdpo_advantages, sum_rewards
 from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.models.sharding import model_loader
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
-from rlhf.rollout.rewards import RewardContext, RewardError
+from rlhf.rollout.rewards import RewardContext, RewardError, RewardModelReward, RewardSet, load_reward_set
 from rlhf.runlog.checkpoint import checkpoint_path, save_checkpoint
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import MetricsLogger, NoLogger
@@ -73,6 +75,13 @@ def _one_token_example(tokenizer: Any) -> str:
     found = [repr(t) for t in ("\n", ".", "\n\n", "</s>", "<|im_end|>")
              if len(tokenizer.encode(t, add_special_tokens=False)) == 1]  # fmt: skip
     return " or ".join(found[:3]) or "a special token of the tokenizer"
+
+
+def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:
+    """The config's reward sources for an RL trainer; when the run shards its models, each rank holds 1/world of
+    every reward model (they are gathered for scoring, see :func:`score`)."""
+    return load_reward_set(reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(d.device),
+                           loader=model_loader(d))  # fmt: skip
 
 
 def reward_spec(reward: Any) -> Any:
@@ -229,7 +238,11 @@ def score(
         columns = {key: [values[i] for i in rows] for key, values in columns.items()}
         token_ids = None if token_ids is None else (token_ids[0][rows], token_ids[1][rows])
         context = None if context is None else context.select(rows)
-    result = rewards.score(prompts, completions, columns, token_ids, context)
+    with contextlib.ExitStack() as weights:  # sharded reward models: gathered once for all their micro-batches,
+        for source in rewards.sources:  # however many each rank's share makes (like a rollout's policy)
+            if isinstance(source, RewardModelReward):
+                weights.enter_context(sampling_weights(source.model, d))
+        result = rewards.score(prompts, completions, columns, token_ids, context)
     per_source = result.scores.float()
     metrics, extra = dict(result.metrics), dict(result.extra)
     if d.distributed:

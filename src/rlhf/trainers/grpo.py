@@ -64,7 +64,6 @@ from rlhf.models.loading import (
 from rlhf.models.policy import ActorCritic, score_response_tokens
 from rlhf.models.sharding import load_policy, unsharded
 from rlhf.rollout.engine import SamplingParams
-from rlhf.rollout.rewards import load_reward_set
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
@@ -164,9 +163,7 @@ def run(config: GRPOConfig) -> Path:
     tokenizer = load_tokenizer(config.policy)
     stops = common.stop_token_ids(tokenizer, config.stop_token)
     train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
-    rewards = load_reward_set(
-        common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
-    )
+    rewards = common.load_rewards(config, tokenizer, d)
     models = Models(config, d)
     total_updates = config.steps * config.num_iterations * config.num_minibatches
     state = common.TrainState.create(config, models.trainable.parameters(), total_updates, train_prompts, device)

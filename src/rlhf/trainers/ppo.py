@@ -46,9 +46,9 @@ from rlhf.models.loading import (
     trainable_state,
 )
 from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_response_tokens
-from rlhf.models.sharding import load_policy, shard, shard_small, unsharded
+from rlhf.models.sharding import load_policy, load_sharded, shard_small, unsharded
 from rlhf.rollout.engine import SamplingParams
-from rlhf.rollout.rewards import RewardModelReward, load_reward_set
+from rlhf.rollout.rewards import RewardModelReward
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
@@ -103,9 +103,11 @@ class Models:
             self.load_critic = functools.partial(
                 load_critic, source, from_reward_model=rm is not None, dtype=config.dtype
             )
-            self.critic = self.load_critic(device=device)
-            if d.sharded:  # loaded whole on each rank, then sharded (its head is built from the reward model)
-                shard(self.critic, d.mesh)
+            self.critic = (
+                load_sharded(lambda device: self.load_critic(device=device), d.mesh)
+                if d.sharded
+                else self.load_critic(device=device)
+            )
         if config.compile:
             compile_models([self.policy, self.reference, self.critic], device)
         self.trainable = Trainable(ActorCritic(self.policy, self.value_head, self.critic), d)
@@ -167,9 +169,7 @@ def run(config: PPOConfig) -> Path:
     tokenizer = load_tokenizer(config.policy)
     stops = common.stop_token_ids(tokenizer, config.stop_token)
     train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
-    rewards = load_reward_set(
-        common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
-    )
+    rewards = common.load_rewards(config, tokenizer, d)
     models = Models(config, rewards, d)
     total_updates = config.steps * config.ppo_epochs * config.num_minibatches
     state = common.TrainState.create(config, models.trainable.parameters(), total_updates, train_prompts, device)

@@ -30,6 +30,7 @@ the untrained head matches the label scale — irrelevant for comparisons).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -63,7 +64,7 @@ from rlhf.models.reward import (
     max_positions,
     set_reward_normalization,
 )
-from rlhf.models.sharding import shard, shard_small, unsharded
+from rlhf.models.sharding import materialize, shard, shard_small, unsharded
 from rlhf.optim import build_optimizer
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import Dist
@@ -88,14 +89,10 @@ def run(config: RMConfig) -> Path:
     device = d.device
     seed_everything(config.seed)
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
-    rm = load_trainable_reward_model(config, device)
+    rm, scorer = load_scorer(config, d)
     train, held_out = load_pairs(config, rm)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total_steps = config.epochs * steps_per_epoch
-    scorer = RewardScorer(rm.hf_model)  # the HF model: LoRA layers sit inside it
-    if d.sharded:  # loaded whole on each rank, then sharded; the scorer is the root its forward goes through
-        shard(rm.hf_model, d.mesh, root=False)
-        shard_small(scorer, d)  # the rest (embeddings, final norm, head) as one unit
     trainable = Trainable(scorer, d)
     optimizer, scheduler = build_optimizer(
         trainable.parameters(),
@@ -179,12 +176,29 @@ def run(config: RMConfig) -> Path:
     return out / "final"
 
 
-def load_trainable_reward_model(config: RMConfig, device: torch.device) -> TrainableRewardModel:
+def load_trainable_reward_model(config: RMConfig, device: str | torch.device) -> TrainableRewardModel:
     """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters when asked."""
     rm = load_reward_model(config.model, config.dtype, device)
     if config.lora:
         rm.model = apply_lora(rm.model, config.lora, task_type="SEQ_CLS")
     return rm
+
+
+def load_scorer(config: RMConfig, d: Dist) -> tuple[TrainableRewardModel, RewardScorer]:
+    """The model to train and the `RewardScorer` module its forwards go through (the HF model's: LoRA layers
+    sit inside it). Sharded runs build it empty on every rank, shard each decoder layer and the scorer as the
+    root (embeddings, final norm, head), and fill it from rank 0's load (`rlhf.models.sharding.materialize`)."""
+    if not d.sharded:
+        rm = load_trainable_reward_model(config, d.device)
+        return rm, RewardScorer(rm.hf_model)
+    with torch.device("meta"):
+        rm = load_trainable_reward_model(config, "meta")
+    scorer = RewardScorer(rm.hf_model)
+    shard(rm.hf_model, d.mesh, root=False)
+    shard_small(scorer, d)
+    full = load_trainable_reward_model(config, "cpu") if d.is_main else None
+    materialize(scorer, RewardScorer(full.hf_model) if full is not None else None, d.mesh)
+    return dataclasses.replace(rm, fresh_head=d.broadcast(full is not None and full.fresh_head)), scorer
 
 
 def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:

@@ -36,7 +36,7 @@ from rlhf.rollout.rewards.base import (
     score_all,
 )
 from rlhf.rollout.rewards.function import FunctionReward
-from rlhf.rollout.rewards.model import RewardModelReward
+from rlhf.rollout.rewards.model import ModelLoader, RewardModelReward
 from rlhf.rollout.rewards.remote import HttpReward
 
 _ENTRY_KEYS = ("source", "weight", "name")
@@ -49,6 +49,7 @@ def load_reward_source(
     policy_tokenizer: Any = None,
     device: str = "cpu",
     batch_size: int = 16,
+    loader: ModelLoader | None = None,
 ) -> RewardSource:
     """The reward source a spec string names (table in the module docstring).
 
@@ -58,6 +59,7 @@ def load_reward_source(
         policy_tokenizer: the policy's tokenizer; lets a reward model detect a shared vocabulary
             (``shares_policy_tokenizer``, enabling its ``score_ids`` fast path).
         device, batch_size: reward model only — where its forwards run and their micro-batch size.
+        loader: reward model only — how its weights are put in memory (``RewardModelReward.load``).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward spec must be a non-empty string, got {spec!r}")
@@ -69,6 +71,7 @@ def load_reward_source(
         "policy_tokenizer": policy_tokenizer,
         "device": device,
         "batch_size": batch_size,
+        "loader": loader,
     }
     if Path(spec).expanduser().is_dir():
         return RewardModelReward.load(spec, **model_kwargs)
@@ -87,11 +90,13 @@ def load_reward_set(
     policy_tokenizer: Any = None,
     device: str = "cpu",
     batch_size: int = 16,
+    loader: ModelLoader | None = None,
 ) -> RewardSet:
     """A :class:`RewardSet` from the config's ``reward:`` value.
 
     ``reward`` is one spec string, or a list whose items are spec strings (weight 1) or mappings
     ``{"source": spec, "weight": float = 1.0, "name": str = default}``. Names must come out unique.
+    The other arguments are :func:`load_reward_source`'s.
     """
     entries = [reward] if isinstance(reward, str | Mapping) else list(reward)
     if not entries:
@@ -121,6 +126,7 @@ def load_reward_set(
                 policy_tokenizer=policy_tokenizer,
                 device=device,
                 batch_size=batch_size,
+                loader=loader,
             )
         )
         weights.append(float(weight))
@@ -130,6 +136,7 @@ def load_reward_set(
 __all__ = [
     "FunctionReward",
     "HttpReward",
+    "ModelLoader",
     "RewardContext",
     "RewardError",
     "RewardLog",

@@ -48,7 +48,7 @@ turn itself, so no eos is appended.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,10 @@ import torch
 from torch import nn
 
 from rlhf.rollout.rewards.base import RewardError
+
+ModelLoader = Callable[[Callable[[str], nn.Module]], nn.Module]
+"""Puts a model's weights in memory: given ``build(device)`` (``"meta"`` = the architecture, empty), returns
+the model (see :meth:`RewardModelReward.load`)."""
 
 
 class RewardModelReward:
@@ -132,13 +136,20 @@ class RewardModelReward:
         device: str | torch.device = "cpu",
         batch_size: int = 16,
         dtype: torch.dtype | str | None = None,
+        loader: ModelLoader | None = None,
     ) -> RewardModelReward:
         """Load model and tokenizer from a directory or a hub id; ``name`` defaults to its last path part.
 
         The configuration is read first, so a model with ``num_labels != 1`` is refused before its weights
-        are loaded. ``dtype`` is passed to ``from_pretrained`` when given.
+        are loaded. ``dtype`` is passed to ``from_pretrained`` when given. ``loader`` puts the weights in
+        memory: it gets ``build(device)`` (``from_pretrained`` and the pad row; ``"meta"`` builds the
+        architecture empty) and returns the model; default ``build("cpu")``. Sharded runs pass
+        ``rlhf.models.sharding.model_loader``, so each rank holds 1/world of a frozen reward model.
         """
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        from rlhf.data.tokenization import ensure_pad_token
+        from rlhf.models.loading import align_pad_token, pretrained
 
         path = Path(spec).expanduser()
         if path.exists() and not path.is_dir():
@@ -160,20 +171,23 @@ class RewardModelReward:
                 "output (a causal LM or a multi-class classifier is not a reward model — train one with `rlhf rm`)"
             )
         kwargs = {} if dtype is None else {"dtype": dtype}
+
+        def build(device: str) -> nn.Module:
+            model = pretrained(AutoModelForSequenceClassification, source, device, **kwargs)
+            # The pad token the policy's tokenizer gets too (a model trained by `rlhf rm` has it already), so
+            # a reward model built on the policy's base still shares its vocabulary, and padding stays
+            # embeddable.
+            align_pad_token(model, tokenizer)
+            return model
+
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(source)
+            ensure_pad_token(tokenizer)
+            model = loader(build) if loader is not None else build("cpu")
         except Exception as error:
             raise RewardError(
                 f"reward model {spec!r}: cannot load: {type(error).__name__}: {error}"
             ) from error
-        # The pad token the policy's tokenizer gets too (a model trained by `rlhf rm` has it already), so a
-        # reward model built on the policy's base still shares its vocabulary, and padding stays embeddable.
-        from rlhf.data.tokenization import ensure_pad_token
-        from rlhf.models.loading import align_pad_token
-
-        ensure_pad_token(tokenizer)
-        align_pad_token(model, tokenizer)
         return cls(
             model,
             tokenizer,
