@@ -1,13 +1,31 @@
-"""Import hygiene: `rlhf.core` is pure tensor math, and `import rlhf` stays light."""
+"""Import hygiene: `rlhf.core` is pure tensor math, `import rlhf` stays light, and the package's imports run one
+way (no module imports one that imports it back, no layer imports a layer above it)."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[1] / "src" / "rlhf" / "core"
+SRC = Path(__file__).resolve().parents[1] / "src"
+CORE = SRC / "rlhf" / "core"
+
+LAYERS = {
+    "core": 0, "config": 0, "optim": 0,
+    "data": 1, "runlog": 1,
+    "models": 2,
+    "rollout": 3,
+    "inputs": 4, "cli": 4, "__main__": 5,
+    "trainers": 5,
+    "answering": 6,
+    "sample": 7,
+    "evaluate": 8, "report": 8,
+    "demo": 9,
+}  # fmt: skip
+"""Each part of ``rlhf`` (a subpackage or a top-level module) and its layer: a part may import parts of lower
+layers only, whether at the top of a file or inside a function. The map in docs/architecture.md."""
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -61,3 +79,54 @@ def test_import_rlhf_is_light():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "", f"`import rlhf` loaded {out}"
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Every module of ``rlhf`` → the ``rlhf`` modules it imports anywhere in its file (function bodies too)."""
+    modules = {}
+    for path in (SRC / "rlhf").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                # `from pkg import module` imports the module; `from module import name` the module itself
+                targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_import_cycles():
+    graph = _package_graph()
+    assert len(graph) > 40, "expected the rlhf modules"
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        raise AssertionError(f"import cycle: {' -> '.join(error.args[1])}") from None
+
+
+def test_imports_run_down_the_layers():
+    graph = _package_graph()
+    parts = {_part(m) for m in graph} - {"rlhf"}
+    assert parts <= set(LAYERS), f"parts without a layer: {sorted(parts - set(LAYERS))} (add them to LAYERS)"
+    upward = [
+        f"{source} imports {target}"
+        for source, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if _part(source) in LAYERS and _part(target) in LAYERS and _part(source) != _part(target)
+        and LAYERS[_part(target)] >= LAYERS[_part(source)]
+    ]  # fmt: skip
+    assert not upward, "imports that do not run down the layers:\n" + "\n".join(upward)

@@ -13,6 +13,7 @@ import pytest
 from rlhf import cli, report
 from rlhf.config import config_from_dict
 from rlhf.models.tiny import toy_corpus
+from rlhf.report import pages
 
 REWARDS = Path(__file__).resolve().parent / "trainers" / "ppo_rewards.py"
 HOSTILE = "what is <script>alert(1)</script> & co"
@@ -24,41 +25,41 @@ HOSTILE = "what is <script>alert(1)</script> & co"
 
 
 def test_rolling_mean_is_centred_and_shrinks_at_the_ends():
-    assert report.rolling_mean([1.0, 2.0, 6.0, 3.0, 8.0], 3) == [1.5, 3.0, 11 / 3, 17 / 3, 5.5]
-    assert report.rolling_mean([4.0, 5.0], 1) == [4.0, 5.0]
+    assert pages.rolling_mean([1.0, 2.0, 6.0, 3.0, 8.0], 3) == [1.5, 3.0, 11 / 3, 17 / 3, 5.5]
+    assert pages.rolling_mean([4.0, 5.0], 1) == [4.0, 5.0]
 
 
 def test_smoothing_window_is_odd_and_grows_with_the_run():
-    assert [report.smoothing_window(n) for n in (1, 14, 15, 30, 45, 100)] == [1, 1, 1, 3, 3, 7]
+    assert [pages.smoothing_window(n) for n in (1, 14, 15, 30, 45, 100)] == [1, 1, 1, 3, 3, 7]
 
 
 def test_reward_gain_is_in_units_of_the_first_std():
     # means 2, 3, 1.5 with first-step std 0.5: gains 0, (3−2)/0.5 = 2, (1.5−2)/0.5 = −1
-    assert report.reward_gain([2.0, 3.0, 1.5], 0.5) == [0.0, 2.0, -1.0]
+    assert pages.reward_gain([2.0, 3.0, 1.5], 0.5) == [0.0, 2.0, -1.0]
     # a constant first batch (std 0) or a missing std falls back to the reward's own units
-    assert report.reward_gain([2.0, 3.0], 0.0) == [0.0, 1.0]
-    assert report.reward_gain([2.0, 3.0], float("nan")) == [0.0, 1.0]
+    assert pages.reward_gain([2.0, 3.0], 0.0) == [0.0, 1.0]
+    assert pages.reward_gain([2.0, 3.0], float("nan")) == [0.0, 1.0]
 
 
 def test_binned_means_group_points_by_x():
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
     ys = [50.0, 10.0, 30.0, 20.0, 40.0]
     # sorted by x: (1,10) (2,20) (3,30) (4,40) (5,50); 2 bins of 3 and 2 points
-    assert report.binned_means(xs, ys, 2) == ([2.0, 4.5], [20.0, 45.0])
-    assert report.binned_means(xs[:1], ys[:1], 3) == ([5.0], [50.0])  # fewer points than bins
+    assert pages.binned_means(xs, ys, 2) == ([2.0, 4.5], [20.0, 45.0])
+    assert pages.binned_means(xs[:1], ys[:1], 3) == ([5.0], [50.0])  # fewer points than bins
 
 
 def test_first_last_averages_the_ends():
-    assert report.first_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], k=2) == (1.5, 5.5)
-    assert report.first_last([7.0], k=5) == (7.0, 7.0)
-    assert report.first_last([1.0, 3.0, 5.0], k=5) == (1.0, 5.0)  # never overlapping halves
+    assert pages.first_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], k=2) == (1.5, 5.5)
+    assert pages.first_last([7.0], k=5) == (7.0, 7.0)
+    assert pages.first_last([1.0, 3.0, 5.0], k=5) == (1.0, 5.0)  # never overlapping halves
 
 
 def test_fmt_and_esc():
-    assert report.fmt(0.123456) == "0.123" and report.fmt(12) == "12" and report.fmt(None) == "—"
-    assert report.fmt(float("nan")) == "—"
-    assert report.fmt_seconds(167.4) == "167 s" and report.fmt_seconds(2.23) == "2.2 s"
-    assert report.esc("<a & b>") == "&lt;a &amp; b&gt;"
+    assert pages.fmt(0.123456) == "0.123" and pages.fmt(12) == "12" and pages.fmt(None) == "—"
+    assert pages.fmt(float("nan")) == "—"
+    assert pages.fmt_seconds(167.4) == "167 s" and pages.fmt_seconds(2.23) == "2.2 s"
+    assert pages.esc("<a & b>") == "&lt;a &amp; b&gt;"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,14 +112,14 @@ def test_ppo_report_is_self_contained_and_complete(ppo_run: Path):
     # (no response-length chart: a random model never stops early, every length is max_new_tokens — a flat line)
     for title in ("Reward (training batch)", "Held-out reward", "KL to the reference", "Entropy", "Clip fraction",
                   "Value loss", "Reward source 'length'", "Reward source 'digits'", "Reward against KL"):  # fmt: skip
-        assert f'alt="{report.esc(title)}"' in page, title
+        assert f'alt="{pages.esc(title)}"' in page, title
     assert "Held-out samples (step 2 and step 4)" in page
     assert "monitor (weight 0)" in page  # the weight-0 source is labelled as never optimised
-    assert "<script>" not in page and report.esc(HOSTILE) in page
-    assert report.esc((ppo_run / "config.yaml").read_text()) in page
+    assert "<script>" not in page and pages.esc(HOSTILE) in page
+    assert pages.esc((ppo_run / "config.yaml").read_text()) in page
     last = [json.loads(line) for line in (ppo_run / "samples" / "step_000004.jsonl").read_text().splitlines()]
     for row in last[:12]:
-        assert report.esc(row["completion"]) in page
+        assert pages.esc(row["completion"]) in page
 
 
 def test_output_flag_writes_elsewhere(ppo_run: Path, tmp_path: Path):
@@ -139,7 +140,7 @@ def test_grpo_report_uses_its_own_metrics(tiny_llama_dir: Path, prompts_file: Pa
 
 
 def test_run_loading_reads_weights_and_series(ppo_run: Path):
-    run = report.load_run(ppo_run)
+    run = pages.load_run(ppo_run)
     assert run.command == "ppo" and run.reward_weights() == {"length": 1.0, "digits": 0.0}
     steps, values = run.series("eval/reward/mean")
     assert steps == [2, 4] and len(values) == 2
@@ -167,10 +168,10 @@ def test_a_run_still_writing_gets_a_report(ppo_run: Path, tmp_path: Path):
     shutil.copytree(ppo_run, run, ignore=shutil.ignore_patterns("report.html"))
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
-    assert len(report.load_run(run).rows) == len(lines) - 1
+    assert len(pages.load_run(run).rows) == len(lines) - 1
     assert "Training curves" in report.build(run)
     broken = lines[:1] + ["{not json"] + lines[1:]
     (run / "metrics.jsonl").write_text("\n".join(broken) + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
-        report.load_run(run)
+        pages.load_run(run)
     assert cli.main(["report", str(run)]) == 2  # a clean error line, no traceback

@@ -46,15 +46,7 @@ from typing import Any
 
 import torch
 
-from rlhf.config import EvalConfig
-from rlhf.data import load_prompts
-from rlhf.data.tokenization import TokenizedPrompt
-from rlhf.models.loading import load_tokenizer
-from rlhf.rollout.rewards import RewardSet, load_reward_set
-from rlhf.runlog import rundir
-from rlhf.runlog.seeding import seed_everything
-from rlhf.sample import (
-    BatchProgress,
+from rlhf.answering import (
     Sampler,
     json_safe,
     nan_to_none,
@@ -63,6 +55,14 @@ from rlhf.sample import (
     response_lengths,
     response_metrics,
 )
+from rlhf.config import EvalConfig
+from rlhf.data import load_prompts
+from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.models.loading import load_tokenizer
+from rlhf.rollout.rewards import RewardSet, load_reward_set
+from rlhf.runlog import rundir
+from rlhf.runlog.progress import BatchProgress
+from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common
 
 

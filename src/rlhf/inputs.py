@@ -11,7 +11,7 @@ truncated or garbage file is caught here). A string that is not an existing path
 and offline mode behave as usual; if that fails, the message names the field. Reward and judge sources that
 are Python functions are imported here too (as the run would), so a missing file or function names its field.
 
-The ``stop_token`` is checked against the policy's tokenizer (:func:`rlhf.trainers.common.stop_token_ids`).
+The ``stop_token`` is checked against the policy's tokenizer (:func:`rlhf.data.tokenization.stop_token_ids`).
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def check_stop_token(policy: str, stop_token: str) -> None:
     """A ``stop_token`` other than 'eos' is one token of the policy's tokenizer (before any weights load)."""
     from transformers import AutoTokenizer
 
-    from rlhf.trainers.common import stop_token_ids
+    from rlhf.data.tokenization import stop_token_ids
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(policy)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import sys
 import time
 from collections import Counter
@@ -57,14 +56,22 @@ from typing import Any
 
 import torch
 
-from rlhf.config import EvalConfig, SampleConfig
+from rlhf.answering import (
+    Sampler,
+    json_safe,
+    nan_to_none,
+    prompt_batches,
+    prompt_value,
+    response_lengths,
+    response_metrics,
+)
+from rlhf.config import SampleConfig
 from rlhf.data import load_prompts
-from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt
-from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.rollout.engine import SamplingParams
+from rlhf.models.loading import load_tokenizer
 from rlhf.rollout.rewards import load_reward_set
 from rlhf.runlog import rundir
+from rlhf.runlog.progress import BatchProgress
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common
 
@@ -239,11 +246,6 @@ def ranked_candidates(completions: list[str], rewards: list[float | None] | None
     return sorted(scored, key=lambda pair: (-pair[0], pair[1]))
 
 
-def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
-    """The prompt as the prompts file gave it: its text, or its message list for a chat prompt."""
-    return prompt.messages if prompt.messages is not None else prompt.text
-
-
 def assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
@@ -251,75 +253,6 @@ def assistant(text: str) -> list[dict[str, str]]:
 def with_columns(row: Row, columns: dict[str, Any]) -> Row:
     """The row followed by the prompt's extra columns; the row's own keys win over a column of the same name."""
     return row | {name: value for name, value in columns.items() if name not in row}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Sampling plumbing shared with `rlhf eval` (rlhf.evaluate).
-# ---------------------------------------------------------------------------------------------------------------
-
-
-class Sampler:
-    """One model answering prompt batches with the rollout engine: left-padded prompts, a torch.Generator
-    seeded once with ``config.seed`` (the same prompts in the same batches give the same completions),
-    responses cut at the stop token. ``seconds`` accumulates the time spent generating."""
-
-    def __init__(self, model: str, tokenizer: Any, config: SampleConfig | EvalConfig, device: torch.device):
-        self.model = load_causal_lm(model, config.dtype, device)  # dropout off
-        self.tokenizer = tokenizer
-        self.device = device
-        self.stops = common.stop_token_ids(tokenizer, config.stop_token)
-        self.params = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-        self.generator = torch.Generator(device).manual_seed(config.seed)
-        self.seconds = 0.0
-
-    def __call__(self, batch: PromptBatch, repeat: int = 1) -> common.Generated:
-        """``repeat`` completions per prompt of ``batch``, in consecutive rows."""
-        start = time.perf_counter()
-        generated = common.generate(
-            self.model, self.tokenizer, batch, self.params, self.stops, self.generator, self.device, repeat
-        )
-        self.seconds += time.perf_counter() - start
-        return generated
-
-
-def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[PromptBatch]:
-    """The prompts in file order, ``batch_size`` at a time (the last batch may be smaller)."""
-    return [
-        PromptBatch.of(prompts, range(start, min(len(prompts), start + batch_size)))
-        for start in range(0, len(prompts), batch_size)
-    ]
-
-
-def response_lengths(generated: common.Generated) -> torch.Tensor:
-    """(B,) tokens of each response, the stop token included, on the CPU."""
-    return (generated.responses != generated.pad_token_id).sum(-1).cpu()
-
-
-def response_metrics(lengths: Sequence[torch.Tensor], stopped: Sequence[torch.Tensor]) -> dict[str, float]:
-    """``response/length_mean`` (tokens) and ``response/eos_rate`` (share that ended with the stop token) over
-    the per-batch `response_lengths` and ``has_stop`` tensors."""
-    if not lengths:
-        return {"response/length_mean": math.nan, "response/eos_rate": math.nan}
-    return {
-        "response/length_mean": torch.cat(lengths).float().mean().item(),
-        "response/eos_rate": torch.cat(stopped).float().mean().item(),
-    }
-
-
-def nan_to_none(values: Sequence[float]) -> list[float | None]:
-    """Scores as JSON values: NaN (unscored) → None."""
-    return [None if math.isnan(v) else v for v in values]
-
-
-def json_safe(data: Any) -> Any:
-    """``data`` with every non-finite float replaced by None (JSON has no NaN)."""
-    if isinstance(data, dict):
-        return {key: json_safe(value) for key, value in data.items()}
-    if isinstance(data, list | tuple):
-        return [json_safe(value) for value in data]
-    if isinstance(data, float) and not math.isfinite(data):
-        return None
-    return data
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -335,35 +268,3 @@ def summary_line(summary: dict[str, Any]) -> str:
         parts.append(f"judge mean {summary['judge/mean']:.4g} ± {summary['judge/std']:.3g}")
     parts.append(f"{summary['time/total_s']:.1f} s")
     return "; ".join(parts)
-
-
-class BatchProgress:
-    """A rich progress bar over the prompts, on stderr (stdout may carry results); silent when disabled.
-
-    ``with BatchProgress(total, "sample", enabled) as bar: bar.advance(len(batch), "judge 0.3")``
-    """
-
-    def __init__(self, total: int, description: str, enabled: bool = True):
-        self.total, self.description, self.enabled = total, description, enabled
-        self._progress: Any = None
-
-    def __enter__(self) -> BatchProgress:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=Console(stderr=True),
-            )  # fmt: skip
-            self._progress.start()
-            self._task = self._progress.add_task(self.description, total=self.total, stats="")
-        return self
-
-    def advance(self, n: int, stats: str = "") -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=n, stats=stats)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()

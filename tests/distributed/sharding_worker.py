@@ -225,7 +225,7 @@ def task_reward_model(mesh: DeviceMesh, small: str, reward: str) -> dict:
     """A frozen sequence-classification reward model shards and scores as its unsharded copy does; loaded
     as a reward source (each rank holds its shards only) it scores unequal numbers of rows per rank inside
     ``gathered``; a critic built from it loads sharded with the same weights."""
-    from rlhf.models.loading import load_critic
+    from rlhf.models.critic import load_critic
     from rlhf.models.tiny import tiny_reward_model, toy_corpus
     from rlhf.rollout.rewards import RewardModelReward
 

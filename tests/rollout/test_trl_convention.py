@@ -25,6 +25,7 @@ from transformers import TrainerState
 from rlhf.config import config_from_dict
 from rlhf.data import load_prompts
 from rlhf.data.stream import PromptBatch
+from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.rollout import verifiers
 from rlhf.rollout.engine import SamplingParams
@@ -150,7 +151,7 @@ def sampled(model_dir: Path, path: Path) -> tuple[PromptBatch, common.Generated]
     prompts = load_prompts(path, tokenizer, 64)
     batch = PromptBatch.of(prompts, range(len(prompts)))
     model = load_causal_lm(str(model_dir))
-    stops = common.stop_token_ids(tokenizer, "eos")
+    stops = stop_token_ids(tokenizer, "eos")
     generator = torch.Generator().manual_seed(0)
     params = SamplingParams(8, 1.0, 0, 1.0)
     return batch, common.generate(model, tokenizer, batch, params, stops, generator, torch.device("cpu"), G)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlhf.config import ConfigError
 from rlhf.data.files import DataError, ProblemList
 from rlhf.data.records import Message, PreferenceExample, PromptExample, SFTExample
 
@@ -500,3 +501,33 @@ def _joined_preferences(
             )
         out.append(TokenizedPreference(ex.where, [], chosen, rejected, ex.margin, truncated))
     return out
+
+
+def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
+    """Token ids that end a response: EOS always, plus ``stop_token`` when it names another single token.
+
+    Raises `ConfigError` for a text the tokenizer does not encode as exactly one token: a response is cut at
+    one sampled token, so a multi-token text could never be matched.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError("the policy's tokenizer has no eos token; responses need a stop token")
+    if stop_token == "eos":
+        return [int(eos)]
+    ids = tokenizer.encode(stop_token, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        raise ConfigError(
+            f"stop_token={stop_token!r} is {len(ids)} tokens for the policy's tokenizer "
+            f"({', '.join(f'{i}={p!r}' for i, p in zip(ids, pieces, strict=True)) or 'none'}); it must be exactly "
+            f"one token: 'eos' (the tokenizer's {tokenizer.eos_token!r}) or a text that is one token, such as "
+            f"{_one_token_example(tokenizer)}"
+        )
+    return sorted({int(eos), int(ids[0])})
+
+
+def _one_token_example(tokenizer: Any) -> str:
+    """A few stop texts that are single tokens for this tokenizer, for the error message."""
+    found = [repr(t) for t in ("\n", ".", "\n\n", "</s>", "<|im_end|>")
+             if len(tokenizer.encode(t, add_special_tokens=False)) == 1]  # fmt: skip
+    return " or ".join(found[:3]) or "a special token of the tokenizer"

@@ -19,7 +19,7 @@ configs they would read from YAML, written next to them as ``config.yaml``):
    judge deciding each comparison (``judge: rlhf.demo.task:gold``), scored by both gold and the reward model.
 
 ``summary.json`` is computed from those outputs only (see `summarize`); nothing in it is written in by hand.
-``report.html`` (`rlhf.demo.report`) is built from the same files; ``rlhf report OUTPUT_DIR`` rebuilds it.
+``report.html`` (`rlhf.report.demo`) is built from the same files; ``rlhf report OUTPUT_DIR`` rebuilds it.
 """
 
 from __future__ import annotations

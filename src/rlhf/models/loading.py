@@ -26,7 +26,7 @@ from torch import nn
 
 from rlhf.config import ConfigError
 from rlhf.data.tokenization import ensure_pad_token, require_pad_token_id
-from rlhf.models.policy import ValueHead, disable_dropout
+from rlhf.models.policy import disable_dropout
 
 if TYPE_CHECKING:
     from rlhf.config import LoRAConfig
@@ -229,63 +229,3 @@ def check_compiler(device: torch.device) -> None:
             "compile: true needs a C++ compiler on CPU (torch.compile builds its kernels with it): "
             "install g++ (e.g. `apt install g++`) or set CXX, or set compile: false"
         )
-
-
-class Critic(nn.Module):
-    """A separate value model: its own transformer trunk and a scalar head read at every response state.
-
-    Initialised from the reward model when the reward is a model sharing the policy's tokenizer (N+
-    ``ppo.py`` L478-489, TRL ``PolicyAndValueWrapper``), so the value function starts from a network that
-    already rates responses; otherwise from the policy's weights with a zero head.
-    """
-
-    def __init__(self, trunk: nn.Module, head: ValueHead):
-        super().__init__()
-        self.trunk = trunk
-        self.head = head
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
-    ) -> torch.Tensor:
-        """(B, L) → values (B, T) at the states before each of the last T tokens (checklist item 9)."""
-        from rlhf.data.collate import position_ids_from_mask
-
-        T = response_length
-        hidden = self.trunk(
-            input_ids=input_ids.masked_fill(attention_mask == 0, 0),
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).last_hidden_state
-        return self.head(hidden[:, -(T + 1) : -1]).float()
-
-
-def load_critic(
-    name_or_path: str, from_reward_model: bool, dtype: str = "float32", device: str | torch.device = "cpu"
-) -> Critic:
-    """A :class:`Critic` from a reward-model directory (head copied) or from a causal-LM directory (zero head).
-    ``device="meta"``: the architecture only (:func:`pretrained`)."""
-    from transformers import AutoModel, AutoModelForSequenceClassification
-
-    if from_reward_model:
-        rm = pretrained(AutoModelForSequenceClassification, name_or_path, device, dtype=DTYPES[dtype])
-        trunk = rm.base_model
-        head = ValueHead(rm.config.hidden_size)
-        score = getattr(rm, "score", None)
-        if isinstance(score, nn.Linear) and score.out_features == 1:
-            from rlhf.models.reward import reward_normalization
-
-            # fold the stored normalisation in, so the critic starts on the scale of the rewards it predicts
-            gain, bias = reward_normalization(rm.config)
-            with torch.no_grad():
-                head.linear.weight.copy_(gain * score.weight.float())
-                raw_bias = score.bias.float() if score.bias is not None else torch.zeros(1)
-                head.linear.bias.copy_(gain * raw_bias + bias)
-    else:
-        trunk = pretrained(AutoModel, name_or_path, device, dtype=DTYPES[dtype])
-        head = ValueHead(trunk.config.hidden_size)
-    # the critic never sees a pad id (they are replaced by 0), but final/critic must load with its tokenizer
-    align_pad_token(trunk, load_tokenizer(name_or_path))
-    critic = Critic(trunk, head).to(device)
-    disable_dropout(critic)
-    return critic

@@ -1,4 +1,5 @@
-"""A rich progress bar for training loops: step, s/step and the few numbers worth watching."""
+"""Rich progress bars on stderr: training loops (step, s/step and the few numbers worth watching) and passes
+over prompts (``rlhf sample``, ``rlhf eval``)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,35 @@ def quiet_libraries() -> Iterator[None]:
 
 
 DATASETS_BARS = "HF_DATASETS_DISABLE_PROGRESS_BARS"
+
+
+class BatchProgress:
+    """A rich progress bar over the prompts, on stderr (stdout may carry results); silent when disabled.
+
+    ``with BatchProgress(total, "sample", enabled) as bar: bar.advance(len(batch), "judge 0.3")``
+    """
+
+    def __init__(self, total: int, description: str, enabled: bool = True):
+        self.total, self.description, self.enabled = total, description, enabled
+        self._progress: Any = None
+
+    def __enter__(self) -> BatchProgress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=Console(stderr=True),
+            )  # fmt: skip
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=self.total, stats="")
+        return self
+
+    def advance(self, n: int, stats: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=n, stats=stats)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -47,36 +47,6 @@ def device_for_run() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
-    """Token ids that end a response: EOS always, plus ``stop_token`` when it names another single token.
-
-    Raises `ConfigError` for a text the tokenizer does not encode as exactly one token: a response is cut at
-    one sampled token, so a multi-token text could never be matched.
-    """
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ConfigError("the policy's tokenizer has no eos token; responses need a stop token")
-    if stop_token == "eos":
-        return [int(eos)]
-    ids = tokenizer.encode(stop_token, add_special_tokens=False)
-    if len(ids) != 1:
-        pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ConfigError(
-            f"stop_token={stop_token!r} is {len(ids)} tokens for the policy's tokenizer "
-            f"({', '.join(f'{i}={p!r}' for i, p in zip(ids, pieces, strict=True)) or 'none'}); it must be exactly "
-            f"one token: 'eos' (the tokenizer's {tokenizer.eos_token!r}) or a text that is one token, such as "
-            f"{_one_token_example(tokenizer)}"
-        )
-    return sorted({int(eos), int(ids[0])})
-
-
-def _one_token_example(tokenizer: Any) -> str:
-    """A few stop texts that are single tokens for this tokenizer, for the error message."""
-    found = [repr(t) for t in ("\n", ".", "\n\n", "</s>", "<|im_end|>")
-             if len(tokenizer.encode(t, add_special_tokens=False)) == 1]  # fmt: skip
-    return " or ".join(found[:3]) or "a special token of the tokenizer"
-
-
 def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:
     """The config's reward sources for an RL trainer; when the run shards its models, each rank holds 1/world of
     every reward model (they are gathered for scoring, see :func:`score`)."""

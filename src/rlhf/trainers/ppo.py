@@ -38,9 +38,10 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
+from rlhf.data.tokenization import stop_token_ids
+from rlhf.models.critic import load_critic
 from rlhf.models.loading import (
     compile_models,
-    load_critic,
     load_tokenizer,
     load_trainable_state,
     trainable_state,
@@ -167,7 +168,7 @@ def run(config: PPOConfig) -> Path:
     device = d.device
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config.policy)
-    stops = common.stop_token_ids(tokenizer, config.stop_token)
+    stops = stop_token_ids(tokenizer, config.stop_token)
     train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
     rewards = common.load_rewards(config, tokenizer, d)
     models = Models(config, rewards, d)

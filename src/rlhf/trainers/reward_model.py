@@ -55,6 +55,7 @@ from rlhf.data import (
     tokenize_prompts,
 )
 from rlhf.data.stream import PromptBatch
+from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora, load_trainable_state, trainable_state
 from rlhf.models.reward import (
     RewardScorer,
@@ -315,7 +316,7 @@ def normalize(
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.seed))
     picks = [int(order[i % len(prompts)]) for i in range(config.normalize_samples)]  # cycles when few
     sampling = SamplingParams(config.normalize_max_new_tokens, config.normalize_temperature)
-    stops = common.stop_token_ids(policy_tokenizer, "eos")
+    stops = stop_token_ids(policy_tokenizer, "eos")
     generator = torch.Generator(device).manual_seed(config.seed)
     batch = PromptBatch.of(prompts, picks)
     generated = common.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d,

@@ -1,19 +1,5 @@
-"""``rlhf report RUN_DIR``: one self-contained HTML page about a ppo or grpo run (or a whole ``rlhf demo``).
-
-The page reads only what the run wrote — ``config.yaml``, ``metrics.jsonl`` and ``samples/step_*.jsonl`` —
-and embeds every plot as a PNG data URI, so the file can be mailed or attached to an issue as it is.
-
-Sections: headline numbers; training curves (reward, each reward source, KL, entropy, clip fraction, value
-loss, response length, gradient norm, |advantage|, where the step's time went); reward gained against KL
-(`reward_gain`); held-out answers at the first and the last eval step; the config. A demo directory gets
-its own page (`rlhf.demo.report`), built from the same pieces.
-
-Reading the reward-vs-KL plot: each reward source's batch mean is drawn as its gain over step 1 in units of
-step 1's standard deviation, against √KL to the reference. Sources with weight 0 in the reward list are
-*monitors* (logged, never optimised): when the optimised proxy keeps rising while a monitor that stands for
-the truth flattens or falls, the policy is exploiting the proxy — reward over-optimisation, which the KL
-penalty exists to limit.
-"""
+"""The pieces of the report pages (plots, tables, cards, escaping) and the page of one ppo or grpo run
+(:func:`run_report`); the demo's page (`rlhf.report.demo`) is built from the same pieces. See `rlhf.report`."""
 
 from __future__ import annotations
 
@@ -23,14 +9,13 @@ import html
 import io
 import json
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlhf.config import ConfigError, ReportConfig
+from rlhf.config import ConfigError
 
 RL_COMMANDS = ("ppo", "grpo")
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
@@ -483,38 +468,6 @@ def run_report(run: Run, max_samples: int) -> str:
         config_block("config.yaml", run.config_text, open_=True),
     ]
     return page(title, body)
-
-
-def is_demo_dir(path: Path) -> bool:
-    return (path / "summary.json").is_file() and (path / "ppo" / "metrics.jsonl").is_file()
-
-
-def build(run_dir: str | Path, max_samples: int = 12) -> str:
-    """The report's HTML for a ppo/grpo run directory, or for an ``rlhf demo`` output directory."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory: pass the output_dir of a ppo/grpo run or of rlhf demo")
-    if is_demo_dir(path):
-        from rlhf.demo.report import demo_report
-
-        return demo_report(path, max_samples)
-    return run_report(load_run(path), max_samples)
-
-
-def write(run_dir: str | Path, output: str | Path | None = None, max_samples: int = 12) -> Path:
-    """Build the report and write it (default ``RUN_DIR/report.html``); returns the path."""
-    target = Path(output) if output is not None else Path(run_dir) / "report.html"
-    text = build(run_dir, max_samples)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
-    return target
-
-
-def run(config: ReportConfig) -> Path:
-    """`rlhf report`: write the report and say where it is."""
-    path = write(config.run_dir, config.output, config.max_samples)
-    print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
-    return path
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlhf import report as r
+from rlhf.report import pages as r
 
 # (stage, what it does, why it is there) — the order of `rlhf.demo.pipeline.STAGES`
 STAGE_NOTES = (
