@@ -25,8 +25,8 @@ PPO_REQUIRED = {
     "output_dir": "runs/ppo",
 }
 
-# The PPO fields DESIGN.md names (user-facing, fixed).
-DESIGN_PPO_FIELDS = [
+# The PPO fields users write in their configs (README, "PPO config fields"): renaming one breaks them.
+USER_PPO_FIELDS = [
     "policy",
     "reward",
     "steps",
@@ -109,7 +109,7 @@ def test_ppo_help_of_the_installed_command_documents_the_design_fields() -> None
     assert result.returncode == 0, result.stderr
     out = flatten_help(result.stdout)
     docs = {f.name: f for f in dataclasses.fields(PPOConfig)}
-    for name in DESIGN_PPO_FIELDS:
+    for name in USER_PPO_FIELDS:
         assert name in docs
         # the flag, then its documentation: the first words of the field's docstring
         match = re.search(rf"--{name} (\S+ )?(.*?)(\(default|\(required)", out)

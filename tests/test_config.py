@@ -420,8 +420,8 @@ def test_every_field_has_a_docstring(cls: type) -> None:
         )
 
 
-def test_design_field_names_exist() -> None:
-    """The field names DESIGN.md fixes for users."""
+def test_user_facing_field_names_exist() -> None:
+    """The field names users write in their configs (README): renaming one breaks them."""
     training = {"output_dir", "seed", "learning_rate", "batch_size", "train_data", "eval_data"}
     rl = {"policy", "reward", "steps", "max_new_tokens", "temperature", "kl_coef", "eval_every", "save_every"}
     names = {command: {f.name for f in dataclasses.fields(cls)} for command, cls in COMMANDS.items()}

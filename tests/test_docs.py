@@ -28,7 +28,7 @@ def test_readme_names_every_ppo_field_and_metric():
     readme = (ROOT / "README.md").read_text()
     for field in dataclasses.fields(PPOConfig):
         assert f"`{field.name}`" in readme, f"README does not mention the ppo field {field.name}"
-    design_metrics = [
+    documented_metrics = [
         "step",
         "reward/mean",
         "reward/std",
@@ -51,7 +51,7 @@ def test_readme_names_every_ppo_field_and_metric():
         "time/step_s",
         "throughput/tokens_per_s",
     ]
-    for name in design_metrics:
+    for name in documented_metrics:
         assert f"`{name}`" in readme, f"README does not list the metric {name}"
 
 

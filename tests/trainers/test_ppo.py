@@ -32,8 +32,8 @@ from rlhf.trainers import common, ppo
 
 REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 
-# DESIGN.md, "Metric names" (PPO): every training line of metrics.jsonl carries all of them.
-DESIGN_METRICS = [
+# The PPO metric names (README, "Metrics"): every training line of metrics.jsonl carries all of them.
+PPO_METRICS = [
     "step", "reward/mean", "reward/std", "kl/mean", "kl/coef", "policy/loss", "policy/entropy",
     "policy/clipfrac", "policy/approx_kl", "value/loss", "value/clipfrac", "value/explained_variance",
     "advantages/abs_mean", "grad/norm", "response/length_mean", "response/length_max", "response/eos_rate",
@@ -127,7 +127,7 @@ def test_smoke_two_steps(tiny_model_dir_factory, prompts_file, tmp_path, ragged,
     rows = train_rows(out)
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
-        assert finite(row, DESIGN_METRICS), row
+        assert finite(row, PPO_METRICS), row
         assert row["policy/first_ratio_max_dev"] == 0.0  # checklist item 34, as the run reports it
         assert 0 < row["response/eos_rate"] < 1  # ragged responses: padding is part of the batch
     # 2 iterations × 2 epochs × 2 minibatches, one micro-batch each. Call 0 of each iteration is the first
@@ -173,7 +173,7 @@ def test_metrics_samples_and_final_directory(tiny_llama_dir, prompts_file, tmp_p
     rows = train_rows(out)
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
-        assert set(DESIGN_METRICS) <= row.keys()
+        assert set(PPO_METRICS) <= row.keys()
         assert {"reward/digits/mean", "reward/length_chars/mean"} <= row.keys()
         # every sample is scored, so the mean of the weighted sums is the weighted sum of the means
         expected = 2.0 * row["reward/digits/mean"] + 0.5 * row["reward/length_chars/mean"]
@@ -309,7 +309,7 @@ def test_lora_run_saves_merged_model(tiny_llama_dir, prompts_file, tmp_path, mic
     out = tmp_path / "run"
     final = ppo.run(make_config(tiny_llama_dir, prompts_file, out, lora=LORA, learning_rate=1e-2))
     assert micro_steps[0]["ratio_dev"] == 0.0 and micro_steps[0]["policy/clipfrac"] == 0.0
-    assert all(finite(row, DESIGN_METRICS) for row in train_rows(out))
+    assert all(finite(row, PPO_METRICS) for row in train_rows(out))
     assert not list(final.glob("adapter*"))  # merged: no adapter files needed to load it
     merged = AutoModelForCausalLM.from_pretrained(final).state_dict()
     initial = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).state_dict()
@@ -334,7 +334,7 @@ def test_reward_model_with_a_different_tokenizer(
                          critic=critic)  # fmt: skip
     ppo.run(config)
     rows = train_rows(out)
-    assert len(rows) == 2 and all(finite(row, DESIGN_METRICS) for row in rows)
+    assert len(rows) == 2 and all(finite(row, PPO_METRICS) for row in rows)
     assert rows[0]["reward/std"] > 0  # the reward model really scored the (decoded, re-encoded) responses
 
 
@@ -360,7 +360,7 @@ def test_reward_model_sharing_the_tokenizer_scores_the_sampled_ids(
     training = [scores for ids, scores in seen if len(ids) == 8]  # the rest: the 4 held-out prompts
     assert len(training) == len(rows) == 2
     for row, scores in zip(rows, training, strict=True):
-        assert finite(row, DESIGN_METRICS)
+        assert finite(row, PPO_METRICS)
         assert row["reward/mean"] == pytest.approx(scores.mean().item(), abs=1e-5)
         assert row["reward/std"] > 0
 

@@ -42,7 +42,7 @@ from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_sou
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common, reward_model
 
-# DESIGN.md ("Metric names", rm) and the issue: every training row carries these; evaluation rows add EVAL.
+# The rm metric names (README, "Metrics"): every training row carries these; evaluation rows add EVAL.
 TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]
 EVAL_METRICS = ["eval/loss", "eval/accuracy", "eval/reward_margin"]
 

@@ -28,7 +28,7 @@ from rlhf.models.tiny import toy_corpus
 from rlhf.trainers import common, sft
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
-DESIGN_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
+SFT_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
 
 
 def questions(n: int, seed: int = 3) -> list[dict]:
@@ -124,7 +124,7 @@ def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch
     assert evals == [0, 5, 8, 10, 15, 16, 20, 24, 25, 30, 32]  # before, every 5, at each epoch's end (8k)
     assert rows[0] == {"step": 0, "epoch": 0.0, "eval/loss": rows[0]["eval/loss"]}
     for row in rows[1:]:
-        assert all(key in row for key in DESIGN_METRICS), row
+        assert all(key in row for key in SFT_METRICS), row
         assert row["epoch"] == pytest.approx(row["step"] / 8)
     first, last = rows[0]["eval/loss"], rows[-1]["eval/loss"]
     assert last < first - 2.5, (first, last)

@@ -1,6 +1,6 @@
 """Pure tensor math of RLHF: one function per equation, tensors in, tensors (and small stat dicts) out.
 
-Rules for this package (see STYLE.md): imports only ``torch`` and the standard library; no models, no config
+Rules for this package (docs/architecture.md): imports only ``torch`` and the standard library; no models, no config
 objects, no ``self``, no distributed calls, never writes into its inputs.
 
 Notation used in every docstring:

@@ -6,7 +6,7 @@ listing every problem as ``file:line: what is wrong`` (the first 20 of them), e.
     train.jsonl:7: "prompt" must be a non-empty string, got int
     prefs.jsonl:3: missing "rejected" (keys present: prompt, chosen)
 
-Accepted shapes (DESIGN.md, "Data files"):
+Accepted shapes (README, "Data files"):
 
 - prompts: ``{"prompt": str}`` or ``{"messages": [{"role", "content"}, ...]}`` (``"prompt"`` may also be a
   message list, TRL's conversational prompt-only form). Every other key is a *column*, kept and passed to

@@ -331,7 +331,7 @@ def make_rollout(
     advantages, returns = gae(rewards, values, gae_mask, config.gamma, config.lam)
     if config.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
-    # kl/mean: per-sequence Σ (log π − log π_ref), averaged over scored sequences (DESIGN metric)
+    # kl/mean: per-sequence Σ (log π − log π_ref), averaged over scored sequences (the metric users know by this name)
     seq_kl = masked_sum(logprobs - ref_logprobs, policy_mask, dim=-1)[scored]
     stats = {
         "kl/mean": seq_kl.mean().item() if len(seq_kl) else math.nan,

@@ -1,6 +1,6 @@
 """Reward sources for ``ppo`` / ``grpo`` (the ``reward:`` config field) and scoring a batch with all of them.
 
-Spec forms accepted by :func:`load_reward_source` (DESIGN.md, "Reward sources"):
+Spec forms accepted by :func:`load_reward_source` (README, "Reward sources"):
 
 =================================================  ===============================  =====================
 spec                                               source                           default name
