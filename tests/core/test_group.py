@@ -19,6 +19,7 @@ from rlhf.core.group import (
     reinforce_pp_advantages,
     rloo_advantages,
     sum_rewards,
+    token_advantages,
 )
 
 F64 = torch.float64
@@ -199,3 +200,42 @@ def test_groups_with_signal():
     assert groups_with_signal(J).tolist() == [True, True, False]
     r = t([[1.0, NAN, 1.0], [NAN, NAN, NAN], [0.0, NAN, 1.0]])
     assert groups_with_signal(r).tolist() == [False, False, True]
+
+
+# token_advantages: one group of G = 2, T = 3; row 0 has 3 real tokens, row 1 has 2 (its last column is not in
+# the loss). Rewards [1, 0]: dr_grpo centres them to [0.5, −0.5]; grpo divides by the group std √0.5.
+TOKEN_MASK = torch.tensor([[True, True, True], [True, True, False]])
+TOKEN_KL = t([[0.1, 0.2, 0.0], [0.0, 0.1, 9.0]])  # the 9 sits outside the mask and must not count
+LAST = torch.tensor([2, 1])  # the last real token of each row
+
+
+def test_token_advantages_broadcast_the_sequence_advantage():
+    advantages = token_advantages(t([1.0, 0.0]), TOKEN_MASK, 2, "dr_grpo")
+    assert advantages.tolist() == [[0.5, 0.5, 0.5], [-0.5, -0.5, 0.0]]
+    grpo = token_advantages(t([1.0, 0.0]), TOKEN_MASK, 2, "grpo", scale="group", eps=0.0)
+    s = 1 / math.sqrt(0.5)  # (r − mean) / std: ±0.5 / √0.5
+    torch.testing.assert_close(grpo, t([[0.5 * s] * 3, [-0.5 * s, -0.5 * s, 0.0]]), rtol=0, atol=1e-15)
+
+
+def test_token_advantages_with_the_kl_in_the_reward():
+    """β = 0.5: token rewards −β·KL plus the sequence advantage at the last real token, summed to the end.
+    row 0: [−0.05, −0.1, 0 + 0.5] → to go [0.35, 0.4, 0.5];  row 1: [0, −0.05 − 0.5, ·] → [−0.55, −0.55, 0]."""
+    advantages = token_advantages(t([1.0, 0.0]), TOKEN_MASK, 2, "dr_grpo", kl=TOKEN_KL, kl_coef=0.5, score_index=LAST)
+    # each entry is a sum of ≤ 3 float64 terms: a few ulp
+    torch.testing.assert_close(advantages, t([[0.35, 0.4, 0.5], [-0.55, -0.55, 0.0]]), rtol=0, atol=1e-15)
+
+
+def test_token_advantages_reinforce_pp_whitens_the_token_returns():
+    """REINFORCE++ with the KL in the reward: centred like dr_grpo, then the five returns above are whitened
+    (population variance): mean 0.03, deviations [0.32, 0.37, 0.47, −0.58, −0.58], variance 1.133 / 5."""
+    advantages = token_advantages(
+        t([1.0, 0.0]), TOKEN_MASK, 2, "reinforce_pp", kl=TOKEN_KL, kl_coef=0.5, score_index=LAST
+    )
+    std = math.sqrt(1.133 / 5 + 1e-8)  # masked_whiten's eps
+    expected = t([[0.32, 0.37, 0.47], [-0.58, -0.58, 0.0]]) / std
+    torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-14)  # a mean and a variance of 5 terms
+
+
+def test_token_advantages_need_the_score_index_with_kl():
+    with pytest.raises(ValueError, match="score_index"):
+        token_advantages(t([1.0, 0.0]), TOKEN_MASK, 2, "grpo", kl=TOKEN_KL, kl_coef=0.5)

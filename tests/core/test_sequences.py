@@ -84,15 +84,26 @@ def test_missing_eos_penalty_variants():
     scores = torch.tensor([1.0, 0.5], dtype=torch.float64)
     has_eos = contains_stop(POST, EOS)
     subtract = penalize_missing_eos(scores, has_eos, "subtract", 1.0)
-    replace = penalize_missing_eos(scores, has_eos, MissingEosPenalty.REPLACE, -1.0)
+    replace = penalize_missing_eos(scores, has_eos, MissingEosPenalty.REPLACE, 1.0)
     assert subtract.tolist() == [1.0, -0.5]  # TRL: 0.5 − 1
     assert replace.tolist() == [1.0, -1.0]  # OAI/N+: −1
     assert not torch.equal(subtract, replace)
     assert torch.equal(subtract, subtract_missing_eos_penalty(scores, has_eos, 1.0))
-    assert torch.equal(replace, replace_missing_eos_score(scores, has_eos, -1.0))
+    assert torch.equal(replace, replace_missing_eos_score(scores, has_eos, 1.0))
     assert scores.tolist() == [1.0, 0.5]
     with pytest.raises(ValueError):
         penalize_missing_eos(scores, has_eos, "mask", 1.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        penalize_missing_eos(scores, has_eos, "replace", -1.0)
+
+
+@pytest.mark.parametrize("kind", ["replace", "subtract"])
+def test_missing_eos_penalty_leaves_unscored_samples_unscored(kind):
+    scores = torch.tensor([float("nan"), float("nan"), 2.0])
+    has_eos = torch.tensor([True, False, False])
+    penalized = penalize_missing_eos(scores, has_eos, kind, 0.5)
+    assert penalized[:2].isnan().all()
+    assert penalized[2].item() == (-0.5 if kind == "replace" else 1.5)
 
 
 def test_score_index_conventions():

@@ -2,7 +2,8 @@
 
 Canonical shape: ``rewards (N, G)`` — N prompts × G samples each (reshape a flat ``(B,)`` batch laid out
 prompt-major with ``rewards.view(-1, G)``); multi-reward inputs are ``(N, G, K)``. Outputs are ``(N, G)``
-sequence-level advantages, broadcast over tokens by the policy loss.
+sequence-level advantages; :func:`token_advantages` spreads them over a batch's tokens ``(B, T)``, with the
+KL penalty in the reward when asked.
 
 A NaN reward means "could not be scored" (a reward function returned None): that sample gets advantage 0
 and is left out of every mean and std. Advantages are constants; nothing here needs gradients.
@@ -15,6 +16,8 @@ from enum import StrEnum
 
 import torch
 
+from rlhf.core.advantages import gae
+from rlhf.core.kl import kl_shaped_rewards
 from rlhf.core.masked import masked_whiten
 
 
@@ -158,6 +161,45 @@ def group_advantages(
     """Advantages ``(N, G)`` from rewards ``(N, G)`` with the chosen estimator; ``options`` go to its function
     (``scale``/``eps`` for grpo, ``eps`` for reinforce_pp)."""
     return GROUP_ESTIMATORS[GroupEstimator(estimator)](rewards, **options)
+
+
+def token_advantages(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    estimator: GroupEstimator | str,
+    *,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    score_index: torch.Tensor | None = None,
+    whiten: bool = False,
+    **options: object,
+) -> torch.Tensor:
+    """Per-token advantages ``(B, T)`` from the rewards ``(B,)`` of prompt-major groups of ``group_size``; 0
+    outside ``mask`` ``(B, T)`` (True = a token of the loss). ``options`` go to the estimator.
+
+    Without ``kl``: the estimator's sequence advantage (:func:`group_advantages`) on every token. With the
+    per-token ``kl`` ``(B, T)`` put in the reward (GRPO's ``kl_in: reward``): the sequence advantage is the
+    score at ``score_index`` ``(B,)`` (the last real token), every token pays −β·KL, and each token's
+    advantage is its reward-to-go, ``A_t = A_seq·[t ≤ index] − β·Σ_{k≥t} KL_k`` (GAE with γ = λ = 1 and zero
+    values). REINFORCE++ then only centres the scores in their group (its ``dr_grpo`` form) and whitens the
+    token-level returns over the batch instead of whitening per sequence (OpenRLHF ``reinforce_baseline``).
+    ``whiten``: whiten the advantages over the masked tokens (population variance) at the end.
+    """
+    if kl is not None:
+        if score_index is None:
+            raise ValueError("token_advantages: score_index is needed with kl (where each sequence's score goes)")
+        if GroupEstimator(estimator) is GroupEstimator.REINFORCE_PP:
+            estimator, whiten = GroupEstimator.DR_GRPO, True  # centre only; the whitening comes after the KL
+    per_sequence = group_advantages(rewards.view(-1, group_size), estimator, **options).view(-1)
+    if kl is None:
+        advantages = per_sequence[:, None].expand_as(mask)
+    else:
+        token_rewards, _ = kl_shaped_rewards(per_sequence, kl, kl_coef, score_index, mask)
+        advantages, _ = gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma=1.0, lam=1.0)
+    if whiten:
+        advantages = masked_whiten(advantages, mask, unbiased=False)
+    return advantages.masked_fill(~mask, 0.0)
 
 
 def sum_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -115,11 +115,11 @@ class MissingEosPenalty(StrEnum):
 
 
 def replace_missing_eos_score(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
-    """score ← ``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value``, −1).
+    """score ← −``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value`` = −1).
 
-    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` with −1.
+    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` with 1.
     """
-    return torch.where(has_eos, scores, torch.full_like(scores, penalty))
+    return torch.where(has_eos, scores, torch.full_like(scores, -penalty))
 
 
 def subtract_missing_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -141,10 +141,14 @@ MISSING_EOS_PENALTIES: dict[
 def penalize_missing_eos(
     scores: torch.Tensor, has_eos: torch.Tensor, kind: MissingEosPenalty | str, penalty: float
 ) -> torch.Tensor:
-    """Apply the ``kind`` missing-EOS penalty. ``penalty`` is the replacement score for ``"replace"`` (OAI −1)
-    and the positive amount taken off for ``"subtract"`` (TRL 1.0). Shapes: ``(B,)`` → ``(B,)``.
+    """Apply the ``kind`` missing-EOS penalty of size ``penalty`` ≥ 0: ``"replace"`` makes the score −penalty
+    (OAI: 1), ``"subtract"`` takes penalty off it (TRL: 1.0). A NaN score (not scored) stays NaN: there is no
+    score to penalise. Shapes: ``(B,)`` → ``(B,)``.
     """
-    return MISSING_EOS_PENALTIES[MissingEosPenalty(kind)](scores, has_eos, penalty)
+    if penalty < 0:
+        raise ValueError(f"missing-EOS penalty must be >= 0 (its size), got {penalty}")
+    penalized = MISSING_EOS_PENALTIES[MissingEosPenalty(kind)](scores, has_eos, penalty)
+    return torch.where(scores.isnan(), scores, penalized)
 
 
 class ScoreConvention(StrEnum):

@@ -48,12 +48,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhf.config import GRPOConfig
-from rlhf.core.advantages import gae
-from rlhf.core.group import dapo_overlong_penalty, group_advantages, groups_with_signal
-from rlhf.core.kl import kl_estimate, kl_shaped_rewards
+from rlhf.core.group import dapo_overlong_penalty, groups_with_signal, token_advantages
+from rlhf.core.kl import kl_estimate
 from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss
-from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
+from rlhf.core.masked import masked_mean, masked_sum
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import (
@@ -254,14 +253,8 @@ def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: common
     """The combined score (B,) with the missing-EOS penalty and the DAPO overlong penalty; NaN stays NaN."""
     rewards = combined.float()
     if config.missing_eos_penalty is not None:
-        # config: a penalty size ≥ 0; core's "replace" takes the replacement score itself
-        amount = (
-            -config.missing_eos_penalty
-            if config.missing_eos_mode == "replace"
-            else config.missing_eos_penalty
-        )
-        penalized = penalize_missing_eos(rewards, generated.has_stop.cpu(), config.missing_eos_mode, amount)
-        rewards = torch.where(rewards.isnan(), rewards, penalized)
+        rewards = penalize_missing_eos(rewards, generated.has_stop.cpu(), config.missing_eos_mode,
+                                       config.missing_eos_penalty)  # fmt: skip
     if config.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1).cpu()
         rewards = rewards + dapo_overlong_penalty(
@@ -341,7 +334,12 @@ def make_rollout(
     logprobs = logprobs.masked_fill(masks.padding_mask, INVALID_LOGPROB) if logprobs is not None else None
     ref = ref.masked_fill(masks.padding_mask, INVALID_LOGPROB) if ref is not None else None
     kl = kl_estimate(logprobs, ref, config.kl_estimator) if ref is not None else None
-    advantages = token_advantages(config, rewards, kl, masks.sequence_lengths, loss_mask)
+    in_reward = config.kl_in == "reward" and kl is not None  # else the KL goes into the loss (or nowhere)
+    advantages = token_advantages(
+        rewards, loss_mask, config.group_size, config.estimator, whiten=config.whiten_advantages,
+        kl=kl if in_reward else None, kl_coef=config.kl_coef, score_index=score_index(masks.sequence_lengths, T, "eos"),
+        **({"scale": config.reward_scaling} if config.estimator == "grpo" else {}),
+    )  # fmt: skip
 
     stats = {
         "reward/score_mean": rewards[scored].mean().item() if scored.any() else math.nan,
@@ -365,37 +363,6 @@ def on_policy(config: GRPOConfig, models: Models) -> bool:
     so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
     one policy forward less per step, the same update (TRL's GRPO does the same)."""
     return config.num_iterations == 1 and config.num_minibatches == 1 and not models.has_reference
-
-
-def token_advantages(
-    config: GRPOConfig, rewards: torch.Tensor, kl: torch.Tensor | None, lengths: torch.Tensor,
-    mask: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
-    """Per-token advantages (B, T) from the rewards (B,) of prompt-major groups; 0 outside ``mask``.
-
-    Sequence level (default): ``group_advantages`` of the chosen estimator, broadcast over the tokens.
-    ``kl_in: reward`` (and a reference): A_t = A_seq − β·Σ_{k≥t} KL_k, the reward-to-go of the per-token
-    rewards; REINFORCE++ centres the scores in their group and whitens these token-level returns instead of
-    whitening per sequence (OpenRLHF ``reinforce_baseline``).
-    """
-    G, T = config.group_size, mask.shape[1]
-    estimator = config.estimator
-    options = {"scale": config.reward_scaling} if estimator == "grpo" else {}
-    whiten = config.whiten_advantages
-    if config.kl_in == "reward" and kl is not None:
-        if estimator == "reinforce_pp":
-            estimator, whiten = "dr_grpo", True  # centre only; the whitening comes after the KL
-        per_seq = group_advantages(rewards.view(-1, G), estimator, **options).view(-1)
-        index = score_index(lengths, T, "eos")
-        token_rewards, _ = kl_shaped_rewards(per_seq, kl, config.kl_coef, index, mask)
-        # γ = λ = 1 and zero values: GAE's advantages are the plain reward-to-go Σ_{k≥t} r_k
-        advantages, _ = gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma=1.0, lam=1.0)
-    else:
-        per_seq = group_advantages(rewards.view(-1, G), estimator, **options).view(-1)
-        advantages = per_seq[:, None].expand(-1, T)
-    if whiten:
-        advantages = masked_whiten(advantages, mask, unbiased=False)
-    return advantages.masked_fill(~mask, 0.0)
 
 
 def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:

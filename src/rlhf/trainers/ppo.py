@@ -314,13 +314,7 @@ def make_rollout(
 
     score = torch.nan_to_num(scores.to(logprobs.device), nan=0.0)
     if config.missing_eos_penalty is not None:
-        # config: a penalty size ≥ 0; core's "replace" takes the replacement score itself
-        amount = (
-            -config.missing_eos_penalty
-            if config.missing_eos_mode == "replace"
-            else config.missing_eos_penalty
-        )
-        score = penalize_missing_eos(score, generated.has_stop, config.missing_eos_mode, amount)
+        score = penalize_missing_eos(score, generated.has_stop, config.missing_eos_mode, config.missing_eos_penalty)
     kl = kl_estimate(logprobs, ref_logprobs, config.kl_estimator)
     beta = kl_coef if config.kl_in == "reward" else 0.0
     index = score_index(masks.sequence_lengths, T, config.score_position)
