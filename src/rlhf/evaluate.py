@@ -46,15 +46,7 @@ from typing import Any
 
 import torch
 
-from rlhf.answering import (
-    Sampler,
-    json_safe,
-    nan_to_none,
-    prompt_batches,
-    prompt_value,
-    response_lengths,
-    response_metrics,
-)
+from rlhf import answering
 from rlhf.config import EvalConfig
 from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
@@ -101,7 +93,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         **policy.metrics,
     }
     rows = [
-        {"prompt": prompt_value(p), "completion": c, **_reward_fields(policy.scores, i)}
+        {"prompt": answering.prompt_value(p), "completion": c, **_reward_fields(policy.scores, i)}
         for i, (p, c) in enumerate(zip(prompts, policy.completions, strict=True))
     ]
     times = {"time/policy_s": policy.seconds}
@@ -125,12 +117,12 @@ def run(config: EvalConfig) -> dict[str, Any]:
         for i, row in enumerate(rows):
             row["baseline_completion"] = baseline.completions[i]
             row |= {f"baseline_{key}": value for key, value in _reward_fields(baseline.scores, i).items()}
-            row["judge_policy"], row["judge_baseline"] = nan_to_none([a[i].item(), b[i].item()])
+            row["judge_policy"], row["judge_baseline"] = answering.nan_to_none([a[i].item(), b[i].item()])
             row["outcome"] = _outcome(a[i].item(), b[i].item())
         times |= {"time/baseline_s": baseline.seconds, "time/judge_s": time.perf_counter() - t0}
     # 5. results
     results |= times | {"time/total_s": time.perf_counter() - start}
-    results = json_safe(results)
+    results = answering.json_safe(results)
     text = json.dumps(results, indent=2)
     if config.output is None:
         print(text)
@@ -138,7 +130,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         _write(config.output, text + "\n", config.overwrite)
         print(f"eval: {_summary_line(results)} → {config.output}", file=sys.stderr)
     if config.samples_output is not None:
-        lines = [json.dumps(json_safe(row), ensure_ascii=False) + "\n" for row in rows]
+        lines = [json.dumps(answering.json_safe(row), ensure_ascii=False) + "\n" for row in rows]
         _write(config.samples_output, "".join(lines), config.overwrite)
     return results
 
@@ -149,24 +141,24 @@ def answer(
 ) -> Answers:  # fmt: skip
     """``model``'s completion of every prompt (batch by batch, one sample each), scored by ``rewards``."""
     start = time.perf_counter()
-    sampler = Sampler(model, tokenizer, config, device)
+    sampler = answering.Sampler(model, tokenizer, config, device)
     completions: list[str] = []
     lengths: list[torch.Tensor] = []
     stopped: list[torch.Tensor] = []
     scores_all: list[common.Scores] = []
     with BatchProgress(len(prompts), description, config.progress) as bar:
-        for batch in prompt_batches(prompts, config.batch_size):
+        for batch in answering.prompt_batches(prompts, config.batch_size):
             generated = sampler(batch)
             context = common.reward_context(batch, generated, trainer_state=common.make_trainer_state(None, 0))
             scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
                                   config.reward_aggregation, context=context)  # fmt: skip
             completions += generated.completions
-            lengths.append(response_lengths(generated))
+            lengths.append(answering.response_lengths(generated))
             stopped.append(generated.has_stop.cpu())
             scores_all.append(scores)
             bar.advance(len(batch), f"reward {torch.cat([s.raw for s in scores_all]).nanmean():.3g}")
     scores = common.concat_scores(scores_all) if scores_all else _no_scores(rewards)
-    metrics = reward_metrics(scores) | response_metrics(lengths, stopped)
+    metrics = reward_metrics(scores) | answering.response_metrics(lengths, stopped)
     return Answers(completions, scores, metrics, time.perf_counter() - start)
 
 
@@ -189,7 +181,7 @@ def judge_pairs(
     chunks of ``batch_size`` prompts.
     """
     combined = []
-    for batch in prompt_batches(prompts, config.batch_size):
+    for batch in answering.prompt_batches(prompts, config.batch_size):
         texts = [t for t in batch.texts for _ in range(2)]
         answers = [x for i in batch.indices for x in (a[i], b[i])]
         columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
@@ -227,9 +219,9 @@ def _outcome(a: float, b: float) -> str | None:
 def _reward_fields(scores: common.Scores, i: int) -> dict[str, Any]:
     """``reward`` (the weighted sum of the raw rewards), with several sources ``rewards`` by name, and the
     ``log_extra`` columns as ``extra``, of row ``i``."""
-    fields: dict[str, Any] = {"reward": nan_to_none([scores.raw[i].item()])[0]}
+    fields: dict[str, Any] = {"reward": answering.nan_to_none([scores.raw[i].item()])[0]}
     if len(scores.names) > 1:
-        fields["rewards"] = dict(zip(scores.names, nan_to_none(scores.per_source[i].tolist()), strict=True))
+        fields["rewards"] = dict(zip(scores.names, answering.nan_to_none(scores.per_source[i].tolist()), strict=True))
     if scores.extra:
         fields["extra"] = {key: values[i] for key, values in scores.extra.items()}
     return fields
