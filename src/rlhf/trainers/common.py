@@ -22,16 +22,19 @@ from rlhf.config import ConfigError, config_to_dict, config_to_yaml
 from rlhf.core.group import gdpo_advantages, sum_rewards
 from rlhf.data import held_out, left_pad, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.data.tokenization import stop_token_ids
+from rlhf.models.loading import load_tokenizer
 from rlhf.models.sharding import model_loader
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.optim import build_optimizer
 from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
 from rlhf.rollout.rewards import RewardContext, RewardError, RewardModelReward, RewardSet, load_reward_set
+from rlhf.runlog import distributed
 from rlhf.runlog.checkpoint import checkpoint_path, save_checkpoint
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import MetricsLogger, NoLogger
-from rlhf.runlog.rundir import atomic_open, atomic_write_text, clear_run
-from rlhf.runlog.seeding import rng_state, set_rng_state
+from rlhf.runlog.rundir import atomic_open, atomic_write_text, clear_run, load_resume_checkpoint
+from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.runlog.sharded_checkpoint import load_sharded, save_sharded
 
 MAX_HELD_OUT = 32
@@ -45,6 +48,35 @@ mean the rewards do not fit the data."""
 
 def device_for_run() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLInputs:
+    """What PPO and GRPO set up before their models (:func:`rl_inputs`)."""
+
+    d: Dist
+    tokenizer: Any
+    stops: list[int]
+    train_prompts: list
+    eval_prompts: list
+    rewards: RewardSet
+    sampling: SamplingParams
+
+
+def rl_inputs(config: Any) -> RLInputs:
+    """Check every input (model paths, reward sources, stop token) before anything loads, seed every generator,
+    then the policy's tokenizer, the stop token ids, the training and held-out prompts, the reward sources and
+    the sampling settings."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)
+    d = distributed.current()
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.policy)
+    train_prompts, eval_prompts = rl_prompts(config, tokenizer)
+    return RLInputs(d, tokenizer, stop_token_ids(tokenizer, config.stop_token), train_prompts, eval_prompts,
+                    load_rewards(config, tokenizer, d),
+                    SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p))  # fmt: skip
 
 
 def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:
@@ -482,6 +514,15 @@ class TrainState:
         save_training(out, step, d, modules=models.modules(), optimizer=self.optimizer,
                       plain={**self.state_dict(), **extra},
                       unsharded=lambda: {"models": models.state_dict(), "optimizer": self.optimizer.state_dict()})
+
+    def resume(self, config: Any, models: Any, d: Dist) -> tuple[Path | None, dict[str, Any]]:
+        """``--resume``: the checkpoint picked (`rundir.load_resume_checkpoint`), loaded into ``models`` and this
+        state, and its plain entries (``step``, a trainer's ``extra``); ``(None, {})`` when starting afresh."""
+        checkpoint, saved = load_resume_checkpoint(config)
+        if checkpoint is None:
+            return None, {}
+        self.restore(saved, models, d)
+        return checkpoint, saved
 
     def restore(self, saved: dict[str, Any], models: Any, d: Dist) -> None:
         """Load what :meth:`save` wrote into ``models`` and this state."""

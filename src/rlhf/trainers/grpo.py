@@ -54,10 +54,8 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss
 from rlhf.core.masked import masked_mean, masked_sum
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import (
     compile_models,
-    load_tokenizer,
     load_trainable_state,
     trainable_state,
 )
@@ -67,7 +65,6 @@ from rlhf.rollout.engine import SamplingParams
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
-from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common, update
 from rlhf.trainers.update import Trainable
 
@@ -153,33 +150,21 @@ class Models:
 @rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
     """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
-    from rlhf.inputs import check_inputs
-
-    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
-    out = Path(config.output_dir)
-    d = distributed.current()
+    inputs = common.rl_inputs(config)
+    out, d, tokenizer, stops, rewards = Path(config.output_dir), inputs.d, inputs.tokenizer, inputs.stops, inputs.rewards
     device = d.device
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.policy)
-    stops = stop_token_ids(tokenizer, config.stop_token)
-    train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
-    rewards = common.load_rewards(config, tokenizer, d)
     models = Models(config, d)
     total_updates = config.steps * config.num_iterations * config.num_minibatches
-    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, train_prompts, device)
+    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
+                                     device)  # fmt: skip
     optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
-    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-    start = 0
-
-    checkpoint, saved = rundir.load_resume_checkpoint(config)
-    if checkpoint is not None:
-        state.restore(saved, models, d)
-        start = saved["step"]
+    checkpoint, saved = state.resume(config, models, d)
+    start = saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored, rows = common.UnscoredSteps(), config.batch_size * config.group_size
 
     def sample_round(trainer_state: Any) -> Sampled:
-        return sample_groups(config, models, tokenizer, rewards, next(stream), sampling, stops,
+        return sample_groups(config, models, tokenizer, rewards, next(stream), inputs.sampling, stops,
                              generators["sampling"], device, trainer_state, d)  # fmt: skip
 
     with StepProgress(config.steps, start, enabled=config.progress and d.is_main) as progress:
@@ -215,7 +200,7 @@ def run(config: GRPOConfig) -> Path:
                 common.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
                                        sampled.scores)  # fmt: skip
             trainer_state = common.make_trainer_state(config, step, stream, rows)
-            common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
+            common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:

@@ -38,22 +38,18 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.critic import load_critic
 from rlhf.models.loading import (
     compile_models,
-    load_tokenizer,
     load_trainable_state,
     trainable_state,
 )
 from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_response_tokens
 from rlhf.models.sharding import load_policy, load_sharded, shard_small, unsharded
-from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardModelReward
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
-from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import common, update
 from rlhf.trainers.update import Trainable
 
@@ -160,28 +156,16 @@ class Models:
 @rundir.claims_output_dir
 def run(config: PPOConfig) -> Path:
     """Train ``config.policy`` with PPO; returns the ``final/`` directory."""
-    from rlhf.inputs import check_inputs
-
-    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
-    out = Path(config.output_dir)
-    d = distributed.current()
+    inputs = common.rl_inputs(config)
+    out, d, tokenizer, stops, rewards = Path(config.output_dir), inputs.d, inputs.tokenizer, inputs.stops, inputs.rewards
     device = d.device
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.policy)
-    stops = stop_token_ids(tokenizer, config.stop_token)
-    train_prompts, eval_prompts = common.rl_prompts(config, tokenizer)
-    rewards = common.load_rewards(config, tokenizer, d)
     models = Models(config, rewards, d)
     total_updates = config.steps * config.ppo_epochs * config.num_minibatches
-    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, train_prompts, device)
+    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
+                                     device)  # fmt: skip
     optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
-    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-    kl_coef, start = config.kl_coef, 0
-
-    checkpoint, saved = rundir.load_resume_checkpoint(config)
-    if checkpoint is not None:
-        state.restore(saved, models, d)
-        kl_coef, start = saved["kl_coef"], saved["step"]
+    checkpoint, saved = state.resume(config, models, d)
+    kl_coef, start = saved.get("kl_coef", config.kl_coef), saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored = common.UnscoredSteps()
 
@@ -192,7 +176,7 @@ def run(config: PPOConfig) -> Path:
             batch = next(stream)
             # 1. roll out the current policy (each rank its share of the prompts; every rank gets all responses)
             generated = common.generate(
-                models.policy, tokenizer, batch, sampling, stops, generators["sampling"], device, d=d
+                models.policy, tokenizer, batch, inputs.sampling, stops, generators["sampling"], device, d=d
             )
             t_rollout = time.perf_counter() - t0
             # 2. score the finished responses
@@ -232,7 +216,7 @@ def run(config: PPOConfig) -> Path:
             if d.is_main:
                 common.log_completions(config, out, step, batch.texts, generated.completions, scores)
             trainer_state = common.make_trainer_state(config, step, stream, config.batch_size)
-            common.evaluate_and_log(config, models.policy, tokenizer, rewards, eval_prompts, stops, device,
+            common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
             if config.save_every and step % config.save_every == 0:
