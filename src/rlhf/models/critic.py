@@ -17,12 +17,7 @@ from rlhf.models.reward import reward_normalization
 
 
 class Critic(nn.Module):
-    """A separate value model: its own transformer trunk and a scalar head read at every response state.
-
-    Initialised from the reward model when the reward is a model sharing the policy's tokenizer (N+
-    ``ppo.py`` L478-489, TRL ``PolicyAndValueWrapper``), so the value function starts from a network that
-    already rates responses; otherwise from the policy's weights with a zero head.
-    """
+    """A transformer trunk and a scalar head read at every response state (see the module docstring)."""
 
     def __init__(self, trunk: nn.Module, head: ValueHead):
         super().__init__()

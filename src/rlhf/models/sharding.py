@@ -93,18 +93,14 @@ def _precision(mesh: DeviceMesh, mixed: bool | None = None) -> MixedPrecisionPol
     return MixedPrecisionPolicy()
 
 
-def load_sharded(
-    build: Callable[[str | torch.device], nn.Module],
-    mesh: DeviceMesh,
-    shard_model: Callable[[nn.Module], Any] | None = None,
-) -> nn.Module:
+def load_sharded(build: Callable[[str | torch.device], nn.Module], mesh: DeviceMesh) -> nn.Module:
     """A sharded model whose weights are ``build``'s, without a whole copy on every rank.
 
     ``build(device)`` is an ordinary loader (``from_pretrained`` and whatever the trainer does after it);
     called with ``"meta"`` it must make the same architecture without reading any weights (see
     :func:`~rlhf.models.loading.pretrained`). Every rank builds that empty model (no memory), shards it
-    (``shard_model``, default :func:`shard`) and allocates only its shards; rank 0 alone calls
-    ``build("cpu")`` and broadcasts the result tensor by tensor, each rank keeping its slice.
+    (:func:`shard`) and allocates only its shards; rank 0 alone calls ``build("cpu")`` and broadcasts the
+    result tensor by tensor, each rank keeping its slice (:func:`materialize`).
 
     Anything random in ``build`` (a fresh head, LoRA's initial adapters) is rank 0's draw on every rank, and
     afterwards every rank's global random state is rank 0's — the state one process would be in after
@@ -112,7 +108,7 @@ def load_sharded(
     """
     with torch.device("meta"):
         model = build("meta")
-    (shard_model or (lambda m: shard(m, mesh)))(model)
+    shard(model, mesh)
     return materialize(model, build("cpu") if dist.get_rank() == 0 else None, mesh)
 
 
