@@ -23,7 +23,6 @@ def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
     return prompt.messages if prompt.messages is not None else prompt.text
 
 
-
 class Sampler:
     """One model answering prompt batches with the rollout engine: left-padded prompts, a torch.Generator
     seeded once with ``config.seed`` (the same prompts in the same batches give the same completions),

@@ -243,16 +243,19 @@ def task_reward_model(mesh: DeviceMesh, small: str, reward: str) -> dict:
     plain = RewardModelReward.load(reward, batch_size=2)
     parameters = list(source.model.parameters())
     results["source_sharded"] = all(isinstance(p, DTensor) for p in parameters)
-    results["source_local_fraction"] = sum(_local(p).numel() for p in parameters) / sum(p.numel() for p in parameters)
+    local = sum(_local(p).numel() for p in parameters)
+    results["source_local_fraction"] = local / sum(p.numel() for p in parameters)
     lines = toy_corpus(14, seed=dist.get_rank())[: 10 if dist.get_rank() == 0 else 4]  # 5 and 2 micro-batches
     with gathered(source.model):
         sharded_scores = source.score(lines[::2], lines[1::2])
-    results["source_score_difference"] = max(abs(a - b) for a, b in zip(sharded_scores, plain.score(lines[::2], lines[1::2]), strict=True))
+    plain_scores = plain.score(lines[::2], lines[1::2])
+    results["source_score_difference"] = max(abs(a - b) for a, b in zip(sharded_scores, plain_scores, strict=True))
 
     critic = load_sharded(lambda device: load_critic(reward, from_reward_model=True, device=device), mesh)
     state = full_state_dict(critic)
     if dist.get_rank() == 0:
-        results["critic_difference"] = max_difference(state, load_critic(reward, from_reward_model=True).state_dict())
+        expected = load_critic(reward, from_reward_model=True).state_dict()
+        results["critic_difference"] = max_difference(state, expected)
     return results
 
 
@@ -381,7 +384,8 @@ def task_save(mesh: DeviceMesh | None, small: str, directory: str) -> dict:
     models, optimizer = checkpoint_models(small, mesh, seed=1)
     ids, mask = batch(models["policy"].config.vocab_size)
     train_steps(models["policy"], optimizer, ids, mask, 1, *_world_rank(mesh))
-    sharded_checkpoint.save_sharded(directory, models, optimizer, {"step": 1, "rng": torch.get_rng_state(), "kl_coef": 0.05})
+    extra = {"step": 1, "rng": torch.get_rng_state(), "kl_coef": 0.05}
+    sharded_checkpoint.save_sharded(directory, models, optimizer, extra)
     return checkpoint_state(models, optimizer)
 
 

@@ -58,10 +58,13 @@ def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, crit
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
-def test_ppo_fsdp_with_a_reward_model_equals_one_process(tiny_llama_dir, tiny_reward_model_dir, prompts, tmp_path):
+def test_ppo_fsdp_with_a_reward_model_equals_one_process(
+    tiny_llama_dir, tiny_reward_model_dir, prompts, tmp_path
+):
     """FSDP2 with a reward model as the reward: it is loaded sharded and gathered for scoring (each rank scores
     its own rows), and the separate critic starts from it, also loaded sharded."""
-    config = rl_config(tiny_llama_dir, prompts, batch_size=8, critic="separate", reward=str(tiny_reward_model_dir))
+    reward = str(tiny_reward_model_dir)
+    config = rl_config(tiny_llama_dir, prompts, batch_size=8, critic="separate", reward=reward)
     one_rows, one_grads = run("ppo", config, tmp_path / "one")
     two_rows, two_grads = run("ppo", config | {"parallelism": "fsdp"}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)

@@ -74,9 +74,10 @@ def rl_inputs(config: Any) -> RLInputs:
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config.policy)
     train_prompts, eval_prompts = rl_prompts(config, tokenizer)
-    return RLInputs(d, tokenizer, stop_token_ids(tokenizer, config.stop_token), train_prompts, eval_prompts,
-                    load_rewards(config, tokenizer, d),
-                    SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p))  # fmt: skip
+    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+    stops = stop_token_ids(tokenizer, config.stop_token)
+    rewards = load_rewards(config, tokenizer, d)
+    return RLInputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling)
 
 
 def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:

@@ -151,8 +151,8 @@ class Models:
 def run(config: GRPOConfig) -> Path:
     """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
     inputs = common.rl_inputs(config)
-    out, d, tokenizer, stops, rewards = Path(config.output_dir), inputs.d, inputs.tokenizer, inputs.stops, inputs.rewards
-    device = d.device
+    out, d, device = Path(config.output_dir), inputs.d, inputs.d.device
+    tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
     models = Models(config, d)
     total_updates = config.steps * config.num_iterations * config.num_minibatches
     state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
@@ -322,7 +322,8 @@ def make_rollout(
     in_reward = config.kl_in == "reward" and kl is not None  # else the KL goes into the loss (or nowhere)
     advantages = token_advantages(
         rewards, loss_mask, config.group_size, config.estimator, whiten=config.whiten_advantages,
-        kl=kl if in_reward else None, kl_coef=config.kl_coef, score_index=score_index(masks.sequence_lengths, T, "eos"),
+        kl=kl if in_reward else None, kl_coef=config.kl_coef,
+        score_index=score_index(masks.sequence_lengths, T, "eos"),
         **({"scale": config.reward_scaling} if config.estimator == "grpo" else {}),
     )  # fmt: skip
 

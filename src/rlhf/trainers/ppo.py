@@ -157,8 +157,8 @@ class Models:
 def run(config: PPOConfig) -> Path:
     """Train ``config.policy`` with PPO; returns the ``final/`` directory."""
     inputs = common.rl_inputs(config)
-    out, d, tokenizer, stops, rewards = Path(config.output_dir), inputs.d, inputs.tokenizer, inputs.stops, inputs.rewards
-    device = d.device
+    out, d, device = Path(config.output_dir), inputs.d, inputs.d.device
+    tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
     models = Models(config, rewards, d)
     total_updates = config.steps * config.ppo_epochs * config.num_minibatches
     state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
@@ -309,7 +309,7 @@ def make_rollout(
     advantages, returns = gae(rewards, values, gae_mask, config.gamma, config.lam)
     if config.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
-    # kl/mean: per-sequence Σ (log π − log π_ref), averaged over scored sequences (the metric users know by this name)
+    # kl/mean: per-sequence Σ (log π − log π_ref), averaged over scored sequences (the name users know it by)
     seq_kl = masked_sum(logprobs - ref_logprobs, policy_mask, dim=-1)[scored]
     stats = {
         "kl/mean": seq_kl.mean().item() if len(seq_kl) else math.nan,
