@@ -226,23 +226,34 @@ def peak_gflops(threads: int) -> float:
     return best
 
 
+def ours_config(
+    algo: str, models: dict, prompts: str, out_dir: Path, steps: int, s: dict, *, critic: str | None = None,
+    micro_batch_size: int | None = None, compile: bool = False, parallelism: str = "auto",
+) -> dict:
+    """Our config for the shared settings `s` (the flat names TRL's side reads too), in rlhf's sections."""
+    if algo == "ppo":
+        algorithm = {"epochs": s["ppo_epochs"], "num_minibatches": s["num_minibatches"]} | ({"critic": critic} if critic else {})
+    else:
+        algorithm = {"group_size": s["group_size"], "num_iterations": s["num_iterations"]}
+    return {
+        "output_dir": str(out_dir), "model": {"name": models["policy"], "compile": compile},
+        "data": {"train": prompts}, "reward": {"source": models["reward"]},
+        "sampling": {"max_new_tokens": s["max_new_tokens"], "temperature": s["temperature"]},
+        "kl": {"coef": s["kl_coef"]}, "optim": {"learning_rate": s["learning_rate"]},
+        "batch": {"size": s["batch_size"], "micro_size": micro_batch_size},
+        "run": {"seed": 0, "report_to": ["jsonl"], "progress": False, "eval_every": 0, "save_every": 0,
+                "overwrite": True, "parallelism": parallelism},
+        algo: {"steps": steps, **algorithm},
+    }  # fmt: skip
+
+
 def run_spec(case: Case, run: Run, assets: dict, steps: int, out_dir: Path) -> dict:
     """The SPEC a child reads: our config dict, or TRL's settings."""
     models = assets["models"][case.size]
     s = case.settings
     if run.side == "ours":
-        config = {
-            "policy": models["policy"], "reward": models["reward"], "train_data": assets["prompts"],
-            "output_dir": str(out_dir), "seed": 0, "steps": steps, "max_new_tokens": case.max_new_tokens,
-            "report_to": ["jsonl"], "progress": False, "eval_every": 0, "save_every": 0,
-            **s,
-        }  # fmt: skip
-        if run.critic:
-            config["critic"] = run.critic
-        if run.micro_batch_size:
-            config["micro_batch_size"] = run.micro_batch_size
-        if run.compile:
-            config["compile"] = True
+        config = ours_config(case.algo, models, assets["prompts"], out_dir, steps, {**s, "max_new_tokens": case.max_new_tokens},
+                             critic=run.critic, micro_batch_size=run.micro_batch_size, compile=run.compile)  # fmt: skip
         return {"algo": case.algo, "config": config}
     return {
         "algo": case.algo, "policy": models["policy"], "reward": models["reward"],

@@ -38,11 +38,7 @@ LAYOUTS = {"1 process": (1, "auto"), "2 ranks DDP": (2, "ddp"), "2 ranks FSDP2":
 
 def config(case: dict, assets: dict, steps: int, out: Path, parallelism: str) -> dict:
     models = assets["models"][case["size"]]
-    return {
-        "policy": models["policy"], "reward": models["reward"], "train_data": assets["prompts"], "steps": steps,
-        "output_dir": str(out), "eval_every": 0, "save_every": 0, "progress": False, "overwrite": True,
-        "parallelism": parallelism, **case["settings"],
-    }  # fmt: skip
+    return bench.ours_config(case["algo"], models, assets["prompts"], out, steps, case["settings"], parallelism=parallelism)
 
 
 def launch(processes: int, threads: int, spec: Path, result: Path, timeout: float) -> None:

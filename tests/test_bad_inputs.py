@@ -23,16 +23,16 @@ from rlhf.config import ConfigError
 
 # What a valid run of each command looks like; a case appends flags (the last value of a flag wins).
 BASE = {
-    "ppo": "ppo --policy {policy} --reward {fn} --train_data {prompts} --output_dir {tmp}/out --steps 1 "
-    "--batch_size 2 --max_new_tokens 2 --no_progress",
-    "grpo": "grpo --policy {policy} --reward {fn} --train_data {prompts} --output_dir {tmp}/out --steps 1 "
-    "--batch_size 2 --group_size 2 --max_new_tokens 2 --no_progress",
-    "sft": "sft --model {policy} --train_data {sft} --output_dir {tmp}/out --epochs 1 --no_progress",
-    "rm": "rm --model {policy} --train_data {prefs} --output_dir {tmp}/out --epochs 1 --no_progress",
-    "sample": "sample --policy {policy} --prompts {prompts} --output {tmp}/out.jsonl --num_samples 1 "
-    "--max_new_tokens 2 --no_progress",
-    "eval": "eval --policy {policy} --eval_data {prompts} --reward {fn} --output {tmp}/eval.json "
-    "--max_new_tokens 2 --no_progress",
+    "ppo": "ppo --model.name {policy} --reward.source {fn} --data.train {prompts} --output_dir {tmp}/out --ppo.steps 1 "
+    "--batch.size 2 --sampling.max_new_tokens 2 --run.no_progress",
+    "grpo": "grpo --model.name {policy} --reward.source {fn} --data.train {prompts} --output_dir {tmp}/out --grpo.steps 1 "
+    "--batch.size 2 --grpo.group_size 2 --sampling.max_new_tokens 2 --run.no_progress",
+    "sft": "sft --model.name {policy} --data.train {sft} --output_dir {tmp}/out --sft.epochs 1 --run.no_progress",
+    "rm": "rm --model.name {policy} --data.train {prefs} --output_dir {tmp}/out --rm.epochs 1 --run.no_progress",
+    "sample": "sample --model.name {policy} --prompts {prompts} --output {tmp}/out.jsonl --num_samples 1 "
+    "--sampling.max_new_tokens 2 --no_progress",
+    "eval": "eval --model.name {policy} --eval_data {prompts} --reward.source {fn} --output {tmp}/eval.json "
+    "--sampling.max_new_tokens 2 --no_progress",
 }
 
 PROMPTS = b'{"prompt": "what is 1 + 2?"}\n{"prompt": "what is 3 + 4?"}\n'
@@ -99,7 +99,7 @@ NOT_UTF8 = b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n'
 CASES: dict[str, Case] = {
     # --- data files -------------------------------------------------------------------------------------
     "prompts not UTF-8 (latin-1)": Case(
-        "ppo", "--train_data {tmp}/p.jsonl", "{tmp}/p.jsonl:2: not UTF-8 text (byte 0xe9 at column 16)",
+        "ppo", "--data.train {tmp}/p.jsonl", "{tmp}/p.jsonl:2: not UTF-8 text (byte 0xe9 at column 16)",
         {"p.jsonl": NOT_UTF8},
     ),
     "prompts UTF-16": Case(
@@ -107,26 +107,26 @@ CASES: dict[str, Case] = {
         {"p.jsonl": '{"prompt": "x"}\n'.encode("utf-16")},
     ),
     "sft JSON not UTF-8": Case(
-        "sft", "--train_data {tmp}/d.json", "{tmp}/d.json:3: not UTF-8 text",
+        "sft", "--data.train {tmp}/d.json", "{tmp}/d.json:3: not UTF-8 text",
         {"d.json": b'[\n {"prompt": "a", "response": "b"},\n {"prompt": "\xff", "response": "c"}\n]\n'},
     ),
     "malformed JSON line": Case(
-        "grpo", "--train_data {tmp}/p.jsonl", "{tmp}/p.jsonl:2: invalid JSON",
+        "grpo", "--data.train {tmp}/p.jsonl", "{tmp}/p.jsonl:2: invalid JSON",
         {"p.jsonl": b'{"prompt": "a"}\n{"prompt": "b"\n'},
     ),
     "preference missing a field": Case(
-        "rm", "--train_data {tmp}/prefs.jsonl", '{tmp}/prefs.jsonl:1: missing "rejected" (keys present: prompt, chosen)',
+        "rm", "--data.train {tmp}/prefs.jsonl", '{tmp}/prefs.jsonl:1: missing "rejected" (keys present: prompt, chosen)',
         {"prefs.jsonl": b'{"prompt": "a", "chosen": "b"}\n'},
     ),
     "sft response of the wrong type": Case(
-        "sft", "--train_data {tmp}/d.jsonl", '{tmp}/d.jsonl:1: "response" must be a non-empty string, got int',
+        "sft", "--data.train {tmp}/d.jsonl", '{tmp}/d.jsonl:1: "response" must be a non-empty string, got int',
         {"d.jsonl": b'{"prompt": "a", "response": 7}\n'},
     ),
     "empty prompts file": Case(
         "eval", "--eval_data {tmp}/e.jsonl", "{tmp}/e.jsonl: the file holds no records", {"e.jsonl": b"\n\n"},
     ),
     "data file of an unknown type": Case(
-        "ppo", "--train_data {tmp}/p.txt", "{tmp}/p.txt: unsupported file type '.txt'", {"p.txt": b"hello\n"},
+        "ppo", "--data.train {tmp}/p.txt", "{tmp}/p.txt: unsupported file type '.txt'", {"p.txt": b"hello\n"},
     ),
     "data file that does not exist": Case(
         "sample", "--prompts {tmp}/nope.jsonl", "{tmp}/nope.jsonl: no such file or directory",
@@ -135,77 +135,77 @@ CASES: dict[str, Case] = {
     "config file not UTF-8": Case(
         "ppo", "--config {tmp}/c.yaml", "config file '{tmp}/c.yaml' is not UTF-8 text", {"c.yaml": b"seed: \xe9\n"},
     ),
-    "temperature 0": Case("grpo", "--temperature 0", "temperature=0.0 is out of range"),
+    "temperature 0": Case("grpo", "--sampling.temperature 0", "sampling.temperature=0.0: input should be greater than 0"),
     "preferences without a judge": Case("sample", "--mode preferences --num_samples 2", "mode='preferences' needs a judge"),
-    "judge without a baseline": Case("eval", "--judge {fn}", "judge decides the win rate against baseline"),
-    "empty stop_token": Case("ppo", "--stop_token ''", "stop_token is empty"),
+    "judge without a baseline": Case("eval", "--judge.source {fn}", "judge decides the win rate against baseline"),
+    "empty stop_token": Case("ppo", "--sampling.stop ''", "sampling.stop='': string should have at least 1 character"),
     # --- model paths ------------------------------------------------------------------------------------
     "policy: no such directory": Case(
-        "ppo", "--policy ./nope", "ppo: policy='./nope': no such directory ({cwd}/nope)"
+        "ppo", "--model.name ./nope", "ppo: model.name='./nope': no such directory ({cwd}/nope)"
     ),
     "policy: hub id, offline": Case(
-        "grpo", "--policy org/no-such-model", "grpo: policy='org/no-such-model': no local directory"
+        "grpo", "--model.name org/no-such-model", "grpo: model.name='org/no-such-model': no local directory"
     ),
-    "policy: a file": Case("sample", "--policy {prompts}", "sample: policy='{prompts}' is a file"),
+    "policy: a file": Case("sample", "--model.name {prompts}", "sample: model.name='{prompts}' is a file"),
     "model: a directory that is not a model": Case(
-        "sft", "--model {tmp}", "sft: model='{tmp}': {tmp} is not a model directory (no config.json)"
+        "sft", "--model.name {tmp}", "sft: model.name='{tmp}': {tmp} is not a model directory (no config.json)"
     ),
     "model: a reward model where a causal LM is needed": Case(
-        "sft", "--model {rm}", "sft: model='{rm}' is a sequence classifier (LlamaForSequenceClassification)"
+        "sft", "--model.name {rm}", "sft: model.name='{rm}' is a sequence classifier (LlamaForSequenceClassification)"
     ),
     "policy: truncated safetensors": Case(
-        "ppo", "--policy {tmp}/model", "ppo: policy='{tmp}/model': {tmp}/model/model.safetensors is corrupt",
+        "ppo", "--model.name {tmp}/model", "ppo: model.name='{tmp}/model': {tmp}/model/model.safetensors is corrupt",
         setup="truncated weights",
     ),
     "model: garbage safetensors": Case(
-        "rm", "--model {tmp}/model", "rm: model='{tmp}/model': {tmp}/model/model.safetensors is corrupt",
+        "rm", "--model.name {tmp}/model", "rm: model.name='{tmp}/model': {tmp}/model/model.safetensors is corrupt",
         setup="garbage weights",
     ),
     "policy: no tokenizer": Case(
-        "eval", "--policy {tmp}/model", "eval: policy='{tmp}/model': {tmp}/model has no tokenizer",
+        "eval", "--model.name {tmp}/model", "eval: model.name='{tmp}/model': {tmp}/model has no tokenizer",
         setup="no tokenizer",
     ),
     "policy: broken config.json": Case(
-        "ppo", "--policy {tmp}/model", "{tmp}/model/config.json is not valid JSON", setup="broken config.json"
+        "ppo", "--model.name {tmp}/model", "{tmp}/model/config.json is not valid JSON", setup="broken config.json"
     ),
     "policy: unknown model_type": Case(
-        "sample", "--policy {tmp}/model", "has model type `llama9000` but Transformers does not recognize",
+        "sample", "--model.name {tmp}/model", "has model type `llama9000` but Transformers does not recognize",
         setup="unknown model_type",
     ),
     "policy: a shard is missing": Case(
-        "grpo", "--policy {tmp}/model", "lists model-00001-of-00002.safetensors, which is missing",
+        "grpo", "--model.name {tmp}/model", "lists model-00001-of-00002.safetensors, which is missing",
         setup="missing shard",
     ),
     "baseline: no such directory": Case(
         "eval", "--baseline /no/such/baseline", "eval: baseline='/no/such/baseline': no such directory"
     ),
     "normalize_policy: hub id, offline": Case(
-        "rm", "--normalize_policy nobody/nothing", "rm: normalize_policy='nobody/nothing': no local directory"
+        "rm", "--normalize.policy nobody/nothing", "rm: normalize.policy='nobody/nothing': no local directory"
     ),
     "reward: a causal LM is not a reward model": Case(
-        "ppo", "--reward {policy}", "ppo: reward='{policy}' has 2 outputs (num_labels)"
+        "ppo", "--reward.source {policy}", "ppo: reward.source='{policy}' has 2 outputs (num_labels)"
     ),
     "reward[1].source: no such model": Case(
-        "grpo", "--reward '[{fn}, {{source: ./no_rm, weight: 0.5}}]'", "grpo: reward[1].source='./no_rm': no such directory"
+        "grpo", "--reward.source '[{fn}, {{source: ./no_rm, weight: 0.5}}]'", "grpo: reward.source[1].source='./no_rm': no such directory"
     ),
     "judge: not a model directory": Case(
-        "sample", "--mode preferences --num_samples 2 --judge {tmp}", "sample: judge='{tmp}': {tmp} is not a model directory"
+        "sample", "--mode preferences --num_samples 2 --judge.source {tmp}", "sample: judge.source='{tmp}': {tmp} is not a model directory"
     ),
     # --- reward functions -------------------------------------------------------------------------------
-    "reward: no such file": Case("ppo", "--reward {tmp}/nope.py:f", "ppo: reward='{tmp}/nope.py:f': no such file"),
+    "reward: no such file": Case("ppo", "--reward.source {tmp}/nope.py:f", "ppo: reward.source='{tmp}/nope.py:f': no such file"),
     "reward: no such function": Case(
-        "eval", "--reward {tmp}/r.py:g", "eval: reward='{tmp}/r.py:g': {tmp}/r.py has no attribute 'g'; its callables: f"
+        "eval", "--reward.source {tmp}/r.py:g", "eval: reward.source='{tmp}/r.py:g': {tmp}/r.py has no attribute 'g'; its callables: f"
     ),
     "reward: no such module": Case(
-        "grpo", "--reward no_such_module_xyz:f", "grpo: reward='no_such_module_xyz:f'"
+        "grpo", "--reward.source no_such_module_xyz:f", "grpo: reward.source='no_such_module_xyz:f'"
     ),
-    "reward: a .py file without a function": Case("ppo", "--reward {tmp}/r.py", "names a file but no function"),
+    "reward: a .py file without a function": Case("ppo", "--reward.source {tmp}/r.py", "names a file but no function"),
     # --- stop_token -------------------------------------------------------------------------------------
     "stop_token of several tokens (ppo)": Case(
-        "ppo", "--stop_token 'the end'", "stop_token='the end' is 5 tokens for the policy's tokenizer (270='the', 226='Ġ'"
+        "ppo", "--sampling.stop 'the end'", "sampling.stop='the end' is 5 tokens for the policy's tokenizer (270='the', 226='Ġ'"
     ),
     "stop_token of several tokens (sample)": Case(
-        "sample", "--stop_token 'xyz xyz'", "it must be exactly one token: 'eos' (the tokenizer's '<|eos|>')"
+        "sample", "--sampling.stop 'xyz xyz'", "it must be exactly one token: 'eos' (the tokenizer's '<|eos|>')"
     ),
 }  # fmt: skip
 
@@ -254,7 +254,7 @@ def test_bad_input_exits_2_naming_the_field_or_file(
 
 
 def test_debug_shows_the_traceback_of_a_bad_input(placeholders: dict[str, str]) -> None:
-    with pytest.raises(ConfigError, match="policy='./nope'"):
+    with pytest.raises(ConfigError, match="model.name='./nope'"):
         cli.main([*argv(CASES["policy: no such directory"], placeholders), "--debug"])
 
 
@@ -270,10 +270,10 @@ def test_overlong_prompts_are_counted_once_on_stderr(
 ) -> None:
     tmp = Path(placeholders["tmp"])
     (tmp / "long.jsonl").write_bytes(PROMPTS + LONG)
-    flags = "--prompts {tmp}/long.jsonl --max_prompt_length 12".format(**placeholders)
+    flags = "--prompts {tmp}/long.jsonl --sampling.max_prompt_length 12".format(**placeholders)
     assert cli.main([*shlex.split(BASE["sample"].format(**placeholders)), *shlex.split(flags)]) == 0
     err = capsys.readouterr().err
-    expected = f"warning: {tmp}/long.jsonl: 1 of 3 prompts are longer than max_prompt_length=12 tokens"
+    expected = f"warning: {tmp}/long.jsonl: 1 of 3 prompts are longer than sampling.max_prompt_length=12 tokens"
     assert err.count(expected) == 1, err
     assert "keep only their last tokens" in err
     assert "Loading weights" not in err and "Traceback" not in err
@@ -287,7 +287,7 @@ def test_sft_examples_cut_to_max_length_are_counted(
         '{"prompt": "count", "response": " 1 2 3 4 5 6 7 8 9 10 11 12"}\n'
         + Path(placeholders["sft"]).read_text()
     )
-    flags = ["--train_data", str(long), "--max_length", "12", "--batch_size", "5"]
+    flags = ["--data.train", str(long), "--data.max_length", "12", "--batch.size", "5"]
     assert cli.main([*shlex.split(BASE["sft"].format(**placeholders)), *flags]) == 0
     err = capsys.readouterr().err
-    assert f"warning: {long}: 1 of 5 examples are longer than max_length=12 tokens" in err
+    assert f"warning: {long}: 1 of 5 examples are longer than data.max_length=12 tokens" in err

@@ -15,36 +15,23 @@ from pathlib import Path
 import pytest
 import yaml
 
+from configs import merged
 from rlhf import cli
 from rlhf.config import COMMANDS, ConfigError, PPOConfig
 
 PPO_REQUIRED = {
-    "policy": "models/sft",
-    "reward": "models/rm",
-    "train_data": "p.jsonl",
+    "model": {"name": "models/sft"},
+    "reward": {"source": "models/rm"},
+    "data": {"train": "p.jsonl"},
     "output_dir": "runs/ppo",
 }
 
 # The PPO fields users write in their configs (README, "PPO config fields"): renaming one breaks them.
 USER_PPO_FIELDS = [
-    "policy",
-    "reward",
-    "steps",
-    "max_new_tokens",
-    "temperature",
-    "kl_coef",
-    "eval_every",
-    "save_every",
-    "ppo_epochs",
-    "num_minibatches",
-    "critic",
-    "output_dir",
-    "seed",
-    "learning_rate",
-    "batch_size",
-    "train_data",
-    "eval_data",
-]
+    "model.name", "reward.source", "ppo.steps", "sampling.max_new_tokens", "sampling.temperature", "kl.coef",
+    "run.eval_every", "run.save_every", "ppo.epochs", "ppo.num_minibatches", "ppo.critic", "output_dir",
+    "run.seed", "optim.learning_rate", "batch.size", "data.train", "data.eval",
+]  # fmt: skip
 
 
 def run_process(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,8 +45,9 @@ def flatten_help(text: str) -> str:
 
 
 def write_config(tmp_path: Path, **fields: object) -> Path:
+    """The required PPO fields with `fields` (dotted keys, as ``**{"ppo.steps": 3}``) on top, as a YAML file."""
     path = tmp_path / "ppo.yaml"
-    path.write_text(yaml.safe_dump({**PPO_REQUIRED, **fields}))
+    path.write_text(yaml.safe_dump(merged(PPO_REQUIRED, fields)))
     return path
 
 
@@ -108,9 +96,10 @@ def test_ppo_help_of_the_installed_command_documents_the_design_fields() -> None
     result = run_process(sys.executable, "-m", "rlhf", "ppo", "--help")
     assert result.returncode == 0, result.stderr
     out = flatten_help(result.stdout)
-    docs = {f.name: f for f in dataclasses.fields(PPOConfig)}
     for name in USER_PPO_FIELDS:
-        assert name in docs
+        section, _, field = name.rpartition(".")
+        holder = {f.name: f.type for f in dataclasses.fields(PPOConfig)}.get(section, PPOConfig)
+        assert field in {f.name for f in dataclasses.fields(holder)}, name
         # the flag, then its documentation: the first words of the field's docstring
         match = re.search(rf"--{name} (\S+ )?(.*?)(\(default|\(required)", out)
         assert match, f"--{name} missing from rlhf ppo --help"
@@ -119,8 +108,8 @@ def test_ppo_help_of_the_installed_command_documents_the_design_fields() -> None
 
 
 def test_help_shows_the_yaml_values_as_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["ppo", "--config", str(write_config(tmp_path, steps=123)), "--help"]) == 0
-    assert re.search(r"--steps INT .*?\(default: 123\)", flatten_help(capsys.readouterr().out))
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path, **{"ppo.steps": 123})), "--help"]) == 0
+    assert re.search(r"--ppo.steps INT .*?\(default: 123\)", flatten_help(capsys.readouterr().out))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -129,15 +118,15 @@ def test_help_shows_the_yaml_values_as_defaults(tmp_path: Path, capsys: pytest.C
 
 
 def test_dispatch_passes_the_merged_config_to_run(tmp_path: Path, fake_runner: list[object]) -> None:
-    path = write_config(tmp_path, batch_size=8, num_minibatches=3)  # invalid in the file, fixed by the flag
-    assert cli.main(["ppo", "--config", str(path), "--num_minibatches", "2", "--steps", "5"]) == 0
+    path = write_config(tmp_path, **{"batch.size": 8, "ppo.num_minibatches": 3})  # invalid in the file, fixed by the flag
+    assert cli.main(["ppo", "--config", str(path), "--ppo.num_minibatches", "2", "--ppo.steps", "5"]) == 0
     (config,) = fake_runner
     assert isinstance(config, PPOConfig)
-    assert (config.batch_size, config.num_minibatches, config.steps, config.policy) == (8, 2, 5, "models/sft")
+    assert (config.batch.size, config.ppo.num_minibatches, config.steps, config.model.name) == (8, 2, 5, "models/sft")
 
 
 def test_config_flag_with_equals_sign(tmp_path: Path, fake_runner: list[object]) -> None:
-    assert cli.main(["ppo", f"--config={write_config(tmp_path, steps=9)}"]) == 0
+    assert cli.main(["ppo", f"--config={write_config(tmp_path, **{'ppo.steps': 9})}"]) == 0
     assert fake_runner[0].steps == 9  # type: ignore[attr-defined]
 
 
@@ -173,7 +162,7 @@ def test_a_missing_dependency_inside_a_trainer_is_not_hidden(
     ("args", "expected"),
     [
         (["ppx"], "unknown command 'ppx'; did you mean 'ppo'?"),
-        (["ppo"], "missing required fields output_dir, train_data, policy, reward"),
+        (["ppo"], "missing required fields output_dir, model.name, data.train, reward.source"),
         (["ppo", "--config"], "--config needs a YAML file"),
         (["ppo", "--config", "a.yaml", "--config", "b.yaml"], "--config is given twice"),
         (["ppo", "--config", "/nonexistent/run.yaml"], "does not exist"),
@@ -191,11 +180,11 @@ def test_refusals_exit_2_with_one_line(
 @pytest.mark.parametrize(
     ("fields", "flags", "expected"),
     [
-        ({"kl_coeff": 0.1}, [], "unknown key 'kl_coeff'; did you mean 'kl_coef'?"),
-        ({"batch_size": "eight"}, [], "batch_size: expected an integer, got 'eight'"),
-        ({"batch_size": 8, "num_minibatches": 3}, [], "num_minibatches=3 does not divide batch_size=8"),
-        ({}, ["--learning_rate", "-1"], "learning_rate=-1.0 is out of range; it must be > 0"),
-        ({"reward": [{"source": "a.py:f"}, {"source": "b.py:f"}]}, [], "give each reward a distinct `name`"),
+        ({"kl.coeff": 0.1}, [], "unknown key 'kl.coeff'; did you mean 'kl.coef'?"),
+        ({"batch.size": "eight"}, [], "batch.size='eight': input should be a valid integer"),
+        ({"batch.size": 8, "ppo.num_minibatches": 3}, [], "ppo.num_minibatches=3 does not divide batch.size=8"),
+        ({}, ["--optim.learning_rate", "-1"], "optim.learning_rate=-1.0: input should be greater than 0"),
+        ({"reward.source": [{"source": "a.py:f"}, {"source": "b.py:f"}]}, [], "give each reward a distinct `name`"),
     ],
 )
 def test_config_refusals_exit_2_before_any_work(
@@ -213,7 +202,7 @@ def test_config_refusals_exit_2_before_any_work(
 
 
 @pytest.mark.parametrize(
-    "flags", [["--kl_estimator", "k4"], ["--steps", "many"], ["--no_such_field", "1"], ["--lora", "[1"]]
+    "flags", [["--kl.estimator", "k4"], ["--ppo.steps", "many"], ["--no_such_field", "1"], ["--model.lora", "[1"]]
 )
 def test_malformed_flags_exit_2(
     tmp_path: Path, flags: list[str], fake_runner: list[object], capsys: pytest.CaptureFixture[str]
@@ -226,11 +215,11 @@ def test_malformed_flags_exit_2(
 def test_console_script_error_has_no_traceback(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "rlhf"
     command = [str(script)] if script.exists() else [shutil.which("rlhf") or "rlhf"]
-    result = run_process(*command, "ppo", "--config", str(write_config(tmp_path, kl_coeff=0.1)))
+    result = run_process(*command, "ppo", "--config", str(write_config(tmp_path, **{"kl.coeff": 0.1})))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"error: ppo: {tmp_path / 'ppo.yaml'}: unknown key 'kl_coeff'; did you mean 'kl_coef'?"
+        f"error: ppo: {tmp_path / 'ppo.yaml'}: unknown key 'kl.coeff'; did you mean 'kl.coef'?"
     ]
 
 
@@ -251,12 +240,12 @@ def test_bad_data_is_reported_without_a_traceback(
 ) -> None:
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
-    path = write_config(tmp_path, policy=str(tiny_llama_dir), train_data=str(data), reward="r.py:f")
+    path = write_config(tmp_path, **{"model.name": str(tiny_llama_dir), "data.train": str(data), "reward.source": "r.py:f"})
     (tmp_path / "r.py").write_text(
         "def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
     )
     assert (
-        cli.main(["ppo", "--config", str(path), "--reward", f"{tmp_path / 'r.py'}:f", "--no_progress"]) == 2
+        cli.main(["ppo", "--config", str(path), "--reward.source", f"{tmp_path / 'r.py'}:f", "--run.no_progress"]) == 2
     )
     err = capsys.readouterr().err
     assert f'error: rlhf ppo: {data}:2: "prompt" must be a non-empty string, got int' in err
@@ -279,8 +268,8 @@ def test_a_bug_inside_a_run_is_one_line_and_its_traceback_is_behind_debug(
 
 
 def test_debug_raises_config_errors_with_their_traceback(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown key 'kl_coeff'"):
-        cli.main(["ppo", "--config", str(write_config(tmp_path, kl_coeff=0.1)), "--debug"])
+    with pytest.raises(ConfigError, match="unknown key 'kl.coeff'"):
+        cli.main(["ppo", "--config", str(write_config(tmp_path, **{"kl.coeff": 0.1})), "--debug"])
 
 
 def test_console_script_bug_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:

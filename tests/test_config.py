@@ -9,9 +9,11 @@ import inspect
 import math
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 
+from configs import merged
 from rlhf import config as config_module
 from rlhf.config import (
     COMMANDS,
@@ -27,25 +29,26 @@ from rlhf.config import (
     config_to_yaml,
     load_config,
 )
+from rlhf.core.choices import KLEstimator
 
 # The least each command needs (its required fields).
 REQUIRED: dict[str, dict[str, object]] = {
-    "sft": {"model": "models/base", "train_data": "data/sft.jsonl", "output_dir": "runs/sft"},
-    "rm": {"model": "models/sft", "train_data": "data/prefs.jsonl", "output_dir": "runs/rm"},
+    "sft": {"model": {"name": "models/base"}, "data": {"train": "data/sft.jsonl"}, "output_dir": "runs/sft"},
+    "rm": {"model": {"name": "models/sft"}, "data": {"train": "data/prefs.jsonl"}, "output_dir": "runs/rm"},
     "ppo": {
-        "policy": "models/sft",
-        "reward": "models/rm",
-        "train_data": "data/p.jsonl",
+        "model": {"name": "models/sft"},
+        "reward": {"source": "models/rm"},
+        "data": {"train": "data/p.jsonl"},
         "output_dir": "runs/ppo",
     },
     "grpo": {
-        "policy": "models/sft",
-        "reward": "rewards.py:score",
-        "train_data": "p.jsonl",
+        "model": {"name": "models/sft"},
+        "reward": {"source": "rewards.py:score"},
+        "data": {"train": "p.jsonl"},
         "output_dir": "runs/g",
     },
-    "sample": {"policy": "models/sft", "prompts": "data/p.jsonl", "output": "samples.jsonl"},
-    "eval": {"policy": "runs/ppo/final", "eval_data": "data/heldout.jsonl", "reward": "models/rm"},
+    "sample": {"model": {"name": "models/sft"}, "prompts": "data/p.jsonl", "output": "samples.jsonl"},
+    "eval": {"model": {"name": "runs/ppo/final"}, "eval_data": "data/heldout.jsonl", "reward": {"source": "models/rm"}},
     "demo": {},
     "report": {"run_dir": "runs/ppo"},
 }
@@ -57,8 +60,12 @@ def write_yaml(tmp_path: Path, data: object, name: str = "run.yaml") -> Path:
     return path
 
 
-def ppo_yaml(tmp_path: Path, **fields: object) -> Path:
-    return write_yaml(tmp_path, {**REQUIRED["ppo"], **fields})
+def with_required(command: str, overrides: dict[str, object] | None = None) -> dict[str, object]:
+    return merged(REQUIRED[command], overrides)
+
+
+def ppo_yaml(tmp_path: Path, overrides: dict[str, object] | None = None) -> Path:
+    return write_yaml(tmp_path, with_required("ppo", overrides))
 
 
 def error_of(command: str, path: Path | None = None, overrides: list[str] | None = None) -> str:
@@ -75,37 +82,50 @@ def error_of(command: str, path: Path | None = None, overrides: list[str] | None
 def test_yaml_values_are_loaded_and_converted(tmp_path: Path) -> None:
     # `1e-5` without a dot is a *string* for PyYAML (YAML 1.1); an int is fine for a float field.
     path = write_yaml(
-        tmp_path, "policy: m\nreward: r\ntrain_data: d\noutput_dir: o\nlearning_rate: 1e-5\nkl_coef: 1\n"
+        tmp_path,
+        "model: {name: m}\nreward: {source: r}\ndata: {train: d}\noutput_dir: o\n"
+        "optim: {learning_rate: 1e-5}\nkl: {coef: 1, estimator: k3}\n",
     )
     cfg = load_config("ppo", path)
     assert isinstance(cfg, PPOConfig)
-    assert cfg.learning_rate == 1e-5 and isinstance(cfg.learning_rate, float)
-    assert cfg.kl_coef == 1.0 and isinstance(cfg.kl_coef, float)
-    assert (cfg.policy, cfg.reward, cfg.train_data, cfg.output_dir) == ("m", "r", "d", "o")
+    assert cfg.optim.learning_rate == 1e-5 and isinstance(cfg.optim.learning_rate, float)
+    assert cfg.kl.coef == 1.0 and isinstance(cfg.kl.coef, float)
+    assert cfg.kl.estimator is KLEstimator.K3 and cfg.kl.estimator == "k3"  # the core enum, equal to its text
+    assert (cfg.model.name, cfg.reward.source, cfg.data.train, cfg.output_dir) == ("m", "r", "d", "o")
+
+
+def test_a_section_in_yaml_keeps_the_commands_other_defaults(tmp_path: Path) -> None:
+    # grpo's own sampling default (256 new tokens) survives a file that sets only the temperature
+    cfg = load_config("grpo", write_yaml(tmp_path, with_required("grpo", {"sampling.temperature": 0.9})))
+    assert (cfg.sampling.temperature, cfg.sampling.max_new_tokens) == (0.9, 256)
+    assert (cfg.kl.coef, cfg.kl.add_to, cfg.batch.size, cfg.grpo.whiten_advantages) == (0.0, "loss", 16, False)
 
 
 def test_precedence_defaults_then_yaml_then_command_line(tmp_path: Path) -> None:
-    path = ppo_yaml(tmp_path, steps=7, ppo_epochs=2)
-    cfg = load_config("ppo", path, ["--ppo_epochs", "3"])
-    assert cfg.kl_coef == PPOConfig.__dataclass_fields__["kl_coef"].default  # untouched: the default
+    path = ppo_yaml(tmp_path, {"ppo.steps": 7, "ppo.epochs": 2})
+    cfg = load_config("ppo", path, ["--ppo.epochs", "3"])
+    assert cfg.kl.coef == 0.05  # untouched: ppo's default
     assert cfg.steps == 7  # YAML over the default
-    assert cfg.ppo_epochs == 3  # the flag over YAML
+    assert cfg.ppo.epochs == 3  # the flag over YAML
 
 
 def test_command_line_alone_is_enough() -> None:
     cfg = load_config(
-        "sft", None, ["--model", "m", "--train_data", "d", "--output_dir", "o", "--epochs", "2"]
+        "sft", None, ["--model.name", "m", "--data.train", "d", "--output_dir", "o", "--sft.epochs", "2"]
     )
-    assert (cfg.model, cfg.train_data, cfg.output_dir, cfg.epochs) == ("m", "d", "o", 2)
+    assert (cfg.model.name, cfg.data.train, cfg.output_dir, cfg.sft.epochs) == ("m", "d", "o", 2)
 
 
 def test_flags_accept_dashes_and_underscores_and_boolean_pairs(tmp_path: Path) -> None:
     path = ppo_yaml(tmp_path)
     cfg = load_config(
-        "ppo", path, ["--learning-rate", "2e-6", "--max_new_tokens=16", "--no-progress", "--resume"]
-    )
-    assert (cfg.learning_rate, cfg.max_new_tokens, cfg.progress, cfg.resume) == (2e-6, 16, False, True)
-    assert load_config("ppo", path, ["--no_progress"]).progress is False
+        "ppo", path,
+        ["--optim.learning-rate", "2e-6", "--sampling.max_new_tokens=16", "--run.no-progress", "--run.resume"],
+    )  # fmt: skip
+    assert (cfg.optim.learning_rate, cfg.sampling.max_new_tokens, cfg.run.progress, cfg.run.resume) == (
+        2e-6, 16, False, True,
+    )  # fmt: skip
+    assert load_config("ppo", path, ["--run.no_progress"]).run.progress is False
 
 
 def test_empty_yaml_file_means_defaults(tmp_path: Path) -> None:
@@ -114,9 +134,54 @@ def test_empty_yaml_file_means_defaults(tmp_path: Path) -> None:
 
 
 def test_missing_required_fields_are_named() -> None:
-    message = error_of("ppo", None, ["--policy", "m"])
-    assert "missing required fields output_dir, train_data, reward" in message
-    assert "--reward" in message
+    message = error_of("ppo", None, ["--model.name", "m"])
+    assert "missing required fields output_dir, data.train, reward.source" in message
+    assert "--reward.source" in message
+    with pytest.raises(ConfigError, match="missing required field model.name"):
+        config_from_dict("sft", {"output_dir": "o", "data": {"train": "d"}})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The flat keys of version 0.1: still read, with a warning naming the new key
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_flat_yaml_keys_are_read_with_a_warning_naming_the_new_key(tmp_path: Path) -> None:
+    flat = {"policy": "m", "reward": ["a.py:f", "b.py:g"], "reward_aggregation": "gdpo", "train_data": "d",
+            "output_dir": "o", "kl_coef": 0.1, "kl_in": "loss", "ppo_epochs": 2, "batch_size": 8,
+            "micro_batch_size": 4, "no_such": None}  # fmt: skip
+    del flat["no_such"]
+    path = write_yaml(tmp_path, flat)
+    with pytest.warns(FutureWarning, match="flat keys of rlhf 0.1") as caught:
+        cfg = load_config("ppo", path)
+    message = str(caught[0].message)
+    assert "kl_coef → kl.coef" in message and "ppo_epochs → ppo.epochs" in message and str(path) in message
+    nested = load_config("ppo", write_yaml(tmp_path, {
+        "model": {"name": "m"}, "data": {"train": "d"}, "output_dir": "o",
+        "reward": {"source": ["a.py:f", "b.py:g"], "aggregation": "gdpo"},
+        "kl": {"coef": 0.1, "add_to": "loss"}, "ppo": {"epochs": 2}, "batch": {"size": 8, "micro_size": 4},
+    }, name="nested.yaml"))  # fmt: skip
+    assert cfg == nested
+
+
+def test_flat_flags_and_eval_aggregation_move_to_every_section(tmp_path: Path) -> None:
+    with pytest.warns(FutureWarning, match=r"--kl_coef → --kl\.coef.*--no_progress → --run\.no_progress"):
+        cfg = load_config("ppo", ppo_yaml(tmp_path), ["--kl_coef", "0.3", "--no-progress", "--steps=4"])
+    assert (cfg.kl.coef, cfg.run.progress, cfg.steps) == (0.3, False, 4)
+    with pytest.warns(FutureWarning):
+        ev = config_from_dict("eval", {"policy": "p", "eval_data": "e", "reward": ["a.py:f", "b.py:g"],
+                                       "baseline": "b", "judge": ["c.py:h", "d.py:i"], "reward_aggregation": "gdpo"})  # fmt: skip
+    assert ev.reward.aggregation == ev.judge.aggregation == "gdpo"
+
+
+def test_flat_keys_of_sft_and_rm_move_too() -> None:
+    with pytest.warns(FutureWarning):
+        sft = config_from_dict("sft", {"model": "m", "train_data": "d", "output_dir": "o", "epochs": 2,
+                                       "lora": {"r": 4}, "max_length": 32})  # fmt: skip
+    assert (sft.model.name, sft.sft.epochs, sft.model.lora.r, sft.data.max_length) == ("m", 2, 4, 32)
+    with pytest.warns(FutureWarning):
+        rm = config_from_dict("rm", {"model": "m", "train_data": "d", "output_dir": "o", "normalize_policy": "p"})
+    assert rm.normalize.policy == "p"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,102 +190,100 @@ def test_missing_required_fields_are_named() -> None:
 
 
 def test_unknown_key_names_the_key_the_file_and_the_closest_field(tmp_path: Path) -> None:
-    path = ppo_yaml(tmp_path, kl_coeff=0.1)
+    path = ppo_yaml(tmp_path, {"kl.coeff": 0.1})
     message = error_of("ppo", path)
-    assert "unknown key 'kl_coeff'" in message
+    assert "unknown key 'kl.coeff'" in message
     assert str(path) in message
-    assert "did you mean 'kl_coef'?" in message
-
-
-def test_unknown_key_of_another_command_says_whose_it_is(tmp_path: Path) -> None:
-    message = error_of("ppo", ppo_yaml(tmp_path, group_size=4))
-    assert "unknown key 'group_size'" in message and "rlhf grpo" in message
+    assert "did you mean 'kl.coef'?" in message
+    assert "unknown key 'samplng'; did you mean 'sampling'?" in error_of("ppo", ppo_yaml(tmp_path, {"samplng": {}}))
 
 
 def test_unknown_key_inside_nested_mappings(tmp_path: Path) -> None:
-    assert "unknown key 'lora.rank'" in error_of("ppo", ppo_yaml(tmp_path, lora={"rank": 8}))
-    message = error_of("ppo", ppo_yaml(tmp_path, reward=[{"source": "a.py:f", "wieght": 2}]))
-    assert "unknown key 'reward[0].wieght'; did you mean 'reward[0].weight'?" in message
+    assert "unknown key 'model.lora.rank'" in error_of("ppo", ppo_yaml(tmp_path, {"model.lora": {"rank": 8}}))
+    message = error_of("ppo", ppo_yaml(tmp_path, {"reward.source": [{"source": "a.py:f", "wieght": 2}]}))
+    assert "unknown key 'reward.source[0].wieght'; did you mean 'reward.source[0].weight'?" in message
+    message = error_of("ppo", ppo_yaml(tmp_path, {"grpo": {"group_size": 4}}))
+    assert "unknown key 'grpo'" in message  # grpo's section is not ppo's
 
 
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
-        ("batch_size", "eight", "expected an integer, got 'eight'"),
-        ("batch_size", 8.5, "expected an integer, got 8.5"),
-        ("learning_rate", "fast", "expected a number, got 'fast'"),
-        ("resume", "yes", "expected true or false, got 'yes'"),
-        ("seed", True, "expected an integer, got True"),
-        ("critic", "both", "expected one of 'shared', 'separate', got 'both'"),
-        ("report_to", ["jsonl", "mlflow"], "report_to[1]: expected one of 'jsonl', 'tensorboard'"),
-        ("lora", 5, "lora: expected a mapping with keys r, alpha, dropout, target_modules or null, got 5"),
-        ("reward", 3, "reward: expected a string or a list of"),
-        ("eval_data", 3, "eval_data: expected a string or null, got 3"),
+        ("batch.size", "eight", "batch.size='eight': input should be a valid integer"),
+        ("batch.size", 8.5, "batch.size=8.5: input should be a valid integer"),
+        ("optim.learning_rate", "fast", "optim.learning_rate='fast': input should be a valid number"),
+        ("run.resume", "maybe", "run.resume='maybe': input should be a valid boolean"),
+        ("ppo.critic", "both", "ppo.critic='both': input should be 'shared' or 'separate'"),
+        ("run.report_to", ["jsonl", "mlflow"], "run.report_to[1]='mlflow': input should be 'jsonl', 'tensorboard'"),
+        ("model.lora", 5, "model.lora=5: input should be a dictionary or an instance of LoRAConfig"),
+        ("reward.source", 3, "reward.source=3: expected a source string or a list of {source, weight, name}"),
+        ("data.eval", 3, "data.eval=3: input should be a valid string"),
+        ("kl.estimator", "k4", "kl.estimator='k4': input should be 'k1', 'k2' or 'k3'"),
     ],
 )
 def test_wrong_type_names_the_key_the_expected_type_and_the_value(
     tmp_path: Path, key: str, value: object, expected: str
 ) -> None:
-    path = ppo_yaml(tmp_path, **{key: value})
+    path = ppo_yaml(tmp_path, {key: value})
     message = error_of("ppo", path)
     assert message.startswith(f"ppo: {path}: {key}")
     assert expected in message
 
 
 def test_invalid_yaml_and_non_mapping_and_missing_file(tmp_path: Path) -> None:
-    assert "invalid YAML" in error_of("ppo", write_yaml(tmp_path, "policy: [unclosed\n"))
+    assert "invalid YAML" in error_of("ppo", write_yaml(tmp_path, "model: [unclosed\n"))
     assert "expected a mapping of field: value" in error_of("ppo", write_yaml(tmp_path, "- a\n- b\n"))
     assert "does not exist" in error_of("ppo", tmp_path / "nope.yaml")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Impossible values and combinations (checked in __post_init__, on the final config)
+# Impossible values and combinations: ranges when a section is built, cross-field rules on the final config
 # ---------------------------------------------------------------------------------------------------------------
 
 IMPOSSIBLE = [
     (
         "ppo",
-        {"batch_size": 8, "num_minibatches": 3},
-        "ppo: num_minibatches=3 does not divide batch_size=8; choose a divisor of 8 (1, 2, 4, 8)",
+        {"batch.size": 8, "ppo.num_minibatches": 3},
+        "ppo: ppo.num_minibatches=3 does not divide batch.size=8; choose a divisor of 8 (1, 2, 4, 8)",
     ),
     (
         "ppo",
-        {"batch_size": 8, "num_minibatches": 2, "micro_batch_size": 3},
-        "ppo: micro_batch_size=3 does not divide the minibatch of 4 sequences",
+        {"batch.size": 8, "ppo.num_minibatches": 2, "batch.micro_size": 3},
+        "ppo: batch.micro_size=3 does not divide the minibatch of 4 sequences",
     ),
-    ("ppo", {"learning_rate": -1e-5}, "ppo: learning_rate=-1e-05 is out of range; it must be > 0"),
-    ("ppo", {"temperature": 0.0}, "ppo: temperature=0.0 is out of range; it must be > 0"),
-    ("ppo", {"top_p": 1.5}, "top_p=1.5 is out of range; it must be > 0 and ≤ 1"),
-    ("ppo", {"clip_range": 1.5}, "clip_range=1.5 is out of range"),
-    ("ppo", {"kl_control": "adaptive", "kl_coef": 0.0}, "kl_control='adaptive' scales kl_coef"),
-    ("ppo", {"reward_aggregation": "gdpo"}, "give reward as a list"),
-    ("ppo", {"reward": []}, "reward is an empty list"),
-    ("ppo", {"reward": "rewards.py"}, "names a file but no function"),
+    ("ppo", {"optim.learning_rate": -1e-5}, "optim.learning_rate=-1e-05: input should be greater than 0"),
+    ("ppo", {"sampling.temperature": 0.0}, "sampling.temperature=0.0: input should be greater than 0"),
+    ("ppo", {"sampling.top_p": 1.5}, "sampling.top_p=1.5: input should be less than or equal to 1"),
+    ("ppo", {"ppo.clip_range": 1.5}, "ppo.clip_range=1.5: input should be less than 1"),
+    ("ppo", {"kl.control": "adaptive", "kl.coef": 0.0}, "kl.control='adaptive' scales kl.coef"),
+    ("ppo", {"reward.aggregation": "gdpo"}, "give reward.source as a list"),
+    ("ppo", {"reward.source": []}, "reward.source is an empty list"),
+    ("ppo", {"reward.source": "rewards.py"}, "names a file but no function"),
     (
         "ppo",
-        {"reward": [{"source": "a.py:score"}, {"source": "b.py:score"}]},
-        "ppo: reward[1].name='score' is already used by reward[0]; give each reward a distinct `name`",
+        {"reward.source": [{"source": "a.py:score"}, {"source": "b.py:score"}]},
+        "ppo: reward.source[1].name='score' is already used by reward.source[0]; give each reward a distinct",
     ),
-    ("ppo", {"reward": [{"source": "a.py:f", "weight": math.inf}]}, "reward[0].weight=inf is out of range"),
-    ("ppo", {"lora": {"r": 0}}, "ppo: lora.r=0 is out of range; it must be ≥ 1"),
-    ("ppo", {"report_to": ["jsonl", "jsonl"]}, "names a sink twice"),
-    ("grpo", {"group_size": 1}, "grpo: group_size=1 is out of range; it must be ≥ 2"),
-    ("grpo", {"estimator": "rloo", "scale_rewards": "batch"}, "applies to estimator='grpo' only"),
+    ("ppo", {"reward.source": [{"source": "a.py:f", "weight": math.inf}]}, "reward.source[0].weight=inf"),
+    ("ppo", {"model.lora": {"r": 0}}, "model.lora.r=0: input should be greater than or equal to 1"),
+    ("ppo", {"run.resume": True, "run.overwrite": True}, "run.resume and run.overwrite are both set"),
+    ("grpo", {"grpo.group_size": 1}, "grpo.group_size=1: input should be greater than or equal to 2"),
+    ("grpo", {"grpo.estimator": "rloo", "grpo.scale_rewards": "batch"}, "applies to grpo.estimator='grpo' only"),
     (
         "grpo",
-        {"batch_size": 3, "group_size": 2, "num_minibatches": 4},
-        "grpo: num_minibatches=4 does not divide the 6 sequences of an iteration",
+        {"batch.size": 3, "grpo.group_size": 2, "grpo.num_minibatches": 4},
+        "grpo: grpo.num_minibatches=4 does not divide the 6 sequences of an iteration",
     ),
-    ("grpo", {"overlong_buffer": 300, "max_new_tokens": 256}, "overlong_buffer=300 is out of range"),
-    (
-        "sft",
-        {"batch_size": 10, "micro_batch_size": 4},
-        "sft: micro_batch_size=4 does not divide batch_size=10",
-    ),
-    ("rm", {"epochs": 0}, "rm: epochs=0 is out of range; it must be ≥ 1"),
-    ("sample", {"num_samples": 0}, "sample: num_samples=0 is out of range"),
-    ("eval", {"top_k": -1}, "eval: top_k=-1 is out of range; it must be ≥ 0"),
-    ("demo", {"steps": 0}, "demo: steps=0 is out of range"),
+    ("grpo", {"grpo.overlong_buffer": 300, "sampling.max_new_tokens": 256}, "grpo.overlong_buffer=300 must be below"),
+    ("sft", {"batch.size": 10, "batch.micro_size": 4}, "sft: batch.micro_size=4 does not divide batch.size=10"),
+    ("rm", {"rm.epochs": 0}, "rm: rm.epochs=0: input should be greater than or equal to 1"),
+    ("rm", {"normalize.prompts": "p.jsonl"}, "normalize.prompts is set but normalize.policy is None"),
+    ("sample", {"num_samples": 0}, "sample: num_samples=0: input should be greater than or equal to 1"),
+    ("sample", {"mode": "pairs", "num_samples": 1}, "num_samples=1 is out of range; it must be ≥ 2 with mode='pairs'"),
+    ("sample", {"mode": "preferences"}, "mode='preferences' needs a judge"),
+    ("eval", {"sampling.top_k": -1}, "eval: sampling.top_k=-1: input should be greater than or equal to 0"),
+    ("eval", {"judge.source": "j.py:f"}, "judge decides the win rate against baseline, which is not set"),
+    ("demo", {"steps": 0}, "demo: steps=0: input should be greater than or equal to 1"),
 ]
 
 
@@ -228,50 +291,53 @@ IMPOSSIBLE = [
 def test_impossible_values_are_refused_with_the_field_named(
     tmp_path: Path, command: str, fields: dict[str, object], expected: str
 ) -> None:
-    path = write_yaml(tmp_path, {**REQUIRED[command], **fields})
-    assert expected in error_of(command, path)
-    with pytest.raises(ConfigError, match="out of range|divide|adaptive|list|file|name|sink|estimator"):
-        config_from_dict(command, {**REQUIRED[command], **fields})
+    path = write_yaml(tmp_path, with_required(command, fields))
+    message = error_of(command, path)
+    assert message.startswith(f"{command}: ") and expected.removeprefix(f"{command}: ") in message
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(command, with_required(command, fields))
+    assert expected.removeprefix(f"{command}: ") in str(info.value)
 
 
 def test_bad_choice_on_the_command_line_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:  # tyro prints the valid choices and exits 2
-        load_config("ppo", ppo_yaml(tmp_path), ["--kl_estimator", "k4"])
+        load_config("ppo", ppo_yaml(tmp_path), ["--kl.estimator", "k4"])
     assert info.value.code == 2
 
 
 def test_yaml_invalid_but_fixed_on_the_command_line_succeeds(tmp_path: Path) -> None:
-    path = ppo_yaml(tmp_path, batch_size=8, num_minibatches=3)
-    assert "num_minibatches=3" in error_of("ppo", path)
-    cfg = load_config("ppo", path, ["--num_minibatches", "2"])
-    assert (cfg.num_minibatches, cfg.minibatch_size) == (2, 4)
+    path = ppo_yaml(tmp_path, {"batch.size": 8, "ppo.num_minibatches": 3})
+    assert "ppo.num_minibatches=3" in error_of("ppo", path)
+    cfg = load_config("ppo", path, ["--ppo.num_minibatches", "2"])
+    assert (cfg.ppo.num_minibatches, cfg.minibatch_size) == (2, 4)
 
 
 def test_yaml_valid_but_broken_on_the_command_line_is_refused(tmp_path: Path) -> None:
-    path = ppo_yaml(tmp_path, batch_size=8, num_minibatches=2)
-    assert "num_minibatches=2 does not divide batch_size=5" in error_of("ppo", path, ["--batch_size", "5"])
+    path = ppo_yaml(tmp_path, {"batch.size": 8, "ppo.num_minibatches": 2})
+    message = error_of("ppo", path, ["--batch.size", "5"])
+    assert "ppo.num_minibatches=2 does not divide batch.size=5" in message
 
 
 def test_direct_construction_checks_types_and_ranges() -> None:
-    with pytest.raises(ConfigError, match="ppo: batch_size: expected an integer, got '8'"):
-        PPOConfig(**REQUIRED["ppo"], batch_size="8")  # type: ignore[arg-type]
-    cfg = PPOConfig(**REQUIRED["ppo"], batch_size=8)
-    with pytest.raises(ConfigError, match="num_minibatches=3 does not divide batch_size=8"):
-        dataclasses.replace(cfg, num_minibatches=3)
+    cfg = config_from_dict("ppo", with_required("ppo", {"batch.size": 8}))
+    with pytest.raises(pydantic.ValidationError, match="size"):
+        dataclasses.replace(cfg.batch, size="eight")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="ppo.num_minibatches=3 does not divide batch.size=8"):
+        dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, num_minibatches=3))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.batch_size = 4  # type: ignore[misc]
-    with pytest.raises(ConfigError, match=r"lora\.dropout=1\.0 is out of range"):
+        cfg.output_dir = "elsewhere"  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError, match="dropout"):
         LoRAConfig(dropout=1.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Structured fields: reward (string or list) and lora (mapping)
+# Structured fields: reward.source (string or list) and model.lora (mapping)
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def test_reward_as_a_string(tmp_path: Path) -> None:
-    cfg = load_config("ppo", ppo_yaml(tmp_path, reward="https://scores.example.com/v1"))
-    assert cfg.reward == "https://scores.example.com/v1"
+    cfg = load_config("ppo", ppo_yaml(tmp_path, {"reward.source": "https://scores.example.com/v1"}))
+    assert cfg.reward.source == "https://scores.example.com/v1"
 
 
 def test_reward_as_a_list_of_mappings(tmp_path: Path) -> None:
@@ -281,30 +347,32 @@ def test_reward_as_a_list_of_mappings(tmp_path: Path) -> None:
         "my_pkg.rewards:format_ok",  # a bare source is shorthand for {source: ...}
         {"source": "http://localhost:8000/score", "weight": -0.25},
     ]
-    cfg = load_config("grpo", write_yaml(tmp_path, {**REQUIRED["grpo"], "reward": reward}))
-    assert cfg.reward == (
+    cfg = load_config("grpo", write_yaml(tmp_path, with_required("grpo", {"reward.source": reward})))
+    assert cfg.reward.source == (
         RewardSpec(source="models/rm", weight=0.5, name="helpful"),
         RewardSpec(source="rewards.py:length_penalty", weight=1.0, name="length_penalty"),
         RewardSpec(source="my_pkg.rewards:format_ok", weight=1.0, name="format_ok"),
         RewardSpec(source="http://localhost:8000/score", weight=-0.25, name="localhost"),
     )
-    assert all(isinstance(spec.weight, float) for spec in cfg.reward)
+    assert all(isinstance(spec.weight, float) for spec in cfg.reward.source)
 
 
 def test_reward_on_the_command_line_as_string_or_yaml_list(tmp_path: Path) -> None:
-    path = ppo_yaml(tmp_path, reward=[{"source": "a.py:f"}], reward_aggregation="gdpo")
-    cfg = load_config("ppo", path, ["--reward", "[{source: a.py:f, weight: 2}, {source: b.py:g, name: gee}]"])
-    assert cfg.reward == (RewardSpec(source="a.py:f", weight=2.0), RewardSpec(source="b.py:g", name="gee"))
-    assert load_config("ppo", path, ["--reward", "rm_dir", "--reward_aggregation", "sum"]).reward == "rm_dir"
+    path = ppo_yaml(tmp_path, {"reward": {"source": [{"source": "a.py:f"}], "aggregation": "gdpo"}})
+    flag = "[{source: a.py:f, weight: 2}, {source: b.py:g, name: gee}]"
+    cfg = load_config("ppo", path, ["--reward.source", flag])
+    assert cfg.reward.source == (RewardSpec(source="a.py:f", weight=2.0), RewardSpec(source="b.py:g", name="gee"))
+    only = load_config("ppo", path, ["--reward.source", "rm_dir", "--reward.aggregation", "sum"])
+    assert only.reward.source == "rm_dir"
 
 
 def test_lora_nested_mapping_in_yaml_and_on_the_command_line(tmp_path: Path) -> None:
-    path = ppo_yaml(tmp_path, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    path = ppo_yaml(tmp_path, {"model.lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}})
     cfg = load_config("ppo", path)
-    assert cfg.lora == LoRAConfig(r=4, alpha=8.0, dropout=0.05, target_modules=("q_proj", "v_proj"))
-    assert load_config("ppo", path, ["--lora", "None"]).lora is None  # full fine-tuning
-    assert load_config("ppo", path, ["--lora", "{r: 16}"]).lora == LoRAConfig(r=16)
-    assert load_config("ppo", ppo_yaml(tmp_path)).lora is None  # the default
+    assert cfg.model.lora == LoRAConfig(r=4, alpha=8.0, dropout=0.05, target_modules=("q_proj", "v_proj"))
+    assert load_config("ppo", path, ["--model.lora", "None"]).model.lora is None  # full fine-tuning
+    assert load_config("ppo", path, ["--model.lora", "{r: 16}"]).model.lora == LoRAConfig(r=16)
+    assert load_config("ppo", ppo_yaml(tmp_path)).model.lora is None  # the default
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,28 +381,27 @@ def test_lora_nested_mapping_in_yaml_and_on_the_command_line(tmp_path: Path) -> 
 
 NON_DEFAULTS: dict[str, dict[str, object]] = {
     "sft": {
-        "lora": {"r": 4},
-        "micro_batch_size": 8,
-        "report_to": ["jsonl", "tensorboard"],
-        "eval_data": "e.jsonl",
+        "model.lora": {"r": 4},
+        "batch.micro_size": 8,
+        "run.report_to": ["jsonl", "tensorboard"],
+        "data.eval": "e.jsonl",
+        "sft.packing": True,
     },
-    "rm": {"center_rewards_coefficient": 0.01, "use_margin": False, "max_grad_norm": None},
+    "rm": {"rm.center_rewards_coefficient": 0.01, "rm.use_margin": False, "optim.max_grad_norm": None},
     "ppo": {
-        "reward": [{"source": "models/rm", "weight": 0.7, "name": "rm"}, "rewards.py:fmt"],
-        "reward_aggregation": "gdpo",
-        "lora": {"r": 8, "target_modules": ["all-linear"]},
-        "batch_size": 16,
-        "num_minibatches": 4,
-        "micro_batch_size": 2,
-        "stop_token": "\n",
-        "missing_eos_penalty": 1.0,
-        "clip_range_high": 0.28,
-        "kl_control": "adaptive",
-        "critic": "separate",
-        "learning_rate": 1.41e-5,
-    },
-    "grpo": {"estimator": "dr_grpo", "loss_aggregation": "seq-mean-token-sum-norm", "overlong_buffer": 32},
-    "sample": {"judge": [{"source": "models/rm"}], "mode": "best_of_n", "num_samples": 8, "pairing": "all"},
+        "reward": {"source": [{"source": "models/rm", "weight": 0.7, "name": "rm"}, "rewards.py:fmt"],
+                   "aggregation": "gdpo", "missing_eos_penalty": 1.0},
+        "model.lora": {"r": 8, "target_modules": ["all-linear"]},
+        "batch": {"size": 16, "micro_size": 2},
+        "ppo.num_minibatches": 4,
+        "sampling.stop": "\n",
+        "ppo.clip_range_high": 0.28,
+        "kl.control": "adaptive",
+        "ppo.critic": "separate",
+        "optim.learning_rate": 1.41e-5,
+    },  # fmt: skip
+    "grpo": {"grpo.estimator": "dr_grpo", "grpo.loss_aggregation": "seq-mean-token-sum-norm", "grpo.overlong_buffer": 32},
+    "sample": {"judge.source": [{"source": "models/rm"}], "mode": "best_of_n", "num_samples": 8, "pairing": "all"},
     "eval": {"output": "eval.jsonl", "max_prompts": 100},
     "demo": {"preset": "small", "steps": 3},
     "report": {"output": "out/report.html", "max_samples": 4},
@@ -343,7 +410,7 @@ NON_DEFAULTS: dict[str, dict[str, object]] = {
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_config_to_yaml_round_trips(tmp_path: Path, command: str) -> None:
-    cfg = load_config(command, write_yaml(tmp_path, {**REQUIRED[command], **NON_DEFAULTS[command]}))
+    cfg = load_config(command, write_yaml(tmp_path, with_required(command, NON_DEFAULTS[command])))
     text = config_to_yaml(cfg)
     assert text.startswith(f"# rlhf {command}:")
     assert yaml.safe_load(text) == config_to_dict(cfg)
@@ -353,37 +420,31 @@ def test_config_to_yaml_round_trips(tmp_path: Path, command: str) -> None:
 
 
 def test_derived_sizes() -> None:
-    ppo = config_from_dict(
-        "ppo", {**REQUIRED["ppo"], "batch_size": 64, "num_minibatches": 4, "micro_batch_size": 4}
-    )
+    ppo = config_from_dict("ppo", with_required("ppo", {"batch": {"size": 64, "micro_size": 4}, "ppo.num_minibatches": 4}))
     assert (ppo.minibatch_size, ppo.effective_micro_batch_size, ppo.grad_accum_steps) == (16, 4, 4)
-    ppo_whole = config_from_dict("ppo", {**REQUIRED["ppo"], "batch_size": 64, "num_minibatches": 2})
+    ppo_whole = config_from_dict("ppo", with_required("ppo", {"batch.size": 64, "ppo.num_minibatches": 2}))
     assert (ppo_whole.minibatch_size, ppo_whole.grad_accum_steps) == (32, 1)
-    grpo = config_from_dict(
-        "grpo",
-        {**REQUIRED["grpo"], "batch_size": 4, "group_size": 4, "num_minibatches": 2, "micro_batch_size": 2},
-    )
+    grpo = config_from_dict("grpo", with_required("grpo", {
+        "batch": {"size": 4, "micro_size": 2}, "grpo": {"group_size": 4, "num_minibatches": 2},
+    }))  # fmt: skip
     assert (grpo.num_sequences, grpo.minibatch_size, grpo.grad_accum_steps) == (16, 8, 4)
-    assert grpo.reward_scaling == "group" and grpo.clip_range_upper == grpo.clip_range
-    assert dataclasses.replace(grpo, estimator="dr_grpo").reward_scaling == "none"
-    sft = config_from_dict("sft", {**REQUIRED["sft"], "batch_size": 32, "micro_batch_size": 8})
+    assert grpo.reward_scaling == "group" and grpo.clip_range_upper == grpo.grpo.clip_range
+    assert dataclasses.replace(grpo, grpo=dataclasses.replace(grpo.grpo, estimator="dr_grpo")).reward_scaling == "none"
+    sft = config_from_dict("sft", with_required("sft", {"batch": {"size": 32, "micro_size": 8}}))
     assert sft.grad_accum_steps == 4
 
 
 def test_defaults_follow_the_references() -> None:
-    """PPO defaults of the reference implementations (ppo_checklist.md Part 1 §I); GRPO's of TRL."""
+    """PPO defaults of the reference implementations (docs/ppo_checklist.md Part 1 §I); GRPO's of TRL."""
     ppo = config_from_dict("ppo", REQUIRED["ppo"])
-    assert (ppo.ppo_epochs, ppo.clip_range, ppo.value_clip_range, ppo.vf_coef) == (4, 0.2, 0.2, 0.1)
-    assert (ppo.gamma, ppo.lam, ppo.temperature, ppo.num_minibatches) == (1.0, 0.95, 0.7, 1)
-    assert (ppo.kl_estimator, ppo.kl_in, ppo.whiten_rewards, ppo.whiten_advantages) == (
-        "k1",
-        "reward",
-        False,
-        True,
-    )
+    assert (ppo.ppo.epochs, ppo.ppo.clip_range, ppo.ppo.value_clip_range, ppo.ppo.vf_coef) == (4, 0.2, 0.2, 0.1)
+    assert (ppo.ppo.gamma, ppo.ppo.lam, ppo.sampling.temperature, ppo.ppo.num_minibatches) == (1.0, 0.95, 0.7, 1)
+    assert (ppo.kl.estimator, ppo.kl.add_to, ppo.ppo.whiten_rewards, ppo.ppo.whiten_advantages) == (
+        "k1", "reward", False, True,
+    )  # fmt: skip
     grpo = config_from_dict("grpo", REQUIRED["grpo"])
-    assert (grpo.group_size, grpo.kl_coef, grpo.temperature, grpo.num_iterations) == (8, 0.0, 1.0, 1)
-    assert (grpo.scale_rewards, grpo.loss_aggregation, grpo.clip_range_high) == ("auto", "token-mean", None)
+    assert (grpo.grpo.group_size, grpo.kl.coef, grpo.sampling.temperature, grpo.grpo.num_iterations) == (8, 0.0, 1.0, 1)
+    assert (grpo.grpo.scale_rewards, grpo.grpo.loss_aggregation, grpo.grpo.clip_range_high) == ("auto", "token-mean", None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -409,7 +470,11 @@ def _documented_fields(cls: type) -> set[str]:
     return documented
 
 
-@pytest.mark.parametrize("cls", [*COMMANDS.values(), LoRAConfig, RewardSpec], ids=lambda cls: cls.__name__)
+SECTIONS = [cls for cls in vars(config_module).values() if isinstance(cls, type) and cls.__module__ == config_module.__name__
+            and dataclasses.is_dataclass(cls)]  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", SECTIONS, ids=lambda cls: cls.__name__)
 def test_every_field_has_a_docstring(cls: type) -> None:
     for klass in cls.__mro__:
         if not dataclasses.is_dataclass(klass) or klass.__module__ != config_module.__name__:
@@ -421,12 +486,28 @@ def test_every_field_has_a_docstring(cls: type) -> None:
 
 
 def test_user_facing_field_names_exist() -> None:
-    """The field names users write in their configs (README): renaming one breaks them."""
-    training = {"output_dir", "seed", "learning_rate", "batch_size", "train_data", "eval_data"}
-    rl = {"policy", "reward", "steps", "max_new_tokens", "temperature", "kl_coef", "eval_every", "save_every"}
-    names = {command: {f.name for f in dataclasses.fields(cls)} for command, cls in COMMANDS.items()}
-    assert training | {"model", "epochs"} <= names["sft"] & names["rm"]
-    assert training | rl | {"reward_aggregation"} <= names["ppo"] & names["grpo"]
-    assert {"ppo_epochs", "num_minibatches", "critic"} <= names["ppo"]
-    assert {"group_size", "estimator"} <= names["grpo"]
+    """The field names users write in their configs (README, examples/): renaming one breaks them."""
+    def names(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    sections = {"output_dir", "model", "data", "optim", "batch", "run"}
+    assert sections | {"sft"} <= names(SFTConfig) and sections | {"rm", "normalize"} <= names(config_module.RMConfig)
+    assert sections | {"reward", "sampling", "kl", "ppo"} <= names(PPOConfig)
+    assert sections | {"reward", "sampling", "kl", "grpo"} <= names(GRPOConfig)
+    assert {"steps", "epochs", "num_minibatches", "critic"} <= names(config_module.PPOSection)
+    assert {"steps", "group_size", "estimator"} <= names(config_module.GRPOSection)
+    assert {"coef", "estimator", "add_to", "control"} <= names(config_module.KLSection)
+    assert {"learning_rate", "scheduler"} <= names(config_module.OptimSection)
+    assert {"size", "micro_size", "micro_tokens"} <= names(config_module.PolicyBatch)
     assert SFTConfig.COMMAND == "sft" and GRPOConfig.COMMAND == "grpo"
+
+
+def test_every_flat_key_of_version_0_1_has_a_home() -> None:
+    """Each old key moves to a field that exists, so reading an old file never fails on the move itself."""
+    for command, moves in config_module.FLAT_KEYS.items():
+        cls = COMMANDS[command]
+        for old, targets in moves.items():
+            for target in (targets,) if isinstance(targets, str) else targets:
+                section, name = target.split(".")
+                field = {f.name: f for f in dataclasses.fields(cls)}[section]
+                assert name in {f.name for f in dataclasses.fields(field.type)}, (command, old, target)

@@ -173,7 +173,7 @@ def test_reward_model_never_sees_the_gold_rule(demo_dir):
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
     for run in ("ppo", "ppo_no_kl", "grpo"):  # the policy optimises the reward model; gold rides with weight 0
         command = run.removesuffix("_no_kl")
-        rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]
+        rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]["source"]
         weights = {entry["source"]: entry["weight"] for entry in rewards}
         assert weights == {str(demo_dir / "rm" / "final"): 1.0, "rlhf.demo.task:gold": 0.0}
         rows = _read_jsonl(demo_dir / run / "metrics.jsonl")

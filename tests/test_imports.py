@@ -13,16 +13,17 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 CORE = SRC / "rlhf" / "core"
 
 LAYERS = {
-    "core": 0, "config": 0, "optim": 0,
-    "data": 1, "runlog": 1,
-    "models": 2,
-    "rollout": 3,
-    "inputs": 4, "cli": 4, "__main__": 5,
-    "trainers": 5,
-    "answering": 6,
-    "sample": 7,
-    "evaluate": 8, "report": 8,
-    "demo": 9,
+    "core": 0,
+    "config": 1, "optim": 1,
+    "data": 2, "runlog": 2,
+    "models": 3,
+    "rollout": 4,
+    "inputs": 5, "cli": 5, "__main__": 6,
+    "trainers": 6,
+    "answering": 7,
+    "sample": 8,
+    "evaluate": 9, "report": 9,
+    "demo": 10,
 }  # fmt: skip
 """Each part of ``rlhf`` (a subpackage or a top-level module) and its layer: a part may import parts of lower
 layers only, whether at the top of a file or inside a function. The map in docs/architecture.md."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from configs import nested
 from rlhf import cli, report
 from rlhf.config import config_from_dict
 from rlhf.models.tiny import toy_corpus
@@ -80,16 +81,16 @@ def _run(command: str, policy: Path, prompts: Path, out: Path, **overrides: obje
     from rlhf.trainers import grpo, ppo
 
     values = {
-        "policy": str(policy),
-        "reward": [
+        "model.name": str(policy),
+        "reward.source": [
             {"source": f"{REWARDS}:length_chars", "name": "length"},
             {"source": f"{REWARDS}:digit_count", "name": "digits", "weight": 0.0},
         ],
-        "train_data": str(prompts), "eval_data": str(prompts), "output_dir": str(out),
-        "steps": 4, "batch_size": 4, "max_new_tokens": 6, "temperature": 1.0, "learning_rate": 1e-3,
-        "kl_coef": 0.1, "eval_every": 2, "save_every": 0, "progress": False,
+        "data.train": str(prompts), "data.eval": str(prompts), "output_dir": str(out),
+        f"{command}.steps": 4, "batch.size": 4, "sampling.max_new_tokens": 6, "sampling.temperature": 1.0, "optim.learning_rate": 1e-3,
+        "kl.coef": 0.1, "run.eval_every": 2, "run.save_every": 0, "run.progress": False,
     }  # fmt: skip
-    config = config_from_dict(command, values | overrides)
+    config = config_from_dict(command, nested(values | overrides))
     (ppo if command == "ppo" else grpo).run(config)
     return out
 
@@ -100,7 +101,7 @@ def _images(page: str) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def ppo_run(tiny_llama_dir: Path, prompts_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run("ppo", tiny_llama_dir, prompts_file, tmp_path_factory.mktemp("ppo_run"), num_minibatches=2)
+    return _run("ppo", tiny_llama_dir, prompts_file, tmp_path_factory.mktemp("ppo_run"), **{"ppo.num_minibatches": 2})
 
 
 def test_ppo_report_is_self_contained_and_complete(ppo_run: Path):
@@ -130,7 +131,7 @@ def test_output_flag_writes_elsewhere(ppo_run: Path, tmp_path: Path):
 
 
 def test_grpo_report_uses_its_own_metrics(tiny_llama_dir: Path, prompts_file: Path, tmp_path: Path):
-    out = _run("grpo", tiny_llama_dir, prompts_file, tmp_path / "grpo", batch_size=2, group_size=4)
+    out = _run("grpo", tiny_llama_dir, prompts_file, tmp_path / "grpo", **{"batch.size": 2, "grpo.group_size": 4})
     page = report.build(out)
     assert "rlhf grpo report" in page
     assert 'alt="KL to the reference"' in page and 'alt="Reward against KL"' in page

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from configs import nested
 from rlhf import cli, evaluate, sample
 from rlhf.config import ConfigError, config_from_dict, config_to_yaml
 from rlhf.models.tiny import toy_corpus
@@ -45,18 +46,18 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def sft_yaml(path: Path, model: Path, data: Path, out: Path, **overrides: object) -> Path:
-    values = {"model": str(model), "train_data": str(data / "sft.jsonl"), "output_dir": str(out), "epochs": 1,
-              "batch_size": 4, "learning_rate": 1e-3, "max_length": 32, "eval_every": 0, "save_every": 1,
-              "progress": False}  # fmt: skip
-    path.write_text(yaml.safe_dump(values | overrides))
+    values = {"model.name": str(model), "data.train": str(data / "sft.jsonl"), "output_dir": str(out), "sft.epochs": 1,
+              "batch.size": 4, "optim.learning_rate": 1e-3, "data.max_length": 32, "run.eval_every": 0, "run.save_every": 1,
+              "run.progress": False}  # fmt: skip
+    path.write_text(yaml.safe_dump(nested(values | overrides)))
     return path
 
 
 def ppo_config(model: Path, data: Path, out: Path, **overrides: object):
-    values = {"policy": str(model), "reward": LENGTH, "train_data": str(data / "prompts.jsonl"),
-              "output_dir": str(out), "steps": 2, "batch_size": 4, "max_new_tokens": 4, "eval_every": 0,
-              "save_every": 1, "progress": False}  # fmt: skip
-    return config_from_dict("ppo", values | overrides)
+    values = {"model.name": str(model), "reward.source": LENGTH, "data.train": str(data / "prompts.jsonl"),
+              "output_dir": str(out), "ppo.steps": 2, "batch.size": 4, "sampling.max_new_tokens": 4, "run.eval_every": 0,
+              "run.save_every": 1, "run.progress": False}  # fmt: skip
+    return config_from_dict("ppo", nested(values | overrides))
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -91,20 +92,20 @@ def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(
     before = snapshot(out)
     capsys.readouterr()
     # the same command again: one line, exit 2, nothing touched (bytes and mtimes)
-    assert cli.main(["sft", "--config", str(config), "--learning_rate", "1"]) == 2
+    assert cli.main(["sft", "--config", str(config), "--optim.learning_rate", "1"]) == 2
     err = capsys.readouterr().err
     assert (
-        err.count("\n") == 1 and "already holds a run" in err and "--resume" in err and "--overwrite" in err
+        err.count("\n") == 1 and "already holds a run" in err and "--run.resume" in err and "--run.overwrite" in err
     )
     assert snapshot(out) == before
     # --overwrite: a new run, without checkpoints; the old ones are gone, so --resume cannot pick them up
     assert (
-        cli.main(["sft", "--config", str(config), "--overwrite", "--save_every", "0", "--epochs", "2"]) == 0
+        cli.main(["sft", "--config", str(config), "--run.overwrite", "--run.save_every", "0", "--sft.epochs", "2"]) == 0
     )
     assert steps_of(out) == list(range(1, 9))
     assert not (out / "checkpoints").exists()
-    assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 2
-    assert cli.main(["sft", "--config", str(config), "--resume", "--save_every", "0", "--epochs", "2"]) == 2
+    assert yaml.safe_load((out / "config.yaml").read_text())["sft"]["epochs"] == 2
+    assert cli.main(["sft", "--config", str(config), "--run.resume", "--run.save_every", "0", "--sft.epochs", "2"]) == 2
     assert "finished without a checkpoint" in capsys.readouterr().err
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [
         rundir.LOCK_FILE
@@ -113,14 +114,14 @@ def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(
 
 def test_resume_skips_a_torn_newest_checkpoint(tiny_llama_dir, data, tmp_path, capsys):
     out = tmp_path / "run"
-    config = sft_yaml(tmp_path / "sft.yaml", tiny_llama_dir, data, out, save_every=2)
+    config = sft_yaml(tmp_path / "sft.yaml", tiny_llama_dir, data, out, **{"run.save_every": 2})
     assert cli.main(["sft", "--config", str(config)]) == 0
     torn = out / "checkpoints" / "step_000004" / "state.pt"
     torn.write_bytes(torn.read_bytes()[:1000])  # the disk filled while it was written
     with (out / "metrics.jsonl").open("a") as f:
         f.write('{"step": 5, "train/lo')  # and a line torn by the same crash
     capsys.readouterr()
-    assert cli.main(["sft", "--config", str(config), "--resume", "--epochs", "2"]) == 0
+    assert cli.main(["sft", "--config", str(config), "--run.resume", "--sft.epochs", "2"]) == 0
     err = capsys.readouterr().err
     assert "step_000004 cannot be loaded" in err and "falling back" in err
     assert "resuming from" in err and "step_000002 (step 2)" in err
@@ -151,7 +152,7 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
     out = tmp_path / "run"
     config = tmp_path / "ppo.yaml"
     config.write_text(
-        config_to_yaml(ppo_config(tiny_llama_dir, data, out, steps=3, reward=f"{rewards}:wait_then_length"))
+        config_to_yaml(ppo_config(tiny_llama_dir, data, out, **{"ppo.steps": 3, "reward.source": f"{rewards}:wait_then_length"}))
     )
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     first = subprocess.Popen([sys.executable, "-m", "rlhf", "ppo", "--config", str(config)], env=env,
@@ -177,18 +178,18 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
 
 @pytest.mark.parametrize(
     ("command", "changes"),
-    [("rm", {"batch_size": 8, "learning_rate": 1e-3}), ("grpo", {"group_size": 2, "lora": {"r": 2}})],
+    [("rm", {"batch.size": 8, "optim.learning_rate": 1e-3}), ("grpo", {"grpo.group_size": 2, "model.lora": {"r": 2}})],
 )
 def test_rm_and_grpo_resume_with_a_changed_config_is_refused(tmp_path, command, changes):
     out = tmp_path / "run"
     out.mkdir()
-    base = {"train_data": "t.jsonl", "output_dir": str(out)}
-    base |= {"model": "m"} if command == "rm" else {"policy": "p", "reward": LENGTH}
-    common.write_run_config(out, config_from_dict(command, base))
+    base = {"data.train": "t.jsonl", "output_dir": str(out)}
+    base |= {"model.name": "m"} if command == "rm" else {"model.name": "p", "reward.source": LENGTH}
+    common.write_run_config(out, config_from_dict(command, nested(base)))
     save_checkpoint(out, 1, {"step": 1})
     runner = cli.runner(command)
     with pytest.raises(ConfigError, match="resume: the config differs") as error:
-        runner(config_from_dict(command, base | changes | {"resume": True}))
+        runner(config_from_dict(command, nested(base | changes | {"run.resume": True})))
     for field in changes:
         assert f"{field}: " in str(error.value), field
 
@@ -200,14 +201,13 @@ def test_resume_with_a_changed_config_is_refused_naming_each_field(tmp_path):
     common.write_run_config(out, recorded)
     save_checkpoint(out, 1, {"step": 1})
     before = snapshot(out)
-    changed = ppo_config("policy", tmp_path, out, resume=True, train_data="other.jsonl", critic="separate",
-                         lora={"r": 4}, learning_rate=1e-4, steps=10)  # fmt: skip
+    changed = ppo_config("policy", tmp_path, out, **{"run.resume": True, "data.train": "other.jsonl", "ppo.critic": "separate", "model.lora": {"r": 4}}, **{"optim.learning_rate": 1e-4, "ppo.steps": 10})  # fmt: skip
     with pytest.raises(ConfigError) as error:
         ppo.run(changed)
     message = str(error.value)
-    for field in ("train_data", "critic", "lora", "learning_rate"):
+    for field in ("data.train", "ppo.critic", "model.lora", "optim.learning_rate"):
         assert f"{field}: " in message, field
-    assert "steps" not in message.split("Only")[0]  # steps may change
+    assert "ppo.steps" not in message.split("Only")[0]  # steps may change
     assert snapshot(out) == before
 
 
@@ -221,21 +221,21 @@ def test_sample_and_eval_refuse_existing_outputs_without_overwrite(tiny_llama_di
     out, samples = tmp_path / "samples.jsonl", tmp_path / "eval_samples.jsonl"
     out.write_text("precious\n")
     samples.write_text("precious\n")
-    values = {"policy": str(tiny_llama_dir), "prompts": prompts, "output": str(out), "max_new_tokens": 4,
+    values = {"model.name": str(tiny_llama_dir), "prompts": prompts, "output": str(out), "sampling.max_new_tokens": 4,
               "progress": False}  # fmt: skip
     with pytest.raises(
         ConfigError, match=r"sample: output '.*samples.jsonl' already exists; pass --overwrite"
     ):
-        sample.run(config_from_dict("sample", values))
-    eval_values = {"policy": str(tiny_llama_dir), "eval_data": prompts, "reward": LENGTH, "max_new_tokens": 4,
+        sample.run(config_from_dict("sample", nested(values)))
+    eval_values = {"model.name": str(tiny_llama_dir), "eval_data": prompts, "reward.source": LENGTH, "sampling.max_new_tokens": 4,
                    "output": str(tmp_path / "new.json"), "samples_output": str(samples), "progress": False}  # fmt: skip
     with pytest.raises(ConfigError, match=r"eval: samples_output '.*' already exists; pass --overwrite"):
-        evaluate.run(config_from_dict("eval", eval_values))
+        evaluate.run(config_from_dict("eval", nested(eval_values)))
     assert out.read_text() == samples.read_text() == "precious\n"
     assert not (tmp_path / "new.json").exists()
-    sample.run(config_from_dict("sample", values | {"overwrite": True}))
+    sample.run(config_from_dict("sample", nested(values | {"overwrite": True})))
     assert len(out.read_text().splitlines()) == 12
-    evaluate.run(config_from_dict("eval", eval_values | {"overwrite": True}))
+    evaluate.run(config_from_dict("eval", nested(eval_values | {"overwrite": True})))
     assert len(samples.read_text().splitlines()) == 12
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval_samples.jsonl", "new.json", "samples.jsonl"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from configs import nested
 from rlhf import cli, evaluate, sample
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import load_preferences, load_sft, read_prompts
@@ -54,27 +55,27 @@ def chat_prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def sample_config(policy: Path, prompts: Path, output: Path, **overrides: object):
     values = {
-        "policy": str(policy),
+        "model.name": str(policy),
         "prompts": str(prompts),
         "output": str(output),
         "num_samples": K,
         "batch_size": 4,
-        "max_new_tokens": 8,
+        "sampling.max_new_tokens": 8,
         "progress": False,
     }
-    return config_from_dict("sample", values | overrides)
+    return config_from_dict("sample", nested(values | overrides))
 
 
 def eval_config(policy: Path, prompts: Path, **overrides: object):
     values = {
-        "policy": str(policy),
+        "model.name": str(policy),
         "eval_data": str(prompts),
-        "reward": judge("length"),
+        "reward.source": judge("length"),
         "batch_size": 4,
-        "max_new_tokens": 8,
+        "sampling.max_new_tokens": 8,
         "progress": False,
     }
-    return config_from_dict("eval", values | overrides)
+    return config_from_dict("eval", nested(values | overrides))
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -122,13 +123,13 @@ def test_candidates_with_a_judge_carry_its_scores_and_the_judge_gets_the_columns
     tiny_llama_dir, prompts_file, candidates, tmp_path
 ):
     out = tmp_path / "scored.jsonl"
-    sample.run(sample_config(tiny_llama_dir, prompts_file, out, judge=judge("length")))
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out, **{"judge.source": judge("length")}))
     rows = read_jsonl(out)
     assert [row["completions"] for row in rows] == [row["completions"] for row in candidates]
     for row in rows:
         assert row["rewards"] == [float(len(c)) for c in row["completions"]]
     # a judge reading the prompt's `idx` column gets it once per completion
-    sample.run(sample_config(tiny_llama_dir, prompts_file, out, judge=judge("column_idx"), overwrite=True))
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out, **{"judge.source": judge("column_idx")}, overwrite=True))
     assert [row["rewards"] for row in read_jsonl(out)] == [[float(i)] * K for i in range(6)]
 
 
@@ -151,9 +152,9 @@ def test_pairs_for_labelling(tiny_llama_dir, prompts_file, candidates, tmp_path,
 def test_sample_judge_rm_round_trip(tiny_llama_dir, prompts_file, candidates, tmp_path, capsys):
     """sample → judge → a preferences file `rlhf rm` accepts and trains on, through the command line."""
     out = tmp_path / "prefs.jsonl"
-    argv = ["sample", "--policy", str(tiny_llama_dir), "--prompts", str(prompts_file), "--output", str(out),
-            "--mode", "preferences", "--judge", judge("length"), "--num_samples", str(K), "--batch_size", "4",
-            "--max_new_tokens", "8", "--summary", "--no-progress"]  # fmt: skip
+    argv = ["sample", "--model.name", str(tiny_llama_dir), "--prompts", str(prompts_file), "--output", str(out),
+            "--mode", "preferences", "--judge.source", judge("length"), "--num_samples", str(K), "--batch_size", "4",
+            "--sampling.max_new_tokens", "8", "--summary", "--no-progress"]  # fmt: skip
     assert cli.main(argv) == 0
     assert f"sample: wrote 6 preferences rows to {out}" in capsys.readouterr().err
 
@@ -174,9 +175,9 @@ def test_sample_judge_rm_round_trip(tiny_llama_dir, prompts_file, candidates, tm
     assert summary["judge/mean"] == pytest.approx(sum(all_scores) / len(all_scores))
 
     # ... and `rlhf rm` trains on it for one epoch
-    argv = ["rm", "--model", str(tiny_llama_dir), "--train_data", str(out),
-            "--output_dir", str(tmp_path / "rm"), "--epochs", "1", "--batch_size", "2", "--save_every", "0",
-            "--no-progress"]  # fmt: skip
+    argv = ["rm", "--model.name", str(tiny_llama_dir), "--data.train", str(out),
+            "--output_dir", str(tmp_path / "rm"), "--rm.epochs", "1", "--batch.size", "2", "--run.save_every", "0",
+            "--run.no-progress"]  # fmt: skip
     assert cli.main(argv) == 0
     metrics = read_jsonl(tmp_path / "rm" / "metrics.jsonl")
     assert any(math.isfinite(row.get("train/loss", math.nan)) for row in metrics)
@@ -186,7 +187,7 @@ def test_sample_judge_rm_round_trip(tiny_llama_dir, prompts_file, candidates, tm
 def test_ties_and_unscored_prompts_are_skipped_and_counted(tiny_llama_dir, prompts_file, tmp_path):
     out = tmp_path / "prefs.jsonl"
     summary = sample.run(
-        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", judge=judge("constant"))
+        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", **{"judge.source": judge("constant")})
     )
     assert out.read_text() == ""
     assert summary["rows"] == 0 and summary["skipped"] == {"tie": 6, "unscored": 0}
@@ -197,7 +198,7 @@ def test_ties_and_unscored_prompts_are_skipped_and_counted(tiny_llama_dir, promp
             prompts_file,
             out,
             mode="best_of_n",
-            judge=judge("unscored_after_first"),
+            **{"judge.source": judge("unscored_after_first")},
             overwrite=True,
         )
     )
@@ -208,7 +209,7 @@ def test_ties_and_unscored_prompts_are_skipped_and_counted(tiny_llama_dir, promp
 def test_best_of_n_keeps_the_highest_scored_sample(tiny_llama_dir, prompts_file, candidates, tmp_path):
     out = tmp_path / "best.jsonl"
     summary = sample.run(
-        sample_config(tiny_llama_dir, prompts_file, out, mode="best_of_n", judge=judge("length"))
+        sample_config(tiny_llama_dir, prompts_file, out, mode="best_of_n", **{"judge.source": judge("length")})
     )
     rows = read_jsonl(out)
     assert summary["rows"] == len(rows) == 6
@@ -226,10 +227,10 @@ def test_chat_prompts_keep_the_chat_form(tiny_llama_dir, chat_prompts_file, tmp_
     tokenizer = load_tokenizer(str(tiny_llama_dir))
     prefs, best = tmp_path / "prefs.jsonl", tmp_path / "best.jsonl"
     sample.run(
-        sample_config(tiny_llama_dir, chat_prompts_file, prefs, mode="preferences", judge=judge("length"))
+        sample_config(tiny_llama_dir, chat_prompts_file, prefs, mode="preferences", **{"judge.source": judge("length")})
     )
     sample.run(
-        sample_config(tiny_llama_dir, chat_prompts_file, best, mode="best_of_n", judge=judge("length"))
+        sample_config(tiny_llama_dir, chat_prompts_file, best, mode="best_of_n", **{"judge.source": judge("length")})
     )
     messages = [json.loads(line)["messages"] for line in chat_prompts_file.read_text().splitlines()]
     for row, prompt in zip(read_jsonl(prefs), messages, strict=True):
@@ -244,7 +245,7 @@ def test_chat_prompts_keep_the_chat_form(tiny_llama_dir, chat_prompts_file, tmp_
 def test_a_reward_model_judges_too(tiny_llama_dir, tiny_reward_model_dir, prompts_file, candidates, tmp_path):
     out = tmp_path / "prefs.jsonl"
     summary = sample.run(
-        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", judge=str(tiny_reward_model_dir))
+        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", **{"judge.source": str(tiny_reward_model_dir)})
     )
     rows = read_jsonl(out)
     assert summary["rows"] == len(rows) == 6  # continuous scores: no ties
@@ -258,15 +259,15 @@ def test_a_reward_model_judges_too(tiny_llama_dir, tiny_reward_model_dir, prompt
     [
         ({"mode": "preferences"}, "sample: mode='preferences' needs a judge"),
         ({"mode": "best_of_n"}, "sample: mode='best_of_n' needs a judge"),
-        ({"mode": "pairs", "judge": judge("length")}, "sample: judge is not used by mode='pairs'"),
+        ({"mode": "pairs", "judge.source": judge("length")}, "sample: judge is not used by mode='pairs'"),
         ({"mode": "pairs", "num_samples": 1}, "sample: num_samples=1 is out of range; it must be ≥ 2"),
         (
-            {"mode": "best_of_n", "judge": "rewards.py"},
-            "sample: judge='rewards.py' names a file but no function",
+            {"mode": "best_of_n", "judge.source": "rewards.py"},
+            "sample: judge.source='rewards.py': names a file but no function",
         ),
         (
-            {"judge": judge("length"), "reward_aggregation": "gdpo"},
-            "sample: reward_aggregation='gdpo' combines several rewards but judge is a single source",
+            {"judge.source": judge("length"), "judge.aggregation": "gdpo"},
+            "sample: judge.aggregation='gdpo' combines several rewards but judge.source is a single source",
         ),
     ],  # fmt: skip
 )
@@ -276,7 +277,7 @@ def test_sample_config_errors_name_the_field(tmp_path, overrides, message):
 
 
 def test_cli_refuses_preferences_without_judge(tmp_path, capsys):
-    argv = ["sample", "--policy", "m", "--prompts", "p.jsonl", "--output", "o.jsonl", "--mode", "preferences"]
+    argv = ["sample", "--model.name", "m", "--prompts", "p.jsonl", "--output", "o.jsonl", "--mode", "preferences"]
     assert cli.main(argv) == 2
     assert "error: sample: mode='preferences' needs a judge" in capsys.readouterr().err
 
@@ -289,7 +290,7 @@ def test_cli_refuses_preferences_without_judge(tmp_path, capsys):
 def test_eval_results_and_samples(tiny_llama_dir, prompts_file, tmp_path):
     reward = [{"source": judge("length"), "weight": 0.5}, {"source": judge("digits"), "weight": 2.0}]
     out, rows_file = tmp_path / "results.json", tmp_path / "rows.jsonl"
-    results = evaluate.run(eval_config(tiny_llama_dir, prompts_file, reward=reward, output=str(out),
+    results = evaluate.run(eval_config(tiny_llama_dir, prompts_file, **{"reward.source": reward}, output=str(out),
                                        samples_output=str(rows_file)))  # fmt: skip
     assert json.loads(out.read_text()) == results
     rows = read_jsonl(rows_file)
@@ -303,14 +304,14 @@ def test_eval_results_and_samples(tiny_llama_dir, prompts_file, tmp_path):
     assert 1 <= results["response/length_mean"] <= 8 and 0 <= results["response/eos_rate"] <= 1
     assert "win_rate" not in results
 
-    again = evaluate.run(eval_config(tiny_llama_dir, prompts_file, reward=reward))  # same seed, same results
+    again = evaluate.run(eval_config(tiny_llama_dir, prompts_file, **{"reward.source": reward}))  # same seed, same results
     drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert drop_times(again) == drop_times(results)
 
 
 def test_win_rate_against_itself_is_one_half(tiny_llama_dir, prompts_file, capsys):
-    argv = ["eval", "--policy", str(tiny_llama_dir), "--baseline", str(tiny_llama_dir),
-            "--eval_data", str(prompts_file), "--reward", judge("length"), "--max_new_tokens", "8",
+    argv = ["eval", "--model.name", str(tiny_llama_dir), "--baseline", str(tiny_llama_dir),
+            "--eval_data", str(prompts_file), "--reward.source", judge("length"), "--sampling.max_new_tokens", "8",
             "--no-progress"]  # fmt: skip
     assert cli.main(argv) == 0
     results = json.loads(capsys.readouterr().out)  # no output file: the JSON goes to stdout, alone
@@ -322,8 +323,8 @@ def test_win_rate_against_itself_is_one_half(tiny_llama_dir, prompts_file, capsy
 def test_win_rate_on_two_models_matches_the_judge(tiny_llama_dir, tiny_gpt2_dir, prompts_file, tmp_path):
     rows_file = tmp_path / "rows.jsonl"
     # temperature 0.3 so the two random-init models' near-uniform samples part ways
-    config = eval_config(tiny_llama_dir, prompts_file, baseline=str(tiny_gpt2_dir), judge=judge("length"),
-                         reward=judge("digits"), temperature=0.3, samples_output=str(rows_file))  # fmt: skip
+    config = eval_config(tiny_llama_dir, prompts_file, baseline=str(tiny_gpt2_dir), **{"judge.source": judge("length")},
+                         **{"reward.source": judge("digits"), "sampling.temperature": 0.3}, samples_output=str(rows_file))  # fmt: skip
     results = evaluate.run(config)
     rows = read_jsonl(rows_file)
     a = [len(r["completion"]) for r in rows]
@@ -354,7 +355,7 @@ def test_win_rate_counts() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"judge": judge("length")}, "eval: judge decides the win rate against baseline, which is not set"),
+        ({"judge.source": judge("length")}, "eval: judge decides the win rate against baseline, which is not set"),
         (
             {"output": "x.json", "samples_output": "x.json"},
             "eval: output and samples_output are both 'x.json'",
@@ -362,11 +363,11 @@ def test_win_rate_counts() -> None:
         (
             {
                 "baseline": "b",
-                "judge": judge("length"),
-                "reward_aggregation": "gdpo",
-                "reward": [{"source": judge("length")}, {"source": judge("digits")}],
+                "judge.source": judge("length"),
+                "judge.aggregation": "gdpo",
+                "reward.source": [{"source": judge("length")}, {"source": judge("digits")}],
             },
-            "but judge is a single source",
+            "but judge.source is a single source",
         ),
     ],  # fmt: skip
 )

@@ -29,11 +29,11 @@ class Sampler:
     responses cut at the stop token. ``seconds`` accumulates the time spent generating."""
 
     def __init__(self, model: str, tokenizer: Any, config: SampleConfig | EvalConfig, device: torch.device):
-        self.model = load_causal_lm(model, config.dtype, device)  # dropout off
+        self.model = load_causal_lm(model, config.model.dtype, device)  # dropout off
         self.tokenizer = tokenizer
         self.device = device
-        self.stops = stop_token_ids(tokenizer, config.stop_token)
-        self.params = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
+        self.stops = stop_token_ids(tokenizer, config.sampling.stop)
+        self.params = SamplingParams.of(config.sampling)
         self.generator = torch.Generator(device).manual_seed(config.seed)
         self.seconds = 0.0
 

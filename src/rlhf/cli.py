@@ -1,4 +1,4 @@
-"""`rlhf <command> --config FILE.yaml [--<field> <value> ...]` — the command line.
+"""`rlhf <command> --config FILE.yaml [--<section>.<field> <value> ...]` — the command line.
 
 Each command has one config class (`rlhf.config`); its fields come from the class defaults, then the YAML
 file, then the flags (last wins), and the merged config is checked before any work starts. The command's
@@ -50,7 +50,7 @@ def usage() -> str:
     """The text of `rlhf --help`: one line per command."""
     width = max(len(name) for name in RUNNERS)
     lines = [
-        "usage: rlhf <command> --config FILE.yaml [--<field> <value> ...]",
+        "usage: rlhf <command> --config FILE.yaml [--<section>.<field> <value> ...]",
         "       rlhf report RUN_DIR",
         "",
         "RLHF post-training for causal language models.",

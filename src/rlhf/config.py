@@ -1,20 +1,26 @@
-"""One frozen, typed config dataclass per command — what ``rlhf <command>`` accepts, in YAML or as flags.
+"""One frozen, typed config per command, built from shared sections — what ``rlhf <command>`` accepts.
 
-| command  | class         | runs                                   |
-|----------|---------------|----------------------------------------|
-| `sft`    | `SFTConfig`   | supervised fine-tuning                 |
-| `rm`     | `RMConfig`    | Bradley–Terry reward model             |
-| `ppo`    | `PPOConfig`   | PPO with a critic                      |
-| `grpo`   | `GRPOConfig`  | GRPO / Dr. GRPO / RLOO / REINFORCE++   |
-| `sample` | `SampleConfig`| candidates, pairs, judged preferences, best-of-N |
-| `eval`   | `EvalConfig`  | held-out rewards; win rate vs a baseline |
-| `demo`   | `DemoConfig`  | a tiny end-to-end run                  |
+| command  | class          | runs                                              |
+|----------|----------------|---------------------------------------------------|
+| `sft`    | `SFTConfig`    | supervised fine-tuning                            |
+| `rm`     | `RMConfig`     | Bradley–Terry reward model                        |
+| `ppo`    | `PPOConfig`    | PPO with a critic                                 |
+| `grpo`   | `GRPOConfig`   | GRPO / Dr. GRPO / RLOO / REINFORCE++              |
+| `sample` | `SampleConfig` | candidates, pairs, judged preferences, best-of-N  |
+| `eval`   | `EvalConfig`   | held-out rewards; win rate vs a baseline          |
+| `demo`   | `DemoConfig`   | a tiny end-to-end run                             |
+| `report` | `ReportConfig` | an HTML report of a run                           |
 
-Values are resolved in one order: dataclass defaults < the ``--config`` YAML file < command-line flags
-(`load_config`). The docstring under each field is its ``--help`` text (tyro reads it). ``__post_init__``
-checks types and ranges and every cross-field rule on the *final* config, raising `ConfigError` with a
-message that names the field and what would be valid. Derived sizes (`minibatch_size`, `grad_accum_steps`)
-are properties of checked fields, so they always divide exactly.
+A config is nested the way its YAML is: ``model``, ``data``, ``sampling``, ``reward``, ``kl``, ``optim``,
+``batch`` and ``run`` are section types that every command needing them shares, and each trainer has one
+section of its own (``ppo:``, ``grpo:``, ``sft:``, ``rm:``). On the command line a field is ``--section.field``.
+
+Values are resolved in one order: defaults < the ``--config`` YAML file < command-line flags (`load_config`).
+pydantic checks every field's type and range when a section is built (the field docstrings are the
+``--help`` text, which tyro reads); the command's ``_check`` then checks every rule that spans fields, once,
+on the merged config. Every refusal is a `ConfigError` naming the field's path, the value and what is
+allowed. The flat keys of version 0.1 (``learning_rate``, ``kl_coef``, …) are still read, with a
+`FutureWarning` naming the new key (`FLAT_KEYS`).
 
 Batch sizes are global (all ranks together); trainers split them over ``torchrun`` ranks.
 
@@ -25,20 +31,33 @@ import contextlib
 import contextvars
 import dataclasses
 import difflib
-import math
-import types
-import typing
+import functools
 import urllib.parse
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, NoReturn
 
+import pydantic
+import pydantic_core
 import tyro
 import yaml
-from tyro.constructors import MISSING, PrimitiveConstructorSpec
+from pydantic import AfterValidator, BeforeValidator, Field
+from tyro.constructors import PrimitiveConstructorSpec
+
+from rlhf.core.choices import (
+    GroupEstimator,
+    KLControl,
+    KLEstimator,
+    KLPlacement,
+    LossAggregation,
+    MissingEosPenalty,
+    ScoreConvention,
+)
 
 __all__ = [
     "COMMANDS",
+    "FLAT_KEYS",
     "ConfigError",
     "DemoConfig",
     "EvalConfig",
@@ -53,55 +72,35 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "config_to_yaml",
+    "flat_config",
     "load_config",
     "read_yaml",
 ]
 
 
-class ConfigError(ValueError):
-    """A config that cannot run: unknown key, wrong type, value out of range or impossible combination."""
+class ConfigError(Exception):
+    """A config that cannot run: unknown key, wrong type, value out of range or impossible combination.
+
+    Not a ValueError on purpose: pydantic would fold a ValueError raised by a cross-field rule into its own
+    ValidationError; this one reaches the caller as it was raised.
+    """
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Choices. Plain string Literals: YAML holds plain strings, tyro lists them in --help, and a wrong value is
-# reported with the valid ones. Code that dispatches on a choice can map the string to its function directly.
-# ---------------------------------------------------------------------------------------------------------------
-
+# Choices that only the config knows about (the algorithmic ones are enums in rlhf.core.choices).
 LRScheduler = Literal["constant", "linear", "cosine"]
 DType = Literal["float32", "bfloat16", "float16"]
 Parallelism = Literal["auto", "none", "ddp", "fsdp"]
 Sink = Literal["jsonl", "tensorboard", "wandb", "trackio"]
-KLEstimator = Literal["k1", "k2", "k3"]
-KLIn = Literal["reward", "loss"]
-KLControl = Literal["fixed", "adaptive"]
-MissingEOSMode = Literal["replace", "subtract"]
 RewardAggregation = Literal["sum", "gdpo"]
 Critic = Literal["shared", "separate"]
-ScorePosition = Literal["after_eos", "eos"]
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
-ScaleRewards = Literal["auto", "group", "batch", "none"]
-LossAggregation = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-]
 Preset = Literal["tiny", "small"]
 
 # How each estimator scales its advantages when `scale_rewards` is "auto".
-_ESTIMATOR_SCALING: dict[str, str] = {
-    "grpo": "group",
-    "dr_grpo": "none",
-    "rloo": "none",
-    "reinforce_pp": "batch",
-}
+_ESTIMATOR_SCALING = {"grpo": "group", "dr_grpo": "none", "rloo": "none", "reinforce_pp": "batch"}
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Deferred checks. While a config is assembled from YAML and then command-line flags, the intermediate objects
-# may be invalid (YAML num_minibatches=3, fixed by --num_minibatches 2); only the final object is checked.
-# ---------------------------------------------------------------------------------------------------------------
-
-_DEFER_CHECKS: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "rlhf_config_defer_checks", default=False
-)
+# While a config is assembled from YAML and then flags, the intermediate one may break a cross-field rule
+# (YAML num_minibatches=3, fixed by --ppo.num_minibatches 2); only the final config is checked.
+_DEFER_CHECKS: contextvars.ContextVar[bool] = contextvars.ContextVar("rlhf_config_defer", default=False)
 
 
 @contextlib.contextmanager
@@ -114,261 +113,126 @@ def _checks_deferred() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Type checking and conversion of plain (YAML) values against field annotations.
+# Field types. pydantic checks them on every construction (YAML, flags, Python, dataclasses.replace).
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _describe(tp: Any) -> str:
-    """The type as a user reads it in an error message."""
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _describe(get_args(tp)[0])
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(option) for option in get_args(tp))
-    if origin is Literal:
-        return "one of " + ", ".join(repr(choice) for choice in get_args(tp))
-    if origin is tuple:
-        return f"a list of ({_describe(get_args(tp)[0])})"
-    if dataclasses.is_dataclass(tp):
-        keys = "a mapping with keys " + ", ".join(f.name for f in dataclasses.fields(tp))
-        return keys + " (or a source string)" if tp is RewardSpec else keys
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _as_float(value: Any) -> float | None:
-    """`value` as a float if it is a number (not a bool) or a numeric string, else None.
-
-    PyYAML reads ``1e-5`` (no dot) as the *string* "1e-5" (YAML 1.1), so numeric strings are accepted.
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _fits(tp: Any, value: Any) -> bool:
-    """Whether `value` has the shape of `tp` (used to pick the branch of a union before converting)."""
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _fits(get_args(tp)[0], value)
-    if origin in (Union, types.UnionType):
-        return any(_fits(option, value) for option in get_args(tp))
-    if origin is Literal:
-        return any(value == choice and type(value) is type(choice) for choice in get_args(tp))
-    if origin is tuple:
-        return isinstance(value, list | tuple)
-    if dataclasses.is_dataclass(tp):
-        return isinstance(value, tp | Mapping) or (tp is RewardSpec and isinstance(value, str))
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return _as_float(value) is not None
-    if tp is str:
-        return isinstance(value, str)
-    return False
-
-
-def _coerce(tp: Any, value: Any, where: str, path: str) -> Any:
-    """Check `value` against annotation `tp` and convert it (int → float, list → tuple, mapping → dataclass).
-
-    `where` prefixes every message ("ppo: " or "ppo: run.yaml: "), `path` names the key ("lora.r").
-    """
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _coerce(get_args(tp)[0], value, where, path)
-    if origin in (Union, types.UnionType):
-        for option in get_args(tp):
-            if _fits(option, value):
-                return _coerce(option, value, where, path)
-    elif origin is tuple and _fits(tp, value):
-        item_type = get_args(tp)[0]
-        return tuple(_coerce(item_type, item, where, f"{path}[{i}]") for i, item in enumerate(value))
-    elif dataclasses.is_dataclass(tp) and _fits(tp, value):
-        return _nested(tp, value, where, path)
-    elif tp is float and _fits(tp, value):
-        return _as_float(value)
-    elif _fits(tp, value):
-        return value
-    raise ConfigError(f"{where}{path}: expected {_describe(tp)}, got {value!r}")
-
-
-def _nested(cls: type, value: Any, where: str, path: str) -> Any:
-    """A nested config (LoRAConfig, RewardSpec) from a mapping or an instance, checked unless deferred."""
-    if isinstance(value, str):  # a reward list entry given as its source alone
-        value = {"source": value}
-    if isinstance(value, Mapping):
-        values = _values_from_mapping(cls, value, where, f"{path}.")
-        missing = [name for name in _required_fields(cls) if name not in values]
-        if missing:
-            raise ConfigError(f"{where}{path}: missing key {', '.join(repr(name) for name in missing)}")
-        with _checks_deferred():
-            value = cls(**values)
-    _normalize_fields(value, where, f"{path}.")
-    if not _DEFER_CHECKS.get():
-        value._check(f"{where}{path}.")
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("is empty")
     return value
 
 
-def _values_from_mapping(
-    cls: type, mapping: Mapping[Any, Any], where: str, prefix: str = ""
-) -> dict[str, Any]:
-    """Converted field values from a plain mapping; an unknown key is refused with the closest valid one."""
-    hints = _type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    values: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if key not in names:
-            raise ConfigError(f"{where}{_unknown_key_message(cls, key, names, prefix)}")
-        values[key] = _coerce(hints[key], value, where, f"{prefix}{key}")
-    return values
+Text = Annotated[str, AfterValidator(_not_blank)]
+Count = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+section = functools.partial(
+    pydantic.dataclasses.dataclass,
+    frozen=True,
+    kw_only=True,
+    config=pydantic.ConfigDict(extra="forbid", allow_inf_nan=False),
+)
+"""Decorator of every section and command config: frozen, keyword-only, unknown keys refused."""
 
 
-def _unknown_key_message(cls: type, key: Any, names: list[str], prefix: str) -> str:
-    message = f"unknown key '{prefix}{key}'"
-    close = difflib.get_close_matches(str(key).replace("-", "_"), names, n=1, cutoff=0.6)
-    if close:
-        message += f"; did you mean '{prefix}{close[0]}'?"
-    elsewhere = [cmd for cmd, other in COMMANDS.items() if other is not cls and key in _field_names(other)]
-    if getattr(cls, "COMMAND", "") and elsewhere:
-        message += f" ('{key}' is a field of `rlhf {' / '.join(elsewhere)}`, not of `rlhf {cls.COMMAND}`)"
-    if not close:
-        command = getattr(cls, "COMMAND", "")
-        message += (
-            f"; `rlhf {command} --help` lists the valid keys"
-            if command
-            else f"; valid keys: {', '.join(names)}"
-        )
-    return message
+@section
+class _Section:
+    """Base of every section and command config.
+
+    While tyro builds a config from the command line (checks deferred), a field that fails its check keeps
+    its raw value instead of stopping tyro, whose own message would lose the field's path: the final config
+    is validated again from plain data, and that refusal names the path (`_build`)."""
+
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _keep_raw_while_deferred(cls, values: Any, handler: Any) -> Any:
+        try:
+            return handler(values)
+        except pydantic.ValidationError as error:
+            if not _DEFER_CHECKS.get() or not isinstance(values, pydantic_core.ArgsKwargs):
+                raise
+            given = values.kwargs or {}
+            bad = {e["loc"][0] for e in error.errors() if e["loc"]} & set(given)
+            kept = {k: v for k, v in given.items() if k not in bad}
+            # a required text field (every required field below a section is one) gets `_placeholder`'s stand-in
+            kept |= {f.name: "…" for f in dataclasses.fields(cls) if f.name in bad and _is_required(f)}
+            out = handler(pydantic_core.ArgsKwargs((), kept))  # the instance being built (`self_instance`)
+            for name in bad:
+                object.__setattr__(out, name, given[name])
+            return out
 
 
-def _normalize_fields(obj: Any, where: str, prefix: str = "") -> None:
-    """Type-check every field of `obj` in place (frozen, hence object.__setattr__): int → float, list → tuple."""
-    hints = _type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if value is MISSING:
-            raise ConfigError(
-                f"{where}{prefix}{f.name} is required; set it in the --config YAML file or pass --{f.name}"
-            )
-        converted = _coerce(hints[f.name], value, where, f"{prefix}{f.name}")
-        if converted is not value:
-            object.__setattr__(obj, f.name, converted)
+def _is_required(field: dataclasses.Field) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+def _defaults(cls: type, **values: Any) -> Any:
+    """A section field whose default is `cls` with this command's own defaults."""
+    return dataclasses.field(default_factory=functools.partial(cls, **values))
 
 
-def _type_hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
-    return _HINTS[cls]
+def _yaml_flag(text: str, flag: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{flag}: not valid YAML ({' '.join(str(e).split())})") from None
 
 
-def _field_names(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+def _flow_yaml(value: Any) -> str:
+    return yaml.safe_dump(_to_plain(value), default_flow_style=True, width=10_000).strip()
 
 
-def _required_fields(cls: type) -> list[str]:
-    """Fields without a default, in declaration order."""
-    return [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
+def _flag(metavar: str, parse: Any, is_instance: Any) -> PrimitiveConstructorSpec:
+    """A structured field given as one argument on the command line: a plain value or YAML flow syntax."""
+
+    def to_str(value: Any) -> list[str]:
+        return [value if isinstance(value, str) else "None" if value is None else _flow_yaml(value)]
+
+    return PrimitiveConstructorSpec(
+        nargs=1, metavar=metavar, instance_from_str=lambda args: parse(args[0]),
+        is_instance=is_instance, str_from_instance=to_str,
+    )  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Range checks. Each raises ConfigError naming the field, its value and what is allowed.
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _check_range(
-    where: str,
-    name: str,
-    value: float,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-    hint: str = "",
-) -> None:
-    ok = math.isfinite(value)
-    ok = ok and (gt is None or value > gt) and (ge is None or value >= ge)
-    ok = ok and (lt is None or value < lt) and (le is None or value <= le)
-    if not ok:
-        bounds = [
-            f"{op} {bound:g}"
-            for op, bound in ((">", gt), ("≥", ge), ("<", lt), ("≤", le))
-            if bound is not None
-        ]
-        allowed = " and ".join(bounds) if bounds else "a finite number"
-        raise ConfigError(f"{where}{name}={value!r} is out of range; it must be {allowed}{hint}")
-
-
-def _check_nonempty(where: str, name: str, value: str | None, what: str) -> None:
-    if value is not None and not value.strip():
-        raise ConfigError(f"{where}{name} is empty; give {what}")
-
-
-def _divisors(n: int) -> str:
-    found = [d for d in range(1, n + 1) if n % d == 0]
-    shown = ", ".join(str(d) for d in found[:12])
-    return shown + (", …" if len(found) > 12 else "")
-
-
-def _check_divides(where: str, name: str, value: int, total: int, total_text: str) -> None:
-    """`value` (field `name`) must divide `total` (described by `total_text`)."""
-    if total % value != 0:
-        raise ConfigError(
-            f"{where}{name}={value} does not divide {total_text}; choose a divisor of {total} ({_divisors(total)})"
-        )
+def _is_null(text: str) -> bool:
+    return text.strip() in ("None", "null", "none", "~", "")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Nested configs: LoRA adapters and one entry of a reward list.
+# LoRA adapters and reward sources.
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoRAConfig:
-    """LoRA adapters (peft) instead of full fine-tuning. YAML: a mapping under ``lora:``."""
+@section
+class LoRAConfig(_Section):
+    """LoRA adapters (peft) instead of full fine-tuning. YAML: a mapping under ``model.lora``."""
 
-    r: int = 8
+    r: Count = 8
     """Rank of the adapter matrices."""
-    alpha: float = 16.0
+    alpha: Positive = 16.0
     """Scaling numerator: the adapter's update is multiplied by alpha / r."""
-    dropout: float = 0.05
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     """Dropout on the adapter input, in [0, 1)."""
-    target_modules: tuple[str, ...] | None = None
+    target_modules: Annotated[tuple[Text, ...], Field(min_length=1)] | None = None
     """Module names to adapt; None = peft's default for the architecture, or every linear layer of the decoder (not the output head) where peft has none (e.g. Phi-3); ['all-linear'] = every linear layer except the output head. Names that match no module are refused, listing the model's linear layers."""
 
-    def __post_init__(self) -> None:
-        if not _DEFER_CHECKS.get():
-            _normalize_fields(self, "", "lora.")
-            self._check("lora.")
 
-    def _check(self, where: str) -> None:
-        _check_range(where, "r", self.r, ge=1)
-        _check_range(where, "alpha", self.alpha, gt=0)
-        _check_range(where, "dropout", self.dropout, ge=0, lt=1)
-        if self.target_modules is not None and (
-            not self.target_modules or not all(m.strip() for m in self.target_modules)
-        ):
-            raise ConfigError(
-                f"{where}target_modules is empty; list module names or use null for peft's default"
-            )
+def _lora_from_text(text: str) -> LoRAConfig | None:
+    if _is_null(text):
+        return None
+    value = _yaml_flag(text, "--model.lora")
+    if not isinstance(value, Mapping):
+        raise ValueError(f"--model.lora: expected a mapping like '{{r: 16, alpha: 32}}' or null, got {text!r}")
+    return _validate(LoRAConfig, value, "--model.lora: ")
+
+
+OptionalLoRA = Annotated[
+    LoRAConfig | None,
+    _flag("None|{r,alpha,dropout,target_modules}", _lora_from_text, lambda v: v is None or isinstance(v, LoRAConfig)),
+]
 
 
 def _default_reward_name(source: str) -> str:
@@ -381,142 +245,384 @@ def _default_reward_name(source: str) -> str:
     return Path(text).name or text
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RewardSpec:
+def _source(text: str) -> str:
+    if text.strip().endswith(".py"):
+        raise ValueError(f"names a file but no function; write '{text}:function_name'")
+    return text
+
+
+Source = Annotated[Text, AfterValidator(_source)]
+
+
+@section
+class RewardSpec(_Section):
     """One entry of a reward list: a source, its weight in the combination, and the name it is logged under."""
 
-    source: str
+    source: Source
     """A reward-model directory, `path/file.py:function`, `package.module:function` or an http(s):// URL."""
     weight: float = 1.0
     """Weight of this reward in the combination."""
-    name: str | None = None
+    name: Text | None = None
     """Metric name (`reward/<name>/mean`); null = derived from the source (function name, directory name or host)."""
 
     def __post_init__(self) -> None:
-        if self.name is None and isinstance(self.source, str):
+        if self.name is None:
             object.__setattr__(self, "name", _default_reward_name(self.source))
-        if not _DEFER_CHECKS.get():
-            _normalize_fields(self, "", "reward.")
-            self._check("reward.")
-
-    def _check(self, where: str) -> None:
-        _check_reward_source(where, "source", self.source)
-        _check_range(where, "weight", self.weight)
-        _check_nonempty(where, "name", self.name, "a metric name or leave it null")
 
 
-def _check_reward_source(where: str, name: str, source: str) -> None:
-    _check_nonempty(where, name, source, "a reward-model directory, file.py:function, module:function or URL")
-    if source.strip().endswith(".py"):
+def _reward_shape(value: Any) -> Any:
+    """A list entry may be a source string alone; anything but a string or a list is refused here."""
+    if isinstance(value, list | tuple):
+        return tuple({"source": item} if isinstance(item, str) else item for item in value)
+    if not isinstance(value, str):
+        raise ValueError("expected a source string or a list of {source, weight, name}")
+    return value
+
+
+def _sources_from_text(text: str) -> Any:
+    if not text.lstrip().startswith(("[", "{")):
+        return text
+    value = _yaml_flag(text, "reward source")
+    return _validate(RewardSources, [value] if isinstance(value, Mapping) else value, "reward source: ")
+
+
+RewardSources = Annotated[
+    Source | tuple[RewardSpec, ...], BeforeValidator(_reward_shape),
+    _flag("SOURCE|[{source,weight,name},...]", _sources_from_text, lambda v: isinstance(v, str | tuple)),
+]  # fmt: skip
+OptionalRewardSources = Annotated[
+    RewardSources | None,
+    _flag("SOURCE|[{source,weight,name},...]|None", lambda t: None if _is_null(t) else _sources_from_text(t),
+          lambda v: v is None or isinstance(v, str | tuple)),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections shared by the commands. A section whose defaults differ between commands gets them from the
+# command's field (`_defaults`); YAML then overrides single keys of those defaults, not the whole section.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@section
+class ModelSection(_Section):
+    """The model a command loads."""
+
+    name: Text
+    """A hub id or a local model directory."""
+    dtype: DType = "float32"
+    """Parameter and compute dtype."""
+
+
+@section
+class TrainModel(ModelSection):
+    """The model a trainer starts from, trained whole or through LoRA adapters."""
+
+    lora: OptionalLoRA = None
+    """LoRA adapters instead of full fine-tuning: a mapping {r, alpha, dropout, target_modules} (on the command line as YAML, e.g. --model.lora '{r: 16, alpha: 32}'); None = full fine-tuning."""
+
+
+@section
+class PolicyModel(TrainModel):
+    """The policy of ppo and grpo; the reference starts as a frozen copy of it."""
+
+    compile: bool = False
+    """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 4-10%), after a one-time compile of 8-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
+
+
+@section
+class DataSection(_Section):
+    """Training and held-out data: a JSONL, JSON or Parquet file, or a `datasets` directory."""
+
+    train: Text
+    """Training data."""
+    eval: Text | None = None
+    """Held-out data in the same format as train; None = no evaluation."""
+
+
+@section
+class TextData(DataSection):
+    """Training and held-out examples, each prompt + response."""
+
+    max_length: Annotated[int, Field(ge=2)] = 1024
+    """Longest prompt + response in tokens."""
+
+
+@section
+class SamplingSection(_Section):
+    """How responses are generated."""
+
+    max_prompt_length: Count = 512
+    """Longest prompt in tokens; longer prompts keep their end."""
+    max_new_tokens: Count = 128
+    """Longest response in tokens; responses end at the stop token or here."""
+    temperature: Positive = 1.0
+    """Sampling temperature (log-probabilities for a loss use the same temperature); 1.0 samples the model as is."""
+    top_k: NonNegativeInt = 0
+    """Sample only from the k most likely tokens; 0 = off."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens with this much probability; 1.0 = off."""
+    stop: Annotated[str, Field(min_length=1)] = "eos"
+    """What ends a response: 'eos' (the tokenizer's end-of-sequence token) or a literal text such as '\\n'."""
+
+
+@section
+class JudgeSection(_Section):
+    """A reward source that scores or compares responses, and how a list of them is combined."""
+
+    source: OptionalRewardSources = None
+    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML); None = none."""
+    aggregation: RewardAggregation = "sum"
+    """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
+
+
+@section
+class RewardSection(_Section):
+    """The reward: one source or a weighted list, and how a list is combined."""
+
+    source: RewardSources
+    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML, e.g. --reward.source '[{source: rewards.py:f, weight: 2}]')."""
+    aggregation: RewardAggregation = "sum"
+    """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
+
+
+@section
+class PolicyReward(RewardSection):
+    """The reward of ppo and grpo, with the penalty for a response that never stops."""
+
+    missing_eos_penalty: NonNegative | None = None
+    """Penalty (≥ 0) for a response that hits max_new_tokens without the stop token; None = none."""
+    missing_eos_mode: MissingEosPenalty = MissingEosPenalty.REPLACE
+    """How the penalty applies: replace (score := −penalty) or subtract (score −= penalty)."""
+
+
+@section
+class KLSection(_Section):
+    """The KL penalty against the frozen reference policy."""
+
+    coef: NonNegative = 0.05
+    """β, the weight of the penalty (the initial value when adaptive); 0 turns it off (no reference model)."""
+    estimator: KLEstimator = KLEstimator.K1
+    """Per-token estimator: k1 = log π − log π_ref, k2 = ½(log r)², k3 = (r − 1) − log r with r = π_ref/π."""
+    add_to: KLPlacement = KLPlacement.REWARD
+    """Where the penalty goes: into the per-token rewards (−β·KL with the estimator), or added to the loss (+β·k3, whatever the estimator: k3 is the one whose value is non-negative per token)."""
+    control: KLControl = KLControl.FIXED
+    """fixed β, or adaptive: β ← β·(1 + clip(KL/target − 1, ±0.2)·batch/horizon) after each iteration."""
+    target: Positive = 6.0
+    """Target KL (nats per sequence) of the adaptive controller."""
+    horizon: Count = 10000
+    """Horizon (in sequences) of the adaptive controller."""
+
+
+@section
+class OptimSection(_Section):
+    """AdamW and its learning-rate schedule."""
+
+    learning_rate: Positive = 1e-5
+    """Peak learning rate."""
+    scheduler: LRScheduler = "linear"
+    """Schedule after warm-up: constant, linear decay to 0, or cosine decay to 0."""
+    warmup_steps: NonNegativeInt = 0
+    """Optimizer steps of linear warm-up from 0 to learning_rate."""
+    weight_decay: NonNegative = 0.0
+    """Decoupled weight decay."""
+    max_grad_norm: Positive | None = 1.0
+    """Clip the global gradient norm to this value; None = no clipping (the norm is still logged)."""
+
+
+@section
+class BatchSection(_Section):
+    """How many examples make an optimizer step, and how many go through one forward/backward pass."""
+
+    size: Count = 32
+    """Examples per optimizer step, over all ranks."""
+    micro_size: Count | None = None
+    """Sequences per forward/backward pass (gradient accumulation when smaller than the batch); must divide it. None = the whole batch in one pass."""
+
+
+@section
+class PolicyBatch(BatchSection):
+    """The rollout batch of ppo and grpo, and how it is cut for the updates."""
+
+    size: Count = 64
+    """Prompts per iteration, over all ranks (grpo samples each group_size times)."""
+    micro_size: Count | None = None
+    """Sequences per forward/backward pass (gradient accumulation); must divide the minibatch (the iteration's sequences / num_minibatches). None = the whole minibatch in one pass."""
+    micro_tokens: Count | None = None
+    """Token budget of a forward/backward pass: each minibatch's sequences, longest first, are cut into micro-batches of at most this many tokens when padded to their own longest sequence (with micro_size, both limits hold). Bounds activation memory by tokens rather than sequences and cuts padding between sequences of unequal length. None = no budget."""
+
+
+@section
+class RunSection(_Section):
+    """Seeding, logging, checkpoints, resuming and how torchrun ranks share the work."""
+
+    seed: NonNegativeInt = 0
+    """Seed for every random number generator (data order, dropout, sampling)."""
+    eval_every: NonNegativeInt = 100
+    """Evaluate every this many optimizer steps (iterations for ppo/grpo), before training and at the end; 0 = only then."""
+    save_every: NonNegativeInt = 500
+    """Write a resumable checkpoint every this many optimizer steps (iterations for ppo/grpo); 0 = only the final model."""
+    log_every: Count = 1
+    """Log metrics every this many steps."""
+    report_to: tuple[Sink, ...] = ("jsonl",)
+    """Metric sinks; jsonl writes output_dir/metrics.jsonl."""
+    name: Text | None = None
+    """Run name for tensorboard / wandb / trackio; None = the name of output_dir."""
+    resume: bool = False
+    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except the fields listed in rlhf.runlog.rundir.SAFE_ON_RESUME (steps, epochs, logging, checkpoints, micro-batching, compile, parallelism; a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
+    overwrite: bool = False
+    """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
+    progress: bool = True
+    """Show a progress bar on the console."""
+    parallelism: Parallelism = "auto"
+    """How the ranks of a torchrun launch share the work (batch sizes stay global): ddp = every rank holds the models and trains on its share of each batch, gradients are averaged; fsdp = FSDP2, parameters, gradients and optimizer state sharded per decoder layer; auto = ddp under torchrun, one process otherwise; none = refuse torchrun."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trainers' own sections.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@section
+class SFTSection(_Section):
+    """Supervised fine-tuning on demonstrations."""
+
+    epochs: Count = 3
+    """Passes over the training data."""
+    packing: bool = False
+    """Concatenate each micro-batch's examples into rows of up to max_length tokens instead of padding each one; position ids restart and attention stays within every example, so the loss and gradient are those of the unpacked batch (models that cannot keep packed examples apart are refused)."""
+
+
+@section
+class RMSection(_Section):
+    """The Bradley–Terry reward model."""
+
+    epochs: Count = 1
+    """Passes over the training data (reward models overfit after about one epoch)."""
+    use_margin: bool = True
+    """When a pair has a "margin" column, subtract it inside the sigmoid: −log σ(r_c − r_r − margin)."""
+    center_rewards_coefficient: NonNegative | None = None
+    """Weight of the auxiliary loss coef·mean((r_c + r_r)²) that keeps rewards centred at 0; None = off."""
+
+
+@section
+class NormalizeSection(_Section):
+    """Reward normalisation after training: gain and bias so the policy's responses score mean 0, std 1."""
+
+    policy: Text | None = None
+    """Causal LM (hub id or directory; usually the SFT/reference policy) whose responses are sampled and scored; the gain and bias are stored with the model for every consumer. None = no normalisation."""
+    prompts: Text | None = None
+    """Prompts file ({"prompt"} or {"messages"} rows) to sample the responses for; None = the prompts of the training data."""
+    samples: Annotated[int, Field(ge=2)] = 256
+    """How many responses are sampled and scored (OAI: 256; a std needs two)."""
+    max_new_tokens: Count = 64
+    """Longest response in tokens."""
+    temperature: Positive = 1.0
+    """Sampling temperature of the responses."""
+
+
+@section
+class PolicyGradientSection(_Section):
+    """The outer loop and the clipped surrogate shared by ppo and grpo."""
+
+    steps: Count = 500
+    """Outer iterations: sample a batch, score it, update the policy."""
+    num_minibatches: Count = 1
+    """Minibatches per pass over a batch, one optimizer step each; must divide the iteration's sequences."""
+    clip_range: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """ε of the clipped surrogate: the ratio is clipped to [1 − ε, 1 + clip_range_high]."""
+    clip_range_high: Positive | None = None
+    """Upper clip ε_high (DAPO clip-higher, e.g. 0.28); None = clip_range."""
+    entropy_coef: NonNegative = 0.0
+    """Weight of the entropy bonus subtracted from the loss."""
+    whiten_advantages: bool = True
+    """Normalise advantages to mean 0 and variance 1 over the batch's response tokens (grpo: again, after the group-relative ones)."""
+
+
+@section
+class PPOSection(PolicyGradientSection):
+    """PPO with a learned critic: GAE advantages, clipped policy and value losses."""
+
+    epochs: Count = 4
+    """Passes over each rollout batch."""
+    whiten_rewards: bool = False
+    """Rescale the per-token rewards of the batch to unit variance (mean kept) before GAE."""
+    critic: Critic = "shared"
+    """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values), or a separate model (separate: initialised from the reward model when the reward is a model, else from the policy)."""
+    vf_coef: Positive = 0.1
+    """Weight of the value loss in the total loss (the critic only learns through it)."""
+    value_clip_range: Positive = 0.2
+    """ε_v: new values are clipped to old ± ε_v in the value loss."""
+    gamma: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Discount γ of GAE."""
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """λ of GAE."""
+    score_position: ScoreConvention = ScoreConvention.AFTER_EOS
+    """Token that receives the sequence score: after_eos = the first padding after the EOS when there is room (TRL / N+ convention), else the last token; eos = the EOS (last real) token."""
+
+
+@section
+class GRPOSection(PolicyGradientSection):
+    """The critic-free GRPO family: group-relative advantages, DAPO's overlong shaping and dynamic sampling."""
+
+    group_size: Annotated[int, Field(ge=2)] = 8
+    """G, samples per prompt (≥ 2: advantages compare samples of the same prompt)."""
+    estimator: GroupEstimator = GroupEstimator.GRPO
+    """Advantage estimator: grpo (r − group mean, / group std), dr_grpo (r − group mean), rloo (leave-one-out baseline), reinforce_pp (r − group mean, / batch std)."""
+    scale_rewards: Literal["auto", "group", "batch", "none"] = "auto"
+    """Divisor of grpo's advantages: group std, batch std or none; auto = the estimator's own. Other estimators fix their own scaling, so only 'auto' is allowed with them."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
+    """Reduction of the per-token loss: token-mean (all tokens of the batch), seq-mean-token-mean (GRPO paper), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / max_new_tokens)."""
+    num_iterations: Count = 1
+    """μ, passes over each sampled batch (1 = on-policy: the ratio is exactly 1 and clipping never applies)."""
+    overlong_buffer: NonNegativeInt = 0
+    """DAPO overlong shaping: responses longer than max_new_tokens − overlong_buffer get a penalty growing linearly to −overlong_penalty_factor at max_new_tokens; 0 = off."""
+    overlong_penalty_factor: NonNegative = 1.0
+    """Largest overlong penalty (reached at max_new_tokens)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) and sample more prompts until the batch is full."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at max_new_tokens (no stop token) out of the loss (DAPO); they still count in the group statistics."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules that span fields, checked once on the final config. Each raises ConfigError naming the fields.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> str:
+    found = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(str(d) for d in found[:12]) + (", …" if len(found) > 12 else "")
+
+
+def _check_divides(where: str, name: str, value: int | None, total: int, total_text: str) -> None:
+    """`value` (field `name`; None = unset) must divide `total` (described by `total_text`)."""
+    if value is not None and total % value != 0:
         raise ConfigError(
-            f"{where}{name}={source!r} names a file but no function; write '{source}:function_name'"
+            f"{where}{name}={value} does not divide {total_text}; choose a divisor of {total} ({_divisors(total)})"
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command-line parsing of the two structured fields. Both take one argument: a plain value, or YAML flow syntax
-# for the structured form — --reward rm_dir, --reward '[{source: a.py:f, weight: 2}, b.py:g]',
-# --lora '{r: 16, alpha: 32}', --lora null.
-# ---------------------------------------------------------------------------------------------------------------
-
-RewardSourceType = str | tuple[RewardSpec, ...]
-
-
-def _flow_yaml(value: Any) -> str:
-    return yaml.safe_dump(_to_plain(value), default_flow_style=True, width=10_000).strip()
-
-
-def _yaml_argument(text: str, flag: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{flag}: not valid YAML ({' '.join(str(e).split())})") from None
-
-
-def _reward_spec(optional: bool) -> PrimitiveConstructorSpec:
-    tp = RewardSourceType | None if optional else RewardSourceType
-
-    def from_str(args: list[str]) -> Any:
-        text = args[0]
-        if optional and text.strip() in ("None", "null", "none", "~"):
-            return None
-        if not text.lstrip().startswith(("[", "{")):
-            return text
-        # one spec serves --reward and --judge, so the message names the kind of value, not the flag
-        value = _yaml_argument(text, "reward source")
-        return _coerce(tp, [value] if isinstance(value, Mapping) else value, "", "reward source")
-
-    def to_str(value: Any) -> list[str]:
-        return [value if isinstance(value, str) else "None" if value is None else _flow_yaml(list(value))]
-
-    return PrimitiveConstructorSpec(
-        nargs=1,
-        metavar="SOURCE|[{source,weight,name},...]" + ("|None" if optional else ""),
-        instance_from_str=from_str,
-        is_instance=lambda value: _fits(tp, value),
-        str_from_instance=to_str,
-    )
-
-
-def _lora_from_str(args: list[str]) -> LoRAConfig | None:
-    text = args[0]
-    if text.strip() in ("None", "null", "none", "~", ""):
-        return None
-    value = _yaml_argument(text, "--lora")
-    if not isinstance(value, Mapping):
-        raise ValueError(f"--lora: expected a mapping like '{{r: 16, alpha: 32}}' or null, got {text!r}")
-    return _coerce(LoRAConfig, value, "", "--lora")
-
-
-RewardSource = Annotated[RewardSourceType, _reward_spec(optional=False)]
-OptionalRewardSource = Annotated[RewardSourceType | None, _reward_spec(optional=True)]
-OptionalLoRA = Annotated[
-    LoRAConfig | None,
-    PrimitiveConstructorSpec(
-        nargs=1,
-        metavar="None|{r,alpha,dropout,target_modules}",
-        instance_from_str=_lora_from_str,
-        is_instance=lambda value: value is None or isinstance(value, LoRAConfig),
-        str_from_instance=lambda value: ["None" if value is None else _flow_yaml(value)],
-    ),
-]
-
-
-def _check_reward(where: str, reward: RewardSourceType | None, aggregation: str) -> None:
-    """A reward string, or a non-empty list of specs with unique names and finite weights."""
-    if reward is None:
+def _check_sources(where: str, name: str, scorer: Any) -> None:
+    """A reward list has unique names; gdpo needs a list."""
+    if scorer.source is None:
         return
-    if isinstance(reward, str):
-        _check_reward_source(where, "reward", reward)
-        if aggregation == "gdpo":
+    if isinstance(scorer.source, str):
+        if scorer.aggregation == "gdpo":
             raise ConfigError(
-                f"{where}reward_aggregation='gdpo' combines several rewards but reward is a single source; "
-                "give reward as a list of {source, weight, name} or use reward_aggregation='sum'"
+                f"{where}{name}.aggregation='gdpo' combines several rewards but {name}.source is a single "
+                f"source; give {name}.source as a list of {{source, weight, name}} or use aggregation='sum'"
             )
         return
-    if not reward:
-        raise ConfigError(f"{where}reward is an empty list; give at least one {{source, weight, name}}")
+    if not scorer.source:
+        raise ConfigError(f"{where}{name}.source is an empty list; give at least one {{source, weight, name}}")
     seen: dict[str, int] = {}
-    for i, spec in enumerate(reward):
-        spec._check(f"{where}reward[{i}].")
-        assert spec.name is not None  # filled from the source by RewardSpec.__post_init__
+    for i, spec in enumerate(scorer.source):
         if spec.name in seen:
             raise ConfigError(
-                f"{where}reward[{i}].name={spec.name!r} is already used by reward[{seen[spec.name]}]; "
+                f"{where}{name}.source[{i}].name={spec.name!r} is already used by {name}.source[{seen[spec.name]}]; "
                 "give each reward a distinct `name`"
             )
         seen[spec.name] = i
-
-
-def _check_sampling(where: str, cfg: Any) -> None:
-    """Generation fields shared by ppo, grpo, sample and eval."""
-    _check_range(where, "max_prompt_length", cfg.max_prompt_length, ge=1)
-    _check_range(where, "max_new_tokens", cfg.max_new_tokens, ge=1)
-    _check_range(where, "temperature", cfg.temperature, gt=0, hint=" (1.0 samples the model as is)")
-    _check_range(where, "top_k", cfg.top_k, ge=0, hint=" (0 turns top-k off)")
-    _check_range(where, "top_p", cfg.top_p, gt=0, le=1, hint=" (1.0 turns nucleus sampling off)")
-    if cfg.stop_token == "":  # whitespace such as "\n" is a valid stop text
-        raise ConfigError(f"{where}stop_token is empty; give 'eos' or the text that ends a response")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -524,540 +630,255 @@ def _check_sampling(where: str, cfg: Any) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Config:
-    """Base of every command config: type-checks fields, then runs `_check` (unless checks are deferred)."""
+@section
+class _Config(_Section):
+    """Base of every command config: after pydantic's field checks, `_check` runs the cross-field rules."""
 
     COMMAND: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        if _DEFER_CHECKS.get():
-            return
-        _normalize_fields(self, f"{self.COMMAND}: ")
-        self._check(f"{self.COMMAND}: ")
+        if not _DEFER_CHECKS.get():
+            self._check(f"{self.COMMAND}: ")
 
     def _check(self, where: str) -> None:
-        """Ranges and cross-field rules; `where` prefixes every message."""
+        """Rules that span fields; `where` prefixes every message."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class _TrainingConfig(_Config):
-    """Fields shared by the four training commands (sft, rm, ppo, grpo)."""
+    """Sections shared by the four training commands (sft, rm, ppo, grpo)."""
 
-    output_dir: str
+    output_dir: Text
     """Run directory: config.yaml, metrics.jsonl, samples/, checkpoints/ and final/ are written here."""
-    seed: int = 0
-    """Seed for every random number generator (data order, dropout, sampling)."""
-    train_data: str
-    """Training data: a JSONL, JSON or Parquet file, or a `datasets` directory."""
-    eval_data: str | None = None
-    """Held-out data in the same format as train_data; None = no evaluation."""
-    learning_rate: float = 1e-5
-    """Peak learning rate of AdamW."""
-    batch_size: int = 32
-    """Examples per optimizer step, over all ranks."""
-    micro_batch_size: int | None = None
-    """Sequences per forward/backward pass (gradient accumulation when smaller than the batch); must divide it. None = the whole batch in one pass."""
-    lr_scheduler: LRScheduler = "linear"
-    """Learning-rate schedule after warm-up: constant, linear decay to 0, or cosine decay to 0."""
-    warmup_steps: int = 0
-    """Optimizer steps of linear warm-up from 0 to learning_rate."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this value; None = no clipping (the norm is still logged)."""
-    eval_every: int = 100
-    """Evaluate every this many optimizer steps (and before training and after each epoch); 0 = only then."""
-    save_every: int = 500
-    """Write a resumable checkpoint every this many optimizer steps; 0 = only the final model."""
-    lora: OptionalLoRA = None
-    """LoRA adapters instead of full fine-tuning: a mapping {r, alpha, dropout, target_modules} (on the command line as YAML, e.g. --lora '{r: 16, alpha: 32}'); None = full fine-tuning."""
-    dtype: DType = "float32"
-    """Parameter and compute dtype."""
-    parallelism: Parallelism = "auto"
-    """How the ranks of a torchrun launch share the work (batch_size stays global): ddp = every rank holds the models and trains on its share of each batch, gradients are averaged; fsdp = FSDP2, parameters, gradients and optimizer state sharded per decoder layer; auto = ddp under torchrun, one process otherwise; none = refuse torchrun."""
-    report_to: tuple[Sink, ...] = ("jsonl",)
-    """Metric sinks; jsonl writes output_dir/metrics.jsonl."""
-    run_name: str | None = None
-    """Run name for tensorboard / wandb / trackio; None = the name of output_dir."""
-    log_every: int = 1
-    """Log metrics every this many steps."""
-    resume: bool = False
-    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except steps, epochs, eval_every, save_every, log_every, progress, report_to, run_name, micro_batch_size, micro_batch_tokens, compile and parallelism (a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
-    overwrite: bool = False
-    """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
-    progress: bool = True
-    """Show a progress bar on the console."""
+    model: TrainModel
+    """The model to start from."""
+    data: DataSection
+    """Training and held-out data."""
+    optim: OptimSection = _defaults(OptimSection)
+    """AdamW and its schedule."""
+    batch: BatchSection = _defaults(BatchSection)
+    """Batch and micro-batch sizes."""
+    run: RunSection = _defaults(RunSection)
+    """Seed, logging, checkpoints, resuming, parallelism."""
 
     def _check(self, where: str) -> None:
-        _check_nonempty(where, "output_dir", self.output_dir, "a directory for the run")
-        _check_resume_overwrite(where, self)
-        _check_nonempty(where, "train_data", self.train_data, "a data file or directory")
-        _check_nonempty(where, "eval_data", self.eval_data, "a data file or directory, or None")
-        _check_range(where, "seed", self.seed, ge=0)
-        _check_range(where, "learning_rate", self.learning_rate, gt=0)
-        _check_range(where, "batch_size", self.batch_size, ge=1)
-        if self.micro_batch_size is not None:
-            _check_range(
-                where, "micro_batch_size", self.micro_batch_size, ge=1, hint=" (or None for no accumulation)"
+        if self.run.resume and self.run.overwrite:
+            raise ConfigError(
+                f"{where}run.resume and run.overwrite are both set; resume continues the run in output_dir, "
+                "overwrite replaces it — choose one"
             )
-        _check_range(where, "warmup_steps", self.warmup_steps, ge=0)
-        _check_range(where, "weight_decay", self.weight_decay, ge=0)
-        if self.max_grad_norm is not None:
-            _check_range(where, "max_grad_norm", self.max_grad_norm, gt=0, hint=" (or None for no clipping)")
-        _check_range(where, "eval_every", self.eval_every, ge=0)
-        _check_range(where, "save_every", self.save_every, ge=0)
-        _check_range(where, "log_every", self.log_every, ge=1)
-        if len(set(self.report_to)) != len(self.report_to):
-            raise ConfigError(f"{where}report_to={list(self.report_to)} names a sink twice; list each once")
-        _check_nonempty(where, "run_name", self.run_name, "a name or None")
-        if self.lora is not None:
-            self.lora._check(f"{where}lora.")
+        _check_divides(where, "batch.micro_size", self.batch.micro_size, self.minibatch_size, self._minibatch_text)
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer step."""
+        return self.batch.size
+
+    @property
+    def _minibatch_text(self) -> str:
+        return f"batch.size={self.batch.size}"
 
     @property
     def effective_micro_batch_size(self) -> int:
-        """Sequences per forward/backward pass (micro_batch_size, or the whole batch when it is None)."""
-        return self.micro_batch_size or self.batch_size
+        """Sequences per forward/backward pass (batch.micro_size, or the whole minibatch when it is None)."""
+        return self.batch.micro_size or self.minibatch_size
 
     @property
     def grad_accum_steps(self) -> int:
         """Forward/backward passes per optimizer step."""
-        return self.batch_size // self.effective_micro_batch_size
+        return self.minibatch_size // self.effective_micro_batch_size
 
 
-def _check_resume_overwrite(where: str, cfg: Any) -> None:
-    if getattr(cfg, "resume", False) and cfg.overwrite:
-        raise ConfigError(
-            f"{where}resume and overwrite are both set; resume continues the run in output_dir, overwrite "
-            "replaces it — choose one"
-        )
-
-
-def _check_batch_divides(where: str, cfg: "_TrainingConfig", unit: str) -> None:
-    if cfg.micro_batch_size is not None:
-        _check_divides(
-            where,
-            "micro_batch_size",
-            cfg.micro_batch_size,
-            cfg.batch_size,
-            f"batch_size={cfg.batch_size} {unit}",
-        )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class SFTConfig(_TrainingConfig):
     """Supervised fine-tuning: next-token loss on the response (assistant) tokens only."""
 
     COMMAND: ClassVar[str] = "sft"
 
-    model: str
-    """Initial weights: a hub id or a local directory of a causal LM."""
-    epochs: int = 3
-    """Passes over train_data."""
-    max_length: int = 1024
-    """Longest prompt + response in tokens."""
-    packing: bool = False
-    """Concatenate each micro-batch's examples into rows of up to max_length tokens instead of padding each one; position ids restart and attention stays within every example, so the loss and gradient are those of the unpacked batch (models that cannot keep packed examples apart are refused)."""
-    learning_rate: float = 2e-5
-    """Peak learning rate of AdamW."""
-    batch_size: int = 32
-    """Examples per optimizer step, over all ranks."""
-
-    def _check(self, where: str) -> None:
-        super()._check(where)
-        _check_nonempty(where, "model", self.model, "a hub id or a model directory")
-        _check_range(where, "epochs", self.epochs, ge=1)
-        _check_range(where, "max_length", self.max_length, ge=2)
-        _check_batch_divides(where, self, "examples")
+    data: TextData
+    """Demonstrations ({"prompt", "response"} or {"messages"} rows)."""
+    optim: OptimSection = _defaults(OptimSection, learning_rate=2e-5)
+    """AdamW and its schedule."""
+    sft: SFTSection = _defaults(SFTSection)
+    """Epochs and packing."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class RMConfig(_TrainingConfig):
     """Bradley–Terry reward model on preference pairs: loss −log σ(r_chosen − r_rejected [− margin])."""
 
     COMMAND: ClassVar[str] = "rm"
 
-    model: str
-    """Initial weights: a hub id or a local directory (a causal LM gets a fresh one-output score head)."""
-    epochs: int = 1
-    """Passes over train_data (reward models overfit after about one epoch)."""
-    max_length: int = 1024
-    """Longest prompt + response in tokens."""
-    use_margin: bool = True
-    """When a pair has a "margin" column, subtract it inside the sigmoid: −log σ(r_c − r_r − margin)."""
-    center_rewards_coefficient: float | None = None
-    """Weight of the auxiliary loss coef·mean((r_c + r_r)²) that keeps rewards centred at 0; None = off."""
-    learning_rate: float = 1e-5
-    """Peak learning rate of AdamW."""
-    batch_size: int = 32
-    """Preference pairs per optimizer step, over all ranks."""
-    normalize_policy: str | None = None
-    """After training, normalise the rewards: sample responses from this causal LM (hub id or directory; usually the SFT/reference policy) and store gain and bias with the model so their scores have mean 0 and std 1 for every consumer. None = no normalisation."""
-    normalize_prompts: str | None = None
-    """Prompts file ({"prompt"} or {"messages"} rows) to sample the normalisation responses for; None = the prompts of train_data."""
-    normalize_samples: int = 256
-    """How many responses the normalisation samples and scores (OAI: 256)."""
-    normalize_max_new_tokens: int = 64
-    """Longest normalisation response in tokens."""
-    normalize_temperature: float = 1.0
-    """Sampling temperature of the normalisation responses."""
+    model: TrainModel
+    """The model to start from (a causal LM gets a fresh one-output score head)."""
+    data: TextData
+    """Preference pairs ({"prompt", "chosen", "rejected"} rows; batch.size counts pairs)."""
+    rm: RMSection = _defaults(RMSection)
+    """Epochs, margin and centring."""
+    normalize: NormalizeSection = _defaults(NormalizeSection)
+    """Reward normalisation after training."""
 
     def _check(self, where: str) -> None:
         super()._check(where)
-        _check_nonempty(where, "model", self.model, "a hub id or a model directory")
-        _check_range(where, "epochs", self.epochs, ge=1)
-        _check_range(where, "max_length", self.max_length, ge=2)
-        if self.center_rewards_coefficient is not None:
-            _check_range(where, "center_rewards_coefficient", self.center_rewards_coefficient, ge=0)
-        _check_batch_divides(where, self, "pairs")
-        _check_nonempty(
-            where, "normalize_policy", self.normalize_policy, "a hub id or a model directory, or None"
-        )
-        _check_nonempty(where, "normalize_prompts", self.normalize_prompts, "a prompts file, or None")
-        if self.normalize_prompts is not None and self.normalize_policy is None:
+        if self.normalize.prompts is not None and self.normalize.policy is None:
             raise ConfigError(
-                f"{where}normalize_prompts is set but normalize_policy is None; set normalize_policy to the "
-                "model whose responses the normalisation samples, or drop normalize_prompts"
+                f"{where}normalize.prompts is set but normalize.policy is None; set normalize.policy to the "
+                "model whose responses the normalisation samples, or drop normalize.prompts"
             )
-        _check_range(where, "normalize_samples", self.normalize_samples, ge=2, hint=" (a std needs two)")
-        _check_range(where, "normalize_max_new_tokens", self.normalize_max_new_tokens, ge=1)
-        _check_range(where, "normalize_temperature", self.normalize_temperature, gt=0)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class _PolicyGradientConfig(_TrainingConfig):
-    """Fields shared by ppo and grpo: the policy, the reward, sampling, the KL penalty and the clipped loss."""
+    """Sections shared by ppo and grpo: the policy, the reward, sampling, the KL penalty."""
 
-    policy: str
-    """Initial policy weights (usually the SFT model): a hub id or a local directory. Also the frozen reference for the KL penalty."""
-    reward: RewardSource
-    """Reward source: a reward-model directory, `path/file.py:function`, `package.module:function`, an http(s):// URL, or a list of {source, weight, name} (on the command line as YAML: '[{source: a.py:f, weight: 2}]')."""
-    reward_aggregation: RewardAggregation = "sum"
-    """How a reward list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
-    steps: int = 500
-    """Outer iterations: sample a batch, score it, update the policy."""
-    max_prompt_length: int = 512
-    """Longest prompt in tokens."""
-    max_new_tokens: int = 64
-    """Longest response in tokens; responses are cut at the stop token or here."""
-    temperature: float = 0.7
-    """Sampling temperature (log-probabilities for the loss use the same temperature)."""
-    top_k: int = 0
-    """Sample only from the k most likely tokens; 0 = off."""
-    top_p: float = 1.0
-    """Nucleus sampling: sample from the smallest set of tokens with this much probability; 1.0 = off."""
-    stop_token: str = "eos"
-    """What ends a response: 'eos' (the tokenizer's end-of-sequence token) or a literal text such as '\\n'."""
-    missing_eos_penalty: float | None = None
-    """Penalty (≥ 0) for a response that hits max_new_tokens without the stop token; None = none."""
-    missing_eos_mode: MissingEOSMode = "replace"
-    """How the penalty applies: replace (score := −penalty) or subtract (score −= penalty)."""
-    kl_coef: float = 0.05
-    """β, the weight of the KL penalty against the reference policy (the initial value when adaptive)."""
-    kl_estimator: KLEstimator = "k1"
-    """Per-token KL estimator: k1 = log π − log π_ref, k2 = ½(log r)², k3 = (r − 1) − log r with r = π_ref/π."""
-    kl_in: KLIn = "reward"
-    """Where the KL penalty goes: into the per-token rewards (−β·KL with kl_estimator), or added to the loss (+β·k3, whatever kl_estimator says: k3 is the estimator whose value is non-negative per token)."""
-    kl_control: KLControl = "fixed"
-    """fixed β, or adaptive: β ← β·(1 + clip(KL/kl_target − 1, ±0.2)·batch/kl_horizon) after each iteration."""
-    kl_target: float = 6.0
-    """Target KL (nats per sequence) of the adaptive controller."""
-    kl_horizon: int = 10000
-    """Horizon (in sequences) of the adaptive controller."""
-    clip_range: float = 0.2
-    """ε of the clipped surrogate: the ratio is clipped to [1 − ε, 1 + clip_range_high]."""
-    clip_range_high: float | None = None
-    """Upper clip ε_high (DAPO clip-higher, e.g. 0.28); None = clip_range."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus subtracted from the loss."""
-    whiten_rewards: bool = False
-    """Rescale the per-token rewards of the batch to unit variance (mean kept) before the advantages."""
-    whiten_advantages: bool = True
-    """Normalise advantages to mean 0 and variance 1 over the batch's response tokens."""
-    micro_batch_tokens: int | None = None
-    """Token budget of a forward/backward pass: each minibatch's sequences, longest first, are cut into micro-batches of at most this many tokens when padded to their own longest sequence (with micro_batch_size, both limits hold). Bounds activation memory by tokens rather than sequences and cuts padding between sequences of unequal length. None = no budget (micro-batches of micro_batch_size sequences in order; their padding is still cut)."""
-    compile: bool = False
-    """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 4-10%), after a one-time compile of 8-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
-    eval_every: int = 50
-    """Sample the eval_data prompts into output_dir/samples/ every this many iterations; 0 = only at the end."""
-    save_every: int = 100
-    """Write a resumable checkpoint every this many iterations; 0 = only the final model."""
+    model: PolicyModel
+    """The policy to train (usually the SFT model); the reference starts as a frozen copy of it."""
+    data: DataSection
+    """Prompts ({"prompt"} or {"messages"} rows; other keys are columns, passed to the reward); eval = held-out prompts sampled into output_dir/samples/."""
+    reward: PolicyReward
+    """The reward and the missing-EOS penalty."""
+    sampling: SamplingSection = _defaults(SamplingSection, max_new_tokens=64, temperature=0.7)
+    """Response generation."""
+    kl: KLSection = _defaults(KLSection)
+    """The KL penalty against the reference."""
+    batch: PolicyBatch = _defaults(PolicyBatch)
+    """Rollout batch and micro-batch sizes."""
+    run: RunSection = _defaults(RunSection, eval_every=50, save_every=100)
+    """Seed, logging, checkpoints, resuming, parallelism."""
 
-    def _check(self, where: str) -> None:
-        super()._check(where)
-        _check_nonempty(where, "policy", self.policy, "a hub id or a model directory")
-        _check_reward(where, self.reward, self.reward_aggregation)
-        _check_range(where, "steps", self.steps, ge=1)
-        _check_sampling(where, self)
-        if self.missing_eos_penalty is not None:
-            _check_range(
-                where, "missing_eos_penalty", self.missing_eos_penalty, ge=0, hint=" (or None for no penalty)"
-            )
-        _check_range(where, "kl_coef", self.kl_coef, ge=0, hint=" (0 turns the KL penalty off)")
-        _check_range(where, "kl_target", self.kl_target, gt=0)
-        _check_range(where, "kl_horizon", self.kl_horizon, ge=1)
-        if self.kl_control == "adaptive" and self.kl_coef == 0:
-            raise ConfigError(
-                f"{where}kl_control='adaptive' scales kl_coef, which is 0 so it would stay 0; "
-                "set kl_coef > 0 (e.g. 0.15) or use kl_control='fixed'"
-            )
-        _check_range(where, "clip_range", self.clip_range, gt=0, lt=1)
-        if self.clip_range_high is not None:
-            _check_range(
-                where, "clip_range_high", self.clip_range_high, gt=0, hint=" (or None for clip_range)"
-            )
-        _check_range(where, "entropy_coef", self.entropy_coef, ge=0)
-        if self.micro_batch_tokens is not None:
-            _check_range(where, "micro_batch_tokens", self.micro_batch_tokens, ge=1, hint=" (or None for no budget)")
+    @property
+    def algorithm(self) -> Any:
+        """The command's own section (``ppo`` or ``grpo``)."""
+        return getattr(self, self.COMMAND)
+
+    @property
+    def steps(self) -> int:
+        """Outer iterations."""
+        return self.algorithm.steps
 
     @property
     def clip_range_upper(self) -> float:
         """ε_high: clip_range_high, or clip_range when it is None."""
-        return self.clip_range if self.clip_range_high is None else self.clip_range_high
+        high = self.algorithm.clip_range_high
+        return self.algorithm.clip_range if high is None else high
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled per iteration."""
+        return self.batch.size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer step: the iteration's sequences / num_minibatches."""
+        return self.num_sequences // self.algorithm.num_minibatches
+
+    def _check(self, where: str) -> None:
+        _check_sources(where, "reward", self.reward)
+        if self.kl.control == "adaptive" and self.kl.coef == 0:
+            raise ConfigError(
+                f"{where}kl.control='adaptive' scales kl.coef, which is 0 so it would stay 0; "
+                "set kl.coef > 0 (e.g. 0.15) or use kl.control='fixed'"
+            )
+        name = f"{self.COMMAND}.num_minibatches"
+        _check_divides(where, name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
+        super()._check(where)
+
+    @property
+    def _sequences_text(self) -> str:
+        return f"batch.size={self.batch.size}"
+
+    @property
+    def _minibatch_text(self) -> str:
+        return f"the minibatch of {self.minibatch_size} sequences ({self._sequences_text} / " \
+               f"{self.COMMAND}.num_minibatches={self.algorithm.num_minibatches})"  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class PPOConfig(_PolicyGradientConfig):
     """PPO with a learned critic: per-token KL-shaped rewards, GAE advantages, clipped policy and value losses."""
 
     COMMAND: ClassVar[str] = "ppo"
 
-    learning_rate: float = 3e-6
-    """Peak learning rate of AdamW (policy and critic)."""
-    batch_size: int = 64
-    """Prompts per iteration (one response each), over all ranks."""
-    micro_batch_size: int | None = None
-    """Sequences per forward/backward pass (gradient accumulation); must divide batch_size / num_minibatches. None = the whole minibatch in one pass."""
-    ppo_epochs: int = 4
-    """Passes over each rollout batch."""
-    num_minibatches: int = 1
-    """Minibatches per PPO epoch, one optimizer step each; must divide batch_size."""
-    critic: Critic = "shared"
-    """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values), or a separate model (separate: initialised from the reward model when the reward is a model, else from the policy)."""
-    vf_coef: float = 0.1
-    """Weight of the value loss in the total loss."""
-    value_clip_range: float = 0.2
-    """ε_v: new values are clipped to old ± ε_v in the value loss."""
-    gamma: float = 1.0
-    """Discount γ of GAE."""
-    lam: float = 0.95
-    """λ of GAE."""
-    score_position: ScorePosition = "after_eos"
-    """Token that receives the sequence score: after_eos = the first padding after the EOS when there is room (TRL / N+ convention), else the last token; eos = the EOS (last real) token."""
-
-    def _check(self, where: str) -> None:
-        super()._check(where)
-        _check_range(where, "ppo_epochs", self.ppo_epochs, ge=1)
-        _check_range(where, "num_minibatches", self.num_minibatches, ge=1)
-        _check_divides(
-            where, "num_minibatches", self.num_minibatches, self.batch_size, f"batch_size={self.batch_size}"
-        )
-        if self.micro_batch_size is not None:
-            _check_divides(
-                where,
-                "micro_batch_size",
-                self.micro_batch_size,
-                self.minibatch_size,
-                f"the minibatch of {self.minibatch_size} sequences "
-                f"(batch_size={self.batch_size} / num_minibatches={self.num_minibatches})",
-            )
-        _check_range(where, "vf_coef", self.vf_coef, gt=0, hint=" (the critic only learns through it)")
-        _check_range(where, "value_clip_range", self.value_clip_range, gt=0)
-        _check_range(where, "gamma", self.gamma, gt=0, le=1)
-        _check_range(where, "lam", self.lam, ge=0, le=1)
-
-    @property
-    def minibatch_size(self) -> int:
-        """Sequences per optimizer step: batch_size / num_minibatches."""
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def effective_micro_batch_size(self) -> int:
-        """Sequences per forward/backward pass (micro_batch_size, or the whole minibatch when it is None)."""
-        return self.micro_batch_size or self.minibatch_size
-
-    @property
-    def grad_accum_steps(self) -> int:
-        """Forward/backward passes per optimizer step."""
-        return self.minibatch_size // self.effective_micro_batch_size
+    optim: OptimSection = _defaults(OptimSection, learning_rate=3e-6)
+    """AdamW and its schedule (policy and critic)."""
+    ppo: PPOSection = _defaults(PPOSection)
+    """Epochs, clipping, the critic and GAE."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class GRPOConfig(_PolicyGradientConfig):
     """The critic-free GRPO family: G samples per prompt, group-relative advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), the clipped per-token loss, optional DAPO overlong shaping and dynamic sampling."""
 
     COMMAND: ClassVar[str] = "grpo"
 
-    learning_rate: float = 1e-6
-    """Peak learning rate of AdamW."""
-    batch_size: int = 16
-    """Prompts per iteration (each sampled group_size times), over all ranks."""
-    micro_batch_size: int | None = None
-    """Sequences (completions) per forward/backward pass; must divide batch_size·group_size / num_minibatches. None = the whole minibatch in one pass."""
-    max_new_tokens: int = 256
-    """Longest response in tokens; responses are cut at the stop token or here."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probabilities for the loss use the same temperature)."""
-    kl_coef: float = 0.0
-    """β, the weight of the KL penalty against the reference policy; 0 = no penalty (no reference model)."""
-    kl_estimator: KLEstimator = "k3"
-    """Per-token KL estimator: k1 = log π − log π_ref, k2 = ½(log r)², k3 = (r − 1) − log r with r = π_ref/π."""
-    kl_in: KLIn = "loss"
-    """Where the KL penalty goes: added to the loss (+β·k3, whatever kl_estimator says), or into the per-token rewards (−β·KL with kl_estimator)."""
-    whiten_advantages: bool = False
-    """Normalise the (already group-relative) advantages again over the batch."""
-    group_size: int = 8
-    """G, samples per prompt (≥ 2: advantages compare samples of the same prompt)."""
-    estimator: Estimator = "grpo"
-    """Advantage estimator: grpo (r − group mean, / group std), dr_grpo (r − group mean), rloo (leave-one-out baseline), reinforce_pp (r − group mean, / batch std)."""
-    scale_rewards: ScaleRewards = "auto"
-    """Divisor of grpo's advantages: group std, batch std or none; auto = the estimator's own. Other estimators fix their own scaling, so only 'auto' is allowed with them."""
-    loss_aggregation: LossAggregation = "token-mean"
-    """Reduction of the per-token loss: token-mean (all tokens of the batch), seq-mean-token-mean (GRPO paper), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / max_new_tokens)."""
-    num_iterations: int = 1
-    """μ, passes over each sampled batch (1 = on-policy: the ratio is exactly 1 and clipping never applies)."""
-    num_minibatches: int = 1
-    """Minibatches per pass, one optimizer step each; must divide batch_size·group_size."""
-    overlong_buffer: int = 0
-    """DAPO overlong shaping: responses longer than max_new_tokens − overlong_buffer get a penalty growing linearly to −overlong_penalty_factor at max_new_tokens; 0 = off."""
-    overlong_penalty_factor: float = 1.0
-    """Largest overlong penalty (reached at max_new_tokens)."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) and sample more prompts until batch_size groups remain."""
-    mask_truncated_completions: bool = False
-    """Leave completions cut at max_new_tokens (no stop token) out of the loss (DAPO); they still count in the group statistics."""
-
-    def _check(self, where: str) -> None:
-        super()._check(where)
-        _check_range(
-            where, "group_size", self.group_size, ge=2, hint=" (advantages compare samples of a prompt)"
-        )
-        if self.estimator != "grpo" and self.scale_rewards != "auto":
-            raise ConfigError(
-                f"{where}scale_rewards={self.scale_rewards!r} applies to estimator='grpo' only; estimator="
-                f"{self.estimator!r} scales by {_ESTIMATOR_SCALING[self.estimator]!r} itself, so leave "
-                "scale_rewards='auto'"
-            )
-        _check_range(where, "num_iterations", self.num_iterations, ge=1)
-        _check_range(where, "num_minibatches", self.num_minibatches, ge=1)
-        _check_divides(
-            where,
-            "num_minibatches",
-            self.num_minibatches,
-            self.num_sequences,
-            f"the {self.num_sequences} sequences of an iteration (batch_size={self.batch_size} × "
-            f"group_size={self.group_size})",
-        )
-        if self.micro_batch_size is not None:
-            _check_divides(
-                where,
-                "micro_batch_size",
-                self.micro_batch_size,
-                self.minibatch_size,
-                f"the minibatch of {self.minibatch_size} sequences (batch_size={self.batch_size} × "
-                f"group_size={self.group_size} / num_minibatches={self.num_minibatches})",
-            )
-        _check_range(
-            where,
-            "overlong_buffer",
-            self.overlong_buffer,
-            ge=0,
-            lt=self.max_new_tokens,
-            hint=" (below max_new_tokens)",
-        )
-        _check_range(where, "overlong_penalty_factor", self.overlong_penalty_factor, ge=0)
+    optim: OptimSection = _defaults(OptimSection, learning_rate=1e-6)
+    """AdamW and its schedule."""
+    sampling: SamplingSection = _defaults(SamplingSection, max_new_tokens=256)
+    """Response generation."""
+    kl: KLSection = _defaults(KLSection, coef=0.0, estimator="k3", add_to="loss")
+    """The KL penalty against the reference; coef 0 = no penalty and no reference model."""
+    batch: PolicyBatch = _defaults(PolicyBatch, size=16)
+    """Rollout batch (prompts; each sampled group_size times) and micro-batch sizes."""
+    grpo: GRPOSection = _defaults(GRPOSection, whiten_advantages=False)
+    """Group size, estimator, loss aggregation, DAPO options."""
 
     @property
     def num_sequences(self) -> int:
-        """Sequences sampled per iteration: batch_size · group_size."""
-        return self.batch_size * self.group_size
-
-    @property
-    def minibatch_size(self) -> int:
-        """Sequences per optimizer step: batch_size · group_size / num_minibatches."""
-        return self.num_sequences // self.num_minibatches
-
-    @property
-    def effective_micro_batch_size(self) -> int:
-        """Sequences per forward/backward pass (micro_batch_size, or the whole minibatch when it is None)."""
-        return self.micro_batch_size or self.minibatch_size
-
-    @property
-    def grad_accum_steps(self) -> int:
-        """Forward/backward passes per optimizer step."""
-        return self.minibatch_size // self.effective_micro_batch_size
+        """Sequences sampled per iteration: batch.size · grpo.group_size."""
+        return self.batch.size * self.grpo.group_size
 
     @property
     def reward_scaling(self) -> str:
         """The advantage divisor actually used: 'group', 'batch' or 'none' (scale_rewards with 'auto' resolved)."""
-        return _ESTIMATOR_SCALING[self.estimator] if self.scale_rewards == "auto" else self.scale_rewards
+        scale = self.grpo.scale_rewards
+        return _ESTIMATOR_SCALING[self.grpo.estimator] if scale == "auto" else scale
 
+    @property
+    def _sequences_text(self) -> str:
+        return f"the {self.num_sequences} sequences of an iteration (batch.size={self.batch.size} × " \
+               f"grpo.group_size={self.grpo.group_size})"  # fmt: skip
 
-def _check_judge(where: str, field: str, judge: RewardSourceType | None, aggregation: str) -> None:
-    """`_check_reward` for a reward source held in another field (`judge`), so messages name that field."""
-    if judge is None:
-        return
-    if isinstance(judge, str):
-        _check_reward_source(where, field, judge)
-        if aggregation == "gdpo":
+    def _check(self, where: str) -> None:
+        if self.grpo.estimator != "grpo" and self.grpo.scale_rewards != "auto":
             raise ConfigError(
-                f"{where}reward_aggregation='gdpo' combines several rewards but {field} is a single source; "
-                f"give {field} as a list of {{source, weight, name}} or use reward_aggregation='sum'"
+                f"{where}grpo.scale_rewards={self.grpo.scale_rewards!r} applies to grpo.estimator='grpo' only; "
+                f"estimator={str(self.grpo.estimator)!r} scales by {_ESTIMATOR_SCALING[self.grpo.estimator]!r} "
+                "itself, so leave scale_rewards='auto'"
             )
-        return
-    if not judge:
-        raise ConfigError(f"{where}{field} is an empty list; give at least one {{source, weight, name}}")
-    seen: dict[str, int] = {}
-    for i, spec in enumerate(judge):
-        spec._check(f"{where}{field}[{i}].")
-        if spec.name in seen:
+        if self.grpo.overlong_buffer >= self.sampling.max_new_tokens:
             raise ConfigError(
-                f"{where}{field}[{i}].name={spec.name!r} is already used by {field}[{seen[spec.name]}]; "
-                "give each reward a distinct `name`"
+                f"{where}grpo.overlong_buffer={self.grpo.overlong_buffer} must be below "
+                f"sampling.max_new_tokens={self.sampling.max_new_tokens}"
             )
-        seen[str(spec.name)] = i
+        super()._check(where)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class SampleConfig(_Config):
     """Sample num_samples completions per prompt and write them as candidates, pairs for labelling, judge-labelled preferences (for `rlhf rm`) or best-of-N demonstrations (for `rlhf sft`)."""
 
     COMMAND: ClassVar[str] = "sample"
 
-    policy: str
-    """Model to sample from: a hub id or a local directory."""
-    prompts: str
+    model: ModelSection
+    """The model to sample from."""
+    prompts: Text
     """Prompts file ({"prompt"} or {"messages"} rows; other keys are columns, passed to the judge): JSONL, JSON, Parquet or a `datasets` directory."""
-    output: str
+    output: Text
     """JSONL file to write; its rows depend on mode (candidates: {prompt, completions, [rewards]}; pairs: {prompt, a, b}; preferences: {prompt, chosen, rejected}; best_of_n: {prompt, response, reward})."""
     mode: Literal["candidates", "pairs", "preferences", "best_of_n"] = "candidates"
     """candidates: one row per prompt with its num_samples completions; pairs: completion pairs for human labelling; preferences: the judge's best and worst completion as chosen/rejected (prompts where they tie are skipped); best_of_n: the judge's best completion as an SFT demonstration (rejection-sampling fine-tuning)."""
-    num_samples: int = 4
+    num_samples: Count = 4
     """k, completions sampled per prompt (≥ 2 for pairs and preferences)."""
     pairing: Literal["adjacent", "all"] = "adjacent"
     """mode='pairs' only: adjacent = samples (1, 2), (3, 4), … (each completion in one pair, k // 2 pairs); all = every one of the k·(k−1)/2 pairs."""
-    judge: OptionalRewardSource = None
-    """Reward source that scores the completions (same forms as ppo's reward); needed by preferences and best_of_n, optional for candidates (adds rewards), not used by pairs."""
-    reward_aggregation: RewardAggregation = "sum"
-    """How a judge list is combined: weighted sum, or gdpo (normalised within the num_samples completions of a prompt)."""
-    batch_size: int = 8
+    judge: JudgeSection = _defaults(JudgeSection)
+    """Scores the completions: needed by preferences and best_of_n, optional for candidates (adds rewards), not used by pairs."""
+    sampling: SamplingSection = _defaults(SamplingSection)
+    """Completion generation."""
+    batch_size: Count = 8
     """Prompts per generation call (each sampled num_samples times)."""
-    max_prompt_length: int = 512
-    """Longest prompt in tokens; longer prompts keep their end."""
-    max_new_tokens: int = 128
-    """Longest completion in tokens; completions end at the stop token or here."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_k: int = 0
-    """Sample only from the k most likely tokens; 0 = off."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold; 1.0 = off."""
-    stop_token: str = "eos"
-    """What ends a completion: 'eos' or a literal text that is one token."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed of sampling: the same seed, model, prompts and batch_size write the same file."""
-    dtype: DType = "float32"
-    """Model dtype."""
     summary: bool = False
     """Also write the run's counts, mean judge score and timings to <output>.summary.json (they always go to stderr)."""
     overwrite: bool = False
@@ -1066,160 +887,109 @@ class SampleConfig(_Config):
     """Show a progress bar on the console."""
 
     def _check(self, where: str) -> None:
-        _check_nonempty(where, "policy", self.policy, "a hub id or a model directory")
-        _check_nonempty(where, "prompts", self.prompts, "a prompts file")
-        _check_nonempty(where, "output", self.output, "an output file")
-        _check_range(where, "num_samples", self.num_samples, ge=1)
-        if self.mode in ("pairs", "preferences"):
-            hint = f" with mode='{self.mode}' (a pair needs two)"
-            _check_range(where, "num_samples", self.num_samples, ge=2, hint=hint)
-        if self.mode in ("preferences", "best_of_n") and self.judge is None:
+        if self.mode in ("pairs", "preferences") and self.num_samples < 2:
             raise ConfigError(
-                f"{where}mode='{self.mode}' needs a judge to rank the samples; set judge to a reward-model "
+                f"{where}num_samples={self.num_samples} is out of range; it must be ≥ 2 with mode='{self.mode}' "
+                "(a pair needs two)"
+            )
+        if self.mode in ("preferences", "best_of_n") and self.judge.source is None:
+            raise ConfigError(
+                f"{where}mode='{self.mode}' needs a judge to rank the samples; set judge.source to a reward-model "
                 "directory, file.py:function, module:function, URL or a list of {source, weight, name} "
                 "(or use mode='pairs' to label pairs by hand)"
             )
-        if self.mode == "pairs" and self.judge is not None:
+        if self.mode == "pairs" and self.judge.source is not None:
             raise ConfigError(
                 f"{where}judge is not used by mode='pairs' (pairs are written for human labelling); use "
-                "mode='preferences' to let the judge pick chosen and rejected, or leave judge unset"
+                "mode='preferences' to let the judge pick chosen and rejected, or leave judge.source unset"
             )
-        _check_judge(where, "judge", self.judge, self.reward_aggregation)
-        _check_range(where, "batch_size", self.batch_size, ge=1)
-        _check_sampling(where, self)
-        _check_range(where, "seed", self.seed, ge=0)
+        _check_sources(where, "judge", self.judge)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class EvalConfig(_Config):
     """Generate on held-out prompts and score the completions with a reward; with a baseline, also the policy's win rate against it under a judge."""
 
     COMMAND: ClassVar[str] = "eval"
 
-    policy: str
-    """Model to evaluate: a hub id or a local directory (e.g. a run's final/)."""
-    eval_data: str
+    model: ModelSection
+    """The model to evaluate (e.g. a run's final/)."""
+    eval_data: Text
     """Held-out prompts ({"prompt"} or {"messages"} rows; other keys are columns, passed to the reward)."""
-    reward: RewardSource
-    """Reward source (same forms as in ppo): reported as reward/mean, reward/std and reward/<name>/mean."""
-    reward_aggregation: RewardAggregation = "sum"
-    """How a reward (or judge) list is combined: weighted sum or gdpo."""
-    baseline: str | None = None
+    reward: RewardSection
+    """Reported as reward/mean, reward/std and reward/<name>/mean."""
+    baseline: Text | None = None
     """Model B to compare the policy with (a hub id or a directory), sampled on the same prompts with the same seed; None = no comparison."""
-    judge: OptionalRewardSource = None
-    """Reward source that decides each policy-vs-baseline comparison (higher score wins, equal scores tie); None = reward. Needs baseline."""
-    output: str | None = None
+    judge: JudgeSection = _defaults(JudgeSection)
+    """Decides each policy-vs-baseline comparison (higher score wins, equal scores tie); source None = the reward. Needs baseline."""
+    sampling: SamplingSection = _defaults(SamplingSection, temperature=0.7)
+    """Completion generation."""
+    output: Text | None = None
     """JSON file for the results; None = print them to stdout."""
-    samples_output: str | None = None
+    samples_output: Text | None = None
     """JSONL file with one row per prompt: its completion(s) and scores; None = not written."""
-    max_prompts: int | None = None
+    max_prompts: Count | None = None
     """Evaluate only the first this many prompts; None = all."""
-    batch_size: int = 16
+    batch_size: Count = 16
     """Prompts per generation call."""
-    max_prompt_length: int = 512
-    """Longest prompt in tokens; longer prompts keep their end."""
-    max_new_tokens: int = 128
-    """Longest completion in tokens; completions end at the stop token or here."""
-    temperature: float = 0.7
-    """Sampling temperature."""
-    top_k: int = 0
-    """Sample only from the k most likely tokens; 0 = off."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold; 1.0 = off."""
-    stop_token: str = "eos"
-    """What ends a completion: 'eos' or a literal text that is one token."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed of sampling (the policy and the baseline each start from it): the same seed gives the same results."""
-    dtype: DType = "float32"
-    """Model dtype."""
     overwrite: bool = False
     """Replace output and samples_output if they exist; without it an existing file is refused before any work."""
     progress: bool = True
     """Show a progress bar on the console."""
 
     def _check(self, where: str) -> None:
-        _check_nonempty(where, "policy", self.policy, "a hub id or a model directory")
-        _check_nonempty(where, "eval_data", self.eval_data, "a prompts file")
-        _check_reward(where, self.reward, self.reward_aggregation)
-        _check_nonempty(where, "baseline", self.baseline, "a hub id or a model directory, or None")
-        if self.judge is not None and self.baseline is None:
+        _check_sources(where, "reward", self.reward)
+        if self.judge.source is not None and self.baseline is None:
             raise ConfigError(
                 f"{where}judge decides the win rate against baseline, which is not set; set baseline "
-                "(model B) or leave judge unset"
+                "(model B) or leave judge.source unset"
             )
-        _check_judge(where, "judge", self.judge, self.reward_aggregation)
-        _check_nonempty(where, "output", self.output, "a JSON file, or None for stdout")
-        _check_nonempty(where, "samples_output", self.samples_output, "a JSONL file or None")
+        _check_sources(where, "judge", self.judge)
         if self.output is not None and self.output == self.samples_output:
-            raise ConfigError(
-                f"{where}output and samples_output are both {self.output!r}; give them different files"
-            )
-        if self.max_prompts is not None:
-            _check_range(where, "max_prompts", self.max_prompts, ge=1, hint=" (or None for all)")
-        _check_range(where, "batch_size", self.batch_size, ge=1)
-        _check_sampling(where, self)
-        _check_range(where, "seed", self.seed, ge=0)
+            raise ConfigError(f"{where}output and samples_output are both {self.output!r}; give them different files")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class DemoConfig(_Config):
     """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model → PPO and GRPO → held-out evaluation under the gold judge."""
 
     COMMAND: ClassVar[str] = "demo"
 
-    output_dir: str = "runs/demo"
+    output_dir: Text = "runs/demo"
     """Directory for the demo: one run directory per stage, summary.json."""
     preset: Preset = "small"
     """Size of the demo (sizes in rlhf.demo.pipeline.PRESETS): tiny (seconds; a smoke test of every stage) or small (a few CPU minutes; PPO learns to beat SFT under the gold judge)."""
-    steps: int | None = None
+    steps: Count | None = None
     """Iterations of both PPO and GRPO; None = the preset's own."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed for every random number generator."""
     overwrite: bool = False
     """Replace a demo already in output_dir (its stage directories, data/, summary.json and report.html; other files are left alone); without it such a directory is refused."""
     progress: bool = True
     """Show a progress bar on the console."""
 
-    def _check(self, where: str) -> None:
-        _check_nonempty(where, "output_dir", self.output_dir, "a directory")
-        if self.steps is not None:
-            _check_range(where, "steps", self.steps, ge=1, hint=" (or None for the preset's own)")
-        _check_range(where, "seed", self.seed, ge=0)
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@section
 class ReportConfig(_Config):
     """A self-contained HTML report of a ppo/grpo run, or of an rlhf demo directory: training curves, reward against KL, held-out answers, the config. `rlhf report RUN_DIR` is short for --run_dir RUN_DIR."""
 
     COMMAND: ClassVar[str] = "report"
 
-    run_dir: str
+    run_dir: Text
     """The output_dir of a ppo or grpo run (config.yaml, metrics.jsonl, samples/), or of rlhf demo."""
-    output: str | None = None
+    output: Text | None = None
     """Where to write the HTML file; None = RUN_DIR/report.html."""
-    max_samples: int = 12
+    max_samples: Count = 12
     """Held-out prompts shown in the answers table."""
-
-    def _check(self, where: str) -> None:
-        _check_nonempty(where, "run_dir", self.run_dir, "a run directory")
-        _check_range(where, "max_samples", self.max_samples, ge=1)
 
 
 COMMANDS: dict[str, type[_Config]] = {
-    "sft": SFTConfig,
-    "rm": RMConfig,
-    "ppo": PPOConfig,
-    "grpo": GRPOConfig,
-    "sample": SampleConfig,
-    "eval": EvalConfig,
-    "demo": DemoConfig,
-    "report": ReportConfig,
-}
+    "sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
+    "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig,
+}  # fmt: skip
 """Command name → its config class."""
-
-AnyConfig = (
-    SFTConfig | RMConfig | PPOConfig | GRPOConfig | SampleConfig | EvalConfig | DemoConfig | ReportConfig
-)
 
 
 def config_class(command: str) -> type[_Config]:
@@ -1232,6 +1002,186 @@ def config_class(command: str) -> type[_Config]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The flat keys of version 0.1, read for one more release: old key → new dotted path, per command.
+# ---------------------------------------------------------------------------------------------------------------
+
+_TRAINING_KEYS = {
+    "seed": "run.seed", "train_data": "data.train", "eval_data": "data.eval",
+    "learning_rate": "optim.learning_rate", "lr_scheduler": "optim.scheduler", "warmup_steps": "optim.warmup_steps",
+    "weight_decay": "optim.weight_decay", "max_grad_norm": "optim.max_grad_norm", "batch_size": "batch.size",
+    "micro_batch_size": "batch.micro_size", "eval_every": "run.eval_every", "save_every": "run.save_every",
+    "lora": "model.lora", "dtype": "model.dtype", "parallelism": "run.parallelism", "report_to": "run.report_to",
+    "run_name": "run.name", "log_every": "run.log_every", "resume": "run.resume", "overwrite": "run.overwrite",
+    "progress": "run.progress",
+}  # fmt: skip
+_SAMPLING_KEYS = {
+    "max_prompt_length": "sampling.max_prompt_length", "max_new_tokens": "sampling.max_new_tokens",
+    "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
+    "stop_token": "sampling.stop",
+}  # fmt: skip
+_POLICY_KEYS = _TRAINING_KEYS | _SAMPLING_KEYS | {
+    "policy": "model.name", "compile": "model.compile", "reward": "reward.source",
+    "reward_aggregation": "reward.aggregation", "missing_eos_penalty": "reward.missing_eos_penalty",
+    "missing_eos_mode": "reward.missing_eos_mode", "kl_coef": "kl.coef", "kl_estimator": "kl.estimator",
+    "kl_in": "kl.add_to", "kl_control": "kl.control", "kl_target": "kl.target", "kl_horizon": "kl.horizon",
+    "micro_batch_tokens": "batch.micro_tokens",
+}  # fmt: skip
+_ALGORITHM_KEYS = ("steps", "num_minibatches", "clip_range", "clip_range_high", "entropy_coef", "whiten_advantages")
+_GRPO_KEYS = (
+    "group_size", "estimator", "scale_rewards", "loss_aggregation", "num_iterations", "overlong_buffer",
+    "overlong_penalty_factor", "dynamic_sampling", "mask_truncated_completions",
+)  # fmt: skip
+
+FLAT_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "sft": _TRAINING_KEYS | {"model": "model.name", "max_length": "data.max_length", "epochs": "sft.epochs",
+                             "packing": "sft.packing"},
+    "rm": _TRAINING_KEYS | {"model": "model.name", "max_length": "data.max_length", "epochs": "rm.epochs",
+                            "use_margin": "rm.use_margin",
+                            "center_rewards_coefficient": "rm.center_rewards_coefficient"}
+          | {f"normalize_{k}": f"normalize.{k}" for k in ("policy", "prompts", "samples", "max_new_tokens", "temperature")},
+    "ppo": _POLICY_KEYS | {k: f"ppo.{k}" for k in _ALGORITHM_KEYS} | {"ppo_epochs": "ppo.epochs"}
+           | {k: f"ppo.{k}" for k in ("whiten_rewards", "critic", "vf_coef", "value_clip_range", "gamma", "lam",
+                                      "score_position")},
+    "grpo": _POLICY_KEYS | {k: f"grpo.{k}" for k in _ALGORITHM_KEYS + _GRPO_KEYS} | {"whiten_rewards": ()},
+    "sample": _SAMPLING_KEYS | {"policy": "model.name", "dtype": "model.dtype", "judge": "judge.source",
+                                "reward_aggregation": "judge.aggregation"},
+    "eval": _SAMPLING_KEYS | {"policy": "model.name", "dtype": "model.dtype", "reward": "reward.source",
+                              "judge": "judge.source", "reward_aggregation": ("reward.aggregation", "judge.aggregation")},
+}  # fmt: skip
+"""Per command: each flat key of version 0.1 → the dotted path(s) it now lives at; () = dropped (grpo never
+read whiten_rewards; a run directory of 0.1 still records it)."""
+
+
+def _is_section(cls: type, name: str) -> bool:
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    return field is not None and dataclasses.is_dataclass(field.type)
+
+
+def _migrate(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`data` with every flat key of version 0.1 moved to its section; one warning names the moves."""
+    moves = FLAT_KEYS.get(cls.COMMAND, {})
+    nested: dict[str, Any] = {}
+    moved = []
+    for key, value in data.items():
+        # a key that is both old and new (`model`, `reward`, `lora` …) is old only when its value is not a mapping
+        if key not in moves or (_is_section(cls, key) and isinstance(value, Mapping)):
+            nested[key] = _merge(nested.get(key, {}), value) if isinstance(value, Mapping) else value
+            continue
+        targets = (moves[key],) if isinstance(moves[key], str) else moves[key]
+        moved.append(f"{key} → {' and '.join(targets) or '(dropped: it had no effect)'}")
+        for target in targets:
+            head, name = target.split(".")
+            nested.setdefault(head, {})[name] = value
+    if moved:
+        warnings.warn(
+            f"{where}flat keys of rlhf 0.1, read for one more release; write them in their sections: "
+            + ", ".join(moved), FutureWarning, stacklevel=4,
+        )  # fmt: skip
+    return nested
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top, mapping by mapping."""
+    out = dict(base)
+    for key, value in over.items():
+        is_map = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = _merge(out[key], value) if is_map else value
+    return out
+
+
+def flat_config(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config mapping as ``{"section.field": value}`` (reward lists stay whole)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and key != "lora":
+            out |= flat_config(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation errors, in our words: the field's path, the value, what is allowed.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _walk(cls: Any, loc: Sequence[Any]) -> tuple[str, Any]:
+    """The dotted path of pydantic's `loc` (union branch tags dropped) and the class that holds its last key."""
+    path, holder = "", cls
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            continue
+        names = {f.name: f.type for f in dataclasses.fields(holder)} if dataclasses.is_dataclass(holder) else {}
+        if part not in names:
+            if part.startswith(("function-", "tuple[")) or part in ("str", "none", "nullable"):
+                continue  # a union member or validator pydantic names in the location
+            return path + ("." if path else "") + str(part), holder
+        path += ("." if path else "") + part
+        holder = _section_type(names[part])
+    return path, holder
+
+
+def _section_type(tp: Any) -> Any:
+    """The dataclass inside a field's annotation (RewardSpec inside a reward list), else the annotation."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in getattr(tp, "__args__", ()) or ():
+        found = _section_type(arg)
+        if dataclasses.is_dataclass(found):
+            return found
+    if hasattr(tp, "__origin__"):  # Annotated
+        return _section_type(tp.__origin__)
+    return tp
+
+
+def _message(cls: type, error: Any) -> str:
+    path, holder = _walk(cls, error["loc"])
+    kind, value = error["type"], error.get("input")
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        names = [f.name for f in dataclasses.fields(holder)] if dataclasses.is_dataclass(holder) else []
+        key = path.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(key.replace("-", "_"), names, n=1, cutoff=0.6)
+        parent = path[: -len(key)]
+        hint = f"; did you mean '{parent}{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
+        return f"unknown key '{path}'{hint}"
+    if kind == "missing" or kind == "missing_keyword_argument":
+        return f"{path} is required; set it in the --config YAML file or pass --{path}"
+    message = error["msg"].removeprefix("Value error, ")
+    message = message[0].lower() + message[1:] if message else message
+    return f"{path}={value!r}: {message}"
+
+
+def _validate(cls: Any, data: Any, where: str) -> Any:
+    """`data` validated as `cls`; ConfigError with one line per problem (or the rule's own ConfigError)."""
+    try:
+        return pydantic.TypeAdapter(cls).validate_python(data)
+    except pydantic.ValidationError as e:
+        _raise(cls, e, where)
+
+
+def _other_branch(error: Any) -> bool:
+    """Whether `error` is a reward source's string branch failing on a list, or its list branch on a string."""
+    tag = error["loc"][-1] if error["loc"] else ""
+    if not isinstance(tag, str):
+        return False
+    is_text = isinstance(error.get("input"), str)
+    return (tag.startswith("function-after[") and not is_text) or (tag.startswith("tuple[") and is_text)
+
+
+def _raise(cls: Any, error: pydantic.ValidationError, where: str) -> NoReturn:
+    errors = error.errors()
+    for err in errors:  # a cross-field rule raised ConfigError inside __post_init__: pass it on unchanged
+        if isinstance(err.get("ctx", {}).get("error"), ConfigError):
+            raise err["ctx"]["error"] from None
+    seen: dict[str, None] = {}
+    for err in errors:
+        if not _other_branch(err):
+            seen.setdefault(_message(cls, err), None)
+    raise ConfigError(where + "; ".join(seen)) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # YAML in and out, and the one way a config is assembled: defaults < YAML < command line.
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -1241,11 +1191,13 @@ def _to_plain(value: Any) -> Any:
         return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple | list):
         return [_to_plain(item) for item in value]
+    if isinstance(value, str):
+        return str(value)  # a StrEnum member as its plain string
     return value
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """The config as plain YAML/JSON data: nested configs as mappings, tuples as lists, in field order."""
+    """The config as plain YAML/JSON data: sections as mappings, tuples as lists, enums as strings."""
     return _to_plain(cfg)
 
 
@@ -1255,14 +1207,39 @@ def config_to_yaml(cfg: Any) -> str:
     return header + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True, width=110)
 
 
-def read_yaml(cls: type[_Config], path: str | Path) -> dict[str, Any]:
-    """The fields set in a YAML file, type-checked and converted; cross-field checks wait for the final config.
+def _section_defaults(cls: type) -> dict[str, Any]:
+    """The command's own defaults of its sections, as plain data (YAML overrides keys inside them)."""
+    return {
+        f.name: _to_plain(f.default_factory())
+        for f in dataclasses.fields(cls)
+        if f.default_factory is not dataclasses.MISSING
+    }
 
-    Raises ConfigError naming the file: missing file, invalid YAML (with its line), not a mapping, an unknown
-    key (with the closest valid one) or a value of the wrong type (with the expected type).
+
+def _build(cls: type, data: Mapping[str, Any], where: str, args: Sequence[str] = ()) -> Any:
+    """`cls` from plain data: flat keys moved, laid over the command's defaults, validated."""
+    values = _merge(_section_defaults(cls), _migrate(cls, data, where))
+    _check_required(cls, values, args)
+    return _validate(cls, values, where)
+
+
+def _check_required(cls: type, values: Mapping[str, Any], args: Sequence[str]) -> None:
+    """ConfigError naming every required field that neither `values` nor a flag in `args` sets."""
+    missing = _required(cls, values, args)
+    if missing and not any(arg in ("-h", "--help") for arg in args):
+        flags = " ".join(f"--{name} …" for name in missing)
+        raise ConfigError(
+            f"{cls.COMMAND}: missing required field{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+            f"set {'them' if len(missing) > 1 else 'it'} in the --config YAML file or pass {flags}"
+        )
+
+
+def read_yaml(cls: type[_Config], path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML config file, flat keys of version 0.1 moved to their sections.
+
+    Raises ConfigError naming the file: missing file, invalid YAML (with its line) or not a mapping.
     """
     path = Path(path)
-    where = f"{cls.COMMAND}: {path}: "
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -1280,62 +1257,101 @@ def read_yaml(cls: type[_Config], path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{where}expected a mapping of field: value at the top level, got {type(data).__name__}"
+            f"{cls.COMMAND}: {path}: expected a mapping of field: value at the top level, got {type(data).__name__}"
         )
-    with _checks_deferred():
-        return _values_from_mapping(cls, data, where)
+    return _migrate(cls, data, f"{cls.COMMAND}: {path}: ")
 
 
 def config_from_dict(command: str, values: Mapping[str, Any]) -> Any:
     """A checked config of `command` from plain data (as in a YAML file): the Python form of load_config."""
     cls = config_class(command)
-    with _checks_deferred():
-        converted = _values_from_mapping(cls, values, f"{command}: ")
-    return cls(**{name: MISSING for name in _required_fields(cls)} | converted)
+    return _build(cls, values, f"{command}: ")
 
 
-def _mentions(args: Sequence[str], name: str) -> bool:
-    """Whether the command-line `args` set field `name` (as --name or --name=…, dashes or underscores)."""
-    return any(arg.startswith("--") and arg[2:].split("=", 1)[0].replace("-", "_") == name for arg in args)
+def _flag_moves(cls: type, args: Sequence[str]) -> list[str]:
+    """Command-line flags with a flat key of version 0.1 rewritten to its section (``--kl_coef`` → ``--kl.coef``)."""
+    moves = FLAT_KEYS.get(cls.COMMAND, {})
+    out, moved = [], []
+    for arg in args:
+        name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        name = name.replace("-", "_")
+        negated = name.startswith("no_") and name[3:] in moves
+        key = name[3:] if negated else name
+        target = moves.get(key)
+        if target is None:  # a section is never a bare flag, so `--reward X` can only be the old form
+            out.append(arg)
+            continue
+        if not target:
+            raise ConfigError(f"{cls.COMMAND}: --{name} had no effect in rlhf 0.1 and is no longer a flag; drop it")
+        head, field = (target if isinstance(target, str) else target[0]).split(".")
+        out.append(f"--{head}.{'no_' if negated else ''}{field}{eq}{value}")
+        moved.append(f"--{name} → {out[-1].partition('=')[0]}")
+    if moved:
+        warnings.warn(
+            f"{cls.COMMAND}: flat flags of rlhf 0.1, read for one more release; write: " + ", ".join(moved),
+            FutureWarning, stacklevel=3,
+        )  # fmt: skip
+    return out
 
 
 def _description(cls: type[_Config]) -> str:
     summary = " ".join((cls.__doc__ or "").split())
     return (
-        f"{summary}\n\nUsage: rlhf {cls.COMMAND} --config FILE.yaml [--<field> <value> ...]. "
-        "Each field below can be set in the YAML file or with its flag; the flag wins. "
-        "The defaults shown include the file's values."
+        f"{summary}\n\nUsage: rlhf {cls.COMMAND} --config FILE.yaml [--<section>.<field> <value> ...]. "
+        "Each field below can be set in the YAML file (nested under its section) or with its flag; the flag "
+        "wins. The defaults shown include the file's values."
     )
 
 
-def load_config(command: str, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
-    """The checked config of `command`: dataclass defaults < YAML file `path` < command-line `overrides`.
+def _required(cls: type, values: Mapping[str, Any], args: Sequence[str], prefix: str = "") -> list[str]:
+    """Dotted paths of required fields that neither `values` nor a ``--path`` flag in `args` sets."""
+    flags = {arg[2:].split("=", 1)[0].replace("-", "_") for arg in args if arg.startswith("--")}
+    missing = []
+    for f in dataclasses.fields(cls):
+        if not _is_required(f):
+            continue
+        value = values.get(f.name)
+        if dataclasses.is_dataclass(f.type) and (value is None or isinstance(value, Mapping)):
+            missing += _required(f.type, value or {}, args, f"{prefix}{f.name}.")
+        elif value is None and f"{prefix}{f.name}" not in flags:
+            missing.append(f"{prefix}{f.name}")
+    return missing
 
-    `overrides` are flags as typed on the command line, e.g. ``["--steps", "10", "--no-progress"]``; every
-    check runs once, on the merged result. Raises ConfigError for a bad file, a missing required field or an
-    impossible value or combination. A malformed flag is reported by tyro, which exits with SystemExit(2)
-    (``--help`` exits with 0 after printing the help).
+
+def _placeholder(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with a stand-in for each required field still unset, for tyro's default object.
+
+    The stand-in never survives: `_check_required` made sure the flags set every such field, and the final
+    config is built again from tyro's result.
+    """
+    out = dict(values)
+    for f in dataclasses.fields(cls):
+        if not _is_required(f):
+            continue
+        if dataclasses.is_dataclass(f.type):
+            out[f.name] = _placeholder(f.type, out.get(f.name) or {})
+        else:
+            out.setdefault(f.name, "…")
+    return out
+
+
+def load_config(command: str, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
+    """The checked config of `command`: defaults < YAML file `path` < command-line `overrides`.
+
+    `overrides` are flags as typed on the command line, e.g. ``["--ppo.steps", "10", "--run.no_progress"]``;
+    every check runs once, on the merged result. Raises ConfigError for a bad file, a missing required field
+    or an impossible value or combination. A malformed flag is reported by tyro, which exits with
+    SystemExit(2) (``--help`` exits with 0 after printing the help).
     """
     cls = config_class(command)
-    overrides = list(overrides)
-    values = read_yaml(cls, path) if path is not None else {}
-    wants_help = any(arg in ("-h", "--help") for arg in overrides)
-    required = _required_fields(cls)
-    missing = [name for name in required if name not in values and not _mentions(overrides, name)]
-    if missing and not wants_help:
-        flags = " ".join(f"--{name} …" for name in missing)
-        raise ConfigError(
-            f"{command}: missing required field{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
-            f"set {'them' if len(missing) > 1 else 'it'} in the --config YAML file or pass {flags}"
-        )
+    overrides = _flag_moves(cls, list(overrides))
+    where = f"{command}: {path}: " if path is not None else f"{command}: "
+    values = _merge(_section_defaults(cls), read_yaml(cls, path) if path is not None else {})
+    _check_required(cls, values, overrides)
     with _checks_deferred():
-        default = cls(**{name: MISSING for name in required} | values)
+        default = _validate(cls, _placeholder(cls, values), where)
         parsed = tyro.cli(
-            cls,
-            default=default,
-            args=overrides,
-            prog=f"rlhf {command}",
-            description=_description(cls),
-            use_underscores=True,
-        )
-    return dataclasses.replace(parsed)  # constructs once more with checks on: the merged config is validated
+            cls, default=default, args=overrides, prog=f"rlhf {command}", description=_description(cls),
+            use_underscores=True, config=(tyro.conf.EnumChoicesFromValues,),
+        )  # fmt: skip
+    return _build(cls, config_to_dict(parsed), f"{command}: ")  # the merged config, checked once

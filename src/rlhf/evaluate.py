@@ -69,7 +69,7 @@ class Answers:
 
 
 def run(config: EvalConfig) -> dict[str, Any]:
-    """Evaluate ``config.policy`` (and its win rate against ``config.baseline``); returns the results."""
+    """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results."""
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
@@ -78,15 +78,15 @@ def run(config: EvalConfig) -> dict[str, Any]:
     seed_everything(config.seed)
     device = common.device_for_run()
     # 1. prompts (through the policy's tokenizer) and the reward
-    tokenizer = load_tokenizer(config.policy)
+    tokenizer = load_tokenizer(config.model.name)
     prompts = _prompts(config, tokenizer)
     rewards = load_reward_set(
-        common.reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(device)
+        common.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device)
     )
     # 2. the policy answers every prompt; the reward scores the answers
-    policy = answer(config, config.policy, tokenizer, prompts, rewards, device, "policy")
+    policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy")
     results: dict[str, Any] = {
-        "policy": config.policy,
+        "policy": config.model.name,
         "eval_data": config.eval_data,
         "num_prompts": len(prompts),
         "seed": config.seed,
@@ -106,8 +106,8 @@ def run(config: EvalConfig) -> dict[str, Any]:
         # 4. the judge compares the two answers to each prompt
         t0 = time.perf_counter()
         judge = rewards
-        if config.judge is not None:
-            spec = common.reward_spec(config.judge)
+        if config.judge.source is not None:
+            spec = common.reward_spec(config.judge.source)
             judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
         a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
         outcome = win_rate(a, b)
@@ -151,7 +151,7 @@ def answer(
             generated = sampler(batch)
             context = common.reward_context(batch, generated, trainer_state=common.make_trainer_state(None, 0))
             scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
-                                  config.reward_aggregation, context=context)  # fmt: skip
+                                  config.reward.aggregation, context=context)  # fmt: skip
             completions += generated.completions
             lengths.append(answering.response_lengths(generated))
             stopped.append(generated.has_stop.cpu())
@@ -181,13 +181,14 @@ def judge_pairs(
     chunks of ``batch_size`` prompts.
     """
     combined = []
+    aggregation = (config.judge if config.judge.source is not None else config.reward).aggregation
     for batch in answering.prompt_batches(prompts, config.batch_size):
         texts = [t for t in batch.texts for _ in range(2)]
         answers = [x for i in batch.indices for x in (a[i], b[i])]
         columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
         # no completion ids: the two answers may come from models with different tokenizers
         context = common.reward_context(batch, repeat=2, trainer_state=common.make_trainer_state(None, 0))
-        scores = common.score(judge, texts, answers, columns, config.reward_aggregation, group_size=2,
+        scores = common.score(judge, texts, answers, columns, aggregation, group_size=2,
                               context=context)  # fmt: skip
         combined.append(scores.combined)
     pairs = torch.cat(combined).view(-1, 2) if combined else torch.empty(0, 2)
@@ -234,7 +235,7 @@ def _no_scores(rewards: RewardSet) -> common.Scores:
 
 
 def _prompts(config: EvalConfig, tokenizer: Any) -> list[TokenizedPrompt]:
-    prompts = load_prompts(config.eval_data, tokenizer, config.max_prompt_length)
+    prompts = load_prompts(config.eval_data, tokenizer, config.sampling.max_prompt_length)
     return prompts if config.max_prompts is None else prompts[: config.max_prompts]
 
 

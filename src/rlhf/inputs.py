@@ -11,12 +11,13 @@ truncated or garbage file is caught here). A string that is not an existing path
 and offline mode behave as usual; if that fails, the message names the field. Reward and judge sources that
 are Python functions are imported here too (as the run would), so a missing file or function names its field.
 
-The ``stop_token`` is checked against the policy's tokenizer (:func:`rlhf.data.tokenization.stop_token_ids`).
+The ``sampling.stop`` text is checked against the policy's tokenizer (:func:`rlhf.data.tokenization.stop_token_ids`).
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import re
 import struct
 from collections.abc import Iterator
@@ -31,18 +32,18 @@ CLASSIFIER_BASE = "a causal LM or an encoder to train as a reward model"
 
 # Which config fields hold models, per command, and what each must be.
 MODEL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "sft": (("model", CAUSAL_LM),),
-    "rm": (("model", CLASSIFIER_BASE), ("normalize_policy", CAUSAL_LM)),
-    "ppo": (("policy", CAUSAL_LM),),
-    "grpo": (("policy", CAUSAL_LM),),
-    "sample": (("policy", CAUSAL_LM),),
-    "eval": (("policy", CAUSAL_LM), ("baseline", CAUSAL_LM)),
+    "sft": (("model.name", CAUSAL_LM),),
+    "rm": (("model.name", CLASSIFIER_BASE), ("normalize.policy", CAUSAL_LM)),
+    "ppo": (("model.name", CAUSAL_LM),),
+    "grpo": (("model.name", CAUSAL_LM),),
+    "sample": (("model.name", CAUSAL_LM),),
+    "eval": (("model.name", CAUSAL_LM), ("baseline", CAUSAL_LM)),
 }
 REWARD_FIELDS: dict[str, tuple[str, ...]] = {
-    "ppo": ("reward",),
-    "grpo": ("reward",),
-    "sample": ("judge",),
-    "eval": ("reward", "judge"),
+    "ppo": ("reward.source",),
+    "grpo": ("reward.source",),
+    "sample": ("judge.source",),
+    "eval": ("reward.source", "judge.source"),
 }
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
@@ -67,18 +68,18 @@ def check_inputs(config: Any) -> None:
 def _check_inputs(config: Any) -> None:
     command = config.COMMAND
     for field, kind in MODEL_FIELDS.get(command, ()):
-        value = getattr(config, field)
+        value = operator.attrgetter(field)(config)
         if value is not None:
             check_model(field, value, kind)
     for field in REWARD_FIELDS.get(command, ()):
-        for where, source in reward_sources(field, getattr(config, field)):
+        for where, source in reward_sources(field, operator.attrgetter(field)(config)):
             check_reward_source(where, source)
-    if getattr(config, "stop_token", "eos") != "eos":
-        check_stop_token(config.policy, config.stop_token)
+    if hasattr(config, "sampling") and config.sampling.stop != "eos":
+        check_stop_token(config.model.name, config.sampling.stop)
 
 
 def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
-    """(field name for messages, source) of a reward value: ``reward``, or ``reward[1].source`` in a list."""
+    """(field name for messages, source) of a reward value: ``reward.source``, or ``reward.source[1].source``."""
     if value is None:
         return
     if isinstance(value, str):
@@ -258,5 +259,5 @@ def check_stop_token(policy: str, stop_token: str) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(policy)
     except Exception as e:  # the model checks passed, so this is the tokenizer files themselves
-        raise ConfigError(f"policy={policy!r}: cannot load its tokenizer: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"model.name={policy!r}: cannot load its tokenizer: {type(e).__name__}: {e}") from None
     stop_token_ids(tokenizer, stop_token)

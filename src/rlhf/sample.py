@@ -90,13 +90,13 @@ def run(config: SampleConfig) -> dict[str, Any]:
     seed_everything(config.seed)
     device = common.device_for_run()
     # 1. policy, prompts, judge
-    tokenizer = load_tokenizer(config.policy)
-    prompts = load_prompts(config.prompts, tokenizer, config.max_prompt_length)
+    tokenizer = load_tokenizer(config.model.name)
+    prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
     judge = None
-    if config.judge is not None:
-        spec = common.reward_spec(config.judge)
+    if config.judge.source is not None:
+        spec = common.reward_spec(config.judge.source)
         judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
-    sampler = Sampler(config.policy, tokenizer, config, device)
+    sampler = Sampler(config.model.name, tokenizer, config, device)
     make_rows = ROWS[config.mode]
     k = config.num_samples
 
@@ -120,7 +120,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
                 scores = common.score(
                     judge, common.repeat_each(batch.texts, k), generated.completions,
                     {name: common.repeat_each(values, k) for name, values in batch.columns.items()},
-                    config.reward_aggregation, group_size=k,
+                    config.judge.aggregation, group_size=k,
                     context=common.reward_context(batch, generated, k, common.make_trainer_state(None, 0)),
                 )  # fmt: skip
                 scores_all.append(scores)

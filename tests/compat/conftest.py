@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from configs import nested
+
 REWARDS = Path(__file__).resolve().parent / "compat_rewards.py"
 
 
@@ -99,81 +101,81 @@ class Runs:
         from rlhf.trainers import grpo, ppo, reward_model, sft
 
         trainer = {"sft": sft, "rm": reward_model, "ppo": ppo, "grpo": grpo}[command]
-        return trainer.run(config_from_dict(command, {"progress": False, "save_every": 0} | values))
+        return trainer.run(config_from_dict(command, nested({"run.progress": False, "run.save_every": 0} | values)))
 
     def _sft(self, family: str, out: Path, **values: Any) -> Path:
         return self._train("sft", {
-            "model": str(self.family_dir(family)), "train_data": str(self.data["sft"]), "output_dir": str(out),
-            "epochs": 1, "batch_size": 12, "max_length": 48, "learning_rate": 1e-3, "eval_every": 0,
+            "model.name": str(self.family_dir(family)), "data.train": str(self.data["sft"]), "output_dir": str(out),
+            "sft.epochs": 1, "batch.size": 12, "data.max_length": 48, "optim.learning_rate": 1e-3, "run.eval_every": 0,
         } | values)  # fmt: skip
 
     def sft(self, family: str, out: Path) -> Path:
         return self._sft(family, out)
 
     def sft_chat(self, family: str, out: Path) -> Path:
-        return self._sft(family, out, train_data=str(self.data["sft_chat"]))
+        return self._sft(family, out, **{"data.train": str(self.data["sft_chat"])})
 
     def sft_lora(self, family: str, out: Path) -> Path:
-        return self._sft(family, out, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+        return self._sft(family, out, **{"model.lora": {"r": 4, "alpha": 8, "dropout": 0.0}})
 
     def rm(self, family: str, out: Path) -> Path:
         return self._train("rm", {
-            "model": str(self.family_dir(family)), "train_data": str(self.data["prefs"]), "output_dir": str(out),
-            "epochs": 1, "batch_size": 12, "max_length": 48, "learning_rate": 1e-3, "eval_every": 0,
+            "model.name": str(self.family_dir(family)), "data.train": str(self.data["prefs"]), "output_dir": str(out),
+            "rm.epochs": 1, "batch.size": 12, "data.max_length": 48, "optim.learning_rate": 1e-3, "run.eval_every": 0,
         })  # fmt: skip
 
     def _ppo(self, family: str, out: Path, command: str = "ppo", **values: Any) -> Path:
         base = {
-            "policy": str(self.family_dir(family)), "reward": f"{REWARDS}:length_chars",
-            "train_data": str(self.data["prompts"]), "output_dir": str(out), "steps": 2, "batch_size": 4,
-            "max_new_tokens": 6, "temperature": 1.0, "learning_rate": 1e-3, "eval_every": 0,
+            "model.name": str(self.family_dir(family)), "reward.source": f"{REWARDS}:length_chars",
+            "data.train": str(self.data["prompts"]), "output_dir": str(out), f"{command}.steps": 2, "batch.size": 4,
+            "sampling.max_new_tokens": 6, "sampling.temperature": 1.0, "optim.learning_rate": 1e-3, "run.eval_every": 0,
         }  # fmt: skip
         if command == "ppo":
-            base |= {"ppo_epochs": 1, "num_minibatches": 2}
+            base |= {"ppo.epochs": 1, "ppo.num_minibatches": 2}
         else:
-            base |= {"batch_size": 2, "group_size": 2}
+            base |= {"batch.size": 2, "grpo.group_size": 2}
         return self._train(command, base | values)
 
     def ppo(self, family: str, out: Path) -> Path:
         """Shared critic; the sft policy against the trained reward model (its tokenizer is the policy's)."""
-        return self._ppo(family, out, policy=str(self.get("sft", family)), reward=str(self.get("rm", family)))
+        return self._ppo(family, out, **{"model.name": str(self.get("sft", family)), "reward.source": str(self.get("rm", family))})
 
     def ppo_separate(self, family: str, out: Path) -> Path:
         """A separate critic, started from the reward model (which reads the policy's tokens)."""
-        return self._ppo(family, out, critic="separate", reward=str(self.get("rm", family)))
+        return self._ppo(family, out, **{"ppo.critic": "separate", "reward.source": str(self.get("rm", family))})
 
     def ppo_lora(self, family: str, out: Path) -> Path:
-        return self._ppo(family, out, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+        return self._ppo(family, out, **{"model.lora": {"r": 4, "alpha": 8, "dropout": 0.0}})
 
     def ppo_chat(self, family: str, out: Path) -> Path:
         """Chat prompts; a template whose turns end with a token other than eos stops at that token."""
         stop = {"gemma2": "<end_of_turn>", "phi3": "<|end|>"}.get(family, "eos")
-        return self._ppo(family, out, train_data=str(self.data["chat_prompts"]), stop_token=stop)
+        return self._ppo(family, out, **{"data.train": str(self.data["chat_prompts"]), "sampling.stop": stop})
 
     def grpo(self, family: str, out: Path) -> Path:
-        return self._ppo(family, out, command="grpo", policy=str(self.get("sft", family)))
+        return self._ppo(family, out, command="grpo", **{"model.name": str(self.get("sft", family))})
 
     def sample(self, family: str, out: Path) -> Path:
         from rlhf import sample
         from rlhf.config import config_from_dict
 
         output = out / "preferences.jsonl"
-        sample.run(config_from_dict("sample", {
-            "policy": str(self.get("sft", family)), "prompts": str(self.data["prompts"]), "output": str(output),
-            "mode": "preferences", "num_samples": 2, "judge": str(self.get("rm", family)), "max_new_tokens": 6,
+        sample.run(config_from_dict("sample", nested({
+            "model.name": str(self.get("sft", family)), "prompts": str(self.data["prompts"]), "output": str(output),
+            "mode": "preferences", "num_samples": 2, "judge.source": str(self.get("rm", family)), "sampling.max_new_tokens": 6,
             "progress": False,
-        }))  # fmt: skip
+        })))  # fmt: skip
         return output
 
     def eval(self, family: str, out: Path) -> dict[str, Any]:
         from rlhf import evaluate
         from rlhf.config import config_from_dict
 
-        return evaluate.run(config_from_dict("eval", {
-            "policy": str(self.get("ppo", family)), "baseline": str(self.get("sft", family)),
-            "eval_data": str(self.data["prompts"]), "reward": str(self.get("rm", family)),
-            "output": str(out / "eval.json"), "max_new_tokens": 6, "progress": False,
-        }))  # fmt: skip
+        return evaluate.run(config_from_dict("eval", nested({
+            "model.name": str(self.get("ppo", family)), "baseline": str(self.get("sft", family)),
+            "eval_data": str(self.data["prompts"]), "reward.source": str(self.get("rm", family)),
+            "output": str(out / "eval.json"), "sampling.max_new_tokens": 6, "progress": False,
+        })))  # fmt: skip
 
 
 @pytest.fixture(scope="session")

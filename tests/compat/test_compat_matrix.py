@@ -281,17 +281,17 @@ def test_lora_targets_matching_nothing_name_the_field_and_the_linear_layers(fami
     with pytest.raises(ConfigError) as error:
         apply_lora(model, LoRAConfig(target_modules=("q_proj", "o_proj")))
     message = str(error.value)
-    assert message.startswith("lora.target_modules: 'q_proj' match no module")
+    assert message.startswith("model.lora.target_modules: 'q_proj' match no module")
     assert "qkv_proj" in message and "gate_up_proj" in message and "lm_head" in message
 
 
 def test_the_cli_reports_bad_lora_targets_in_one_line(family_dir, compat_data, tmp_path, capsys):
     from rlhf.cli import main
 
-    argv = ["sft", "--model", str(family_dir("phi3")), "--train_data", str(compat_data["sft"]),
-            "--output_dir", str(tmp_path / "out"), "--lora", "{target_modules: [q_proj]}", "--no_progress"]  # fmt: skip
+    argv = ["sft", "--model.name", str(family_dir("phi3")), "--data.train", str(compat_data["sft"]),
+            "--output_dir", str(tmp_path / "out"), "--model.lora", "{target_modules: [q_proj]}", "--run.no_progress"]  # fmt: skip
     assert main(argv) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert (
-        len(err) == 1 and "lora.target_modules: 'q_proj' match no module" in err[0] and "qkv_proj" in err[0]
+        len(err) == 1 and "model.lora.target_modules: 'q_proj' match no module" in err[0] and "qkv_proj" in err[0]
     )

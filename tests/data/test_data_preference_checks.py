@@ -72,7 +72,7 @@ def test_answers_cut_or_encoded_to_the_same_tokens_are_refused(tokenizer, wordpi
     same_start = PreferenceExample("c:1", prompt, " 1 2 3 4", " 1 2 3 5")
     n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     with pytest.raises(DataError, match=r'^c:1: "chosen" and "rejected" encode to the same tokens once cut to '
-                                        r"max_length=\d+; raise max_length"):  # fmt: skip
+                                        r"data.max_length=\d+; raise data.max_length"):  # fmt: skip
         tokenize_preferences([same_start], tokenizer, max_length=n + 6)  # " 1 2 3" both
     # a lower-casing tokenizer cannot tell "Yes" from "yes"
     case = PreferenceExample("c:2", "is it?", " Yes", " yes")

@@ -159,7 +159,7 @@ def test_sft_right_truncation(tokenizer):
         [SFTExample("s:1", prompt="count to 9:", response=" 1 2 3 4 5 6 7 8 9")], tokenizer, 8
     )
     assert cut.truncated and cut.input_ids == ex.input_ids[:8] and cut.labels == ex.labels[:8]
-    with pytest.raises(DataError, match=r"s:2: nothing left to train on after truncating to max_length=2"):
+    with pytest.raises(DataError, match=r"s:2: nothing left to train on after truncating to data.max_length=2"):
         tokenize_sft([SFTExample("s:2", prompt="count to 9:", response=" 1")], tokenizer, max_length=2)
 
 

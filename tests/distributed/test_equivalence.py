@@ -32,12 +32,14 @@ pytestmark = pytest.mark.slow
 REWARDS = Path(__file__).resolve().parents[1] / "trainers" / "ppo_rewards.py"
 
 
-def rl_config(policy: Path, prompts: Path, **overrides: object) -> dict:
-    """3 steps, ragged responses, 2 passes × 2 minibatches (the second pass shuffled), held-out samples."""
+def rl_config(command: str, policy: Path, prompts: Path, **overrides: object) -> dict:
+    """3 steps, ragged responses, 2 passes × 2 minibatches (the second pass shuffled), held-out samples.
+    Keys are dotted paths (``**{"batch.size": 8}``)."""
     return {
-        "policy": str(policy), "reward": f"{REWARDS}:length_chars", "train_data": str(prompts), "steps": 3,
-        "max_new_tokens": 8, "temperature": 1.0, "learning_rate": 1e-3, "num_minibatches": 2, "eval_every": 3,
-        "save_every": 0, "progress": False,
+        "model.name": str(policy), "reward.source": f"{REWARDS}:length_chars", "data.train": str(prompts),
+        f"{command}.steps": 3, "sampling.max_new_tokens": 8, "sampling.temperature": 1.0,
+        "optim.learning_rate": 1e-3, f"{command}.num_minibatches": 2, "run.eval_every": 3, "run.save_every": 0,
+        "run.progress": False,
     } | overrides  # fmt: skip
 
 
@@ -46,9 +48,10 @@ def rl_config(policy: Path, prompts: Path, **overrides: object) -> dict:
 )
 def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic, parallelism):
     """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once)."""
-    config = rl_config(tiny_llama_dir, prompts, batch_size=8, ppo_epochs=2, critic=critic, kl_control="adaptive")
+    config = rl_config("ppo", tiny_llama_dir, prompts, **{"batch.size": 8, "ppo.epochs": 2, "ppo.critic": critic,
+                                                    "kl.control": "adaptive"})  # fmt: skip
     one_rows, one_grads = run("ppo", config, tmp_path / "one")
-    two_rows, two_grads = run("ppo", config | {"parallelism": parallelism}, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("ppo", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     samples = sorted((tmp_path / "one" / "run" / "samples").iterdir())
@@ -64,9 +67,9 @@ def test_ppo_fsdp_with_a_reward_model_equals_one_process(
     """FSDP2 with a reward model as the reward: it is loaded sharded and gathered for scoring (each rank scores
     its own rows), and the separate critic starts from it, also loaded sharded."""
     reward = str(tiny_reward_model_dir)
-    config = rl_config(tiny_llama_dir, prompts, batch_size=8, critic="separate", reward=reward)
+    config = rl_config("ppo", tiny_llama_dir, prompts, **{"batch.size": 8, "ppo.critic": "separate", "reward.source": reward})
     one_rows, one_grads = run("ppo", config, tmp_path / "one")
-    two_rows, two_grads = run("ppo", config | {"parallelism": "fsdp"}, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("ppo", config | {"run.parallelism": "fsdp"}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
@@ -75,8 +78,10 @@ def test_ppo_fsdp_with_a_reward_model_equals_one_process(
 @pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
 def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, lora):
     """Also with LoRA: only the adapters train and synchronise; the reference is the adapter switched off."""
-    config = rl_config(tiny_llama_dir, prompts, batch_size=4, group_size=4, num_iterations=2, kl_coef=0.05,
-                       micro_batch_size=2, lora=lora)  # fmt: skip
+    config = rl_config("grpo", tiny_llama_dir, prompts, **{
+        "batch.size": 4, "grpo.group_size": 4, "grpo.num_iterations": 2, "kl.coef": 0.05, "batch.micro_size": 2,
+        "model.lora": lora,
+    })  # fmt: skip
     one_rows, one_grads = run("grpo", config, tmp_path / "one")
     two_rows, two_grads = run("grpo", config, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
@@ -108,11 +113,11 @@ def rm_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path, parallelism):
-    config = {"model": str(tiny_llama_dir), "train_data": str(sft_data), "eval_data": str(sft_data), "epochs": 2,
-              "batch_size": 4, "micro_batch_size": 1, "learning_rate": 1e-3, "max_length": 64, "eval_every": 2,
-              "save_every": 0, "progress": False}  # fmt: skip
+    config = {"model.name": str(tiny_llama_dir), "data.train": str(sft_data), "data.eval": str(sft_data), "sft.epochs": 2,
+              "batch.size": 4, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "data.max_length": 64, "run.eval_every": 2,
+              "run.save_every": 0, "run.progress": False}  # fmt: skip
     one_rows, one_grads = run("sft", config, tmp_path / "one")
-    two_rows, two_grads = run("sft", config | {"parallelism": parallelism}, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("sft", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 6  # 2 epochs of ceil(11 / 4) steps
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
@@ -122,11 +127,11 @@ def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path, par
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, parallelism):
     train, held_out = rm_data
-    config = {"model": str(tiny_llama_dir), "train_data": str(train), "eval_data": str(held_out), "epochs": 1,
-              "batch_size": 5, "micro_batch_size": 1, "learning_rate": 1e-3, "eval_every": 2, "save_every": 0,
-              "progress": False}  # fmt: skip
+    config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), "rm.epochs": 1,
+              "batch.size": 5, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "run.eval_every": 2, "run.save_every": 0,
+              "run.progress": False}  # fmt: skip
     one_rows, one_grads = run("rm", config, tmp_path / "one")
-    two_rows, two_grads = run("rm", config | {"parallelism": parallelism}, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("rm", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
@@ -137,10 +142,12 @@ def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, paral
 def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path, lora):
     """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout; with LoRA the
     adapters are added before sharding (rank 0's initial adapters on every rank) and only they train."""
-    config = rl_config(tiny_llama_dir, prompts, batch_size=4, group_size=4, num_iterations=2, kl_coef=0.05,
-                       micro_batch_size=2, lora=lora)  # fmt: skip
+    config = rl_config("grpo", tiny_llama_dir, prompts, **{
+        "batch.size": 4, "grpo.group_size": 4, "grpo.num_iterations": 2, "kl.coef": 0.05, "batch.micro_size": 2,
+        "model.lora": lora,
+    })  # fmt: skip
     one_rows, one_grads = run("grpo", config, tmp_path / "one")
-    two_rows, two_grads = run("grpo", config | {"parallelism": "fsdp"}, tmp_path / "two", torchrun())
+    two_rows, two_grads = run("grpo", config | {"run.parallelism": "fsdp"}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)

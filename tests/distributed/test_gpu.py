@@ -21,9 +21,9 @@ def test_ppo_on_two_gpus_equals_one_gpu(tiny_llama_dir, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": " ".join(line.split()[:4])}) + "\n"
                                for line in toy_corpus(24, seed=6)))  # fmt: skip
-    config = {"policy": str(tiny_llama_dir), "reward": f"{REWARDS}:length_chars", "train_data": str(prompts),
-              "steps": 3, "batch_size": 8, "max_new_tokens": 8, "learning_rate": 1e-3, "ppo_epochs": 2,
-              "num_minibatches": 2, "eval_every": 0, "save_every": 0, "progress": False}  # fmt: skip
+    config = {"model.name": str(tiny_llama_dir), "reward.source": f"{REWARDS}:length_chars", "data.train": str(prompts),
+              "ppo.steps": 3, "batch.size": 8, "sampling.max_new_tokens": 8, "optim.learning_rate": 1e-3, "ppo.epochs": 2,
+              "ppo.num_minibatches": 2, "run.eval_every": 0, "run.save_every": 0, "run.progress": False}  # fmt: skip
     one_rows, one_grads = run("ppo", config, tmp_path / "one", gpus=True)
     two_rows, two_grads = run("ppo", config, tmp_path / "two", torchrun(), gpus=True)
     assert_same_gradients(one_grads, two_grads)

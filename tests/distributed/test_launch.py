@@ -21,6 +21,8 @@ from torchrun_runs import (
     two_nodes,
 )
 
+from configs import nested
+
 pytestmark = pytest.mark.slow
 
 REWARDS = Path(__file__).resolve().parent / "dist_rewards.py"
@@ -28,9 +30,9 @@ REWARDS = Path(__file__).resolve().parent / "dist_rewards.py"
 
 def ppo_config(policy: Path, prompts: Path, **overrides: object) -> dict:
     return {
-        "policy": str(policy), "reward": f"{REWARDS}:length_or_die", "train_data": str(prompts), "steps": 3,
-        "batch_size": 4, "max_new_tokens": 6, "learning_rate": 1e-3, "ppo_epochs": 2, "num_minibatches": 2,
-        "eval_every": 0, "save_every": 0, "progress": False,
+        "model.name": str(policy), "reward.source": f"{REWARDS}:length_or_die", "data.train": str(prompts), "ppo.steps": 3,
+        "batch.size": 4, "sampling.max_new_tokens": 6, "optim.learning_rate": 1e-3, "ppo.epochs": 2, "ppo.num_minibatches": 2,
+        "run.eval_every": 0, "run.save_every": 0, "run.progress": False,
     } | overrides  # fmt: skip
 
 
@@ -47,7 +49,7 @@ def test_two_nodes_on_localhost_equal_one_process(tiny_llama_dir, prompts, tmp_p
 def crash(config: dict, out: Path, die_at: int) -> None:
     """Run 2 ranks that both die abruptly (``os._exit``) right after the checkpoint of step ``die_at``."""
     out.mkdir(parents=True)
-    (out / "in.yaml").write_text(yaml.safe_dump(config))
+    (out / "in.yaml").write_text(yaml.safe_dump(nested(config)))
     args = [str(out / "unused.pt"), "ppo", "--config", str(out / "in.yaml"), "--output_dir", str(out / "run")]
     result = subprocess.run(command_line(args, torchrun()), env={**environment(), "DIE_AT_STEP": str(die_at)},
                             stdin=subprocess.PIPE, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
@@ -62,12 +64,12 @@ def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path,
     2-rank run ends: the checkpoint holds global state only (weights, optimizer, schedule, prompt position,
     random streams, KL coefficient), so the world size may change. FSDP2 writes sharded (DCP) checkpoints,
     which one process reads back whole."""
-    config = ppo_config(tiny_llama_dir, prompts, steps=4, save_every=1, kl_control="adaptive",
-                        parallelism=parallelism)  # fmt: skip
+    config = ppo_config(tiny_llama_dir, prompts, **{"ppo.steps": 4, "run.save_every": 1, "kl.control": "adaptive",
+                                                "run.parallelism": parallelism})  # fmt: skip
     whole_rows, whole_grads = run("ppo", config, tmp_path / "whole", torchrun())
     crash(config, tmp_path / "resumed", die_at=2)
     launcher = [torchrun()] if ranks_after == 2 else []
-    rows, grads = run("ppo", config, tmp_path / "resumed", *launcher, flags=("--resume",))
+    rows, grads = run("ppo", config, tmp_path / "resumed", *launcher, flags=("--run.resume",))
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
     assert_same_gradients(whole_grads[2 * 4 :], grads)  # steps 3-4 (4 optimizer steps each: 2 epochs × 2)
     assert_same_metrics(whole_rows, rows)
@@ -77,8 +79,8 @@ def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path,
 def test_a_failing_rank_stops_every_rank_with_its_error(tiny_llama_dir, prompts, tmp_path):
     """Rank 1's reward raises: the run ends non-zero with that error, long before the collective timeout (set
     to 15 minutes here, so a rank left waiting in a collective would fail this test by its own timeout)."""
-    config = ppo_config(tiny_llama_dir, prompts, reward=f"{REWARDS}:fails_on_rank_one")
-    (tmp_path / "in.yaml").write_text(yaml.safe_dump(config))
+    config = ppo_config(tiny_llama_dir, prompts, **{"reward.source": f"{REWARDS}:fails_on_rank_one"})
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(nested(config)))
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun(), "-m", "rlhf", "ppo", "--config",
                str(tmp_path / "in.yaml"), "--output_dir", str(tmp_path / "run")]  # fmt: skip
     result = subprocess.run(command, env={**environment(), "RLHF_DIST_TIMEOUT_S": "900"}, stdin=subprocess.PIPE,
@@ -90,8 +92,8 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tiny_llama_dir, prompts,
 
 def test_a_bad_config_fails_on_every_rank_alike(tiny_llama_dir, prompts, tmp_path):
     """An input error is found by every rank before any collective: each prints it, torchrun exits non-zero."""
-    config = ppo_config(tiny_llama_dir, prompts, train_data=str(tmp_path / "missing.jsonl"))
-    (tmp_path / "in.yaml").write_text(yaml.safe_dump(config))
+    config = ppo_config(tiny_llama_dir, prompts, **{"data.train": str(tmp_path / "missing.jsonl")})
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(nested(config)))
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun(), "-m", "rlhf", "ppo", "--config",
                str(tmp_path / "in.yaml"), "--output_dir", str(tmp_path / "run")]  # fmt: skip
     result = subprocess.run(command, env=environment(), stdin=subprocess.PIPE, capture_output=True, text=True,

@@ -18,6 +18,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from configs import nested
+
 WORKER = Path(__file__).resolve().parent / "worker.py"
 TIMEOUT_S = 300  # a hung collective fails the test instead of the suite
 
@@ -90,7 +92,7 @@ def run(
     """(metric rows, per-step gradients) of one run in ``out/run``: one process without launchers, else one
     ``torchrun`` per launcher (:func:`torchrun`, :func:`two_nodes`). ``flags``: more command-line fields."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "in.yaml").write_text(yaml.safe_dump(config))
+    (out / "in.yaml").write_text(yaml.safe_dump(nested(config)))
     record = out / f"grads{len(list(out.glob('grads*.pt')))}.pt"
     args = [str(record), command, "--config", str(out / "in.yaml"), "--output_dir", str(out / "run"), *flags]
     launch(args, list(launchers) or [None], gpus)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerState
 
+from configs import nested
 from rlhf.config import config_from_dict
 from rlhf.data import load_prompts
 from rlhf.data.stream import PromptBatch
@@ -451,15 +452,15 @@ def chat_prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_config(command: str, policy: Path, prompts: Path, out: Path, **overrides: object):
     """2 steps of 4 sequences (ppo: 4 prompts; grpo: 2 prompts × 2), 8 new tokens, eval at the end."""
     values = {
-        "policy": str(policy), "train_data": str(prompts), "output_dir": str(out), "steps": 2,
-        "batch_size": 4 if command == "ppo" else 2, "max_new_tokens": 8, "temperature": 1.0,
-        "learning_rate": 1e-3, "eval_every": 0, "save_every": 0, "progress": False,
+        "model.name": str(policy), "data.train": str(prompts), "output_dir": str(out), f"{command}.steps": 2,
+        "batch.size": 4 if command == "ppo" else 2, "sampling.max_new_tokens": 8, "sampling.temperature": 1.0,
+        "optim.learning_rate": 1e-3, "run.eval_every": 0, "run.save_every": 0, "run.progress": False,
     }  # fmt: skip
     if command == "ppo":
-        values |= {"ppo_epochs": 1}
+        values |= {"ppo.epochs": 1}
     else:
-        values |= {"group_size": 2}
-    return config_from_dict(command, values | overrides)
+        values |= {"grpo.group_size": 2}
+    return config_from_dict(command, nested(values | overrides))
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -477,7 +478,7 @@ TRL_REWARDS = [
 def test_a_run_on_chat_prompts_with_trl_style_rewards(tiny_llama_dir, chat_prompts_file, tmp_path, command):
     out = tmp_path / command
     trainer = ppo if command == "ppo" else grpo
-    config = run_config(command, tiny_llama_dir, chat_prompts_file, out, reward=TRL_REWARDS)
+    config = run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": TRL_REWARDS})
     trainer.run(config)
     rows = read_jsonl(out / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2]
@@ -510,7 +511,7 @@ def test_ppo_gdpo_reports_the_raw_weighted_sum(tiny_llama_dir, chat_prompts_file
     out = tmp_path / "run"
     rewards = [{"source": spec("chat_length"), "name": "chat"},
                {"source": spec("curriculum"), "name": "curriculum", "weight": 0.5}]  # fmt: skip
-    ppo.run(run_config("ppo", tiny_llama_dir, chat_prompts_file, out, reward=rewards, reward_aggregation="gdpo"))
+    ppo.run(run_config("ppo", tiny_llama_dir, chat_prompts_file, out, **{"reward.source": rewards, "reward.aggregation": "gdpo"}))
     for row in read_jsonl(out / "metrics.jsonl"):
         for prefix in ("reward", "eval/reward") if "eval/reward/mean" in row else ("reward",):
             expected = row[f"{prefix}/chat/mean"] + 0.5 * row[f"{prefix}/curriculum/mean"]
@@ -532,8 +533,7 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
     (an optimizer step on a zero gradient would still move it through Adam's state and weight decay)."""
     out = tmp_path / "run"
     trainer = ppo if command == "ppo" else grpo
-    config = run_config(command, tiny_llama_dir, chat_prompts_file, out, reward=spec("none_at_first_step"),
-                        steps=1, weight_decay=0.1)  # fmt: skip
+    config = run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": spec("none_at_first_step"), f"{command}.steps": 1, "optim.weight_decay": 0.1})  # fmt: skip
     final = trainer.run(config)
     assert "step 1: no sample of the batch could be scored" in capfd.readouterr().err
     (row,) = read_jsonl(out / "metrics.jsonl")
@@ -544,7 +544,7 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
 
     # with a batch scored at step 2 the run goes on and updates
     out = tmp_path / "run2"
-    trainer.run(run_config(command, tiny_llama_dir, chat_prompts_file, out, reward=spec("none_at_first_step")))
+    trainer.run(run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": spec("none_at_first_step")}))
     rows = read_jsonl(out / "metrics.jsonl")
     assert "policy/loss" not in rows[0] and "policy/loss" in rows[1] and "reward/unscored" not in rows[1]
 
@@ -552,8 +552,7 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
 @pytest.mark.parametrize("command", ["ppo", "grpo"])
 def test_a_reward_that_never_scores_stops_the_run(tiny_llama_dir, chat_prompts_file, tmp_path, command):
     trainer = ppo if command == "ppo" else grpo
-    config = run_config(command, tiny_llama_dir, chat_prompts_file, tmp_path / "run", reward=spec("never_scores"),
-                        steps=10)  # fmt: skip
+    config = run_config(command, tiny_llama_dir, chat_prompts_file, tmp_path / "run", **{"reward.source": spec("never_scores"), f"{command}.steps": 10})  # fmt: skip
     with pytest.raises(RewardError, match=rf"step {common.MAX_UNSCORED_STEPS}: no sample of the last "
                                           rf"{common.MAX_UNSCORED_STEPS} batches could be scored \(reward "
                                           r"'never_scores' returned None"):  # fmt: skip
@@ -573,10 +572,10 @@ def test_eval_and_sample_call_trl_style_rewards_on_chat_prompts(tiny_llama_dir, 
 
     rewards = [{"source": spec("chat_length"), "name": "chat"},
                {"source": spec("curriculum"), "name": "curriculum", "weight": 2.0}]  # fmt: skip
-    values = {"policy": str(tiny_llama_dir), "eval_data": str(chat_prompts_file), "reward": rewards,
-              "reward_aggregation": "gdpo", "batch_size": 4, "max_new_tokens": 8, "max_prompts": 8,
+    values = {"model.name": str(tiny_llama_dir), "eval_data": str(chat_prompts_file), "reward.source": rewards,
+              "reward.aggregation": "gdpo", "batch_size": 4, "sampling.max_new_tokens": 8, "max_prompts": 8,
               "progress": False, "samples_output": str(tmp_path / "rows.jsonl")}  # fmt: skip
-    results = evaluate.run(config_from_dict("eval", values))
+    results = evaluate.run(config_from_dict("eval", nested(values)))
     assert results["reward/chat/global_step"] == 0 and results["reward/chat/max_steps"] == 0
     expected = results["reward/chat/mean"] + 2.0 * results["reward/curriculum/mean"]
     assert results["reward/mean"] == pytest.approx(expected, rel=1e-5)  # float32 means of 8 values: rel 1e-5
@@ -585,10 +584,10 @@ def test_eval_and_sample_call_trl_style_rewards_on_chat_prompts(tiny_llama_dir, 
         assert row["reward"] == pytest.approx(row["rewards"]["chat"] + 2.0 * row["rewards"]["curriculum"], rel=1e-6)
         assert row["extra"]["chat/role"] == "assistant"
 
-    values = {"policy": str(tiny_llama_dir), "prompts": str(chat_prompts_file), "judge": rewards,
-              "mode": "candidates", "num_samples": 2, "batch_size": 4, "max_new_tokens": 8, "progress": False,
+    values = {"model.name": str(tiny_llama_dir), "prompts": str(chat_prompts_file), "judge.source": rewards,
+              "mode": "candidates", "num_samples": 2, "batch_size": 4, "sampling.max_new_tokens": 8, "progress": False,
               "output": str(tmp_path / "candidates.jsonl")}  # fmt: skip
-    summary = sample.run(config_from_dict("sample", values))
+    summary = sample.run(config_from_dict("sample", nested(values)))
     expected = summary["judge/chat/mean"] + 2.0 * summary["judge/curriculum/mean"]
     assert summary["judge/mean"] == pytest.approx(expected, rel=1e-5)  # float32 means of 80 values: rel 1e-5
     assert summary["judge/chat/global_step"] == 0

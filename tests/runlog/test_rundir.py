@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from configs import nested
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.runlog import rundir
 from rlhf.runlog.checkpoint import save_checkpoint
@@ -26,8 +27,8 @@ SRC = Path(rundir.__file__).resolve().parents[2]
 
 
 def sft_config(out: Path, **overrides: object):
-    values = {"model": "some/model", "train_data": "train.jsonl", "output_dir": str(out), "progress": False}
-    return config_from_dict("sft", values | overrides)
+    values = {"model.name": "some/model", "data.train": "train.jsonl", "output_dir": str(out), "run.progress": False}
+    return config_from_dict("sft", nested(values | overrides))
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -73,7 +74,7 @@ def test_an_existing_run_is_refused_and_left_untouched(tmp_path):
     finished_run(out, sft_config(out))
     before = snapshot(out)
     with pytest.raises(ConfigError, match=r"output_dir .* already holds a run \(config.yaml, metrics.jsonl"
-                       r".*--resume to continue it or --overwrite to replace it"):  # fmt: skip
+                       r".*--run.resume to continue it or --run.overwrite to replace it"):  # fmt: skip
         claim(sft_config(out))
     assert snapshot(out) == before
 
@@ -86,14 +87,14 @@ def test_a_directory_without_rlhf_files_is_usable_and_overwrite_removes_only_rlh
     finished_run(out, sft_config(out))
     (out / "samples").mkdir()
     (out / "samples" / "step_000002.jsonl").write_text("{}\n")
-    with rundir.claim(sft_config(out, overwrite=True)):
+    with rundir.claim(sft_config(out, **{"run.overwrite": True})):
         rundir.clear_run(out)
     assert sorted(p.name for p in out.iterdir()) == sorted([rundir.LOCK_FILE, "ppo.yaml", "notes"])
 
 
 def test_resume_and_overwrite_together_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"resume and overwrite are both set"):
-        sft_config(tmp_path, resume=True, overwrite=True)
+    with pytest.raises(ConfigError, match=r"run.resume and run.overwrite are both set"):
+        sft_config(tmp_path, **{"run.resume": True, "run.overwrite": True})
 
 
 def test_output_dir_that_is_a_file_or_cannot_be_created_is_refused(tmp_path):
@@ -124,7 +125,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_frees_it(
     holder = python(f"""
         from rlhf.config import config_from_dict
         from rlhf.runlog import rundir
-        config = config_from_dict("sft", {{"model": "m", "train_data": "t", "output_dir": {str(out)!r}}})
+        config = config_from_dict("sft", {{"model": {{"name": "m"}}, "data": {{"train": "t"}}, "output_dir": {str(out)!r}}})
         with rundir.claim(config):
             print("locked", flush=True)
             input()
@@ -150,20 +151,18 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_frees_it(
 def test_resume_refuses_a_changed_config_listing_each_field(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    finished_run(out, sft_config(out, learning_rate=1e-3))
-    changed = sft_config(out, resume=True, learning_rate=2e-3, train_data="other.jsonl", batch_size=16,
-                         lora={"r": 4})  # fmt: skip
+    finished_run(out, sft_config(out, **{"optim.learning_rate": 1e-3}))
+    changed = sft_config(out, **{"run.resume": True, "optim.learning_rate": 2e-3, "data.train": "other.jsonl", "batch.size": 16, "model.lora": {"r": 4}})  # fmt: skip
     with pytest.raises(ConfigError) as error:
         claim(changed)
     message = str(error.value)
-    assert "train_data: 'train.jsonl' → 'other.jsonl'" in message
-    assert "learning_rate: 0.001 → 0.002" in message
-    assert "batch_size: 32 → 16" in message
-    assert "lora: None → {'r': 4," in message
-    assert "--overwrite instead of --resume" in message
+    assert "data.train: 'train.jsonl' → 'other.jsonl'" in message
+    assert "optim.learning_rate: 0.001 → 0.002" in message
+    assert "batch.size: 32 → 16" in message
+    assert "model.lora: None → {'r': 4," in message
+    assert "--run.overwrite instead of --run.resume" in message
     # the fields that may change on resume
-    same = sft_config(out, resume=True, learning_rate=1e-3, epochs=5, eval_every=7, save_every=3, log_every=2,
-                      run_name="x", report_to=["jsonl", "tensorboard"], micro_batch_size=8)  # fmt: skip
+    same = sft_config(out, **{"run.resume": True, "optim.learning_rate": 1e-3, "sft.epochs": 5, "run.eval_every": 7, "run.save_every": 3, "run.log_every": 2, "run.name": "x", "run.report_to": ["jsonl", "tensorboard"], "batch.micro_size": 8})  # fmt: skip
     claim(same)
 
 
@@ -172,8 +171,8 @@ def test_resume_of_another_command_is_refused(tmp_path):
     out.mkdir()
     finished_run(out, sft_config(out))
     rm = config_from_dict(
-        "rm", {"model": "m", "train_data": "train.jsonl", "output_dir": str(out), "resume": True}
-    )
+        "rm", nested({"model.name": "m", "data.train": "train.jsonl", "output_dir": str(out), "run.resume": True}
+    ))
     with pytest.raises(ConfigError, match=r"in command: sft → rm"):
         claim(rm)
 
@@ -183,9 +182,9 @@ def test_resume_of_a_finished_run_without_checkpoints_is_refused(tmp_path):
     out.mkdir()
     finished_run(out, sft_config(out), steps=())
     with pytest.raises(
-        ConfigError, match=r"finished without a checkpoint .* --overwrite instead of --resume"
+        ConfigError, match=r"finished without a checkpoint .* --run.overwrite instead of --run.resume"
     ):
-        claim(sft_config(out, resume=True))
+        claim(sft_config(out, **{"run.resume": True}))
 
 
 def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
@@ -194,12 +193,12 @@ def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsy
     newest = save_checkpoint(out, 4, {"step": 4, "x": torch.ones(1000)})
     state = newest / "state.pt"
     state.write_bytes(state.read_bytes()[:100])  # disk full: the file was renamed in half-written
-    path, saved = rundir.load_resume_checkpoint(sft_config(out, resume=True))
+    path, saved = rundir.load_resume_checkpoint(sft_config(out, **{"run.resume": True}))
     assert (path.name, saved["step"]) == ("step_000002", 2)
     assert f"checkpoint {newest} cannot be loaded" in capsys.readouterr().err
     (path / "state.pt").write_bytes(b"")
     with pytest.raises(ConfigError, match=r"none of the 2 checkpoints .* can be loaded"):
-        rundir.load_resume_checkpoint(sft_config(out, resume=True))
+        rundir.load_resume_checkpoint(sft_config(out, **{"run.resume": True}))
     assert rundir.load_resume_checkpoint(sft_config(out)) == (None, None)
 
 
@@ -236,7 +235,7 @@ def test_a_kill_during_the_metrics_rewrite_leaves_the_complete_file(tmp_path):
     assert path.read_text() == rows
     leftovers = list(tmp_path.glob(".metrics.jsonl.*.tmp"))
     assert len(leftovers) == 1  # the new contents it never renamed; the next run's claim deletes them
-    claim(sft_config(tmp_path, resume=True))
+    claim(sft_config(tmp_path, **{"run.resume": True}))
     assert not leftovers[0].exists()
     # the next resume cleans up after it and keeps steps 1-10
     MetricsLogger(tmp_path, resume_step=11).close()

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from configs import nested
 from rlhf.config import config_from_dict
 from rlhf.models.loading import apply_lora, check_compiler, compile_blocks
 from rlhf.models.tiny import toy_corpus
@@ -77,12 +78,12 @@ def test_a_missing_cpu_compiler_is_named_before_training(monkeypatch):
 def test_compiled_ppo_trains_the_same_model_as_eager(tiny_llama_dir, prompts, tmp_path, clipped_gradients, adam_steps):
     # one rollout, two minibatches: the no-grad old-log-prob pass and the training forward are separate graphs
     def run(name: str, compile_: bool) -> tuple[Path, list[dict[str, torch.Tensor]]]:
-        config = config_from_dict("ppo", {
-            "policy": str(tiny_llama_dir), "reward": f"{REWARDS}:length_chars", "train_data": str(prompts),
-            "output_dir": str(tmp_path / name), "steps": 1, "batch_size": 8, "max_new_tokens": 8,
-            "temperature": 1.0, "learning_rate": 1e-3, "lr_scheduler": "constant", "ppo_epochs": 1,
-            "num_minibatches": 2, "eval_every": 0, "save_every": 0, "progress": False, "compile": compile_,
-        })  # fmt: skip
+        config = config_from_dict("ppo", nested({
+            "model.name": str(tiny_llama_dir), "reward.source": f"{REWARDS}:length_chars", "data.train": str(prompts),
+            "output_dir": str(tmp_path / name), "ppo.steps": 1, "batch.size": 8, "sampling.max_new_tokens": 8,
+            "sampling.temperature": 1.0, "optim.learning_rate": 1e-3, "optim.scheduler": "constant", "ppo.epochs": 1,
+            "ppo.num_minibatches": 2, "run.eval_every": 0, "run.save_every": 0, "run.progress": False, "model.compile": compile_,
+        }))  # fmt: skip
         final = ppo.run(config)
         grads = list(clipped_gradients)
         clipped_gradients.clear()
@@ -115,11 +116,11 @@ def test_compiled_ppo_trains_the_same_model_as_eager(tiny_llama_dir, prompts, tm
 @pytest.mark.slow
 @needs_compiler
 def test_compiled_grpo_with_lora_runs(tiny_llama_dir, prompts, tmp_path):
-    config = config_from_dict("grpo", {
-        "policy": str(tiny_llama_dir), "reward": f"{REWARDS}:length_chars", "train_data": str(prompts),
-        "output_dir": str(tmp_path), "steps": 2, "batch_size": 2, "group_size": 4, "max_new_tokens": 8,
-        "kl_coef": 0.1, "lora": {"r": 4}, "eval_every": 0, "save_every": 0, "progress": False, "compile": True,
-    })  # fmt: skip
+    config = config_from_dict("grpo", nested({
+        "model.name": str(tiny_llama_dir), "reward.source": f"{REWARDS}:length_chars", "data.train": str(prompts),
+        "output_dir": str(tmp_path), "grpo.steps": 2, "batch.size": 2, "grpo.group_size": 4, "sampling.max_new_tokens": 8,
+        "kl.coef": 0.1, "model.lora": {"r": 4}, "run.eval_every": 0, "run.save_every": 0, "run.progress": False, "model.compile": True,
+    }))  # fmt: skip
     grpo.run(config)
     for row in rows(tmp_path):
         assert all(math.isfinite(row[k]) for k in ("reward/mean", "kl/mean", "policy/loss", "grad/norm"))

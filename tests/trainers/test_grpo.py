@@ -20,6 +20,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from configs import nested
 from rlhf import cli
 from rlhf.config import config_from_dict
 from rlhf.models import sharding
@@ -78,21 +79,21 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_config(policy: Path, prompts: Path, out: Path, **overrides: object):
     """2 iterations of 2 prompts × 4 samples, 8 new tokens, 2 minibatches, no checkpoints."""
     values = {
-        "policy": str(policy),
-        "reward": reward("length_chars"),
-        "train_data": str(prompts),
+        "model.name": str(policy),
+        "reward.source": reward("length_chars"),
+        "data.train": str(prompts),
         "output_dir": str(out),
-        "steps": 2,
-        "batch_size": 2,
-        "group_size": 4,
-        "max_new_tokens": 8,
-        "learning_rate": 1e-3,
-        "num_minibatches": 2,
-        "eval_every": 0,
-        "save_every": 0,
-        "progress": False,
+        "grpo.steps": 2,
+        "batch.size": 2,
+        "grpo.group_size": 4,
+        "sampling.max_new_tokens": 8,
+        "optim.learning_rate": 1e-3,
+        "grpo.num_minibatches": 2,
+        "run.eval_every": 0,
+        "run.save_every": 0,
+        "run.progress": False,
     }
-    return config_from_dict("grpo", values | overrides)
+    return config_from_dict("grpo", nested(values | overrides))
 
 
 def train_rows(out: Path) -> list[dict]:
@@ -134,8 +135,7 @@ def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 def test_estimators_and_aggregations_run(tiny_llama_dir, prompts_file, tmp_path, micro_steps, estimator,
                                          aggregation):  # fmt: skip
     out = tmp_path / "run"
-    final = grpo.run(make_config(tiny_llama_dir, prompts_file, out, estimator=estimator,
-                                 loss_aggregation=aggregation, steps=1))  # fmt: skip
+    final = grpo.run(make_config(tiny_llama_dir, prompts_file, out, **{"grpo.estimator": estimator, "grpo.loss_aggregation": aggregation, "grpo.steps": 1}))  # fmt: skip
     rows = train_rows(out)
     assert len(rows) == 1 and finite(rows[0], METRICS), rows
     assert rows[0]["policy/first_ratio_max_dev"] == 0.0
@@ -152,8 +152,7 @@ def test_gdpo_logs_every_reward(tiny_llama_dir, prompts_file, tmp_path):
         {"source": local("token_count_proxy"), "weight": 0.5, "name": "words"},
     ]
     out = tmp_path / "run"
-    grpo.run(make_config(tiny_llama_dir, prompts_file, out, reward=rewards, reward_aggregation="gdpo",
-                         estimator="dr_grpo"))  # fmt: skip
+    grpo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": rewards, "reward.aggregation": "gdpo", "grpo.estimator": "dr_grpo"}))  # fmt: skip
     for row in train_rows(out):
         assert {"reward/chars/mean", "reward/words/mean"} <= row.keys()
         assert row["reward/chars/mean"] > 0 and row["reward/words/mean"] > 0
@@ -168,7 +167,7 @@ def test_gdpo_logs_every_reward(tiny_llama_dir, prompts_file, tmp_path):
 
 def test_constant_reward_gives_zero_advantages_and_loss(tiny_llama_dir, prompts_file, tmp_path):
     out = tmp_path / "run"
-    final = grpo.run(make_config(tiny_llama_dir, prompts_file, out, reward=reward("constant_one")))
+    final = grpo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward("constant_one")}))
     for row in train_rows(out):
         assert row["reward/zero_std_groups"] == 1.0
         assert row["advantages/abs_mean"] == 0.0 and row["policy/loss"] == 0.0 and row["grad/norm"] == 0.0
@@ -204,7 +203,7 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     assert none.reference is None and not none.has_reference
     assert storage_bytes(held_modules(none)) == base
     with_ref = grpo.Models(
-        make_config(tiny_llama_dir, Path("x"), Path("y"), kl_coef=0.1), SINGLE
+        make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE
     )
     assert with_ref.reference is not None
     assert storage_bytes(held_modules(with_ref)) == 2 * base
@@ -213,9 +212,9 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"kl_coef": 0.1},
-        {"kl_coef": 0.1, "kl_in": "reward", "estimator": "reinforce_pp", "kl_estimator": "k1"},
-        {"kl_coef": 0.1, "lora": {"r": 4, "alpha": 8.0}},
+        {"kl.coef": 0.1},
+        {"kl.coef": 0.1, "kl.add_to": "reward", "grpo.estimator": "reinforce_pp", "kl.estimator": "k1"},
+        {"kl.coef": 0.1, "model.lora": {"r": 4, "alpha": 8.0}},
     ],
     ids=["loss-k3", "reward-reinforce_pp", "lora"],
 )
@@ -225,7 +224,7 @@ def test_kl_runs(tiny_llama_dir, prompts_file, tmp_path, overrides):
     rows = train_rows(out)
     for row in rows:
         assert finite(row, METRICS + ["kl/mean", "kl/estimator_mean"])
-        assert ("kl/loss_mean" in row) == (overrides.get("kl_in", "loss") == "loss")
+        assert ("kl/loss_mean" in row) == (overrides.get("kl.add_to", "loss") == "loss")
     assert rows[0]["kl/mean"] == 0.0  # step 1 samples from the initial policy: it is the reference
     assert rows[1]["kl/mean"] != 0.0
 
@@ -237,8 +236,7 @@ def test_kl_runs(tiny_llama_dir, prompts_file, tmp_path, overrides):
 
 def test_num_iterations_reuses_the_rollout(tiny_llama_dir, prompts_file, tmp_path, micro_steps):
     out = tmp_path / "run"
-    grpo.run(make_config(tiny_llama_dir, prompts_file, out, num_iterations=2, micro_batch_size=2,
-                         clip_range=0.2, clip_range_high=0.28))  # fmt: skip
+    grpo.run(make_config(tiny_llama_dir, prompts_file, out, **{"grpo.num_iterations": 2, "batch.micro_size": 2, "grpo.clip_range": 0.2, "grpo.clip_range_high": 0.28}))  # fmt: skip
     # per step: 2 iterations × 2 minibatches × 2 micro-batches
     assert len(micro_steps) == 16
     for first in (micro_steps[0], micro_steps[8]):
@@ -254,14 +252,13 @@ def test_dynamic_sampling_fills_the_batch(tiny_llama_dir, prompts_file, tmp_path
     def recording(config, models, sampled, *rest):
         sizes.append(len(sampled.generated.completions))
         assert not torch.isnan(sampled.rewards).any()
-        signal = grpo.groups_with_signal(sampled.rewards.view(-1, config.group_size))
+        signal = grpo.groups_with_signal(sampled.rewards.view(-1, config.grpo.group_size))
         assert signal.all(), sampled.rewards  # only groups whose rewards differ were kept
         return original(config, models, sampled, *rest)
 
     monkeypatch.setattr(grpo, "make_rollout", recording)
     out = tmp_path / "run"
-    grpo.run(make_config(tiny_llama_dir, prompts_file, out, reward=local("half_constant"), dynamic_sampling=True,
-                         batch_size=4, steps=2))  # fmt: skip
+    grpo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": local("half_constant"), "grpo.dynamic_sampling": True, "batch.size": 4, "grpo.steps": 2}))  # fmt: skip
     assert sizes == [16, 16]
     for row in train_rows(out):
         # half the prompts are constant: each round keeps ≈ half its groups, so it takes ≥ 2 rounds
@@ -274,8 +271,7 @@ def test_overlong_penalty_and_truncation_mask(tiny_llama_dir, prompts_file, tmp_
     # buffer 4 of 8 tokens, factor 0.5: a response cut at 8 tokens gets −0.5, one that stopped within 4 tokens
     # gets 0, in between linear. A random-init model rarely stops, so most responses take the full −0.5.
     out = tmp_path / "run"
-    grpo.run(make_config(tiny_llama_dir, prompts_file, out, reward=reward("constant_one"), overlong_buffer=4,
-                         overlong_penalty_factor=0.5, mask_truncated_completions=True))  # fmt: skip
+    grpo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward("constant_one"), "grpo.overlong_buffer": 4, "grpo.overlong_penalty_factor": 0.5, "grpo.mask_truncated_completions": True}))  # fmt: skip
     for row in train_rows(out):
         eos = row["response/eos_rate"]
         penalty = row["reward/overlong_penalty_mean"]
@@ -286,13 +282,13 @@ def test_overlong_penalty_and_truncation_mask(tiny_llama_dir, prompts_file, tmp_
         assert row["response/masked_fraction"] == pytest.approx(1 - eos)
 
 
-@pytest.mark.parametrize("split", [{"micro_batch_size": 2}, {"micro_batch_tokens": 30}], ids=["rows", "tokens"])
+@pytest.mark.parametrize("split", [{"batch.micro_size": 2}, {"batch.micro_tokens": 30}], ids=["rows", "tokens"])
 def test_micro_batching_gives_the_same_update(
     tiny_llama_dir, prompts_file, tmp_path, ragged, split, clipped_gradients, adam_steps
 ):
     # 8 ragged completions in one pass, or in micro-batches of 2 rows, or of at most 30 tokens (longest
     # first), each cut to its own longest row; with a reference, so the rollout's pass gives the old log-probs
-    fields = {"steps": 1, "num_minibatches": 1, "loss_aggregation": "seq-mean-token-mean", "kl_coef": 0.05}
+    fields = {"grpo.steps": 1, "grpo.num_minibatches": 1, "grpo.loss_aggregation": "seq-mean-token-mean", "kl.coef": 0.05}
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
     whole_grads = list(clipped_gradients)
     clipped_gradients.clear()
@@ -333,8 +329,8 @@ def comparable(rows) -> list[dict]:
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, tmp_path, monkeypatch):
-    fields = {"steps": 4, "save_every": 2, "eval_every": 2, "kl_coef": 0.1, "num_iterations": 2,
-              "dynamic_sampling": True, "reward": local("half_constant")}  # fmt: skip
+    fields = {"grpo.steps": 4, "run.save_every": 2, "run.eval_every": 2, "kl.coef": 0.1, "grpo.num_iterations": 2,
+              "grpo.dynamic_sampling": True, "reward.source": local("half_constant")}  # fmt: skip
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
     original = common.save_checkpoint
 
@@ -353,7 +349,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
     with monkeypatch.context() as patch:
         patch.setattr(grpo, "grpo_update", lambda *args: updates.append(1) or update(*args))
         resumed = grpo.run(
-            make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", resume=True, **fields)
+            make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **{"run.resume": True}, **fields)
         )
     assert len(updates) == 2  # it continued at iteration 3
 
@@ -378,13 +374,13 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
 def test_cli_runs_grpo_from_a_yaml_file(tiny_llama_dir, prompts_file, tmp_path):
     out = tmp_path / "run"
     config = {
-        "policy": str(tiny_llama_dir), "reward": "rlhf.rollout.verifiers:length_penalty",
-        "train_data": str(prompts_file), "output_dir": str(out), "steps": 3, "batch_size": 2, "group_size": 2,
-        "max_new_tokens": 6,
+        "model.name": str(tiny_llama_dir), "reward.source": "rlhf.rollout.verifiers:length_penalty",
+        "data.train": str(prompts_file), "output_dir": str(out), "grpo.steps": 3, "batch.size": 2, "grpo.group_size": 2,
+        "sampling.max_new_tokens": 6,
     }  # fmt: skip
     path = tmp_path / "grpo.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert cli.main(["grpo", "--config", str(path), "--steps", "1", "--no-progress"]) == 0
+    path.write_text(yaml.safe_dump(nested(config)))
+    assert cli.main(["grpo", "--config", str(path), "--grpo.steps", "1", "--run.no-progress"]) == 0
     assert [row["step"] for row in train_rows(out)] == [1]
     assert train_rows(out)[0]["reward/mean"] < 0  # the built-in length penalty, resolved by module name
     assert (out / "final" / "model.safetensors").is_file()
@@ -404,9 +400,7 @@ def test_reward_rises_on_a_toy_task(tiny_llama_dir, prompts_file, tmp_path):
     (0.45) is half the weakest seed's rise.
     """
     out = tmp_path / "run"
-    config = make_config(tiny_llama_dir, prompts_file, out, reward=reward("digit_count"), steps=60, batch_size=4,
-                         group_size=8, num_minibatches=1, learning_rate=2e-3, lr_scheduler="constant",
-                         temperature=1.0)  # fmt: skip
+    config = make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward("digit_count"), "grpo.steps": 60, "batch.size": 4, "grpo.group_size": 8, "grpo.num_minibatches": 1, "optim.learning_rate": 2e-3, "optim.scheduler": "constant", "sampling.temperature": 1.0})  # fmt: skip
     grpo.run(config)
     rewards = [row["reward/mean"] for row in train_rows(out)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -426,7 +420,7 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
         return old_logprobs(self, *args, **kwargs)
 
     monkeypatch.setattr(grpo.Models, "old_logprobs", counting_old_logprobs)
-    overrides = {"num_minibatches": 1, "steps": 3, "kl_coef": 0.0}
+    overrides = {"grpo.num_minibatches": 1, "grpo.steps": 3, "kl.coef": 0.0}
     skipped = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "skip", **overrides))
     assert calls["no_grad_scores"] == 0
     monkeypatch.setattr(grpo, "on_policy", lambda config, models: False)
@@ -440,8 +434,8 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 
 def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_dir: Path, prompts_file: Path,
                                                                      tmp_path: Path):  # fmt: skip
-    config = make_config(tiny_llama_dir, prompts_file, tmp_path, num_minibatches=2, kl_coef=0.0)
+    config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"grpo.num_minibatches": 2, "kl.coef": 0.0})
     models = grpo.Models(config, SINGLE)
     assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
-    assert not grpo.on_policy(dataclasses.replace(config, num_minibatches=1, num_iterations=2), models)
-    assert grpo.on_policy(dataclasses.replace(config, num_minibatches=1), models)
+    assert not grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)), models)
+    assert grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1)), models)

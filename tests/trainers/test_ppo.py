@@ -20,6 +20,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from configs import nested
 from rlhf import cli
 from rlhf.config import config_from_dict
 from rlhf.models import sharding
@@ -62,22 +63,22 @@ def make_config(policy: Path, prompts: Path, out: Path, **overrides: object):
     that is 0 for every random response would give zero advantages and no update).
     """
     values = {
-        "policy": str(policy),
-        "reward": reward("length_chars"),
-        "train_data": str(prompts),
+        "model.name": str(policy),
+        "reward.source": reward("length_chars"),
+        "data.train": str(prompts),
         "output_dir": str(out),
-        "steps": 2,
-        "batch_size": 8,
-        "max_new_tokens": 8,
-        "temperature": 1.0,
-        "learning_rate": 1e-3,
-        "ppo_epochs": 2,
-        "num_minibatches": 2,
-        "eval_every": 0,
-        "save_every": 0,
-        "progress": False,
+        "ppo.steps": 2,
+        "batch.size": 8,
+        "sampling.max_new_tokens": 8,
+        "sampling.temperature": 1.0,
+        "optim.learning_rate": 1e-3,
+        "ppo.epochs": 2,
+        "ppo.num_minibatches": 2,
+        "run.eval_every": 0,
+        "run.save_every": 0,
+        "run.progress": False,
     }
-    return config_from_dict("ppo", values | overrides)
+    return config_from_dict("ppo", nested(values | overrides))
 
 
 def train_rows(out: Path) -> list[dict]:
@@ -122,7 +123,7 @@ def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 def test_smoke_two_steps(tiny_model_dir_factory, prompts_file, tmp_path, ragged, micro_steps, arch, critic):
     policy = tiny_model_dir_factory(arch)
     out = tmp_path / "run"
-    final = ppo.run(make_config(policy, prompts_file, out, critic=critic))
+    final = ppo.run(make_config(policy, prompts_file, out, **{"ppo.critic": critic}))
 
     rows = train_rows(out)
     assert [row["step"] for row in rows] == [1, 2]
@@ -167,8 +168,7 @@ def test_metrics_samples_and_final_directory(tiny_llama_dir, prompts_file, tmp_p
         {"source": reward("length_chars"), "weight": 0.5},
     ]
     out = tmp_path / "run"
-    final = ppo.run(make_config(tiny_llama_dir, prompts_file, out, reward=rewards, steps=3, eval_every=2,
-                                batch_size=4, num_minibatches=1, ppo_epochs=1))  # fmt: skip
+    final = ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": rewards, "ppo.steps": 3, "run.eval_every": 2, "batch.size": 4, "ppo.num_minibatches": 1, "ppo.epochs": 1}))  # fmt: skip
 
     rows = train_rows(out)
     assert [row["step"] for row in rows] == [1, 2, 3]
@@ -195,36 +195,36 @@ def test_metrics_samples_and_final_directory(tiny_llama_dir, prompts_file, tmp_p
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"kl_in": "loss"},
-        {"kl_control": "adaptive"},
-        {"missing_eos_penalty": 0.5, "missing_eos_mode": "replace"},
-        {"missing_eos_penalty": 0.5, "missing_eos_mode": "subtract"},
-        {"whiten_rewards": True},
-        {"score_position": "eos"},
-        {"micro_batch_size": 2, "kl_estimator": "k3"},
+        {"kl.add_to": "loss"},
+        {"kl.control": "adaptive"},
+        {"reward.missing_eos_penalty": 0.5, "reward.missing_eos_mode": "replace"},
+        {"reward.missing_eos_penalty": 0.5, "reward.missing_eos_mode": "subtract"},
+        {"ppo.whiten_rewards": True},
+        {"ppo.score_position": "eos"},
+        {"batch.micro_size": 2, "kl.estimator": "k3"},
     ],
     ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
 )
 def test_variants_run(tiny_llama_dir, prompts_file, tmp_path, ragged, overrides):
     out = tmp_path / "run"
     # a constant score of 1, so what the trainer does to it is visible in reward/score_mean
-    ppo.run(make_config(tiny_llama_dir, prompts_file, out, reward=reward("constant_one"), **overrides))
+    ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward("constant_one")}, **overrides))
     rows = train_rows(out)
     assert len(rows) == 2
     for row in rows:
         assert finite(row, ["policy/loss", "value/loss", "kl/mean", "kl/coef", "grad/norm", "policy/entropy"])
         assert row["policy/first_ratio_max_dev"] == 0.0
         eos = row["response/eos_rate"]
-        if overrides.get("missing_eos_mode") == "replace":  # score := −penalty without EOS
+        if overrides.get("reward.missing_eos_mode") == "replace":  # score := −penalty without EOS
             assert row["reward/score_mean"] == pytest.approx(eos * 1.0 + (1 - eos) * -0.5)
-        elif overrides.get("missing_eos_mode") == "subtract":  # score −= penalty without EOS
+        elif overrides.get("reward.missing_eos_mode") == "subtract":  # score −= penalty without EOS
             assert row["reward/score_mean"] == pytest.approx(1.0 - (1 - eos) * 0.5)
         else:
             assert row["reward/score_mean"] == 1.0
-        if overrides.get("kl_in") == "loss":
+        if overrides.get("kl.add_to") == "loss":
             assert row["reward/non_score_mean"] == 0.0  # no KL in the rewards
     coefs = [row["kl/coef"] for row in rows]
-    if "kl_control" in overrides:
+    if "kl.control" in overrides:
         assert coefs[0] != 0.05 and coefs[1] != coefs[0] and all(c > 0 for c in coefs)
     else:
         assert coefs == [0.05, 0.05]
@@ -240,7 +240,7 @@ def test_kl_in_loss_uses_the_adapted_coefficient(tiny_llama_dir, prompts_file, t
 
     monkeypatch.setattr(ppo, "clipped_policy_loss", recording)
     out = tmp_path / "run"
-    ppo.run(make_config(tiny_llama_dir, prompts_file, out, kl_in="loss", kl_control="adaptive", kl_coef=0.1))
+    ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"kl.add_to": "loss", "kl.control": "adaptive", "kl.coef": 0.1}))
     rows = train_rows(out)
     # 4 minibatches per iteration; iteration 2 trains with the β the controller set after iteration 1
     assert betas[:4] == [0.1] * 4
@@ -264,7 +264,7 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
 
 
 def build_models(policy: Path, reward_spec: str, **overrides: object) -> ppo.Models:
-    config = make_config(policy, Path("unused.jsonl"), Path("unused"), reward=reward_spec, **overrides)
+    config = make_config(policy, Path("unused.jsonl"), Path("unused"), **{"reward.source": reward_spec}, **overrides)
     rewards = load_reward_set(reward_spec, policy_tokenizer=load_tokenizer(str(policy)))
     return ppo.Models(config, rewards, SINGLE)
 
@@ -275,7 +275,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
 
     with monkeypatch.context() as patch:
         patch.setattr(sharding, "frozen_copy", no_copy)
-        models = build_models(tiny_llama_dir, reward("constant_one"), lora=LORA)
+        models = build_models(tiny_llama_dir, reward("constant_one"), **{"model.lora": LORA})
     base = load_causal_lm(str(tiny_llama_dir))
     assert models.reference is None
     # Distinct storages of everything Models holds: one base model + small adapters + the value head.
@@ -307,7 +307,7 @@ def test_lora_run_saves_merged_model(tiny_llama_dir, prompts_file, tmp_path, mic
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    final = ppo.run(make_config(tiny_llama_dir, prompts_file, out, lora=LORA, learning_rate=1e-2))
+    final = ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"model.lora": LORA, "optim.learning_rate": 1e-2}))
     assert micro_steps[0]["ratio_dev"] == 0.0 and micro_steps[0]["policy/clipfrac"] == 0.0
     assert all(finite(row, PPO_METRICS) for row in train_rows(out))
     assert not list(final.glob("adapter*"))  # merged: no adapter files needed to load it
@@ -330,8 +330,7 @@ def test_reward_model_with_a_different_tokenizer(
     tiny_llama_dir, tiny_reward_model_other_tokenizer_dir, prompts_file, tmp_path, critic
 ):
     out = tmp_path / "run"
-    config = make_config(tiny_llama_dir, prompts_file, out, reward=str(tiny_reward_model_other_tokenizer_dir),
-                         critic=critic)  # fmt: skip
+    config = make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": str(tiny_reward_model_other_tokenizer_dir), "ppo.critic": critic})  # fmt: skip
     ppo.run(config)
     rows = train_rows(out)
     assert len(rows) == 2 and all(finite(row, PPO_METRICS) for row in rows)
@@ -355,7 +354,7 @@ def test_reward_model_sharing_the_tokenizer_scores_the_sampled_ids(
 
     monkeypatch.setattr(RewardModelReward, "score_ids", recording)
     out = tmp_path / "run"
-    ppo.run(make_config(tiny_llama_dir, prompts_file, out, reward=str(tiny_reward_model_dir)))
+    ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": str(tiny_reward_model_dir)}))
     rows = train_rows(out)
     training = [scores for ids, scores in seen if len(ids) == 8]  # the rest: the 4 held-out prompts
     assert len(training) == len(rows) == 2
@@ -370,12 +369,12 @@ def test_separate_critic_starts_from_the_reward_model_only_when_it_reads_the_pol
 ):
     from transformers import AutoModelForSequenceClassification
 
-    same = build_models(tiny_llama_dir, str(tiny_reward_model_dir), critic="separate")
+    same = build_models(tiny_llama_dir, str(tiny_reward_model_dir), **{"ppo.critic": "separate"})
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
     torch.testing.assert_close(same.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
     # another tokenizer: its token ids mean other tokens (and run past its vocabulary), so the critic
     # starts from the policy with a zero head
-    other = build_models(tiny_llama_dir, str(tiny_reward_model_other_tokenizer_dir), critic="separate")
+    other = build_models(tiny_llama_dir, str(tiny_reward_model_other_tokenizer_dir), **{"ppo.critic": "separate"})
     assert other.critic.trunk.config.vocab_size == same.policy.config.vocab_size
     assert other.critic.head.linear.weight.abs().max() == 0
 
@@ -395,18 +394,18 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, {"lora": LORA, "critic": "separate"}], ids=["full-shared", "lora-separate"]
+    "variant", [{}, {"model.lora": LORA, "ppo.critic": "separate"}], ids=["full-shared", "lora-separate"]
 )
 def test_resume_reproduces_the_uninterrupted_run(
     tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, variant
 ):
     # adaptive β, linear decay, shuffled epochs, held-out samples: all state the checkpoint must hold
     fields = {
-        "steps": 4,
-        "save_every": 2,
-        "eval_every": 2,
-        "kl_control": "adaptive",
-        "kl_coef": 0.2,
+        "ppo.steps": 4,
+        "run.save_every": 2,
+        "run.eval_every": 2,
+        "kl.control": "adaptive",
+        "kl.coef": 0.2,
         **variant,
     }
     whole = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
@@ -429,7 +428,7 @@ def test_resume_reproduces_the_uninterrupted_run(
     with monkeypatch.context() as patch:
         patch.setattr(ppo, "ppo_update", lambda *args: updates.append(1) or update(*args))
         resumed = ppo.run(
-            make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", resume=True, **fields)
+            make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **{"run.resume": True}, **fields)
         )
     assert len(updates) == 2  # it did continue at iteration 3 (a fresh run would reproduce 1-2 as well)
 
@@ -449,7 +448,7 @@ def test_resume_reproduces_the_uninterrupted_run(
         for key in want:
             assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-6, nan_ok=True), (want["step"], key)
     names = ["model.safetensors", "value_head.safetensors"]
-    if variant.get("critic") == "separate":
+    if variant.get("ppo.critic") == "separate":
         names = ["model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors"]
     for name in names:
         assert max_abs_diff(load_file(resumed / name), load_file(whole / name)) <= 1e-6, name
@@ -467,13 +466,13 @@ def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tu
     return final, list(clipped_gradients)
 
 
-@pytest.mark.parametrize("split", [{"micro_batch_size": 1}, {"micro_batch_tokens": 40}], ids=["rows", "tokens"])
+@pytest.mark.parametrize("split", [{"batch.micro_size": 1}, {"batch.micro_tokens": 40}], ids=["rows", "tokens"])
 def test_micro_batching_gives_the_same_update(
     tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split, clipped_gradients, adam_steps
 ):
     # one optimizer step on one minibatch of 8 ragged responses: in one pass, or in 8 micro-batches of 1, or in
     # micro-batches of at most 40 tokens (longest rows first), each cut to its own longest row
-    fields = {"steps": 1, "ppo_epochs": 1, "num_minibatches": 1}
+    fields = {"ppo.steps": 1, "ppo.epochs": 1, "ppo.num_minibatches": 1}
     whole, whole_grads = run_recording_gradients(
         make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields), clipped_gradients
     )
@@ -529,7 +528,7 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
         return old_scores(self, *args, **kwargs)
 
     monkeypatch.setattr(ppo.Models, "old_scores", counting_old_scores)
-    fields = {"steps": 3, "ppo_epochs": 2, "num_minibatches": 1, "critic": critic}
+    fields = {"ppo.steps": 3, "ppo.epochs": 2, "ppo.num_minibatches": 1, "ppo.critic": critic}
     fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields))
     assert calls["no_grad_scores"] == 0
     monkeypatch.setattr(ppo, "fuses_first_update", lambda config: False)
@@ -545,10 +544,10 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 
 
 def test_first_update_is_fused_only_for_one_minibatch_in_one_micro_batch(tiny_llama_dir, prompts_file, tmp_path):
-    config = make_config(tiny_llama_dir, prompts_file, tmp_path, num_minibatches=1)
+    config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"ppo.num_minibatches": 1})
     assert ppo.fuses_first_update(config)
-    assert not ppo.fuses_first_update(dataclasses.replace(config, num_minibatches=2))  # the 2nd sees a new policy
-    assert not ppo.fuses_first_update(dataclasses.replace(config, micro_batch_size=4))  # advantages need all rows
+    assert not ppo.fuses_first_update(dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, num_minibatches=2)))  # the 2nd sees a new policy
+    assert not ppo.fuses_first_update(dataclasses.replace(config, batch=dataclasses.replace(config.batch, micro_size=4)))  # advantages need all rows
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -570,7 +569,7 @@ def test_failing_reward_stops_before_any_update(
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1))
     out = tmp_path / "run"
     with pytest.raises(RewardError, match=message):
-        ppo.run(make_config(tiny_llama_dir, prompts_file, out, reward=reward(function), save_every=1))
+        ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward(function), "run.save_every": 1}))
     assert steps == []
     assert not (out / "final").exists() and not (out / "checkpoints").exists()
 
@@ -578,15 +577,15 @@ def test_failing_reward_stops_before_any_update(
 def test_cli_runs_ppo_from_a_yaml_file(tiny_llama_dir, prompts_file, tmp_path):
     out = tmp_path / "run"
     config = {
-        "policy": str(tiny_llama_dir), "reward": reward("digit_count"), "train_data": str(prompts_file),
-        "output_dir": str(out), "steps": 3, "batch_size": 4, "max_new_tokens": 6, "ppo_epochs": 1,
+        "model.name": str(tiny_llama_dir), "reward.source": reward("digit_count"), "data.train": str(prompts_file),
+        "output_dir": str(out), "ppo.steps": 3, "batch.size": 4, "sampling.max_new_tokens": 6, "ppo.epochs": 1,
     }  # fmt: skip
     path = tmp_path / "ppo.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert cli.main(["ppo", "--config", str(path), "--steps", "1", "--no-progress"]) == 0
+    path.write_text(yaml.safe_dump(nested(config)))
+    assert cli.main(["ppo", "--config", str(path), "--ppo.steps", "1", "--run.no-progress"]) == 0
     assert [row["step"] for row in train_rows(out)] == [1]  # the flag won over the file
     assert (out / "final" / "model.safetensors").is_file()
-    assert yaml.safe_load((out / "config.yaml").read_text())["steps"] == 1
+    assert yaml.safe_load((out / "config.yaml").read_text())["ppo"]["steps"] == 1
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -603,9 +602,7 @@ def test_reward_rises_on_a_toy_task(tiny_llama_dir, prompts_file, tmp_path):
     below (0.3) is half the weakest seed's.
     """
     out = tmp_path / "run"
-    config = make_config(tiny_llama_dir, prompts_file, out, reward=reward("digit_count"), steps=50,
-                         batch_size=16, ppo_epochs=4, num_minibatches=1, learning_rate=2e-3,
-                         lr_scheduler="constant", kl_coef=0.01)  # fmt: skip
+    config = make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward("digit_count"), "ppo.steps": 50, "batch.size": 16, "ppo.epochs": 4, "ppo.num_minibatches": 1, "optim.learning_rate": 2e-3, "optim.scheduler": "constant", "kl.coef": 0.01})  # fmt: skip
     ppo.run(config)
     rows = train_rows(out)
     rewards = [row["reward/mean"] for row in rows]

@@ -25,6 +25,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from configs import nested
 from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.core.preference import bradley_terry_loss
@@ -107,18 +108,18 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_config(model: Path, data: dict[str, Path], out: Path, **overrides: object):
     """A small, fast rm config: 24 training pairs, batches of 8 (3 steps per epoch), lr 1e-3, no checkpoints."""
     values = {
-        "model": str(model),
-        "train_data": str(data["train"]),
-        "eval_data": str(data["eval"]),
+        "model.name": str(model),
+        "data.train": str(data["train"]),
+        "data.eval": str(data["eval"]),
         "output_dir": str(out),
-        "batch_size": 8,
-        "learning_rate": 1e-3,
-        "epochs": 1,
-        "eval_every": 0,
-        "save_every": 0,
-        "progress": False,
+        "batch.size": 8,
+        "optim.learning_rate": 1e-3,
+        "rm.epochs": 1,
+        "run.eval_every": 0,
+        "run.save_every": 0,
+        "run.progress": False,
     }
-    return config_from_dict("rm", values | overrides)
+    return config_from_dict("rm", nested(values | overrides))
 
 
 def metric_rows(out: Path) -> list[dict]:
@@ -194,7 +195,7 @@ def test_a_tokenizer_without_pad_gets_one_and_the_embeddings_hold_it(tiny_llama_
     assert rm.tokenizer.pad_token == "<|pad|>" and pad == rows  # appended past the ids the model had
     assert rm.model.get_input_embeddings().num_embeddings == rows + 1 and rm.model.config.pad_token_id == pad
     # the plain transformers way (tokenizer padding + the model's own pooling) now works on the saved model
-    final = reward_model.run(make_config(path, small_data(tmp_path), tmp_path / "run", epochs=1))
+    final = reward_model.run(make_config(path, small_data(tmp_path), tmp_path / "run", **{"rm.epochs": 1}))
     tok = AutoTokenizer.from_pretrained(final)
     model = AutoModelForSequenceClassification.from_pretrained(final)
     batch = tok(["tell me about a cat: the cat.", "a"], padding=True, return_tensors="pt")
@@ -217,7 +218,7 @@ def small_data(tmp_path: Path) -> dict[str, Path]:
 def test_smoke_one_epoch(tiny_model_dir_factory, data, tmp_path, arch):
     source = tiny_model_dir_factory(arch)
     out = tmp_path / "run"
-    final = reward_model.run(make_config(source, data, out, eval_every=2))
+    final = reward_model.run(make_config(source, data, out, **{"run.eval_every": 2}))
 
     rows = metric_rows(out)
     # before training (step 0), every step, eval at step 2 (eval_every) and at the end of the epoch (3)
@@ -247,13 +248,13 @@ def test_smoke_one_epoch(tiny_model_dir_factory, data, tmp_path, arch):
     trunk = [k for k in trained if not k.startswith("score.")]
     assert max_abs_diff({k: trained[k] for k in trunk}, {k: initial[k] for k in trunk}) > 1e-4
     assert (trained[head] - initial[head]).abs().max() > 1e-4
-    assert yaml.safe_load((out / "config.yaml").read_text())["model"] == str(source)
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["name"] == str(source)
 
 
 def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, tmp_path):
     """Step 1's train/loss is the core loss of the untouched model on all 24 pairs (one step = the whole set)."""
-    fields = {"train_data": str(data["margins"]), "eval_data": None, "batch_size": 24, "micro_batch_size": 6,
-              "center_rewards_coefficient": 0.01, "seed": 3}  # fmt: skip
+    fields = {"data.train": str(data["margins"]), "data.eval": None, "batch.size": 24, "batch.micro_size": 6,
+              "rm.center_rewards_coefficient": 0.01, "run.seed": 3}  # fmt: skip
     config = make_config(tiny_llama_dir, data, tmp_path / "run", **fields)
     reward_model.run(config)
     (row,) = metric_rows(tmp_path / "run")
@@ -272,13 +273,13 @@ def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, t
     without_margin, _ = bradley_terry_loss(chosen, rejected, None, center_coef=0.01)
     assert abs(without_margin.item() - loss.item()) > 1e-3  # the margin made a difference
 
-    reward_model.run(dataclasses.replace(config, use_margin=False, output_dir=str(tmp_path / "no_margin")))
+    reward_model.run(dataclasses.replace(config, rm=dataclasses.replace(config.rm, use_margin=False), output_dir=str(tmp_path / "no_margin")))
     (row,) = metric_rows(tmp_path / "no_margin")
     assert row["train/loss"] == pytest.approx(without_margin.item(), rel=1e-5)
 
 
 def test_lora_run_saves_a_plain_merged_model(tiny_llama_dir, data, tmp_path):
-    final = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "run", lora={"r": 4, "alpha": 8}))
+    final = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "run", **{"model.lora": {"r": 4, "alpha": 8}}))
     assert not (final / "adapter_config.json").exists()
     trained = AutoModelForSequenceClassification.from_pretrained(final).state_dict()
     initial = load_reward_model(str(tiny_llama_dir)).model.state_dict()
@@ -292,20 +293,20 @@ def test_lora_run_saves_a_plain_merged_model(tiny_llama_dir, data, tmp_path):
 
 def test_cli_runs_rm_from_a_yaml_file(tiny_llama_dir, data, tmp_path):
     out = tmp_path / "run"
-    config = {"model": str(tiny_llama_dir), "train_data": str(data["train"]), "output_dir": str(out),
-              "batch_size": 8, "epochs": 2}  # fmt: skip
+    config = {"model.name": str(tiny_llama_dir), "data.train": str(data["train"]), "output_dir": str(out),
+              "batch.size": 8, "rm.epochs": 2}  # fmt: skip
     path = tmp_path / "rm.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert cli.main(["rm", "--config", str(path), "--epochs", "1", "--no-progress"]) == 0
+    path.write_text(yaml.safe_dump(nested(config)))
+    assert cli.main(["rm", "--config", str(path), "--rm.epochs", "1", "--run.no-progress"]) == 0
     assert [row["step"] for row in metric_rows(out)] == [1, 2, 3]  # no eval_data: no step-0 row
     assert (out / "final" / "model.safetensors").is_file()
 
 
 def test_config_refuses_normalisation_settings_without_a_policy(tiny_llama_dir, data, tmp_path):
-    with pytest.raises(ConfigError, match="normalize_prompts is set but normalize_policy is None"):
-        make_config(tiny_llama_dir, data, tmp_path, normalize_prompts=str(data["prompts"]))
-    with pytest.raises(ConfigError, match=r"normalize_samples=1 is out of range"):
-        make_config(tiny_llama_dir, data, tmp_path, normalize_policy="x", normalize_samples=1)
+    with pytest.raises(ConfigError, match="normalize.prompts is set but normalize.policy is None"):
+        make_config(tiny_llama_dir, data, tmp_path, **{"normalize.prompts": str(data["prompts"])})
+    with pytest.raises(ConfigError, match=r"normalize.samples=1: input should be greater than or equal to 2"):
+        make_config(tiny_llama_dir, data, tmp_path, **{"normalize.policy": "x", "normalize.samples": 1})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ def test_a_bad_row_stops_the_run_with_file_and_line(tiny_llama_dir, tmp_path, ba
     good = write_jsonl(tmp_path / "good.jsonl", [GOOD] * 4)
     files = {"train": good, "eval": good} | ({"train": path} if which == "train_data" else {"eval": path})
     out = tmp_path / "run"
-    config = make_config(tiny_llama_dir, files, out, max_length=4096 if "positions" in expected else 1024)
+    config = make_config(tiny_llama_dir, files, out, **{"data.max_length": 4096 if "positions" in expected else 1024})
     with pytest.raises(DataError, match=rf"^{path}:3: {expected}"):
         reward_model.run(config)
     assert not out.exists()  # nothing trained, nothing written
@@ -354,7 +355,7 @@ def test_responses_cut_to_the_same_tokens_are_refused(tiny_llama_dir, tmp_path):
     # cut after prompt + " the happy cat", the two responses are the same tokens
     length = len(tok("cat: the happy cat", add_special_tokens=False)["input_ids"])
     path = write_jsonl(tmp_path / "cut.jsonl", [row | {"rejected": " a cow."}, row])
-    config = make_config(tiny_llama_dir, {"train": path, "eval": path}, tmp_path / "run", max_length=length)
+    config = make_config(tiny_llama_dir, {"train": path, "eval": path}, tmp_path / "run", **{"data.max_length": length})
     with pytest.raises(
         DataError, match=rf"{path}:2: \"chosen\" and \"rejected\" encode to the same tokens once cut"
     ):
@@ -387,12 +388,12 @@ def run_recording_gradients(config, monkeypatch) -> tuple[Path, list[dict[str, t
 
 def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, monkeypatch, adam_steps):
     """One step on all 24 pairs (responses of different lengths: padding varies): in one pass or 6 × 4."""
-    fields = {"batch_size": 24, "eval_data": None}
+    fields = {"batch.size": 24, "data.eval": None}
     whole, whole_grads, initial = run_recording_gradients(
         make_config(tiny_llama_dir, data, tmp_path / "whole", **fields), monkeypatch
     )
     micro, micro_grads, micro_initial = run_recording_gradients(
-        make_config(tiny_llama_dir, data, tmp_path / "micro", micro_batch_size=4, **fields), monkeypatch
+        make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 4}, **fields), monkeypatch
     )
     assert len(whole_grads) == len(micro_grads) == 1 and len(whole_grads[0]) > 0
     # the same start, the fresh head included
@@ -423,7 +424,7 @@ class Interrupted(Exception):
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path, monkeypatch):
     # 2 epochs of 3 steps (a reshuffle at the boundary), linear decay, evaluations: the state to restore
-    fields = {"epochs": 2, "save_every": 2, "eval_every": 2}
+    fields = {"rm.epochs": 2, "run.save_every": 2, "run.eval_every": 2}
     whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
 
     original = common.save_checkpoint
@@ -443,7 +444,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     with monkeypatch.context() as patch:
         patch.setattr(reward_model, "train_step", lambda *args: steps.append(1) or train_step(*args))
         resumed = reward_model.run(
-            make_config(tiny_llama_dir, data, tmp_path / "resumed", resume=True, **fields)
+            make_config(tiny_llama_dir, data, tmp_path / "resumed", **{"run.resume": True}, **fields)
         )
     assert len(steps) == 2  # steps 5 and 6 only
 
@@ -489,8 +490,8 @@ def test_reward_model_reward_applies_a_stored_normalisation(tiny_reward_model_di
 
 def test_normalisation_gives_policy_samples_mean_0_std_1_for_consumers(tiny_llama_dir, data, tmp_path):
     out = tmp_path / "run"
-    fields = {"normalize_policy": str(tiny_llama_dir), "normalize_prompts": str(data["prompts"]),
-              "normalize_samples": 24, "normalize_max_new_tokens": 8, "micro_batch_size": 4}  # fmt: skip
+    fields = {"normalize.policy": str(tiny_llama_dir), "normalize.prompts": str(data["prompts"]),
+              "normalize.samples": 24, "normalize.max_new_tokens": 8, "batch.micro_size": 4}  # fmt: skip
     final = reward_model.run(make_config(tiny_llama_dir, data, out, **fields))
 
     stored = json.loads((final / "config.json").read_text())
@@ -519,7 +520,7 @@ def test_normalisation_gives_policy_samples_mean_0_std_1_for_consumers(tiny_llam
 
 
 def test_normalisation_prompts_default_to_the_distinct_prompts_of_train_data(tiny_llama_dir, data, tmp_path):
-    config = make_config(tiny_llama_dir, data, tmp_path, normalize_policy=str(tiny_llama_dir))
+    config = make_config(tiny_llama_dir, data, tmp_path, **{"normalize.policy": str(tiny_llama_dir)})
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
     prompts = reward_model.normalization_prompts(config, tokenizer, positions=512)
     expected = list(dict.fromkeys(row["prompt"] for row in happy_pairs(24, seed=1)))
@@ -555,7 +556,7 @@ def sums(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def learn(model: Path, sums: dict[str, Path], out: Path, epochs: int) -> tuple[Path, list[dict], float]:
     """Train on the sums (batches of 32, lr 1e-3 decaying linearly); (final/, evaluation rows, seconds)."""
     start = time.perf_counter()
-    final = reward_model.run(make_config(model, sums, out, batch_size=32, epochs=epochs))
+    final = reward_model.run(make_config(model, sums, out, **{"batch.size": 32, "rm.epochs": epochs}))
     seconds = time.perf_counter() - start
     return final, [row for row in metric_rows(out) if "eval/accuracy" in row], seconds
 

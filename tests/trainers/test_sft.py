@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from configs import nested
 from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import IGNORE_INDEX, load_sft
@@ -67,18 +68,18 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_config(model: Path, data: Path, out: Path, **overrides: object):
     """A small, fast SFT config: batches of 8, a high learning rate, no checkpoints, no progress bar."""
     values = {
-        "model": str(model),
-        "train_data": str(data),
+        "model.name": str(model),
+        "data.train": str(data),
         "output_dir": str(out),
-        "epochs": 1,
-        "batch_size": 8,
-        "learning_rate": 3e-3,
-        "max_length": 64,
-        "eval_every": 0,
-        "save_every": 0,
-        "progress": False,
+        "sft.epochs": 1,
+        "batch.size": 8,
+        "optim.learning_rate": 3e-3,
+        "data.max_length": 64,
+        "run.eval_every": 0,
+        "run.save_every": 0,
+        "run.progress": False,
     }
-    return config_from_dict("sft", values | overrides)
+    return config_from_dict("sft", nested(values | overrides))
 
 
 def rows_of(out: Path) -> list[dict]:
@@ -115,7 +116,7 @@ def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch
     train/loss 5.99 at step 1 → 1.6-1.8 in the last epoch (the digit of a sum is ≈ ln 10 = 2.3 nats to a
     model that has not learnt to add; the eos after it is free). The margin asserted is 2.5 nats."""
     out = tmp_path / "run"
-    final = sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, epochs=4, eval_every=5))
+    final = sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, **{"sft.epochs": 4, "run.eval_every": 5}))
 
     rows = rows_of(out)
     # 61 training examples / 8 per step = 8 steps per epoch (the last one of 5); 3 held out for eval/loss
@@ -136,7 +137,7 @@ def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch
     assert max_abs_diff(model.state_dict(), load_file(tiny_llama_dir / "model.safetensors")) > 1e-3
     tokenizer = load_tokenizer(str(final))
     assert tokenizer.eos_token_id == load_tokenizer(str(tiny_llama_dir)).eos_token_id
-    assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 4
+    assert yaml.safe_load((out / "config.yaml").read_text())["sft"]["epochs"] == 4
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -206,7 +207,7 @@ def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tm
     )  # both answers, nothing else
 
     out = tmp_path / "run"
-    final = sft.run(make_config(tiny_llama_dir, data_dir / "chat.jsonl", out, epochs=2))
+    final = sft.run(make_config(tiny_llama_dir, data_dir / "chat.jsonl", out, **{"sft.epochs": 2}))
     rows = rows_of(out)
     assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5, 6]  # 23 examples, 1 held out: 3 steps/epoch
     assert rows[-1]["eval/loss"] < rows[0]["eval/loss"]
@@ -222,13 +223,13 @@ def test_micro_batching_gives_the_same_update(
     tiny_llama_dir, data_dir, tmp_path, clipped_gradients, adam_steps
 ):
     # one optimizer step on all 10 examples: in one pass, or in micro-batches of 4, 4 and 2 of other lengths
-    fields = {"batch_size": 16, "eval_data": str(data_dir / "small.jsonl")}
+    fields = {"batch.size": 16, "data.eval": str(data_dir / "small.jsonl")}
     small = data_dir / "small.jsonl"
     whole, whole_grads = run_recording_gradients(
         make_config(tiny_llama_dir, small, tmp_path / "whole", **fields), clipped_gradients
     )
     micro, micro_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, small, tmp_path / "micro", micro_batch_size=4, **fields), clipped_gradients
+        make_config(tiny_llama_dir, small, tmp_path / "micro", **{"batch.micro_size": 4}, **fields), clipped_gradients
     )
     # the accumulated gradient is the whole batch's: float32 sums over ≤ 10 examples of ≤ 64 tokens in
     # another grouping differ by a few ulp of the partial sums (|g| ≤ 1), far inside rtol 1e-5 / atol 1e-7
@@ -257,12 +258,12 @@ def test_packing_gives_the_same_loss_and_gradient(
 ):
     model_dir = tiny_model_dir_factory(arch)
     small = data_dir / "small.jsonl"
-    fields = {"batch_size": 16, "micro_batch_size": 8, "eval_data": str(small)}  # micro-batches of 8 and 2
+    fields = {"batch.size": 16, "batch.micro_size": 8, "data.eval": str(small)}  # micro-batches of 8 and 2
     _, padded_grads = run_recording_gradients(
         make_config(model_dir, small, tmp_path / "padded", **fields), clipped_gradients
     )
     _, packed_grads = run_recording_gradients(
-        make_config(model_dir, small, tmp_path / "packed", packing=True, max_length=32, **fields),
+        make_config(model_dir, small, tmp_path / "packed", **{"sft.packing": True, "data.max_length": 32}, **fields),
         clipped_gradients,
     )
     for g_packed, g_padded in zip(packed_grads, padded_grads, strict=True):
@@ -315,11 +316,11 @@ class Interrupted(Exception):
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, {"lora": LORA, "packing": True, "micro_batch_size": 4}], ids=["full", "lora-packed-micro"]
+    "variant", [{}, {"model.lora": LORA, "sft.packing": True, "batch.micro_size": 4}], ids=["full", "lora-packed-micro"]
 )
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_path, monkeypatch, variant):
     # 2 epochs of 8 steps; interrupted after the checkpoint of step 6 (mid-epoch), resumed to the end
-    fields = {"epochs": 2, "save_every": 3, "eval_every": 4, **variant}
+    fields = {"sft.epochs": 2, "run.save_every": 3, "run.eval_every": 4, **variant}
     train = data_dir / "train.jsonl"
     whole = sft.run(make_config(tiny_llama_dir, train, tmp_path / "whole", **fields))
 
@@ -339,11 +340,11 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
     token_losses = sft.token_losses
     with monkeypatch.context() as patch:
         patch.setattr(sft, "token_losses", lambda *args: steps.append(1) or token_losses(*args))
-        resumed = sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", resume=True, **fields))
+        resumed = sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", **{"run.resume": True}, **fields))
     # steps 7-16 only: 10 steps × 1 or 2 micro-batches, + eval at 8, 12, 16 (3 examples: one micro-batch)
     # (+ the 3 forwards of the start-up packing probe)
-    micro_batches = 2 if "micro_batch_size" in variant else 1
-    assert len(steps) == 10 * micro_batches + 3 + (3 if variant.get("packing") else 0)
+    micro_batches = 2 if "batch.micro_size" in variant else 1
+    assert len(steps) == 10 * micro_batches + 3 + (3 if variant.get("sft.packing") else 0)
 
     expected, got = comparable(rows_of(tmp_path / "whole")), comparable(rows_of(tmp_path / "resumed"))
     assert [row["step"] for row in got] == [row["step"] for row in expected] == list(range(17))
@@ -361,14 +362,14 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
 def test_resume_refuses_other_data(tiny_llama_dir, data_dir, tmp_path):
     out, train = tmp_path / "run", tmp_path / "train.jsonl"
     shutil.copy(data_dir / "small.jsonl", train)
-    sft.run(make_config(tiny_llama_dir, train, out, save_every=1))
+    sft.run(make_config(tiny_llama_dir, train, out, **{"run.save_every": 1}))
     # another file: the config check names the field
-    with pytest.raises(ConfigError, match=r"differs .* in train_data: '.*train.jsonl' → '.*train.jsonl'"):
-        sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, resume=True))
+    with pytest.raises(ConfigError, match=r"differs .* in data.train: '.*train.jsonl' → '.*train.jsonl'"):
+        sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, **{"run.resume": True}))
     # the same file with other contents: the checkpoint's fingerprint of the data
     shutil.copy(data_dir / "train.jsonl", train)
     with pytest.raises(ConfigError, match=r"other num_examples \(10, now 61\), fingerprint"):
-        sft.run(make_config(tiny_llama_dir, train, out, resume=True))
+        sft.run(make_config(tiny_llama_dir, train, out, **{"run.resume": True}))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -378,7 +379,7 @@ def test_resume_refuses_other_data(tiny_llama_dir, data_dir, tmp_path):
 
 def test_lora_is_merged_into_final_with_the_models_own_dropout(tiny_gpt2_dir, data_dir, tmp_path):
     out = tmp_path / "run"
-    final = sft.run(make_config(tiny_gpt2_dir, data_dir / "train.jsonl", out, lora={"r": 4}, save_every=4))
+    final = sft.run(make_config(tiny_gpt2_dir, data_dir / "train.jsonl", out, **{"model.lora": {"r": 4}}, **{"run.save_every": 4}))
     assert not (final / "adapter_config.json").exists()
     model = AutoModelForCausalLM.from_pretrained(final)  # a plain GPT-2, the adapters merged in
     assert (
@@ -392,12 +393,12 @@ def test_lora_is_merged_into_final_with_the_models_own_dropout(tiny_gpt2_dir, da
 
 def test_cli_runs_sft_from_a_yaml_file(tiny_llama_dir, data_dir, tmp_path):
     out = tmp_path / "run"
-    config = {"model": str(tiny_llama_dir), "train_data": str(data_dir / "train.jsonl"), "output_dir": str(out),
-              "epochs": 3, "batch_size": 16, "max_length": 64}  # fmt: skip
+    config = {"model.name": str(tiny_llama_dir), "data.train": str(data_dir / "train.jsonl"), "output_dir": str(out),
+              "sft.epochs": 3, "batch.size": 16, "data.max_length": 64}  # fmt: skip
     path = tmp_path / "sft.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert cli.main(["sft", "--config", str(path), "--epochs", "1", "--packing", "--no-progress"]) == 0
+    path.write_text(yaml.safe_dump(nested(config)))
+    assert cli.main(["sft", "--config", str(path), "--sft.epochs", "1", "--sft.packing", "--run.no-progress"]) == 0
     assert [row["step"] for row in rows_of(out)] == [0, 1, 2, 3, 4]  # the flag won over the file
     assert (out / "final" / "model.safetensors").is_file()
     written = yaml.safe_load((out / "config.yaml").read_text())
-    assert written["epochs"] == 1 and written["packing"] is True
+    assert written["sft"] == {"epochs": 1, "packing": True}

@@ -12,30 +12,13 @@ and is left out of every mean and std. Advantages are constants; nothing here ne
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 
 import torch
 
 from rlhf.core.advantages import gae
+from rlhf.core.choices import GroupEstimator, RewardScale
 from rlhf.core.kl import kl_shaped_rewards
 from rlhf.core.masked import masked_whiten
-
-
-class GroupEstimator(StrEnum):
-    """Critic-free advantage estimators; :data:`GROUP_ESTIMATORS` maps each to its function."""
-
-    GRPO = "grpo"
-    DR_GRPO = "dr_grpo"
-    RLOO = "rloo"
-    REINFORCE_PP = "reinforce_pp"
-
-
-class RewardScale(StrEnum):
-    """GRPO's divisor (TRL ``scale_rewards``): per-group std, one std over the whole batch, or none."""
-
-    GROUP = "group"
-    BATCH = "batch"
-    NONE = "none"
 
 
 def _valid(rewards: torch.Tensor) -> torch.Tensor:

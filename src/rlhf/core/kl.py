@@ -14,17 +14,10 @@ TRL ``grpo_trainer.py`` L3069-3076 (k3 in the loss). Checklist items 23, 39, 40;
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 
 import torch
 
-
-class KLEstimator(StrEnum):
-    """Per-token estimator of KL(π_θ ‖ π_ref) from one sample."""
-
-    K1 = "k1"
-    K2 = "k2"
-    K3 = "k3"
+from rlhf.core.choices import KLControl, KLEstimator
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -91,13 +84,6 @@ def kl_shaped_rewards(
         -1, score_index.long().unsqueeze(-1), scores.to(non_score_reward.dtype).unsqueeze(-1)
     )
     return rewards, non_score_reward
-
-
-class KLControl(StrEnum):
-    """How the KL coefficient β evolves between rollouts (checklist item 39)."""
-
-    FIXED = "fixed"  # N+ (β=0.05), TRL PPO, OAI TL;DR (β=0.03)
-    ADAPTIVE = "adaptive"  # OAI sentiment (0.15, target 6, horizon 1e4), TRL-legacy (0.2, 6, 1e4)
 
 
 def fixed_kl_coef(coef: float, observed_kl: float, target: float, horizon: float, n_steps: int) -> float:

@@ -15,39 +15,14 @@ garbage in padding can change neither the loss nor its gradient, and the per-tok
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 
 import torch
 
+from rlhf.core.choices import LossAggregation
 from rlhf.core.kl import KLEstimator, kl_estimate
 from rlhf.core.masked import masked_mean, masked_sum, masked_var
 
 Denominator = int | float | torch.Tensor
-
-
-class LossAggregation(StrEnum):
-    """How a per-token loss ``ℓ (B, T)`` with mask ``m`` becomes a scalar.
-
-    =========================== ==================================== ==================================
-    mode                        formula                              TRL ``loss_type`` / verl name
-    =========================== ==================================== ==================================
-    ``token-mean``              Σ ℓ·m / num_tokens                   ``bnpo`` (local), ``dapo`` (global);
-                                                                     verl ``token-mean``
-    ``seq-mean-token-mean``     Σ_i (Σ_t ℓ·m / Σ_t m) / num_seqs     ``grpo`` (DeepSeekMath);
-                                                                     verl ``seq-mean-token-mean``
-    ``seq-mean-token-sum``      Σ ℓ·m / num_seqs                     verl ``seq-mean-token-sum``
-    ``seq-mean-token-sum-norm`` Σ ℓ·m / (num_seqs · max_len)         ``dr_grpo`` (Dr. GRPO, oat
-                                                                     ``masked_sum(...)/generate_max_len``)
-    =========================== ==================================== ==================================
-
-    Per-token gradient weights (reference 2-K): grpo 1/(G·|o_i|), dapo 1/Σ|o|, dr_grpo 1/(G·L_max).
-    Source: TRL grpo_trainer L3124-3150, docs ``grpo_trainer.md`` "loss types"; checklist item 43.
-    """
-
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
 def _token_mean(

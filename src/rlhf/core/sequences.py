@@ -9,10 +9,11 @@ Conventions follow TRL ``experimental/ppo`` and N+ ``ppo.py`` (checklist items 4
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 from typing import NamedTuple
 
 import torch
+
+from rlhf.core.choices import MissingEosPenalty, ScoreConvention
 
 
 def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
@@ -107,13 +108,6 @@ def reward_token_indices(
     return first_true_indices(query_responses[:, context_length:] == pad_token_id) - 1 + context_length
 
 
-class MissingEosPenalty(StrEnum):
-    """How a score is penalised when its response has no stop token (checklist item 5)."""
-
-    REPLACE = "replace"  # OAI lm_tasks.py L58-65 / train_policy.py L385-390, N+ ppo.py L665-667
-    SUBTRACT = "subtract"  # TRL ppo_trainer.py L757-759 (missing_eos_penalty)
-
-
 def replace_missing_eos_score(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
     """score ← −``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value`` = −1).
 
@@ -149,13 +143,6 @@ def penalize_missing_eos(
         raise ValueError(f"missing-EOS penalty must be >= 0 (its size), got {penalty}")
     penalized = MISSING_EOS_PENALTIES[MissingEosPenalty(kind)](scores, has_eos, penalty)
     return torch.where(scores.isnan(), scores, penalized)
-
-
-class ScoreConvention(StrEnum):
-    """Which response token receives the terminal score (checklist item 25; sources disagree)."""
-
-    AFTER_EOS = "after_eos"  # TRL experimental/ppo L776-779, N+ ppo.py L683-685: first PAD after EOS
-    EOS = "eos"  # TRL-legacy compute_rewards L1135-1146 (last real token); OAI last token of a fixed length
 
 
 def score_index_after_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:

@@ -88,8 +88,8 @@ def load_prompts(
     cut = sum(p.truncated for p in prompts)
     if cut:
         warn(
-            f"{path}: {cut} of {len(prompts)} prompts are longer than max_prompt_length={max_prompt_length} "
-            "tokens and keep only their last tokens (the start is cut); raise max_prompt_length to keep them whole"
+            f"{path}: {cut} of {len(prompts)} prompts are longer than sampling.max_prompt_length={max_prompt_length} "
+            "tokens and keep only their last tokens (the start is cut); raise sampling.max_prompt_length to keep them whole"
         )
     return prompts
 
@@ -103,8 +103,8 @@ def load_sft(
     cut = sum(e.truncated for e in examples)
     if cut:
         warn(
-            f"{path}: {cut} of {len(examples)} examples are longer than max_length={max_length} tokens and "
-            "lose their end (the rest of the response is not trained on); raise max_length to keep them whole"
+            f"{path}: {cut} of {len(examples)} examples are longer than data.max_length={max_length} tokens and "
+            "lose their end (the rest of the response is not trained on); raise data.max_length to keep them whole"
         )
     return examples
 

@@ -327,8 +327,8 @@ def tokenize_sft(
             ids, labels = ids[:max_length], labels[:max_length]
             if all(label == IGNORE_INDEX for label in labels):
                 problems.add(
-                    f"{ex.where}: nothing left to train on after truncating to max_length={max_length} "
-                    "(the response starts after it); shorten the prompt or raise max_length"
+                    f"{ex.where}: nothing left to train on after truncating to data.max_length={max_length} "
+                    "(the response starts after it); shorten the prompt or raise data.max_length"
                 )
                 continue
         out.append(TokenizedSFT(ex.where, ids, labels, truncated))
@@ -418,7 +418,7 @@ def _preference_problem(
                     f"max_length ≤ {model_max_length} to cut long responses"
                 )
     if ex.chosen_ids == ex.rejected_ids:
-        cut = f" once cut to max_length={max_length}; raise max_length" if ex.truncated else ""
+        cut = f" once cut to data.max_length={max_length}; raise data.max_length" if ex.truncated else ""
         return f'"chosen" and "rejected" encode to the same tokens{cut}: the pair cannot be learned from'
     return None
 
@@ -518,7 +518,7 @@ def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
         raise ConfigError(
-            f"stop_token={stop_token!r} is {len(ids)} tokens for the policy's tokenizer "
+            f"sampling.stop={stop_token!r} is {len(ids)} tokens for the policy's tokenizer "
             f"({', '.join(f'{i}={p!r}' for i, p in zip(ids, pieces, strict=True)) or 'none'}); it must be exactly "
             f"one token: 'eos' (the tokenizer's {tokenizer.eos_token!r}) or a text that is one token, such as "
             f"{_one_token_example(tokenizer)}"

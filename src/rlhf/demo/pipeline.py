@@ -166,7 +166,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
         seconds[name] = time.perf_counter() - t0
         return result
 
-    common = {"seed": config.seed, "progress": config.progress}
+    run = {"seed": config.seed, "progress": config.progress, "eval_every": 0, "save_every": 0}
     # 1. tokenizer + tiny Llama pretrained on the corpus
     paths["pretrain"] = stage("pretrain", lambda: pretrain(out / "pretrain", train_prompts, preset, config))
     # 2. SFT on mixed-quality demonstrations
@@ -178,10 +178,9 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     _write_jsonl(data / "sft.jsonl", task.demonstrations(train_prompts, mix, preset.sft_examples, rng))
     _write_jsonl(data / "sft_eval.jsonl", task.demonstrations(eval_prompts, mix, 64, rng))
     sft = _config(out / "sft", "sft", {
-        **common, "output_dir": str(out / "sft"), "model": str(paths["pretrain"]),
-        "train_data": str(data / "sft.jsonl"), "eval_data": str(data / "sft_eval.jsonl"),
-        "epochs": preset.sft_epochs, "batch_size": 32, "learning_rate": 3e-3, "max_length": 64,
-        "eval_every": 0, "save_every": 0,
+        "output_dir": str(out / "sft"), "model": {"name": str(paths["pretrain"])},
+        "data": {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": 64},
+        "optim": {"learning_rate": 3e-3}, "batch": {"size": 32}, "run": run, "sft": {"epochs": preset.sft_epochs},
     })  # fmt: skip
     from rlhf.trainers import sft as sft_runner
 
@@ -193,9 +192,9 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     rm_eval_prompts = eval_prompts[preset.eval_prompts :] or eval_prompts
     _write_jsonl(data / "rm_eval_prompts.jsonl", [{"prompt": p} for p in rm_eval_prompts])
     sample_common = {
-        "seed": config.seed, "progress": config.progress, "policy": str(paths["sft"]), "mode": "candidates",
-        "num_samples": preset.num_samples, "max_new_tokens": preset.max_new_tokens, "temperature": 1.0,
-        "batch_size": 16,
+        "seed": config.seed, "progress": config.progress, "model": {"name": str(paths["sft"])},
+        "mode": "candidates", "num_samples": preset.num_samples, "batch_size": 16,
+        "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
     }  # fmt: skip
     samples = [
         _config(
@@ -219,11 +218,10 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     labels = stage("label", lambda: label(out / "sample", out / "label", config.seed))
     # 5. reward model from the pretrained LM; it only ever sees the labels
     rm = _config(out / "rm", "rm", {
-        **common, "output_dir": str(out / "rm"), "model": str(paths["pretrain"]),
-        "train_data": str(out / "label" / "preferences.jsonl"),
-        "eval_data": str(out / "label" / "eval_preferences.jsonl"),
-        "epochs": preset.rm_epochs, "batch_size": 32, "learning_rate": 1e-3, "max_length": 64,
-        "eval_every": 0, "save_every": 0,
+        "output_dir": str(out / "rm"), "model": {"name": str(paths["pretrain"])},
+        "data": {"train": str(out / "label" / "preferences.jsonl"),
+                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": 64},
+        "optim": {"learning_rate": 1e-3}, "batch": {"size": 32}, "run": run, "rm": {"epochs": preset.rm_epochs},
     })  # fmt: skip
     from rlhf.trainers import reward_model as rm_runner
 
@@ -231,27 +229,26 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # 6-7. PPO and GRPO from the SFT model against the reward model
     # The gold judge rides along with weight 0: logged (reward/gold/mean) but never optimised, so the report
     # can show the proxy reward and the true score side by side as the policy moves away from the reference.
-    rl_common = {
-        **common, "policy": str(paths["sft"]),
-        "reward": [{"source": str(paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}],
-        "train_data": str(data / "prompts.jsonl"), "eval_data": str(data / "eval_prompts.jsonl"),
-        "max_new_tokens": preset.max_new_tokens, "temperature": 1.0,
-        "learning_rate": preset.learning_rate, "lr_scheduler": "constant", "kl_coef": preset.kl_coef,
-        "eval_every": preset.eval_every, "save_every": 0,
-    }  # fmt: skip
-    ppo_values = {
-        **rl_common, "steps": config.steps or preset.ppo_steps, "batch_size": preset.ppo_batch,
-        "num_minibatches": 2, "ppo_epochs": 4, "learning_rate": preset.ppo_learning_rate,
-    }  # fmt: skip
-    ppo = _config(out / "ppo", "ppo", {**ppo_values, "output_dir": str(out / "ppo")})
+    def rl(name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> dict[str, Any]:
+        return {
+            "output_dir": str(out / name), "model": {"name": str(paths["sft"])},
+            "data": {"train": str(data / "prompts.jsonl"), "eval": str(data / "eval_prompts.jsonl")},
+            "reward": {"source": [{"source": str(paths["rm"]), "name": "rm"},
+                                  {"source": GOLD, "name": "gold", "weight": 0.0}]},
+            "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0}, "kl": {"coef": kl_coef},
+            "optim": {"learning_rate": learning_rate, "scheduler": "constant"}, "batch": {"size": batch_size},
+            "run": run | {"eval_every": preset.eval_every}, name.partition("_")[0]: algorithm,
+        }  # fmt: skip
+
+    ppo_args = (preset.ppo_learning_rate, preset.kl_coef, preset.ppo_batch)
+    ppo_algorithm = {"steps": config.steps or preset.ppo_steps, "num_minibatches": 2, "epochs": 4}
+    ppo = _config(out / "ppo", "ppo", rl("ppo", *ppo_args, **ppo_algorithm))
     # the same PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it
-    ppo_no_kl = _config(
-        out / "ppo_no_kl", "ppo", {**ppo_values, "output_dir": str(out / "ppo_no_kl"), "kl_coef": 0.0}
-    )
-    grpo = _config(out / "grpo", "grpo", {
-        **rl_common, "output_dir": str(out / "grpo"), "steps": config.steps or preset.grpo_steps,
-        "batch_size": preset.grpo_batch, "group_size": preset.group_size,
-    })  # fmt: skip
+    ppo_no_kl = _config(out / "ppo_no_kl", "ppo", rl("ppo_no_kl", ppo_args[0], 0.0, ppo_args[2], **ppo_algorithm))
+    grpo = _config(out / "grpo", "grpo", rl(
+        "grpo", preset.learning_rate, preset.kl_coef, preset.grpo_batch,
+        steps=config.steps or preset.grpo_steps, group_size=preset.group_size,
+    ))  # fmt: skip
     from rlhf.trainers import grpo as grpo_runner
     from rlhf.trainers import ppo as ppo_runner
 
@@ -266,13 +263,12 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
             {
                 "seed": config.seed,
                 "progress": config.progress,
-                "policy": str(paths[name]),
+                "model": {"name": str(paths[name])},
                 "baseline": str(paths["sft"]),
                 "eval_data": str(data / "eval_prompts.jsonl"),
-                "reward": [{"source": GOLD, "name": "gold"}, {"source": str(paths["rm"]), "name": "rm"}],
-                "judge": GOLD,
-                "max_new_tokens": preset.max_new_tokens,
-                "temperature": 1.0,
+                "reward": {"source": [{"source": GOLD, "name": "gold"}, {"source": str(paths["rm"]), "name": "rm"}]},
+                "judge": {"source": GOLD},
+                "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
                 "output": str(out / "eval" / f"{name}.json"),
                 "samples_output": str(out / "eval" / f"{name}_samples.jsonl"),
             },

@@ -113,7 +113,7 @@ def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM")
     """Wrap ``model`` in LoRA adapters (peft). The base weights are frozen; only the adapters train.
 
     ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head in full as well (and
-    ``all-linear`` leaves it out of the adapted layers). Targets: ``lora.target_modules`` when set (each entry
+    ``all-linear`` leaves it out of the adapted layers). Targets: ``model.lora.target_modules`` when set (each entry
     must name a module of the model); otherwise peft's default for the architecture, or, for one peft does
     not list (Phi-3's fused ``qkv_proj``, say), every linear layer but the output layer (``all-linear``).
     A value head is not part of ``model``: it trains in full beside the adapters.
@@ -131,7 +131,7 @@ def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM")
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as error:  # e.g. a target that is not a layer type LoRA supports (a norm, say)
-        raise ConfigError(f"lora.target_modules: {error}") from error
+        raise ConfigError(f"model.lora.target_modules: {error}") from error
     # LoRA's own dropout would make the first PPO ratio ≠ 1, like any dropout (checklist item 7)
     disable_dropout(peft_model)
     return peft_model
@@ -155,7 +155,7 @@ def lora_targets(model: nn.Module, target_modules: tuple[str, ...] | None) -> li
     if missing:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _is_linear(m)})
         raise ConfigError(
-            f"lora.target_modules: {', '.join(map(repr, missing))} match no module of this "
+            f"model.lora.target_modules: {', '.join(map(repr, missing))} match no module of this "
             f"{type(model).__name__}; its linear layers are {', '.join(linear)} (or use ['all-linear'], or "
             "null for the default)"
         )

@@ -244,13 +244,18 @@ def sampling(model: nn.Module, d: Dist) -> Iterator[nn.Module]:
         yield model
 
 
-def load_policy(
-    name_or_path: str, dtype: str, d: Dist, lora: LoRAConfig | None, reference: bool
-) -> tuple[nn.Module, nn.Module | None]:
-    """(policy, reference) for an RL trainer. The reference is a frozen copy of the initial policy — or None
-    when not wanted, or with LoRA (the base model with the adapter switched off is the reference, no copy).
-    Sharded runs load the reference as a second sharded model (a copy of a sharded module is not one)."""
-    prepare = (lambda model: apply_lora(model, lora)) if lora else None
+def adapters(lora: LoRAConfig | None) -> Callable[[nn.Module], nn.Module] | None:
+    """What :func:`load_lm` applies before sharding: LoRA adapters, or nothing for full fine-tuning."""
+    return functools.partial(apply_lora, lora=lora) if lora else None
+
+
+def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
+    """(policy, reference) for an RL trainer from a config's ``model`` section (``name``, ``dtype``,
+    ``lora``). The reference is a frozen copy of the initial policy — or None when not wanted, or with LoRA
+    (the base model with the adapter switched off is the reference, no copy). Sharded runs load the reference
+    as a second sharded model (a copy of a sharded module is not one)."""
+    name_or_path, dtype, lora = model.name, model.dtype, model.lora
+    prepare = adapters(lora)
     if not d.sharded:
         policy = load_causal_lm(name_or_path, dtype, d.device)
         frozen = frozen_copy(policy) if reference and not lora else None

@@ -52,9 +52,17 @@ class Run:
     def has(self, key: str) -> bool:
         return bool(self.series(key)[0])
 
+    @property
+    def policy(self) -> str:
+        """The model the run started from (``model.name``; ``policy`` in a run recorded by rlhf 0.1)."""
+        model = self.config.get("model")
+        return str(model.get("name", "?") if isinstance(model, dict) else self.config.get("policy", "?"))
+
     def reward_weights(self) -> dict[str, float]:
         """Reward source name → weight, for a reward list; empty for a single source."""
         reward = self.config.get("reward")
+        if isinstance(reward, dict):  # the reward section (a run recorded by rlhf 0.1 holds the list itself)
+            reward = reward.get("source")
         if not isinstance(reward, list):
             return {}
         return {str(entry["name"]): float(entry.get("weight", 1.0)) for entry in reward}
@@ -432,7 +440,7 @@ def gain_section(runs: Sequence[Run]) -> list[str]:
 def samples_section(run: Run, limit: int) -> list[str]:
     """Held-out prompts answered at the first and the last eval step, side by side with their rewards."""
     if not run.samples:
-        return ["<h2>Held-out samples</h2>", '<p class="muted">No samples/ in this run (eval_every: 0).</p>']
+        return ["<h2>Held-out samples</h2>", '<p class="muted">No samples/ in this run (run.eval_every: 0).</p>']
     first, last = min(run.samples), max(run.samples)
     before = {row["prompt"]: row for row in run.samples[first]}
     rows = []
@@ -459,7 +467,7 @@ def run_report(run: Run, max_samples: int) -> str:
     title = f"rlhf {run.command} — {run.path}"
     body = [
         f"<h1>rlhf {esc(run.command)} report</h1>",
-        f'<p class="muted">{esc(run.path.resolve())} · policy {esc(run.config.get("policy", "?"))}</p>',
+        f'<p class="muted">{esc(run.path.resolve())} · policy {esc(run.policy)}</p>',
         headline(run),
         *curves_section([run]),
         *gain_section([run]),

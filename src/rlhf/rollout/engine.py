@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +31,11 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+
+    @classmethod
+    def of(cls, sampling: Any) -> SamplingParams:
+        """The draw settings of a config's ``sampling`` section (it also holds the prompt length and stop)."""
+        return cls(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

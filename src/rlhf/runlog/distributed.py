@@ -227,7 +227,7 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
 
 
 def entry(run: F) -> F:
-    """Decorate a trainer's ``run(config)``: it runs inside :func:`process_group` (``config.parallelism``).
+    """Decorate a trainer's ``run(config)``: it runs inside :func:`process_group` (``config.run.parallelism``).
 
     Ranks other than 0 run with stdout and stderr silenced — their warnings and progress would repeat rank
     0's — until an error leaves ``run``: it is then reported on the restored stderr like rank 0's.
@@ -235,7 +235,7 @@ def entry(run: F) -> F:
 
     @functools.wraps(run)
     def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
-        with process_group(getattr(config, "parallelism", "auto")) as d:
+        with process_group(config.run.parallelism) as d:
             if d.is_main:
                 return run(config, *args, **kwargs)
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \

@@ -41,6 +41,7 @@ class MetricsLogger:
         report_to: tuple[str, ...] | list[str] = ("jsonl",),
         resume_step: int | None = None,
         run_config: dict[str, Any] | None = None,
+        run_name: str | None = None,
     ):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +56,7 @@ class MetricsLogger:
         for name in report_to:
             if name == "jsonl":
                 continue
-            self._sinks.append(_open_sink(name, Path(output_dir), run_config or {}))
+            self._sinks.append(_open_sink(name, Path(output_dir), run_config or {}, run_name))
 
     def _rows(self) -> list[dict[str, Any]]:
         """The logged rows; a torn last line (the process died mid-write) is dropped, saying so on stderr."""
@@ -111,11 +112,11 @@ class _TensorBoard:
 class _WandbLike:
     """W&B and trackio share the ``init(...)`` / ``log(dict, step=)`` / ``finish()`` interface."""
 
-    def __init__(self, module_name: str, output_dir: Path, config: dict[str, Any]):
+    def __init__(self, module_name: str, name: str, config: dict[str, Any]):
         import importlib
 
         self.module = importlib.import_module(module_name)
-        self.module.init(project="rlhf", name=output_dir.name, config=config)
+        self.module.init(project="rlhf", name=name, config=config)
 
     def __call__(self, row: dict[str, Any], step: int) -> None:
         self.module.log({k: v for k, v in row.items() if k != "step"}, step=step)
@@ -124,14 +125,15 @@ class _WandbLike:
         self.module.finish()
 
 
-def _open_sink(name: str, output_dir: Path, config: dict[str, Any]) -> Any:
+def _open_sink(name: str, output_dir: Path, config: dict[str, Any], run_name: str | None) -> Any:
+    """A tracker; the run is named `run_name`, or after its output directory."""
     try:
         if name == "tensorboard":
-            return _TensorBoard(output_dir / "tensorboard")
+            return _TensorBoard(output_dir / "tensorboard" / (run_name or ""))
         if name in ("wandb", "trackio"):
-            return _WandbLike(name, output_dir, config)
+            return _WandbLike(name, run_name or output_dir.name, config)
     except ImportError as err:
         raise RuntimeError(
-            f"report_to includes {name!r} but it is not installed ({err}); pip install 'rlhf[tracking]'"
+            f"run.report_to includes {name!r} but it is not installed ({err}); pip install 'rlhf[tracking]'"
         ) from err
     raise ValueError(f"unknown metrics sink {name!r}; choose from jsonl, tensorboard, wandb, trackio")

@@ -23,7 +23,6 @@ version, never a torn one.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import functools
 import os
@@ -50,8 +49,9 @@ RUN_ENTRIES = (
 exactly these (and nothing else, so ``output_dir: .`` never loses the user's own files)."""
 
 SAFE_ON_RESUME = frozenset({
-    "resume", "overwrite", "steps", "epochs", "eval_every", "save_every", "log_every", "progress", "report_to",
-    "run_name", "micro_batch_size", "micro_batch_tokens", "compile", "parallelism",
+    "ppo.steps", "grpo.steps", "sft.epochs", "rm.epochs", "run.resume", "run.overwrite", "run.eval_every",
+    "run.save_every", "run.log_every", "run.progress", "run.report_to", "run.name", "run.parallelism",
+    "batch.micro_size", "batch.micro_tokens", "model.compile",
 })  # fmt: skip
 """Fields that may differ between a run and its ``--resume``: how long it runs, how often it logs, evaluates
 and saves, where metrics go, and how the work is split into passes (the same math). Any other change would
@@ -103,11 +103,14 @@ def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN
     with lock(out, where + field), _removed_if_unused(out, created):
         remove_leftovers(out, entries)
         found = existing_run(out, entries)
-        resume, overwrite = getattr(config, "resume", False), getattr(config, "overwrite", False)
+        settings = getattr(config, "run", config)  # a trainer's run section, or the demo's own fields
+        resume, overwrite = getattr(settings, "resume", False), settings.overwrite
         if found and not (resume or overwrite):
+            flag = "--run." if settings is not config else "--"
+            resume_hint = f"pass {flag}resume to continue it or " if hasattr(settings, "resume") else "pass "
             raise ConfigError(
-                f"{where}{field} {str(out)!r} already holds a run ({', '.join(found)}); pass --resume to "
-                "continue it or --overwrite to replace it, or choose another output_dir"
+                f"{where}{field} {str(out)!r} already holds a run ({', '.join(found)}); {resume_hint}"
+                f"{flag}overwrite to replace it, or choose another output_dir"
             )
         if resume and found:
             check_resumable(out, config, where)
@@ -226,40 +229,48 @@ def check_resumable(out: Path, config: Any, where: str) -> None:
         if (out / "final").exists():
             raise ConfigError(
                 f"{where}resume: the run in {str(out)!r} finished without a checkpoint to continue from "
-                "(save_every: 0?); pass --overwrite instead of --resume to run it again"
+                "(run.save_every: 0?); pass --run.overwrite instead of --run.resume to run it again"
             )
         return  # nothing to continue: the run starts afresh (open_run says so)
     changed = config_changes(out / "config.yaml", config)
     if changed:
+        from rlhf.config import config_to_dict, flat_config
+
+        safe = sorted(SAFE_ON_RESUME.intersection(flat_config(config_to_dict(config))) - {"run.resume", "run.overwrite"})
         raise ConfigError(
             f"{where}resume: the config differs from the run's {out / 'config.yaml'} in "
             + "; ".join(changed)
-            + f". Only {', '.join(sorted(SAFE_ON_RESUME - {'resume', 'overwrite'}))} may change on resume; "
-            "restore the others, or pass --overwrite instead of --resume to start a new run"
+            + f". Only {', '.join(safe)} may change on resume; "
+            "restore the others, or pass --run.overwrite instead of --run.resume to start a new run"
         )
 
 
 def config_changes(recorded: Path, config: Any) -> list[str]:
-    """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``."""
-    from rlhf.config import config_to_dict
+    """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``.
+
+    The recorded file is read as a config of the same command, so a field added since the run was recorded
+    counts as its default, and a run recorded with the flat keys of version 0.1 compares field by field.
+    """
+    import warnings
+
+    from rlhf.config import config_from_dict, config_to_dict, flat_config
 
     if not recorded.is_file():
         return []  # a run from before config.yaml was written: nothing to compare with
+    text = recorded.read_text()
+    if not text.startswith(f"# rlhf {config.COMMAND}:"):
+        return [f"command: {text.removeprefix('# rlhf ').partition(':')[0] or '?'} → {config.COMMAND}"]
     try:
-        old = yaml.safe_load(recorded.read_text()) or {}
-    except yaml.YAMLError as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the run's own file, written by an older rlhf
+            old = flat_config(config_to_dict(config_from_dict(config.COMMAND, yaml.safe_load(text) or {})))
+    except (yaml.YAMLError, ConfigError) as e:
         raise ConfigError(f"{config.COMMAND}: resume: cannot read {recorded}: {e}") from None
-    header = recorded.read_text().partition("\n")[0]
-    if not header.startswith(f"# rlhf {config.COMMAND}:"):
-        return [f"command: {header.removeprefix('# rlhf ').partition(':')[0] or '?'} → {config.COMMAND}"]
-    new = config_to_dict(config)
-    defaults = {
-        f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING
-    }  # a field added since the run was recorded counts as its default then
+    new = flat_config(config_to_dict(config))
     return [
-        f"{name}: {old.get(name, defaults.get(name))!r} → {value!r}"
+        f"{name}: {old.get(name)!r} → {value!r}"
         for name, value in new.items()
-        if name not in SAFE_ON_RESUME and old.get(name, defaults.get(name)) != value
+        if name not in SAFE_ON_RESUME and old.get(name) != value
     ]
 
 
@@ -269,7 +280,7 @@ def load_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | N
     A checkpoint whose ``state.pt`` cannot be read (a disk filled mid-write on a filesystem that renamed it
     anyway, a truncated copy) is skipped with a message on stderr and the one before it is used.
     """
-    if not config.resume:
+    if not config.run.resume:
         return None, None
     from rlhf.runlog import distributed
 
@@ -296,7 +307,7 @@ def _pick_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | 
     if found:
         raise ConfigError(
             f"{config.COMMAND}: resume: none of the {len(found)} checkpoints under {out / 'checkpoints'} can "
-            "be loaded; pass --overwrite instead of --resume to start afresh"
+            "be loaded; pass --run.overwrite instead of --run.resume to start afresh"
         )
     return None, None
 

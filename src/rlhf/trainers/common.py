@@ -38,7 +38,7 @@ from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
 from rlhf.runlog.sharded_checkpoint import load_sharded, save_sharded
 
 MAX_HELD_OUT = 32
-"""Held-out prompts answered at every eval step: the first ones of ``eval_data``, or a slice of ``train_data``."""
+"""Held-out prompts answered at every eval step: the first ones of ``data.eval``, or a slice of ``data.train``."""
 
 MAX_UNSCORED_STEPS = 5
 """Consecutive steps whose every sample no reward source could score (all ``None``) before the run stops:
@@ -71,11 +71,11 @@ def rl_inputs(config: Any) -> RLInputs:
 
     check_inputs(config)
     d = distributed.current()
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.policy)
+    seed_everything(config.run.seed)
+    tokenizer = load_tokenizer(config.model.name)
     train_prompts, eval_prompts = rl_prompts(config, tokenizer)
-    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-    stops = stop_token_ids(tokenizer, config.stop_token)
+    sampling = SamplingParams.of(config.sampling)
+    stops = stop_token_ids(tokenizer, config.sampling.stop)
     rewards = load_rewards(config, tokenizer, d)
     return RLInputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling)
 
@@ -83,7 +83,7 @@ def rl_inputs(config: Any) -> RLInputs:
 def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:
     """The config's reward sources for an RL trainer; when the run shards its models, each rank holds 1/world of
     every reward model (they are gathered for scoring, see :func:`score`)."""
-    return load_reward_set(reward_spec(config.reward), policy_tokenizer=tokenizer, device=str(d.device),
+    return load_reward_set(reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(d.device),
                            loader=model_loader(d))  # fmt: skip
 
 
@@ -304,8 +304,8 @@ def make_trainer_state(
         epoch = stream.epoch + stream.index / len(stream.prompts)
         num_epochs = math.ceil(config.steps * stream.batch_size / len(stream.prompts))
     return TrainerState(
-        epoch=epoch, global_step=steps_done, max_steps=config.steps, logging_steps=config.log_every,
-        eval_steps=config.eval_every, save_steps=config.save_every, train_batch_size=rows,
+        epoch=epoch, global_step=steps_done, max_steps=config.steps, logging_steps=config.run.log_every,
+        eval_steps=config.run.eval_every, save_steps=config.run.save_every, train_batch_size=rows,
         num_train_epochs=num_epochs if stream is not None else 0,
     )  # fmt: skip
 
@@ -392,7 +392,7 @@ def log_completions(
     config: Any, output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Scores
 ) -> None:
     """:func:`write_completions` at the steps whose metrics are logged (every ``log_every`` and the last)."""
-    if step % config.log_every == 0 or step == config.steps:
+    if step % config.run.log_every == 0 or step == config.steps:
         write_completions(output_dir, step, prompts, completions, scores)
 
 
@@ -440,42 +440,42 @@ def open_run(
     """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``.
 
     Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``. Otherwise
-    the previous run's files are deleted first (``--overwrite``, or a resume with nothing to resume), so no
+    the previous run's files are deleted first (``--run.overwrite``, or a resume with nothing to resume), so no
     stale checkpoint or sample survives; `rundir.claim` has already refused a run nobody asked to replace.
     Shared by every trainer so resumes read the same everywhere. Under ``torchrun`` rank 0 alone does this
     (the others get a `NoLogger`), after every rank has checked that the global batch gives it rows.
     """
-    batch = getattr(config, "batch_size", None)
-    if batch is not None and batch < d.world_size:
+    if config.batch.size < d.world_size:
         raise ConfigError(
-            f"{config.COMMAND}: batch_size={batch} is global (all ranks together) and gives no rows to some of "
-            f"the {d.world_size} ranks; use a batch_size of at least {d.world_size} or fewer processes"
+            f"{config.COMMAND}: batch.size={config.batch.size} is global (all ranks together) and gives no rows to "
+            f"some of the {d.world_size} ranks; use a batch.size of at least {d.world_size} or fewer processes"
         )
     if not d.is_main:
         return NoLogger()
     if checkpoint is not None:
         print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
     else:
-        if config.resume:
+        if config.run.resume:
             print(f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0",
                   file=sys.stderr)  # fmt: skip
         clear_run(output_dir)
     write_run_config(output_dir, config)
     resume_step = start + 1 if checkpoint is not None else None
     return MetricsLogger(
-        output_dir, config.report_to, resume_step=resume_step, run_config=config_to_dict(config)
+        output_dir, config.run.report_to, resume_step=resume_step, run_config=config_to_dict(config),
+        run_name=config.run.name,
     )
 
 
 def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
-    """Training prompts, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
-    prompts = load_prompts(config.train_data, tokenizer, config.max_prompt_length)
-    if config.eval_data:
-        return prompts, load_prompts(config.eval_data, tokenizer, config.max_prompt_length)[:MAX_HELD_OUT]
+    """Training prompts, and held-out ones: ``data.eval``, else a small deterministic slice of ``data.train``."""
+    prompts = load_prompts(config.data.train, tokenizer, config.sampling.max_prompt_length)
+    if config.data.eval:
+        return prompts, load_prompts(config.data.eval, tokenizer, config.sampling.max_prompt_length)[:MAX_HELD_OUT]
     n = min(MAX_HELD_OUT, len(prompts) // 10)
     if n == 0:
         return prompts, []
-    return held_out(prompts, n, seed=config.seed)
+    return held_out(prompts, n, seed=config.run.seed)
 
 
 @dataclasses.dataclass
@@ -492,13 +492,11 @@ class TrainState:
     def create(
         cls, config: Any, params: list[nn.Parameter], total_updates: int, prompts: list, device: torch.device
     ) -> TrainState:
-        optimizer, scheduler = build_optimizer(
-            params, config.learning_rate, config.weight_decay, total_updates, config.lr_scheduler,
-            config.warmup_steps,
-        )  # fmt: skip
-        generators = {"sampling": torch.Generator(device).manual_seed(config.seed), "shuffle": torch.Generator()}
-        generators["shuffle"].manual_seed(config.seed + 1)
-        return cls(optimizer, scheduler, PromptStream(prompts, config.batch_size, seed=config.seed), generators)
+        optimizer, scheduler = build_optimizer(params, config.optim, total_updates)
+        seed = config.run.seed
+        generators = {"sampling": torch.Generator(device).manual_seed(seed), "shuffle": torch.Generator()}
+        generators["shuffle"].manual_seed(seed + 1)
+        return cls(optimizer, scheduler, PromptStream(prompts, config.batch.size, seed=config.run.seed), generators)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint entries ``scheduler``, ``stream`` and ``rng`` (the optimizer is saved with the models)."""
@@ -517,7 +515,7 @@ class TrainState:
                       unsharded=lambda: {"models": models.state_dict(), "optimizer": self.optimizer.state_dict()})
 
     def resume(self, config: Any, models: Any, d: Dist) -> tuple[Path | None, dict[str, Any]]:
-        """``--resume``: the checkpoint picked (`rundir.load_resume_checkpoint`), loaded into ``models`` and this
+        """``--run.resume``: the checkpoint picked (`rundir.load_resume_checkpoint`), loaded into ``models`` and this
         state, and its plain entries (``step``, a trainer's ``extra``); ``(None, {})`` when starting afresh."""
         checkpoint, saved = load_resume_checkpoint(config)
         if checkpoint is None:
@@ -665,9 +663,9 @@ def plan_micro_batches(
 
 
 def micro_batches(config: Any, minibatch: torch.Tensor, mask: torch.Tensor, T: int) -> list[MicroBatch]:
-    """The micro-batches of one minibatch of rollout rows under ``config.micro_batch_size`` and
-    ``config.micro_batch_tokens``, padding cut (:func:`plan_micro_batches`)."""
-    size, budget = config.effective_micro_batch_size, config.micro_batch_tokens
+    """The micro-batches of one minibatch of rollout rows under ``config.batch.micro_size`` and
+    ``config.batch.micro_tokens``, padding cut (:func:`plan_micro_batches`)."""
+    size, budget = config.effective_micro_batch_size, config.batch.micro_tokens
     return plan_micro_batches(minibatch, mask, T, size, budget)
 
 
@@ -676,11 +674,11 @@ def evaluate_and_log(
     device: torch.device, out: Path, step: int, metrics: dict[str, Any], logger: MetricsLogger | NoLogger,
     trainer_state: Any = None, d: Dist = SINGLE,
 ) -> None:  # fmt: skip
-    """End of an RL step: answer the held-out prompts when due (every ``eval_every`` steps and at the last),
+    """End of an RL step: answer the held-out prompts when due (every ``run.eval_every`` steps and at the last),
     adding ``eval/reward/*`` to this step's ``metrics``, then log the row when due (every ``log_every``).
     ``trainer_state``: what reward functions get as ``trainer_state`` on the held-out prompts."""
     evaluating = bool(prompts) and (
-        (config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps
+        (config.run.eval_every > 0 and step % config.run.eval_every == 0) or step == config.steps
     )
     if evaluating:
         start = time.perf_counter()
@@ -688,7 +686,7 @@ def evaluate_and_log(
             evaluate(config, policy, tokenizer, rewards, prompts, stops, device, out, step, trainer_state, d)
         )
         metrics["time/eval_s"] = time.perf_counter() - start
-    if evaluating or step % config.log_every == 0 or step == config.steps:
+    if evaluating or step % config.run.log_every == 0 or step == config.steps:
         logger.log(metrics)
 
 
@@ -700,13 +698,13 @@ def evaluate(
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
     ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
     share; the rows are gathered."""
-    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
-    generator = torch.Generator(device).manual_seed(config.seed + 2)
+    sampling = SamplingParams.of(config.sampling)
+    generator = torch.Generator(device).manual_seed(config.run.seed + 2)
     batch = PromptBatch.of(prompts, range(len(prompts)))
     generated = generate(policy, tokenizer, batch, sampling, stops, generator, device, d=d,
                          max_rows=config.effective_micro_batch_size)  # fmt: skip
     context = reward_context(batch, generated, trainer_state=trainer_state)
-    scores = score(rewards, batch.texts, generated.completions, batch.columns, config.reward_aggregation,
+    scores = score(rewards, batch.texts, generated.completions, batch.columns, config.reward.aggregation,
                    token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
     if d.is_main:
         write_samples(out, step, batch.texts, generated.completions, scores)

@@ -3,7 +3,7 @@
 One iteration: (1) sample G = ``group_size`` responses for each of ``batch_size`` prompts → (2) score them,
 combine the rewards (weighted sum, or GDPO within each group), add the missing-EOS and DAPO overlong
 penalties; with ``dynamic_sampling`` drop the groups whose rewards are all equal and sample more prompts until
-``batch_size`` groups remain → (3) old log-probs (and reference log-probs when ``kl_coef > 0``) in one no-grad
+``batch_size`` groups remain → (3) old log-probs (and reference log-probs when ``kl.coef > 0``) in one no-grad
 pass (the policy's part skipped when `on_policy`) → (4) group-relative advantages from ``rlhf.core.group`` →
 (5) ``num_iterations`` passes × minibatches × micro-batches of the clipped per-token loss (+ β·KL in the
 loss), one optimizer step per minibatch → (6) metrics → (7) held-out samples, log, checkpoint. All math is
@@ -69,7 +69,7 @@ from rlhf.trainers import common, update
 from rlhf.trainers.update import Trainable
 
 MAX_SAMPLING_ROUNDS = 4
-"""Dynamic sampling: most generation rounds (of ``batch_size`` prompts each) per iteration."""
+"""Dynamic sampling: most generation rounds (of ``batch.size`` prompts each) per iteration."""
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,13 @@ class Rollout:
 
 
 class Models:
-    """The trainable policy and, when ``kl_coef > 0``, the reference: a frozen copy, or the LoRA base with the
+    """The trainable policy and, when ``kl.coef > 0``, the reference: a frozen copy, or the LoRA base with the
     adapter switched off. With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
 
     def __init__(self, config: GRPOConfig, d: Dist):
-        self.has_reference = config.kl_coef > 0
-        self.policy, self.reference = load_policy(config.policy, config.dtype, d, config.lora, self.has_reference)
-        if config.compile:
+        self.has_reference = config.kl.coef > 0
+        self.policy, self.reference = load_policy(config.model, d, self.has_reference)
+        if config.model.compile:
             compile_models([self.policy, self.reference], d.device)
         self.trainable = Trainable(ActorCritic(self.policy, None, None), d)
 
@@ -149,25 +149,25 @@ class Models:
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
-    """Train ``config.policy`` with the GRPO family; returns the ``final/`` directory."""
+    """Train ``config.model.name`` with the GRPO family; returns the ``final/`` directory."""
     inputs = common.rl_inputs(config)
     out, d, device = Path(config.output_dir), inputs.d, inputs.d.device
     tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
     models = Models(config, d)
-    total_updates = config.steps * config.num_iterations * config.num_minibatches
+    total_updates = config.steps * config.grpo.num_iterations * config.grpo.num_minibatches
     state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
                                      device)  # fmt: skip
     optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
     checkpoint, saved = state.resume(config, models, d)
     start = saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
-    unscored, rows = common.UnscoredSteps(), config.batch_size * config.group_size
+    unscored, rows = common.UnscoredSteps(), config.batch.size * config.grpo.group_size
 
     def sample_round(trainer_state: Any) -> Sampled:
         return sample_groups(config, models, tokenizer, rewards, next(stream), inputs.sampling, stops,
                              generators["sampling"], device, trainer_state, d)  # fmt: skip
 
-    with StepProgress(config.steps, start, enabled=config.progress and d.is_main) as progress:
+    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
@@ -203,11 +203,10 @@ def run(config: GRPOConfig) -> Path:
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0:
+            if config.run.save_every and step % config.run.save_every == 0:
                 state.save(out, step, models, {}, d)
     logger.close()
-    policy = unsharded(models.policy, lambda: load_policy(config.policy, config.dtype, SINGLE, config.lora,
-                                                          False)[0], d)  # fmt: skip
+    policy = unsharded(models.policy, lambda: load_policy(config.model, SINGLE, False)[0], d)
     if d.is_main:
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
             save_final(policy, tokenizer, staging)
@@ -222,14 +221,14 @@ def sample_groups(
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties.
     Under torchrun each rank samples and scores its share of the prompts (whole groups); every rank returns
     the whole batch."""
-    G = config.group_size
+    G = config.grpo.group_size
     generated = common.generate(
         models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G, d=d
     )
     columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
     prompts = common.repeat_each(batch.texts, G)
     context = common.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
-    scores = common.score(rewards, prompts, generated.completions, columns, config.reward_aggregation,
+    scores = common.score(rewards, prompts, generated.completions, columns, config.reward.aggregation,
                           group_size=G, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
     return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
 
@@ -237,26 +236,26 @@ def sample_groups(
 def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: common.Generated) -> torch.Tensor:
     """The combined score (B,) with the missing-EOS penalty and the DAPO overlong penalty; NaN stays NaN."""
     rewards = combined.float()
-    if config.missing_eos_penalty is not None:
-        rewards = penalize_missing_eos(rewards, generated.has_stop.cpu(), config.missing_eos_mode,
-                                       config.missing_eos_penalty)  # fmt: skip
-    if config.overlong_buffer > 0:
+    if config.reward.missing_eos_penalty is not None:
+        rewards = penalize_missing_eos(rewards, generated.has_stop.cpu(), config.reward.missing_eos_mode,
+                                       config.reward.missing_eos_penalty)  # fmt: skip
+    if config.grpo.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1).cpu()
         rewards = rewards + dapo_overlong_penalty(
-            lengths, config.max_new_tokens, config.overlong_buffer, config.overlong_penalty_factor
+            lengths, config.sampling.max_new_tokens, config.grpo.overlong_buffer, config.grpo.overlong_penalty_factor
         )
     return rewards
 
 
 def fill_batch(config: GRPOConfig, sample_round: Any) -> tuple[Sampled, dict[str, float]]:
-    """One round of ``batch_size`` groups; with ``dynamic_sampling`` (DAPO, checklist item 46) more rounds until
+    """One round of ``batch.size`` groups; with ``grpo.dynamic_sampling`` (DAPO, checklist item 46) more rounds until
     ``batch_size`` groups have rewards that differ, at most ``MAX_SAMPLING_ROUNDS``; a batch still short is
     filled with zero-signal groups (advantage 0: only the KL term moves them) so every step has one size."""
-    G, N = config.group_size, config.batch_size
+    G, N = config.grpo.group_size, config.batch.size
     first = sample_round()
     signal = groups_with_signal(first.rewards.view(-1, G))
     stats = {"reward/zero_std_groups": 1.0 - signal.float().mean().item()}
-    if not config.dynamic_sampling:
+    if not config.grpo.dynamic_sampling:
         return first, stats
     kept, spare, n_kept, rounds, part = [], [], 0, 0, first
     while True:
@@ -296,14 +295,14 @@ def make_rollout(
     ref = torch.zeros(B, T, device=ids.device) if models.has_reference else None
     # the same micro-batches as iteration 0 (unshuffled minibatches): its first ratio is exactly 1 (checklist 34)
     split = plan(config, mask, T)
-    for micro, real in update.first_pass(B, config.minibatch_size, config.group_size, split, d):
+    for micro, real in update.first_pass(B, config.minibatch_size, config.grpo.group_size, split, d):
         rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
         if logprobs is not None:
-            old = models.old_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
+            old = models.old_logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
             if real:
                 logprobs[rows, :t] = old
         if ref is not None:
-            reference = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
+            reference = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
             if real:
                 ref[rows, :t] = reference
     logprobs = d.sum(logprobs) if logprobs is not None else None
@@ -312,19 +311,19 @@ def make_rollout(
     rewards = sampled.rewards.to(ids.device)
     scored = ~rewards.isnan()
     loss_mask = ~masks.padding_mask & scored[:, None]  # up to and including the stop token (checklist 44)
-    if config.mask_truncated_completions:
+    if config.grpo.mask_truncated_completions:
         loss_mask = loss_mask & generated.has_stop[:, None]
     # INVALID_LOGPROB on both sides at padding: KL = 0 and ratio = 1 there (checklist item 13); the columns a
     # micro-batch cut are padding of all its rows, filled here too
     logprobs = logprobs.masked_fill(masks.padding_mask, INVALID_LOGPROB) if logprobs is not None else None
     ref = ref.masked_fill(masks.padding_mask, INVALID_LOGPROB) if ref is not None else None
-    kl = kl_estimate(logprobs, ref, config.kl_estimator) if ref is not None else None
-    in_reward = config.kl_in == "reward" and kl is not None  # else the KL goes into the loss (or nowhere)
+    kl = kl_estimate(logprobs, ref, config.kl.estimator) if ref is not None else None
+    in_reward = config.kl.add_to == "reward" and kl is not None  # else the KL goes into the loss (or nowhere)
     advantages = token_advantages(
-        rewards, loss_mask, config.group_size, config.estimator, whiten=config.whiten_advantages,
-        kl=kl if in_reward else None, kl_coef=config.kl_coef,
+        rewards, loss_mask, config.grpo.group_size, config.grpo.estimator, whiten=config.grpo.whiten_advantages,
+        kl=kl if in_reward else None, kl_coef=config.kl.coef,
         score_index=score_index(masks.sequence_lengths, T, "eos"),
-        **({"scale": config.reward_scaling} if config.estimator == "grpo" else {}),
+        **({"scale": config.reward_scaling} if config.grpo.estimator == "grpo" else {}),
     )  # fmt: skip
 
     stats = {
@@ -332,10 +331,10 @@ def make_rollout(
         "advantages/abs_mean": masked_mean(advantages.abs(), loss_mask).item(),
         "response/masked_fraction": 1.0 - (loss_mask.any(-1) | ~scored).float().mean().item(),
     }
-    if config.overlong_buffer > 0:
+    if config.grpo.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1)
-        penalty = dapo_overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
-                                        config.overlong_penalty_factor)  # fmt: skip
+        penalty = dapo_overlong_penalty(lengths, config.sampling.max_new_tokens, config.grpo.overlong_buffer,
+                                        config.grpo.overlong_penalty_factor)  # fmt: skip
         stats["reward/overlong_penalty_mean"] = penalty.mean().item()
     if ref is not None:
         # kl/mean: per-sequence Σ (log π − log π_ref) over the loss tokens, averaged over scored sequences
@@ -348,7 +347,7 @@ def on_policy(config: GRPOConfig, models: Models) -> bool:
     """One optimizer step per rollout and no reference: the policy has not moved when the loss is computed,
     so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
     one policy forward less per step, the same update (TRL's GRPO does the same)."""
-    return config.num_iterations == 1 and config.num_minibatches == 1 and not models.has_reference
+    return config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1 and not models.has_reference
 
 
 def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:
@@ -364,7 +363,7 @@ def grpo_update(
     scheduler: Any,
     shuffle: torch.Generator,
 ) -> dict[str, float]:
-    """Phase 5: ``num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
+    """Phase 5: ``grpo.num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
     denominators, so accumulation (and the ranks) give exactly the minibatch's gradient
     (`rlhf.trainers.update`)."""
@@ -374,14 +373,14 @@ def grpo_update(
         denominators = {
             "num_tokens": rollout.mask[minibatch].sum().clamp(min=1),
             "num_seqs": len(minibatch),
-            "max_len": config.max_new_tokens,
+            "max_len": config.sampling.max_new_tokens,
         }
         return _micro_step(config, models, rollout, micro, denominators)
 
     return update.update_passes(
-        passes=config.num_iterations, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle,
-        unit=config.group_size, plan=plan(config, rollout.attention_mask, T), step=step,
-        trainable=models.trainable, optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.max_grad_norm,
+        passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle,
+        unit=config.grpo.group_size, plan=plan(config, rollout.attention_mask, T), step=step,
+        trainable=models.trainable, optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm,
     )  # fmt: skip
 
 
@@ -394,17 +393,17 @@ def _micro_step(
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
     loss_mask = rollout.mask[rows, :t]
-    logprobs, entropy = models.score(ids, mask, t, config.temperature, entropy=True,
-                                     entropy_grad=config.entropy_coef != 0)  # fmt: skip
+    logprobs, entropy = models.score(ids, mask, t, config.sampling.temperature, entropy=True,
+                                     entropy_grad=config.grpo.entropy_coef != 0)  # fmt: skip
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
-    in_loss = rollout.ref_logprobs is not None and config.kl_in == "loss"
+    in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
     pg, pg_stats = clipped_policy_loss(
         logprobs, old_logprobs, rollout.advantages[rows, :t], loss_mask,
-        clip_low=config.clip_range, clip_high=config.clip_range_upper,
-        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None, kl_coef=config.kl_coef,
+        clip_low=config.grpo.clip_range, clip_high=config.clip_range_upper,
+        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None, kl_coef=config.kl.coef,
     )  # fmt: skip
-    policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
+    policy_loss = aggregate(pg, loss_mask, config.grpo.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens
     with torch.no_grad():
@@ -419,7 +418,7 @@ def _micro_step(
     for name in names:
         key = "kl/loss_mean" if name == "kl" else name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
-    return policy_loss - config.entropy_coef * entropy_mean, stats
+    return policy_loss - config.grpo.entropy_coef * entropy_mean, stats
 
 
 def save_final(policy: nn.Module, tokenizer: Any, out: Path) -> Path:

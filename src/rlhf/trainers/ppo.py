@@ -86,34 +86,33 @@ class Models:
 
     def __init__(self, config: PPOConfig, rewards: Any, d: Dist):
         device = d.device
-        self.policy, self.reference = load_policy(config.policy, config.dtype, d, config.lora, reference=True)
+        self.policy, self.reference = load_policy(config.model, d, reference=True)
         self.value_head: ValueHead | None = None
         self.critic: nn.Module | None = None
-        if config.critic == "shared":
+        if config.ppo.critic == "shared":
             self.value_head = shard_small(ValueHead(self.policy.config.hidden_size).to(device), d)
         else:
             # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it
             # (its embeddings would index other tokens, or run out of range), so it starts from the policy.
             reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
             rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
-            source = rm.model.name_or_path if rm is not None else config.policy
+            source = rm.model.name_or_path if rm is not None else config.model.name
             self.load_critic = functools.partial(
-                load_critic, source, from_reward_model=rm is not None, dtype=config.dtype
+                load_critic, source, from_reward_model=rm is not None, dtype=config.model.dtype
             )
             self.critic = (
                 load_sharded(lambda device: self.load_critic(device=device), d.mesh)
                 if d.sharded
                 else self.load_critic(device=device)
             )
-        if config.compile:
+        if config.model.compile:
             compile_models([self.policy, self.reference, self.critic], device)
         self.trainable = Trainable(ActorCritic(self.policy, self.value_head, self.critic), d)
 
     def unsharded(self, config: PPOConfig, d: Dist) -> tuple[nn.Module, nn.Module] | None:
         """(policy, value function) as plain modules for ``final/``: themselves, or when sharded, full copies on
         rank 0 (None elsewhere). Every rank must call it."""
-        policy = unsharded(self.policy, lambda: load_policy(config.policy, config.dtype, SINGLE, config.lora,
-                                                            reference=False)[0], d)  # fmt: skip
+        policy = unsharded(self.policy, lambda: load_policy(config.model, SINGLE, reference=False)[0], d)
         if self.value_head is not None:
             value = unsharded(self.value_head, lambda: ValueHead(self.value_head.linear.in_features), d)
         else:
@@ -155,24 +154,24 @@ class Models:
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: PPOConfig) -> Path:
-    """Train ``config.policy`` with PPO; returns the ``final/`` directory."""
+    """Train ``config.model.name`` with PPO; returns the ``final/`` directory."""
     inputs = common.rl_inputs(config)
     out, d, device = Path(config.output_dir), inputs.d, inputs.d.device
     tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
     models = Models(config, rewards, d)
-    total_updates = config.steps * config.ppo_epochs * config.num_minibatches
+    total_updates = config.steps * config.ppo.epochs * config.ppo.num_minibatches
     state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
                                      device)  # fmt: skip
     optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
     checkpoint, saved = state.resume(config, models, d)
-    kl_coef, start = saved.get("kl_coef", config.kl_coef), saved.get("step", 0)
+    kl_coef, start = saved.get("kl_coef", config.kl.coef), saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored = common.UnscoredSteps()
 
-    with StepProgress(config.steps, start, enabled=config.progress and d.is_main) as progress:
+    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
-            trainer_state = common.make_trainer_state(config, step - 1, stream, config.batch_size)
+            trainer_state = common.make_trainer_state(config, step - 1, stream, config.batch.size)
             batch = next(stream)
             # 1. roll out the current policy (each rank its share of the prompts; every rank gets all responses)
             generated = common.generate(
@@ -182,7 +181,7 @@ def run(config: PPOConfig) -> Path:
             # 2. score the finished responses
             context = common.reward_context(batch, generated, trainer_state=trainer_state)
             scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
-                                  config.reward_aggregation, token_ids=generated.token_ids,
+                                  config.reward.aggregation, token_ids=generated.token_ids,
                                   context=context, d=d)  # fmt: skip
             stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
             if not unscored.skip(step, scores.combined, scores.names):  # else nothing to learn: no update
@@ -200,8 +199,8 @@ def run(config: PPOConfig) -> Path:
                 t_train = time.perf_counter() - t2
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
-                kl_coef = update_kl_coef(config.kl_control, kl_coef, stats["kl/mean"], config.kl_target,
-                                         config.kl_horizon, config.batch_size)  # fmt: skip
+                kl_coef = update_kl_coef(config.kl.control, kl_coef, stats["kl/mean"], config.kl.target,
+                                         config.kl.horizon, config.batch.size)  # fmt: skip
             # 8. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {"step": step, **common.reward_metrics(scores), **stats, **train_stats}
@@ -215,11 +214,11 @@ def run(config: PPOConfig) -> Path:
             # 9. held-out samples (in this step's metrics row), then the checkpoint
             if d.is_main:
                 common.log_completions(config, out, step, batch.texts, generated.completions, scores)
-            trainer_state = common.make_trainer_state(config, step, stream, config.batch_size)
+            trainer_state = common.make_trainer_state(config, step, stream, config.batch.size)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0:
+            if config.run.save_every and step % config.run.save_every == 0:
                 state.save(out, step, models, {"kl_coef": kl_coef}, d)
     logger.close()
     plain = models.unsharded(config, d)
@@ -236,8 +235,8 @@ def fuses_first_update(config: PPOConfig) -> bool:
     rows (epoch 0 is not shuffled), so its log-probs and values *are* the old ones: taking them detached
     skips a whole no-grad forward per step and gives the same update (the first ratio is exactly 1).
     """
-    one_micro_batch = config.effective_micro_batch_size >= config.batch_size and config.micro_batch_tokens is None
-    return config.num_minibatches == 1 and one_micro_batch
+    one_micro_batch = config.effective_micro_batch_size >= config.batch.size and config.batch.micro_tokens is None
+    return config.ppo.num_minibatches == 1 and one_micro_batch
 
 
 
@@ -246,7 +245,8 @@ def training_forward(
 ) -> ScoredTokens:
     """An update's forward: log-probs and values with gradients, and the entropy (with gradients only when it
     is in the loss)."""
-    return models.score(ids, mask, T, config.temperature, entropy=True, entropy_grad=config.entropy_coef != 0)
+    entropy_grad = config.ppo.entropy_coef != 0
+    return models.score(ids, mask, T, config.sampling.temperature, entropy=True, entropy_grad=entropy_grad)
 
 
 def plan(config: PPOConfig, mask: torch.Tensor, T: int) -> Any:
@@ -273,8 +273,8 @@ def make_rollout(
     split = plan(config, mask, T)
     for micro, real in update.first_pass(B, config.minibatch_size, 1, split, d):
         rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
-        ref = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.temperature)
-        old = None if fused else models.old_scores(ids[rows, cols], mask[rows, cols], t, config.temperature)
+        ref = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
+        old = None if fused else models.old_scores(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
         if real:
             ref_logprobs[rows, :t] = ref
             if old is not None:
@@ -297,17 +297,18 @@ def make_rollout(
     values = values.masked_fill(masks.padding_mask_p1, 0.0)
 
     score = torch.nan_to_num(scores.to(logprobs.device), nan=0.0)
-    if config.missing_eos_penalty is not None:
-        score = penalize_missing_eos(score, generated.has_stop, config.missing_eos_mode, config.missing_eos_penalty)
-    kl = kl_estimate(logprobs, ref_logprobs, config.kl_estimator)
-    beta = kl_coef if config.kl_in == "reward" else 0.0
-    index = score_index(masks.sequence_lengths, T, config.score_position)
+    if config.reward.missing_eos_penalty is not None:
+        reward = config.reward
+        score = penalize_missing_eos(score, generated.has_stop, reward.missing_eos_mode, reward.missing_eos_penalty)
+    kl = kl_estimate(logprobs, ref_logprobs, config.kl.estimator)
+    beta = kl_coef if config.kl.add_to == "reward" else 0.0
+    index = score_index(masks.sequence_lengths, T, config.ppo.score_position)
     rewards, non_score = kl_shaped_rewards(score * scored, kl, beta, index, policy_mask)
-    if config.whiten_rewards:
+    if config.ppo.whiten_rewards:
         rewards = masked_whiten(rewards, value_mask, shift_mean=False).masked_fill(~value_mask, 0.0)
-    gae_mask = value_mask if config.score_position == "after_eos" else policy_mask
-    advantages, returns = gae(rewards, values, gae_mask, config.gamma, config.lam)
-    if config.whiten_advantages:
+    gae_mask = value_mask if config.ppo.score_position == "after_eos" else policy_mask
+    advantages, returns = gae(rewards, values, gae_mask, config.ppo.gamma, config.ppo.lam)
+    if config.ppo.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
     # kl/mean: per-sequence Σ (log π − log π_ref), averaged over scored sequences (the name users know it by)
     seq_kl = masked_sum(logprobs - ref_logprobs, policy_mask, dim=-1)[scored]
@@ -349,9 +350,9 @@ def ppo_update(
         return _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward)
 
     result = update.update_passes(
-        passes=config.ppo_epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
+        passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
         plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
-        optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.max_grad_norm,
+        optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm,
     )  # fmt: skip
     result["value/explained_variance"] = explained_variance(
         rollout.values, rollout.returns, rollout.value_mask
@@ -375,18 +376,18 @@ def _micro_step(
         shapes = f"{tuple(forward.logprobs.shape)}, not {tuple(policy_mask.shape)}"
         raise RuntimeError(f"the fused first forward covers {shapes}")
     logprobs, values, entropy = forward
-    ref = rollout.ref_logprobs[rows, :t] if config.kl_in == "loss" else None
+    ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
     pg, pg_stats = clipped_policy_loss(
         logprobs, rollout.logprobs[rows, :t], rollout.advantages[rows, :t], policy_mask,
-        clip_low=config.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=kl_coef,
+        clip_low=config.ppo.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=kl_coef,
     )  # fmt: skip
     vf, vf_stats = clipped_value_loss(
-        values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.value_clip_range
+        values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
     )
     policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)
     entropy_mean = aggregate(entropy, policy_mask, "token-mean", num_tokens=n_policy)
-    loss = policy_loss + config.vf_coef * value_loss - config.entropy_coef * entropy_mean
+    loss = policy_loss + config.ppo.vf_coef * value_loss - config.ppo.entropy_coef * entropy_mean
     share_p = (policy_mask.sum() / n_policy).item()  # this micro-batch's share of the minibatch's tokens
     share_v = (value_mask.sum() / n_value).item()
     with torch.no_grad():

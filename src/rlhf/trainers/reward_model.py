@@ -81,28 +81,21 @@ NORMALIZATION_FILE = "normalization.jsonl"
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: RMConfig) -> Path:
-    """Train a reward model on ``config.train_data``; returns the ``final/`` directory."""
+    """Train a reward model on ``config.data.train``; returns the ``final/`` directory."""
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
     d = distributed.current()
     device = d.device
-    seed_everything(config.seed)
+    seed_everything(config.run.seed)
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
     rm, scorer = load_scorer(config, d)
     train, held_out = load_pairs(config, rm)
-    steps_per_epoch = math.ceil(len(train) / config.batch_size)
-    total_steps = config.epochs * steps_per_epoch
+    steps_per_epoch = math.ceil(len(train) / config.batch.size)
+    total_steps = config.rm.epochs * steps_per_epoch
     trainable = Trainable(scorer, d)
-    optimizer, scheduler = build_optimizer(
-        trainable.parameters(),
-        config.learning_rate,
-        config.weight_decay,
-        total_steps,
-        config.lr_scheduler,
-        config.warmup_steps,
-    )
+    optimizer, scheduler = build_optimizer(trainable.parameters(), config.optim, total_steps)
     start = 0
 
     modules = {"scorer": scorer}
@@ -119,7 +112,7 @@ def run(config: RMConfig) -> Path:
         start = state["step"]
     logger = common.open_run(out, config, checkpoint, start, d)
 
-    with StepProgress(total_steps, start, enabled=config.progress and d.is_main, description="rm") as progress:
+    with StepProgress(total_steps, start, enabled=config.run.progress and d.is_main, description="rm") as progress:
         # 2. the untrained model on the held-out pairs (step 0)
         if start == 0 and held_out:
             logger.log({"step": 0, "epoch": 0.0, **evaluate(config, scorer, rm, held_out, device, d)})
@@ -127,29 +120,29 @@ def run(config: RMConfig) -> Path:
             t0 = time.perf_counter()
             # 3. this step's pairs: slice `index` of epoch `epoch`'s order (a function of seed and epoch only)
             epoch, index = divmod(step - 1, steps_per_epoch)
-            order = epoch_order(len(train), config.seed, epoch)
-            rows = order[index * config.batch_size : (index + 1) * config.batch_size]
+            order = epoch_order(len(train), config.run.seed, epoch)
+            rows = order[index * config.batch.size : (index + 1) * config.batch.size]
             # 4. forward/backward in micro-batches (this rank's share), weighted by their share of the step's pairs
             optimizer.zero_grad(set_to_none=True)
             stats = train_step(config, rm, trainable, train, rows, device)
             # 5. clip, step, schedule
             lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.max_grad_norm)
+            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.optim.max_grad_norm)
             # 6. metrics; evaluation every eval_every steps and at the end of each epoch; checkpoint
             metrics = {"step": step, "epoch": step / steps_per_epoch, **stats, "grad/norm": grad_norm,
                        "lr": lr, "time/step_s": time.perf_counter() - t0}  # fmt: skip
             end_of_epoch = step % steps_per_epoch == 0
             evaluating = bool(held_out) and (
-                end_of_epoch or (config.eval_every > 0 and step % config.eval_every == 0)
+                end_of_epoch or (config.run.eval_every > 0 and step % config.run.eval_every == 0)
             )
             if evaluating:
                 t1 = time.perf_counter()
                 metrics.update(evaluate(config, scorer, rm, held_out, device, d))
                 metrics["time/eval_s"] = time.perf_counter() - t1
-            if evaluating or step % config.log_every == 0 or step == total_steps:
+            if evaluating or step % config.run.log_every == 0 or step == total_steps:
                 logger.log(metrics)
             progress.update(step, metrics)
-            if config.save_every and step % config.save_every == 0:
+            if config.run.save_every and step % config.run.save_every == 0:
                 plain = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
                 common.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
                                      unsharded=lambda: {"model": trainable_state(rm.model),
@@ -167,7 +160,7 @@ def run(config: RMConfig) -> Path:
     peft_or_hf = whole[0].model
     model = peft_or_hf.merge_and_unload() if hasattr(peft_or_hf, "merge_and_unload") else peft_or_hf
     # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
-    if config.normalize_policy:
+    if config.normalize.policy:
         normalize(config, model, rm.tokenizer, device, out, distributed.SINGLE if d.sharded else d)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
     if d.is_main:
@@ -179,9 +172,9 @@ def run(config: RMConfig) -> Path:
 
 def load_trainable_reward_model(config: RMConfig, device: str | torch.device) -> TrainableRewardModel:
     """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters when asked."""
-    rm = load_reward_model(config.model, config.dtype, device)
-    if config.lora:
-        rm.model = apply_lora(rm.model, config.lora, task_type="SEQ_CLS")
+    rm = load_reward_model(config.model.name, config.model.dtype, device)
+    if config.model.lora:
+        rm.model = apply_lora(rm.model, config.model.lora, task_type="SEQ_CLS")
     return rm
 
 
@@ -209,16 +202,16 @@ def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[Tokeniz
     ``prompt + response`` with the tokenizer's specials. A pair longer than the model's positions is an error.
     """
     kwargs = {"model_max_length": rm.max_positions, "join_text": not rm.is_decoder}
-    train = load_preferences(config.train_data, rm.tokenizer, config.max_length, **kwargs)
+    train = load_preferences(config.data.train, rm.tokenizer, config.data.max_length, **kwargs)
     held_out = (
-        load_preferences(config.eval_data, rm.tokenizer, config.max_length, **kwargs)
-        if config.eval_data
+        load_preferences(config.data.eval, rm.tokenizer, config.data.max_length, **kwargs)
+        if config.data.eval
         else []
     )
     kind = "decoder (score head on the causal trunk)" if rm.is_decoder else "encoder (its own classifier)"
     head = "fresh head N(0, 1/sqrt(H+1))" if rm.fresh_head else "head from the checkpoint"
     cut = sum(p.truncated for p in train)
-    print(f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to max_length={config.max_length}), "
+    print(f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to data.max_length={config.data.max_length}), "
           f"{len(held_out)} held out", file=sys.stderr)  # fmt: skip
     return train, held_out
 
@@ -249,12 +242,12 @@ def train_step(
     """Phase 4: backward of the mean loss over the step's pairs ``rows`` (this rank's share of them, in
     micro-batches); returns the step's train stats over all ranks."""
     n, pad = len(rows), rm.tokenizer.pad_token_id
-    center = config.center_rewards_coefficient or 0.0
+    center = config.rm.center_rewards_coefficient or 0.0
     d = trainable.d
 
     def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         chosen, rejected, margin = pair_rewards(trainable.forward, [pairs[i] for i in micro], pad, device)
-        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)
+        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
         share = len(micro) / n  # micro-batch mean × its share = its part of the step's mean
         return loss * share, {
             "train/loss": loss.item() * share,
@@ -275,7 +268,7 @@ def evaluate(
 ) -> dict[str, float]:  # fmt: skip
     """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs (each rank scores
     its share; the sums are added over ranks)."""
-    center = config.center_rewards_coefficient or 0.0
+    center = config.rm.center_rewards_coefficient or 0.0
     totals = {"eval/loss": 0.0, "eval/accuracy": 0.0, "eval/reward_margin": 0.0}
     size = config.effective_micro_batch_size
     mine = list(range(d.rank, len(pairs), d.world_size))
@@ -285,7 +278,7 @@ def evaluate(
                                                 device)  # fmt: skip
         if not real:
             continue
-        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.use_margin else None, center)
+        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
         share = len(micro) / len(pairs)
         totals["eval/loss"] += loss.item() * share
         totals["eval/accuracy"] += stats["accuracy"].item() * share
@@ -297,7 +290,7 @@ def normalize(
     config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path,
     d: Dist = distributed.SINGLE,
 ) -> tuple[float, float]:  # fmt: skip
-    """Phase 7 (checklist item 19): sample ``normalize_samples`` responses from ``normalize_policy``, score
+    """Phase 7 (checklist item 19): sample ``normalize.samples`` responses from ``normalize.policy``, score
     them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
     store ``gain = 1/σ``, ``bias = −μ/σ`` (population std, OAI) in ``model.config``. Writes
     ``normalization.jsonl`` (rank 0); returns (gain, bias). Under torchrun each rank samples and scores its
@@ -306,18 +299,18 @@ def normalize(
     from rlhf.rollout.engine import SamplingParams
     from rlhf.rollout.rewards import RewardModelReward
 
-    policy_tokenizer = load_tokenizer(config.normalize_policy)
-    policy = load_causal_lm(config.normalize_policy, config.dtype, device)
+    policy_tokenizer = load_tokenizer(config.normalize.policy)
+    policy = load_causal_lm(config.normalize.policy, config.model.dtype, device)
     prompts = normalization_prompts(config, policy_tokenizer, max_positions(policy.config))
     clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
     size = config.effective_micro_batch_size
     scorer = RewardModelReward(model, tokenizer, name="rm", policy_tokenizer=policy_tokenizer, device=device,
                                batch_size=size)  # fmt: skip
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.seed))
-    picks = [int(order[i % len(prompts)]) for i in range(config.normalize_samples)]  # cycles when few
-    sampling = SamplingParams(config.normalize_max_new_tokens, config.normalize_temperature)
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.run.seed))
+    picks = [int(order[i % len(prompts)]) for i in range(config.normalize.samples)]  # cycles when few
+    sampling = SamplingParams(config.normalize.max_new_tokens, config.normalize.temperature)
     stops = stop_token_ids(policy_tokenizer, "eos")
-    generator = torch.Generator(device).manual_seed(config.seed)
+    generator = torch.Generator(device).manual_seed(config.run.seed)
     batch = PromptBatch.of(prompts, picks)
     generated = common.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d,
                                 max_rows=size)  # fmt: skip
@@ -330,7 +323,7 @@ def normalize(
     gain, bias = (float(x) for x in normalization_gain_bias(raw, unbiased=False))
     if not (math.isfinite(gain) and math.isfinite(bias)):
         raise RuntimeError(
-            f"normalisation: all {len(scores)} responses of {config.normalize_policy} got the same score "
+            f"normalisation: all {len(scores)} responses of {config.normalize.policy} got the same score "
             f"({scores[0]:.6g}); a gain cannot make them std 1 — is the reward model constant?"
         )
     set_reward_normalization(model.config, gain, bias)
@@ -345,29 +338,29 @@ def normalize(
                 "normalized": gain * score + bias,
             }
             f.write(json.dumps(row) + "\n")
-    print(f"rm: normalised on {len(scores)} responses of {config.normalize_policy}: raw mean "
+    print(f"rm: normalised on {len(scores)} responses of {config.normalize.policy}: raw mean "
           f"{raw.mean().item():.4g}, std {raw.std(correction=0).item():.4g} → gain {gain:.4g}, bias {bias:.4g}",
           file=sys.stderr)  # fmt: skip
     return gain, bias
 
 
 def normalization_prompts(config: RMConfig, tokenizer: Any, positions: int | None) -> list[TokenizedPrompt]:
-    """``normalize_prompts``, else the distinct prompts of ``train_data``, tokenised for the policy (kept short
+    """``normalize.prompts``, else the distinct prompts of ``data.train``, tokenised for the policy (kept short
     enough that ``normalize_max_new_tokens`` more fit its positions)."""
-    if config.normalize_prompts:
-        examples = read_prompts(config.normalize_prompts)
+    if config.normalize.prompts:
+        examples = read_prompts(config.normalize.prompts)
     else:
         examples = [
             PromptExample(ex.where, messages=ex.prompt)
             if isinstance(ex.prompt, list)
             else PromptExample(ex.where, prompt=ex.prompt)
-            for ex in read_preferences(config.train_data)
+            for ex in read_preferences(config.data.train)
         ]
-    room = None if positions is None else positions - config.normalize_max_new_tokens
+    room = None if positions is None else positions - config.normalize.max_new_tokens
     if room is not None and room < 1:
         raise ValueError(
-            f"normalize_max_new_tokens={config.normalize_max_new_tokens} leaves no room for a prompt in the "
-            f"{positions} positions of {config.normalize_policy}; lower it"
+            f"normalize.max_new_tokens={config.normalize.max_new_tokens} leaves no room for a prompt in the "
+            f"{positions} positions of {config.normalize.policy}; lower it"
         )
     distinct: dict[str, TokenizedPrompt] = {}
     for prompt in tokenize_prompts(examples, tokenizer, room):

@@ -49,12 +49,11 @@ from rlhf.core.logprobs import selective_log_softmax
 from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
 from rlhf.models.loading import (
-    apply_lora,
     load_tokenizer,
     load_trainable_state,
     trainable_state,
 )
-from rlhf.models.sharding import load_lm, unsharded
+from rlhf.models.sharding import adapters, load_lm, unsharded
 from rlhf.optim import build_optimizer
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
@@ -70,27 +69,24 @@ HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) 
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: SFTConfig) -> Path:
-    """Fine-tune ``config.model`` on ``config.train_data``; returns the ``final/`` directory."""
+    """Fine-tune ``config.model.name`` on ``config.data.train``; returns the ``final/`` directory."""
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
     d = distributed.current()
     device = d.device
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.model)
+    seed_everything(config.run.seed)
+    tokenizer = load_tokenizer(config.model.name)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
-    model = load_lm(config.model, config.dtype, d, (lambda m: apply_lora(m, config.lora)) if config.lora else None)
-    if config.packing:
+    model = load_lm(config.model.name, config.model.dtype, d, adapters(config.model.lora))
+    if config.sft.packing:
         check_packing(model, train, filler, device)
-    order = DataOrder(train, config.batch_size, config.seed)
-    total_steps = config.epochs * order.steps_per_epoch
+    order = DataOrder(train, config.batch.size, config.run.seed)
+    total_steps = config.sft.epochs * order.steps_per_epoch
     trainable = Trainable(model, d)
-    optimizer, scheduler = build_optimizer(
-        trainable.parameters(), config.learning_rate, config.weight_decay, total_steps, config.lr_scheduler,
-        config.warmup_steps,
-    )  # fmt: skip
+    optimizer, scheduler = build_optimizer(trainable.parameters(), config.optim, total_steps)
     start = 0
     modules = {"model": model}
     checkpoint, state = rundir.load_resume_checkpoint(config)
@@ -106,10 +102,10 @@ def run(config: SFTConfig) -> Path:
         set_rng_state(state["rng"])
         start = state["step"]
     logger = common.open_run(out, config, checkpoint, start, d)
-    batches = Batcher(config.effective_micro_batch_size, config.packing, config.max_length, filler, device)
+    batches = Batcher(config.effective_micro_batch_size, config.sft.packing, config.data.max_length, filler, device)
     model.train()  # dropout is off either way; train mode is what optimizer steps normally run in
 
-    with StepProgress(total_steps, start, enabled=config.progress and d.is_main) as progress:
+    with StepProgress(total_steps, start, enabled=config.run.progress and d.is_main) as progress:
         if start == 0 and eval_examples:  # the starting point of every eval/loss curve
             logger.log({"step": 0, "epoch": 0.0, **evaluate(model, eval_examples, batches, d)})
         for step in range(start + 1, total_steps + 1):
@@ -131,7 +127,7 @@ def run(config: SFTConfig) -> Path:
             loss = update.reduce_stats(stats, d).get("train/loss", 0.0)
             # 4. clip the global gradient norm, then the optimizer and schedule step
             lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.max_grad_norm)
+            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.optim.max_grad_norm)
             # 5. metrics of this step
             step_s = time.perf_counter() - t0
             metrics = {
@@ -142,28 +138,27 @@ def run(config: SFTConfig) -> Path:
             # 6. eval/loss every eval_every steps and at the end of each epoch, in this step's row
             end_of_epoch = step % order.steps_per_epoch == 0
             evaluating = bool(eval_examples) and (
-                end_of_epoch or (config.eval_every > 0 and step % config.eval_every == 0)
+                end_of_epoch or (config.run.eval_every > 0 and step % config.run.eval_every == 0)
             )
             if evaluating:
                 t1 = time.perf_counter()
                 metrics.update(evaluate(model, eval_examples, batches, d))
                 metrics["time/eval_s"] = time.perf_counter() - t1
-            if evaluating or step % config.log_every == 0 or step == total_steps:
+            if evaluating or step % config.run.log_every == 0 or step == total_steps:
                 logger.log(metrics)
             progress.update(step, metrics)
             # 7. checkpoint: everything the next step depends on
-            if config.save_every and step % config.save_every == 0:
+            if config.run.save_every and step % config.run.save_every == 0:
                 plain = {"scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state()}
                 common.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
                                      unsharded=lambda: {"model": trainable_state(model),
                                                         "optimizer": optimizer.state_dict()})  # fmt: skip
     logger.close()
-    shell = functools.partial(load_lm, config.model, config.dtype, SINGLE,
-                              (lambda m: apply_lora(m, config.lora)) if config.lora else None)  # fmt: skip
+    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
     plain_model = unsharded(model, shell, d)
     if plain_model is not None:  # rank 0
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(plain_model, tokenizer, config.model, staging)
+            save_final(plain_model, tokenizer, config.model.name, staging)
     return out / "final"
 
 
@@ -173,16 +168,16 @@ def run(config: SFTConfig) -> Path:
 
 
 def _examples(config: SFTConfig, tokenizer: Any) -> tuple[list[TokenizedSFT], list[TokenizedSFT]]:
-    """Training examples, and held-out ones: ``eval_data``, else a small deterministic slice of ``train_data``."""
-    train = load_sft(config.train_data, tokenizer, config.max_length)
+    """Training examples, and held-out ones: ``data.eval``, else a small deterministic slice of ``data.train``."""
+    train = load_sft(config.data.train, tokenizer, config.data.max_length)
     if not train:
-        raise ConfigError(f"sft: train_data {config.train_data!r} holds no examples")
-    if config.eval_data:
-        return train, load_sft(config.eval_data, tokenizer, config.max_length)
+        raise ConfigError(f"sft: data.train {config.data.train!r} holds no examples")
+    if config.data.eval:
+        return train, load_sft(config.data.eval, tokenizer, config.data.max_length)
     n = min(MAX_HELD_OUT, len(train) // HELD_OUT_FRACTION)
     if n == 0:
         return train, []
-    return held_out(train, n, seed=config.seed)
+    return held_out(train, n, seed=config.run.seed)
 
 
 def label_tokens(example: TokenizedSFT) -> int:
@@ -231,7 +226,7 @@ class DataOrder:
             raise ConfigError(
                 "sft: the checkpoint was written with other "
                 + ", ".join(f"{k} ({state[k]}, now {mine[k]})" for k in changed)
-                + "; resume with the train_data, seed and batch_size of the interrupted run"
+                + "; resume with the data.train, run.seed and batch.size of the interrupted run"
             )
 
 

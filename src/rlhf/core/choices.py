@@ -1,0 +1,85 @@
+"""The named choices of the algorithms, as string enums: the config's fields take these values.
+
+Pure Python (no torch), so the config can import them without loading the tensor code; each enum's
+module in ``rlhf.core`` re-exports it beside the functions it selects.
+"""
+
+from enum import StrEnum
+
+
+class KLEstimator(StrEnum):
+    """Per-token estimator of KL(π_θ ‖ π_ref) from one sample."""
+
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+
+
+class KLControl(StrEnum):
+    """How the KL coefficient β evolves between rollouts (checklist item 39)."""
+
+    FIXED = "fixed"  # N+ (β=0.05), TRL PPO, OAI TL;DR (β=0.03)
+    ADAPTIVE = "adaptive"  # OAI sentiment (0.15, target 6, horizon 1e4), TRL-legacy (0.2, 6, 1e4)
+
+
+class KLPlacement(StrEnum):
+    """Where the KL penalty enters: the per-token rewards (−β·KL, InstructGPT/PPO) or the loss (+β·k3, GRPO)."""
+
+    REWARD = "reward"
+    LOSS = "loss"
+
+
+class GroupEstimator(StrEnum):
+    """Critic-free advantage estimators; :data:`GROUP_ESTIMATORS` maps each to its function."""
+
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_pp"
+
+
+class RewardScale(StrEnum):
+    """GRPO's divisor (TRL ``scale_rewards``): per-group std, one std over the whole batch, or none."""
+
+    GROUP = "group"
+    BATCH = "batch"
+    NONE = "none"
+
+
+class LossAggregation(StrEnum):
+    """How a per-token loss ``ℓ (B, T)`` with mask ``m`` becomes a scalar.
+
+    =========================== ==================================== ==================================
+    mode                        formula                              TRL ``loss_type`` / verl name
+    =========================== ==================================== ==================================
+    ``token-mean``              Σ ℓ·m / num_tokens                   ``bnpo`` (local), ``dapo`` (global);
+                                                                     verl ``token-mean``
+    ``seq-mean-token-mean``     Σ_i (Σ_t ℓ·m / Σ_t m) / num_seqs     ``grpo`` (DeepSeekMath);
+                                                                     verl ``seq-mean-token-mean``
+    ``seq-mean-token-sum``      Σ ℓ·m / num_seqs                     verl ``seq-mean-token-sum``
+    ``seq-mean-token-sum-norm`` Σ ℓ·m / (num_seqs · max_len)         ``dr_grpo`` (Dr. GRPO, oat
+                                                                     ``masked_sum(...)/generate_max_len``)
+    =========================== ==================================== ==================================
+
+    Per-token gradient weights (reference 2-K): grpo 1/(G·|o_i|), dapo 1/Σ|o|, dr_grpo 1/(G·L_max).
+    Source: TRL grpo_trainer L3124-3150, docs ``grpo_trainer.md`` "loss types"; checklist item 43.
+    """
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+
+
+class MissingEosPenalty(StrEnum):
+    """How a score is penalised when its response has no stop token (checklist item 5)."""
+
+    REPLACE = "replace"  # OAI lm_tasks.py L58-65 / train_policy.py L385-390, N+ ppo.py L665-667
+    SUBTRACT = "subtract"  # TRL ppo_trainer.py L757-759 (missing_eos_penalty)
+
+
+class ScoreConvention(StrEnum):
+    """Which response token receives the terminal score (checklist item 25; sources disagree)."""
+
+    AFTER_EOS = "after_eos"  # TRL experimental/ppo L776-779, N+ ppo.py L683-685: first PAD after EOS
+    EOS = "eos"  # TRL-legacy compute_rewards L1135-1146 (last real token); OAI last token of a fixed length
