@@ -190,9 +190,9 @@ def tiny_reward_model_other_tokenizer_dir(tiny_root: Path, other_tokenizer_dir: 
 def ragged(monkeypatch: pytest.MonkeyPatch) -> None:
     """Responses of different lengths, most ending with EOS, some running to max_new_tokens (tests/ragged.py)."""
     from ragged import ragged as make_ragged
-    from rlhf.trainers import common
+    from rlhf.rollout import generation
 
-    monkeypatch.setattr(common, "generate", make_ragged(common.generate))
+    monkeypatch.setattr(generation, "generate", make_ragged(generation.generate))
 
 
 def _adam_steps(

@@ -15,7 +15,7 @@ import torch
 
 
 def ragged(generate: Callable[..., Any]) -> Callable[..., Any]:
-    """``rlhf.trainers.common.generate`` with row i that has not stopped cut after 1 + (2i mod T) tokens with a
+    """``rlhf.rollout.generation.generate`` with row i that has not stopped cut after 1 + (2i mod T) tokens with a
     stop token, except every 4th row. Depends only on the row index: the same on every rank."""
 
     def generate_ragged(model, tokenizer, batch, params, stops, generator, device, repeat=1, **kwargs):

@@ -14,8 +14,8 @@ from rlhf.config import EvalConfig, SampleConfig
 from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt, stop_token_ids
 from rlhf.models.loading import load_causal_lm
+from rlhf.rollout import generation
 from rlhf.rollout.engine import SamplingParams
-from rlhf.trainers import common
 
 
 def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
@@ -37,10 +37,10 @@ class Sampler:
         self.generator = torch.Generator(device).manual_seed(config.seed)
         self.seconds = 0.0
 
-    def __call__(self, batch: PromptBatch, repeat: int = 1) -> common.Generated:
+    def __call__(self, batch: PromptBatch, repeat: int = 1) -> generation.Generated:
         """``repeat`` completions per prompt of ``batch``, in consecutive rows."""
         start = time.perf_counter()
-        generated = common.generate(
+        generated = generation.generate(
             self.model, self.tokenizer, batch, self.params, self.stops, self.generator, self.device, repeat
         )
         self.seconds += time.perf_counter() - start
@@ -55,7 +55,7 @@ def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[
     ]
 
 
-def response_lengths(generated: common.Generated) -> torch.Tensor:
+def response_lengths(generated: generation.Generated) -> torch.Tensor:
     """(B,) tokens of each response, the stop token included, on the CPU."""
     return (generated.responses != generated.pad_token_id).sum(-1).cpu()
 

@@ -51,6 +51,7 @@ from rlhf.config import EvalConfig
 from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.models.loading import load_tokenizer
+from rlhf.rollout import scoring
 from rlhf.rollout.rewards import RewardSet, load_reward_set
 from rlhf.runlog import rundir
 from rlhf.runlog.progress import BatchProgress
@@ -63,7 +64,7 @@ class Answers:
     """One model's answer to every prompt, in prompt order, with the reward's scores of them."""
 
     completions: list[str]
-    scores: common.Scores
+    scores: scoring.Scores
     metrics: dict[str, float]  # reward/…, response/…
     seconds: float  # generating and scoring
 
@@ -81,7 +82,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(config.model.name)
     prompts = _prompts(config, tokenizer)
     rewards = load_reward_set(
-        common.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device)
+        scoring.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device)
     )
     # 2. the policy answers every prompt; the reward scores the answers
     policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy")
@@ -107,7 +108,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         judge = rewards
         if config.judge.source is not None:
-            spec = common.reward_spec(config.judge.source)
+            spec = scoring.reward_spec(config.judge.source)
             judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
         a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
         outcome = win_rate(a, b)
@@ -145,26 +146,26 @@ def answer(
     completions: list[str] = []
     lengths: list[torch.Tensor] = []
     stopped: list[torch.Tensor] = []
-    scores_all: list[common.Scores] = []
+    scores_all: list[scoring.Scores] = []
     with BatchProgress(len(prompts), description, config.progress) as bar:
         for batch in answering.prompt_batches(prompts, config.batch_size):
             generated = sampler(batch)
-            context = common.reward_context(batch, generated, trainer_state=common.make_trainer_state(None, 0))
-            scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
-                                  config.reward.aggregation, context=context)  # fmt: skip
+            context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state(None, 0))
+            scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
+                                   config.reward.aggregation, context=context)  # fmt: skip
             completions += generated.completions
             lengths.append(answering.response_lengths(generated))
             stopped.append(generated.has_stop.cpu())
             scores_all.append(scores)
             bar.advance(len(batch), f"reward {torch.cat([s.raw for s in scores_all]).nanmean():.3g}")
-    scores = common.concat_scores(scores_all) if scores_all else _no_scores(rewards)
+    scores = scoring.concat_scores(scores_all) if scores_all else _no_scores(rewards)
     metrics = reward_metrics(scores) | answering.response_metrics(lengths, stopped)
     return Answers(completions, scores, metrics, time.perf_counter() - start)
 
 
-def reward_metrics(scores: common.Scores, prefix: str = "reward") -> dict[str, float]:
-    """``common.reward_metrics`` plus ``<prefix>/<name>/mean`` for a single source too (eval always reports it)."""
-    metrics = common.reward_metrics(scores, prefix)
+def reward_metrics(scores: scoring.Scores, prefix: str = "reward") -> dict[str, float]:
+    """``scoring.reward_metrics`` plus ``<prefix>/<name>/mean`` for a single source too (eval always reports it)."""
+    metrics = scoring.reward_metrics(scores, prefix)
     for k, name in enumerate(scores.names):
         column = scores.per_source[:, k]
         column = column[~column.isnan()]
@@ -187,9 +188,9 @@ def judge_pairs(
         answers = [x for i in batch.indices for x in (a[i], b[i])]
         columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
         # no completion ids: the two answers may come from models with different tokenizers
-        context = common.reward_context(batch, repeat=2, trainer_state=common.make_trainer_state(None, 0))
-        scores = common.score(judge, texts, answers, columns, aggregation, group_size=2,
-                              context=context)  # fmt: skip
+        context = scoring.reward_context(batch, repeat=2, trainer_state=scoring.make_trainer_state(None, 0))
+        scores = scoring.score(judge, texts, answers, columns, aggregation, group_size=2,
+                               context=context)  # fmt: skip
         combined.append(scores.combined)
     pairs = torch.cat(combined).view(-1, 2) if combined else torch.empty(0, 2)
     return pairs[:, 0], pairs[:, 1]
@@ -217,7 +218,7 @@ def _outcome(a: float, b: float) -> str | None:
     return "win" if a > b else "loss" if a < b else "tie"
 
 
-def _reward_fields(scores: common.Scores, i: int) -> dict[str, Any]:
+def _reward_fields(scores: scoring.Scores, i: int) -> dict[str, Any]:
     """``reward`` (the weighted sum of the raw rewards), with several sources ``rewards`` by name, and the
     ``log_extra`` columns as ``extra``, of row ``i``."""
     fields: dict[str, Any] = {"reward": answering.nan_to_none([scores.raw[i].item()])[0]}
@@ -228,8 +229,8 @@ def _reward_fields(scores: common.Scores, i: int) -> dict[str, Any]:
     return fields
 
 
-def _no_scores(rewards: RewardSet) -> common.Scores:
-    return common.Scores(
+def _no_scores(rewards: RewardSet) -> scoring.Scores:
+    return scoring.Scores(
         torch.empty(0, len(rewards)), torch.empty(0), list(rewards.names), 0.0, torch.empty(0)
     )
 

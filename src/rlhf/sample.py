@@ -1,8 +1,8 @@
 """`rlhf sample`: k completions per prompt, written as candidates, pairs to label, preferences or best-of-N.
 
 One pass: (1) load the policy, its tokenizer and the prompts → (2) per batch of prompts, sample k completions
-each with the rollout engine (``common.generate``; seeded, stopping at the stop token) → (3) score them with
-the judge, if any (``common.score``; the prompts' extra columns are passed to it) → (4) turn each prompt's k
+each with the rollout engine (``generation.generate``; seeded, stopping at the stop token) → (3) score them with
+the judge, if any (``scoring.score``; the prompts' extra columns are passed to it) → (4) turn each prompt's k
 completions into rows of the chosen ``mode`` and append them to ``output`` → (5) a summary to stderr (and to
 ``<output>.summary.json`` with ``summary: true``).
 
@@ -69,6 +69,7 @@ from rlhf.config import SampleConfig
 from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.models.loading import load_tokenizer
+from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import load_reward_set
 from rlhf.runlog import rundir
 from rlhf.runlog.progress import BatchProgress
@@ -94,7 +95,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
     prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
     judge = None
     if config.judge.source is not None:
-        spec = common.reward_spec(config.judge.source)
+        spec = scoring.reward_spec(config.judge.source)
         judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
     sampler = Sampler(config.model.name, tokenizer, config, device)
     make_rows = ROWS[config.mode]
@@ -103,7 +104,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
     rows_written, skipped = 0, Counter()
     lengths: list[torch.Tensor] = []  # per batch: response lengths (B·k,) and whether each stopped (B·k,)
     stopped: list[torch.Tensor] = []
-    scores_all: list[common.Scores] = []
+    scores_all: list[scoring.Scores] = []
     batches = prompt_batches(prompts, config.batch_size)
     with (
         rundir.atomic_open(out, replace=config.overwrite) as f,
@@ -117,11 +118,11 @@ def run(config: SampleConfig) -> dict[str, Any]:
             # 3. the judge's scores, each prompt's columns repeated for its k completions
             rewards: list[float | None] | None = None
             if judge is not None:
-                scores = common.score(
-                    judge, common.repeat_each(batch.texts, k), generated.completions,
-                    {name: common.repeat_each(values, k) for name, values in batch.columns.items()},
+                scores = scoring.score(
+                    judge, generation.repeat_each(batch.texts, k), generated.completions,
+                    {name: generation.repeat_each(values, k) for name, values in batch.columns.items()},
                     config.judge.aggregation, group_size=k,
-                    context=common.reward_context(batch, generated, k, common.make_trainer_state(None, 0)),
+                    context=scoring.reward_context(batch, generated, k, scoring.make_trainer_state(None, 0)),
                 )  # fmt: skip
                 scores_all.append(scores)
                 rewards = nan_to_none(scores.combined.tolist())
@@ -153,7 +154,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
     elif config.mode == "pairs":
         summary["skipped"] = {"identical": skipped["identical"]}
     if scores_all:
-        summary.update(common.reward_metrics(common.concat_scores(scores_all), prefix="judge"))
+        summary.update(scoring.reward_metrics(scoring.concat_scores(scores_all), prefix="judge"))
     summary.update(response_metrics(lengths, stopped))
     summary["time/generate_s"] = sampler.seconds
     summary["time/judge_s"] = sum((s.seconds for s in scores_all), 0.0)

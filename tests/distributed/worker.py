@@ -19,7 +19,8 @@ import torch  # noqa: E402
 
 from ragged import ragged  # noqa: E402
 from rlhf import cli  # noqa: E402
-from rlhf.trainers import common, update  # noqa: E402
+from rlhf.rollout import generation
+from rlhf.trainers import update  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
         return optimizer_step(trainable, *rest, **kwargs)
 
     update.optimizer_step = recording
-    common.generate = ragged(common.generate)
+    generation.generate = ragged(generation.generate)
     code = cli.main([*args, "--debug"] if "--debug" not in args else args)
     if int(os.environ.get("RANK", 0)) == 0:
         torch.save(steps, record)

@@ -4,7 +4,7 @@ The reference is TRL's own calling code, ``GRPOTrainer._calculate_rewards`` (trl
 TRL 1.16): when ``trl`` is importable the tests build a real ``GRPOTrainer`` on the tiny model and call it;
 otherwise :func:`reproduced_calculate_rewards`, a copy of its reward-function path, stands in (and is itself
 checked against the real one whenever ``trl`` is there). The samples are real: prompts read from a file by
-``rlhf.data.load_prompts``, completions sampled from the tiny llama by ``rlhf.trainers.common.generate``.
+``rlhf.data.load_prompts``, completions sampled from the tiny llama by ``rlhf.rollout.generation.generate``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from rlhf.data import load_prompts
 from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.rollout import verifiers
+from rlhf.rollout import generation, scoring, verifiers
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import FunctionReward, RewardContext, RewardError, RewardSet, score_all
-from rlhf.trainers import common, grpo, ppo
+from rlhf.runlog import samples
+from rlhf.trainers import grpo, ppo
 
 HERE = Path(__file__).resolve().parent
 TRL_STYLE = HERE / "trl_style_rewards.py"
@@ -146,7 +147,7 @@ def dataset_rows(form: str) -> list[dict]:
     return rows
 
 
-def sampled(model_dir: Path, path: Path) -> tuple[PromptBatch, common.Generated]:
+def sampled(model_dir: Path, path: Path) -> tuple[PromptBatch, generation.Generated]:
     """Every prompt of ``path``, G samples each, 8 new tokens at temperature 1 from a fixed seed."""
     tokenizer = load_tokenizer(str(model_dir))
     prompts = load_prompts(path, tokenizer, 64)
@@ -155,7 +156,7 @@ def sampled(model_dir: Path, path: Path) -> tuple[PromptBatch, common.Generated]
     stops = stop_token_ids(tokenizer, "eos")
     generator = torch.Generator().manual_seed(0)
     params = SamplingParams(8, 1.0, 0, 1.0)
-    return batch, common.generate(model, tokenizer, batch, params, stops, generator, torch.device("cpu"), G)
+    return batch, generation.generate(model, tokenizer, batch, params, stops, generator, torch.device("cpu"), G)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -192,10 +193,10 @@ def test_rewards_logs_and_arguments_are_trls(tiny_llama_dir, tmp_path, form):
     # rlhf: the trainers' scoring path
     rewards = RewardSet([FunctionReward(f) for f in functions])
     state = TrainerState(**STATE)
-    context = common.reward_context(batch, generated, repeat=G, trainer_state=state)
-    columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
-    ours = common.score(rewards, common.repeat_each(batch.texts, G), generated.completions, columns, "sum",
-                        context=context)  # fmt: skip
+    context = scoring.reward_context(batch, generated, repeat=G, trainer_state=state)
+    columns = {name: generation.repeat_each(values, G) for name, values in batch.columns.items()}
+    ours = scoring.score(rewards, generation.repeat_each(batch.texts, G), generated.completions, columns, "sum",
+                         context=context)  # fmt: skip
 
     # TRL: its inputs are the dataset rows, each repeated G times; a chat prompt is TRL's "prompt" message list
     inputs = [{"prompt": row.get("prompt", row.get("messages")), **row} for row in rows for _ in range(G)]
@@ -241,10 +242,10 @@ def test_conversational_batches_get_trls_shapes(tiny_llama_dir, tmp_path):
     rows = dataset_rows("messages")
     batch, generated = sampled(tiny_llama_dir, write_jsonl(tmp_path / "prompts.jsonl", rows))
     state = TrainerState(**STATE)
-    context = common.reward_context(batch, generated, repeat=G, trainer_state=state)
-    columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
-    common.score(RewardSet([FunctionReward(record, name="record")]), common.repeat_each(batch.texts, G),
-                 generated.completions, columns, "sum", context=context)  # fmt: skip
+    context = scoring.reward_context(batch, generated, repeat=G, trainer_state=state)
+    columns = {name: generation.repeat_each(values, G) for name, values in batch.columns.items()}
+    scoring.score(RewardSet([FunctionReward(record, name="record")]), generation.repeat_each(batch.texts, G),
+                  generated.completions, columns, "sum", context=context)  # fmt: skip
     (call,) = seen
     assert call["prompts"] == [row["messages"] for row in rows for _ in range(G)]
     assert call["completions"] == [[{"role": "assistant", "content": c}] for c in generated.completions]
@@ -361,12 +362,12 @@ def test_logged_metrics_are_averaged_per_step_and_land_under_reward():
         return [1.0] * len(completions)
 
     rewards = RewardSet([FunctionReward(reward, name="judge")])
-    parts = [common.score(rewards, ["p"] * n, ["c"] * n, {}, "sum") for n in (3, 1)]
-    scores = common.concat_scores(parts)
+    parts = [scoring.score(rewards, ["p"] * n, ["c"] * n, {}, "sum") for n in (3, 1)]
+    scores = scoring.concat_scores(parts)
     (a, b, c) = scores.metrics["judge/accuracy"]
     assert (a, c) == (0.25, 0.75) and math.isnan(b)
-    assert common.reward_metrics(scores)["reward/judge/accuracy"] == 0.5  # (0.25 + 0.75) / 2, exact in binary
-    assert common.reward_metrics(scores, "eval/reward")["eval/reward/judge/accuracy"] == 0.5
+    assert scoring.reward_metrics(scores)["reward/judge/accuracy"] == 0.5  # (0.25 + 0.75) / 2, exact in binary
+    assert scoring.reward_metrics(scores, "eval/reward")["eval/reward/judge/accuracy"] == 0.5
 
 
 def test_extra_columns_follow_their_rows():
@@ -379,12 +380,12 @@ def test_extra_columns_follow_their_rows():
         return [1.0] * len(completions)
 
     rewards = RewardSet([FunctionReward(reward, name="r")])
-    a = common.score(rewards, ["p"] * 3, ["x", "y", "z"], {}, "sum")
-    b = common.score(rewards, ["p"] * 2, ["skip", "w"], {}, "sum")
-    merged = common.concat_scores([a, b])
+    a = scoring.score(rewards, ["p"] * 3, ["x", "y", "z"], {}, "sum")
+    b = scoring.score(rewards, ["p"] * 2, ["skip", "w"], {}, "sum")
+    merged = scoring.concat_scores([a, b])
     assert merged.extra == {"r/seen": ["X", "Y", "Z", None, None]}
     assert merged.select(torch.tensor([2, 0])).extra == {"r/seen": ["Z", "X"]}
-    rows = common.sample_rows(7, ["p"] * 5, ["x", "y", "z", "skip", "w"], merged)
+    rows = samples.sample_rows(7, ["p"] * 5, ["x", "y", "z", "skip", "w"], merged)
     assert [row.get("extra") for row in rows][:2] == [{"r/seen": "X"}, {"r/seen": "Y"}]
 
 
@@ -402,18 +403,18 @@ def test_gdpo_reports_the_raw_weighted_sum_and_the_normalised_value_apart():
 
     rewards = RewardSet([FunctionReward(chars), FunctionReward(first_is_a)], [1.0, 2.0])
     completions = ["abc", "b", "ab", ""]
-    scores = common.score(rewards, ["p"] * 4, completions, {}, "gdpo", group_size=2)
+    scores = scoring.score(rewards, ["p"] * 4, completions, {}, "gdpo", group_size=2)
     # raw: 3 + 2·1, 1 + 2·0, 2 + 2·1, 0 (+ nothing: the second source could not score ""); population std
     # √((2.5² + 1.5² + 1.5² + 2.5²) / 4) = √4.25
     assert scores.raw.tolist() == [5.0, 1.0, 4.0, 0.0]
-    metrics = common.reward_metrics(scores)
+    metrics = scoring.reward_metrics(scores)
     assert metrics["reward/mean"] == 2.5 and metrics["reward/std"] == pytest.approx(math.sqrt(4.25), rel=1e-6)
     assert metrics["reward/chars/mean"] + 2 * metrics["reward/first_is_a/mean"] == pytest.approx(
         1.5 + 2 * 2 / 3, rel=1e-6
     )  # per-source means over the samples each scored (float32 division: rel 1e-6)
     assert abs(metrics["reward/normalized_mean"]) < 1e-6  # GDPO's value: mean 0 by construction
-    assert "reward/normalized_mean" not in common.reward_metrics(common.score(rewards, ["p"], ["a"], {}, "sum"))
-    rows = common.sample_rows(1, ["p"] * 4, completions, scores)
+    assert "reward/normalized_mean" not in scoring.reward_metrics(scoring.score(rewards, ["p"], ["a"], {}, "sum"))
+    rows = samples.sample_rows(1, ["p"] * 4, completions, scores)
     assert [row["reward"] for row in rows] == [5.0, 1.0, 4.0, 0.0]
 
 
@@ -553,11 +554,11 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
 def test_a_reward_that_never_scores_stops_the_run(tiny_llama_dir, chat_prompts_file, tmp_path, command):
     trainer = ppo if command == "ppo" else grpo
     config = run_config(command, tiny_llama_dir, chat_prompts_file, tmp_path / "run", **{"reward.source": spec("never_scores"), f"{command}.steps": 10})  # fmt: skip
-    with pytest.raises(RewardError, match=rf"step {common.MAX_UNSCORED_STEPS}: no sample of the last "
-                                          rf"{common.MAX_UNSCORED_STEPS} batches could be scored \(reward "
+    with pytest.raises(RewardError, match=rf"step {scoring.MAX_UNSCORED_STEPS}: no sample of the last "
+                                          rf"{scoring.MAX_UNSCORED_STEPS} batches could be scored \(reward "
                                           r"'never_scores' returned None"):  # fmt: skip
         trainer.run(config)
-    assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == common.MAX_UNSCORED_STEPS - 1
+    assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == scoring.MAX_UNSCORED_STEPS - 1
 
 
 # --------------------------------------------------------------------------------------------------------------

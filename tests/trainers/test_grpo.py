@@ -26,8 +26,9 @@ from rlhf.config import config_from_dict
 from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
+from rlhf.runlog import train_state
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import common, grpo
+from rlhf.trainers import grpo
 
 PPO_REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 
@@ -332,7 +333,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
     fields = {"grpo.steps": 4, "run.save_every": 2, "run.eval_every": 2, "kl.coef": 0.1, "grpo.num_iterations": 2,
               "grpo.dynamic_sampling": True, "reward.source": local("half_constant")}  # fmt: skip
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
-    original = common.save_checkpoint
+    original = train_state.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -341,7 +342,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(common, "save_checkpoint", save_then_die)
+        patch.setattr(train_state, "save_checkpoint", save_then_die)
         grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
     torch.manual_seed(1234)  # other random numbers drawn meanwhile, as in a new process
     updates: list[int] = []

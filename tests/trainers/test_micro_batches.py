@@ -1,10 +1,10 @@
-"""``common.plan_micro_batches``: row limits, token budgets and the padding each micro-batch may cut, by hand."""
+"""``update.plan_micro_batches``: row limits, token budgets and the padding each micro-batch may cut, by hand."""
 
 from __future__ import annotations
 
 import torch
 
-from rlhf.trainers.common import plan_micro_batches
+from rlhf.trainers.update import plan_micro_batches
 
 C, T = 4, 5
 QUERY = [4, 2, 3, 1, 4]  # real query tokens per row (left-padded to C)

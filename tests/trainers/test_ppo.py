@@ -28,8 +28,9 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
+from rlhf.runlog import train_state
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import common, ppo
+from rlhf.trainers import ppo, update
 
 REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 
@@ -410,7 +411,7 @@ def test_resume_reproduces_the_uninterrupted_run(
     }
     whole = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
 
-    original = common.save_checkpoint
+    original = train_state.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -419,7 +420,7 @@ def test_resume_reproduces_the_uninterrupted_run(
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(common, "save_checkpoint", save_then_die)
+        patch.setattr(train_state, "save_checkpoint", save_then_die)
         ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
     # the process goes on with other random numbers drawn meanwhile, as a new process would
     torch.manual_seed(1234)
@@ -477,8 +478,8 @@ def test_micro_batching_gives_the_same_update(
         make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields), clipped_gradients
     )
     plans = []
-    planner = common.plan_micro_batches
-    monkeypatch.setattr(common, "plan_micro_batches", lambda *a: plans.append(planner(*a)) or plans[-1])
+    planner = update.plan_micro_batches
+    monkeypatch.setattr(update, "plan_micro_batches", lambda *a: plans.append(planner(*a)) or plans[-1])
     micro, micro_grads = run_recording_gradients(
         make_config(tiny_llama_dir, prompts_file, tmp_path / "micro", **split, **fields), clipped_gradients
     )

@@ -40,8 +40,9 @@ from rlhf.models.reward import (
 )
 from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
+from rlhf.runlog import train_state
 from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import common, reward_model
+from rlhf.trainers import reward_model
 
 # The rm metric names (README, "Metrics"): every training row carries these; evaluation rows add EVAL.
 TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]
@@ -427,7 +428,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     fields = {"rm.epochs": 2, "run.save_every": 2, "run.eval_every": 2}
     whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
 
-    original = common.save_checkpoint
+    original = train_state.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -436,7 +437,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(common, "save_checkpoint", save_then_die)
+        patch.setattr(train_state, "save_checkpoint", save_then_die)
         reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "resumed", **fields))
     torch.manual_seed(1234)  # the process goes on with other random numbers drawn meanwhile
     steps: list[int] = []

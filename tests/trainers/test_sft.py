@@ -26,7 +26,8 @@ from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import IGNORE_INDEX, load_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.tiny import toy_corpus
-from rlhf.trainers import common, sft
+from rlhf.runlog import train_state
+from rlhf.trainers import sft
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 SFT_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
@@ -324,7 +325,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
     train = data_dir / "train.jsonl"
     whole = sft.run(make_config(tiny_llama_dir, train, tmp_path / "whole", **fields))
 
-    original = common.save_checkpoint
+    original = train_state.save_checkpoint
 
     def save_then_die(out, step, state, *args, **kwargs):
         path = original(out, step, state, *args, **kwargs)
@@ -333,7 +334,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
         return path
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(common, "save_checkpoint", save_then_die)
+        patch.setattr(train_state, "save_checkpoint", save_then_die)
         sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", **fields))
     torch.manual_seed(1234)  # a new process would draw other random numbers meanwhile
     steps: list[int] = []

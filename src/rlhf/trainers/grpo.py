@@ -54,6 +54,7 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss
 from rlhf.core.masked import masked_mean, masked_sum
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
+from rlhf.data.stream import PromptStream
 from rlhf.models.loading import (
     compile_models,
     load_trainable_state,
@@ -61,8 +62,9 @@ from rlhf.models.loading import (
 )
 from rlhf.models.policy import ActorCritic, score_response_tokens
 from rlhf.models.sharding import load_policy, unsharded
+from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
-from rlhf.runlog import distributed, rundir
+from rlhf.runlog import distributed, rundir, samples, train_state
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.trainers import common, update
@@ -77,8 +79,8 @@ class Sampled:
     """Sampled groups: ``generated`` (B = N·G rows, prompt-major), their ``scores``, the ``rewards`` (B,)
     float32 the advantages start from (combined score + penalties; NaN = unscored) and each row's prompt."""
 
-    generated: common.Generated
-    scores: common.Scores
+    generated: generation.Generated
+    scores: scoring.Scores
     rewards: torch.Tensor
     prompts: list[str]
 
@@ -155,13 +157,13 @@ def run(config: GRPOConfig) -> Path:
     tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
     models = Models(config, d)
     total_updates = config.steps * config.grpo.num_iterations * config.grpo.num_minibatches
-    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
-                                     device)  # fmt: skip
-    optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
+    stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
+    state = train_state.TrainState.create(config, models.trainable.parameters(), total_updates, stream, device)
+    optimizer, scheduler, generators = state.optimizer, state.scheduler, state.generators
     checkpoint, saved = state.resume(config, models, d)
     start = saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
-    unscored, rows = common.UnscoredSteps(), config.batch.size * config.grpo.group_size
+    unscored, rows = scoring.UnscoredSteps(), config.batch.size * config.grpo.group_size
 
     def sample_round(trainer_state: Any) -> Sampled:
         return sample_groups(config, models, tokenizer, rewards, next(stream), inputs.sampling, stops,
@@ -171,7 +173,7 @@ def run(config: GRPOConfig) -> Path:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
-            trainer_state = common.make_trainer_state(config, step - 1, stream, rows)
+            trainer_state = scoring.make_trainer_state(config, step - 1, stream, rows)
             sampled, sampling_stats = fill_batch(config, functools.partial(sample_round, trainer_state))
             t_rollout = time.perf_counter() - t0 - sampled.scores.seconds  # sampling only, as in ppo
             stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
@@ -187,9 +189,9 @@ def run(config: GRPOConfig) -> Path:
                 t_train = time.perf_counter() - t2
             # 6. metrics of this step
             step_s = time.perf_counter() - t0
-            metrics = {"step": step, **common.reward_metrics(sampled.scores), **sampling_stats, **stats}
+            metrics = {"step": step, **scoring.reward_metrics(sampled.scores), **sampling_stats, **stats}
             metrics.update(train_stats)
-            metrics.update(common.response_metrics(sampled.generated))
+            metrics.update(generation.response_metrics(sampled.generated))
             metrics.update({
                 "lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
                 "time/score_s": sampled.scores.seconds, "time/logprobs_s": t_logprobs, "time/train_s": t_train,
@@ -197,9 +199,9 @@ def run(config: GRPOConfig) -> Path:
             })  # fmt: skip
             # 7. held-out samples (in this step's metrics row), then the checkpoint
             if d.is_main:
-                common.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
-                                       sampled.scores)  # fmt: skip
-            trainer_state = common.make_trainer_state(config, step, stream, rows)
+                samples.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
+                                        sampled.scores)  # fmt: skip
+            trainer_state = scoring.make_trainer_state(config, step, stream, rows)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
@@ -222,18 +224,18 @@ def sample_groups(
     Under torchrun each rank samples and scores its share of the prompts (whole groups); every rank returns
     the whole batch."""
     G = config.grpo.group_size
-    generated = common.generate(
+    generated = generation.generate(
         models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G, d=d
     )
-    columns = {name: common.repeat_each(values, G) for name, values in batch.columns.items()}
-    prompts = common.repeat_each(batch.texts, G)
-    context = common.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
-    scores = common.score(rewards, prompts, generated.completions, columns, config.reward.aggregation,
-                          group_size=G, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
+    columns = {name: generation.repeat_each(values, G) for name, values in batch.columns.items()}
+    prompts = generation.repeat_each(batch.texts, G)
+    context = scoring.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
+    scores = scoring.score(rewards, prompts, generated.completions, columns, config.reward.aggregation,
+                           group_size=G, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
     return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
 
 
-def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: common.Generated) -> torch.Tensor:
+def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: generation.Generated) -> torch.Tensor:
     """The combined score (B,) with the missing-EOS penalty and the DAPO overlong penalty; NaN stays NaN."""
     rewards = combined.float()
     if config.reward.missing_eos_penalty is not None:
@@ -352,7 +354,7 @@ def on_policy(config: GRPOConfig, models: Models) -> bool:
 
 def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:
     """``rows → micro-batches``: the same plan for the rollout's pass and every update (checklist item 34)."""
-    return lambda rows: common.micro_batches(config, rows, mask, T)
+    return lambda rows: update.micro_batches(config, rows, mask, T)
 
 
 def grpo_update(
@@ -369,7 +371,7 @@ def grpo_update(
     (`rlhf.trainers.update`)."""
     B, T = rollout.query_responses.shape[0], rollout.response_length
 
-    def step(micro: common.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def step(micro: update.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         denominators = {
             "num_tokens": rollout.mask[minibatch].sum().clamp(min=1),
             "num_seqs": len(minibatch),
@@ -385,7 +387,7 @@ def grpo_update(
 
 
 def _micro_step(
-    config: GRPOConfig, models: Models, rollout: Rollout, micro: common.MicroBatch, denominators: dict[str, Any]
+    config: GRPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any]
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward of one micro-batch: its loss and its share of the minibatch stats. Only the micro-batch's own
     columns run; the cut ones are padding, outside the loss mask."""
@@ -434,7 +436,7 @@ def _select_groups(sampled: Sampled, groups: torch.Tensor, G: int) -> Sampled:
     """The rows of whole groups ``groups`` (indices into the N groups), in that order."""
     rows = (groups[:, None] * G + torch.arange(G)).flatten()
     g, s = sampled.generated, sampled.scores
-    generated = common.Generated(
+    generated = generation.Generated(
         query_responses=g.query_responses[rows.to(g.query_responses.device)],
         attention_mask=g.attention_mask[rows.to(g.attention_mask.device)],
         responses=g.responses[rows.to(g.responses.device)],
@@ -462,7 +464,7 @@ def _concat(parts: list[Sampled]) -> Sampled:
         query_masks.append(F.pad(g.attention_mask[:, :c], (C - c, 0), value=0))
         responses.append(F.pad(g.responses, (0, T - g.responses.shape[1]), value=pad))
     response = torch.cat(responses)
-    generated = common.Generated(
+    generated = generation.Generated(
         query_responses=torch.cat([torch.cat(queries), response], dim=1),
         attention_mask=torch.cat([torch.cat(query_masks), (response != pad).long()], dim=1),
         responses=response,
@@ -470,6 +472,6 @@ def _concat(parts: list[Sampled]) -> Sampled:
         has_stop=torch.cat([p.generated.has_stop for p in parts]),
         pad_token_id=pad,
     )
-    scores = common.concat_scores([p.scores for p in parts])
+    scores = scoring.concat_scores([p.scores for p in parts])
     prompts = [text for p in parts for text in p.prompts]
     return Sampled(generated, scores, torch.cat([p.rewards for p in parts]), prompts)

@@ -38,6 +38,7 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
+from rlhf.data.stream import PromptStream
 from rlhf.models.critic import load_critic
 from rlhf.models.loading import (
     compile_models,
@@ -46,8 +47,9 @@ from rlhf.models.loading import (
 )
 from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_response_tokens
 from rlhf.models.sharding import load_policy, load_sharded, shard_small, unsharded
+from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import RewardModelReward
-from rlhf.runlog import distributed, rundir
+from rlhf.runlog import distributed, rundir, samples, train_state
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.trainers import common, update
@@ -160,29 +162,29 @@ def run(config: PPOConfig) -> Path:
     tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
     models = Models(config, rewards, d)
     total_updates = config.steps * config.ppo.epochs * config.ppo.num_minibatches
-    state = common.TrainState.create(config, models.trainable.parameters(), total_updates, inputs.train_prompts,
-                                     device)  # fmt: skip
-    optimizer, scheduler, stream, generators = state.optimizer, state.scheduler, state.stream, state.generators
+    stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
+    state = train_state.TrainState.create(config, models.trainable.parameters(), total_updates, stream, device)
+    optimizer, scheduler, generators = state.optimizer, state.scheduler, state.generators
     checkpoint, saved = state.resume(config, models, d)
     kl_coef, start = saved.get("kl_coef", config.kl.coef), saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
-    unscored = common.UnscoredSteps()
+    unscored = scoring.UnscoredSteps()
 
     with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
             t0 = time.perf_counter()
-            trainer_state = common.make_trainer_state(config, step - 1, stream, config.batch.size)
+            trainer_state = scoring.make_trainer_state(config, step - 1, stream, config.batch.size)
             batch = next(stream)
             # 1. roll out the current policy (each rank its share of the prompts; every rank gets all responses)
-            generated = common.generate(
+            generated = generation.generate(
                 models.policy, tokenizer, batch, inputs.sampling, stops, generators["sampling"], device, d=d
             )
             t_rollout = time.perf_counter() - t0
             # 2. score the finished responses
-            context = common.reward_context(batch, generated, trainer_state=trainer_state)
-            scores = common.score(rewards, batch.texts, generated.completions, batch.columns,
-                                  config.reward.aggregation, token_ids=generated.token_ids,
-                                  context=context, d=d)  # fmt: skip
+            context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
+            scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
+                                   config.reward.aggregation, token_ids=generated.token_ids,
+                                   context=context, d=d)  # fmt: skip
             stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
             if not unscored.skip(step, scores.combined, scores.names):  # else nothing to learn: no update
                 # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
@@ -203,8 +205,8 @@ def run(config: PPOConfig) -> Path:
                                          config.kl.horizon, config.batch.size)  # fmt: skip
             # 8. metrics of this step
             step_s = time.perf_counter() - t0
-            metrics = {"step": step, **common.reward_metrics(scores), **stats, **train_stats}
-            metrics.update(common.response_metrics(generated))
+            metrics = {"step": step, **scoring.reward_metrics(scores), **stats, **train_stats}
+            metrics.update(generation.response_metrics(generated))
             metrics.update({
                 "kl/coef": kl_coef, "lr": scheduler.get_last_lr()[0],
                 "time/rollout_s": t_rollout, "time/score_s": scores.seconds, "time/logprobs_s": t_logprobs,
@@ -213,8 +215,8 @@ def run(config: PPOConfig) -> Path:
             })  # fmt: skip
             # 9. held-out samples (in this step's metrics row), then the checkpoint
             if d.is_main:
-                common.log_completions(config, out, step, batch.texts, generated.completions, scores)
-            trainer_state = common.make_trainer_state(config, step, stream, config.batch.size)
+                samples.log_completions(config, out, step, batch.texts, generated.completions, scores)
+            trainer_state = scoring.make_trainer_state(config, step, stream, config.batch.size)
             common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
                                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
             progress.update(step, metrics)
@@ -251,12 +253,12 @@ def training_forward(
 
 def plan(config: PPOConfig, mask: torch.Tensor, T: int) -> Any:
     """``rows → micro-batches``: the same plan for the rollout's passes and every update (checklist item 34)."""
-    return lambda rows: common.micro_batches(config, rows, mask, T)
+    return lambda rows: update.micro_batches(config, rows, mask, T)
 
 
 @torch.no_grad()
 def make_rollout(
-    config: PPOConfig, models: Models, generated: common.Generated, scores: torch.Tensor, kl_coef: float,
+    config: PPOConfig, models: Models, generated: generation.Generated, scores: torch.Tensor, kl_coef: float,
     fused: bool = False, d: Dist = distributed.SINGLE,
 ) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:  # fmt: skip
     """Phases 3-5: reference and old log-prob/value passes, KL-shaped rewards, GAE and whitening (all from
@@ -343,7 +345,7 @@ def ppo_update(
     B, T = rollout.logprobs.shape
     pending = [first]  # only the very first micro-batch has its forward already
 
-    def step(micro: common.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def step(micro: update.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
         n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
         forward, pending[0] = pending[0], None
@@ -361,7 +363,7 @@ def ppo_update(
 
 
 def _micro_step(
-    config: PPOConfig, models: Models, rollout: Rollout, micro: common.MicroBatch, n_policy: torch.Tensor,
+    config: PPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
     n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """Forward (unless given) of one micro-batch: its loss and its token-weighted share of the minibatch stats.

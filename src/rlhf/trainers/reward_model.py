@@ -67,7 +67,8 @@ from rlhf.models.reward import (
 )
 from rlhf.models.sharding import materialize, shard, shard_small, unsharded
 from rlhf.optim import build_optimizer
-from rlhf.runlog import distributed, rundir
+from rlhf.rollout import generation
+from rlhf.runlog import distributed, rundir, train_state
 from rlhf.runlog.distributed import Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
@@ -106,7 +107,7 @@ def run(config: RMConfig) -> Path:
             load_trainable_state(rm.model, state["model"])
             optimizer.load_state_dict(state["optimizer"])
 
-        common.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
+        train_state.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
@@ -144,9 +145,9 @@ def run(config: RMConfig) -> Path:
             progress.update(step, metrics)
             if config.run.save_every and step % config.run.save_every == 0:
                 plain = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
-                common.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
-                                     unsharded=lambda: {"model": trainable_state(rm.model),
-                                                        "optimizer": optimizer.state_dict()})  # fmt: skip
+                train_state.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
+                                          unsharded=lambda: {"model": trainable_state(rm.model),
+                                                             "optimizer": optimizer.state_dict()})  # fmt: skip
     logger.close()
     # sharded: rank 0 alone continues, with a whole copy in a fresh model of the same build (the others are done)
     whole = [rm]
@@ -312,8 +313,8 @@ def normalize(
     stops = stop_token_ids(policy_tokenizer, "eos")
     generator = torch.Generator(device).manual_seed(config.run.seed)
     batch = PromptBatch.of(prompts, picks)
-    generated = common.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d,
-                                max_rows=size)  # fmt: skip
+    generated = generation.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d,
+                                    max_rows=size)  # fmt: skip
     texts, completions = batch.texts, generated.completions
     mine = d.shard(len(picks))
     columns = {key: [values[i] for i in mine] for key, values in batch.columns.items()}

@@ -55,7 +55,7 @@ from rlhf.models.loading import (
 )
 from rlhf.models.sharding import adapters, load_lm, unsharded
 from rlhf.optim import build_optimizer
-from rlhf.runlog import distributed, rundir
+from rlhf.runlog import distributed, rundir, train_state
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
@@ -97,7 +97,7 @@ def run(config: SFTConfig) -> Path:
             load_trainable_state(model, state["model"])
             optimizer.load_state_dict(state["optimizer"])
 
-        common.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
+        train_state.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = state["step"]
@@ -150,9 +150,9 @@ def run(config: SFTConfig) -> Path:
             # 7. checkpoint: everything the next step depends on
             if config.run.save_every and step % config.run.save_every == 0:
                 plain = {"scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state()}
-                common.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
-                                     unsharded=lambda: {"model": trainable_state(model),
-                                                        "optimizer": optimizer.state_dict()})  # fmt: skip
+                train_state.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
+                                          unsharded=lambda: {"model": trainable_state(model),
+                                                             "optimizer": optimizer.state_dict()})  # fmt: skip
     logger.close()
     shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
     plain_model = unsharded(model, shell, d)

@@ -1,4 +1,5 @@
-"""The update engine: micro-batched forward/backward, gradient synchronisation over ranks, the optimizer step.
+"""The update engine: micro-batch plans, micro-batched forward/backward, gradient synchronisation over ranks,
+the optimizer step.
 
 Every trainer takes its optimizer steps through here; PPO and GRPO share :func:`update_passes`, the loop of
 passes × minibatches × micro-batches, so the distributed part of an update is written once.
@@ -21,6 +22,7 @@ How N ranks take the step one process takes (docs/scaling.md):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import math
@@ -217,3 +219,71 @@ def update_passes(
     result["grad/norm"] = norms / updates
     result["policy/first_ratio_max_dev"] = reduce_stats({"first_max": first_dev}, d)["first_max"]
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """The rows of one forward/backward pass and the only columns of ``query ⊕ response`` they need.
+
+    rows: (b,) row indices. first_column: the first of the C query columns where one of the rows has a
+    real token (left padding before it is cut). response_length: T' ≤ T response columns kept — the
+    longest response + 1, for the value read one past the stop token (right padding after it is cut).
+    """
+
+    rows: torch.Tensor
+    first_column: int
+    response_length: int
+
+    def columns(self, C: int) -> slice:
+        """The kept columns of a (B, C+T) ``query ⊕ response`` tensor."""
+        return slice(self.first_column, C + self.response_length)
+
+
+
+def plan_micro_batches(
+    rows: torch.Tensor, attention_mask: torch.Tensor, T: int, max_rows: int, max_tokens: int | None
+) -> list[MicroBatch]:
+    """Split the ``rows`` of one minibatch into micro-batches with their padding cut.
+
+    ``attention_mask``: (B, C+T) of the whole batch, query left-padded, response right-padded. A micro-batch
+    holds at most ``max_rows`` rows and, with ``max_tokens``, at most that many tokens once padded to its
+    own longest row (rows × kept columns). With a token budget the rows are first sorted longest first, so
+    rows of similar length share a micro-batch and pad little; a row longer than the budget alone gets a
+    micro-batch of its own. Without one, the rows keep their order in consecutive chunks of ``max_rows``.
+    Every row lands in exactly one micro-batch; the plan depends only on the lengths, so the rollout's
+    no-grad pass and the first epoch, planned alike, run exactly the same forwards.
+    """
+    C = attention_mask.shape[1] - T
+    query = attention_mask[rows, :C].sum(-1).tolist()
+    needed = (attention_mask[rows, C:].sum(-1) + 1).clamp(max=T).tolist()  # response columns a row needs
+    order = list(range(len(query)))
+    if max_tokens is not None:
+        order.sort(key=lambda i: -(query[i] + needed[i]))
+    plans: list[list[int]] = []
+    widest_query = widest_response = 0
+    for i in order:
+        grown = max(widest_query, query[i]) + max(widest_response, needed[i])
+        group = plans[-1] if plans else []
+        full = len(group) >= max_rows or (max_tokens is not None and (len(group) + 1) * grown > max_tokens)
+        if not group or full:
+            plans.append([i])
+            widest_query, widest_response = query[i], needed[i]
+        else:
+            group.append(i)
+            widest_query, widest_response = max(widest_query, query[i]), max(widest_response, needed[i])
+    return [
+        MicroBatch(
+            rows=rows[torch.tensor(group)],
+            first_column=C - max(query[i] for i in group),
+            response_length=max(needed[i] for i in group),
+        )
+        for group in plans
+    ]
+
+
+
+def micro_batches(config: Any, minibatch: torch.Tensor, mask: torch.Tensor, T: int) -> list[MicroBatch]:
+    """The micro-batches of one minibatch of rollout rows under ``config.batch.micro_size`` and
+    ``config.batch.micro_tokens``, padding cut (:func:`plan_micro_batches`)."""
+    size, budget = config.effective_micro_batch_size, config.batch.micro_tokens
+    return plan_micro_batches(minibatch, mask, T, size, budget)

@@ -13,7 +13,7 @@ The function is called exactly the way TRL's ``GRPOTrainer._calculate_rewards`` 
 - ``completion_ids``: each completion's token ids, the stop token included, no padding (TRL: up to and
   including the first EOS).
 - ``trainer_state``: a ``transformers.TrainerState`` — ``global_step`` (updates done), ``max_steps``,
-  ``epoch`` (fraction of the prompts seen), … (see ``rlhf.trainers.common.make_trainer_state``).
+  ``epoch`` (fraction of the prompts seen), … (see ``rlhf.rollout.scoring.make_trainer_state``).
 - ``log_metric(name, value)``: one number per call, averaged over the step → ``reward/<source>/<name>`` in
   ``metrics.jsonl`` (``eval/reward/…`` on held-out prompts). ``log_extra(column, values)``: one value per
   sample → the sample rows' ``"extra"`` (see :class:`~rlhf.rollout.rewards.base.RewardLog`).

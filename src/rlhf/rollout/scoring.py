@@ -1,0 +1,270 @@
+"""Scoring a sampled batch with every reward source and combining the scores: the weighted sum or GDPO, what
+reward functions receive besides the texts, the ``reward/*`` metrics, and the watch for unscorable batches.
+
+Notation: B samples, K reward sources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+
+from rlhf.core.group import gdpo_advantages, sum_rewards
+from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.models.sharding import model_loader
+from rlhf.models.sharding import sampling as sampling_weights
+from rlhf.rollout.generation import Generated, repeat_each
+from rlhf.rollout.rewards import RewardContext, RewardError, RewardModelReward, RewardSet, load_reward_set
+from rlhf.runlog.distributed import SINGLE, Dist
+
+MAX_UNSCORED_STEPS = 5
+"""Consecutive steps whose every sample no reward source could score (all ``None``) before the run stops:
+one such step is skipped with a warning (a multi-task batch can miss every reward by chance), five in a row
+mean the rewards do not fit the data."""
+
+
+def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:
+    """The config's reward sources for an RL trainer; when the run shards its models, each rank holds 1/world of
+    every reward model (they are gathered for scoring, see :func:`score`)."""
+    return load_reward_set(reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(d.device),
+                           loader=model_loader(d))  # fmt: skip
+
+
+
+def reward_spec(reward: Any) -> Any:
+    """The config's ``reward`` (a string or a tuple of RewardSpec dataclasses) as load_reward_set takes it."""
+    if isinstance(reward, str):
+        return reward
+    return [dataclasses.asdict(spec) for spec in reward]
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """Rewards of a batch of B samples from K sources.
+
+    ``per_source``: (B, K), NaN = unscored. ``raw``: (B,) the weighted sum of the scored sources — the user's
+    objective, what ``reward/mean`` reports; NaN when no source scored the sample. ``combined``: (B,) what
+    the advantages start from: ``raw`` itself, or with ``reward_aggregation: gdpo`` the GDPO-normalised
+    combination (``normalized`` is then True). ``metrics`` / ``extra``: what reward functions logged through
+    ``log_metric`` (``"<source>/<name>"`` → values) and ``log_extra`` (``"<source>/<column>"`` → B values).
+    """
+
+    per_source: torch.Tensor
+    combined: torch.Tensor
+    names: list[str]
+    seconds: float
+    raw: torch.Tensor
+    normalized: bool = False
+    metrics: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    extra: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+
+    def select(self, rows: torch.Tensor) -> Scores:
+        """The scores of ``rows`` (B',) in that order; logged metrics are the batch's and stay whole."""
+        index = rows.tolist()
+        extra = {key: [values[i] for i in index] for key, values in self.extra.items()}
+        return dataclasses.replace(
+            self,
+            per_source=self.per_source[rows],
+            combined=self.combined[rows],
+            raw=self.raw[rows],
+            extra=extra,
+        )
+
+
+
+def score(
+    rewards: Any,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list],
+    aggregation: str,
+    group_size: int = 1,
+    token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+    context: RewardContext | None = None,
+    d: Dist = SINGLE,
+) -> Scores:
+    """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows.
+
+    For PPO (one sample per prompt) GDPO's "group" is the whole batch: each reward is normalised over the
+    batch before the weighted sum, so rewards on different scales weigh as their weights say.
+    ``token_ids``: the policy's (query ⊕ response, mask), scored as they are by reward models that share the
+    policy's tokenizer (see ``RewardSet.score``). ``context``: chat prompts, completion ids and trainer state
+    for reward functions (:func:`reward_context`, :func:`make_trainer_state`).
+    Every argument is the whole batch; under ``torchrun`` each rank scores its shard (whole groups) and the
+    scores are gathered before they are combined, so every rank returns the whole batch's `Scores`.
+    """
+    start = time.perf_counter()
+    B = len(prompts)
+    if d.distributed:
+        rows = d.shard(B, unit=group_size)
+        prompts, completions = [prompts[i] for i in rows], [completions[i] for i in rows]
+        columns = {key: [values[i] for i in rows] for key, values in columns.items()}
+        token_ids = None if token_ids is None else (token_ids[0][rows], token_ids[1][rows])
+        context = None if context is None else context.select(rows)
+    with contextlib.ExitStack() as weights:  # sharded reward models: gathered once for all their micro-batches,
+        for source in rewards.sources:  # however many each rank's share makes (like a rollout's policy)
+            if isinstance(source, RewardModelReward):
+                weights.enter_context(sampling_weights(source.model, d))
+        result = rewards.score(prompts, completions, columns, token_ids, context)
+    per_source = result.scores.float()
+    metrics, extra = dict(result.metrics), dict(result.extra)
+    if d.distributed:
+        per_source = torch.stack(d.gather_rows(list(per_source.cpu()), B, unit=group_size))
+        keys = sorted({key for part in d.gather([list(metrics)]) for key in part})
+        metrics = {key: d.gather(metrics.get(key, [])) for key in keys}  # pooled: their step means are logged
+        extra = _gather_extra(extra, B, group_size, d)
+    K = per_source.shape[1]
+    weights = rewards.weights.to(per_source)
+    raw = sum_rewards(per_source.view(1, B, K), weights).reshape(B)
+    combined, normalized = raw, False
+    if aggregation == "gdpo" and K > 1:
+        groups = per_source.view(-1, group_size if group_size > 1 else B, K)
+        combined = gdpo_advantages(groups, weights).reshape(B)
+        combined, normalized = torch.where(per_source.isnan().all(-1), torch.nan, combined), True
+    return Scores(per_source, combined, list(result.names), time.perf_counter() - start, raw, normalized,
+                  metrics, extra)  # fmt: skip
+
+
+
+def _gather_extra(extra: dict[str, list[Any]], B: int, group_size: int, d: Dist) -> dict[str, list[Any]]:
+    """``log_extra`` columns of every rank's rows, back in row order (a column a rank lacks is None there)."""
+    keys = sorted({key for part in d.gather([list(extra)]) for key in part})
+    rows = len(d.shard(B, unit=group_size))
+    local = [{key: extra[key][i] if key in extra else None for key in keys} for i in range(rows)]
+    merged = d.gather_rows(local, B, unit=group_size)
+    return {key: [row[key] for row in merged] for key in keys}
+
+
+
+def concat_scores(parts: list[Scores]) -> Scores:
+    """The Scores of several batches as one (rows in order, times summed, logged metrics pooled; a ``log_extra``
+    column missing from a part is None in its rows)."""
+    metrics: dict[str, list[float]] = {}
+    for part in parts:
+        for key, values in part.metrics.items():
+            metrics.setdefault(key, []).extend(values)
+    columns = list(dict.fromkeys(key for part in parts for key in part.extra))
+    extra = {
+        key: [v for part in parts for v in part.extra.get(key, [None] * len(part.raw))] for key in columns
+    }
+    return Scores(
+        torch.cat([s.per_source for s in parts]),
+        torch.cat([s.combined for s in parts]),
+        parts[0].names,
+        sum(s.seconds for s in parts),
+        torch.cat([s.raw for s in parts]),
+        parts[0].normalized,
+        metrics,
+        extra,
+    )
+
+
+
+def reward_context(
+    batch: PromptBatch, generated: Generated | None = None, repeat: int = 1, trainer_state: Any = None
+) -> RewardContext:
+    """What reward functions get besides texts (TRL's convention): each row's chat prompt (``repeat`` rows per
+    prompt, as `rlhf.rollout.generation.generate` lays them out), the completion ids of ``generated`` and
+    ``trainer_state``."""
+    messages = repeat_each(batch.messages, repeat) if any(m is not None for m in batch.messages) else None
+    ids = generated.completion_ids if generated is not None else None
+    return RewardContext(messages=messages, completion_ids=ids, trainer_state=trainer_state)
+
+
+
+def make_trainer_state(
+    config: Any, steps_done: int, stream: PromptStream | None = None, rows: int | None = None
+) -> Any:
+    """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's).
+
+    ``global_step``: iterations completed (the ``step`` of metrics.jsonl, 0 while the first batch is scored);
+    ``max_steps``: ``config.steps``; ``epoch``: passes over the training prompts so far, fractional (from the
+    prompt stream's position); ``logging_steps`` / ``eval_steps`` / ``save_steps``: ``log_every`` /
+    ``eval_every`` / ``save_every``; ``train_batch_size``: ``rows`` (completions per step). Without a config
+    (``rlhf sample``, ``rlhf eval``) it is a fresh state, as TRL's before training: step 0 of 0.
+    """
+    from transformers import TrainerState  # only here: importing transformers costs seconds
+
+    if config is None:
+        return TrainerState()
+    epoch = None
+    if stream is not None:
+        epoch = stream.epoch + stream.index / len(stream.prompts)
+        num_epochs = math.ceil(config.steps * stream.batch_size / len(stream.prompts))
+    return TrainerState(
+        epoch=epoch, global_step=steps_done, max_steps=config.steps, logging_steps=config.run.log_every,
+        eval_steps=config.run.eval_every, save_steps=config.run.save_every, train_batch_size=rows,
+        num_train_epochs=num_epochs if stream is not None else 0,
+    )  # fmt: skip
+
+
+
+def _mean_std(values: torch.Tensor) -> tuple[float, float]:
+    """Mean and population std of the non-NaN entries; NaN for both when there are none."""
+    values = values[~values.isnan()]
+    if not len(values):
+        return math.nan, math.nan
+    return values.mean().item(), values.std(unbiased=False).item()
+
+
+
+def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
+    """``reward/mean``, ``reward/std``: the weighted sum of the raw rewards over scored samples (the user's
+    objective, also under GDPO); ``reward/normalized_mean`` / ``_std``: GDPO's combination, with gdpo only;
+    ``reward/unscored``: samples no source scored (when > 0); ``reward/<name>/mean`` and ``/std`` per source
+    with several sources; ``reward/<source>/<metric>``: the step's mean of what a reward function logged with
+    ``log_metric(metric, value)`` (NaN values left out, as TRL does)."""
+    out = dict(zip((f"{prefix}/mean", f"{prefix}/std"), _mean_std(scores.raw), strict=True))
+    if scores.normalized:
+        out[f"{prefix}/normalized_mean"], out[f"{prefix}/normalized_std"] = _mean_std(scores.combined)
+    unscored = int(scores.raw.isnan().sum())
+    if unscored:
+        out[f"{prefix}/unscored"] = unscored
+    if len(scores.names) > 1:
+        for k, name in enumerate(scores.names):
+            out[f"{prefix}/{name}/mean"], out[f"{prefix}/{name}/std"] = _mean_std(scores.per_source[:, k])
+    for key, values in scores.metrics.items():
+        out[f"{prefix}/{key}"] = _mean_std(torch.tensor(values, dtype=torch.float64))[0]
+    return out
+
+
+
+class UnscoredSteps:
+    """Watches for batches in which no sample could be scored (every reward ``None``).
+
+    Such a batch carries no learning signal: updating on it would still move the policy (Adam's momentum,
+    weight decay, the KL and entropy terms) on nothing. :meth:`skip` says whether to skip this step's update,
+    warning on stderr; after :data:`MAX_UNSCORED_STEPS` such steps in a row it raises a :class:`RewardError`.
+    """
+
+    def __init__(self, limit: int = MAX_UNSCORED_STEPS):
+        self.limit = limit
+        self.in_a_row = 0
+
+    def skip(self, step: int, rewards: torch.Tensor, names: list[str]) -> bool:
+        """``rewards``: (B,) the batch's combined rewards, NaN = unscored."""
+        if not rewards.isnan().all():
+            self.in_a_row = 0
+            return False
+        self.in_a_row += 1
+        sources = ", ".join(map(repr, names))
+        if self.in_a_row >= self.limit:
+            raise RewardError(
+                f"step {step}: no sample of the last {self.in_a_row} batches could be scored (reward {sources} "
+                "returned None for every one): check that the reward functions fit the data, e.g. the dataset "
+                "columns they read and the completion format they expect"
+            )
+        print(
+            f"warning: step {step}: no sample of the batch could be scored (reward {sources} returned None for "
+            f"all {len(rewards)}); the update is skipped ({self.in_a_row} such step(s) in a row, the run stops "
+            f"at {self.limit})",
+            file=sys.stderr,
+        )
+        return True

@@ -1,0 +1,76 @@
+"""Samples on disk: the held-out answers of every eval step (``samples/step_NNNNNN.jsonl``) and, when a reward
+function logs columns, the training samples of a logged step (``completions/step_NNNNNN.jsonl``).
+
+``scores`` is a :class:`rlhf.rollout.scoring.Scores` (read for ``raw``, ``names``, ``per_source``, ``extra``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rlhf.runlog.rundir import atomic_open
+
+
+def sample_rows(
+    step: int, prompts: list[str], completions: list[str], scores: Any
+) -> list[dict[str, Any]]:
+    """One JSON row per sample: step, prompt, completion, ``reward`` (the weighted sum of the raw rewards),
+    ``rewards`` by source (with several) and ``extra`` (the ``log_extra`` columns, ``"<source>/<column>"``)."""
+    rows = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        value = scores.raw[i].item()
+        row: dict[str, Any] = {"step": step, "prompt": prompt, "completion": completion}
+        row["reward"] = None if math.isnan(value) else value
+        if len(scores.names) > 1:
+            row["rewards"] = {
+                name: (None if math.isnan(v) else v)
+                for name, v in zip(scores.names, scores.per_source[i].tolist(), strict=True)
+            }
+        if scores.extra:
+            row["extra"] = {key: values[i] for key, values in scores.extra.items()}
+        rows.append(row)
+    return rows
+
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with atomic_open(path) as f:
+        for row in rows:
+            # default=str: a log_extra value JSON cannot hold is written as its text rather than losing the file
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    return path
+
+
+
+def write_samples(
+    output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
+) -> Path:
+    """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
+    path = output_dir / "samples" / f"step_{step:06d}.jsonl"
+    return _write_rows(path, sample_rows(step, prompts, completions, scores))
+
+
+
+def write_completions(
+    output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
+) -> Path | None:
+    """``completions/step_NNNNNN.jsonl``: the step's training samples (rows as in ``samples/``), written only
+    when a reward function logged columns with ``log_extra`` — TRL's completions table
+    (``completions/completions_NNNNN.parquet``, the last batch's prompts, completions, rewards and extra
+    columns at each logging step). None when there is nothing to write."""
+    if not scores.extra:
+        return None
+    path = output_dir / "completions" / f"step_{step:06d}.jsonl"
+    return _write_rows(path, sample_rows(step, prompts, completions, scores))
+
+
+
+def log_completions(
+    config: Any, output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
+) -> None:
+    """:func:`write_completions` at the steps whose metrics are logged (every ``log_every`` and the last)."""
+    if step % config.run.log_every == 0 or step == config.steps:
+        write_completions(output_dir, step, prompts, completions, scores)
