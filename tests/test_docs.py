@@ -74,3 +74,26 @@ def test_example_configs_load():
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
             load_config(command, path)  # raises ConfigError naming the field when an example goes stale
+
+
+def _repo_text_files() -> list[Path]:
+    roots = [ROOT / "README.md", *(ROOT / d for d in ("src", "tests", "docs", "examples", "benchmarks", "tools"))]
+    files = [r for r in roots if r.is_file()]
+    for root in (r for r in roots if r.is_dir()):
+        files += [p for p in root.rglob("*") if p.suffix in (".py", ".md", ".yaml", ".yml", ".txt")]
+    return files
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """What the code and docs cite lives in docs/: every ``docs/…`` path named exists, and nothing names the
+    design notes the project was started from, which a person who clones the repository does not have."""
+    outside = re.compile(r"STYLE\.md|DESIGN\.md|STYLE[ ]principle|\.\./shared/")
+    cited = re.compile(r"\bdocs/(?!source/)[\w./-]+\.(?:md|png)")  # docs/source/: TRL's own docs, cited as TRL's
+    problems = []
+    for path in _repo_text_files():
+        text = path.read_text(errors="replace")
+        where = path.relative_to(ROOT)
+        problems += [f"{where}: cites {m.group(0)!r}" for m in outside.finditer(text)]
+        problems += [f"{where}: {m.group(0)} does not exist" for m in cited.finditer(text)
+                     if not (ROOT / m.group(0)).exists()]  # fmt: skip
+    assert not problems, "\n".join(problems)

@@ -1,4 +1,4 @@
-"""`rlhf sample` and `rlhf eval` end to end on the session's tiny random-init models (STYLE principle 9, c-d).
+"""`rlhf sample` and `rlhf eval` end to end on the session's tiny random-init models (test layers c-d, docs/architecture.md).
 
 Each run samples 6 prompts (two batches: 4 + 2) k times, 8 tokens each: well under a second. Judges are the
 deterministic functions of ``sample_rewards.py`` beside this file (``file.py:function``), or the tiny reward

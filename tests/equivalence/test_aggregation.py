@@ -1,4 +1,4 @@
-"""Loss aggregation is invariant to micro-batching, and masked positions never matter (STYLE principle 5).
+"""Loss aggregation is invariant to micro-batching, and masked positions never matter (docs/architecture.md, conventions).
 
 Reference loop: the full batch in one call. Vectorised/split path: the batch cut at random sequence
 boundaries, each micro-batch re-padded to its own longest sequence (as a collator would), every call given

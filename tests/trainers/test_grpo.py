@@ -1,4 +1,4 @@
-"""`rlhf grpo` end to end on tiny random-init models (STYLE principle 9, layers b-e).
+"""`rlhf grpo` end to end on tiny random-init models (test layers b-e, docs/architecture.md).
 
 Each run is a real `rlhf.trainers.grpo.run(config)` on the session's tiny llama with a few prompts: 1-4
 iterations of 2 prompts × G = 4 samples, about a second each. The learning test runs 40 iterations.

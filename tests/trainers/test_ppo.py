@@ -1,4 +1,4 @@
-"""`rlhf ppo` end to end on tiny random-init models (STYLE principle 9, layers b-e).
+"""`rlhf ppo` end to end on tiny random-init models (test layers b-e, docs/architecture.md).
 
 Each run is a real `rlhf.trainers.ppo.run(config)` on the session's tiny models with a few prompts, 1-4
 iterations of 4-8 sequences: about a second each. Unit-level checks (the LoRA reference, the critic's
@@ -488,7 +488,7 @@ def test_micro_batching_gives_the_same_update(
     assert len(plans) == 2 and described[0] == described[1] and len(plans[0]) > 1
     assert len({m.response_length - m.first_column for m in plans[0]}) > 1
     assert train_rows(tmp_path / "micro")[0]["policy/first_ratio_max_dev"] == 0.0
-    # the accumulated gradient is the whole minibatch's (STYLE principle 5): float32 sums over 8 rows of ≤ 8
+    # the accumulated gradient is the whole minibatch's (docs/architecture.md, conventions): float32 sums over 8 rows of ≤ 8
     # tokens in another grouping and at other padded widths (|g| ≤ 0.2): well inside rtol 1e-4 / atol 1e-6
     assert len(micro_grads) == len(whole_grads) > 0
     for g_micro, g_whole in zip(micro_grads, whole_grads, strict=True):

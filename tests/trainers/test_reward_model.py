@@ -1,4 +1,4 @@
-"""`rlhf rm` end to end on tiny random-init models (STYLE principle 9, layers b-e).
+"""`rlhf rm` end to end on tiny random-init models (test layers b-e, docs/architecture.md).
 
 The toy preference: a prompt names an animal, both answers are sentences of the toy language about it, and
 the chosen one is always the *happy* one (``the happy cat sees a dog in the park.``), the rejected one has
@@ -375,10 +375,10 @@ def run_recording_gradients(config, monkeypatch) -> tuple[Path, list[dict[str, t
     initial: dict[str, torch.Tensor] = {}
     train_step = reward_model.train_step
 
-    def recording(config, rm, trainable, pairs, rows, device):
+    def recording(config, rm, trainable, pairs, rows):
         if not initial:
             initial.update({name: p.detach().clone() for name, p in rm.model.named_parameters()})
-        stats = train_step(config, rm, trainable, pairs, rows, device)
+        stats = train_step(config, rm, trainable, pairs, rows)
         grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters() if p.grad is not None})
         return stats
 
@@ -450,7 +450,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     assert len(steps) == 2  # steps 5 and 6 only
 
     def comparable(out: Path) -> list[dict]:
-        return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in metric_rows(out)]
+        return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in metric_rows(out)]
 
     expected, got = comparable(tmp_path / "whole"), comparable(tmp_path / "resumed")
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [0, 1, 2, 3, 4, 5, 6]

@@ -1,4 +1,4 @@
-"""`rlhf sft` end to end on tiny random-init models (STYLE principle 9, layers b-e).
+"""`rlhf sft` end to end on tiny random-init models (test layers b-e, docs/architecture.md).
 
 The data: 64 questions from the toy language, "what is 2 + 3?" → " 5" (61 trained on, 3 held out for
 eval/loss), or 10 of them for the single-step equivalence runs (no held-out slice below 20 examples).
@@ -389,7 +389,8 @@ def test_lora_is_merged_into_final_with_the_models_own_dropout(tiny_gpt2_dir, da
     assert model.config.resid_pdrop == 0.1  # trained without dropout, saved with the model's own
     # checkpoints hold the adapters only
     state = torch.load(out / "checkpoints" / "step_000004" / "state.pt", weights_only=False)
-    assert state["model"] and all("lora_" in name for name in state["model"])
+    weights = state["models"]["model"]
+    assert weights and all("lora_" in name for name in weights)
 
 
 def test_cli_runs_sft_from_a_yaml_file(tiny_llama_dir, data_dir, tmp_path):

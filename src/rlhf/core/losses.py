@@ -5,7 +5,7 @@ advantages are ``(B, T)`` or ``(B,)`` (one per sequence, broadcast over its toke
 
 The loss functions return a *per-token* loss ``(B, T)`` and a stats dict; the caller reduces it once with
 :func:`aggregate`, which takes the global denominators explicitly so that gradient accumulation and data
-parallelism need no other rescaling (STYLE principle 5).
+parallelism need no other rescaling (docs/architecture.md, conventions).
 
 Masked positions never matter: every input is replaced by a neutral value there *before* any arithmetic
 (logp, old_logp, ref_logp → 0 so the ratio is 1 and k3 is 0; advantages, values, returns → 0), so NaN/inf

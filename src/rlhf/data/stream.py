@@ -1,4 +1,7 @@
-"""The prompt stream for RL (PPO, GRPO): seeded shuffled batches, epoch after epoch, exactly resumable.
+"""The orders data is read in, exactly resumable: the prompt stream of RL (PPO, GRPO) — seeded shuffled
+batches, epoch after epoch — and the epochs of SFT and RM (`EpochOrder`).
+
+The prompt stream:
 
 Epoch ``e`` visits every prompt once, in an order that depends only on ``(seed, e)``; batches run across the
 epoch boundary (the last batch of an epoch is completed from the start of the next), so no prompt is ever
@@ -12,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rlhf.config import ConfigError
 from rlhf.data.records import Message
 from rlhf.data.tokenization import TokenizedPrompt
 
@@ -174,3 +179,62 @@ def held_out(items: Sequence[T], n: int, seed: int = 0) -> tuple[list[T], list[T
     random.Random(f"rlhf.held_out:{seed}").shuffle(order)
     held = set(order[:n])
     return [x for i, x in enumerate(items) if i not in held], [x for i, x in enumerate(items) if i in held]
+
+
+class EpochOrder:
+    """Which examples each optimizer step of SFT and RM trains on, epoch after epoch, exactly resumable.
+
+    Epoch ``e`` visits all N examples once, in an order fixed by ``(name, seed, e)``, in consecutive batches
+    of ``batch_size``; unlike `PromptStream` an epoch's last batch holds the remainder, so an epoch is
+    ``steps_per_epoch = ceil(N / batch_size)`` steps and step s (from 1) is batch ``(s−1) mod S`` of epoch
+    ``(s−1) div S``. ``fingerprint`` names the data: a checkpoint's state is refused on other data, another
+    seed or another batch size, where the same position would mean other examples.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int, fingerprint: str, name: str):
+        if num_examples < 1 or batch_size < 1:
+            raise ValueError(f"EpochOrder needs examples and a batch size, got {num_examples}, {batch_size}")
+        self.num_examples, self.batch_size, self.seed = num_examples, batch_size, seed
+        self.fingerprint, self.name = fingerprint, name
+        self.steps_per_epoch = -(-num_examples // batch_size)
+        self.steps = 0  # batches taken so far
+        self._epoch, self._order = -1, []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self
+
+    def __next__(self) -> list[int]:
+        """The example indices of the next step."""
+        epoch, index = divmod(self.steps, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._order = list(range(self.num_examples))
+            random.Random(f"rlhf.{self.name}:{self.seed}:{epoch}").shuffle(self._order)  # stable, as above
+            self._epoch = epoch
+        self.steps += 1
+        return self._order[index * self.batch_size : (index + 1) * self.batch_size]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "seed": self.seed, "batch_size": self.batch_size,
+                "num_examples": self.num_examples, "fingerprint": self.fingerprint}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after ``state["steps"]`` batches; refuses a state whose data, seed or batch size differ."""
+        mine = self.state_dict()
+        changed = [k for k in ("seed", "batch_size", "num_examples", "fingerprint") if state[k] != mine[k]]
+        if changed:
+            raise ConfigError(
+                f"{self.name}: the checkpoint was written with other "
+                + ", ".join(f"{k} ({state[k]}, now {mine[k]})" for k in changed)
+                + "; resume with the data.train, run.seed and batch.size of the interrupted run"
+            )
+        self.steps = state["steps"]
+
+
+def fingerprint_of(rows: Iterable[Sequence[Sequence[int]]]) -> str:
+    """A short hash of tokenised examples, each given as its id lists (e.g. input ids and labels)."""
+    h = hashlib.sha256()
+    for row in rows:
+        for ids in row:
+            h.update(array("q", ids).tobytes() + b",")
+        h.update(b"|")
+    return h.hexdigest()[:16]

@@ -18,7 +18,7 @@ Conventions (checklist numbers from ``docs/ppo_checklist.md``):
   ``center_rewards_coefficient · mean((r_c + r_r)²)`` (item 16, TRL); accuracy is strict, ``r_c > r_r``
   (item 17);
 - each micro-batch's mean loss is weighted by its share of the step's pairs, so accumulation gives exactly
-  the gradient of the step's mean (STYLE principle 5); the last step of an epoch may hold fewer pairs;
+  the gradient of the step's mean (docs/architecture.md, conventions); the last step of an epoch may hold fewer pairs;
 - normalisation (item 19, OAI "after training" only): ``gain = 1/σ_D``, ``bias = −gain·μ_D`` over the
   raw scores of ``normalize_samples`` responses the ``normalize_policy`` samples, population std (OAI);
   stored in ``final/config.json`` (``rlhf_reward_gain``, ``rlhf_reward_bias``) and applied by every
@@ -31,10 +31,10 @@ the untrained head matches the label scale — irrelevant for comparisons).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,9 @@ from rlhf.data import (
     read_prompts,
     tokenize_prompts,
 )
-from rlhf.data.stream import PromptBatch
+from rlhf.data.stream import EpochOrder, PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
-from rlhf.models.loading import apply_lora, load_trainable_state, trainable_state
+from rlhf.models.loading import apply_lora
 from rlhf.models.reward import (
     RewardScorer,
     TrainableRewardModel,
@@ -66,13 +66,11 @@ from rlhf.models.reward import (
     set_reward_normalization,
 )
 from rlhf.models.sharding import materialize, shard, shard_small, unsharded
-from rlhf.optim import build_optimizer
 from rlhf.rollout import generation
-from rlhf.runlog import distributed, rundir, train_state
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import Dist
-from rlhf.runlog.progress import StepProgress
-from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
-from rlhf.trainers import common, update
+from rlhf.runlog.seeding import seed_everything
+from rlhf.trainers import supervised, update
 from rlhf.trainers.update import Trainable
 
 NORMALIZATION_FILE = "normalization.jsonl"
@@ -88,67 +86,22 @@ def run(config: RMConfig) -> Path:
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     out = Path(config.output_dir)
     d = distributed.current()
-    device = d.device
     seed_everything(config.run.seed)
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
     rm, scorer = load_scorer(config, d)
     train, held_out = load_pairs(config, rm)
-    steps_per_epoch = math.ceil(len(train) / config.batch.size)
-    total_steps = config.rm.epochs * steps_per_epoch
+    # 2-6. evaluation before training, then the steps: micro-batched Bradley–Terry, AdamW, evaluation, checkpoints
     trainable = Trainable(scorer, d)
-    optimizer, scheduler = build_optimizer(trainable.parameters(), config.optim, total_steps)
-    start = 0
-
-    modules = {"scorer": scorer}
-    checkpoint, state = rundir.load_resume_checkpoint(config)
-    if checkpoint is not None:
-
-        def load_unsharded(state: dict[str, Any]) -> None:
-            load_trainable_state(rm.model, state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-
-        train_state.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start = state["step"]
-    logger = common.open_run(out, config, checkpoint, start, d)
-
-    with StepProgress(total_steps, start, enabled=config.run.progress and d.is_main, description="rm") as progress:
-        # 2. the untrained model on the held-out pairs (step 0)
-        if start == 0 and held_out:
-            logger.log({"step": 0, "epoch": 0.0, **evaluate(config, scorer, rm, held_out, device, d)})
-        for step in range(start + 1, total_steps + 1):
-            t0 = time.perf_counter()
-            # 3. this step's pairs: slice `index` of epoch `epoch`'s order (a function of seed and epoch only)
-            epoch, index = divmod(step - 1, steps_per_epoch)
-            order = epoch_order(len(train), config.run.seed, epoch)
-            rows = order[index * config.batch.size : (index + 1) * config.batch.size]
-            # 4. forward/backward in micro-batches (this rank's share), weighted by their share of the step's pairs
-            optimizer.zero_grad(set_to_none=True)
-            stats = train_step(config, rm, trainable, train, rows, device)
-            # 5. clip, step, schedule
-            lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.optim.max_grad_norm)
-            # 6. metrics; evaluation every eval_every steps and at the end of each epoch; checkpoint
-            metrics = {"step": step, "epoch": step / steps_per_epoch, **stats, "grad/norm": grad_norm,
-                       "lr": lr, "time/step_s": time.perf_counter() - t0}  # fmt: skip
-            end_of_epoch = step % steps_per_epoch == 0
-            evaluating = bool(held_out) and (
-                end_of_epoch or (config.run.eval_every > 0 and step % config.run.eval_every == 0)
-            )
-            if evaluating:
-                t1 = time.perf_counter()
-                metrics.update(evaluate(config, scorer, rm, held_out, device, d))
-                metrics["time/eval_s"] = time.perf_counter() - t1
-            if evaluating or step % config.run.log_every == 0 or step == total_steps:
-                logger.log(metrics)
-            progress.update(step, metrics)
-            if config.run.save_every and step % config.run.save_every == 0:
-                plain = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
-                train_state.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
-                                          unsharded=lambda: {"model": trainable_state(rm.model),
-                                                             "optimizer": optimizer.state_dict()})  # fmt: skip
-    logger.close()
+    task = supervised.Task(
+        trainable, supervised.OneModel("scorer", scorer, rm.model),
+        step=functools.partial(train_step, config, rm, trainable, train),
+        evaluate=functools.partial(evaluate, config, scorer, rm, held_out, d.device, d) if held_out else None,
+        tokens=lambda rows: sum(2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids)
+                               for i in rows),
+    )  # fmt: skip
+    fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
+    order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "rm")
+    supervised.train(config, task, order, config.rm.epochs, d)
     # sharded: rank 0 alone continues, with a whole copy in a fresh model of the same build (the others are done)
     whole = [rm]
 
@@ -162,7 +115,7 @@ def run(config: RMConfig) -> Path:
     model = peft_or_hf.merge_and_unload() if hasattr(peft_or_hf, "merge_and_unload") else peft_or_hf
     # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
     if config.normalize.policy:
-        normalize(config, model, rm.tokenizer, device, out, distributed.SINGLE if d.sharded else d)
+        normalize(config, model, rm.tokenizer, d.device, out, distributed.SINGLE if d.sharded else d)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
     if d.is_main:
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
@@ -217,11 +170,6 @@ def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[Tokeniz
     return train, held_out
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """The order epoch ``epoch`` visits ``n`` pairs in: a permutation depending only on (seed, epoch)."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-
-
 def pair_rewards(
     scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], pairs: list[TokenizedPreference], pad_id: int,
     device: torch.device,
@@ -238,13 +186,14 @@ def pair_rewards(
 
 def train_step(
     config: RMConfig, rm: TrainableRewardModel, trainable: Trainable, pairs: list[TokenizedPreference],
-    rows: torch.Tensor, device: torch.device,
+    indices: list[int],
 ) -> dict[str, float]:  # fmt: skip
-    """Phase 4: backward of the mean loss over the step's pairs ``rows`` (this rank's share of them, in
+    """Phase 4: backward of the mean loss over the step's pairs ``indices`` (this rank's share of them, in
     micro-batches); returns the step's train stats over all ranks."""
+    rows = torch.tensor(indices)
     n, pad = len(rows), rm.tokenizer.pad_token_id
     center = config.rm.center_rewards_coefficient or 0.0
-    d = trainable.d
+    d, device = trainable.d, trainable.d.device
 
     def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         chosen, rejected, margin = pair_rewards(trainable.forward, [pairs[i] for i in micro], pad, device)

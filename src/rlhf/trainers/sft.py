@@ -1,11 +1,11 @@
 """Supervised fine-tuning (SFT): next-token cross-entropy on the response / assistant tokens, read in `run`.
 
-One optimizer step: (1) the next ``batch_size`` examples of this epoch's shuffled order → (2) micro-batches of
-``micro_batch_size`` examples, right-padded or packed into rows of ``max_length`` tokens → (3) forward +
-backward of each micro-batch's summed token loss divided by the label tokens of the WHOLE batch, so that
-accumulation gives exactly the batch's gradient (STYLE principle 5) → (4) gradient clipping, AdamW and
-schedule step → (5) metrics → (6) ``eval/loss`` (before training, every ``eval_every`` steps and at the end of
-every epoch) → (7) checkpoint.
+`run` loads the data and the model, then trains in the loop SFT and RM share (`rlhf.trainers.supervised`:
+epochs of shuffled batches, evaluation, checkpoints, resume). This module supplies one step: the step's
+examples → micro-batches of ``micro_batch_size`` examples, right-padded or packed into rows of ``max_length``
+tokens → forward + backward of each micro-batch's summed token loss divided by the label tokens of the
+WHOLE batch, so that accumulation gives exactly the batch's gradient (docs/architecture.md) — and
+``eval/loss``.
 
 Conventions:
 - labels are `IGNORE_INDEX` on prompt, user/system and padding tokens (`rlhf.data.tokenize_sft`); the logits
@@ -31,11 +31,6 @@ settings back, so the saved model is the input model, trained.
 from __future__ import annotations
 
 import functools
-import hashlib
-import math
-import random
-import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,18 +43,13 @@ from rlhf.config import ConfigError, SFTConfig
 from rlhf.core.logprobs import selective_log_softmax
 from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
-from rlhf.models.loading import (
-    load_tokenizer,
-    load_trainable_state,
-    trainable_state,
-)
+from rlhf.data.stream import EpochOrder, fingerprint_of
+from rlhf.models.loading import load_tokenizer
 from rlhf.models.sharding import adapters, load_lm, unsharded
-from rlhf.optim import build_optimizer
-from rlhf.runlog import distributed, rundir, train_state
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.runlog.progress import StepProgress
-from rlhf.runlog.seeding import rng_state, seed_everything, set_rng_state
-from rlhf.trainers import common, update
+from rlhf.runlog.seeding import seed_everything
+from rlhf.trainers import supervised, update
 from rlhf.trainers.update import Trainable
 
 MAX_HELD_OUT = 200
@@ -73,93 +63,50 @@ def run(config: SFTConfig) -> Path:
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
-    out = Path(config.output_dir)
     d = distributed.current()
-    device = d.device
     seed_everything(config.run.seed)
     tokenizer = load_tokenizer(config.model.name)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
     model = load_lm(config.model.name, config.model.dtype, d, adapters(config.model.lora))
     if config.sft.packing:
-        check_packing(model, train, filler, device)
-    order = DataOrder(train, config.batch.size, config.run.seed)
-    total_steps = config.sft.epochs * order.steps_per_epoch
+        check_packing(model, train, filler, d.device)
+    batches = Batcher(config.effective_micro_batch_size, config.sft.packing, config.data.max_length, filler, d.device)
     trainable = Trainable(model, d)
-    optimizer, scheduler = build_optimizer(trainable.parameters(), config.optim, total_steps)
-    start = 0
-    modules = {"model": model}
-    checkpoint, state = rundir.load_resume_checkpoint(config)
-    if checkpoint is not None:
-        order.check_state(state["data"], state["step"])
-
-        def load_unsharded(state: dict[str, Any]) -> None:
-            load_trainable_state(model, state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-
-        train_state.restore_training(state, d, modules=modules, optimizer=optimizer, unsharded=load_unsharded)
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start = state["step"]
-    logger = common.open_run(out, config, checkpoint, start, d)
-    batches = Batcher(config.effective_micro_batch_size, config.sft.packing, config.data.max_length, filler, device)
-    model.train()  # dropout is off either way; train mode is what optimizer steps normally run in
-
-    with StepProgress(total_steps, start, enabled=config.run.progress and d.is_main) as progress:
-        if start == 0 and eval_examples:  # the starting point of every eval/loss curve
-            logger.log({"step": 0, "epoch": 0.0, **evaluate(model, eval_examples, batches, d)})
-        for step in range(start + 1, total_steps + 1):
-            t0 = time.perf_counter()
-            # 1. the next batch of this epoch's shuffled order; this rank's share of it
-            batch = [train[i] for i in order.batch(step)]
-            num_tokens = sum(label_tokens(e) for e in batch)  # of the whole batch, over all ranks
-            mine = batch[d.rank :: d.world_size]
-            # 2-3. micro-batches (padded or packed), forward + backward, each loss over the batch's label tokens
-            optimizer.zero_grad(set_to_none=True)
-
-            def micro_step(rows: Rows, num_tokens: int = num_tokens) -> tuple[torch.Tensor, dict[str, float]]:
-                per_token, mask = token_losses(trainable.forward, rows)
-                micro_loss = aggregate(per_token, mask, "token-mean", num_tokens=num_tokens)
-                return micro_loss, {"train/loss": micro_loss.item()}
-
-            filler = functools.partial(batches.one, batch[0])  # a rank whose share is empty runs it at weight 0
-            stats = update.accumulate(trainable, batches(mine), filler, micro_step)
-            loss = update.reduce_stats(stats, d).get("train/loss", 0.0)
-            # 4. clip the global gradient norm, then the optimizer and schedule step
-            lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            grad_norm = update.optimizer_step(trainable, optimizer, scheduler, config.optim.max_grad_norm)
-            # 5. metrics of this step
-            step_s = time.perf_counter() - t0
-            metrics = {
-                "step": step, "epoch": step / order.steps_per_epoch, "train/loss": loss, "grad/norm": grad_norm,
-                "lr": lr, "time/step_s": step_s,
-                "throughput/tokens_per_s": sum(len(e.input_ids) for e in batch) / step_s,
-            }  # fmt: skip
-            # 6. eval/loss every eval_every steps and at the end of each epoch, in this step's row
-            end_of_epoch = step % order.steps_per_epoch == 0
-            evaluating = bool(eval_examples) and (
-                end_of_epoch or (config.run.eval_every > 0 and step % config.run.eval_every == 0)
-            )
-            if evaluating:
-                t1 = time.perf_counter()
-                metrics.update(evaluate(model, eval_examples, batches, d))
-                metrics["time/eval_s"] = time.perf_counter() - t1
-            if evaluating or step % config.run.log_every == 0 or step == total_steps:
-                logger.log(metrics)
-            progress.update(step, metrics)
-            # 7. checkpoint: everything the next step depends on
-            if config.run.save_every and step % config.run.save_every == 0:
-                plain = {"scheduler": scheduler.state_dict(), "data": order.state_dict(step), "rng": rng_state()}
-                train_state.save_training(out, step, d, modules=modules, optimizer=optimizer, plain=plain,
-                                          unsharded=lambda: {"model": trainable_state(model),
-                                                             "optimizer": optimizer.state_dict()})  # fmt: skip
-    logger.close()
+    task = supervised.Task(
+        trainable, supervised.OneModel("model", model, model),
+        step=functools.partial(train_step, trainable, train, batches),
+        evaluate=functools.partial(evaluate, model, eval_examples, batches, d) if eval_examples else None,
+        tokens=lambda rows: sum(len(train[i].input_ids) for i in rows),
+    )  # fmt: skip
+    fingerprint = fingerprint_of((e.input_ids, e.labels) for e in train)
+    order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "sft")
+    supervised.train(config, task, order, config.sft.epochs, d)
     shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
     plain_model = unsharded(model, shell, d)
     if plain_model is not None:  # rank 0
-        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+        with rundir.staged(Path(config.output_dir) / "final") as staging:  # a crash keeps the previous final/
             save_final(plain_model, tokenizer, config.model.name, staging)
-    return out / "final"
+    return Path(config.output_dir) / "final"
+
+
+def train_step(
+    trainable: Trainable, train: Sequence[TokenizedSFT], batches: Batcher, rows: list[int]
+) -> dict[str, float]:
+    """Forward + backward of this rank's share of the step's examples ``rows``, in micro-batches (padded or
+    packed), each micro-batch's summed token loss divided by the label tokens of the whole step's batch."""
+    d = trainable.d
+    batch = [train[i] for i in rows]
+    num_tokens = sum(label_tokens(e) for e in batch)  # of the whole batch, over all ranks
+
+    def micro_step(micro: Rows) -> tuple[torch.Tensor, dict[str, float]]:
+        per_token, mask = token_losses(trainable.forward, micro)
+        micro_loss = aggregate(per_token, mask, "token-mean", num_tokens=num_tokens)
+        return micro_loss, {"train/loss": micro_loss.item()}
+
+    filler = functools.partial(batches.one, batch[0])  # a rank whose share is empty runs it at weight 0
+    stats = update.accumulate(trainable, batches(batch[d.rank :: d.world_size]), filler, micro_step)
+    return {"train/loss": update.reduce_stats(stats, d).get("train/loss", 0.0)}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -183,51 +130,6 @@ def _examples(config: SFTConfig, tokenizer: Any) -> tuple[list[TokenizedSFT], li
 def label_tokens(example: TokenizedSFT) -> int:
     """Tokens ``example`` is trained on. Label 0 never counts: no logit predicts the first token."""
     return sum(label != IGNORE_INDEX for label in example.labels[1:])
-
-
-class DataOrder:
-    """Which examples each optimizer step trains on.
-
-    Epoch e visits all N examples once, in an order fixed by ``(seed, e)``, in consecutive batches of
-    ``batch_size`` (the last one holds the remainder). Step s (from 1) is batch ``(s−1) mod S`` of epoch
-    ``(s−1) div S``, S = ``steps_per_epoch``: the position in the data is a function of the step, and the
-    state saved with a checkpoint makes sure a resumed run reads the same data in the same order.
-    """
-
-    def __init__(self, examples: Sequence[TokenizedSFT], batch_size: int, seed: int):
-        self.num_examples, self.batch_size, self.seed = len(examples), batch_size, seed
-        self.steps_per_epoch = math.ceil(len(examples) / batch_size)
-        h = hashlib.sha256()
-        for e in examples:
-            h.update(array("q", e.input_ids).tobytes() + array("q", e.labels).tobytes() + b"|")
-        self.fingerprint = h.hexdigest()[:16]
-        self._epoch, self._order = -1, []
-
-    def batch(self, step: int) -> list[int]:
-        epoch, index = divmod(step - 1, self.steps_per_epoch)
-        if epoch != self._epoch:
-            self._order = list(range(self.num_examples))
-            # a string seed is hashed with SHA-512 by `random`: stable across runs and platforms
-            random.Random(f"rlhf.sft:{self.seed}:{epoch}").shuffle(self._order)
-            self._epoch = epoch
-        return self._order[index * self.batch_size : (index + 1) * self.batch_size]
-
-    def state_dict(self, step: int) -> dict[str, Any]:
-        """The position after ``step`` (next epoch and batch) and what the order depends on."""
-        epoch, index = divmod(step, self.steps_per_epoch)
-        return {"epoch": epoch, "next_batch": index, "seed": self.seed, "batch_size": self.batch_size,
-                "num_examples": self.num_examples, "fingerprint": self.fingerprint}  # fmt: skip
-
-    def check_state(self, state: dict[str, Any], step: int) -> None:
-        """Refuse to resume on other data, another seed or another batch size: the order would differ."""
-        mine = self.state_dict(step)
-        changed = [k for k in ("seed", "batch_size", "num_examples", "fingerprint") if state[k] != mine[k]]
-        if changed:
-            raise ConfigError(
-                "sft: the checkpoint was written with other "
-                + ", ".join(f"{k} ({state[k]}, now {mine[k]})" for k in changed)
-                + "; resume with the data.train, run.seed and batch.size of the interrupted run"
-            )
 
 
 @dataclass(frozen=True)
