@@ -132,7 +132,11 @@ GLOBAL_FLAGS = ("--debug", "--verbose")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `rlhf` with `argv` (default: sys.argv[1:]); returns the exit code."""
+    """Run `rlhf` with `argv` (default: sys.argv[1:]); returns the exit code.
+
+    Long on purpose: every way a command can fail becomes its one-line message and exit code here, in one
+    place, so each branch is a case a user meets rather than a step of a procedure.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     debug, verbose = "--debug" in args, "--verbose" in args
     args = [arg for arg in args if arg not in GLOBAL_FLAGS]

@@ -70,7 +70,11 @@ class Answers:
 
 
 def run(config: EvalConfig) -> dict[str, Any]:
-    """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results."""
+    """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results.
+
+    Its phases (load, sample and score the policy, the baseline, the judge, write) read top to bottom as
+    the command's steps; split up, each part would need most of the others' state.
+    """
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads

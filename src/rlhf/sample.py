@@ -80,7 +80,11 @@ Row = dict[str, Any]
 
 
 def run(config: SampleConfig) -> dict[str, Any]:
-    """Sample ``config.num_samples`` completions per prompt and write ``config.output``; returns the summary."""
+    """Sample ``config.num_samples`` completions per prompt and write ``config.output``; returns the summary.
+
+    Its phases (load, per batch: sample, judge, write rows; summary) read top to bottom as the command's
+    steps; the rows of each mode are built by the functions of `ROWS`.
+    """
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads

@@ -21,19 +21,9 @@ from rlhf.core.group import (
     sum_rewards,
     token_advantages,
 )
+from vectors import F64, close, t
 
-F64 = torch.float64
 NAN = math.nan
-
-
-def t(x) -> torch.Tensor:
-    return torch.tensor(x, dtype=F64)
-
-
-def close(actual: torch.Tensor, expected, *, rtol: float = 1e-9, atol: float = 1e-10) -> None:
-    torch.testing.assert_close(
-        actual, torch.as_tensor(expected, dtype=actual.dtype), rtol=rtol, atol=atol, equal_nan=True
-    )
 
 
 # 2-J: 3 prompts × G = 4; group mean [0.5, 0.5, 1]; unbiased std [1/√3, 1/√6, 0]

@@ -14,18 +14,7 @@ from rlhf.core.losses import (
     clipped_value_loss,
     explained_variance,
 )
-
-F64 = torch.float64
-
-
-def t(x) -> torch.Tensor:
-    return torch.tensor(x, dtype=F64)
-
-
-def close(actual: torch.Tensor, expected, *, rtol: float = 1e-9, atol: float = 1e-10) -> None:
-    # atol 1e-10 covers reference numbers printed with 10 decimals.
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), rtol=rtol, atol=atol)
-
+from vectors import F64, close, t
 
 # ---------------------------------------------------------------- 2-E: clipped surrogate, clipfrac, approx-KL
 # A = [1, −1, 0.5, −0.5, 2], ρ = [1.5, 1.5, 0.7, 0.7, 1.1], ε = 0.2

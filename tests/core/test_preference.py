@@ -12,17 +12,7 @@ from rlhf.core.preference import (
     normalization_gain_bias,
     pairwise_accuracy,
 )
-
-F64 = torch.float64
-
-
-def t(x) -> torch.Tensor:
-    return torch.tensor(x, dtype=F64)
-
-
-def close(actual: torch.Tensor, expected, *, rtol: float = 1e-9, atol: float = 1e-10) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), rtol=rtol, atol=atol)
-
+from vectors import F64, close, t
 
 # r_c − r_r = [1, 0, −1] → −log σ = [0.3132616875, 0.6931471806 (= log 2), 1.3132616875]
 CHOSEN, REJECTED = t([2.0, 0.5, -1.0]), t([1.0, 0.5, 0.0])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -26,9 +25,19 @@ from rlhf.config import config_from_dict
 from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
-from rlhf.runlog import train_state
 from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import grpo
+from runs import (
+    assert_rows_match,
+    comparable,
+    counting,
+    dies_after_checkpoint,
+    finite,
+    max_abs_diff,
+    metric_rows,
+    recording_micro_steps,
+    train_rows,
+)
 
 PPO_REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 
@@ -97,33 +106,10 @@ def make_config(policy: Path, prompts: Path, out: Path, **overrides: object):
     return config_from_dict("grpo", nested(values | overrides))
 
 
-def train_rows(out: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [row for row in rows if "reward/mean" in row]
-
-
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
-def finite(row: dict, keys: list[str]) -> bool:
-    return all(math.isfinite(row[k]) for k in keys)
-
-
 @pytest.fixture
 def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Records the stats of every micro-batch forward/backward of the run, in order."""
-    calls: list[dict] = []
-    original = grpo._micro_step
-
-    def recording(*args, **kwargs):
-        loss, stats = original(*args, **kwargs)
-        calls.append({**stats, "ratio_dev": stats["ratio_dev_max"]})
-        return loss, stats
-
-    monkeypatch.setattr(grpo, "_micro_step", recording)
-    return calls
+    return recording_micro_steps(monkeypatch, grpo)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,52 +307,23 @@ def test_micro_batching_gives_the_same_update(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class Interrupted(Exception):
-    pass
-
-
-def comparable(rows) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows]
-
-
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, tmp_path, monkeypatch):
     fields = {"grpo.steps": 4, "run.save_every": 2, "run.eval_every": 2, "kl.coef": 0.1, "grpo.num_iterations": 2,
               "grpo.dynamic_sampling": True, "reward.source": local("half_constant")}  # fmt: skip
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
-    original = train_state.save_checkpoint
-
-    def save_then_die(out, step, state, *args, **kwargs):
-        path = original(out, step, state, *args, **kwargs)
-        if step == 2:
-            raise Interrupted
-        return path
-
-    with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(train_state, "save_checkpoint", save_then_die)
+    with dies_after_checkpoint(monkeypatch, 2):
         grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
-    torch.manual_seed(1234)  # other random numbers drawn meanwhile, as in a new process
-    updates: list[int] = []
-    update = grpo.grpo_update
-    with monkeypatch.context() as patch:
-        patch.setattr(grpo, "grpo_update", lambda *args: updates.append(1) or update(*args))
+    with counting(monkeypatch, grpo, "grpo_update") as updates:
         resumed = grpo.run(
             make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **{"run.resume": True}, **fields)
         )
     assert len(updates) == 2  # it continued at iteration 3
 
-    def rows(name: str) -> list[dict]:
-        return comparable(
-            json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-        )
-
-    expected, got = rows("whole"), rows("resumed")
+    expected, got = comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "resumed"))
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2, 3, 4]
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
-    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
-    for want, have in zip(expected, got, strict=True):
-        assert want.keys() == have.keys()
-        for key in want:
-            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-6, nan_ok=True), (want["step"], key)
+    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) is not a measured noise level
+    assert_rows_match(expected, got, rel=1e-6, abs=1e-6)
     assert (
         max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     )

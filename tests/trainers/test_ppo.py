@@ -28,9 +28,19 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
-from rlhf.runlog import train_state
 from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import ppo, update
+from runs import (
+    assert_rows_match,
+    comparable,
+    counting,
+    dies_after_checkpoint,
+    finite,
+    max_abs_diff,
+    metric_rows,
+    recording_micro_steps,
+    train_rows,
+)
 
 REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 
@@ -82,34 +92,10 @@ def make_config(policy: Path, prompts: Path, out: Path, **overrides: object):
     return config_from_dict("ppo", nested(values | overrides))
 
 
-def train_rows(out: Path) -> list[dict]:
-    """The training lines of metrics.jsonl (held-out evaluation lines carry `eval/...` only)."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [row for row in rows if "reward/mean" in row]
-
-
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
-def finite(row: dict, keys: list[str]) -> bool:
-    return all(math.isfinite(row[k]) for k in keys)
-
-
 @pytest.fixture
 def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Records the stats of every micro-batch forward/backward of the run, in order."""
-    calls: list[dict] = []
-    original = ppo._micro_step
-
-    def recording(*args, **kwargs):
-        loss, stats = original(*args, **kwargs)
-        calls.append({**stats, "ratio_dev": stats["ratio_dev_max"]})
-        return loss, stats
-
-    monkeypatch.setattr(ppo, "_micro_step", recording)
-    return calls
+    return recording_micro_steps(monkeypatch, ppo)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -385,15 +371,6 @@ def test_separate_critic_starts_from_the_reward_model_only_when_it_reads_the_pol
 # --------------------------------------------------------------------------------------------------------------
 
 
-class Interrupted(Exception):
-    pass
-
-
-def comparable(rows: list[dict]) -> list[dict]:
-    """metrics.jsonl rows without the wall-clock ones."""
-    return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows]
-
-
 @pytest.mark.parametrize(
     "variant", [{}, {"model.lora": LORA, "ppo.critic": "separate"}], ids=["full-shared", "lora-separate"]
 )
@@ -410,44 +387,21 @@ def test_resume_reproduces_the_uninterrupted_run(
         **variant,
     }
     whole = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
-
-    original = train_state.save_checkpoint
-
-    def save_then_die(out, step, state, *args, **kwargs):
-        path = original(out, step, state, *args, **kwargs)
-        if step == 2:
-            raise Interrupted
-        return path
-
-    with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(train_state, "save_checkpoint", save_then_die)
+    with dies_after_checkpoint(monkeypatch, 2):
         ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
-    # the process goes on with other random numbers drawn meanwhile, as a new process would
-    torch.manual_seed(1234)
-    updates: list[int] = []
-    update = ppo.ppo_update
-    with monkeypatch.context() as patch:
-        patch.setattr(ppo, "ppo_update", lambda *args: updates.append(1) or update(*args))
+    with counting(monkeypatch, ppo, "ppo_update") as updates:
         resumed = ppo.run(
             make_config(tiny_llama_dir, prompts_file, tmp_path / "resumed", **{"run.resume": True}, **fields)
         )
     assert len(updates) == 2  # it did continue at iteration 3 (a fresh run would reproduce 1-2 as well)
 
-    expected = comparable(
-        json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
-    )
-    got = comparable(
-        json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
-    )
+    expected, got = comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "resumed"))
     # one row per step; the eval steps carry the held-out rewards in the same row
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2, 3, 4]
     assert ["eval/reward/mean" in row for row in got] == [False, True, False, True]
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
-    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
-    for want, have in zip(expected, got, strict=True):
-        assert want.keys() == have.keys()
-        for key in want:
-            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-6, nan_ok=True), (want["step"], key)
+    # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) is not a measured noise level
+    assert_rows_match(expected, got, rel=1e-6, abs=1e-6)
     names = ["model.safetensors", "value_head.safetensors"]
     if variant.get("ppo.critic") == "separate":
         names = ["model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors"]

@@ -40,9 +40,9 @@ from rlhf.models.reward import (
 )
 from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
-from rlhf.runlog import train_state
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import reward_model
+from runs import assert_rows_match, comparable, counting, dies_after_checkpoint, max_abs_diff, metric_rows
 
 # The rm metric names (README, "Metrics"): every training row carries these; evaluation rows add EVAL.
 TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]
@@ -121,15 +121,6 @@ def make_config(model: Path, data: dict[str, Path], out: Path, **overrides: obje
         "run.progress": False,
     }
     return config_from_dict("rm", nested(values | overrides))
-
-
-def metric_rows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def held_out_accuracy(final: Path, path: Path) -> float:
@@ -419,47 +410,23 @@ def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, 
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path, monkeypatch):
     # 2 epochs of 3 steps (a reshuffle at the boundary), linear decay, evaluations: the state to restore
     fields = {"rm.epochs": 2, "run.save_every": 2, "run.eval_every": 2}
     whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
-
-    original = train_state.save_checkpoint
-
-    def save_then_die(out, step, state, *args, **kwargs):
-        path = original(out, step, state, *args, **kwargs)
-        if step == 4:
-            raise Interrupted
-        return path
-
-    with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(train_state, "save_checkpoint", save_then_die)
+    with dies_after_checkpoint(monkeypatch, 4):
         reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "resumed", **fields))
-    torch.manual_seed(1234)  # the process goes on with other random numbers drawn meanwhile
-    steps: list[int] = []
-    train_step = reward_model.train_step
-    with monkeypatch.context() as patch:
-        patch.setattr(reward_model, "train_step", lambda *args: steps.append(1) or train_step(*args))
+    with counting(monkeypatch, reward_model, "train_step") as steps:
         resumed = reward_model.run(
             make_config(tiny_llama_dir, data, tmp_path / "resumed", **{"run.resume": True}, **fields)
         )
     assert len(steps) == 2  # steps 5 and 6 only
 
-    def comparable(out: Path) -> list[dict]:
-        return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in metric_rows(out)]
-
-    expected, got = comparable(tmp_path / "whole"), comparable(tmp_path / "resumed")
+    expected, got = comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "resumed"))
     assert [row["step"] for row in got] == [row["step"] for row in expected] == [0, 1, 2, 3, 4, 5, 6]
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
     # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
-    for want, have in zip(expected, got, strict=True):
-        assert want.keys() == have.keys()
-        for key in want:
-            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (want["step"], key)
+    assert_rows_match(expected, got, rel=1e-6, abs=1e-7)
     assert (
         max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     )

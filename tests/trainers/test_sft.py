@@ -26,8 +26,8 @@ from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import IGNORE_INDEX, load_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.tiny import toy_corpus
-from rlhf.runlog import train_state
 from rlhf.trainers import sft
+from runs import assert_rows_match, comparable, counting, dies_after_checkpoint, max_abs_diff, metric_rows
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 SFT_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
@@ -83,20 +83,6 @@ def make_config(model: Path, data: Path, out: Path, **overrides: object):
     return config_from_dict("sft", nested(values | overrides))
 
 
-def rows_of(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def comparable(rows: list[dict]) -> list[dict]:
-    """metrics.jsonl rows without the wall-clock ones."""
-    return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows]
-
-
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
 def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tuple[Path, list]:
     """Run; also return the gradient of every trainable parameter at each optimizer step (before clipping),
     as the ``clipped_gradients`` fixture records them."""
@@ -119,7 +105,7 @@ def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch
     out = tmp_path / "run"
     final = sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, **{"sft.epochs": 4, "run.eval_every": 5}))
 
-    rows = rows_of(out)
+    rows = metric_rows(out)
     # 61 training examples / 8 per step = 8 steps per epoch (the last one of 5); 3 held out for eval/loss
     assert [row["step"] for row in rows] == list(range(33))
     evals = [row["step"] for row in rows if "eval/loss" in row]
@@ -209,7 +195,7 @@ def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tm
 
     out = tmp_path / "run"
     final = sft.run(make_config(tiny_llama_dir, data_dir / "chat.jsonl", out, **{"sft.epochs": 2}))
-    rows = rows_of(out)
+    rows = metric_rows(out)
     assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5, 6]  # 23 examples, 1 held out: 3 steps/epoch
     assert rows[-1]["eval/loss"] < rows[0]["eval/loss"]
     assert (final / "chat_template.jinja").is_file()
@@ -246,7 +232,7 @@ def test_micro_batching_gives_the_same_update(
         for name in names:
             assert ((final[name] - predicted[name]).abs() <= tolerance[name]).all(), (out.parent.name, name)
     assert max_abs_diff(load_file(whole / "model.safetensors"), initial) > 1e-3  # the step moved the weights
-    a, b = rows_of(tmp_path / "whole"), rows_of(tmp_path / "micro")
+    a, b = metric_rows(tmp_path / "whole"), metric_rows(tmp_path / "micro")
     # the logged loss, norm and means sum 10 examples × ≤ 12 tokens in another grouping (per micro-batch, then added):
     # float32 sums of ≤ 120 terms of one sign differ by ≲ 120·2⁻²⁴ ≈ 7e-6 relative, inside rel 1e-5
     for key in ("train/loss", "grad/norm", "eval/loss"):
@@ -269,7 +255,7 @@ def test_packing_gives_the_same_loss_and_gradient(
     )
     for g_packed, g_padded in zip(packed_grads, padded_grads, strict=True):
         torch.testing.assert_close(g_packed, g_padded, rtol=1e-4, atol=1e-6)
-    a, b = rows_of(tmp_path / "padded"), rows_of(tmp_path / "packed")
+    a, b = metric_rows(tmp_path / "padded"), metric_rows(tmp_path / "packed")
     for row_a, row_b in zip(a, b, strict=True):
         for key in ("eval/loss", "train/loss", "grad/norm"):
             if key in row_a:
@@ -312,10 +298,6 @@ def test_packing_is_refused_for_a_model_that_lets_examples_see_each_other(tiny_l
         sft.check_packing(IgnoresPacking(model), examples, tokenizer.eos_token_id, "cpu")
 
 
-class Interrupted(Exception):
-    pass
-
-
 @pytest.mark.parametrize(
     "variant", [{}, {"model.lora": LORA, "sft.packing": True, "batch.micro_size": 4}], ids=["full", "lora-packed-micro"]
 )
@@ -324,37 +306,20 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
     fields = {"sft.epochs": 2, "run.save_every": 3, "run.eval_every": 4, **variant}
     train = data_dir / "train.jsonl"
     whole = sft.run(make_config(tiny_llama_dir, train, tmp_path / "whole", **fields))
-
-    original = train_state.save_checkpoint
-
-    def save_then_die(out, step, state, *args, **kwargs):
-        path = original(out, step, state, *args, **kwargs)
-        if step == 6:
-            raise Interrupted
-        return path
-
-    with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(train_state, "save_checkpoint", save_then_die)
+    with dies_after_checkpoint(monkeypatch, 6):
         sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", **fields))
-    torch.manual_seed(1234)  # a new process would draw other random numbers meanwhile
-    steps: list[int] = []
-    token_losses = sft.token_losses
-    with monkeypatch.context() as patch:
-        patch.setattr(sft, "token_losses", lambda *args: steps.append(1) or token_losses(*args))
+    with counting(monkeypatch, sft, "token_losses") as steps:
         resumed = sft.run(make_config(tiny_llama_dir, train, tmp_path / "resumed", **{"run.resume": True}, **fields))
     # steps 7-16 only: 10 steps × 1 or 2 micro-batches, + eval at 8, 12, 16 (3 examples: one micro-batch)
     # (+ the 3 forwards of the start-up packing probe)
     micro_batches = 2 if "batch.micro_size" in variant else 1
     assert len(steps) == 10 * micro_batches + 3 + (3 if variant.get("sft.packing") else 0)
 
-    expected, got = comparable(rows_of(tmp_path / "whole")), comparable(rows_of(tmp_path / "resumed"))
+    expected, got = comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "resumed"))
     assert [row["step"] for row in got] == [row["step"] for row in expected] == list(range(17))
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
     # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
-    for want, have in zip(expected, got, strict=True):
-        assert want.keys() == have.keys()
-        for key in want:
-            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-6), (want["step"], key)
+    assert_rows_match(expected, got, rel=1e-6, abs=1e-6)
     assert (
         max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     )
@@ -400,7 +365,7 @@ def test_cli_runs_sft_from_a_yaml_file(tiny_llama_dir, data_dir, tmp_path):
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(nested(config)))
     assert cli.main(["sft", "--config", str(path), "--sft.epochs", "1", "--sft.packing", "--run.no-progress"]) == 0
-    assert [row["step"] for row in rows_of(out)] == [0, 1, 2, 3, 4]  # the flag won over the file
+    assert [row["step"] for row in metric_rows(out)] == [0, 1, 2, 3, 4]  # the flag won over the file
     assert (out / "final" / "model.safetensors").is_file()
     written = yaml.safe_load((out / "config.yaml").read_text())
     assert written["sft"] == {"epochs": 1, "packing": True}

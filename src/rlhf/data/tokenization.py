@@ -380,16 +380,13 @@ def tokenize_preferences(
     _check_max("max_length", max_length)
     _check_max("max_prompt_length", max_prompt_length)
     _check_max("model_max_length", model_max_length)
-    if join_text:
-        encoded = _joined_preferences(examples, tokenizer, max_length)
-    else:
-        encoded = _split_preferences(examples, tokenizer, max_length, max_prompt_length)
     problems = ProblemList()
+    if join_text:
+        encoded = _joined_preferences(examples, tokenizer, max_length, problems)
+    else:
+        encoded = _split_preferences(examples, tokenizer, max_length, max_prompt_length, problems)
     out = []
     for item in encoded:
-        if isinstance(item, str):
-            problems.add(item)
-            continue
         problem = _preference_problem(item, model_max_length, max_length, join_text)
         if problem:
             problems.add(f"{item.where}: {problem}")
@@ -428,8 +425,9 @@ def _split_preferences(
     tokenizer: PreTrainedTokenizerBase,
     max_length: int | None,
     max_prompt_length: int | None,
-) -> list[TokenizedPreference | str]:
-    """Decoder encoding (see `tokenize_preferences`); a problem is returned in place as ``"where: what"``."""
+    problems: ProblemList,
+) -> list[TokenizedPreference]:
+    """Decoder encoding (see `tokenize_preferences`); an example with a problem is added to ``problems``."""
     eos = _eos_id(tokenizer)
     plain = [ex for ex in examples if not ex.is_chat]
     prefix = special_prefix(tokenizer) if plain else []
@@ -437,7 +435,7 @@ def _split_preferences(
         iter(_encode_batch(tokenizer, [getattr(ex, k) for ex in plain]))
         for k in ("prompt", "chosen", "rejected")
     ]
-    out: list[TokenizedPreference | str] = []
+    out: list[TokenizedPreference] = []
     for ex in examples:
         if not ex.is_chat:
             prompt, chosen, rejected = (next(it) for it in plain_ids)
@@ -450,13 +448,13 @@ def _split_preferences(
                 chosen = _chat_answer(tokenizer, prompt, ex, "chosen")
                 rejected = _chat_answer(tokenizer, prompt, ex, "rejected")
             except TemplateError as e:
-                out.append(f"{ex.where}: {e}")
+                problems.add(f"{ex.where}: {e}")
                 continue
         prompt, truncated = truncate_left(prompt, max_prompt_length, keep_first=tokenizer.bos_token_id)
         if max_length is not None:
             room = max_length - len(prompt)
             if room < 1:
-                out.append(
+                problems.add(
                     f"{ex.where}: the prompt takes {len(prompt)} tokens, leaving no room for a response within "
                     f"max_length={max_length}; set max_prompt_length below max_length"
                 )
@@ -468,36 +466,33 @@ def _split_preferences(
 
 
 def _joined_preferences(
-    examples: Sequence[PreferenceExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None
-) -> list[TokenizedPreference | str]:
-    """Encoder encoding (see `tokenize_preferences`); a problem is returned in place as ``"where: what"``."""
-    texts: list[tuple[str, str] | str] = []
+    examples: Sequence[PreferenceExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None,
+    problems: ProblemList,
+) -> list[TokenizedPreference]:  # fmt: skip
+    """Encoder encoding (see `tokenize_preferences`); an example with a problem is added to ``problems``."""
+    texts: list[tuple[PreferenceExample, tuple[str, str]]] = []
     for ex in examples:
         if not ex.is_chat:
             assert isinstance(ex.prompt, str) and isinstance(ex.chosen, str) and isinstance(ex.rejected, str)
-            texts.append((ex.prompt + ex.chosen, ex.prompt + ex.rejected))
+            texts.append((ex, (ex.prompt + ex.chosen, ex.prompt + ex.rejected)))
             continue
         _check_chat_template(tokenizer, ex.where)
         assert isinstance(ex.prompt, list) and isinstance(ex.chosen, list) and isinstance(ex.rejected, list)
         try:
             chosen = render_chat(tokenizer, [*ex.prompt, *ex.chosen], add_generation_prompt=False)
             rejected = render_chat(tokenizer, [*ex.prompt, *ex.rejected], add_generation_prompt=False)
-            texts.append((chosen, rejected))
+            texts.append((ex, (chosen, rejected)))
         except TemplateError as e:
-            texts.append(f"{ex.where}: {e}")
-    pairs = [t for t in texts if not isinstance(t, str)]
-    flat = [text for pair in pairs for text in pair]
+            problems.add(f"{ex.where}: {e}")
+    flat = [text for _, pair in texts for text in pair]
     full = iter(list(ids) for ids in tokenizer(flat)["input_ids"]) if flat else iter([])
-    out: list[TokenizedPreference | str] = []
-    for ex, item in zip(examples, texts, strict=True):
-        if isinstance(item, str):
-            out.append(item)
-            continue
+    out: list[TokenizedPreference] = []
+    for ex, pair in texts:
         chosen, rejected = next(full), next(full)
         truncated = max_length is not None and max(len(chosen), len(rejected)) > max_length
         if truncated:
             chosen, rejected = (
-                list(tokenizer(text, truncation=True, max_length=max_length)["input_ids"]) for text in item
+                list(tokenizer(text, truncation=True, max_length=max_length)["input_ids"]) for text in pair
             )
         out.append(TokenizedPreference(ex.where, [], chosen, rejected, ex.margin, truncated))
     return out

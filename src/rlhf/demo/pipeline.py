@@ -153,6 +153,11 @@ def run(config: DemoConfig) -> dict[str, Any]:
 
 
 def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
+    """Run the demo's stages in order, each timed, and return the summary.
+
+    Long because it is the demo's script: one numbered stage after another, each a call, sharing the paths
+    the earlier stages wrote.
+    """
     preset = PRESETS[config.preset]
     start = time.perf_counter()
     train_prompts, eval_prompts = task.split_prompts(config.seed)

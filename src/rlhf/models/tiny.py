@@ -32,7 +32,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -227,35 +227,41 @@ def tiny_config(
             architecture's defaults, so code that must disable dropout in RLHF is really exercised.
         overrides: any further config fields, passed to the config class as is.
     """
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
     n_positions = max_position_embeddings or int(tokenizer.model_max_length)
-    ids = {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if arch == "gpt2":
-        fields: dict[str, object] = {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads}
-        fields["n_positions"] = n_positions
-        if dropout is not None:
-            fields |= {
-                k: dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
-            }
-        return GPT2Config(**ids, **fields, **overrides)
-    if arch in ("llama", "qwen2"):
-        fields = {
-            "hidden_size": hidden_size,
-            "intermediate_size": 4 * hidden_size,
-            "num_hidden_layers": num_layers,
-            "num_attention_heads": num_heads,
-            "num_key_value_heads": num_heads if arch == "llama" else max(1, num_heads // 2),
-            "max_position_embeddings": n_positions,
-        }
-        if dropout is not None:
-            fields["attention_dropout"] = dropout
-        config_class = LlamaConfig if arch == "llama" else Qwen2Config
-        return config_class(**ids, **fields, **overrides)
-    raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
+    fields = _size_fields(arch, hidden_size, num_layers, num_heads, n_positions)
+    fields |= {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+               "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}  # fmt: skip
+    if dropout is not None:
+        names = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout") if arch == "gpt2" else (
+            "attention_dropout",)  # fmt: skip
+        fields |= dict.fromkeys(names, dropout)
+    config_class = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
+    return config_class(**fields, **overrides)
+
+
+def _size_fields(model_type: str, hidden_size: int, num_layers: int, num_heads: int, positions: int) -> dict:
+    """The sizes of a tiny model under its architecture's own config names (MLP 4× wide; grouped-query
+    attention with half the heads where the family ships it)."""
+    if model_type == "gpt2":
+        return {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads, "n_positions": positions}
+    fields: dict[str, object] = {"hidden_size": hidden_size, "num_hidden_layers": num_layers,
+                                 "num_attention_heads": num_heads, "max_position_embeddings": positions}  # fmt: skip
+    if model_type == "opt":
+        fields |= {"ffn_dim": 4 * hidden_size, "word_embed_proj_dim": hidden_size}
+    else:
+        fields["intermediate_size"] = 4 * hidden_size
+    if model_type in ("qwen2", "gemma2"):
+        fields["num_key_value_heads"] = max(1, num_heads // 2)
+    return fields
+
+
+def _seeded(build: Any, config: PretrainedConfig, seed: int) -> PreTrainedModel:
+    """``build(config)`` with weights drawn from ``seed``; the global torch RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build(config)
 
 
 def tiny_causal_lm(
@@ -275,18 +281,9 @@ def tiny_causal_lm(
     dtype (float32), in train mode (as ``from_config`` returns it), and ``save_pretrained``/``from_pretrained`` round-trippable.
     See :func:`tiny_config` for sizes, ``dropout`` and the differences between architectures.
     """
-    config = tiny_config(
-        arch,
-        tokenizer,
-        hidden_size,
-        num_layers,
-        num_heads,
-        dropout=dropout,
-        max_position_embeddings=max_position_embeddings,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config)
+    config = tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, dropout=dropout,
+                         max_position_embeddings=max_position_embeddings)  # fmt: skip
+    return _seeded(AutoModelForCausalLM.from_config, config, seed)
 
 
 def tiny_reward_model(
@@ -306,19 +303,9 @@ def tiny_reward_model(
     transformers at the rightmost non-pad token of each row. Same arguments and guarantees as
     :func:`tiny_causal_lm`.
     """
-    config = tiny_config(
-        arch,
-        tokenizer,
-        hidden_size,
-        num_layers,
-        num_heads,
-        dropout=dropout,
-        max_position_embeddings=max_position_embeddings,
-        num_labels=1,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return AutoModelForSequenceClassification.from_config(config)
+    config = tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, dropout=dropout,
+                         max_position_embeddings=max_position_embeddings, num_labels=1)  # fmt: skip
+    return _seeded(AutoModelForSequenceClassification.from_config, config, seed)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -510,32 +497,17 @@ def tiny_family_config(
 
     spec = FAMILIES[family]
     head_dim = hidden_size // num_heads
-    fields: dict[str, object] = {
+    n_positions = int(tokenizer.model_max_length)
+    fields = _size_fields(family, hidden_size, num_layers, num_heads, n_positions)
+    fields |= {
         "vocab_size": len(tokenizer) + spec.spare_rows,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.convert_tokens_to_ids(spec.pad_in_config) if spec.pad_in_config else None,
         "tie_word_embeddings": spec.tied,
     }
-    n_positions = int(tokenizer.model_max_length)
-    if family == "gpt2":
-        fields |= {
-            "n_embd": hidden_size,
-            "n_layer": num_layers,
-            "n_head": num_heads,
-            "n_positions": n_positions,
-        }
-    else:
-        fields |= {"hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
-                   "max_position_embeddings": n_positions}  # fmt: skip
-    if family == "opt":
-        fields |= {"ffn_dim": 4 * hidden_size, "word_embed_proj_dim": hidden_size}
-    elif family != "gpt2":
-        fields["intermediate_size"] = 4 * hidden_size
     if family == "gpt_neox":
         fields["rotary_pct"] = 0.25
-    if family in ("qwen2", "gemma2"):
-        fields["num_key_value_heads"] = max(1, num_heads // 2)
     if family == "gemma2":
         fields |= {"head_dim": head_dim, "query_pre_attn_scalar": head_dim}
     if family == "phi3":
@@ -550,9 +522,7 @@ def tiny_family_lm(
     """A randomly initialised causal LM of ``family`` (see :func:`tiny_family_config`); the same seed gives the
     same weights and the global torch RNG is left as it was."""
     config = tiny_family_config(family, tokenizer, hidden_size, num_layers, num_heads)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config)
+    return _seeded(AutoModelForCausalLM.from_config, config, seed)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -632,9 +602,7 @@ def tiny_bert_classifier(
         num_labels=num_labels,
         **fields,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return BertForSequenceClassification(config)
+    return _seeded(BertForSequenceClassification, config, seed)
 
 
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,30 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         value = value.item()
     return value
+
+
+class Stopwatch:
+    """Where a step's wall time goes: ``with watch("train"): ...`` adds the block's seconds to ``train``.
+
+    ``metrics()`` gives ``time/<phase>_s`` for every phase named at creation (0 when it did not run) or timed
+    since, and ``time/step_s``, the seconds since the watch was made.
+    """
+
+    def __init__(self, *phases: str):
+        self.start = time.perf_counter()
+        self.seconds = dict.fromkeys(phases, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        step = time.perf_counter() - self.start
+        return {**{f"time/{phase}_s": s for phase, s in self.seconds.items()}, "time/step_s": step}
 
 
 class NoLogger:

@@ -28,7 +28,7 @@ from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardSet
 from rlhf.runlog import distributed, samples
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.runlog.metrics import MetricsLogger, NoLogger
+from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch
 from rlhf.runlog.rundir import atomic_write_text, clear_run
 from rlhf.runlog.seeding import seed_everything
 
@@ -116,6 +116,32 @@ def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
     if n == 0:
         return prompts, []
     return held_out(prompts, n, seed=config.run.seed)
+
+
+def step_metrics(step: int, scores: Any, generated: Any, lr: float, watch: Stopwatch, *stats: dict) -> dict:
+    """The training row of one ppo/grpo step: ``step``, ``reward/*``, each phase's ``stats``, ``response/*``,
+    ``lr``, ``time/*`` (scoring's own seconds as ``time/score_s``) and ``throughput/tokens_per_s``."""
+    metrics = {"step": step, **scoring.reward_metrics(scores)}
+    for part in stats:
+        metrics.update(part)
+    metrics.update(generation.response_metrics(generated))
+    times = watch.metrics()
+    metrics.update({"lr": lr, **times, "time/score_s": scores.seconds,
+                    "throughput/tokens_per_s": metrics["response/tokens"] / times["time/step_s"]})  # fmt: skip
+    return metrics
+
+
+def end_step(
+    config: Any, inputs: RLInputs, policy: nn.Module, logger: MetricsLogger | NoLogger, step: int,
+    metrics: dict[str, Any], trainer_state: Any, prompts: list[str], generated: Any, scores: Any,
+) -> None:  # fmt: skip
+    """After a ppo/grpo update: this step's completions to ``completions/`` (rank 0, when due), then the
+    held-out answers and the step's row (`evaluate_and_log`)."""
+    out, d = Path(config.output_dir), inputs.d
+    if d.is_main:
+        samples.log_completions(config, out, step, prompts, generated.completions, scores)
+    evaluate_and_log(config, policy, inputs.tokenizer, inputs.rewards, inputs.eval_prompts, inputs.stops, d.device,
+                     out, step, metrics, logger, trainer_state, d)  # fmt: skip
 
 
 def evaluate_and_log(

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,8 +63,9 @@ from rlhf.models.policy import ActorCritic, score_response_tokens
 from rlhf.models.sharding import load_policy, unsharded
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
-from rlhf.runlog import distributed, rundir, samples, train_state
+from rlhf.runlog import distributed, rundir, train_state
 from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.runlog.metrics import Stopwatch
 from rlhf.runlog.progress import StepProgress
 from rlhf.trainers import common, update
 from rlhf.trainers.update import Trainable
@@ -171,39 +171,27 @@ def run(config: GRPOConfig) -> Path:
 
     with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
-            t0 = time.perf_counter()
+            watch = Stopwatch("rollout", "logprobs", "train")
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
             trainer_state = scoring.make_trainer_state(config, step - 1, stream, rows)
-            sampled, sampling_stats = fill_batch(config, functools.partial(sample_round, trainer_state))
-            t_rollout = time.perf_counter() - t0 - sampled.scores.seconds  # sampling only, as in ppo
-            stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
+            with watch("rollout"):
+                sampled, sampling_stats = fill_batch(config, functools.partial(sample_round, trainer_state))
+            watch.seconds["rollout"] -= sampled.scores.seconds  # sampling only, as in ppo
+            stats, train_stats = {}, {}
             if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else no signal: no update
                 # 3-4. old (and reference) log-probs, group-relative advantages
-                t1 = time.perf_counter()
-                rollout, stats = make_rollout(config, models, sampled, d)
-                t_logprobs = time.perf_counter() - t1
+                with watch("logprobs"):
+                    rollout, stats = make_rollout(config, models, sampled, d)
                 # 5. num_iterations passes × minibatches of the clipped per-token loss
-                t2 = time.perf_counter()
-                shuffle = generators["shuffle"]
-                train_stats = grpo_update(config, models, rollout, optimizer, scheduler, shuffle)
-                t_train = time.perf_counter() - t2
+                with watch("train"):
+                    train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"])
             # 6. metrics of this step
-            step_s = time.perf_counter() - t0
-            metrics = {"step": step, **scoring.reward_metrics(sampled.scores), **sampling_stats, **stats}
-            metrics.update(train_stats)
-            metrics.update(generation.response_metrics(sampled.generated))
-            metrics.update({
-                "lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
-                "time/score_s": sampled.scores.seconds, "time/logprobs_s": t_logprobs, "time/train_s": t_train,
-                "time/step_s": step_s, "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
-            })  # fmt: skip
-            # 7. held-out samples (in this step's metrics row), then the checkpoint
-            if d.is_main:
-                samples.log_completions(config, out, step, sampled.prompts, sampled.generated.completions,
-                                        sampled.scores)  # fmt: skip
+            metrics = common.step_metrics(step, sampled.scores, sampled.generated, scheduler.get_last_lr()[0],
+                                          watch, sampling_stats, stats, train_stats)  # fmt: skip
+            # 7. completions and held-out samples (in this step's metrics row), log, checkpoint
             trainer_state = scoring.make_trainer_state(config, step, stream, rows)
-            common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
-                                    out, step, metrics, logger, trainer_state, d)  # fmt: skip
+            common.end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, sampled.prompts,
+                            sampled.generated, sampled.scores)  # fmt: skip
             progress.update(step, metrics)
             if config.run.save_every and step % config.run.save_every == 0:
                 state.save(out, step, models, {}, d)
@@ -288,6 +276,9 @@ def make_rollout(
     forward supplies the old log-probs itself. Each rank runs the pass on its groups in the micro-batches of the
     first update; the log-probs are summed over ranks (each row filled by one rank) and the advantages are
     computed on the whole batch on every rank, as in one process.
+
+    Phases 3-4 stay in one function because they share the rollout's masks and pass results straight on;
+    every formula is a `rlhf.core` call.
     """
     generated = sampled.generated
     ids, mask = generated.query_responses, generated.attention_mask
@@ -377,7 +368,7 @@ def grpo_update(
             "num_seqs": len(minibatch),
             "max_len": config.sampling.max_new_tokens,
         }
-        return _micro_step(config, models, rollout, micro, denominators)
+        return micro_step(config, models, rollout, micro, denominators)
 
     return update.update_passes(
         passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle,
@@ -386,7 +377,7 @@ def grpo_update(
     )  # fmt: skip
 
 
-def _micro_step(
+def micro_step(
     config: GRPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any]
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward of one micro-batch: its loss and its share of the minibatch stats. Only the micro-batch's own

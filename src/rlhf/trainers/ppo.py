@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,9 @@ from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_respo
 from rlhf.models.sharding import load_policy, load_sharded, shard_small, unsharded
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import RewardModelReward
-from rlhf.runlog import distributed, rundir, samples, train_state
+from rlhf.runlog import distributed, rundir, train_state
 from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.runlog.metrics import Stopwatch
 from rlhf.runlog.progress import StepProgress
 from rlhf.trainers import common, update
 from rlhf.trainers.update import Trainable
@@ -172,53 +172,41 @@ def run(config: PPOConfig) -> Path:
 
     with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
         for step in range(start + 1, config.steps + 1):
-            t0 = time.perf_counter()
+            watch = Stopwatch("rollout", "logprobs", "train")
             trainer_state = scoring.make_trainer_state(config, step - 1, stream, config.batch.size)
             batch = next(stream)
             # 1. roll out the current policy (each rank its share of the prompts; every rank gets all responses)
-            generated = generation.generate(
-                models.policy, tokenizer, batch, inputs.sampling, stops, generators["sampling"], device, d=d
-            )
-            t_rollout = time.perf_counter() - t0
+            with watch("rollout"):
+                generated = generation.generate(models.policy, tokenizer, batch, inputs.sampling, stops,
+                                                generators["sampling"], device, d=d)  # fmt: skip
             # 2. score the finished responses
             context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
             scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
                                    config.reward.aggregation, token_ids=generated.token_ids,
                                    context=context, d=d)  # fmt: skip
-            stats, train_stats, t_logprobs, t_train = {}, {}, 0.0, 0.0
+            stats, train_stats = {}, {}
             if not unscored.skip(step, scores.combined, scores.names):  # else nothing to learn: no update
                 # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
-                t1 = time.perf_counter()
-                rollout, stats, first = make_rollout(
-                    config, models, generated, scores.combined, kl_coef, fuses_first_update(config), d
-                )
-                t_logprobs = time.perf_counter() - t1
+                with watch("logprobs"):
+                    rollout, stats, first = make_rollout(
+                        config, models, generated, scores.combined, kl_coef, fuses_first_update(config), d
+                    )
                 # 6. K epochs of clipped policy + value updates
-                t2 = time.perf_counter()
-                train_stats = ppo_update(
-                    config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first
-                )
-                t_train = time.perf_counter() - t2
+                with watch("train"):
+                    train_stats = ppo_update(
+                        config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first
+                    )
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
                 kl_coef = update_kl_coef(config.kl.control, kl_coef, stats["kl/mean"], config.kl.target,
                                          config.kl.horizon, config.batch.size)  # fmt: skip
             # 8. metrics of this step
-            step_s = time.perf_counter() - t0
-            metrics = {"step": step, **scoring.reward_metrics(scores), **stats, **train_stats}
-            metrics.update(generation.response_metrics(generated))
-            metrics.update({
-                "kl/coef": kl_coef, "lr": scheduler.get_last_lr()[0],
-                "time/rollout_s": t_rollout, "time/score_s": scores.seconds, "time/logprobs_s": t_logprobs,
-                "time/train_s": t_train, "time/step_s": step_s,
-                "throughput/tokens_per_s": metrics["response/tokens"] / step_s,
-            })  # fmt: skip
-            # 9. held-out samples (in this step's metrics row), then the checkpoint
-            if d.is_main:
-                samples.log_completions(config, out, step, batch.texts, generated.completions, scores)
+            metrics = common.step_metrics(step, scores, generated, scheduler.get_last_lr()[0], watch, stats,
+                                          train_stats, {"kl/coef": kl_coef})  # fmt: skip
+            # 9. completions and held-out samples (in this step's metrics row), log, checkpoint
             trainer_state = scoring.make_trainer_state(config, step, stream, config.batch.size)
-            common.evaluate_and_log(config, models.policy, tokenizer, rewards, inputs.eval_prompts, stops, device,
-                                    out, step, metrics, logger, trainer_state, d)  # fmt: skip
+            common.end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, batch.texts,
+                            generated, scores)  # fmt: skip
             progress.update(step, metrics)
             if config.run.save_every and step % config.run.save_every == 0:
                 state.save(out, step, models, {"kl_coef": kl_coef}, d)
@@ -268,6 +256,9 @@ def make_rollout(
     Each rank runs the passes on its rows in the micro-batches of the first update (so its first ratio is
     exactly 1); the results are summed over ranks (each row is filled by one rank, zeros elsewhere), and the
     rest runs on the whole batch on every rank, exactly as in one process.
+
+    Phases 3-5 stay in one function because they share the rollout's masks and pass results straight on;
+    every formula is a `rlhf.core` call.
     """
     ids, mask = generated.query_responses, generated.attention_mask
     (B, L), T = ids.shape, generated.responses.shape[1]
@@ -349,7 +340,7 @@ def ppo_update(
         n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
         n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
         forward, pending[0] = pending[0], None
-        return _micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward)
+        return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward)
 
     result = update.update_passes(
         passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
@@ -362,7 +353,7 @@ def ppo_update(
     return result
 
 
-def _micro_step(
+def micro_step(
     config: PPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
     n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip

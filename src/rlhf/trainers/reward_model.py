@@ -244,7 +244,10 @@ def normalize(
     them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
     store ``gain = 1/σ``, ``bias = −μ/σ`` (population std, OAI) in ``model.config``. Writes
     ``normalization.jsonl`` (rank 0); returns (gain, bias). Under torchrun each rank samples and scores its
-    share of the responses."""
+    share of the responses.
+
+    Sampling, scoring and storing stay together: they are one measurement, read in order.
+    """
     from rlhf.models.loading import load_causal_lm, load_tokenizer
     from rlhf.rollout.engine import SamplingParams
     from rlhf.rollout.rewards import RewardModelReward

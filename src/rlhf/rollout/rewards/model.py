@@ -145,6 +145,9 @@ class RewardModelReward:
         memory: it gets ``build(device)`` (``from_pretrained`` and the pad row; ``"meta"`` builds the
         architecture empty) and returns the model; default ``build("cpu")``. Sharded runs pass
         ``rlhf.models.sharding.model_loader``, so each rank holds 1/world of a frozen reward model.
+
+        Long because each refusal (no such directory, not a one-output model, a tokenizer that cannot
+        re-encode the policy's text) is checked before the weights load, with its own message.
         """
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
