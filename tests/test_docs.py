@@ -25,7 +25,7 @@ def test_config_reference_is_up_to_date():
 
 def test_readme_names_every_ppo_field_and_metric():
     readme = (ROOT / "README.md").read_text()
-    for path, _, _ in _load_tool()._rows(PPOConfig):
+    for path, _, _ in _load_tool().field_rows(PPOConfig):
         assert f"`{path}`" in readme, f"README does not mention the ppo field {path}"
     documented_metrics = [
         "step",

@@ -46,14 +46,14 @@ def _doc(cls: type, name: str) -> str:
     return " ".join((_docstrings.get_field_docstring(cls, name, ()) or "").split()).replace("|", "/")
 
 
-def _rows(cls: type, defaults: object = None, prefix: str = "") -> list[tuple[str, str, str]]:
+def field_rows(cls: type, defaults: object = None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted path, default, doc) of every leaf field; `defaults` is the command's instance of a section."""
     rows = []
     for field in dataclasses.fields(cls):
         path = prefix + field.name
         if dataclasses.is_dataclass(field.type):
             section = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
-            rows += _rows(field.type, section, path + ".")
+            rows += field_rows(field.type, section, path + ".")
         else:
             value = getattr(defaults, field.name) if defaults is not None else dataclasses.MISSING
             rows.append((path, _default(field, value), _doc(cls, field.name)))
@@ -118,7 +118,7 @@ def render() -> str:
     for command, cls in COMMANDS.items():
         lines += ["", f"## `rlhf {command}`", "", (cls.__doc__ or "").strip().splitlines()[0], ""]
         lines += ["| field | default | meaning | read in |", "|---|---|---|---|"]
-        for path, default, doc in _rows(cls):
+        for path, default, doc in field_rows(cls):
             lines.append(f"| `{path}` | {default} | {doc} | {_used_in(command, path)} |")
     return "\n".join(lines) + "\n"
 

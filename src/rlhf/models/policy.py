@@ -45,6 +45,17 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """The name under which ``model.forward`` takes and returns its KV cache: ``cache`` in the transformers
+    versions that renamed it (``past_key_values`` is deprecated there and goes in 5.40), else
+    ``past_key_values``. A PEFT wrapper passes keywords through, so its base model's forward decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
+
+
 class ScoredTokens(NamedTuple):
     """Per-response-token quantities from one forward pass.
 

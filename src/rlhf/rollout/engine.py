@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rlhf.data.collate import position_ids_from_mask
-from rlhf.models.policy import accepts_logits_to_keep
+from rlhf.models.policy import accepts_logits_to_keep, cache_keyword
 from rlhf.rollout.decoder import build_decoder
 
 
@@ -184,6 +184,7 @@ def _decode_steps(
     attention_mask = prompt_mask.long()
     state = {"past": None, "mask": attention_mask, "positions": position_ids_from_mask(attention_mask)}
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    cache = cache_keyword(model)
 
     def step(tokens: torch.Tensor | None) -> torch.Tensor:
         if tokens is None:
@@ -196,11 +197,11 @@ def _decode_steps(
             input_ids=inputs,
             attention_mask=state["mask"],
             position_ids=state["positions"],
-            past_key_values=state["past"],
             use_cache=True,
+            **{cache: state["past"]},
             **extra,
         )
-        state["past"] = out.past_key_values
+        state["past"] = getattr(out, cache)
         return out.logits[:, -1]
 
     return step
