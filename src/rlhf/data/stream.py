@@ -1,11 +1,9 @@
 """The orders data is read in, exactly resumable: the prompt stream of RL (PPO, GRPO) — seeded shuffled
 batches, epoch after epoch — and the epochs of SFT and RM (`EpochOrder`).
 
-The prompt stream:
-
-Epoch ``e`` visits every prompt once, in an order that depends only on ``(seed, e)``; batches run across the
-epoch boundary (the last batch of an epoch is completed from the start of the next), so no prompt is ever
-skipped and any batch size works, larger than the dataset included (a batch that straddles two epochs
+In the prompt stream, epoch ``e`` visits every prompt once, in an order that depends only on ``(seed, e)``;
+batches run across the epoch boundary (the last batch of an epoch is completed from the start of the next), so
+no prompt is ever skipped and any batch size works, larger than the dataset included (a batch that straddles two epochs
 may then hold the same prompt twice). The position is ``(epoch, index)``;
 `PromptStream.state_dict` saves it with the seed, and a stream loaded from that state yields exactly the
 batches the original would have yielded next.
