@@ -42,6 +42,7 @@ RUNNERS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("rlhf.demo", "a tiny self-contained end-to-end run (no downloads)"),
     "report": ("rlhf.report", "an HTML report of a ppo/grpo run or a demo: curves, reward vs KL, samples"),
+    "label": ("rlhf.labelling", "label pairs on a web page (several people) or with an LLM judge; --stats"),
 }
 assert RUNNERS.keys() == COMMANDS.keys()
 
@@ -52,6 +53,7 @@ def usage() -> str:
     lines = [
         "usage: rlhf <command> --config FILE.yaml [--<section>.<field> <value> ...]",
         "       rlhf report RUN_DIR",
+        "       rlhf label PAIRS.jsonl --out PREFS.jsonl    |    rlhf label --stats PREFS.jsonl",
         "",
         "RLHF post-training for causal language models.",
         "",
@@ -152,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "report" and rest and not rest[0].startswith("-"):
         rest = ["--run_dir", rest[0], *rest[1:]]  # `rlhf report RUN_DIR`: the one positional argument
+    if command == "label" and rest and not rest[0].startswith("-"):
+        rest = ["--pairs", rest[0], *rest[1:]]  # `rlhf label PAIRS.jsonl --out …`
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -197,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(command: str, config: Any, verbose: bool) -> None:
     """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet."""
     run = runner(command)
-    if command == "report" or verbose:  # report reads run directories only: no library to quiet
+    if command in ("report", "label") or verbose:  # they load no model: no library to quiet
         run(config)
         return
     from rlhf.runlog.progress import quiet_libraries

@@ -10,6 +10,7 @@
 | `eval`   | `EvalConfig`   | held-out rewards; win rate vs a baseline          |
 | `demo`   | `DemoConfig`   | a tiny end-to-end run                             |
 | `report` | `ReportConfig` | an HTML report of a run                           |
+| `label`  | `LabelConfig`  | label pairs in the browser or by an LLM; stats    |
 
 A config is nested the way its YAML is: ``model``, ``data``, ``sampling``, ``reward``, ``kl``, ``optim``,
 ``batch`` and ``run`` are section types that every command needing them shares, and each trainer has one
@@ -375,6 +376,65 @@ class JudgeSection(_Section):
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
 
 
+LLM_JUDGE_PREFIX = "openai:"
+
+
+def llm_judge(source: Any) -> tuple[str, str] | None:
+    """(chat-completions URL, model) of an LLM judge source ``openai:URL#MODEL``; None for any other source.
+
+    URL is the API's base (``http://host:8000/v1``; ``/chat/completions`` is added) or the full endpoint.
+    """
+    if not isinstance(source, str) or not source.startswith(LLM_JUDGE_PREFIX):
+        return None
+    url, _, model = source[len(LLM_JUDGE_PREFIX):].partition("#")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not model.strip():
+        raise ConfigError(
+            f"LLM judge {source!r} must look like openai:http://host:port/v1#model-name (an OpenAI-compatible "
+            "chat-completions server and the model it serves)"
+        )
+    url = url.rstrip("/")
+    return (url if url.endswith("/chat/completions") else url + "/chat/completions"), model.strip()
+
+
+@section
+class LLMJudgeSection(_Section):
+    """How an LLM judge (a judge source openai:URL#MODEL) is asked, over any OpenAI-compatible chat-completions API."""
+
+    template: Text | None = None
+    """A text file with the judge's prompt, holding {prompt}, {answer_a} and {answer_b}, asking for A, B or tie; None = the built-in template (docs/labelling.md)."""
+    system: str | None = None
+    """The system message; None = the built-in one (an impartial judge)."""
+    api_key_env: Text = "OPENAI_API_KEY"
+    """Environment variable holding the API key (sent as a Bearer token); unset = no key (a local server)."""
+    both_orders: bool = True
+    """Ask with the answers in both orders and record a tie when the verdicts disagree (controls position bias)."""
+    timeout: Positive = 60.0
+    """Seconds to wait for each reply."""
+    tries: Count = 4
+    """Attempts per request: timeouts, refused connections, 408/429/5xx and unreadable replies are retried."""
+    backoff: NonNegative = 1.0
+    """Seconds before the second try, doubled before each further one."""
+    concurrency: Count = 4
+    """Requests in flight at once."""
+    max_tokens: Count = 16
+    """Longest reply in tokens (the verdict is one word)."""
+    temperature: NonNegative = 0.0
+    """Sampling temperature of the judge."""
+    cache: Text | None = None
+    """JSONL file of the judge's verdicts, appended as they arrive, so an interrupted run resumes without asking twice; None = <output>.judge-cache.jsonl."""
+
+
+@section
+class SampleJudgeSection(JudgeSection):
+    """A judge of sampled answers: a reward source that scores each one, or an LLM that compares two (openai:URL#MODEL)."""
+
+    source: OptionalRewardSources = None
+    """A reward-model directory, file.py:function, module:function, URL or a list of {source, weight, name} that scores each answer; or openai:URL#MODEL, an LLM over an OpenAI-compatible API that compares two; None = none."""
+    llm: LLMJudgeSection = _defaults(LLMJudgeSection)
+    """How the LLM judge is asked (source openai:URL#MODEL only)."""
+
+
 @section
 class RewardSection(_Section):
     """The reward: one source or a weighted list, and how a list is combined."""
@@ -602,10 +662,22 @@ def _check_divides(where: str, name: str, value: int | None, total: int, total_t
         )
 
 
-def _check_sources(where: str, name: str, scorer: Any) -> None:
-    """A reward list has unique names; gdpo needs a list."""
+def _check_sources(where: str, name: str, scorer: Any, pairwise: bool = False) -> None:
+    """A reward list has unique names; gdpo needs a list; an LLM judge only where pairs are compared."""
     if scorer.source is None:
         return
+    sources = [scorer.source] if isinstance(scorer.source, str) else [spec.source for spec in scorer.source]
+    for source in sources:
+        try:
+            is_llm = llm_judge(source) is not None
+        except ConfigError as error:
+            raise ConfigError(f"{where}{name}.source: {error}") from None
+        if is_llm and (not pairwise or not isinstance(scorer.source, str)):
+            raise ConfigError(
+                f"{where}{name}.source={source!r} is an LLM judge, which compares two answers; "
+                + ("give it alone, not in a list" if pairwise else "here each answer needs a score of its own: use "
+                   "it with `rlhf sample --mode preferences` or `rlhf label --judge.source`")
+            )
     if isinstance(scorer.source, str):
         if scorer.aggregation == "gdpo":
             raise ConfigError(
@@ -870,9 +942,9 @@ class SampleConfig(_Config):
     num_samples: Count = 4
     """k, completions sampled per prompt (≥ 2 for pairs and preferences)."""
     pairing: Literal["adjacent", "all"] = "adjacent"
-    """mode='pairs' only: adjacent = samples (1, 2), (3, 4), … (each completion in one pair, k // 2 pairs); all = every one of the k·(k−1)/2 pairs."""
-    judge: JudgeSection = _defaults(JudgeSection)
-    """Scores the completions: needed by preferences and best_of_n, optional for candidates (adds rewards), not used by pairs."""
+    """mode='pairs', and preferences with an LLM judge: adjacent = samples (1, 2), (3, 4), … (each completion in one pair, k // 2 pairs); all = every one of the k·(k−1)/2 pairs."""
+    judge: SampleJudgeSection = _defaults(SampleJudgeSection)
+    """Scores the completions (needed by preferences and best_of_n, optional for candidates, not used by pairs), or compares them (an LLM judge, mode preferences: each pair of `pairing` in both orders)."""
     sampling: SamplingSection = _defaults(SamplingSection)
     """Completion generation."""
     batch_size: Count = 8
@@ -903,7 +975,12 @@ class SampleConfig(_Config):
                 f"{where}judge is not used by mode='pairs' (pairs are written for human labelling); use "
                 "mode='preferences' to let the judge pick chosen and rejected, or leave judge.source unset"
             )
-        _check_sources(where, "judge", self.judge)
+        _check_sources(where, "judge", self.judge, pairwise=True)
+        if llm_judge(self.judge.source) is not None and self.mode != "preferences":
+            raise ConfigError(
+                f"{where}judge.source={self.judge.source!r} is an LLM judge, which compares pairs: it labels "
+                f"mode='preferences' only (mode='{self.mode}' needs a score per answer)"
+            )
 
 
 @section
@@ -985,9 +1062,58 @@ class ReportConfig(_Config):
     """Held-out prompts shown in the answers table."""
 
 
+@section
+class LabelConfig(_Config):
+    """Label pairs: in the browser (a local web page, one or several people), or with an LLM judge; or print the statistics of labels files. `rlhf label PAIRS.jsonl --out PREFS.jsonl` is short for --pairs PAIRS.jsonl --out PREFS.jsonl."""
+
+    COMMAND: ClassVar[str] = "label"
+
+    pairs: Text | None = None
+    """The pairs to label: what `rlhf sample` writes with mode pairs ({prompt, a, b}) or candidates ({prompt, completions}: every pair of them)."""
+    out: Text | None = None
+    """The labels file, appended to (a restart continues it): preference rows that `rlhf rm` trains on, plus ties, skips and undos."""
+    stats: tuple[Text, ...] = ()
+    """Instead of labelling: print the statistics of these labels files (counts per labeller, tie and skip rates, position bias, agreement)."""
+    json: bool = False
+    """With stats: print them as JSON."""
+    host: Text = "127.0.0.1"
+    """Address to listen on; anything but loopback (e.g. 0.0.0.0, for other machines) requires an access token."""
+    port: Annotated[int, Field(ge=0, le=65535)] = 8765
+    """Port to listen on; 0 = any free one (the URL printed says which)."""
+    token: str | None = None
+    """Access token required on every request; None = $RLHF_LABEL_TOKEN, else generated when host is not loopback (and printed in the URL), else none."""
+    labels_per_pair: Count = 1
+    """How many different labellers decide each pair (agreement needs ≥ 2); a pair is never shown twice to one labeller."""
+    lease_seconds: Positive = 600.0
+    """How long a pair shown to a labeller is kept for them before another labeller may get it."""
+    ratings: bool = True
+    """Show the optional 👍 😐 👎 rating under each answer."""
+    judge: SampleJudgeSection = _defaults(SampleJudgeSection)
+    """Label the pairs with an LLM judge (source openai:URL#MODEL) instead of the web page."""
+
+    def _check(self, where: str) -> None:
+        if self.stats:
+            if self.pairs is not None or self.judge.source is not None:
+                raise ConfigError(f"{where}stats prints the statistics of labels files; leave pairs and judge.source unset")
+            return
+        if self.pairs is None or self.out is None:
+            missing = " and ".join(name for name in ("pairs", "out") if getattr(self, name) is None)
+            raise ConfigError(
+                f"{where}{missing} not set: `rlhf label PAIRS.jsonl --out PREFS.jsonl` labels pairs, "
+                "`rlhf label --stats PREFS.jsonl` prints statistics"
+            )
+        if self.judge.source is not None:
+            _check_sources(where, "judge", self.judge, pairwise=True)
+            if llm_judge(self.judge.source) is None:
+                raise ConfigError(
+                    f"{where}judge.source={self.judge.source!r}: labelling pairs takes an LLM judge "
+                    "(openai:URL#MODEL); to rank answers with a reward model use `rlhf sample --mode preferences`"
+                )
+
+
 COMMANDS: dict[str, type[_Config]] = {
     "sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
-    "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig,
+    "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
 }  # fmt: skip
 """Command name → its config class."""
 

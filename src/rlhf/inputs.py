@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlhf.config import ConfigError, RewardSpec
+from rlhf.config import ConfigError, RewardSpec, llm_judge
 
 CAUSAL_LM = "a causal LM"
 REWARD_MODEL = "a reward model"
@@ -92,6 +92,8 @@ def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
 def check_reward_source(field: str, source: str) -> None:
     """A reward-model source is checked as a model; ``file.py:function`` / ``module:function`` is imported."""
     spec = source.strip()
+    if llm_judge(spec) is not None:
+        return  # an LLM judge is only reachable or not when asked: its own errors name the URL
     if spec.lower().startswith(("http://", "https://")):
         return  # an HTTP reward is only reachable or not when scoring: the rewards' own errors say so
     if Path(spec).expanduser().is_dir() or ":" not in spec:  # the same dispatch as load_reward_source

@@ -45,6 +45,7 @@ One process: ``torchrun`` is not used here.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -65,9 +66,12 @@ from rlhf.answering import (
     response_lengths,
     response_metrics,
 )
-from rlhf.config import SampleConfig
+from rlhf.config import SampleConfig, llm_judge
 from rlhf.data import load_prompts
+from rlhf.data.labels import pair_id
 from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.labelling.judge import LLMJudge, cache_path_for
+from rlhf.labelling.pairs import Pair
 from rlhf.models.loading import load_tokenizer
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import load_reward_set
@@ -97,12 +101,15 @@ def run(config: SampleConfig) -> dict[str, Any]:
     # 1. policy, prompts, judge
     tokenizer = load_tokenizer(config.model.name)
     prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
-    judge = None
-    if config.judge.source is not None:
+    judge, comparer = None, None
+    make_rows = ROWS[config.mode]
+    if llm_judge(config.judge.source) is not None:  # an LLM compares pairs (mode preferences)
+        comparer = LLMJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
+        make_rows = functools.partial(judged_pair_rows, comparer)
+    elif config.judge.source is not None:
         spec = scoring.reward_spec(config.judge.source)
         judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
     sampler = Sampler(config.model.name, tokenizer, config, device)
-    make_rows = ROWS[config.mode]
     k = config.num_samples
 
     rows_written, skipped = 0, Counter()
@@ -153,7 +160,13 @@ def run(config: SampleConfig) -> dict[str, Any]:
         "samples": len(prompts) * k,
         "rows": rows_written,
     }
-    if config.mode in ("preferences", "best_of_n"):
+    if comparer is not None:
+        comparer.close()
+        summary["labels"] = {kind: skipped[kind] for kind in ("preference", "tie", "skip")}
+        summary["skipped"] = {"identical": skipped["identical"]}
+        summary["judge/requests"] = comparer.asked
+        summary["judge/cached"] = comparer.cached_at_start
+    elif config.mode in ("preferences", "best_of_n"):
         summary["skipped"] = {"tie": skipped["tie"], "unscored": skipped["unscored"]}
     elif config.mode == "pairs":
         summary["skipped"] = {"identical": skipped["identical"]}
@@ -231,6 +244,17 @@ def best_of_n_rows(
     if prompt.messages is not None:
         return [{"messages": [*prompt.messages, *assistant(completions[best])], "reward": score}], {}
     return [{"prompt": prompt.text, "response": completions[best], "reward": score}], {}
+
+
+def judged_pair_rows(
+    comparer: LLMJudge, prompt: TokenizedPrompt, completions: list[str], rewards: None, config: SampleConfig
+) -> tuple[list[Row], dict[str, int]]:
+    """Preferences by an LLM judge: each pair of `pair_rows` compared (in both orders), as labels-file rows —
+    a preference, a tie (the orders disagreed, or the judge said tie) or a skip (no verdict)."""
+    rows, skips = pair_rows(prompt, completions, None, config)
+    value = prompt_value(prompt)
+    judged = comparer.judge([Pair(pair_id(value, r["a"], r["b"]), value, r["a"], r["b"], "") for r in rows])
+    return judged, skips | dict(Counter(row["kind"] for row in judged))
 
 
 ROWS: dict[str, Callable[..., tuple[list[Row], dict[str, int]]]] = {

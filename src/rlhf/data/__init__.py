@@ -20,17 +20,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from rlhf.data.collate import (
-    PreferenceBatch,
-    SFTBatch,
-    collate_preferences,
-    collate_sft,
-    left_pad,
-    pad_sequences,
-    position_ids_from_mask,
-    right_pad,
-)
 from rlhf.data.files import DataError, Record, read_records
+from rlhf.data.labels import is_label_file, live_preferences
 from rlhf.data.records import (
     PreferenceExample,
     PromptExample,
@@ -55,6 +46,32 @@ from rlhf.data.tokenization import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from rlhf.data.collate import (
+        PreferenceBatch,
+        SFTBatch,
+        collate_preferences,
+        collate_sft,
+        left_pad,
+        pad_sequences,
+        position_ids_from_mask,
+        right_pad,
+    )
+
+_COLLATE = frozenset({
+    "PreferenceBatch", "SFTBatch", "collate_preferences", "collate_sft", "left_pad", "pad_sequences",
+    "position_ids_from_mask", "right_pad",
+})  # fmt: skip
+"""Names from `rlhf.data.collate`, imported on first use: it needs torch, and reading or checking a data file
+(``rlhf label``, ``rlhf.data.labels``) must not wait for torch to load."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _COLLATE:
+        from rlhf.data import collate
+
+        return getattr(collate, name)
+    raise AttributeError(f"module 'rlhf.data' has no attribute {name!r}")
+
 PathLike = str | os.PathLike[str]
 
 
@@ -75,8 +92,18 @@ def read_sft(path: PathLike) -> list[SFTExample]:
 
 
 def read_preferences(path: PathLike) -> list[PreferenceExample]:
-    """Read and validate a preferences file (no tokenizer needed): raises `DataError` with ``file:line``."""
-    return validate_preferences(read_records(path))
+    """Read and validate a preferences file (no tokenizer needed): raises `DataError` with ``file:line``.
+
+    A labels file (``rlhf label``, an LLM judge: `rlhf.data.labels`) gives its live preferences: ties, skips and
+    retracted labels are left out, and stderr says how many.
+    """
+    records = read_records(path)
+    if is_label_file(records):
+        records, counts = live_preferences(records)
+        if not records:
+            raise DataError([f"{path}: a labels file with no preference to train on ({counts.summary()})"])
+        print(f"{path}: labels file: {counts.summary()}", file=sys.stderr)
+    return validate_preferences(records)
 
 
 def load_prompts(

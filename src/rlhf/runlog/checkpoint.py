@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from rlhf.runlog.durable import fsync_dir
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "state.pt"
 SHARDED_FILE = "extra.pt"
@@ -49,15 +51,6 @@ def save_checkpoint(
         for old in list_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old)
     return final
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:

@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 
+from rlhf.httpclient import HttpFailure, cut, post
 from rlhf.rollout.rewards.base import RewardError
-
-_RETRIED_STATUS = frozenset({408, 429})
-_BODY_EXCERPT = 200
 
 
 class HttpReward:
@@ -72,9 +67,9 @@ class HttpReward:
         try:
             parsed = json.loads(reply)
         except ValueError as error:
-            raise RewardError(f"reward {self.url}: reply is not JSON: {_cut(reply)}") from error
+            raise RewardError(f"reward {self.url}: reply is not JSON: {cut(reply)}") from error
         if not isinstance(parsed, dict) or "rewards" not in parsed:
-            raise RewardError(f'reward {self.url}: reply has no "rewards" key: {_cut(reply)}')
+            raise RewardError(f'reward {self.url}: reply has no "rewards" key: {cut(reply)}')
         rewards = parsed["rewards"]
         if not isinstance(rewards, list) or len(rewards) != len(completions):
             got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"a {type(rewards).__name__}"
@@ -85,35 +80,10 @@ class HttpReward:
 
     def _post(self, data: bytes) -> bytes:
         """The reply body; retries transient failures, raises :class:`RewardError` naming the URL."""
-        failures = []
-        for attempt in range(self.tries):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=data, headers=self.headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return response.read()
-            except urllib.error.HTTPError as error:
-                try:
-                    body = error.read()
-                except OSError:
-                    body = b""
-                detail = f"HTTP {error.code} {error.reason}: {_cut(body)}"
-                if error.code < 500 and error.code not in _RETRIED_STATUS:
-                    raise RewardError(f"reward {self.url} refused the request: {detail}") from error
-                failures.append(detail)
-            except TimeoutError as error:  # a read timeout (socket.timeout is TimeoutError)
-                failures.append(f"no reply within {self.timeout:g} s ({error})")
-            except urllib.error.URLError as error:
-                reason = error.reason
-                if isinstance(reason, TimeoutError):
-                    failures.append(f"no reply within {self.timeout:g} s ({reason})")
-                else:
-                    failures.append(f"cannot connect: {reason}")
-            except OSError as error:  # connection reset mid-reply and the like
-                failures.append(f"{type(error).__name__}: {error}")
-        attempts = "; ".join(f"try {i + 1}: {failure}" for i, failure in enumerate(failures))
-        raise RewardError(f"reward {self.url} failed after {self.tries} tries — {attempts}")
+        try:
+            return post(self.url, data, self.headers, self.timeout, self.tries, self.backoff)
+        except HttpFailure as error:
+            raise RewardError(f"reward {self.url} {error}") from error
 
     def __repr__(self) -> str:
         return f"HttpReward({self.url!r}, name={self.name!r})"
@@ -126,7 +96,7 @@ def _check_number(url: str, i: int, value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RewardError(
-            f'reward {url}: "rewards"[{i}] is {_cut(json.dumps(value))} (a JSON {_json_type(value)}), '
+            f'reward {url}: "rewards"[{i}] is {cut(json.dumps(value))} (a JSON {_json_type(value)}), '
             "expected a number, or null for a completion that cannot be scored"
         )
     if not math.isfinite(value):
@@ -138,9 +108,3 @@ def _check_number(url: str, i: int, value: object) -> None:
 def _json_type(value: object) -> str:
     names = {str: "string", list: "array", dict: "object", bool: "boolean"}
     return next((name for kind, name in names.items() if isinstance(value, kind)), type(value).__name__)
-
-
-def _cut(body: bytes | str) -> str:
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    text = text.strip()
-    return repr(text[:_BODY_EXCERPT] + "…") if len(text) > _BODY_EXCERPT else repr(text)

@@ -1,0 +1,66 @@
+"""POST with retries, for the services ``rlhf`` calls over HTTP (a reward server, an LLM judge); standard library only.
+
+A timeout, a refused connection, HTTP 408/429 and 5xx are retried with exponential backoff; another HTTP error
+is final at once. `HttpFailure` says what happened at every try.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+
+RETRIED_STATUS = frozenset({408, 429})
+EXCERPT = 200
+
+
+class HttpFailure(Exception):
+    """The request failed for good; ``final`` is True when the server refused it (retrying cannot help)."""
+
+    def __init__(self, message: str, final: bool):
+        super().__init__(message)
+        self.final = final
+
+
+def post(url: str, data: bytes, headers: Mapping[str, str], timeout: float, tries: int, backoff: float) -> bytes:
+    """The reply body of POSTing ``data`` to ``url``, trying up to ``tries`` times; `HttpFailure` otherwise.
+
+    Sleeps ``backoff`` seconds before the second try, doubled before each further one.
+    """
+    failures = []
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        request = urllib.request.Request(url, data=data, headers=dict(headers), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.read()
+        except urllib.error.HTTPError as error:
+            try:
+                body = error.read()
+            except OSError:
+                body = b""
+            detail = f"HTTP {error.code} {error.reason}: {cut(body)}"
+            if error.code < 500 and error.code not in RETRIED_STATUS:
+                raise HttpFailure(f"refused the request: {detail}", final=True) from error
+            failures.append(detail)
+        except TimeoutError as error:  # a read timeout (socket.timeout is TimeoutError)
+            failures.append(f"no reply within {timeout:g} s ({error})")
+        except urllib.error.URLError as error:
+            reason = error.reason
+            if isinstance(reason, TimeoutError):
+                failures.append(f"no reply within {timeout:g} s ({reason})")
+            else:
+                failures.append(f"cannot connect: {reason}")
+        except OSError as error:  # connection reset mid-reply and the like
+            failures.append(f"{type(error).__name__}: {error}")
+    attempts = "; ".join(f"try {i + 1}: {failure}" for i, failure in enumerate(failures))
+    raise HttpFailure(f"failed after {tries} tries — {attempts}", final=False)
+
+
+def cut(body: bytes | str) -> str:
+    """A reply body shortened for an error message, quoted."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = text.strip()
+    return repr(text[:EXCERPT] + "…") if len(text) > EXCERPT else repr(text)

@@ -1,0 +1,77 @@
+"""`rlhf label`: people label pairs on a web page we serve, or an LLM judge labels them; `--stats` reads the result.
+
+- `pairs` reads what ``rlhf sample`` writes (pairs, or k candidates per prompt) and gives each pair its id;
+- `session` keeps the state of a labelling session, every change appended to the labels file first;
+- `server` is the web page and its JSON API, with the token, host and size checks;
+- `judge` asks an OpenAI-compatible chat-completions server to compare pairs, in both orders;
+- `stats` counts labels per labeller and measures position bias and agreement.
+
+The labels file format is `rlhf.data.labels`; ``rlhf rm`` reads it directly. Nothing here loads torch.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from typing import Any
+
+from rlhf.config import LabelConfig, llm_judge
+
+
+def run(config: LabelConfig) -> dict[str, Any]:
+    """Print statistics (``stats``), label with an LLM judge (``judge.source``), or serve the labelling page."""
+    from rlhf.labelling.pairs import read_pairs
+    from rlhf.labelling.stats import print_stats
+
+    if config.stats:
+        return print_stats(config.stats, config.json)
+    assert config.pairs is not None and config.out is not None  # checked by LabelConfig
+    pairs = read_pairs(config.pairs)
+    if llm_judge(config.judge.source) is not None:
+        from rlhf.labelling.judge import judge_pair_file
+
+        return judge_pair_file(pairs, config.out, config.judge)
+    return serve(config, pairs)
+
+
+def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
+    """Serve the labelling page until Ctrl-C; returns the labelling progress at the end."""
+    import uvicorn
+
+    from rlhf.labelling.server import bind, is_loopback, make_app
+    from rlhf.labelling.session import LabelSession
+
+    loopback = is_loopback(config.host)
+    token = config.token or os.environ.get("RLHF_LABEL_TOKEN") or (None if loopback else secrets.token_urlsafe(18))
+    session = LabelSession(pairs, config.out, config.labels_per_pair, config.lease_seconds)
+    try:
+        sock = bind(config.host, config.port)
+        port = sock.getsockname()[1]
+        app = make_app(session, token, loopback_only=loopback, ratings=config.ratings)
+        shown_host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+        url = f"http://{shown_host if ':' not in shown_host else f'[{shown_host}]'}:{port}/"
+        if token:
+            url += f"?token={token}"
+        progress = session.progress("-")
+        print(
+            f"label: {len(pairs.pairs)} pairs from {pairs.path} ({pairs.identical} with the same text twice and "
+            f"{pairs.repeated} repeated left out), {config.labels_per_pair} label(s) each; "
+            f"{progress['done']} / {progress['total']} done; labels go to {config.out}",
+            file=sys.stderr,
+        )
+        if config.host in ("0.0.0.0", "::"):
+            print(f"label: listening on every address of this machine, port {port}; other machines use its address "
+                  "in place of 127.0.0.1", file=sys.stderr)  # fmt: skip
+        print(f"label: open {url}  (Ctrl-C stops; a restart continues where everyone was)", file=sys.stderr)
+        print(url, flush=True)  # on stdout alone, for scripts
+        server = uvicorn.Server(uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2,
+            h11_max_incomplete_event_size=16 * 1024,
+        ))  # fmt: skip
+        server.run(sockets=[sock])
+        final = session.progress("-")
+        print(f"label: stopped; {final['done']} / {final['total']} labelled, in {config.out}", file=sys.stderr)
+        return final
+    finally:
+        session.close()

@@ -1,0 +1,254 @@
+"""An LLM judge over any OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, a hosted API).
+
+Source ``openai:URL#MODEL`` (``judge.source``); how it is asked is ``judge.llm`` (`rlhf.config.LLMJudgeSection`).
+
+For each pair the judge is shown the prompt and the two answers as "A" and "B" (the template, replaceable) and
+answers ``A``, ``B`` or ``tie``. With ``both_orders`` (default) it is asked again with the answers swapped, and a
+pair whose two verdicts disagree is recorded as a **tie**: an LLM judge prefers the first answer more often than
+chance, and asking both ways keeps that bias out of the labels. A reply with no verdict in it is asked again (up
+to ``tries``) and, failing that, recorded as a **skip** with the reply as its ``reason``.
+
+Every reply is appended to a cache (``judge.llm.cache``, fsynced as it arrives) keyed by the SHA-256 of the
+request, so a run that was interrupted — or failed on an unreachable server — asks only what it has not asked yet.
+Requests go out ``concurrency`` at a time; a timeout, refused connection, 408/429/5xx or a reply that is not the
+API's JSON is retried with exponential backoff; another HTTP error stops at once, naming the URL.
+
+The rows written are labels file rows (`rlhf.data.labels`) with ``source`` and ``labeller`` ``openai:MODEL`` and the
+two raw verdicts under ``judge`` — the format people's labels have, so the two mix and can be compared
+(``rlhf label --stats``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rlhf.config import ConfigError, LLMJudgeSection, SampleJudgeSection, llm_judge
+from rlhf.data.files import read_records
+from rlhf.httpclient import HttpFailure, cut, post
+from rlhf.labelling.pairs import Pair, PairFile
+from rlhf.runlog.durable import AlreadyOpen, AppendLog
+
+SYSTEM = (
+    "You are an impartial judge of answers written by AI assistants. Judge which answer is more helpful, correct, "
+    "honest and harmless for the user's request. Do not let the order of the answers, their length or their "
+    "style sway you."
+)
+TEMPLATE = """[The user's request]
+{prompt}
+
+[Answer A]
+{answer_a}
+
+[Answer B]
+{answer_b}
+
+Which answer is better? Reply with exactly one word: A, B, or tie."""
+PLACEHOLDERS = ("{prompt}", "{answer_a}", "{answer_b}")
+_VERDICT = re.compile(r"^\W*(?:answer\s*)?(a|b|tie)\b", re.IGNORECASE)
+_MARKED = re.compile(r"\[\[\s*(a|b|tie)\s*\]\]", re.IGNORECASE)
+PAIRS_PER_CHUNK = 64
+"""Pairs judged before their rows are appended to the labels file (``rlhf label --judge.source``)."""
+
+
+class JudgeError(Exception):
+    """The judge could not be asked (unreachable, refusing, or answering with something that is not the API's)."""
+
+
+def parse_verdict(text: str) -> str | None:
+    """``A``, ``B`` or ``tie`` from a reply: ``[[A]]`` anywhere, or the reply starting with A / B / tie (``"B."``,
+    ``"Answer A"``, ``"tie — both fine"``); None when it says neither."""
+    marked = _MARKED.search(text)
+    found = marked or _VERDICT.match(text.strip())
+    if found is None:
+        return None
+    word = found.group(1).lower()
+    return "tie" if word == "tie" else word.upper()
+
+
+def render_prompt(prompt: str | list[dict[str, Any]]) -> str:
+    """A prompt as the judge reads it: the text, or a chat as ``role: content`` paragraphs."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+
+
+class LLMJudge:
+    """Compares pairs with ``model`` at ``url``; see the module docstring."""
+
+    def __init__(self, source: str, settings: LLMJudgeSection, cache_path: str | Path):
+        parsed = llm_judge(source)
+        assert parsed is not None, source
+        self.url, self.model = parsed
+        self.source = f"openai:{self.model}"
+        self.settings = settings
+        self.template = _template(settings.template)
+        self.system = SYSTEM if settings.system is None else settings.system
+        key = os.environ.get(settings.api_key_env)
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+        self.cache: dict[str, str] = _read_cache(Path(cache_path))
+        self.cached_at_start = len(self.cache)
+        try:
+            self._cache_log = AppendLog.open(cache_path)
+        except AlreadyOpen:
+            raise ConfigError(f"the judge cache {cache_path} is in use by another run; wait for it or set judge.llm.cache") from None
+        self._lock = threading.Lock()
+        self.asked = 0
+
+    def close(self) -> None:
+        self._cache_log.close()
+
+    def judge(self, pairs: Sequence[Pair]) -> list[dict[str, Any]]:
+        """One labels-file row per pair (a preference, a tie, or a skip when the judge gave no verdict)."""
+        orders = [(pair, swapped) for pair in pairs for swapped in ((False, True) if self.settings.both_orders else (False,))]
+        with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
+            replies = list(pool.map(lambda job: self.ask(*job), orders))
+        per_pair = len(orders) // max(len(pairs), 1)
+        return [self.row(pair, replies[i * per_pair : (i + 1) * per_pair]) for i, pair in enumerate(pairs)]
+
+    def ask(self, pair: Pair, swapped: bool) -> str:
+        """The judge's reply to one order of a pair (from the cache when it was asked before)."""
+        first, second = (pair.b, pair.a) if swapped else (pair.a, pair.b)
+        user = self.template
+        for placeholder, text in zip(PLACEHOLDERS, (render_prompt(pair.prompt), first, second), strict=True):
+            user = user.replace(placeholder, text)
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
+        body = {"model": self.model, "messages": messages, "temperature": self.settings.temperature,
+                "max_tokens": self.settings.max_tokens}  # fmt: skip
+        data = json.dumps(body, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        key = hashlib.sha256(data).hexdigest()
+        with self._lock:
+            if key in self.cache:
+                return self.cache[key]
+        content = self._content(data)
+        with self._lock:
+            self.cache[key] = content
+            self._cache_log.append({"key": key, "model": self.model, "content": content})
+            self.asked += 1
+        return content
+
+    def row(self, pair: Pair, replies: list[str]) -> dict[str, Any]:
+        """The labels-file row for a pair from its replies (``[a-then-b]`` or ``[a-then-b, b-then-a]``)."""
+        verdicts = [parse_verdict(reply) for reply in replies]
+        in_ab = [_as_answer(v, swapped=i == 1) for i, v in enumerate(verdicts)]
+        meta = {"pair": pair.id, "id": hashlib.sha256(f"{self.source}\0{pair.id}".encode()).hexdigest()[:16], "labeller": self.source,
+                "source": self.source, "judge": {"ab": in_ab[0], **({"ba": in_ab[1]} if len(in_ab) > 1 else {})}}  # fmt: skip
+        if any(v is None for v in in_ab):
+            reason = next(reply for reply, v in zip(replies, in_ab, strict=True) if v is None)
+            return {"kind": "skip", "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta,
+                    "reason": f"no verdict in the judge's reply {cut(reason)}"}  # fmt: skip
+        if len(set(in_ab)) > 1 or in_ab[0] == "tie":  # the orders disagree: position decided it, not the answers
+            return {"kind": "tie", "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta}
+        winner = in_ab[0]
+        chosen, rejected = (pair.a, pair.b) if winner == "a" else (pair.b, pair.a)
+        if isinstance(pair.prompt, list):
+            chosen, rejected = [{"role": "assistant", "content": chosen}], [{"role": "assistant", "content": rejected}]
+        return {"kind": "preference", "prompt": pair.prompt, "chosen": chosen, "rejected": rejected, **meta}
+
+    def _content(self, data: bytes) -> str:
+        """The reply's message text. Every failure is one try: an unreachable or failing server (408/429/5xx), a
+        reply that is not the API's JSON, a reply with no verdict; after ``tries``, a reply with no verdict is
+        returned (the pair becomes a skip) and anything else raises `JudgeError`."""
+        settings, problems, answered = self.settings, [], None
+        for attempt in range(settings.tries):
+            if attempt:
+                time.sleep(settings.backoff * 2 ** (attempt - 1))
+            try:
+                reply = post(self.url, data, self.headers, settings.timeout, tries=1, backoff=0.0)
+                content = json.loads(reply)["choices"][0]["message"]["content"]
+                if not isinstance(content, str):
+                    raise TypeError(f"content is {type(content).__name__}")
+            except HttpFailure as error:
+                if error.final:
+                    raise JudgeError(f"LLM judge {self.url} {error}") from error
+                problems.append(str(error).removeprefix("failed after 1 tries — try 1: "))
+                continue
+            except (ValueError, KeyError, IndexError, TypeError) as error:
+                problems.append(f"not a chat-completions reply ({type(error).__name__}: {error}): {cut(reply)}")
+                continue
+            if parse_verdict(content) is not None:
+                return content
+            answered = content
+            problems.append(f"no verdict in {cut(content)}")
+        if answered is not None:
+            return answered
+        tries = "; ".join(f"try {i + 1}: {problem}" for i, problem in enumerate(problems))
+        raise JudgeError(f"LLM judge {self.url} failed after {settings.tries} tries — {tries}")
+
+
+def _as_answer(verdict: str | None, swapped: bool) -> str | None:
+    """A verdict about positions (A = shown first) as one about answers (a, b, tie)."""
+    if verdict in (None, "tie"):
+        return verdict
+    first_won = verdict == "A"
+    return ("b" if first_won else "a") if swapped else ("a" if first_won else "b")
+
+
+def _template(path: str | None) -> str:
+    if path is None:
+        return TEMPLATE
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"judge.llm.template={path!r}: cannot read it ({error.strerror})") from None
+    missing = [p for p in PLACEHOLDERS if p not in text]
+    if missing:
+        raise ConfigError(f"judge.llm.template={path!r} does not contain {', '.join(missing)}; the judge would not see the pair")
+    return text
+
+
+def _read_cache(path: Path) -> dict[str, str]:
+    if not path.exists() or path.stat().st_size == 0:
+        return {}
+    cache = {}
+    for record in read_records(path):
+        if isinstance(record.data.get("key"), str) and isinstance(record.data.get("content"), str):
+            cache[record.data["key"]] = record.data["content"]
+    return cache
+
+
+def cache_path_for(settings: LLMJudgeSection, output: str | Path) -> Path:
+    return Path(settings.cache) if settings.cache is not None else Path(f"{output}.judge-cache.jsonl")
+
+
+def judge_pair_file(pairs: PairFile, out: str | Path, judge_config: SampleJudgeSection) -> dict[str, Any]:
+    """``rlhf label PAIRS --out PREFS --judge.source openai:URL#MODEL``: the judge labels every pair not yet in
+    ``out`` (a labels file, appended, resumable like a person's session)."""
+    from rlhf.labelling.session import LabelSession
+    from rlhf.runlog.progress import BatchProgress
+
+    assert judge_config.source is not None
+    session = LabelSession(pairs, out, labels_per_pair=1)  # the session line, the lock, the pairs-file check
+    judge = LLMJudge(judge_config.source, judge_config.llm, cache_path_for(judge_config.llm, out))
+    todo = [pair for pair in pairs.pairs if judge.source not in session.done_by[pair.id]]
+    counts = {"preference": 0, "tie": 0, "skip": 0}
+    try:
+        with BatchProgress(len(todo), "judge", True) as bar:
+            for start in range(0, len(todo), PAIRS_PER_CHUNK):
+                chunk = todo[start : start + PAIRS_PER_CHUNK]
+                for row in judge.judge(chunk):
+                    session.log.append(row)
+                    counts[row["kind"]] += 1
+                bar.advance(len(chunk), f"{counts['tie']} ties, {counts['skip']} skips")
+    finally:
+        judge.close()
+        session.close()
+    summary = {"pairs": len(pairs.pairs), "judged": len(todo), "asked": judge.asked, **counts}
+    print(
+        f"label: {judge.source} judged {len(todo)} pairs ({len(pairs.pairs) - len(todo)} were already in {out}): "
+        f"{counts['preference']} preferences, {counts['tie']} ties, {counts['skip']} skips; {judge.asked} requests sent, "
+        f"the rest from the cache",
+        file=sys.stderr,
+    )
+    return summary

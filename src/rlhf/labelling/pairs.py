@@ -1,0 +1,129 @@
+"""The pairs to label: read from what ``rlhf sample`` writes, each with its content id.
+
+Accepted rows (JSONL, JSON, Parquet or a ``datasets`` directory):
+
+- ``{"prompt", "a", "b"}`` — ``rlhf sample --mode pairs``: one pair;
+- ``{"prompt", "completions": [k answers]}`` — ``rlhf sample --mode candidates``: every pair of its distinct
+  answers, k·(k−1)/2 of them (InstructGPT's labellers ranked k answers; every pair of a ranking is a label).
+
+``prompt`` is a string or a chat message list (``{"messages"}`` rows are read as the prompt too); other keys
+are ignored. Answers that are the same text make no pair; the same pair twice in a file is labelled once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhf.data.files import DataError, ProblemList, Record, read_records
+from rlhf.data.labels import pair_id
+from rlhf.data.records import Message, validate_prompts
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two answers to one prompt, to be compared; ``id`` is `rlhf.data.labels.pair_id` of the three."""
+
+    id: str
+    prompt: str | list[Message]
+    a: str
+    b: str
+    where: str
+
+
+@dataclass(frozen=True)
+class PairFile:
+    """The pairs of a file, in file order, with the file's SHA-256 (a changed file is refused on restart)."""
+
+    path: str
+    pairs: list[Pair]
+    sha256: str
+    identical: int
+    """Answer pairs left out because both answers are the same text."""
+    repeated: int
+    """Pairs left out because an earlier row of the file has the same pair."""
+
+    def by_id(self) -> dict[str, Pair]:
+        return {pair.id: pair for pair in self.pairs}
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes, or of every file of a directory (relative names and bytes, sorted by name)."""
+    p = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    for f in files:
+        if p.is_dir():
+            digest.update(str(f.relative_to(p)).encode() + b"\0")
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def read_pairs(path: str | os.PathLike[str]) -> PairFile:
+    """Every pair of a pairs or candidates file; `DataError` lists each bad row as ``file:line``."""
+    sha = file_sha256(path)
+    problems = ProblemList()
+    pairs: list[Pair] = []
+    seen: set[str] = set()
+    identical = repeated = 0
+    for record in read_records(path):
+        try:
+            prompt, answers = _row(record)
+        except ValueError as error:
+            problems.add(f"{record.where}: {error}")
+            continue
+        for a, b in answers:
+            if a == b:
+                identical += 1
+                continue
+            pid = pair_id(prompt, a, b)
+            if pid in seen:
+                repeated += 1
+                continue
+            seen.add(pid)
+            pairs.append(Pair(pid, prompt, a, b, record.where))
+    problems.raise_if_any()
+    if not pairs:
+        raise DataError([f"{path}: no pair to label (every row's answers are the same text)"])
+    return PairFile(str(path), pairs, sha, identical, repeated)
+
+
+def _row(record: Record) -> tuple[str | list[Message], list[tuple[str, str]]]:
+    """(prompt, answer pairs) of one row; ValueError says what is wrong with it."""
+    data = record.data
+    has_pair, has_candidates = "a" in data or "b" in data, "completions" in data
+    if has_pair == has_candidates:
+        keys = ", ".join(data) or "none"
+        raise ValueError(f'expected "a" and "b" (a pair) or "completions" (candidates); keys present: {keys}')
+    prompt = _prompt(record)
+    if has_pair:
+        for key in ("a", "b"):
+            if not isinstance(data.get(key), str):
+                raise ValueError(f'"{key}" must be a string, got {_type(data.get(key))}')
+        return prompt, [(data["a"], data["b"])]
+    completions = data["completions"]
+    if not isinstance(completions, list) or not all(isinstance(c, str) for c in completions):
+        raise ValueError(f'"completions" must be a list of strings, got {_type(completions)}')
+    if len(completions) < 2:
+        raise ValueError(f'"completions" has {len(completions)} answer(s); a pair needs two')
+    return prompt, list(itertools.combinations(completions, 2))
+
+
+def _prompt(record: Record) -> str | list[Message]:
+    """The row's prompt, validated as a prompts file's row is (``prompt`` text or messages)."""
+    keys = {k: v for k, v in record.data.items() if k in ("prompt", "messages")}
+    try:
+        (example,) = validate_prompts([Record(keys, record.where)])
+    except DataError as error:
+        raise ValueError(str(error).removeprefix(f"{record.where}: ")) from None
+    return example.prompt if example.prompt is not None else example.messages  # type: ignore[return-value]
+
+
+def _type(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__

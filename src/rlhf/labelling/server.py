@@ -1,0 +1,266 @@
+"""The labelling web server: one page, a small JSON API, and the checks that make it safe to open to a network.
+
+Routes::
+
+    GET  /                      the page (a name form first, when no ?labeller= is given)
+    GET  /api/next?labeller=X   the pair to show X now, or {"done": true}; with X's progress
+    POST /api/label             {"labeller", "pair", "label": a|b|tie|skip, "id", "left", "seconds", "ratings"}
+    POST /api/undo              {"labeller", "id"}: retract X's latest label
+    GET  /static/…              the page's script and style sheet
+
+A label is answered ``{"saved": true, …}`` only after its line is fsynced (`LabelSession.label`). Every answer
+is built from data, never from markup: the page inserts texts with ``textContent``, so model output that
+looks like HTML shows as text, and the Content-Security-Policy allows no inline script besides.
+
+Safety: an access token, when set (always when bound to a non-loopback address), is required on every request —
+as ``?token=`` (the page then keeps it in a cookie), the ``X-Label-Token`` header or that cookie. Bound to
+loopback, requests must name a loopback host (no DNS rebinding). Posts must be JSON (which a cross-site form
+cannot send) and at most `MAX_BODY` bytes; bad input gets a 4xx with a one-line reason, never a 500.
+"""
+
+from __future__ import annotations
+
+import html
+import ipaddress
+import json
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rlhf.labelling.session import LabelSession, Refused, Served, check_labeller
+
+MAX_BODY = 64 * 1024
+"""Largest request body, in bytes (a label is a few hundred)."""
+TOKEN_COOKIE = "rlhf_label_token"
+STATIC = Path(__file__).parent / "static"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def make_app(session: LabelSession, token: str | None, loopback_only: bool, ratings: bool = True) -> ASGIApp:
+    """The ASGI app serving ``session``; `Guard` wraps it with the token, host and size checks."""
+
+    async def page(request: Request) -> Response:
+        labeller = request.query_params.get("labeller")
+        if labeller is None:
+            return HTMLResponse(NAME_PAGE)
+        try:
+            labeller = check_labeller(labeller)
+        except Refused as error:
+            return HTMLResponse(NAME_PAGE.replace("<!--error-->", f'<p class="error">{html.escape(str(error))}</p>'), 400)
+        body = LABEL_PAGE.format(
+            labeller=html.escape(labeller, quote=True), ratings="on" if ratings else "off",
+            total=len(session.pairs) * session.labels_per_pair,
+        )  # fmt: skip
+        return HTMLResponse(body)
+
+    async def next_pair(request: Request) -> Response:
+        labeller = check_labeller(request.query_params.get("labeller"))
+        served = await run_in_threadpool(session.next, labeller)
+        progress = await run_in_threadpool(session.progress, labeller)
+        if served is None:
+            return JSONResponse({"done": True, "progress": progress})
+        return JSONResponse({"done": False, "pair": _pair_json(served), "progress": progress})
+
+    async def label(request: Request) -> Response:
+        body = await read_json(request)
+        row = await run_in_threadpool(
+            session.label, body.get("labeller"), body.get("pair"), body.get("label"), body.get("id"),
+            body.get("left"), body.get("seconds"), body.get("ratings"),
+        )  # fmt: skip
+        progress = await run_in_threadpool(session.progress, row["labeller"])
+        return JSONResponse({"saved": True, "id": row["id"], "kind": row["kind"], "progress": progress})
+
+    async def undo(request: Request) -> Response:
+        body = await read_json(request)
+        row = await run_in_threadpool(session.undo, body.get("labeller"), body.get("id"))
+        return JSONResponse({"undone": row["id"], "pair": row["pair"]})
+
+    async def refused(request: Request, error: Exception) -> Response:
+        assert isinstance(error, Refused)
+        return JSONResponse({"error": str(error)}, status_code=error.status)
+
+    app = Starlette(
+        routes=[
+            Route("/", page),
+            Route("/api/next", next_pair),
+            Route("/api/label", label, methods=["POST"]),
+            Route("/api/undo", undo, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ],
+        exception_handlers={Refused: refused},
+    )
+    return Guard(app, token, loopback_only)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object: 415 unless JSON, 413 beyond `MAX_BODY`, 400 when malformed."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise Refused(415, "send the body as JSON (Content-Type: application/json)")
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
+        raise Refused(413, f"the body is larger than {MAX_BODY} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY:
+            raise Refused(413, f"the body is larger than {MAX_BODY} bytes")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise Refused(400, "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "the body must be a JSON object")
+    return body
+
+
+def _pair_json(served: Served) -> dict[str, Any]:
+    pair = served.pair
+    return {"id": pair.id, "prompt": pair.prompt, "a": pair.a, "b": pair.b, "left": served.left,
+            "label_id": served.label_id}  # fmt: skip
+
+
+class Guard:
+    """ASGI middleware: the access token, the Host header (loopback binding) and the security headers."""
+
+    def __init__(self, app: ASGIApp, token: str | None, loopback_only: bool):
+        self.app, self.token, self.loopback_only = app, token, loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if self.loopback_only and _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+            await _send(PlainTextResponse("unknown host: this server answers to 127.0.0.1 and localhost", 421), scope, receive, send)
+            return
+        from_query = request.query_params.get("token")
+        if self.token is not None:
+            given = from_query or request.headers.get("x-label-token") or request.cookies.get(TOKEN_COOKIE) or ""
+            if not secrets.compare_digest(given.encode(), self.token.encode()):
+                message = "this labelling server needs its access token: open the URL `rlhf label` printed (…?token=…)"
+                await _send(PlainTextResponse(message, 401), scope, receive, send)
+                return
+
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+                if self.token is not None and from_query:  # keep the token for the page's own requests
+                    cookie = f"{TOKEN_COOKIE}={quote(self.token)}; Path=/; HttpOnly; SameSite=Strict"
+                    headers.append((b"set-cookie", cookie.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _host_name(host: str) -> str:
+    if host.startswith("["):
+        return host.split("]")[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+async def _send(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
+    for key, value in SECURITY_HEADERS.items():
+        response.headers[key] = value
+    await response(scope, receive, send)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); port 0 picks a free one. OSError names the address when it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}; choose another --port (0 = any free one)") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+NAME_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>rlhf label</title><link rel="stylesheet" href="/static/label.css"></head>
+<body class="name-page">
+<main><h1>Which answer is better?</h1>
+<p>You will see a prompt and two answers, and pick the better one. Your labels are saved under your name.</p>
+<!--error-->
+<form method="get" action="/" id="name-form">
+<label for="labeller">Your name</label>
+<input id="labeller" name="labeller" required maxlength="40" autocomplete="nickname" autofocus>
+<button type="submit">Start labelling</button>
+</form></main>
+<script src="/static/label.js"></script>
+</body></html>
+"""
+
+LABEL_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>rlhf label</title><link rel="stylesheet" href="/static/label.css"></head>
+<body data-labeller="{labeller}" data-ratings="{ratings}">
+<header>
+  <span class="who">Labelling as <b>{labeller}</b> · <a href="/">not you?</a></span>
+  <span id="progress" class="progress">0 / {total}</span>
+  <span id="status" class="status" role="status" aria-live="polite"></span>
+</header>
+<main id="work">
+  <section id="prompt" class="prompt" aria-label="prompt"></section>
+  <div class="answers">
+    <article class="answer" id="left" aria-label="answer 1">
+      <h2>Answer 1</h2><div class="text"></div>
+      <div class="rating" data-side="left" role="group" aria-label="rate answer 1">
+        <button type="button" data-rating="good" title="good">👍</button><button type="button" data-rating="okay" title="okay">😐</button><button type="button" data-rating="bad" title="bad">👎</button>
+      </div>
+    </article>
+    <article class="answer" id="right" aria-label="answer 2">
+      <h2>Answer 2</h2><div class="text"></div>
+      <div class="rating" data-side="right" role="group" aria-label="rate answer 2">
+        <button type="button" data-rating="good" title="good">👍</button><button type="button" data-rating="okay" title="okay">😐</button><button type="button" data-rating="bad" title="bad">👎</button>
+      </div>
+    </article>
+  </div>
+  <nav class="choices">
+    <button type="button" id="choose-left" data-choice="left"><kbd>1</kbd> Answer 1 is better</button>
+    <button type="button" id="choose-right" data-choice="right"><kbd>2</kbd> Answer 2 is better</button>
+    <button type="button" id="tie" data-choice="tie"><kbd>t</kbd> Tie</button>
+    <button type="button" id="skip" data-choice="skip"><kbd>s</kbd> Skip</button>
+    <button type="button" id="undo"><kbd>u</kbd> Undo last</button>
+  </nav>
+</main>
+<section id="done" class="done" hidden>
+  <h1>All done — thank you!</h1>
+  <p id="done-summary"></p>
+  <button type="button" id="done-undo"><kbd>u</kbd> Undo my last label</button>
+</section>
+<script src="/static/label.js"></script>
+</body></html>
+"""
