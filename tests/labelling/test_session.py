@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from label_servers import read_lines, write_pairs
+
 from rlhf.config import ConfigError
 from rlhf.data import read_preferences
 from rlhf.data.files import DataError

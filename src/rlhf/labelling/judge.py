@@ -113,7 +113,12 @@ class LLMJudge:
         """One labels-file row per pair (a preference, a tie, or a skip when the judge gave no verdict)."""
         orders = [(pair, swapped) for pair in pairs for swapped in ((False, True) if self.settings.both_orders else (False,))]
         with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
-            replies = list(pool.map(lambda job: self.ask(*job), orders))
+            futures = [pool.submit(self.ask, pair, swapped) for pair, swapped in orders]
+            try:
+                replies = [future.result() for future in futures]
+            except BaseException:  # stop asking: what was answered is in the cache for the next run
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
         per_pair = len(orders) // max(len(pairs), 1)
         return [self.row(pair, replies[i * per_pair : (i + 1) * per_pair]) for i, pair in enumerate(pairs)]
 

@@ -1,0 +1,177 @@
+"""The LLM judge against a local OpenAI-compatible stub on 127.0.0.1 that is slow, fails, answers garbage and
+is biased to the first answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from label_servers import read_lines
+from openai_stub import StubJudge, serve
+
+from rlhf import cli
+from rlhf.config import ConfigError, load_config
+from rlhf.data import read_preferences
+from rlhf.labelling import run
+from rlhf.labelling.judge import parse_verdict
+
+N = 6
+
+
+@pytest.fixture
+def pairs(tmp_path: Path) -> Path:
+    """N pairs whose longer answer is b in even rows and a in odd ones."""
+    rows = []
+    for i in range(N):
+        short, long = f"No {i}.", f"Yes: {i} is a fine number, and here is why."
+        rows.append({"prompt": f"Is {i} fine?", "a": short if i % 2 == 0 else long, "b": long if i % 2 == 0 else short})
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def judged(stub: StubJudge, pairs: Path, out: Path, *flags: str) -> list[dict]:
+    server, url = serve(stub)
+    try:
+        config = load_config("label", None, [
+            "--pairs", str(pairs), "--out", str(out), "--judge.source", f"openai:{url}#stub-model",
+            "--judge.llm.backoff", "0", "--judge.llm.timeout", "2", *flags,
+        ])  # fmt: skip
+        run(config)
+    finally:
+        server.shutdown()
+    return [row for row in read_lines(out) if row["kind"] != "session"]
+
+
+def test_a_consistent_judge_labels_every_pair_asked_in_both_orders(pairs, tmp_path):
+    stub = StubJudge(rule="longer")
+    rows = judged(stub, pairs, tmp_path / "judge.jsonl")
+    assert len(stub.requests) == 2 * N and {r["path"] for r in stub.requests} == {"/v1/chat/completions"}
+    assert [row["kind"] for row in rows] == ["preference"] * N
+    for row in rows:
+        assert row["chosen"].startswith("Yes") and row["source"] == row["labeller"] == "openai:stub-model"
+        assert row["judge"] == {"ab": row["judge"]["ab"], "ba": row["judge"]["ab"]}
+    first = stub.requests[0]["body"]
+    assert first["model"] == "stub-model" and first["temperature"] == 0.0 and first["messages"][0]["role"] == "system"
+    assert len(read_preferences(tmp_path / "judge.jsonl")) == N  # what `rlhf rm` reads
+
+
+def test_a_judge_that_always_prefers_the_first_answer_gives_ties(pairs, tmp_path):
+    rows = judged(StubJudge(rule="first"), pairs, tmp_path / "judge.jsonl")
+    assert [row["kind"] for row in rows] == ["tie"] * N
+    assert all(set(row["judge"].values()) == {"a", "b"} for row in rows)  # A then A: a, then b
+
+
+def test_one_order_only_when_asked(pairs, tmp_path):
+    stub = StubJudge(rule="first")
+    rows = judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.no_both_orders")
+    assert len(stub.requests) == N and [row["chosen"] for row in rows] == [json.loads(line)["a"] for line in pairs.read_text().splitlines()]
+
+
+def test_failures_garbage_and_slow_replies_are_retried(pairs, tmp_path):
+    stub = StubJudge(fail_first=2, garbage_first=2, slow_first=1, slow_seconds=1.5)
+    rows = judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.timeout", "0.5", "--judge.llm.tries", "6",
+                  "--judge.llm.concurrency", "1")  # fmt: skip
+    assert [row["kind"] for row in rows] == ["preference"] * N
+    assert len(stub.requests) == 2 * N + 5  # the 5 bad replies were each asked again
+
+
+def test_a_server_that_keeps_failing_stops_the_run_and_a_rerun_asks_only_what_is_missing(pairs, tmp_path):
+    out = tmp_path / "judge.jsonl"
+    stub = StubJudge(fail_first=10**6)
+    server, url = serve(stub)
+    try:
+        with pytest.raises(Exception, match=r"LLM judge http://127\.0\.0\.1:\d+/v1/chat/completions failed after 2 tries"):
+            judged_with(url, pairs, out, "--judge.llm.tries", "2")
+    finally:
+        server.shutdown()
+    # half the pairs judged by a good server, then the run is interrupted…
+    good = StubJudge()
+    server, url = serve(good)
+    try:
+        config = judge_config(url, pairs, out)
+        from rlhf.labelling.judge import LLMJudge, cache_path_for
+        from rlhf.labelling.pairs import read_pairs
+
+        judge = LLMJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
+        judge.judge(read_pairs(pairs).pairs[:3])
+        judge.close()
+        assert len(good.requests) == 6
+        run(config)  # …and run again: the 3 cached pairs are not asked again
+        assert len(good.requests) == 2 * N
+        run(config)  # a third run finds every pair in the labels file
+        assert len(good.requests) == 2 * N
+    finally:
+        server.shutdown()
+    assert [row["kind"] for row in read_lines(out)].count("preference") == N
+
+
+def judge_config(url: str, pairs: Path, out: Path, *flags: str):
+    return load_config("label", None, ["--pairs", str(pairs), "--out", str(out), "--judge.source",
+                                       f"openai:{url}#stub-model", "--judge.llm.backoff", "0", *flags])  # fmt: skip
+
+
+def judged_with(url: str, pairs: Path, out: Path, *flags: str) -> None:
+    run(judge_config(url, pairs, out, *flags))
+
+
+def test_a_refusal_is_final_and_names_the_url(pairs, tmp_path):
+    stub = StubJudge(status=401)
+    with pytest.raises(Exception, match=r"refused the request: HTTP 401"):
+        judged(stub, pairs, tmp_path / "judge.jsonl")
+    bodies = [json.dumps(r["body"], sort_keys=True) for r in stub.requests]
+    assert len(bodies) == len(set(bodies))  # a 401 is not asked again
+
+
+def test_the_api_key_comes_from_the_environment(pairs, tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-test-123")
+    stub = StubJudge(api_key="sk-test-123")
+    rows = judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.api_key_env", "MY_JUDGE_KEY")
+    assert len(rows) == N and {r["auth"] for r in stub.requests} == {"Bearer sk-test-123"}
+
+
+def test_a_reply_with_no_verdict_becomes_a_skip_after_its_tries(pairs, tmp_path):
+    stub = StubJudge(reply="I cannot decide between these.")
+    rows = judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.tries", "2")
+    assert [row["kind"] for row in rows] == ["skip"] * N
+    assert "no verdict" in rows[0]["reason"] and len(stub.requests) == 2 * N * 2
+
+
+def test_concurrency_is_limited(pairs, tmp_path):
+    stub = StubJudge(delay=0.05)
+    judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.concurrency", "2")
+    assert stub.most_in_flight == 2
+
+
+def test_a_template_of_ones_own(pairs, tmp_path):
+    template = tmp_path / "template.txt"
+    template.write_text("Judge this.\n[The user's request]\n{prompt}\n\n[Answer A]\n{answer_a}\n\n[Answer B]\n{answer_b}\n\nA or B?")
+    stub = StubJudge()
+    judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.template", str(template), "--judge.llm.system", "")
+    messages = stub.requests[0]["body"]["messages"]
+    assert len(messages) == 1 and messages[0]["content"].startswith("Judge this.\n[The user's request]\nIs 0 fine?")
+    template.write_text("no placeholders")
+    with pytest.raises(ConfigError, match=r"does not contain \{prompt\}, \{answer_a\}, \{answer_b\}"):
+        judged(StubJudge(), pairs, tmp_path / "judge2.jsonl", "--judge.llm.template", str(template))
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [("A", "A"), ("b.", "B"), (" **B**", "B"), ("Answer A", "A"), ("tie", "tie"), ("Tie — both fine", "tie"),
+     ("After thinking: [[B]]", "B"), ("Both are bad", None), ("", None), ("Absolutely A", None)],
+)  # fmt: skip
+def test_parse_verdict(reply, verdict):
+    assert parse_verdict(reply) == verdict
+
+
+def test_bad_judge_specs_are_refused_before_anything_runs(pairs, tmp_path, capsys):
+    for spec, message in [
+        ("openai:http://127.0.0.1:9/v1", "must look like openai:http://host:port/v1#model-name"),
+        ("openai:ftp://x#m", "must look like"),
+    ]:
+        code = cli.main(["label", str(pairs), "--out", str(tmp_path / "x.jsonl"), "--judge.source", spec])
+        assert code == 2 and message in capsys.readouterr().err
+    code = cli.main(["sample", "--model.name", "m", "--prompts", "p", "--output", "o", "--mode", "candidates",
+                     "--judge.source", "openai:http://127.0.0.1:9/v1#m"])  # fmt: skip
+    assert code == 2 and "it labels mode='preferences' only" in capsys.readouterr().err
