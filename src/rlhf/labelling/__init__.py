@@ -53,11 +53,11 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
         url = f"http://{shown_host if ':' not in shown_host else f'[{shown_host}]'}:{port}/"
         if token:
             url += f"?token={token}"
-        progress = session.progress("-")
+        done, total = session.overall()
         print(
             f"label: {len(pairs.pairs)} pairs from {pairs.path} ({pairs.identical} with the same text twice and "
             f"{pairs.repeated} repeated left out), {config.labels_per_pair} label(s) each; "
-            f"{progress['done']} / {progress['total']} done; labels go to {config.out}",
+            f"{done} / {total} done; labels go to {config.out}",
             file=sys.stderr,
         )
         if config.host in ("0.0.0.0", "::"):
@@ -70,8 +70,8 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
             h11_max_incomplete_event_size=16 * 1024,
         ))  # fmt: skip
         server.run(sockets=[sock])
-        final = session.progress("-")
-        print(f"label: stopped; {final['done']} / {final['total']} labelled, in {config.out}", file=sys.stderr)
-        return final
+        done, total = session.overall()
+        print(f"label: stopped; {done} / {total} labelled, in {config.out}", file=sys.stderr)
+        return {"done": done, "total": total}
     finally:
         session.close()

@@ -108,6 +108,7 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
     app = Starlette(
         routes=[
             Route("/", page),
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
             Route("/api/next", next_pair),
             Route("/api/label", label, methods=["POST"]),
             Route("/api/undo", undo, methods=["POST"]),
@@ -238,13 +239,13 @@ LABEL_PAGE = """<!doctype html>
     <article class="answer" id="left" aria-label="answer 1">
       <h2>Answer 1</h2><div class="text"></div>
       <div class="rating" data-side="left" role="group" aria-label="rate answer 1">
-        <button type="button" data-rating="good" title="good">👍</button><button type="button" data-rating="okay" title="okay">😐</button><button type="button" data-rating="bad" title="bad">👎</button>
+        <button type="button" data-rating="good" title="good">👍<span class="word">good</span></button><button type="button" data-rating="okay" title="okay">😐<span class="word">okay</span></button><button type="button" data-rating="bad" title="bad">👎<span class="word">bad</span></button>
       </div>
     </article>
     <article class="answer" id="right" aria-label="answer 2">
       <h2>Answer 2</h2><div class="text"></div>
       <div class="rating" data-side="right" role="group" aria-label="rate answer 2">
-        <button type="button" data-rating="good" title="good">👍</button><button type="button" data-rating="okay" title="okay">😐</button><button type="button" data-rating="bad" title="bad">👎</button>
+        <button type="button" data-rating="good" title="good">👍<span class="word">good</span></button><button type="button" data-rating="okay" title="okay">😐<span class="word">okay</span></button><button type="button" data-rating="bad" title="bad">👎<span class="word">bad</span></button>
       </div>
     </article>
   </div>

@@ -112,11 +112,19 @@ class LabelSession:
         """Live labels of a pair that decide it (a, b or tie; skips do not count)."""
         return sum(self.labels[i]["kind"] != "skip" for i in self.done_by[pair_id].values())
 
-    def progress(self, labeller: str) -> dict[str, Any]:
-        """Overall "done / total" (decisions, each pair counted up to labels_per_pair) and the labeller's own."""
+    def overall(self) -> tuple[int, int]:
+        """(done, total): decisions, each pair counted up to labels_per_pair, of pairs × labels_per_pair."""
         with self._lock:
-            done = sum(min(self.decisions(p.id), self.labels_per_pair) for p in self.pairs)
-            mine = [self.labels[i] for i in self.history[labeller]]
+            return self._done(), len(self.pairs) * self.labels_per_pair
+
+    def _done(self) -> int:
+        return sum(min(self.decisions(p.id), self.labels_per_pair) for p in self.pairs)
+
+    def progress(self, labeller: str) -> dict[str, Any]:
+        """Overall "done / total" and the labeller's own labels, skips, seconds per label and latest label."""
+        with self._lock:
+            done = self._done()
+            mine = [self.labels[i] for i in self.history.get(labeller, [])]
             seconds = [row["seconds"] for row in mine if row.get("seconds") is not None]
             return {
                 "done": done,
@@ -124,7 +132,7 @@ class LabelSession:
                 "mine": len(mine),
                 "skipped": sum(row["kind"] == "skip" for row in mine),
                 "seconds_per_label": sum(seconds) / len(seconds) if seconds else None,
-                "last": self.history[labeller][-1] if self.history[labeller] else None,
+                "last": mine[-1]["id"] if mine else None,
             }
 
     # ----- changing it ---------------------------------------------------------------------------------------

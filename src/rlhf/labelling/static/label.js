@@ -148,8 +148,8 @@
         labeller, pair: current.pair.id, label, id: current.pair.label_id, left: current.pair.left,
         seconds: (performance.now() - current.shownAt) / 1000, ratings,
       });
-      status(`saved ✓ (${saved.kind})`, "ok");
       await loadNext();
+      status(`saved ✓ (${saved.kind})`, "ok");
     } catch (e) {
       status(`Not saved: ${e.message}. Press again to retry.`, "error");
     } finally {
@@ -163,8 +163,8 @@
     status("undoing…", "");
     try {
       await call("/api/undo", { labeller, id: last });
-      status("undone: label this pair again", "ok");
       await loadNext();
+      status("undone: label this pair again", "ok");
     } catch (e) {
       status(`Not undone: ${e.message}`, "error");
     } finally {
