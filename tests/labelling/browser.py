@@ -30,8 +30,8 @@ def chromium_binary() -> str | None:
     return next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def launch() -> Iterator[object]:
+    """A launched browser (the fixture `browser` of conftest.py); skips or fails as the module docstring says."""
     binary = chromium_binary()
     playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
     if binary is None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from browser import browser, screenshot  # noqa: F401 (the fixture)
+from browser import screenshot
 from label_servers import HOSTILE, read_lines, server_thread, write_pairs
 
 
@@ -21,7 +19,7 @@ def shown(page) -> tuple[str, str]:
     return page.inner_text("#left .text"), page.inner_text("#right .text")
 
 
-def test_label_ten_pairs_with_keys_and_clicks_undo_reload_and_check_the_file(browser, tmp_path):  # noqa: F811
+def test_label_ten_pairs_with_keys_and_clicks_undo_reload_and_check_the_file(browser, tmp_path):
     pairs, out = write_pairs(tmp_path / "pairs.jsonl", 12, hostile=True), tmp_path / "prefs.jsonl"
     by_prompt = {line["prompt"]: line for line in read_lines(pairs)}
     with server_thread(pairs, out) as base:
@@ -86,7 +84,7 @@ def test_label_ten_pairs_with_keys_and_clicks_undo_reload_and_check_the_file(bro
     assert rated["ratings"] == {"rejected": "bad"}  # 👎 under answer 1, then answer 2 chosen
 
 
-def test_the_done_screen_and_a_narrow_phone_screen(browser, tmp_path):  # noqa: F811
+def test_the_done_screen_and_a_narrow_phone_screen(browser, tmp_path):
     pairs, out = write_pairs(tmp_path / "pairs.jsonl", 2), tmp_path / "prefs.jsonl"
     with server_thread(pairs, out) as base:
         page = browser.new_page(viewport={"width": 390, "height": 844})  # a phone
