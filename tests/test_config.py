@@ -51,6 +51,7 @@ REQUIRED: dict[str, dict[str, object]] = {
     "eval": {"model": {"name": "runs/ppo/final"}, "eval_data": "data/heldout.jsonl", "reward": {"source": "models/rm"}},
     "demo": {},
     "report": {"run_dir": "runs/ppo"},
+    "label": {"pairs": "pairs.jsonl", "out": "prefs.jsonl"},
 }
 
 
@@ -405,6 +406,8 @@ NON_DEFAULTS: dict[str, dict[str, object]] = {
     "eval": {"output": "eval.jsonl", "max_prompts": 100},
     "demo": {"preset": "small", "steps": 3},
     "report": {"output": "out/report.html", "max_samples": 4},
+    "label": {"pairs": "pairs.jsonl", "out": "prefs.jsonl", "labels_per_pair": 3, "host": "0.0.0.0",
+              "judge.source": "openai:http://127.0.0.1:8000/v1#m", "judge.llm": {"both_orders": False, "tries": 2}},
 }
 
 

@@ -14,9 +14,9 @@ CORE = SRC / "rlhf" / "core"
 
 LAYERS = {
     "core": 0,
-    "config": 1, "optim": 1,
+    "config": 1, "optim": 1, "httpclient": 1,
     "data": 2, "runlog": 2,
-    "models": 3,
+    "models": 3, "labelling": 3,
     "rollout": 4,
     "inputs": 5, "cli": 5, "__main__": 6,
     "trainers": 6,
