@@ -14,7 +14,10 @@ candidates     ``{"prompt", "completions": [k str]}`` — one row per prompt; wi
 pairs          ``{"prompt", "a", "b"}`` — for human labelling; ``pairing: adjacent`` pairs samples (1, 2),
                (3, 4), … (each completion in one pair), ``all`` every pair
 preferences    ``{"prompt", "chosen", "rejected", "chosen_reward", "rejected_reward"}`` — the judge's
-               highest- and lowest-scored completion; a preferences file for ``rlhf rm``
+               highest- and lowest-scored completion; a preferences file for ``rlhf rm``; with an LLM judge
+               (``judge.source: openai:URL#MODEL``) each pair of ``pairing`` compared in both orders, written as
+               labels-file rows (`rlhf.data.labels`: preference, tie or skip; ``source`` the judge), as
+               ``rlhf label`` writes them
 best_of_n      ``{"prompt", "response", "reward"}`` — the judge's highest-scored completion; an SFT file
                for ``rlhf sft`` (rejection-sampling fine-tuning)
 =============  ==========================================================================================
@@ -174,7 +177,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
         summary.update(scoring.reward_metrics(scoring.concat_scores(scores_all), prefix="judge"))
     summary.update(response_metrics(lengths, stopped))
     summary["time/generate_s"] = sampler.seconds
-    summary["time/judge_s"] = sum((s.seconds for s in scores_all), 0.0)
+    summary["time/judge_s"] = sum((s.seconds for s in scores_all), 0.0) + (comparer.seconds if comparer else 0.0)
     summary["time/total_s"] = time.perf_counter() - start
     summary = json_safe(summary)
     if config.summary:
@@ -293,6 +296,8 @@ def summary_line(summary: dict[str, Any]) -> str:
     skipped = {reason: n for reason, n in summary.get("skipped", {}).items() if n}
     if skipped:
         parts.append("skipped " + ", ".join(f"{n} {reason}" for reason, n in skipped.items()))
+    if "labels" in summary:
+        parts.append(", ".join(f"{n} {kind}s" for kind, n in summary["labels"].items()) + " by the LLM judge")
     if summary.get("judge/mean") is not None:
         parts.append(f"judge mean {summary['judge/mean']:.4g} ± {summary['judge/std']:.3g}")
     parts.append(f"{summary['time/total_s']:.1f} s")

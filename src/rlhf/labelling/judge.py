@@ -105,12 +105,14 @@ class LLMJudge:
             raise ConfigError(f"the judge cache {cache_path} is in use by another run; wait for it or set judge.llm.cache") from None
         self._lock = threading.Lock()
         self.asked = 0
+        self.seconds = 0.0
 
     def close(self) -> None:
         self._cache_log.close()
 
     def judge(self, pairs: Sequence[Pair]) -> list[dict[str, Any]]:
         """One labels-file row per pair (a preference, a tie, or a skip when the judge gave no verdict)."""
+        start = time.perf_counter()
         orders = [(pair, swapped) for pair in pairs for swapped in ((False, True) if self.settings.both_orders else (False,))]
         with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
             futures = [pool.submit(self.ask, pair, swapped) for pair, swapped in orders]
@@ -120,6 +122,7 @@ class LLMJudge:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
         per_pair = len(orders) // max(len(pairs), 1)
+        self.seconds += time.perf_counter() - start
         return [self.row(pair, replies[i * per_pair : (i + 1) * per_pair]) for i, pair in enumerate(pairs)]
 
     def ask(self, pair: Pair, swapped: bool) -> str:
