@@ -68,6 +68,7 @@ def test_wilson_interval_by_hand():
     # 8 of 10, z = 1.96: centre = (0.8 + 0.19208)/1.38416 = 0.716737; half = 1.96·√(0.016 + 0.0096040)/1.38416
     # = 0.226602 → [0.490, 0.943]
     low, high = wilson_interval(8, 10)
+    # abs 1e-6: the hand computation above kept 7 significant digits
     assert low == pytest.approx(0.4901625, abs=1e-6) and high == pytest.approx(0.9433178, abs=1e-6)
     assert wilson_interval(0, 0) is None
     low, high = wilson_interval(0, 5)
