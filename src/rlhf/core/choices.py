@@ -83,3 +83,12 @@ class ScoreConvention(StrEnum):
 
     AFTER_EOS = "after_eos"  # TRL experimental/ppo L776-779, N+ ppo.py L683-685: first PAD after EOS
     EOS = "eos"  # TRL-legacy compute_rewards L1135-1146 (last real token); OAI last token of a fixed length
+
+
+class DPOLoss(StrEnum):
+    """The offline preference losses of `rlhf.core.dpo` (its docstring has the formulas)."""
+
+    SIGMOID = "sigmoid"  # DPO, Rafailov et al. 2023 (label_smoothing > 0: conservative DPO)
+    IPO = "ipo"  # Azar et al. 2023, on length-normalised log-ratios
+    ROBUST = "robust"  # Chowdhury et al. 2024, unbiased under label noise ε
+    SIMPO = "simpo"  # Meng et al. 2024, reference-free, length-normalised, margin γ
