@@ -27,6 +27,7 @@ from rlhf.config import COMMANDS, ConfigError, load_config
 RUNNERS: dict[str, tuple[str, str]] = {
     "sft": ("rlhf.trainers.sft", "supervised fine-tuning on prompt/response pairs or chat messages"),
     "rm": ("rlhf.trainers.reward_model", "train a Bradley–Terry reward model on preference pairs"),
+    "dpo": ("rlhf.trainers.dpo", "direct preference optimisation on preference pairs: DPO, cDPO, robust, IPO, SimPO"),
     "ppo": (
         "rlhf.trainers.ppo",
         "PPO against a reward, with a critic and a KL penalty to the reference policy",

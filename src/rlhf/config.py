@@ -4,6 +4,7 @@
 |----------|----------------|---------------------------------------------------|
 | `sft`    | `SFTConfig`    | supervised fine-tuning                            |
 | `rm`     | `RMConfig`     | Bradley–Terry reward model                        |
+| `dpo`    | `DPOConfig`    | DPO, cDPO, robust DPO, IPO, SimPO                 |
 | `ppo`    | `PPOConfig`    | PPO with a critic                                 |
 | `grpo`   | `GRPOConfig`   | GRPO / Dr. GRPO / RLOO / REINFORCE++              |
 | `sample` | `SampleConfig` | candidates, pairs, judged preferences, best-of-N  |
@@ -47,6 +48,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from tyro.constructors import PrimitiveConstructorSpec
 
 from rlhf.core.choices import (
+    DPOLoss,
     GroupEstimator,
     KLControl,
     KLEstimator,
@@ -565,6 +567,22 @@ class RMSection(_Section):
 
 
 @section
+class DPOSection(_Section):
+    """Direct preference optimisation: the loss and its strength (formulas in docs/dpo.md)."""
+
+    epochs: Count = 1
+    """Passes over the training pairs."""
+    loss: DPOLoss = DPOLoss.SIGMOID
+    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), robust (unbiased under label noise), ipo (squared loss on length-normalised log-ratios) or simpo (reference-free, length-normalised, margin simpo_gamma)."""
+    beta: Positive = 0.1
+    """β: how far from the reference the policy may move (larger = closer); SimPO is usually run with β ≈ 2."""
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    """ε, the assumed share of flipped labels (sigmoid: conservative DPO; robust: its noise rate); 0 = none."""
+    simpo_gamma: NonNegative = 0.5
+    """γ, SimPO's target margin between the length-normalised rewards (loss simpo only)."""
+
+
+@section
 class NormalizeSection(_Section):
     """Reward normalisation after training: gain and bias so the policy's responses score mean 0, std 1."""
 
@@ -796,6 +814,33 @@ class RMConfig(_TrainingConfig):
             raise ConfigError(
                 f"{where}normalize.prompts is set but normalize.policy is None; set normalize.policy to the "
                 "model whose responses the normalisation samples, or drop normalize.prompts"
+            )
+
+
+@section
+class DPOConfig(_TrainingConfig):
+    """Direct preference optimisation of a causal LM on preference pairs, against its own starting point as the reference: DPO, conservative DPO, robust DPO, IPO or SimPO."""
+
+    COMMAND: ClassVar[str] = "dpo"
+
+    model: TrainModel
+    """The policy to train (usually the SFT model); its log-probs before training are the reference's."""
+    data: TextData
+    """Preference pairs ({"prompt", "chosen", "rejected"} rows, or a labels file of rlhf label; batch.size counts pairs)."""
+    dpo: DPOSection = _defaults(DPOSection)
+    """The loss."""
+
+    def _check(self, where: str) -> None:
+        super()._check(where)
+        if self.run.parallelism == "fsdp":
+            raise ConfigError(
+                f"{where}run.parallelism='fsdp' is not supported by dpo yet (its sharded run does not yet match one "
+                "process); use ddp (the default under torchrun), or LoRA to save memory"
+            )
+        if self.dpo.label_smoothing > 0 and self.dpo.loss == DPOLoss.IPO:
+            raise ConfigError(
+                f"{where}dpo.label_smoothing={self.dpo.label_smoothing} has no meaning for dpo.loss='ipo'; "
+                "use loss sigmoid or robust for noisy labels, or set label_smoothing: 0"
             )
 
 
@@ -1112,7 +1157,7 @@ class LabelConfig(_Config):
 
 
 COMMANDS: dict[str, type[_Config]] = {
-    "sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
+    "sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
     "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
 }  # fmt: skip
 """Command name → its config class."""

@@ -34,6 +34,7 @@ CLASSIFIER_BASE = "a causal LM or an encoder to train as a reward model"
 MODEL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "sft": (("model.name", CAUSAL_LM),),
     "rm": (("model.name", CLASSIFIER_BASE), ("normalize.policy", CAUSAL_LM)),
+    "dpo": (("model.name", CAUSAL_LM),),
     "ppo": (("model.name", CAUSAL_LM),),
     "grpo": (("model.name", CAUSAL_LM),),
     "sample": (("model.name", CAUSAL_LM),),
