@@ -176,3 +176,18 @@ def test_bad_judge_specs_are_refused_before_anything_runs(pairs, tmp_path, capsy
     code = cli.main(["sample", "--model.name", "m", "--prompts", "p", "--output", "o", "--mode", "candidates",
                      "--judge.source", "openai:http://127.0.0.1:9/v1#m"])  # fmt: skip
     assert code == 2 and "it labels mode='preferences' only" in capsys.readouterr().err
+
+
+def test_a_cache_cut_by_a_crash_is_read_without_its_torn_line(pairs, tmp_path, capsys):
+    out = tmp_path / "judge.jsonl"
+    first = StubJudge()
+    judged(first, pairs, out)
+    cache = Path(f"{out}.judge-cache.jsonl")
+    lines = cache.read_text().splitlines(keepends=True)
+    cache.write_text("".join(lines[:-1]) + lines[-1][:20])  # the last reply's line cut mid-write
+    out.unlink()
+    again = StubJudge()
+    judged(again, pairs, out)
+    assert len(again.requests) == 1  # only the reply whose line was cut is asked again
+    assert Path(f"{cache}.torn-1").read_text() == lines[-1][:20]
+    assert "cut off by a crash" in capsys.readouterr().err

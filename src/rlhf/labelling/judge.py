@@ -97,12 +97,12 @@ class LLMJudge:
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
             self.headers["Authorization"] = f"Bearer {key}"
-        self.cache: dict[str, str] = _read_cache(Path(cache_path))
-        self.cached_at_start = len(self.cache)
-        try:
+        try:  # opened first: a line cut by a crash is set aside before the cache is read
             self._cache_log = AppendLog.open(cache_path)
         except AlreadyOpen:
             raise ConfigError(f"the judge cache {cache_path} is in use by another run; wait for it or set judge.llm.cache") from None
+        self.cache: dict[str, str] = _read_cache(Path(cache_path))
+        self.cached_at_start = len(self.cache)
         self._lock = threading.Lock()
         self.asked = 0
         self.seconds = 0.0
