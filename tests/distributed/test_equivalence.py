@@ -124,28 +124,15 @@ def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path, par
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 6 * 1e-3)
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_rm_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, parallelism):
+# dpo under fsdp is refused by DPOConfig until its sharded run matches one process too
+@pytest.mark.parametrize(("command", "parallelism"), [("rm", "ddp"), ("rm", "fsdp"), ("dpo", "ddp")])
+def test_preference_trainers_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, command, parallelism):
     train, held_out = rm_data
-    config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), "rm.epochs": 1,
+    config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), f"{command}.epochs": 1,
               "batch.size": 5, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "run.eval_every": 2, "run.save_every": 0,
               "run.progress": False}  # fmt: skip
-    one_rows, one_grads = run("rm", config, tmp_path / "one")
-    two_rows, two_grads = run("rm", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
-    assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
-    assert_same_gradients(one_grads, two_grads)
-    assert_same_metrics(one_rows, two_rows)
-    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
-
-
-@pytest.mark.parametrize("parallelism", ["ddp"])  # fsdp is refused by DPOConfig until its run matches too
-def test_dpo_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, parallelism):
-    train, held_out = rm_data
-    config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), "dpo.epochs": 1,
-              "batch.size": 5, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "run.eval_every": 2, "run.save_every": 0,
-              "run.progress": False}  # fmt: skip
-    one_rows, one_grads = run("dpo", config, tmp_path / "one")
-    two_rows, two_grads = run("dpo", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
+    one_rows, one_grads = run(command, config, tmp_path / "one")
+    two_rows, two_grads = run(command, config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)

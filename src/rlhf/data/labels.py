@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlhf.data.files import Record
@@ -59,7 +59,6 @@ class LabelCounts:
     ties: int = 0
     skips: int = 0
     retracted: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (

@@ -75,7 +75,7 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
             return HTMLResponse(NAME_PAGE.replace("<!--error-->", f'<p class="error">{html.escape(str(error))}</p>'), 400)
         body = LABEL_PAGE.format(
             labeller=html.escape(labeller, quote=True), ratings="on" if ratings else "off",
-            total=len(session.pairs) * session.labels_per_pair,
+            total=len(session.pairs) * session.labels_per_pair, answers=ANSWERS,
         )  # fmt: skip
         return HTMLResponse(body)
 
@@ -224,6 +224,26 @@ NAME_PAGE = """<!doctype html>
 </body></html>
 """
 
+RATINGS = (("good", "👍"), ("okay", "😐"), ("bad", "👎"))
+
+
+def answer_box(side: str, n: int) -> str:
+    """The markup of one answer: its heading, the box its text goes in, its rating buttons."""
+    buttons = "".join(
+        f'<button type="button" data-rating="{word}" title="{word}">{icon}<span class="word">{word}</span></button>'
+        for word, icon in RATINGS
+    )
+    return f"""    <article class="answer" id="{side}" aria-label="answer {n}">
+      <h2>Answer {n}</h2><div class="text"></div>
+      <div class="rating" data-side="{side}" role="group" aria-label="rate answer {n}">
+        {buttons}
+      </div>
+    </article>
+"""
+
+
+ANSWERS = answer_box("left", 1) + answer_box("right", 2)
+
 LABEL_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>rlhf label</title><link rel="stylesheet" href="/static/label.css"></head>
@@ -236,19 +256,7 @@ LABEL_PAGE = """<!doctype html>
 <main id="work">
   <section id="prompt" class="prompt" aria-label="prompt"></section>
   <div class="answers">
-    <article class="answer" id="left" aria-label="answer 1">
-      <h2>Answer 1</h2><div class="text"></div>
-      <div class="rating" data-side="left" role="group" aria-label="rate answer 1">
-        <button type="button" data-rating="good" title="good">👍<span class="word">good</span></button><button type="button" data-rating="okay" title="okay">😐<span class="word">okay</span></button><button type="button" data-rating="bad" title="bad">👎<span class="word">bad</span></button>
-      </div>
-    </article>
-    <article class="answer" id="right" aria-label="answer 2">
-      <h2>Answer 2</h2><div class="text"></div>
-      <div class="rating" data-side="right" role="group" aria-label="rate answer 2">
-        <button type="button" data-rating="good" title="good">👍<span class="word">good</span></button><button type="button" data-rating="okay" title="okay">😐<span class="word">okay</span></button><button type="button" data-rating="bad" title="bad">👎<span class="word">bad</span></button>
-      </div>
-    </article>
-  </div>
+{answers}  </div>
   <nav class="choices">
     <button type="button" id="choose-left" data-choice="left"><kbd>1</kbd> Answer 1 is better</button>
     <button type="button" id="choose-right" data-choice="right"><kbd>2</kbd> Answer 2 is better</button>

@@ -63,9 +63,6 @@ class AppendLog:
             raise OSError(f"{self.path}: short write ({written} of {len(line)} bytes)")
         os.fsync(self._fd)
 
-    def fileno(self) -> int:
-        return self._fd
-
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

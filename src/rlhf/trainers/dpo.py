@@ -31,12 +31,12 @@ from rlhf.data import TokenizedPreference, TokenizedSFT, load_preferences
 from rlhf.data.stream import EpochOrder, fingerprint_of
 from rlhf.data.tokenization import IGNORE_INDEX
 from rlhf.models.loading import load_tokenizer
-from rlhf.models.sharding import adapters, load_lm, unsharded
+from rlhf.models.sharding import adapters, load_lm
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import supervised, update
-from rlhf.trainers.sft import Batcher, save_final, token_losses
+from rlhf.trainers.sft import Batcher, token_losses, write_final
 from rlhf.trainers.update import Trainable
 
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
@@ -59,7 +59,9 @@ def run(config: DPOConfig) -> Path:
     held_out = load_preferences(config.data.eval, tokenizer, config.data.max_length) if config.data.eval else []
     # 2. the policy; 3. the reference: the policy's own log-probs before any step
     model = load_lm(config.model.name, config.model.dtype, d, adapters(config.model.lora))
-    batches = Batcher(2 * config.effective_micro_batch_size, False, config.data.max_length,
+    # micro_batch_size counts pairs here: DPO builds each micro-batch itself (`sequence_logps`, chosen and
+    # rejected in one `Batcher.padded` call), so the Batcher's own splitting is not used
+    batches = Batcher(config.effective_micro_batch_size, False, config.data.max_length,
                       int(tokenizer.eos_token_id), d.device)  # fmt: skip
     needs_reference = config.dpo.loss != DPOLoss.SIMPO
     reference = reference_logps(model, train + held_out, batches) if needs_reference else None
@@ -81,13 +83,8 @@ def run(config: DPOConfig) -> Path:
     fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
     order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "dpo")
     supervised.train(config, task, order, config.dpo.epochs, d)
-    # 5. final/
-    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
-    plain_model = unsharded(model, shell, d)
-    if plain_model is not None:  # rank 0
-        with rundir.staged(Path(config.output_dir) / "final") as staging:  # a crash keeps the previous final/
-            save_final(plain_model, tokenizer, config.model.name, staging)
-    return Path(config.output_dir) / "final"
+    # 5. final/, LoRA merged
+    return write_final(config, model, tokenizer, d)
 
 
 def sides(pairs: Sequence[TokenizedPreference]) -> list[TokenizedSFT]:
@@ -114,7 +111,7 @@ def reference_logps(model: torch.nn.Module, pairs: Sequence[TokenizedPreference]
     """
     model.eval()
     out = []
-    size = max(1, batches.micro_batch_size // 2)
+    size = batches.micro_batch_size
     for start in range(0, len(pairs), size):
         chunk = pairs[start : start + size]
         logps, _ = sequence_logps(model, chunk, batches)
@@ -153,7 +150,7 @@ def train_step(
     ``batch.micro_size`` pairs); returns the step's stats over all ranks."""
     rows = torch.tensor(indices)
     n, d = len(rows), trainable.d
-    size = max(1, batches.micro_batch_size // 2)
+    size = batches.micro_batch_size
 
     def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         chosen = [pairs[i] for i in micro]
@@ -174,7 +171,7 @@ def evaluate(
     """The `METRICS` over all held-out pairs as ``eval/<name>`` (each rank scores its share; sums over ranks)."""
     model.eval()
     totals = {f"eval/{key}": 0.0 for key in METRICS}
-    size = max(1, batches.micro_batch_size // 2)
+    size = batches.micro_batch_size
     mine = list(range(d.rank, len(pairs), d.world_size))
     micro_batches = [mine[start : start + size] for start in range(0, len(mine), size)]
     for micro, real, _ in update.evenly(micro_batches, lambda: [0], d):

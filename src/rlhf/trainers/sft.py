@@ -82,12 +82,7 @@ def run(config: SFTConfig) -> Path:
     fingerprint = fingerprint_of((e.input_ids, e.labels) for e in train)
     order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "sft")
     supervised.train(config, task, order, config.sft.epochs, d)
-    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
-    plain_model = unsharded(model, shell, d)
-    if plain_model is not None:  # rank 0
-        with rundir.staged(Path(config.output_dir) / "final") as staging:  # a crash keeps the previous final/
-            save_final(plain_model, tokenizer, config.model.name, staging)
-    return Path(config.output_dir) / "final"
+    return write_final(config, model, tokenizer, d)
 
 
 def train_step(
@@ -284,6 +279,18 @@ def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: in
 # --------------------------------------------------------------------------------------------------------------
 # Model state: checkpoints and final/
 # --------------------------------------------------------------------------------------------------------------
+
+
+def write_final(config: Any, model: nn.Module, tokenizer: Any, d: Dist) -> Path:
+    """``output_dir/final`` of a trained causal LM (sft, dpo): gathered from the shards when sharded, written by
+    rank 0 through a staging directory (a crash keeps the previous final/); returns its path on every rank."""
+    final = Path(config.output_dir) / "final"
+    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
+    plain_model = unsharded(model, shell, d)
+    if plain_model is not None:  # rank 0
+        with rundir.staged(final) as staging:
+            save_final(plain_model, tokenizer, config.model.name, staging)
+    return final
 
 
 def save_final(model: nn.Module, tokenizer: Any, source: str, out: Path) -> Path:
