@@ -614,6 +614,8 @@ class PolicyGradientSection(_Section):
     """Weight of the entropy bonus subtracted from the loss."""
     whiten_advantages: bool = True
     """Normalise advantages to mean 0 and variance 1 over the batch's response tokens (grpo: again, after the group-relative ones)."""
+    warmup_pg_steps: NonNegativeInt = 0
+    """Vanilla policy-gradient warm-up: the first N steps use the unclipped loss −A·ratio (REINFORCE with the advantages' baseline; same rollouts, advantages, KL and logging), then the clipped surrogate takes over; 0 = clipped from the start. Logged as policy/clipped (0 or 1)."""
 
 
 @section

@@ -65,6 +65,34 @@ def test_clip_higher_2e():
     close(aggregate(per_token, E_MASK, "token-mean"), -0.386)
 
 
+def test_unclipped_warm_up_loss_is_minus_a_rho_2e():
+    # clipped=False (warmup_pg_steps): ℓ = pg1 = −Aρ = [−1.5, 1.5, −0.35, 0.35, −2.2] → mean −2.2/5 = −0.44
+    per_token, stats = e_loss(clipped=False)
+    close(per_token, [[-1.5, 1.5, -0.35, 0.35, -2.2]])
+    close(aggregate(per_token, E_MASK, "token-mean"), -0.44)
+    close(stats["clipfrac"], 0.4)  # where the clip would have acted: the same stats as the clipped loss
+    unclipped_dual, _ = e_loss(clipped=False, dual_clip=1.2)  # token 1: A < 0, −c·A = 1.2 < 1.5, not applied
+    close(unclipped_dual, per_token)
+
+
+def test_unclipped_gradient_is_reinforce_at_ratio_one():
+    # At ρ = 1, ∂ℓ/∂logp = −A·ρ = −A per token: REINFORCE with the advantages as baseline-subtracted returns.
+    # At ρ = 1.5 the clipped loss is flat where A > 0 (−A·1.2 beats −A·1.5), the unclipped one is not:
+    # ∂(−Aρ)/∂logp = −Aρ = [−1.5, 1.5, −0.75]; clipped: [0, 1.5, 0] (A < 0 takes the unclipped branch).
+    adv = t([[1.0, -1.0, 0.5]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    logp = torch.zeros(1, 3, dtype=F64, requires_grad=True)
+    per_token, _ = clipped_policy_loss(logp, torch.zeros(1, 3, dtype=F64), adv, mask, clipped=False)
+    per_token.sum().backward()
+    close(logp.grad, [[-1.0, 1.0, -0.5]])
+    logp = torch.log(t([[1.5, 1.5, 1.5]])).requires_grad_()
+    for clipped, expected in ((True, [[0.0, 1.5, 0.0]]), (False, [[-1.5, 1.5, -0.75]])):
+        logp.grad = None
+        per_token, _ = clipped_policy_loss(logp, torch.zeros(1, 3, dtype=F64), adv, mask, clipped=clipped)
+        per_token.sum().backward()
+        close(logp.grad, expected)
+
+
 # ---------------------------------------------------------------- 2-K: GRPO loss aggregation
 # lengths [2, 4, 3], L_max = 4, A = [0.8, −0.5, 0.3] (one per sequence), ref − logp as below.
 K_RATIO = t([[1.0, 1.3, 1.0, 1.0], [0.9, 0.7, 1.1, 1.25], [1.25, 0.75, 1.0, 1.0]])

@@ -137,6 +137,7 @@ def clipped_policy_loss(
     dual_clip: float | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    clipped: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate per token, optionally asymmetric (clip-higher), dual-clipped, and with a KL term.
 
@@ -156,6 +157,11 @@ def clipped_policy_loss(
         clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28.
         dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0).
         ref_logp, kl_coef: optional ``(B, T)`` reference-policy log-probs and β; no KL term when None.
+        clipped: False gives the vanilla policy-gradient loss ``ℓ = pg1 = −A·ρ`` (no clip, no dual clip; the KL
+            term as above), the warm-up objective of ``warmup_pg_steps``. Its gradient is ``−A·ρ·∇logp``: at
+            ρ = 1 (the first pass over a rollout) exactly REINFORCE with the advantages' baseline, on later
+            passes the importance-weighted policy gradient. The stats are the same, so ``clipfrac`` tells
+            how much the clip would have acted.
 
     Returns:
         ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means
@@ -177,7 +183,7 @@ def clipped_policy_loss(
     ratio = torch.exp(log_ratio)
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + eps_high)
-    per_token = torch.maximum(pg1, pg2)
+    per_token = torch.maximum(pg1, pg2) if clipped else pg1
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((pg2 > pg1).to(logp.dtype), mask),
@@ -188,7 +194,7 @@ def clipped_policy_loss(
         stats["clip_ratio/low"] = masked_mean(low.to(logp.dtype), mask)
         stats["clip_ratio/high"] = masked_mean(high.to(logp.dtype), mask)
         stats["clip_ratio/region"] = masked_mean((low | high).to(logp.dtype), mask)
-    if dual_clip is not None:
+    if dual_clip is not None and clipped:
         # Without the cap, ρ → ∞ on A < 0 gives an unbounded loss (ρ is not clipped from above for A < 0).
         cap = -dual_clip * adv
         with torch.no_grad():

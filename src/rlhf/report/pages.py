@@ -53,6 +53,15 @@ class Run:
         return bool(self.series(key)[0])
 
     @property
+    def clipped_from(self) -> int | None:
+        """The step at which the clipped objective took over from the vanilla policy-gradient warm-up
+        (``warmup_pg_steps``; ``policy/clipped`` goes from 0 to 1), or None for a run without a warm-up."""
+        steps, values = self.series("policy/clipped")
+        if not values or values[0] != 0.0:
+            return None
+        return next((step for step, value in zip(steps, values, strict=True) if value == 1.0), None)
+
+    @property
     def policy(self) -> str:
         """The model the run started from (``model.name``; ``policy`` in a run recorded by rlhf 0.1)."""
         model = self.config.get("model")
@@ -226,7 +235,10 @@ def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
     for i, (run, key) in enumerate(drawn):
         steps, values = run.series(key)
         _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
-    if len(runs) > 1:
+        if run.clipped_from is not None:  # the end of the vanilla policy-gradient warm-up
+            ax.axvline(run.clipped_from, color=COLORS[i % len(COLORS)], linestyle=":", linewidth=1.0,
+                       label=f"{run.label}: clipped from step {run.clipped_from}")  # fmt: skip
+    if len(runs) > 1 or any(run.clipped_from is not None for run, _ in drawn):
         ax.legend(fontsize=7)
     return _figure_block(_img(fig, chart.title), chart.caption)
 
@@ -420,6 +432,8 @@ def headline(run: Run) -> str:
         if values:
             start, end = (values[0], values[-1]) if key.startswith("eval/") else first_last(values)
             items.append((name, f"{fmt(start)} → {fmt(end)}"))
+    if run.clipped_from is not None:
+        items.append(("objective", f"vanilla PG to step {run.clipped_from - 1}, clipped from {run.clipped_from}"))
     return cards(items)
 
 

@@ -118,6 +118,17 @@ def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
     return held_out(prompts, n, seed=config.run.seed)
 
 
+def clipped_objective(config: Any, step: int, d: Dist = SINGLE) -> bool:
+    """Whether ``step`` trains on the clipped surrogate, or on the unclipped policy-gradient loss of the warm-up
+    (the first ``warmup_pg_steps`` steps). The main rank says on stderr when the warm-up starts and ends."""
+    warmup = config.algorithm.warmup_pg_steps
+    if warmup and d.is_main and step in (1, warmup + 1):
+        what = (f"steps 1-{warmup} use the vanilla policy-gradient loss (warmup_pg_steps={warmup})" if step == 1
+                else f"step {step}: the vanilla policy-gradient warm-up is over; the clipped objective takes over")
+        print(what, file=sys.stderr)
+    return step > warmup
+
+
 def step_metrics(step: int, scores: Any, generated: Any, lr: float, watch: Stopwatch, *stats: dict) -> dict:
     """The training row of one ppo/grpo step: ``step``, ``reward/*``, each phase's ``stats``, ``response/*``,
     ``lr``, ``time/*`` (scoring's own seconds as ``time/score_s``) and ``throughput/tokens_per_s``."""

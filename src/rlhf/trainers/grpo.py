@@ -184,7 +184,8 @@ def run(config: GRPOConfig) -> Path:
                     rollout, stats = make_rollout(config, models, sampled, d)
                 # 5. num_iterations passes × minibatches of the clipped per-token loss
                 with watch("train"):
-                    train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"])
+                    train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"],
+                                              clipped=common.clipped_objective(config, step, d))  # fmt: skip
             # 6. metrics of this step
             metrics = common.step_metrics(step, sampled.scores, sampled.generated, scheduler.get_last_lr()[0],
                                           watch, sampling_stats, stats, train_stats)  # fmt: skip
@@ -355,11 +356,12 @@ def grpo_update(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     shuffle: torch.Generator,
+    clipped: bool = True,
 ) -> dict[str, float]:
     """Phase 5: ``grpo.num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
     denominators, so accumulation (and the ranks) give exactly the minibatch's gradient
-    (`rlhf.trainers.update`)."""
+    (`rlhf.trainers.update`). ``clipped`` False: the unclipped loss of the warm-up (``grpo.warmup_pg_steps``)."""
     B, T = rollout.query_responses.shape[0], rollout.response_length
 
     def step(micro: update.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -368,17 +370,20 @@ def grpo_update(
             "num_seqs": len(minibatch),
             "max_len": config.sampling.max_new_tokens,
         }
-        return micro_step(config, models, rollout, micro, denominators)
+        return micro_step(config, models, rollout, micro, denominators, clipped)
 
-    return update.update_passes(
+    result = update.update_passes(
         passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle,
         unit=config.grpo.group_size, plan=plan(config, rollout.attention_mask, T), step=step,
         trainable=models.trainable, optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm,
     )  # fmt: skip
+    result["policy/clipped"] = float(clipped)
+    return result
 
 
 def micro_step(
-    config: GRPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any]
+    config: GRPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any],
+    clipped: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward of one micro-batch: its loss and its share of the minibatch stats. Only the micro-batch's own
     columns run; the cut ones are padding, outside the loss mask."""
@@ -394,7 +399,7 @@ def micro_step(
     pg, pg_stats = clipped_policy_loss(
         logprobs, old_logprobs, rollout.advantages[rows, :t], loss_mask,
         clip_low=config.grpo.clip_range, clip_high=config.clip_range_upper,
-        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None, kl_coef=config.kl.coef,
+        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None, kl_coef=config.kl.coef, clipped=clipped,
     )  # fmt: skip
     policy_loss = aggregate(pg, loss_mask, config.grpo.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])

@@ -193,9 +193,8 @@ def run(config: PPOConfig) -> Path:
                     )
                 # 6. K epochs of clipped policy + value updates
                 with watch("train"):
-                    train_stats = ppo_update(
-                        config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first
-                    )
+                    train_stats = ppo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"],
+                                             kl_coef, first, clipped=common.clipped_objective(config, step, d))  # fmt: skip
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
                 kl_coef = update_kl_coef(config.kl.control, kl_coef, stats["kl/mean"], config.kl.target,
@@ -327,12 +326,14 @@ def ppo_update(
     shuffle: torch.Generator,
     kl_coef: float,
     first: ScoredTokens | None = None,
+    clipped: bool = True,
 ) -> dict[str, float]:
     """Phase 6: ``ppo_epochs`` passes; each shuffled into minibatches (one optimizer step each), each split into
     micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation (and the
     ranks) give exactly the gradient of the whole minibatch (`rlhf.trainers.update`). ``kl_coef`` is the current
     β (used by ``kl_in: loss``; the adaptive controller changes it between iterations). ``first``: the forward
-    of the first update, already run by the rollout (:func:`fuses_first_update`)."""
+    of the first update, already run by the rollout (:func:`fuses_first_update`). ``clipped`` False: the
+    unclipped policy-gradient loss of the warm-up (``ppo.warmup_pg_steps``); the value loss stays clipped."""
     B, T = rollout.logprobs.shape
     pending = [first]  # only the very first micro-batch has its forward already
 
@@ -340,13 +341,14 @@ def ppo_update(
         n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
         n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
         forward, pending[0] = pending[0], None
-        return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward)
+        return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward, clipped)
 
     result = update.update_passes(
         passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
         plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
         optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm,
     )  # fmt: skip
+    result["policy/clipped"] = float(clipped)
     result["value/explained_variance"] = explained_variance(
         rollout.values, rollout.returns, rollout.value_mask
     ).item()
@@ -355,7 +357,7 @@ def ppo_update(
 
 def micro_step(
     config: PPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
-    n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None,
+    n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None, clipped: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """Forward (unless given) of one micro-batch: its loss and its token-weighted share of the minibatch stats.
     Only the micro-batch's own columns run; the cut ones are padding, outside every mask."""
@@ -373,6 +375,7 @@ def micro_step(
     pg, pg_stats = clipped_policy_loss(
         logprobs, rollout.logprobs[rows, :t], rollout.advantages[rows, :t], policy_mask,
         clip_low=config.ppo.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=kl_coef,
+        clipped=clipped,
     )  # fmt: skip
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
