@@ -369,8 +369,86 @@ def test_win_rate_counts() -> None:
             },
             "but judge.source is a single source",
         ),
+        ({"reference": "r", "best_of.n": 4}, "a best-of-4 answer is not one"),
     ],  # fmt: skip
 )
 def test_eval_config_errors_name_the_field(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         eval_config(tmp_path / "m", tmp_path / "p.jsonl", **overrides)
+
+
+def test_best_of_n_answers_are_the_selectors_best_of_the_same_samples(tiny_llama_dir, prompts_file, tmp_path):
+    candidates_path, rows_file = tmp_path / "candidates.jsonl", tmp_path / "rows.jsonl"
+    same_sampling = {"sampling.temperature": 1.0, "batch_size": 4}  # sample and eval then draw the same samples
+    sample.run(sample_config(tiny_llama_dir, prompts_file, candidates_path, **same_sampling))
+    results = evaluate.run(eval_config(
+        tiny_llama_dir, prompts_file, **same_sampling, **{"best_of.n": K, "best_of.source": judge("length"),
+                                                          "reward.source": judge("digits")},
+        samples_output=str(rows_file),
+    ))  # fmt: skip
+    candidates, rows = read_jsonl(candidates_path), read_jsonl(rows_file)
+    best = []
+    for row, cands in zip(rows, candidates, strict=True):
+        lengths = [len(c) for c in cands["completions"]]
+        best.append(max(lengths))
+        assert row["completion"] == cands["completions"][lengths.index(max(lengths))]  # the earliest longest
+        assert row["reward"] == sum(ch.isdigit() for ch in row["completion"])  # the reward scores the kept one
+    every = [len(c) for cands in candidates for c in cands["completions"]]
+    assert results["best_of/n"] == K
+    assert results["best_of/selector_mean"] == pytest.approx(sum(best) / len(best))
+    assert results["best_of/selector_sample_mean"] == pytest.approx(sum(every) / len(every))
+    assert results["kl/best_of_n_bound"] == pytest.approx(math.log(K) - (K - 1) / K)  # 0.636…
+    assert "kl/mean" not in results
+
+
+def test_kl_to_the_policy_itself_is_zero_and_to_another_model_matches_a_row_by_row_loop(
+    tiny_llama_dir, tiny_gpt2_dir, prompts_file, tmp_path
+):
+    rows_file = tmp_path / "rows.jsonl"
+    itself = evaluate.run(eval_config(tiny_llama_dir, prompts_file, reference=str(tiny_llama_dir),
+                                      samples_output=str(rows_file)))  # fmt: skip
+    assert itself["kl/mean"] == 0.0 and all(row["kl"] == 0.0 for row in read_jsonl(rows_file))
+
+    # answer_kl on a ragged batch (left-padded prompts, right-padded responses) against a loop over the rows,
+    # each scored alone without padding by a plain transformers forward
+    from transformers import AutoModelForCausalLM
+
+    from rlhf.data import TokenizedPrompt
+    from rlhf.data.stream import PromptBatch
+    from rlhf.data.tokenization import stop_token_ids
+    from rlhf.rollout import generation
+    from rlhf.rollout.engine import SamplingParams
+
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    policy = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
+    texts = ["the cat", "a dog sees the", "one"]
+    prompts = [TokenizedPrompt(f"row {i}", t, tokenizer(t)["input_ids"]) for i, t in enumerate(texts)]
+    params = SamplingParams(max_new_tokens=6, temperature=0.8)
+    generated = generation.generate(policy, tokenizer, PromptBatch.of(prompts, range(3)), params,
+                                    stop_token_ids(tokenizer, "eos"), torch.Generator().manual_seed(3), torch.device("cpu"))  # fmt: skip
+    kl = evaluate.answer_kl(policy, reference, generated, 0.8)
+    for i in range(3):
+        prompt_ids = prompts[i].input_ids
+        response = [t for t in generated.responses[i].tolist() if t != generated.pad_token_id]
+        ids = torch.tensor([prompt_ids + response])
+        with torch.no_grad():
+            lp = torch.log_softmax(policy(ids).logits[0, :-1] / 0.8, -1)
+            lr = torch.log_softmax(reference(ids).logits[0, :-1] / 0.8, -1)
+        targets = ids[0, 1:]
+        diff = (lp - lr).gather(1, targets[:, None]).squeeze(1)[len(prompt_ids) - 1 :]
+        # float32 log-softmax over the vocabulary, padding and position ids changing the reduction order: the
+        # per-token error is ~1e-6 relative, summed over ≤ 6 tokens
+        assert kl[i].item() == pytest.approx(diff.sum().item(), rel=1e-4, abs=1e-4)
+    assert kl.abs().sum() > 0  # two different models: the test can tell
+
+
+def test_reference_with_another_vocabulary_is_refused(tiny_llama_dir, other_tokenizer_dir, prompts_file, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlhf.models.tiny import save_tiny, tiny_causal_lm
+
+    tok = AutoTokenizer.from_pretrained(other_tokenizer_dir)
+    other = save_tiny(tiny_causal_lm("gpt2", tok, seed=0), tok, tmp_path / "other")
+    with pytest.raises(ConfigError, match="has another vocabulary than the policy"):
+        evaluate.run(eval_config(tiny_llama_dir, prompts_file, reference=str(other)))

@@ -378,6 +378,16 @@ class JudgeSection(_Section):
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
 
 
+@section
+class BestOfSection(JudgeSection):
+    """Best-of-N sampling: n answers per prompt, of which the one this source scores highest is kept."""
+
+    n: Count = 1
+    """Answers sampled per prompt; the source's highest-scored one becomes the model's answer (ties, and all unscored: the earliest sample); 1 = one sample. Sampling and selection cost n times one sample."""
+    source: OptionalRewardSources = None
+    """Picks the best of n: a reward-model directory, file.py:function, module:function, URL or a list of {source, weight, name}; None = reward.source."""
+
+
 LLM_JUDGE_PREFIX = "openai:"
 
 
@@ -1046,6 +1056,10 @@ class EvalConfig(_Config):
     """Model B to compare the policy with (a hub id or a directory), sampled on the same prompts with the same seed; None = no comparison."""
     judge: JudgeSection = _defaults(JudgeSection)
     """Decides each policy-vs-baseline comparison (higher score wins, equal scores tie); source None = the reward. Needs baseline."""
+    reference: Text | None = None
+    """Measure the KL of the policy's answers from this model (usually the one it was trained from; same tokenizer): kl/mean = the mean over answers of Σ_t log π(y_t) − log π_ref(y_t) at the sampling temperature; None = not measured."""
+    best_of: BestOfSection = _defaults(BestOfSection)
+    """Best-of-N: the policy's answer to a prompt is the best of best_of.n samples under best_of.source (the baseline still answers once)."""
     sampling: SamplingSection = _defaults(SamplingSection, temperature=0.7)
     """Completion generation."""
     output: Text | None = None
@@ -1071,6 +1085,13 @@ class EvalConfig(_Config):
                 "(model B) or leave judge.source unset"
             )
         _check_sources(where, "judge", self.judge)
+        _check_sources(where, "best_of", self.best_of)
+        if self.reference is not None and self.best_of.n > 1:
+            raise ConfigError(
+                f"{where}reference measures the KL of the policy's own samples, and a best-of-{self.best_of.n} "
+                "answer is not one (its KL from the sampled model is at most log n − (n−1)/n, reported as "
+                "kl/best_of_n_bound); drop reference or set best_of.n to 1"
+            )
         if self.output is not None and self.output == self.samples_output:
             raise ConfigError(f"{where}output and samples_output are both {self.output!r}; give them different files")
 

@@ -2,7 +2,9 @@
 baseline under a judge.
 
 One pass: (1) load the policy's tokenizer, the prompts and the reward → (2) the policy answers every prompt
-(one completion each, the rollout engine seeded with ``seed``) and the reward scores each answer →
+(one completion each, the rollout engine seeded with ``seed``; with ``best_of.n`` > 1 the best of n samples
+under ``best_of.source``), the reward scores each answer and, with ``reference``, each answer's KL from that
+model is measured →
 (3) with ``baseline``: model B answers the same prompts from the same seed and is scored the same way →
 (4) the judge (``judge``, or the reward) scores both answers to each prompt; the higher score wins, equal
 scores tie → (5) results as one JSON object to ``output`` (or stdout), per-prompt rows to ``samples_output``.
@@ -13,12 +15,18 @@ Results (flat keys, the metric names of ``metrics.jsonl``; NaN is written as nul
 - ``reward/mean``, ``reward/std`` (over scored completions), ``reward/<name>/mean`` for every reward source,
   ``reward/unscored`` when some completion could not be scored; ``response/length_mean`` (tokens, the stop
   token included) and ``response/eos_rate`` (fraction that ended with the stop token);
+- with ``reference``: ``kl/mean``, ``kl/std`` — per answer Σ_t log π(y_t) − log π_ref(y_t) over its tokens
+  (stop token included) at the sampling temperature, a Monte-Carlo estimate of KL(π ‖ π_ref) per answer;
+- with ``best_of.n`` > 1: ``best_of/n``, ``best_of/selector_mean`` (the selector's score of the kept answers),
+  ``best_of/selector_sample_mean`` (of all n samples) and ``kl/best_of_n_bound`` = log n − (n−1)/n, the
+  KL of best-of-n answers from the model that sampled them (exact when the selector never ties, an upper bound
+  otherwise; Stiennon et al. 2020, Beirami et al. 2024);
 - with a baseline: ``baseline`` and the same numbers for it under ``baseline/…``; ``win_rate`` = (wins +
   ties / 2) / compared, with ``wins``, ``losses``, ``ties`` and ``compared`` (prompts where the judge scored
   both answers; ``unscored`` = the others);
 - ``time/policy_s``, ``time/baseline_s``, ``time/judge_s``, ``time/total_s``.
 
-Per-prompt rows: ``{"prompt", "completion", "reward"}`` (+ ``"rewards": {name: score}`` with several
+Per-prompt rows: ``{"prompt", "completion", "reward"}`` (+ ``"kl"`` with a reference, ``"rewards": {name: score}`` with several
 sources, ``"extra"`` with what reward functions logged through ``log_extra``); with a baseline also ``"baseline_completion"``, ``"baseline_reward"`` (+ ``"baseline_rewards"``),
 ``"judge_policy"``, ``"judge_baseline"`` and ``"outcome"`` (``"win"`` | ``"loss"`` | ``"tie"`` | null when
 the judge could not score both answers).
@@ -47,11 +55,14 @@ from typing import Any
 import torch
 
 from rlhf import answering
-from rlhf.config import EvalConfig
+from rlhf.config import ConfigError, EvalConfig
+from rlhf.core.masked import masked_sum
+from rlhf.core.sequences import response_masks
 from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
-from rlhf.models.loading import load_tokenizer
-from rlhf.rollout import scoring
+from rlhf.models.loading import load_causal_lm, load_tokenizer
+from rlhf.models.policy import score_response_tokens
+from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import RewardSet, load_reward_set
 from rlhf.runlog import rundir
 from rlhf.runlog.progress import BatchProgress
@@ -65,8 +76,9 @@ class Answers:
 
     completions: list[str]
     scores: scoring.Scores
-    metrics: dict[str, float]  # reward/…, response/…
+    metrics: dict[str, float]  # reward/…, response/…, kl/…, best_of/…
     seconds: float  # generating and scoring
+    kl: torch.Tensor | None = None  # (N,) each answer's Σ_t log π − log π_ref, with a reference
 
 
 def run(config: EvalConfig) -> dict[str, Any]:
@@ -88,8 +100,10 @@ def run(config: EvalConfig) -> dict[str, Any]:
     rewards = load_reward_set(
         scoring.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device)
     )
-    # 2. the policy answers every prompt; the reward scores the answers
-    policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy")
+    selector = best_of_selector(config, rewards, tokenizer, device)
+    reference = reference_model(config, tokenizer, device)
+    # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
+    policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy", selector, reference)
     results: dict[str, Any] = {
         "policy": config.model.name,
         "eval_data": config.eval_data,
@@ -101,6 +115,8 @@ def run(config: EvalConfig) -> dict[str, Any]:
         {"prompt": answering.prompt_value(p), "completion": c, **_reward_fields(policy.scores, i)}
         for i, (p, c) in enumerate(zip(prompts, policy.completions, strict=True))
     ]
+    for row, kl in zip(rows, policy.kl.tolist() if policy.kl is not None else [], strict=False):
+        row["kl"] = kl
     times = {"time/policy_s": policy.seconds}
     if config.baseline is not None:
         # 3. the baseline answers the same prompts from the same seed
@@ -142,18 +158,27 @@ def run(config: EvalConfig) -> dict[str, Any]:
 
 def answer(
     config: EvalConfig, model: str, tokenizer: Any, prompts: list[TokenizedPrompt], rewards: RewardSet,
-    device: torch.device, description: str,
+    device: torch.device, description: str, selector: RewardSet | None = None, reference: Any = None,
 ) -> Answers:  # fmt: skip
-    """``model``'s completion of every prompt (batch by batch, one sample each), scored by ``rewards``."""
+    """``model``'s completion of every prompt (batch by batch), scored by ``rewards``: one sample each, or with
+    ``selector`` the best of ``config.best_of.n``; with ``reference`` (a causal LM) each answer's KL from it."""
     start = time.perf_counter()
     sampler = answering.Sampler(model, tokenizer, config, device)
+    n = config.best_of.n if selector is not None else 1
     completions: list[str] = []
     lengths: list[torch.Tensor] = []
     stopped: list[torch.Tensor] = []
     scores_all: list[scoring.Scores] = []
+    kls: list[torch.Tensor] = []
+    picked: list[tuple[torch.Tensor, torch.Tensor]] = []  # per batch: (kept answers', all samples') selector scores
     with BatchProgress(len(prompts), description, config.progress) as bar:
         for batch in answering.prompt_batches(prompts, config.batch_size):
-            generated = sampler(batch)
+            generated = sampler(batch, repeat=n)
+            if selector is not None:
+                generated, selected = best_of(selector, config, batch, generated, n)
+                picked.append(selected)
+            if reference is not None:
+                kls.append(answer_kl(sampler.model, reference, generated, config.sampling.temperature))
             context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state(None, 0))
             scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
                                    config.reward.aggregation, context=context)  # fmt: skip
@@ -164,7 +189,76 @@ def answer(
             bar.advance(len(batch), f"reward {torch.cat([s.raw for s in scores_all]).nanmean():.3g}")
     scores = scoring.concat_scores(scores_all) if scores_all else _no_scores(rewards)
     metrics = reward_metrics(scores) | answering.response_metrics(lengths, stopped)
-    return Answers(completions, scores, metrics, time.perf_counter() - start)
+    kl = torch.cat(kls) if kls else None
+    if kl is not None:
+        metrics |= {"kl/mean": kl.mean().item(), "kl/std": kl.std().item() if len(kl) > 1 else math.nan}
+    if selector is not None:
+        metrics |= best_of_metrics(n, picked)
+    return Answers(completions, scores, metrics, time.perf_counter() - start, kl)
+
+
+def best_of_selector(config: EvalConfig, rewards: RewardSet, tokenizer: Any, device: torch.device) -> RewardSet | None:
+    """The reward set that picks the best of ``best_of.n`` samples (``reward`` when ``best_of.source`` is None);
+    None for one sample."""
+    if config.best_of.n == 1:
+        return None
+    if config.best_of.source is None:
+        return rewards
+    spec = scoring.reward_spec(config.best_of.source)
+    return load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
+
+
+def best_of(
+    selector: RewardSet, config: EvalConfig, batch: Any, generated: Any, n: int
+) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+    """The selector's best of each prompt's ``n`` consecutive samples (unscored ones lose; ties and all
+    unscored: the earliest), and (the kept answers' selector scores (B,), all samples' (B·n,))."""
+    aggregation = config.best_of.aggregation if config.best_of.source is not None else config.reward.aggregation
+    columns = {name: generation.repeat_each(values, n) for name, values in batch.columns.items()}
+    context = scoring.reward_context(batch, generated, n, scoring.make_trainer_state(None, 0))
+    scores = scoring.score(selector, generation.repeat_each(batch.texts, n), generated.completions, columns,
+                           aggregation, group_size=n, token_ids=generated.token_ids, context=context)  # fmt: skip
+    combined = scores.combined.view(-1, n)
+    best = combined.nan_to_num(nan=-math.inf).argmax(-1)  # argmax returns the first of equal maxima
+    rows = torch.arange(len(combined)) * n + best
+    return generated.select(rows), (combined.gather(1, best[:, None]).squeeze(1), scores.combined)
+
+
+def best_of_metrics(n: int, picked: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """``best_of/*`` and the KL of best-of-n sampling from the sampled model, ``log n − (n−1)/n``."""
+    kept = torch.cat([k for k, _ in picked]) if picked else torch.empty(0)
+    every = torch.cat([a for _, a in picked]) if picked else torch.empty(0)
+    return {
+        "best_of/n": n,
+        "best_of/selector_mean": kept.nanmean().item(),
+        "best_of/selector_sample_mean": every.nanmean().item(),
+        "kl/best_of_n_bound": math.log(n) - (n - 1) / n,
+    }
+
+
+def reference_model(config: EvalConfig, tokenizer: Any, device: torch.device) -> Any:
+    """The causal LM of ``reference`` (dropout off), or None; its tokenizer must be the policy's (KL is
+    measured token by token)."""
+    if config.reference is None:
+        return None
+    if load_tokenizer(config.reference).get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(
+            f"eval: reference {config.reference} has another vocabulary than the policy {config.model.name}; "
+            "the KL is measured token by token and needs the same tokenizer"
+        )
+    return load_causal_lm(config.reference, config.model.dtype, device)
+
+
+def answer_kl(policy: Any, reference: Any, generated: Any, temperature: float) -> torch.Tensor:
+    """(B,) each answer's Σ_t log π(y_t) − log π_ref(y_t) over its response tokens (stop token included), both
+    at the sampling temperature: a sample of the per-answer KL(π ‖ π_ref) whose mean estimates it (k1)."""
+    T = generated.responses.shape[1]
+    mask = ~response_masks(generated.responses, generated.pad_token_id).padding_mask
+    ids, attention = generated.query_responses, generated.attention_mask
+    with torch.no_grad():
+        logp = score_response_tokens(policy, ids, attention, T, temperature).logprobs
+        ref = score_response_tokens(reference, ids, attention, T, temperature).logprobs
+    return masked_sum(logp.float() - ref.float(), mask.to(logp.device), dim=-1).cpu()
 
 
 def reward_metrics(scores: scoring.Scores, prefix: str = "reward") -> dict[str, float]:

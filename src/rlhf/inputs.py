@@ -38,13 +38,13 @@ MODEL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "ppo": (("model.name", CAUSAL_LM),),
     "grpo": (("model.name", CAUSAL_LM),),
     "sample": (("model.name", CAUSAL_LM),),
-    "eval": (("model.name", CAUSAL_LM), ("baseline", CAUSAL_LM)),
+    "eval": (("model.name", CAUSAL_LM), ("baseline", CAUSAL_LM), ("reference", CAUSAL_LM)),
 }
 REWARD_FIELDS: dict[str, tuple[str, ...]] = {
     "ppo": ("reward.source",),
     "grpo": ("reward.source",),
     "sample": ("judge.source",),
-    "eval": ("reward.source", "judge.source"),
+    "eval": ("reward.source", "judge.source", "best_of.source"),
 }
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")

@@ -42,6 +42,16 @@ class Generated:
         lengths = (self.responses != self.pad_token_id).sum(-1).tolist()
         return [row[:n] for row, n in zip(self.responses.tolist(), lengths, strict=True)]
 
+    def select(self, rows: torch.Tensor) -> Generated:
+        """The batch of rows ``rows`` (1-D indices), in that order."""
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t[rows.to(t.device)]
+
+        completions = [self.completions[i] for i in rows.tolist()]
+        return Generated(take(self.query_responses), take(self.attention_mask), take(self.responses), completions,
+                         take(self.has_stop), self.pad_token_id)  # fmt: skip
+
 
 
 def generate(

@@ -431,15 +431,7 @@ def save_final(policy: nn.Module, tokenizer: Any, out: Path) -> Path:
 def _select_groups(sampled: Sampled, groups: torch.Tensor, G: int) -> Sampled:
     """The rows of whole groups ``groups`` (indices into the N groups), in that order."""
     rows = (groups[:, None] * G + torch.arange(G)).flatten()
-    g, s = sampled.generated, sampled.scores
-    generated = generation.Generated(
-        query_responses=g.query_responses[rows.to(g.query_responses.device)],
-        attention_mask=g.attention_mask[rows.to(g.attention_mask.device)],
-        responses=g.responses[rows.to(g.responses.device)],
-        completions=[g.completions[i] for i in rows.tolist()],
-        has_stop=g.has_stop[rows.to(g.has_stop.device)],
-        pad_token_id=g.pad_token_id,
-    )
+    generated, s = sampled.generated.select(rows), sampled.scores
     prompts = [sampled.prompts[i] for i in rows.tolist()]
     return Sampled(generated, s.select(rows), sampled.rewards[rows], prompts)
 
