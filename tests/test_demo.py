@@ -20,6 +20,10 @@ SUMMARY_KEYS = (
     "gold/grpo_mean",
     "gold/win_rate_vs_sft",
     "gold/grpo_win_rate_vs_sft",
+    "gold/dpo_mean",
+    "gold/dpo_win_rate_vs_sft",
+    "gold/best_of_n_mean",
+    "gold/best_of_n_win_rate_vs_sft",
     "rm/accuracy",
     "kl/final",
     "seconds",
@@ -126,9 +130,9 @@ def demo_dir(tmp_path_factory) -> Path:
 
 
 def test_every_stage_writes_its_run(demo_dir):
-    for model in ("pretrain", "sft", "rm", "ppo", "ppo_no_kl", "grpo"):
+    for model in ("pretrain", "sft", "rm", "dpo", "ppo", "ppo_no_kl", "grpo"):
         assert (demo_dir / model / "final" / "config.json").is_file(), model
-    for run in ("sft", "rm", "ppo", "grpo"):
+    for run in ("sft", "rm", "dpo", "ppo", "grpo"):
         assert (
             demo_dir / run / f"{run}.yaml"
         ).is_file()  # the config the stage ran, for `rlhf <cmd> --config`
@@ -137,7 +141,7 @@ def test_every_stage_writes_its_run(demo_dir):
     assert _read_jsonl(demo_dir / "label" / "preferences.jsonl")
     assert _read_jsonl(demo_dir / "label" / "eval_preferences.jsonl")
     assert (demo_dir / "report.html").is_file()
-    for name in ("ppo", "grpo"):
+    for name in ("best_of_n", "dpo", "ppo", "grpo"):
         assert (demo_dir / "eval" / f"{name}.json").is_file()
         assert _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")
 
@@ -168,6 +172,35 @@ def test_summary_is_computed_from_the_runs(demo_dir):
     assert summary["seconds"] >= sum(v for k, v in summary.items() if k.startswith("time/")) - 1e-6
 
 
+def test_the_methods_table_is_computed_from_the_evaluations(demo_dir):
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    methods = summary["methods"]
+    assert list(methods) == ["sft", "best_of_n", "dpo", "ppo", "grpo"]
+    sft_gold = [task.gold_score(r["prompt"], r["baseline_completion"])
+                for r in _read_jsonl(demo_dir / "eval" / "ppo_samples.jsonl")]  # fmt: skip
+    assert methods["sft"]["gold_mean"] == pytest.approx(statistics.mean(sft_gold), abs=1e-5)
+    assert methods["sft"]["kl"] == 0.0 and methods["sft"]["win_rate"] is None
+    for name in ("best_of_n", "dpo", "ppo", "grpo"):
+        result = json.loads((demo_dir / "eval" / f"{name}.json").read_text())
+        rows = _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")
+        gold = [task.gold_score(r["prompt"], r["completion"]) for r in rows]  # the gold rule itself, again
+        m = methods[name]
+        assert m["gold_mean"] == pytest.approx(statistics.mean(gold), abs=1e-5)
+        # 95 % normal interval of the mean: 1.96 · sample std / √n
+        assert m["gold_ci95"] == pytest.approx(1.96 * statistics.stdev(gold) / math.sqrt(len(gold)), rel=1e-3)
+        assert m["win_rate"] == result["win_rate"]
+        low, high = m["win_rate_ci95"]
+        assert 0 <= low <= m["win_rate"] <= high <= 1
+        assert m["seconds"] > 0
+        if name == "best_of_n":  # N SFT samples per prompt: KL from SFT is the bound, its cost the sampling
+            n = m["n"]
+            assert m["kl"] == pytest.approx(math.log(n) - (n - 1) / n) and m["kl_is_bound"]
+            assert m["samples"] == n * len(rows) and m["seconds"] == result["time/policy_s"]
+        else:  # the mean per-answer KL from the SFT reference, as rlhf eval measured it
+            assert m["kl"] == result["kl/mean"] == pytest.approx(statistics.mean(r["kl"] for r in rows), abs=1e-5)
+            assert m["seconds"] == summary[f"time/{name}_s"]
+
+
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
@@ -185,19 +218,20 @@ def test_reward_model_never_sees_the_gold_rule(demo_dir):
 def test_report_shows_every_part_of_the_demo(demo_dir):
     page = (demo_dir / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and 'src="http' not in page
-    for heading in ("Pipeline", "Results", "Training curves", "Reward against KL", "Held-out answers: SFT, PPO, GRPO",
-                    "Configs"):  # fmt: skip
+    for heading in ("Pipeline", "Methods on equal labels", "Results", "Training curves", "Reward against KL",
+                    "Held-out answers: SFT, best-of-N, DPO, PPO, GRPO", "Configs"):  # fmt: skip
         assert f"<h2>{heading}</h2>" in page, heading
     # (clip fraction and response length may be flat lines in a 2-step run, and flat charts are left out)
     for title in ("Reward source 'gold'", "Reward source 'rm'", "KL to the reference", "Entropy", "Value loss",
-                  "Seconds per step — PPO", "Reward against KL"):  # fmt: skip
+                  "Seconds per step — PPO", "Reward against KL", "Methods compared"):  # fmt: skip
         assert f'alt="{html.escape(title)}"' in page, title
-    assert "<th>SFT</th><th>PPO</th><th>GRPO</th>" in page
-    ppo_rows = _read_jsonl(demo_dir / "eval" / "ppo_samples.jsonl")
-    grpo_rows = {row["prompt"]: row for row in _read_jsonl(demo_dir / "eval" / "grpo_samples.jsonl")}
-    for row in ppo_rows[:12]:  # each prompt with its three answers
-        for text in (row["prompt"], row["baseline_completion"], row["completion"], grpo_rows[row["prompt"]]["completion"]):
-            assert html.escape(text) in page
+    assert "<th>SFT</th><th>best-of-N</th><th>DPO</th><th>PPO</th><th>GRPO</th>" in page
+    answers = {name: {row["prompt"]: row for row in _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")}
+               for name in ("best_of_n", "dpo", "ppo", "grpo")}  # fmt: skip
+    for prompt, row in list(answers["best_of_n"].items())[:12]:  # each prompt with its five answers
+        assert html.escape(prompt) in page and html.escape(row["baseline_completion"]) in page
+        for name in answers:
+            assert html.escape(answers[name][prompt]["completion"]) in page
     assert html.escape((demo_dir / "ppo" / "ppo.yaml").read_text()) in page
     # `rlhf report` on the demo directory rebuilds the same page
     from rlhf import report
@@ -225,4 +259,9 @@ def test_default_demo_meets_its_targets(tmp_path):
     # without the leash the policy runs far from the reference and its gold score falls below the leashed one's
     assert summary["ppo_no_kl/kl_last"] > 2 * summary["kl/final"]
     assert summary["ppo_no_kl/held_out_gold_last"] < summary["ppo/held_out_gold_last"]
+    # every method beats the SFT model it starts from under the gold judge (seed 0 here: DPO 1.81, best-of-8 ≈ 1.3,
+    # SFT 0.19; the README's seeds give the spread)
+    for method in ("dpo", "best_of_n"):
+        assert summary[f"gold/{method}_mean"] > summary["gold/sft_mean"], method
+        assert summary[f"gold/{method}_win_rate_vs_sft"] > 0.5, method
     # (its wall time is a benchmark figure, not a test: README and `python tools/demo_figures.py` report it)

@@ -75,8 +75,9 @@ def pairwise_cohen(labels: Mapping[str, Mapping[str, str]], min_overlap: int = 1
     return out
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
-    """95 % (by default) Wilson score interval of a proportion ``successes / n``; None when n = 0."""
+def wilson_interval(successes: float, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
+    """95 % (by default) Wilson score interval of a proportion ``successes / n``; None when n = 0. ``successes``
+    may be fractional (a win rate that counts ties as half a win)."""
     if n == 0:
         return None
     p = successes / n

@@ -1,5 +1,6 @@
-"""The demo's ``report.html``: the pipeline, its numbers, PPO and GRPO curves, proxy against gold as KL grows,
-the same held-out prompts answered by SFT, PPO and GRPO, and every stage's config.
+"""The demo's ``report.html``: the pipeline, its numbers, the methods compared on equal labels (SFT, best-of-N,
+DPO, PPO, GRPO: one table, one plot), PPO and GRPO curves, proxy against gold as KL grows, the same held-out
+prompts answered by every method, and every stage's config.
 
 Everything is read from the demo directory (``summary.json`` and the stages' own files), so ``rlhf report
 runs/demo`` rebuilds the same page.
@@ -25,14 +26,16 @@ STAGE_NOTES = (
      "stands in for human raters; the only place the gold rule is used for training data"),
     ("rm", "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
      "a learned, imperfect proxy of the raters, cheap to query"),
+    ("dpo", "DPO from the SFT model on the same labelled pairs",
+     "the offline alternative: the same labels, no reward model, no sampling"),
     ("ppo", "PPO against the reward model, KL penalty to the SFT model",
      "climbs the proxy while the KL leash keeps it near text the proxy understands"),
     ("ppo_no_kl", "the same PPO with β = 0: no KL penalty",
      "shows what the leash prevents: far from the reference the gold score falls while the proxy does not"),
     ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
      "the critic-free alternative, same reward, same leash"),
-    ("eval", "held-out prompts, gold judge decides PPO/GRPO vs SFT",
-     "the truth the proxy was meant to track"),
+    ("eval", "held-out prompts, gold judge decides best-of-N, DPO, PPO, GRPO vs SFT",
+     "the truth the proxy was meant to track, and what each method bought for its KL and time"),
 )  # fmt: skip
 
 
@@ -47,6 +50,7 @@ def demo_report(out: Path, max_samples: int = 12) -> str:
         f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
         "number below is read from the stages' own output files</p>",
         *_pipeline(out, summary),
+        *_methods(summary),
         *_results(summary),
         *r.curves_section(runs),
         *r.gain_section(runs),
@@ -90,6 +94,10 @@ def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
         agreement = summary.get("label/train_gold_agreement", float("nan"))
         numbers["label"] = f"{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement, 3)}% agree with gold"
     numbers["rm"] = f"held-out accuracy {r.fmt(summary.get('rm/accuracy'))}"
+    dpo = [row["eval/rewards/accuracies"] for row in _rows(out / "dpo" / "metrics.jsonl")
+           if "eval/rewards/accuracies" in row]  # fmt: skip
+    if dpo:
+        numbers["dpo"] = f"held-out accuracy {r.fmt(dpo[-1])}"
     numbers["ppo"] = f"reward {r.fmt(summary.get('ppo/reward_first'))} → {r.fmt(summary.get('ppo/reward_last'))}"
     if "ppo_no_kl/kl_last" in summary:
         numbers["ppo_no_kl"] = (
@@ -107,6 +115,10 @@ RESULT_ROWS = (
     ("gold/grpo_mean", "gold score after GRPO"),
     ("gold/win_rate_vs_sft", "PPO's win rate against SFT, the gold judge deciding (ties count ½)"),
     ("gold/grpo_win_rate_vs_sft", "GRPO's win rate against SFT"),
+    ("gold/dpo_mean", "gold score after DPO"),
+    ("gold/dpo_win_rate_vs_sft", "DPO's win rate against SFT"),
+    ("gold/best_of_n_mean", "gold score of best-of-N (the SFT model's best of N samples under the reward model)"),
+    ("gold/best_of_n_win_rate_vs_sft", "best-of-N's win rate against SFT"),
     ("rm/sft_mean", "reward-model score of the SFT answers (the proxy)"),
     ("rm/ppo_mean", "reward-model score of the PPO answers"),
     ("rm/grpo_mean", "reward-model score of the GRPO answers"),
@@ -127,24 +139,69 @@ def _results(summary: dict[str, Any]) -> list[str]:
     return ["<h2>Results</h2>", r.table(["summary.json", "value", "meaning"], rows)]
 
 
-def _answers(out: Path, limit: int) -> list[str]:
-    """The same held-out prompts answered by SFT (the eval baseline), PPO and GRPO, with gold and proxy scores."""
-    ppo = _rows(out / "eval" / "ppo_samples.jsonl")
-    grpo = {row["prompt"]: row for row in _rows(out / "eval" / "grpo_samples.jsonl")}
-    rows = []
-    for row in ppo[:limit]:
-        other = grpo.get(row["prompt"], {})
-        rows.append([
-            r.td(f'<span class="answer">{r.esc(row["prompt"])}</span>'),
-            _answer_cell(row.get("baseline_completion"), row.get("baseline_rewards")),
-            _answer_cell(row.get("completion"), row.get("rewards")),
-            _answer_cell(other.get("completion"), other.get("rewards")),
-        ])  # fmt: skip
+METHOD_LABELS = {"sft": "SFT", "best_of_n": "best-of-N", "dpo": "DPO", "ppo": "PPO", "grpo": "GRPO"}
+
+
+def _methods(summary: dict[str, Any]) -> list[str]:
+    """The methods on equal labels: one table and one plot, from ``summary["methods"]``."""
+    methods = summary.get("methods")
+    if not methods:
+        return []  # a demo from before the comparison
+    rows, points = [], []
+    for name, m in methods.items():
+        label = METHOD_LABELS.get(name, name) + (f" (N = {m['n']})" if "n" in m else "")
+        interval = m.get("win_rate_ci95")
+        win = "— (the baseline)" if m.get("win_rate") is None else (
+            f"{r.fmt(m['win_rate'], 2)} [{r.fmt(interval[0], 2)}, {r.fmt(interval[1], 2)}]" if interval
+            else r.fmt(m["win_rate"], 2))  # fmt: skip
+        kl = ("≤ " if m.get("kl_is_bound") else "") + r.fmt(m.get("kl"), 2)
+        cost = r.fmt_seconds(m.get("seconds")) + (f", {m['samples']} samples" if "samples" in m else "")
+        rows.append([r.td(r.esc(label)), r.td(f"{r.fmt(m.get('gold_mean'), 2)} ± {r.fmt(m.get('gold_ci95'), 2)}", "num"),
+                     r.td(win, "num"), r.td(kl, "num"), r.td(r.esc(cost), "num"), r.td(r.esc(m.get("needs", "")))])  # fmt: skip
+        points.append(r.MethodPoint(label, _number(m.get("kl")), _number(m.get("gold_mean")),
+                                    _number(m.get("gold_ci95")), bool(m.get("kl_is_bound"))))  # fmt: skip
+    header = ["method", "gold score ± 95 % CI", "win rate vs SFT [95 % CI]", "KL to SFT", "own wall time", "needs"]
+    chart = r.methods_chart(points, "gold score (held-out mean)")
     return [
-        "<h2>Held-out answers: SFT, PPO, GRPO</h2>",
+        "<h2>Methods on equal labels</h2>",
+        '<p class="muted">The same held-out prompts, one answer per prompt and method, the gold judge scoring and '
+        "deciding each comparison with SFT (ties count ½). Every method starts from the SFT model and uses the "
+        "same labelled pairs: DPO trains on them directly, best-of-N, PPO and GRPO through the reward model "
+        "trained on them. KL: mean Σ log π/π_SFT over the answers (best-of-N: the log N − (N−1)/N bound). "
+        "Wall time: the method's own stage (best-of-N: sampling N answers per prompt and scoring them), "
+        "beside the shared ones above.</p>",
+        r.table(header, rows),
+        *([f'<div class="grid">{chart}</div>'] if chart else []),
+    ]
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else float("nan")
+
+
+def _answers(out: Path, limit: int) -> list[str]:
+    """The same held-out prompts answered by SFT (the eval baseline) and by each method that was evaluated, with
+    gold and proxy scores."""
+    columns = {name: {row["prompt"]: row for row in _rows(out / "eval" / f"{name}_samples.jsonl")}
+               for name in METHOD_LABELS if name != "sft"}  # fmt: skip
+    columns = {name: rows for name, rows in columns.items() if rows}
+    if not columns:
+        return []
+    first = next(iter(columns.values()))
+    rows = []
+    for prompt, row in list(first.items())[:limit]:
+        cells = [r.td(f'<span class="answer">{r.esc(prompt)}</span>'),
+                 _answer_cell(row.get("baseline_completion"), row.get("baseline_rewards"))]  # fmt: skip
+        for answers in columns.values():
+            other = answers.get(prompt, {})
+            cells.append(_answer_cell(other.get("completion"), other.get("rewards")))
+        rows.append(cells)
+    names = ["SFT", *(METHOD_LABELS[name] for name in columns)]
+    return [
+        f"<h2>Held-out answers: {', '.join(names)}</h2>",
         '<p class="muted">One sample each from the same seed; under each answer its gold score and the reward '
         "model's (proxy) score.</p>",
-        r.table(["prompt", "SFT", "PPO", "GRPO"], rows),
+        r.table(["prompt", *names], rows),
     ]
 
 

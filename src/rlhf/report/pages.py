@@ -330,6 +330,38 @@ def gain_chart(runs: Sequence[Run]) -> str | None:
     return _figure_block(_img(fig, "Reward against KL"), caption)
 
 
+@dataclasses.dataclass(frozen=True)
+class MethodPoint:
+    """One method of a comparison: its KL to the reference (``kl_is_bound``: an upper bound), its mean score
+    and the half-width of that mean's 95 % interval."""
+
+    label: str
+    kl: float
+    score: float
+    ci95: float
+    kl_is_bound: bool = False
+
+
+def methods_chart(points: Sequence[MethodPoint], ylabel: str) -> str | None:
+    """Mean score ± its 95 % interval against KL to the reference, one point per method: what each method
+    bought and how far it moved the policy for it. A KL that is only a bound is drawn hollow."""
+    drawn = [p for p in points if math.isfinite(p.kl) and math.isfinite(p.score)]
+    if not drawn:
+        return None
+    fig, ax = _figure("Methods on the same held-out prompts", "KL to the reference (nats per answer)", ylabel)
+    for i, point in enumerate(drawn):
+        color = COLORS[i % len(COLORS)]
+        ci = point.ci95 if math.isfinite(point.ci95) else 0.0
+        ax.errorbar([point.kl], [point.score], yerr=[ci], fmt="o", color=color, capsize=3, markersize=6,
+                    markerfacecolor="white" if point.kl_is_bound else color,
+                    label=point.label + (" (KL ≤)" if point.kl_is_bound else ""))  # fmt: skip
+    ax.legend(fontsize=7)
+    caption = ("Each method's mean score on the held-out prompts with its 95 % interval, against the KL of its "
+               "answers from the reference. Up is better; right is further from the model the labels were "
+               "collected on. A hollow marker's KL is an upper bound (best-of-N).")  # fmt: skip
+    return _figure_block(_img(fig, "Methods compared"), caption)
+
+
 def _aligned(run: Run, x_key: str, y_key: str, std_key: str) -> tuple[list[int], list[float], list[float], float]:
     """Steps where both keys are finite, their values, and the std of ``y`` at the first such step."""
     steps, xs, ys, first_std = [], [], [], math.nan
