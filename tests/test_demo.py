@@ -185,6 +185,7 @@ def test_the_methods_table_is_computed_from_the_evaluations(demo_dir):
         rows = _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")
         gold = [task.gold_score(r["prompt"], r["completion"]) for r in rows]  # the gold rule itself, again
         m = methods[name]
+        assert m["prompts"] == len(rows) == result["num_prompts"]
         assert m["gold_mean"] == pytest.approx(statistics.mean(gold), abs=1e-5)
         # 95 % normal interval of the mean: 1.96 · sample std / √n
         assert m["gold_ci95"] == pytest.approx(1.96 * statistics.stdev(gold) / math.sqrt(len(gold)), rel=1e-3)

@@ -2,7 +2,10 @@
 
     python tools/demo_figures.py                                   # seeds 0-4, a markdown table on stdout
     python tools/demo_figures.py --seeds 0 1 2 --out runs/figures  # other seeds / where the runs go
-    python tools/demo_figures.py --update-readme README.md         # also rewrite the README's table
+    python tools/demo_figures.py --update-readme README.md         # also rewrite the README's tables
+
+Two tables: the headline figures over the seeds, and the methods compared on equal labels (SFT, best-of-N, DPO,
+PPO, GRPO: summary.json's ``methods``) in the first seed's run.
 
 Each seed is one `rlhf demo --seed S` in its own process and directory (``OUT/seed_S``; a seed whose
 ``summary.json`` is already there is read, not re-run, so an interrupted sweep continues). One seed's run
@@ -31,13 +34,19 @@ FIGURES = (
     ("gold/grpo_mean", "gold score of GRPO", 2),
     ("gold/win_rate_vs_sft", "win rate of PPO vs SFT under the gold judge", 2),
     ("gold/grpo_win_rate_vs_sft", "win rate of GRPO vs SFT under the gold judge", 2),
+    ("gold/dpo_mean", "gold score of DPO (on the reward model's pairs)", 2),
+    ("gold/dpo_win_rate_vs_sft", "win rate of DPO vs SFT under the gold judge", 2),
+    ("gold/best_of_n_mean", "gold score of best-of-8 (SFT samples, the reward model picks)", 2),
+    ("gold/best_of_n_win_rate_vs_sft", "win rate of best-of-8 vs SFT under the gold judge", 2),
     ("rm/accuracy", "reward-model accuracy on held-out gold pairs", 2),
     ("kl/final", "KL to the reference at the end of PPO (nats per response)", 1),
     ("ppo/held_out_gold_last", "PPO, held-out gold score at its last step", 2),
     ("ppo_no_kl/kl_last", "PPO without the KL penalty: KL at the end", 0),
     ("ppo_no_kl/held_out_gold_last", "PPO without the KL penalty: held-out gold score at the end", 2),
 )
-START, END = "<!-- demo-figures:start -->", "<!-- demo-figures:end -->"
+FIGURES_BLOCK = ("<!-- demo-figures:start -->", "<!-- demo-figures:end -->")
+METHODS_BLOCK = ("<!-- demo-methods:start -->", "<!-- demo-methods:end -->")
+METHOD_NAMES = {"sft": "SFT", "best_of_n": "best-of-N", "dpo": "DPO", "ppo": "PPO", "grpo": "GRPO"}
 
 
 def run_seed(seed: int, out: Path, preset: str) -> dict:
@@ -84,12 +93,32 @@ def table(summaries: dict[int, dict], preset: str) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: Path, text: str) -> None:
+def methods_table(seed: int, summary: dict) -> str:
+    """summary.json's ``methods`` of one seed as a markdown table."""
+    lines = [
+        f"Seed {seed} of `rlhf demo` on {machine()}: {summary['methods']['sft']['prompts']} held-out prompts, the gold judge deciding; the whole demo "
+        f"took {summary['seconds']:.0f} s.",
+        "",
+        "| method | gold score ± 95 % CI | win rate vs SFT [95 % CI] | KL to SFT (nats) | own wall time | needs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in summary["methods"].items():
+        label = METHOD_NAMES.get(name, name) + (f" (N = {m['n']})" if "n" in m else "")
+        win = "— (baseline)" if m["win_rate"] is None else (
+            f"{m['win_rate']:.2f} [{m['win_rate_ci95'][0]:.2f}, {m['win_rate_ci95'][1]:.2f}]")  # fmt: skip
+        kl = ("≤ " if m["kl_is_bound"] else "") + f"{m['kl']:.2f}"
+        cost = f"{m['seconds']:.1f} s" + (f" ({m['samples']} samples)" if "samples" in m else "")
+        lines.append(f"| {label} | {m['gold_mean']:.2f} ± {m['gold_ci95']:.2f} | {win} | {kl} | {cost} | {m['needs']} |")
+    return "\n".join(lines)
+
+
+def update_readme(path: Path, block: tuple[str, str], text: str) -> None:
+    start, end = block
     readme = path.read_text()
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.DOTALL)
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.DOTALL)
     if not pattern.search(readme):
-        raise SystemExit(f"{path} has no {START} … {END} block to replace")
-    path.write_text(pattern.sub(lambda _: f"{START}\n{text}\n{END}", readme))
+        raise SystemExit(f"{path} has no {start} … {end} block to replace")
+    path.write_text(pattern.sub(lambda _: f"{start}\n{text}\n{end}", readme))
 
 
 def main() -> None:
@@ -101,9 +130,11 @@ def main() -> None:
     args = parser.parse_args()
     summaries = {seed: run_seed(seed, args.out, args.preset) for seed in args.seeds}
     text = table(summaries, args.preset)
-    print(text)
+    methods = methods_table(args.seeds[0], summaries[args.seeds[0]])
+    print(text, methods, sep="\n\n")
     if args.update_readme:
-        update_readme(args.update_readme, text)
+        update_readme(args.update_readme, FIGURES_BLOCK, text)
+        update_readme(args.update_readme, METHODS_BLOCK, methods)
 
 
 if __name__ == "__main__":

@@ -495,7 +495,7 @@ def _gold(scores: Iterable[float | None]) -> dict[str, Any]:
     values = [v for v in scores if v is not None]
     n = len(values)
     half = 1.959963984540054 * statistics.stdev(values) / math.sqrt(n) if n > 1 else math.nan
-    return {"gold_mean": statistics.fmean(values) if values else math.nan, "gold_ci95": half, "n": n}
+    return {"gold_mean": statistics.fmean(values) if values else math.nan, "gold_ci95": half, "prompts": n}
 
 
 def _held_out_end(name: str, rows: list[dict[str, Any]]) -> dict[str, float]:
