@@ -844,11 +844,6 @@ class DPOConfig(_TrainingConfig):
 
     def _check(self, where: str) -> None:
         super()._check(where)
-        if self.run.parallelism == "fsdp":
-            raise ConfigError(
-                f"{where}run.parallelism='fsdp' is not supported by dpo yet (its sharded run does not yet match one "
-                "process); use ddp (the default under torchrun), or LoRA to save memory"
-            )
         if self.dpo.label_smoothing > 0 and self.dpo.loss == DPOLoss.IPO:
             raise ConfigError(
                 f"{where}dpo.label_smoothing={self.dpo.label_smoothing} has no meaning for dpo.loss='ipo'; "

@@ -136,8 +136,6 @@ def test_a_labels_file_trains_as_it_is(tiny_llama_dir, data, tmp_path):
 
 
 def test_refused_combinations(tiny_llama_dir, data, tmp_path):
-    with pytest.raises(ConfigError, match="run.parallelism='fsdp' is not supported by dpo yet"):
-        make_config(tiny_llama_dir, data, tmp_path / "x", **{"run.parallelism": "fsdp"})
     with pytest.raises(ConfigError, match="no meaning for dpo.loss='ipo'"):
         make_config(tiny_llama_dir, data, tmp_path / "x", **{"dpo.loss": "ipo", "dpo.label_smoothing": 0.1})
 

@@ -31,7 +31,7 @@ from rlhf.data import TokenizedPreference, TokenizedSFT, load_preferences
 from rlhf.data.stream import EpochOrder, fingerprint_of
 from rlhf.data.tokenization import IGNORE_INDEX
 from rlhf.models.loading import load_tokenizer
-from rlhf.models.sharding import adapters, load_lm
+from rlhf.models.sharding import adapters, gathered, load_lm
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.seeding import seed_everything
@@ -64,7 +64,12 @@ def run(config: DPOConfig) -> Path:
     batches = Batcher(config.effective_micro_batch_size, False, config.data.max_length,
                       int(tokenizer.eos_token_id), d.device)  # fmt: skip
     needs_reference = config.dpo.loss != DPOLoss.SIMPO
-    reference = reference_logps(model, train + held_out, batches) if needs_reference else None
+    reference = None
+    if needs_reference:
+        # sharded: one all-gather for the whole pass, and every module resharded after it — a root left gathered
+        # would hand the optimizer its gathered copies instead of the sharded parameters
+        with gathered(model):
+            reference = reference_logps(model, train + held_out, batches)
     print(f"dpo: {len(train)} training pairs, {len(held_out)} held out; loss {config.dpo.loss}, β {config.dpo.beta}; "
           + ("reference log-probs computed from the starting policy" if needs_reference else "no reference (simpo)"),
           file=sys.stderr)  # fmt: skip
@@ -107,7 +112,8 @@ def sequence_logps(model: Callable[..., Any], pairs: Sequence[TokenizedPreferenc
 def reference_logps(model: torch.nn.Module, pairs: Sequence[TokenizedPreference], batches: Batcher) -> torch.Tensor:
     """Summed log-probs ``(n, 2)`` (chosen, rejected) of every pair under ``model`` as it is now — the reference.
 
-    Every rank computes all of them in the same order (sharded runs need every rank in every forward).
+    Every rank computes all of them in the same order (sharded runs need every rank in every forward; the caller
+    gathers a sharded model around the pass).
     """
     model.eval()
     out = []

@@ -66,7 +66,19 @@ class Trainable:
         return self.wrapped(*args, **kwargs)
 
     def parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
+        """The trained parameters; sharded, the DTensor shards (what the optimizer must hold)."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if self.d.sharded:
+            from torch.distributed.tensor import DTensor  # only sharded runs: torch.distributed may be absent
+
+            # FSDP2 swaps a gathered module's parameters for the full tensors until it reshards (the root does
+            # not reshard after a forward outside autograd): an optimizer built on those would never update
+            # the real weights
+            if all(isinstance(p, DTensor) for p in params):
+                return params
+            raise RuntimeError("an FSDP module is still gathered: reshard it (models.sharding.gathered) before "
+                               "taking its parameters")
+        return params
 
     @property
     def grad_scale(self) -> float:
