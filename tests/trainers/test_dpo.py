@@ -103,6 +103,32 @@ def test_the_reference_of_a_lora_run_is_the_base_model(tiny_llama_dir, data):
                                rtol=1e-6, atol=1e-5)  # fmt: skip
 
 
+def test_the_cached_reference_equals_a_frozen_copy_scoring_each_micro_batch(tiny_llama_dir, data, tmp_path,
+                                                                             monkeypatch):
+    """The reference log-probs are computed once, before training, and handed out per micro-batch by pair index:
+    each must equal what a separate frozen copy of the starting model gives for exactly those pairs."""
+    seen: list[tuple[list, torch.Tensor]] = []
+    original = dpo.pair_loss
+
+    def recording(config, model, pairs, reference, batches):
+        if reference is not None and torch.is_grad_enabled():  # training micro-batches (eval runs without grad)
+            seen.append((list(pairs), reference.clone()))
+        return original(config, model, pairs, reference, batches)
+
+    monkeypatch.setattr(dpo, "pair_loss", recording)
+    dpo.run(make_config(tiny_llama_dir, data, tmp_path / "run", **{"batch.micro_size": 2, "dpo.epochs": 2}))
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    frozen = load_lm(str(tiny_llama_dir), "float32", SINGLE, None)
+    batches = Batcher(8, False, 64, int(tokenizer.eos_token_id), torch.device("cpu"))
+    assert len(seen) > 4
+    for pairs, reference in seen:
+        with torch.no_grad():
+            logps, _ = dpo.sequence_logps(frozen, pairs, batches)
+        b = len(pairs)
+        # the same float32 forward, other batch composition and padding: a few ulps per summed log-prob
+        torch.testing.assert_close(reference, torch.stack([logps[:b], logps[b:]], dim=1), rtol=1e-5, atol=1e-5)
+
+
 def test_micro_batching_gives_the_same_run(tiny_llama_dir, data, tmp_path):
     dpo.run(make_config(tiny_llama_dir, data, tmp_path / "whole"))
     dpo.run(make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 2}))
