@@ -9,6 +9,7 @@ runs/demo`` rebuilds the same page.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +153,11 @@ def _methods(summary: dict[str, Any]) -> list[str]:
         label = METHOD_LABELS.get(name, name) + (f" (N = {m['n']})" if "n" in m else "")
         interval = m.get("win_rate_ci95")
         win = "— (the baseline)" if m.get("win_rate") is None else (
-            f"{r.fmt(m['win_rate'], 2)} [{r.fmt(interval[0], 2)}, {r.fmt(interval[1], 2)}]" if interval
-            else r.fmt(m["win_rate"], 2))  # fmt: skip
-        kl = ("≤ " if m.get("kl_is_bound") else "") + r.fmt(m.get("kl"), 2)
+            f"{_fixed(m['win_rate'])} [{_fixed(interval[0])}, {_fixed(interval[1])}]" if interval
+            else _fixed(m["win_rate"]))  # fmt: skip
+        kl = ("≤ " if m.get("kl_is_bound") else "") + _fixed(m.get("kl"))
         cost = r.fmt_seconds(m.get("seconds")) + (f", {m['samples']} samples" if "samples" in m else "")
-        rows.append([r.td(r.esc(label)), r.td(f"{r.fmt(m.get('gold_mean'), 2)} ± {r.fmt(m.get('gold_ci95'), 2)}", "num"),
+        rows.append([r.td(r.esc(label)), r.td(f"{_fixed(m.get('gold_mean'))} ± {_fixed(m.get('gold_ci95'))}", "num"),
                      r.td(win, "num"), r.td(kl, "num"), r.td(r.esc(cost), "num"), r.td(r.esc(m.get("needs", "")))])  # fmt: skip
         points.append(r.MethodPoint(label, _number(m.get("kl")), _number(m.get("gold_mean")),
                                     _number(m.get("gold_ci95")), bool(m.get("kl_is_bound"))))  # fmt: skip
@@ -177,6 +178,12 @@ def _methods(summary: dict[str, Any]) -> list[str]:
 
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else float("nan")
+
+
+def _fixed(value: Any) -> str:
+    """Two decimals, so a column of scores lines up; — for a missing number."""
+    number = _number(value)
+    return f"{number:.2f}" if math.isfinite(number) else "—"
 
 
 def _answers(out: Path, limit: int) -> list[str]:
