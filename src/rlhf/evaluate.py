@@ -115,8 +115,9 @@ def run(config: EvalConfig) -> dict[str, Any]:
         {"prompt": answering.prompt_value(p), "completion": c, **_reward_fields(policy.scores, i)}
         for i, (p, c) in enumerate(zip(prompts, policy.completions, strict=True))
     ]
-    for row, kl in zip(rows, policy.kl.tolist() if policy.kl is not None else [], strict=False):
-        row["kl"] = kl
+    if policy.kl is not None:
+        for row, kl in zip(rows, policy.kl.tolist(), strict=True):
+            row["kl"] = kl
     times = {"time/policy_s": policy.seconds}
     if config.baseline is not None:
         # 3. the baseline answers the same prompts from the same seed
