@@ -14,7 +14,7 @@ CORE = SRC / "rlhf" / "core"
 
 LAYERS = {
     "core": 0,
-    "config": 1, "optim": 1, "httpclient": 1,
+    "config": 1, "optim": 1, "httpclient": 1, "doctor": 1,
     "data": 2, "runlog": 2,
     "models": 3, "labelling": 3,
     "rollout": 4,

@@ -1,0 +1,163 @@
+"""The doctor's rules: silent on healthy runs of this project (fixtures: the demo's runs), firing on each
+classic failure in synthetic metric streams, and not flapping on noise."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf.doctor.rules import RULES, History, _episodes, diagnose
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+HEALTHY = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and "no_kl" not in p.name)
+
+
+def fixture(name: str) -> History:
+    rows = [json.loads(line) for line in (FIXTURES / name / "metrics.jsonl").read_text().splitlines()]
+    return History(rows, yaml.safe_load((FIXTURES / name / "config.yaml").read_text()))
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_silent_on_the_healthy_demo_runs(name):
+    assert diagnose(fixture(name)) == [], name
+
+
+def test_ppo_without_the_kl_penalty_is_reward_hacking():
+    # the demo's PPO with β = 0: the reward model's score climbs while the gold monitor falls back to SFT's level
+    findings = {f.rule.name: f for f in diagnose(fixture("seed0_ppo_no_kl"))}
+    assert "over_optimisation" in findings
+    found = findings["over_optimisation"]
+    assert found.steps[0] > 15 and found.episodes[-1][1] == 60  # after the gold score peaked, to the end
+    assert "reward/gold/mean fell from" in found.last
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic streams: each rule fires on its failure, and stays silent on noise around a healthy trend
+# ---------------------------------------------------------------------------------------------------------------
+
+PPO_CONFIG = {"ppo": {"epochs": 4, "num_minibatches": 2}, "sampling": {"max_new_tokens": 32},
+              "kl": {"control": "adaptive", "target": 6.0},
+              "reward": {"source": [{"source": "rm", "name": "rm", "weight": 1.0},
+                                    {"source": "gold", "name": "gold", "weight": 0.0}]}}  # fmt: skip
+
+
+def stream(n: int, seed: int = 0, **series) -> list[dict]:
+    """``n`` rows; each keyword is a function of (step, rng) giving that metric."""
+    rng = random.Random(seed)
+    return [{"step": s, **{key.replace("__", "/"): fn(s, rng) for key, fn in series.items()}} for s in range(1, n + 1)]
+
+
+def healthy(s, rng):
+    """A base row of a healthy PPO step, with noise."""
+    return {
+        "reward/mean": 0.05 * s + rng.gauss(0, 0.3), "reward/gold/mean": 0.04 * s + rng.gauss(0, 0.3),
+        "kl/mean": 0.1 * s + rng.uniform(0, 0.3), "policy/entropy": 0.5 + rng.gauss(0, 0.03),
+        "value/explained_variance": 0.2 + rng.gauss(0, 0.15), "value/loss": 0.5 + rng.uniform(0, 0.2),
+        "value/clipfrac": rng.uniform(0, 0.2), "policy/clipfrac": rng.uniform(0.01, 0.1),
+        "policy/approx_kl": rng.uniform(0.001, 0.03), "response/length_mean": 15 + rng.gauss(0, 2),
+        "response/eos_rate": 0.8 + rng.uniform(-0.1, 0.1), "grad/norm": 0.5 + rng.uniform(0, 0.5),
+        "policy/loss": rng.gauss(0, 0.1), "policy/first_ratio_max_dev": 0.0,
+    }  # fmt: skip
+
+
+def run(n: int, seed: int = 0, config=PPO_CONFIG, change=lambda s, row: None) -> History:
+    rng = random.Random(seed)
+    rows = []
+    for s in range(1, n + 1):
+        row = {"step": s, **healthy(s, rng)}
+        change(s, row)
+        rows.append(row)
+    return History(rows, config)
+
+
+def fired(history: History) -> dict[str, list[tuple[int, int]]]:
+    return {f.rule.name: f.episodes for f in diagnose(history)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_around_a_healthy_trend_raises_nothing(seed):
+    assert fired(run(80, seed)) == {}
+
+
+def setter(key, fn):
+    def change(s, row):
+        value = fn(s, row)
+        if value is not None:
+            row[key] = value
+    return change
+
+
+FAILURES = {
+    # rule: (what goes wrong from step 41 on, the first step the rule may fire)
+    "non_finite": (setter("policy/loss", lambda s, r: math.nan if s == 50 else None), 50),
+    "first_ratio_not_one": (setter("policy/first_ratio_max_dev", lambda s, r: 0.3 if s >= 41 else None), 41),
+    "kl_blowup": (setter("kl/mean", lambda s, r: 40.0 if s == 45 else None), 45),
+    "kl_above_target": (setter("kl/mean", lambda s, r: 4.0 + 0.5 * (s - 40) if s > 40 else None), 60),
+    "entropy_collapse": (setter("policy/entropy", lambda s, r: 0.5 * 0.8 ** (s - 40) if s > 40 else None), 41),
+    "critic_worse_than_mean": (setter("value/explained_variance", lambda s, r: -0.3 if s >= 41 else None), 50),
+    "value_loss_rising": (setter("value/loss", lambda s, r: 0.6 * 1.3 ** (s - 40) if s > 40 else None), 41),
+    "value_clip_saturated": (setter("value/clipfrac", lambda s, r: 0.97 if s >= 41 else None), 45),
+    "clipfrac_high": (setter("policy/clipfrac", lambda s, r: 0.45 if s >= 41 else None), 45),
+    "approx_kl_high": (setter("policy/approx_kl", lambda s, r: 0.4 if s >= 41 else None), 43),
+    "nothing_moves": (lambda s, r: r.update({"policy/clipfrac": 0.0, "policy/approx_kl": 0.0}) if s >= 41 else None, 50),
+    "length_to_max": (setter("response/length_mean", lambda s, r: 31.8 if s >= 41 else None), 45),
+    "length_to_one": (setter("response/length_mean", lambda s, r: 1.0 if s >= 41 else None), 45),
+    "eos_vanishing": (setter("response/eos_rate", lambda s, r: 0.05 if s >= 41 else None), 45),
+    "grad_spike": (setter("grad/norm", lambda s, r: 40.0 if s == 60 else None), 60),
+    "over_optimisation": (lambda s, r: r.update({"reward/gold/mean": 1.6 - 0.05 * (s - 40) + r["reward/gold/mean"] - 0.04 * s,
+                                                 "reward/mean": 2.0 + 0.05 * (s - 40)}) if s > 40 else None, 41),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", list(FAILURES))
+def test_each_failure_is_named_by_its_rule(rule):
+    change, earliest = FAILURES[rule]
+    found = fired(run(80, 1, change=change))
+    assert rule in found, found
+    assert found[rule][0][0] >= earliest  # not before the failure began
+    assert list(found) == [rule], found  # and no other rule: a flood of alarms would hide the cause
+
+
+def test_no_group_signal_and_grpo_on_policy_updates():
+    grpo = {"grpo": {"num_iterations": 1, "num_minibatches": 1}}
+    rows = stream(30, reward__zero_std_groups=lambda s, rng: 1.0 if s > 10 else 0.25,
+                  policy__clipfrac=lambda s, rng: 0.0, policy__approx_kl=lambda s, rng: 0.0)
+    found = fired(History(rows, grpo))
+    assert found == {"no_group_signal": [(15, 30)]}  # on-policy: a zero clipfrac is by design, not "nothing moves"
+
+
+def test_supervised_rules():
+    at_chance = stream(60, train__loss=lambda s, rng: 0.69 + rng.gauss(0, 0.01),
+                       train__accuracy=lambda s, rng: 0.5 + rng.gauss(0, 0.02))
+    assert "accuracy_at_chance" in fired(History(at_chance))
+    overfit = stream(60, train__loss=lambda s, rng: 2.0 - 0.02 * s,
+                     eval__loss=lambda s, rng: (1.5 + max(0, s - 30) * 0.01) if s % 5 == 0 else None)
+    overfit = [{k: v for k, v in row.items() if v is not None} for row in overfit]
+    found = fired(History(overfit))
+    assert list(found) == ["eval_loss_rising"] and found["eval_loss_rising"][0][0] >= 45
+
+
+def test_every_rule_documents_itself():
+    names = [rule.name for rule in RULES]
+    assert len(names) == len(set(names))
+    for rule in RULES:
+        assert rule.severity in ("info", "warning", "critical")
+        assert rule.metrics and rule.threshold and rule.reason and rule.diagnosis and rule.fix, rule.name
+
+
+def test_episodes_join_consecutive_steps():
+    assert _episodes([3, 4, 5, 9, 11, 12]) == [(3, 5), (9, 9), (11, 12)]
+
+
+def test_the_readme_lists_every_rule_with_its_threshold_and_fix():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("<!-- doctor-rules:start -->")[1].split("<!-- doctor-rules:end -->")[0]
+    rows = [line for line in block.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(RULES)
+    for rule, row in zip(RULES, rows, strict=True):
+        assert row.startswith(f"| `{rule.name}` | {rule.severity} |") and rule.threshold in row and rule.fix in row
