@@ -51,6 +51,7 @@ REQUIRED: dict[str, dict[str, object]] = {
     "eval": {"model": {"name": "runs/ppo/final"}, "eval_data": "data/heldout.jsonl", "reward": {"source": "models/rm"}},
     "demo": {},
     "report": {"run_dir": "runs/ppo"},
+    "doctor": {"run_dir": "runs/ppo"},
     "label": {"pairs": "pairs.jsonl", "out": "prefs.jsonl"},
     "dpo": {"output_dir": "runs/dpo", "model": {"name": "runs/sft/final"}, "data": {"train": "data/prefs.jsonl"}},
 }
@@ -407,6 +408,7 @@ NON_DEFAULTS: dict[str, dict[str, object]] = {
     "eval": {"output": "eval.jsonl", "max_prompts": 100},
     "demo": {"preset": "small", "steps": 3},
     "report": {"output": "out/report.html", "max_samples": 4},
+    "doctor": {"json": True},
     "dpo": {"dpo": {"loss": "robust", "beta": 0.2, "label_smoothing": 0.1}, "batch.size": 16},
     "label": {"pairs": "pairs.jsonl", "out": "prefs.jsonl", "labels_per_pair": 3, "host": "0.0.0.0",
               "judge.source": "openai:http://127.0.0.1:8000/v1#m", "judge.llm": {"both_orders": False, "tries": 2}},

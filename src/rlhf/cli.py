@@ -7,6 +7,7 @@ module is imported only then, so ``import rlhf.cli`` (and ``rlhf --help``) never
 Exit codes: 0 success (and ``--help``); 2 a refused command line, config, model path, data file or reward
 (``error: …`` on stderr naming the field or ``file:line``, no traceback); 1 an internal error — a bug, not
 the input: one line with the exception and where it was raised, and a pointer to ``--debug``; 130 Ctrl-C.
+`rlhf doctor` answers with its exit code (`VERDICT_COMMANDS`): 0 healthy, 1 warnings, 2 critical.
 ``--debug`` (anywhere on the line) lets any error raise with its full traceback; ``--verbose`` lets the
 libraries (transformers, huggingface_hub, datasets, torch) print their progress bars and warnings, which
 are kept off the console otherwise.
@@ -44,6 +45,7 @@ RUNNERS: dict[str, tuple[str, str]] = {
     "demo": ("rlhf.demo", "a tiny self-contained end-to-end run (no downloads)"),
     "report": ("rlhf.report", "an HTML report of a ppo/grpo run or a demo: curves, reward vs KL, samples"),
     "label": ("rlhf.labelling", "label pairs on a web page (several people) or with an LLM judge; --stats"),
+    "doctor": ("rlhf.doctor.checkup", "read a run's metrics: healthy, or the classic RLHF failures and the fix to try"),
 }
 assert RUNNERS.keys() == COMMANDS.keys()
 
@@ -53,7 +55,7 @@ def usage() -> str:
     width = max(len(name) for name in RUNNERS)
     lines = [
         "usage: rlhf <command> --config FILE.yaml [--<section>.<field> <value> ...]",
-        "       rlhf report RUN_DIR",
+        "       rlhf report RUN_DIR    |    rlhf doctor RUN_DIR [--json]",
         "       rlhf label PAIRS.jsonl --out PREFS.jsonl    |    rlhf label --stats PREFS.jsonl",
         "",
         "RLHF post-training for causal language models.",
@@ -130,6 +132,10 @@ def _exit_code(exit: SystemExit) -> int:
     return 1
 
 
+VERDICT_COMMANDS = ("doctor",)
+"""Commands whose exit code is their answer (`rlhf doctor`: 0 healthy, 1 warnings, 2 critical), returned by
+their ``run``; every other command exits 0 when it succeeds."""
+
 GLOBAL_FLAGS = ("--debug", "--verbose")
 """Flags of `rlhf` itself, accepted anywhere on the line (they are not config fields)."""
 
@@ -153,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlhf {__version__}")
         return 0
     command, rest = args[0], args[1:]
-    if command == "report" and rest and not rest[0].startswith("-"):
+    if command in ("report", "doctor") and rest and not rest[0].startswith("-"):
         rest = ["--run_dir", rest[0], *rest[1:]]  # `rlhf report RUN_DIR`: the one positional argument
     if command == "label" and rest and not rest[0].startswith("-"):
         rest = ["--pairs", rest[0], *rest[1:]]  # `rlhf label PAIRS.jsonl --out …`
@@ -176,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # tyro printed --help (0) or its own error message (2)
         return _exit_code(e)
     try:
-        _run(command, config, verbose)
+        result = _run(command, config, verbose)
     except NotBuiltError as e:
         return _error(f"rlhf {command}: this command's trainer is not part of this build yet (no module {e})")
     except ConfigError as e:  # a problem found once the run looked at its inputs (e.g. an unusable model)
@@ -196,19 +202,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # data and reward errors list file:line / source and sample, one per line: keep the lines
         print(f"error: rlhf {command}: {e}", file=sys.stderr)
         return 2
-    return 0
+    return result if command in VERDICT_COMMANDS else 0
 
 
-def _run(command: str, config: Any, verbose: bool) -> None:
+def _run(command: str, config: Any, verbose: bool) -> Any:
     """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet."""
     run = runner(command)
-    if command in ("report", "label") or verbose:  # they load no model: no library to quiet
-        run(config)
-        return
+    if command in ("report", "label", "doctor") or verbose:  # they load no model: no library to quiet
+        return run(config)
     from rlhf.runlog.progress import quiet_libraries
 
     with quiet_libraries():
-        run(config)
+        return run(config)
 
 
 def _internal_error(command: str, error: BaseException) -> int:

@@ -63,6 +63,7 @@ __all__ = [
     "FLAT_KEYS",
     "ConfigError",
     "DemoConfig",
+    "DoctorConfig",
     "EvalConfig",
     "GRPOConfig",
     "LoRAConfig",
@@ -1126,6 +1127,18 @@ class ReportConfig(_Config):
 
 
 @section
+class DoctorConfig(_Config):
+    """The training doctor: replay its rules over a run's metrics (finished, crashed or running) and print a verdict — healthy, or each finding with its steps, evidence and the fix to try. Exit code 0 healthy, 1 warnings, 2 critical. `rlhf doctor RUN_DIR` is short for --run_dir RUN_DIR."""
+
+    COMMAND: ClassVar[str] = "doctor"
+
+    run_dir: Text
+    """The output_dir of an sft, rm, dpo, ppo or grpo run (config.yaml, metrics.jsonl), or a directory of runs such as rlhf demo's."""
+    json: bool = False
+    """Print the verdict as JSON (status, exit_code, and per run its findings with steps, evidence and fix)."""
+
+
+@section
 class LabelConfig(_Config):
     """Label pairs: in the browser (a local web page, one or several people), or with an LLM judge; or print the statistics of labels files. `rlhf label PAIRS.jsonl --out PREFS.jsonl` is short for --pairs PAIRS.jsonl --out PREFS.jsonl."""
 
@@ -1177,6 +1190,7 @@ class LabelConfig(_Config):
 COMMANDS: dict[str, type[_Config]] = {
     "sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
     "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
+    "doctor": DoctorConfig,
 }  # fmt: skip
 """Command name → its config class."""
 

@@ -1,0 +1,204 @@
+"""``rlhf doctor RUN_DIR``: read a run's ``metrics.jsonl`` and ``config.yaml`` — finished, crashed or still
+running — replay the rules over it and print a verdict: healthy, or each finding with the steps where it held,
+the evidence and the fix to try. ``--json`` prints the same for tools.
+
+Any run of ``rlhf`` can be read (sft, rm, dpo, ppo, grpo: each rule looks only at the metrics it knows), and
+so can a directory of runs, such as the output of ``rlhf demo``: each run in it is diagnosed in turn.
+
+Exit codes: 0 healthy (info findings only, or nothing logged yet), 1 at least one warning, 2 at least one
+critical finding. A path that is not a run is refused like any bad input of the command line (``error: …``
+on stderr, exit 2, nothing on stdout).
+
+Reading is forgiving on purpose — the doctor is what a user reaches for when a run went wrong: a torn last
+line (the process died mid-write, or the run is writing it right now) and unreadable lines are skipped with a
+note saying so, never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf.doctor.rules import RULES, SEVERITIES, Finding, History, diagnose
+
+EXIT_CODES = {"no_data": 0, "healthy": 0, "info": 0, "warning": 1, "critical": 2}
+"""A run's status, from the least to the most worrying → the exit code of ``rlhf doctor`` (the worst run's, for
+a directory of runs)."""
+STATUSES = tuple(EXIT_CODES)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """What a run directory holds for the doctor: the command that wrote it, its config and its metric rows,
+    plus notes about lines that could not be read."""
+
+    path: Path
+    command: str
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    notes: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkup:
+    """The doctor's verdict on one run."""
+
+    record: RunRecord
+    findings: list[Finding]
+
+    @property
+    def status(self) -> str:
+        if not self.record.rows:
+            return "no_data"
+        worst = max((SEVERITIES.index(f.rule.severity) for f in self.findings), default=-1)
+        return SEVERITIES[worst] if worst >= 0 else "healthy"
+
+    def to_dict(self) -> dict[str, Any]:
+        steps = [row["step"] for row in self.record.rows]
+        return {
+            "run_dir": str(self.record.path), "command": self.record.command, "status": self.status,
+            "rows": len(steps), "first_step": min(steps, default=None), "last_step": max(steps, default=None),
+            "findings": [f.to_dict() for f in self.findings], "notes": self.record.notes,
+        }  # fmt: skip
+
+
+def is_run(path: Path) -> bool:
+    return (path / "metrics.jsonl").is_file() and (path / "config.yaml").is_file()
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """``path`` itself when it is a run, else the runs directly inside it (e.g. an ``rlhf demo`` directory)."""
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} is not a directory: pass the output_dir of an rlhf run")
+    if is_run(path):
+        return [path]
+    runs = sorted(child for child in path.iterdir() if child.is_dir() and is_run(child))
+    if not runs:
+        missing = [name for name in ("metrics.jsonl", "config.yaml") if not (path / name).is_file()]
+        raise FileNotFoundError(
+            f"{path} is not a run directory (no {' and no '.join(missing)}), nor a directory of runs: "
+            "pass the output_dir of an rlhf sft/rm/dpo/ppo/grpo run, or of rlhf demo"
+        )
+    return runs
+
+
+def read_run(path: Path) -> RunRecord:
+    """The run in ``path``; lines of ``metrics.jsonl`` that are not JSON objects with a ``step`` are skipped
+    with a note (a torn last line is what a crash mid-write, or a run writing right now, leaves)."""
+    config_text = (path / "config.yaml").read_text(encoding="utf-8", errors="replace")
+    first = config_text.splitlines()[0] if config_text else ""
+    command = first.removeprefix("# rlhf ").split(":", 1)[0].strip() if first.startswith("# rlhf ") else "unknown"
+    notes: list[str] = []
+    try:
+        config = yaml.safe_load(config_text)
+    except yaml.YAMLError as e:
+        config, notes = None, [f"config.yaml is not readable YAML ({' '.join(str(e).split())}): rules that read "
+                                "config limits (max_new_tokens, kl.target, monitors) are skipped"]  # fmt: skip
+    metrics = path / "metrics.jsonl"
+    lines = metrics.read_bytes().decode("utf-8", errors="replace").split("\n")
+    torn = lines.pop() if lines else ""  # the text after the last newline: a line still being (or never) finished
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            row = _row(line)
+            if row is None:
+                notes.append(f"{metrics}:{number}: not a metrics row, skipped: {line[:60]!r}")
+            else:
+                rows.append(row)
+    if torn.strip():
+        row = _row(torn)  # a complete row whose newline is all that is missing is kept
+        if row is None:
+            notes.append(f"{metrics}:{len(lines) + 1}: the last line is incomplete (the run died while writing "
+                         f"it, or is writing it now), skipped")  # fmt: skip
+        else:
+            rows.append(row)
+    return RunRecord(path, command, config if isinstance(config, dict) else {}, rows, notes)
+
+
+def _row(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    ok = isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)
+    return row if ok else None
+
+
+def examine(path: str | Path) -> list[Checkup]:
+    """The doctor's verdict on the run in ``path``, or on each run inside it."""
+    checkups = []
+    for run_dir in run_dirs(Path(path)):
+        record = read_run(run_dir)
+        checkups.append(Checkup(record, diagnose(History(record.rows, record.config))))
+    return checkups
+
+
+def exit_code(checkups: list[Checkup]) -> int:
+    return max((EXIT_CODES[c.status] for c in checkups), default=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The verdict as text
+# ---------------------------------------------------------------------------------------------------------------
+
+WIDTH = 100
+
+
+def render(checkups: list[Checkup]) -> str:
+    text = "\n\n".join(_render_one(c) for c in checkups)
+    if len(checkups) > 1:
+        counts = {s: sum(c.status == s for c in checkups) for s in reversed(STATUSES)}
+        text += f"\n\n{len(checkups)} runs: " + ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items() if n)
+    return text + "\n"
+
+
+def _render_one(checkup: Checkup) -> str:
+    record, findings = checkup.record, checkup.findings
+    steps = [row["step"] for row in record.rows]
+    span = f"{len(steps)} rows, steps {min(steps)}–{max(steps)}" if steps else "no rows"
+    head = f"{record.path} (rlhf {record.command}, {span})"
+    lines = [head, *(f"  note: {note}" for note in record.notes)]
+    if checkup.status == "no_data":
+        lines.append("  no step logged yet: nothing to diagnose")
+        return "\n".join(lines)
+    if not findings:
+        lines.append(f"  healthy: none of the {len(RULES)} rules fired")
+        return "\n".join(lines)
+    counts = {s: sum(f.rule.severity == s for f in findings) for s in reversed(SEVERITIES)}
+    lines.append("  " + ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items() if n))
+    for finding in findings:
+        lines += _render_finding(finding)
+    return "\n".join(lines)
+
+
+def _render_finding(finding: Finding) -> list[str]:
+    rule = finding.rule
+    episodes = ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in finding.episodes)
+    wrap = lambda label, text: textwrap.wrap(  # noqa: E731
+        text, WIDTH, initial_indent=f"      {label:<9}", subsequent_indent=" " * 15
+    )
+    return [
+        f"  [{rule.severity}] {rule.name}: {rule.diagnosis}",
+        *wrap("steps", episodes),
+        *wrap("evidence", finding.last),
+        *wrap("try", rule.fix),
+    ]
+
+
+def run(config: Any) -> int:
+    """`rlhf doctor` (``config``: a `rlhf.config.DoctorConfig`): print the verdict (text or JSON) on stdout;
+    returns the exit code."""
+    checkups = examine(config.run_dir)
+    code = exit_code(checkups)
+    if config.json:
+        worst = max((c.status for c in checkups), key=STATUSES.index)
+        print(json.dumps({"status": worst, "exit_code": code, "runs": [c.to_dict() for c in checkups]}, indent=2))
+    else:
+        sys.stdout.write(render(checkups))
+    return code
