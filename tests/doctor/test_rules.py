@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.doctor.rules import RULES, History, _episodes, diagnose
+from rlhf.doctor.rules import RULES, History, Watch, diagnose
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HEALTHY = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and "no_kl" not in p.name)
@@ -150,8 +150,40 @@ def test_every_rule_documents_itself():
         assert rule.metrics and rule.threshold and rule.reason and rule.diagnosis and rule.fix, rule.name
 
 
-def test_episodes_join_consecutive_steps():
-    assert _episodes([3, 4, 5, 9, 11, 12]) == [(3, 5), (9, 9), (11, 12)]
+def test_episodes_join_consecutive_logged_rows():
+    # logged every 5 steps (run.log_every: 5): NaN rows 10-20 are one episode, 35 another
+    rows = [{"step": s, "policy/loss": math.nan if s in (10, 15, 20, 35) else 0.1} for s in range(5, 45, 5)]
+    (finding,) = diagnose(History(rows))
+    assert finding.rule.name == "non_finite"
+    assert finding.episodes == [(10, 20), (35, 35)] and finding.steps == [10, 15, 20, 35]
+
+
+def test_a_row_without_a_rules_metrics_leaves_it_as_it_was():
+    # an SFT run's evaluation-only rows (eval/loss) between its training rows (train/loss): the NaN training loss
+    # holds through them, one episode, no start/clear at every evaluation
+    rows = []
+    for s in range(1, 13):
+        rows.append({"step": s, "train/loss": math.nan if s >= 5 else 1.0})
+        if s % 2 == 0:
+            rows.append({"step": s, "eval/loss": 1.0})
+    watch = Watch()
+    events = [(e.kind, e.step, e.rule.name) for row in rows for e in watch.observe(row)]
+    assert events == [("start", 5, "non_finite")]
+    assert watch.findings()[0].episodes == [(5, 12)] and "non_finite" in watch.holding
+
+
+def test_the_live_watch_starts_and_clears_where_diagnose_finds_the_episodes():
+    history = fixture("seed0_ppo_no_kl")
+    watch = Watch(history.config)
+    events = [event for row in history.rows for event in watch.observe(row)]
+    for finding in diagnose(history):
+        starts = [e.step for e in events if e.rule.name == finding.rule.name and e.kind == "start"]
+        clears = [e.step for e in events if e.rule.name == finding.rule.name and e.kind == "clear"]
+        assert starts == [first for first, _ in finding.episodes]
+        # a clear comes at the row after an episode ends; an episode reaching the last row never clears
+        ends = [last for _, last in finding.episodes if last != history.step]
+        assert len(clears) == len(ends) and all(c > e for c, e in zip(clears, ends, strict=True))
+    assert {e.rule.name for e in events} == {f.rule.name for f in diagnose(history)} != set()
 
 
 def test_the_readme_lists_every_rule_with_its_threshold_and_fix():
@@ -161,3 +193,18 @@ def test_the_readme_lists_every_rule_with_its_threshold_and_fix():
     assert len(rows) == len(RULES)
     for rule, row in zip(RULES, rows, strict=True):
         assert row.startswith(f"| `{rule.name}` | {rule.severity} |") and rule.threshold in row and rule.fix in row
+
+
+def test_over_optimisation_against_a_held_out_reward_logged_every_few_steps():
+    # no monitor source: the truth is eval/reward/mean, logged every 5 steps (run.eval_every); it rises to step 40
+    # then falls while the proxy keeps rising. The finding holds between evaluations too: one episode, no flapping.
+    def change(s, row):
+        row.pop("reward/gold/mean")  # the proxy, reward/mean, keeps its healthy rising trend
+        if s % 5 == 0:
+            row["eval/reward/mean"] = 0.05 * s if s <= 40 else 2.0 - 0.08 * (s - 40)
+
+    config = {key: value for key, value in PPO_CONFIG.items() if key != "reward"}
+    found = fired(run(80, 2, config=config, change=change))
+    assert list(found) == ["over_optimisation"]
+    ((first, last),) = found["over_optimisation"]
+    assert 50 <= first <= 70 and last == 80

@@ -3,10 +3,12 @@ failures and name the fix to try. No model code, no torch: a rule reads ``metric
 config, for limits such as ``max_new_tokens``) and nothing else.
 
 A rule's ``check(history)`` looks at the history *up to its last row* and returns the evidence (a sentence with
-the numbers) when the failure shows there, else None. The same check serves a finished run (`diagnose` replays
-the history row by row) and a live one (the trainer asks after each step), so a finding starts and clears at
-the same steps in both. Checks look back over a few rows only and most require the condition for several
-steps in a row (``patience``), so a noisy metric does not make an alarm flap.
+the numbers) when the failure shows there, else None. `Watch` follows the rules row by row and says when each
+finding starts and clears; it serves a finished run (`diagnose` replays the rows through one) and a live one
+(the trainer hands it each row it logs), so a finding starts and clears at the same steps in both. A row that
+holds none of a rule's metrics (an evaluation-only row, say) leaves that rule as it was. Checks look back over
+a few rows only and most require the condition for several steps in a row (``patience``), so a noisy metric
+does not make an alarm flap.
 
 Every threshold below is a default with its reason in the rule's ``threshold`` and ``reason`` text, which the
 README lists; the values were checked to stay silent on the healthy runs of the demo (tests/doctor/fixtures).
@@ -33,15 +35,26 @@ class History:
     """
 
     def __init__(self, rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None, end: int | None = None):
-        self.rows = rows
+        self.rows = list(rows)
         self.config = config or {}
-        self.end = len(rows) if end is None else end
+        self.end = len(self.rows) if end is None else end
         self._series: dict[str, tuple[list[int], list[int], list[float]]] = {}
 
     def upto(self, end: int) -> History:
-        view = History(self.rows, self.config, end)
-        view._series = self._series  # the same parsed series; the view only moves the end
+        view = History([], self.config, end)
+        view.rows, view._series = self.rows, self._series  # the same rows and parsed series; only the end moves
         return view
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """One more row at the end (a live run's newest step); the parsed series grow with it."""
+        index = len(self.rows)
+        self.rows.append(row)
+        for key, (indices, steps, values) in self._series.items():
+            if _finite(row.get(key)):
+                indices.append(index)
+                steps.append(int(row.get("step", index + 1)))
+                values.append(float(row[key]))
+        self.end = len(self.rows)
 
     @property
     def step(self) -> int:
@@ -108,17 +121,14 @@ class Rule:
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """A rule that fired: the steps where it held, the evidence at the first and the last of them."""
+    """A rule that fired: the steps where it held, grouped into episodes (runs of consecutive logged rows, as
+    (first step, last step)), and the evidence at the first and the last of them."""
 
     rule: Rule
     steps: list[int]
+    episodes: list[tuple[int, int]]
     first: str
     last: str
-
-    @property
-    def episodes(self) -> list[tuple[int, int]]:
-        """The runs of consecutive logged steps where the rule held, as (first step, last step)."""
-        return _episodes(self.steps)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,30 +138,80 @@ class Finding:
         }  # fmt: skip
 
 
-def _episodes(steps: Sequence[int]) -> list[tuple[int, int]]:
-    runs: list[tuple[int, int]] = []
-    for step in steps:
-        if runs and step == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], step)
-        else:
-            runs.append((step, step))
-    return runs
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A finding starting (``start``) or clearing (``clear``) at ``step``, with the evidence (for a clear, the
+    last evidence while it held)."""
+
+    kind: Literal["start", "clear"]
+    step: int
+    rule: Rule
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "event": self.kind, "rule": self.rule.name, "severity": self.rule.severity,
+                "evidence": self.evidence, "diagnosis": self.rule.diagnosis, "fix": self.rule.fix}  # fmt: skip
+
+    def message(self) -> str:
+        """One line for the console."""
+        if self.kind == "clear":
+            return f"doctor: step {self.step}: {self.rule.name} cleared"
+        return (f"doctor: step {self.step}: [{self.rule.severity}] {self.rule.name}: {self.rule.diagnosis} "
+                f"({self.evidence}); try: {self.rule.fix}")  # fmt: skip
+
+
+class Watch:
+    """The rules followed row by row: `observe` takes the next logged row and returns the findings that start
+    or clear there; `holding` is what holds now, `findings()` everything that held so far."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, rules: Sequence[Rule] | None = None):
+        self.history = History([], config)
+        self.rules = RULES if rules is None else tuple(rules)
+        self.holding: dict[str, str] = {}
+        """Rule name → its latest evidence, for the findings that hold at the last row."""
+        self._held: dict[str, list[Any]] = {}
+
+    def observe(self, row: Mapping[str, Any]) -> list[Event]:
+        self.history.append(row)
+        step, events = self.history.step, []
+        for rule in self.rules:
+            was = self.holding.get(rule.name)
+            if any(key in row for key in rule.metrics):
+                found = rule.check(self.history)
+            else:
+                found = was  # a row without any of the rule's metrics says nothing new about it
+            if found is None:
+                if was is not None:
+                    events.append(Event("clear", step, rule, self.holding.pop(rule.name)))
+                continue
+            self.holding[rule.name] = found
+            held = self._held.setdefault(rule.name, [[], [], found, found])  # steps, episodes, first, last
+            held[0].append(step)
+            held[3] = found
+            if was is None:
+                held[1].append((step, step))
+                events.append(Event("start", step, rule, found))
+            else:
+                held[1][-1] = (held[1][-1][0], step)
+        return events
+
+    def findings(self) -> list[Finding]:
+        """Every rule that held at some row so far, most severe first."""
+        found = [
+            Finding(rule, list(steps), list(episodes), first, last)
+            for rule in self.rules if rule.name in self._held
+            for steps, episodes, first, last in [self._held[rule.name]]
+        ]  # fmt: skip
+        return sorted(found, key=lambda f: -SEVERITIES.index(f.rule.severity))
 
 
 def diagnose(history: History, rules: Sequence[Rule] | None = None) -> list[Finding]:
-    """Every rule replayed over the history, row by row: the findings, most severe first."""
-    findings = []
-    for rule in RULES if rules is None else rules:
-        steps, evidence = [], []
-        for end in range(1, history.end + 1):
-            view = history.upto(end)
-            found = rule.check(view)
-            if found is not None:
-                steps.append(view.step)
-                evidence.append(found)
-        if steps:
-            findings.append(Finding(rule, steps, evidence[0], evidence[-1]))
-    return sorted(findings, key=lambda f: -SEVERITIES.index(f.rule.severity))
+    """Every rule replayed over the history, row by row (as a live `Watch` sees it): the findings, most severe
+    first."""
+    watch = Watch(history.config, rules)
+    for row in history.rows[: history.end]:
+        watch.observe(row)
+    return watch.findings()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,7 +404,7 @@ def over_optimisation(h: History) -> str | None:
     # the longest series: a batch monitor logged every step outweighs a held-out one logged every eval_every
     usable = [(len(h.values(k)), -i, k, w) for i, (k, w) in enumerate(candidates) if len(h.values(k)) >= 2 * w + 2]
     _, _, truth, window = max(usable, default=(0, 0, None, 0))
-    if truth is None or h.current(truth) is None:
+    if truth is None:  # a held-out truth is logged every eval_every steps: its last value stands until the next
         return None
     values, steps = h.values(truth), h.steps(truth)
     smooth = [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
@@ -378,7 +438,7 @@ def accuracy_at_chance(h: History) -> str | None:
 
 def eval_loss_rising(h: History) -> str | None:
     evals, train = h.values("eval/loss"), h.values("train/loss")
-    if len(evals) < 4 or len(train) < 10 or h.current("eval/loss") is None:
+    if len(evals) < 4 or len(train) < 10:  # the last evaluation stands until the next one
         return None
     last = evals[-4:]
     falling = statistics.fmean(train[-5:]) < statistics.fmean(train[-10:-5])
