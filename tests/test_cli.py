@@ -35,7 +35,8 @@ USER_PPO_FIELDS = [
 
 
 def run_process(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    # 80 columns: one column of help (wider, tyro lays sections side by side and the flat text interleaves them)
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
 
 

@@ -338,7 +338,7 @@ class DataSection(_Section):
     """Training and held-out data: a JSONL, JSON or Parquet file, or a `datasets` directory."""
 
     train: Text
-    """Training data."""
+    """Training data: a file or directory of the command's records (prompts; prompt/response; chosen/rejected pairs)."""
     eval: Text | None = None
     """Held-out data in the same format as train; None = no evaluation."""
 
@@ -522,6 +522,16 @@ class PolicyBatch(BatchSection):
     """Sequences per forward/backward pass (gradient accumulation); must divide the minibatch (the iteration's sequences / num_minibatches). None = the whole minibatch in one pass."""
     micro_tokens: Count | None = None
     """Token budget of a forward/backward pass: each minibatch's sequences, longest first, are cut into micro-batches of at most this many tokens when padded to their own longest sequence (with micro_size, both limits hold). Bounds activation memory by tokens rather than sequences and cuts padding between sequences of unequal length. None = no budget."""
+
+
+@section
+class DoctorSection(_Section):
+    """Live alarms: the training doctor's rules read every logged step (README "Training doctor")."""
+
+    alarms: bool = True
+    """Say each finding once when it starts and when it clears (console, and output_dir/doctor.jsonl), and show what holds under the progress bar."""
+    stop_on: Literal["never", "warning", "critical"] = "never"
+    """Stop the run at the step where a finding at least this severe starts: a checkpoint is saved and final/ holds the policy of that step (resume with --doctor.stop_on never to go on)."""
 
 
 @section
@@ -870,6 +880,8 @@ class _PolicyGradientConfig(_TrainingConfig):
     """Rollout batch and micro-batch sizes."""
     run: RunSection = _defaults(RunSection, eval_every=50, save_every=100)
     """Seed, logging, checkpoints, resuming, parallelism."""
+    doctor: DoctorSection = _defaults(DoctorSection)
+    """Live alarms of the training doctor, and whether a finding stops the run."""
 
     @property
     def algorithm(self) -> Any:

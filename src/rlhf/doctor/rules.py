@@ -176,10 +176,8 @@ class Watch:
         step, events = self.history.step, []
         for rule in self.rules:
             was = self.holding.get(rule.name)
-            if any(key in row for key in rule.metrics):
-                found = rule.check(self.history)
-            else:
-                found = was  # a row without any of the rule's metrics says nothing new about it
+            # a row without any of the rule's metrics says nothing new about it
+            found = rule.check(self.history) if any(key in row for key in rule.metrics) else was
             if found is None:
                 if was is not None:
                     events.append(Event("clear", step, rule, self.holding.pop(rule.name)))
@@ -194,6 +192,12 @@ class Watch:
             else:
                 held[1][-1] = (held[1][-1][0], step)
         return events
+
+    def now(self) -> list[tuple[Rule, int, str]]:
+        """The findings that hold at the last row, most severe first: (rule, the step it started, evidence)."""
+        holding = [(rule, self._held[rule.name][1][-1][0], self.holding[rule.name])
+                   for rule in self.rules if rule.name in self.holding]  # fmt: skip
+        return sorted(holding, key=lambda h: -SEVERITIES.index(h[0].severity))
 
     def findings(self) -> list[Finding]:
         """Every rule that held at some row so far, most severe first."""

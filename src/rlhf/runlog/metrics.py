@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlhf.runlog.health import HealthLog
 from rlhf.runlog.rundir import atomic_open
 
 
@@ -48,6 +49,8 @@ class Stopwatch:
 class NoLogger:
     """What ranks other than 0 log to under ``torchrun``: nothing (rank 0 writes the run's metrics)."""
 
+    health = None
+
     def log(self, metrics: dict[str, Any]) -> dict[str, Any]:
         return metrics
 
@@ -59,8 +62,11 @@ class MetricsLogger:
     """Writes one JSON object per step to ``output_dir/metrics.jsonl`` and forwards to optional sinks.
 
     ``append=True`` (resume) keeps earlier lines but drops any with ``step`` ≥ the resume step, so a run that
-    died after logging but before checkpointing does not leave duplicate steps.
+    died after logging but before checkpointing does not leave duplicate steps; ``kept`` holds those lines.
+    ``health``: the training doctor's live alarms (`rlhf.runlog.health`), shown every row once it is logged.
     """
+
+    health: HealthLog | None = None
 
     def __init__(
         self,
@@ -72,12 +78,12 @@ class MetricsLogger:
     ):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = (
+        self.kept = (
             [] if resume_step is None else [row for row in self._rows() if row.get("step", -1) < resume_step]
         )
         # a temp file renamed over the old one: a kill mid-rewrite leaves the old rows, never an empty file
         with atomic_open(self.path) as f:
-            f.writelines(json.dumps(row, allow_nan=True) + "\n" for row in kept)
+            f.writelines(json.dumps(row, allow_nan=True) + "\n" for row in self.kept)
         self._file = self.path.open("a")
         self._sinks: list[Any] = []
         for name in report_to:
@@ -110,10 +116,14 @@ class MetricsLogger:
         step = int(row.get("step", 0))
         for sink in self._sinks:
             sink(row, step)
+        if self.health is not None:
+            self.health.observe(row)
         return row
 
     def close(self) -> None:
         self._file.close()
+        if self.health is not None:
+            self.health.close()
         for sink in self._sinks:
             close = getattr(sink, "close", None)
             if close:

@@ -13,20 +13,41 @@ SHOWN = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/entropy", "entro
 
 
 class StepProgress:
-    """``with StepProgress(total, start, enabled) as p: p.update(step, metrics)``; silent when disabled."""
+    """``with StepProgress(total, start, enabled) as p: p.update(step, metrics)``; silent when disabled.
 
-    def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "train"):
+    ``health``: the run's live alarms (`rlhf.runlog.health.HealthLog`): while the bar shows, their messages
+    print above it and the findings that hold now are listed under it.
+    """
+
+    def __init__(
+        self, total: int, start: int = 0, enabled: bool = True, description: str = "train", health: Any = None
+    ):
         self.total, self.start, self.enabled, self.description = total, start, enabled, description
+        self.health = health
         self._progress: Any = None
 
     def __enter__(self) -> StepProgress:
         if self.enabled:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.text import Text
 
-            self._progress = Progress(
+            health = self.health
+
+            class _Progress(Progress):
+                def get_renderables(self) -> Iterator[Any]:
+                    yield from super().get_renderables()
+                    for note in health.notes() if health is not None else []:
+                        yield Text(note, style="yellow", overflow="ellipsis", no_wrap=True)
+
+            self._progress = _Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"),
+                console=Console(stderr=True),
             )  # fmt: skip
+            if health is not None:
+                console, self._said = self._progress.console, health.say
+                health.say = lambda message: console.print(message, markup=False, highlight=False)
             self._progress.start()
             self._task = self._progress.add_task(
                 self.description, total=self.total, completed=self.start, rate="", stats=""
@@ -48,6 +69,8 @@ class StepProgress:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
+            if self.health is not None:
+                self.health.say = self._said
 
 
 # Libraries whose console output is theirs, not the run's: progress bars ("Loading weights"), load reports,

@@ -43,7 +43,7 @@ LOCK_FILE = ".rlhf.lock"
 
 RUN_ENTRIES = (
     "config.yaml", "metrics.jsonl", "checkpoints", "samples", "final", "tensorboard", "normalization.jsonl",
-    "report.html",
+    "report.html", "doctor.jsonl",
 )  # fmt: skip
 """What a training run writes into ``output_dir``: its presence means "a run is here"; ``overwrite`` removes
 exactly these (and nothing else, so ``output_dir: .`` never loses the user's own files)."""
@@ -51,7 +51,7 @@ exactly these (and nothing else, so ``output_dir: .`` never loses the user's own
 SAFE_ON_RESUME = frozenset({
     "ppo.steps", "grpo.steps", "sft.epochs", "rm.epochs", "run.resume", "run.overwrite", "run.eval_every",
     "run.save_every", "run.log_every", "run.progress", "run.report_to", "run.name", "run.parallelism",
-    "batch.micro_size", "batch.micro_tokens", "model.compile",
+    "batch.micro_size", "batch.micro_tokens", "model.compile", "doctor.alarms", "doctor.stop_on",
 })  # fmt: skip
 """Fields that may differ between a run and its ``--resume``: how long it runs, how often it logs, evaluates
 and saves, where metrics go, and how the work is split into passes (the same math). Any other change would

@@ -28,6 +28,7 @@ from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardSet
 from rlhf.runlog import distributed, samples
 from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.runlog.health import HealthLog
 from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch
 from rlhf.runlog.rundir import atomic_write_text, clear_run
 from rlhf.runlog.seeding import seed_everything
@@ -101,10 +102,27 @@ def open_run(
         clear_run(output_dir)
     write_run_config(output_dir, config)
     resume_step = start + 1 if checkpoint is not None else None
-    return MetricsLogger(
+    logger = MetricsLogger(
         output_dir, config.run.report_to, resume_step=resume_step, run_config=config_to_dict(config),
         run_name=config.run.name,
     )
+    doctor = getattr(config, "doctor", None)  # ppo and grpo
+    if doctor is not None and doctor.alarms:
+        logger.health = HealthLog(output_dir, config_to_dict(config), logger.kept, resume_step, doctor.stop_on)
+    return logger
+
+
+def doctor_stops(config: Any, logger: MetricsLogger | NoLogger, d: Dist = SINGLE) -> bool:
+    """Whether the run stops now: a finding at least as severe as ``doctor.stop_on`` started at this step. Rank 0
+    watches the metrics; every rank gets its answer (a collective, so only when stop_on is set)."""
+    if config.doctor.stop_on == "never" or not config.doctor.alarms:
+        return False
+    event = d.broadcast(logger.health.stop if logger.health is not None else None)
+    if event is not None and d.is_main:
+        print(f"doctor: stopping at step {event.step} (doctor.stop_on: {config.doctor.stop_on}) on {event.rule.name}; "
+              f"a checkpoint is saved and final/ holds this step's policy. To go on: --run.resume true "
+              f"--doctor.stop_on never", file=sys.stderr)  # fmt: skip
+    return event is not None
 
 
 def rl_prompts(config: Any, tokenizer: Any) -> tuple[list, list]:

@@ -169,7 +169,7 @@ def run(config: GRPOConfig) -> Path:
         return sample_groups(config, models, tokenizer, rewards, next(stream), inputs.sampling, stops,
                              generators["sampling"], device, trainer_state, d)  # fmt: skip
 
-    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
+    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
         for step in range(start + 1, config.steps + 1):
             watch = Stopwatch("rollout", "logprobs", "train")
             # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
@@ -194,8 +194,11 @@ def run(config: GRPOConfig) -> Path:
             common.end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, sampled.prompts,
                             sampled.generated, sampled.scores)  # fmt: skip
             progress.update(step, metrics)
-            if config.run.save_every and step % config.run.save_every == 0:
+            stop = common.doctor_stops(config, logger, d)  # doctor.stop_on: a finding that severe started
+            if stop or (config.run.save_every and step % config.run.save_every == 0):
                 state.save(out, step, models, {}, d)
+            if stop:
+                break
     logger.close()
     policy = unsharded(models.policy, lambda: load_policy(config.model, SINGLE, False)[0], d)
     if d.is_main:

@@ -5,7 +5,7 @@ old log-probs and values (a no-grad pass, or with one minibatch in one micro-bat
 own forward, detached: :func:`fuses_first_update`) → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
 → (6) K epochs × minibatches × micro-batches of clipped policy + clipped value loss (+ entropy bonus),
 gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) metrics → (9) held-out
-samples, log, checkpoint.
+samples, log (the training doctor reads each row: `rlhf.runlog.health`), checkpoint.
 All math is in ``rlhf.core``; each phase below is one call.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
@@ -170,7 +170,7 @@ def run(config: PPOConfig) -> Path:
     logger = common.open_run(out, config, checkpoint, start, d)
     unscored = scoring.UnscoredSteps()
 
-    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main) as progress:
+    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
         for step in range(start + 1, config.steps + 1):
             watch = Stopwatch("rollout", "logprobs", "train")
             trainer_state = scoring.make_trainer_state(config, step - 1, stream, config.batch.size)
@@ -207,8 +207,11 @@ def run(config: PPOConfig) -> Path:
             common.end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, batch.texts,
                             generated, scores)  # fmt: skip
             progress.update(step, metrics)
-            if config.run.save_every and step % config.run.save_every == 0:
+            stop = common.doctor_stops(config, logger, d)  # doctor.stop_on: a finding that severe started
+            if stop or (config.run.save_every and step % config.run.save_every == 0):
                 state.save(out, step, models, {"kl_coef": kl_coef}, d)
+            if stop:
+                break
     logger.close()
     plain = models.unsharded(config, d)
     if plain is not None:  # rank 0
