@@ -176,3 +176,44 @@ def test_a_run_still_writing_gets_a_report(ppo_run: Path, tmp_path: Path):
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
         pages.load_run(run)
     assert cli.main(["report", str(run)]) == 2  # a clean error line, no traceback
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Health: the training doctor's findings in the report
+# ---------------------------------------------------------------------------------------------------------------
+
+DOCTOR_FIXTURES = Path(__file__).resolve().parent / "doctor" / "fixtures"
+
+
+def test_the_health_section_names_reward_hacking_and_shades_its_steps(monkeypatch):
+    run = pages.load_run(DOCTOR_FIXTURES / "seed0_ppo_no_kl")
+    spans: list[tuple[float, float, str]] = []
+    original = pages._mark_findings
+
+    def recording(ax, drawn, multiple):
+        before = len(ax.patches)
+        marked = original(ax, drawn, multiple)
+        spans.extend((p.get_x(), p.get_x() + p.get_width(), str(p.get_label())) for p in ax.patches[before:])
+        return marked
+
+    monkeypatch.setattr(pages, "_mark_findings", recording)
+    page = pages.run_report(run, max_samples=2)
+    health = page.split("<h2>Health</h2>")[1].split("<h2>")[0]
+    assert "<code>over_optimisation</code>" in health and "<td>29–60</td>" in health
+    assert "reward/gold/mean fell from 1.56 (step 13)" in health and "raise kl.coef" in health
+    assert "2 warnings" in page  # the headline card
+    # the reward curves (training batch, held-out, and the rm and gold sources) are shaded over steps 29-60
+    assert spans.count((28.5, 60.5, "doctor: over_optimisation")) == 4
+
+
+def test_a_healthy_run_says_so():
+    page = pages.run_report(pages.load_run(DOCTOR_FIXTURES / "seed0_ppo"), max_samples=2)
+    assert "<p>Healthy: none of the rules fired (ppo).</p>" in page
+    assert "<b>healthy</b>" in page or ">healthy<" in page
+
+
+def test_a_rule_metric_pattern_matches_each_monitor():
+    assert pages._matches("reward/<monitor>/mean", "reward/gold/mean")
+    assert not pages._matches("reward/<monitor>/mean", "reward/mean")
+    assert not pages._matches("reward/<monitor>/mean", "eval/reward/gold/mean")
+    assert pages._matches("kl/mean", "kl/mean") and not pages._matches("kl/mean", "kl/coef")

@@ -53,6 +53,7 @@ def demo_report(out: Path, max_samples: int = 12) -> str:
         *_pipeline(out, summary),
         *_methods(summary),
         *_results(summary),
+        *r.health_section(runs),
         *r.curves_section(runs),
         *r.gain_section(runs),
         *_answers(out, max_samples),

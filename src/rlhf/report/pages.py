@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import html
 import io
 import json
@@ -16,9 +17,11 @@ from typing import Any
 import yaml
 
 from rlhf.config import ConfigError
+from rlhf.doctor.rules import RULES, Finding, History, diagnose
 
 RL_COMMANDS = ("ppo", "grpo")
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#7f7f7f"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -66,6 +69,11 @@ class Run:
         """The model the run started from (``model.name``; ``policy`` in a run recorded by rlhf 0.1)."""
         model = self.config.get("model")
         return str(model.get("name", "?") if isinstance(model, dict) else self.config.get("policy", "?"))
+
+    @functools.cached_property
+    def findings(self) -> list[Finding]:
+        """The training doctor's findings on this run: what ``rlhf doctor RUN_DIR`` (and the live alarms) name."""
+        return diagnose(History(self.rows, self.config))
 
     def reward_weights(self) -> dict[str, float]:
         """Reward source name → weight, for a reward list; empty for a single source."""
@@ -238,9 +246,35 @@ def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
         if run.clipped_from is not None:  # the end of the vanilla policy-gradient warm-up
             ax.axvline(run.clipped_from, color=COLORS[i % len(COLORS)], linestyle=":", linewidth=1.0,
                        label=f"{run.label}: clipped from step {run.clipped_from}")  # fmt: skip
-    if len(runs) > 1 or any(run.clipped_from is not None for run, _ in drawn):
+    marked = _mark_findings(ax, [(run, key) for run, key in drawn], multiple=len(runs) > 1)
+    if len(runs) > 1 or marked or any(run.clipped_from is not None for run, _ in drawn):
         ax.legend(fontsize=7)
     return _figure_block(_img(fig, chart.title), chart.caption)
+
+
+def _matches(metric: str, key: str) -> bool:
+    """A rule's metric names a key: itself, or a pattern such as ``reward/<monitor>/mean``."""
+    if "<" not in metric:
+        return metric == key
+    head, _, rest = metric.partition("<")
+    tail = rest.partition(">")[2]
+    name = key[len(head) : len(key) - len(tail)] if len(key) > len(head) + len(tail) else ""
+    return key.startswith(head) and key.endswith(tail) and name != "" and "/" not in name
+
+
+def _mark_findings(ax: Any, drawn: Sequence[tuple[Run, str]], multiple: bool) -> bool:
+    """Shade the steps where a doctor finding about this chart's metric held (the Health section lists them)."""
+    marked = False
+    for run, key in drawn:
+        for finding in run.findings:
+            if not any(_matches(metric, key) for metric in finding.rule.metrics):
+                continue
+            color = SEVERITY_COLORS[finding.rule.severity]
+            label = f"{run.label}: {finding.rule.name}" if multiple else f"doctor: {finding.rule.name}"
+            for n, (first, last) in enumerate(finding.episodes):
+                ax.axvspan(first - 0.5, last + 0.5, color=color, alpha=0.15, linewidth=0, label=None if n else label)
+            marked = True
+    return marked
 
 
 def _constant(series: Sequence[Sequence[float]]) -> bool:
@@ -266,6 +300,7 @@ def source_charts(runs: Sequence[Run]) -> list[str]:
             if eval_steps:
                 ax.plot(eval_steps, eval_values, "o", color=COLORS[i % len(COLORS)], markersize=4,
                         label=f"{run.label} (held-out)")  # fmt: skip
+        _mark_findings(ax, [(run, key) for run in present], multiple=len(runs) > 1)
         ax.legend(fontsize=7)
         weights = {run.reward_weights().get(name, 1.0) for run in present}
         role = "a monitor (weight 0): logged, never optimised" if weights == {0.0} else "optimised"
@@ -394,6 +429,8 @@ th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: ta
 .cards { display: flex; flex-wrap: wrap; gap: 0.8em; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.5em 0.9em; min-width: 9em; }
 .card b { display: block; font-size: 1.3em; }
+.sev-critical { color: #b71c1c; font-weight: bold; } .sev-warning { color: #c25e00; font-weight: bold; }
+.sev-info { color: #555; }
 .pipeline { display: flex; flex-wrap: wrap; align-items: stretch; gap: 0.3em; }
 .stage { border: 1px solid #9ab; border-radius: 6px; background: #f4f8fb; padding: 0.4em 0.5em; width: 7.6em;
          font-size: 0.76em; }
@@ -466,7 +503,35 @@ def headline(run: Run) -> str:
             items.append((name, f"{fmt(start)} → {fmt(end)}"))
     if run.clipped_from is not None:
         items.append(("objective", f"vanilla PG to step {run.clipped_from - 1}, clipped from {run.clipped_from}"))
+    items.append(("health", verdict(run.findings)))
     return cards(items)
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    """``healthy``, or the findings counted by severity (``1 critical, 2 warnings``)."""
+    counts = {s: sum(f.rule.severity == s for f in findings) for s in ("critical", "warning", "info")}
+    parts = [f"{n} {s}{'s' if n > 1 and s != 'info' else ''}" for s, n in counts.items() if n]
+    return ", ".join(parts) if parts else "healthy"
+
+
+def health_section(runs: Sequence[Run]) -> list[str]:
+    """What the training doctor finds in each run (as ``rlhf doctor``): the rule, when it held, the evidence at
+    the last of those steps and the fix to try; the steps are shaded on the curves of the rule's metrics."""
+    rows = []
+    for run in runs:
+        for f in run.findings:
+            steps = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in f.episodes)
+            rows.append([td(esc(run.label)), td(f'<span class="sev-{f.rule.severity}">{f.rule.severity}</span>'),
+                         td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"), td(esc(steps)),
+                         td(esc(f.last)), td(esc(f.rule.fix))])  # fmt: skip
+    intro = (f'<p class="muted">The training doctor\'s {len(RULES)} rules replayed over the metrics, as '
+             "<code>rlhf doctor RUN_DIR</code> and the live alarms (doctor.jsonl) read them; the steps where a finding "
+             "held are shaded on the curves of its metrics.</p>")  # fmt: skip
+    if not rows:
+        names = ", ".join(esc(run.label) for run in runs)
+        return ["<h2>Health</h2>", intro, f"<p>Healthy: none of the rules fired ({names}).</p>"]
+    header = ["run", "severity", "finding", "steps", "evidence (last step)", "fix to try"]
+    return ["<h2>Health</h2>", intro, table(header, rows)]
 
 
 def curves_section(runs: Sequence[Run]) -> list[str]:
@@ -515,6 +580,7 @@ def run_report(run: Run, max_samples: int) -> str:
         f"<h1>rlhf {esc(run.command)} report</h1>",
         f'<p class="muted">{esc(run.path.resolve())} · policy {esc(run.policy)}</p>',
         headline(run),
+        *health_section([run]),
         *curves_section([run]),
         *gain_section([run]),
         *samples_section(run, max_samples),
