@@ -7,8 +7,8 @@ the numbers) when the failure shows there, else None. `Watch` follows the rules 
 finding starts and clears; it serves a finished run (`diagnose` replays the rows through one) and a live one
 (the trainer hands it each row it logs), so a finding starts and clears at the same steps in both. A row that
 holds none of a rule's metrics (an evaluation-only row, say) leaves that rule as it was. Checks look back over
-a few rows only and most require the condition for several steps in a row (``patience``), so a noisy metric
-does not make an alarm flap.
+a few rows only and most require the condition for several steps in a row (``patience``) to start, and
+``Rule.hold`` quiet rows to clear, so a noisy metric does not make an alarm flap.
 
 Every threshold below is a default with its reason in the rule's ``threshold`` and ``reason`` text, which the
 README lists; the values were checked to stay silent on the healthy runs of the demo (tests/doctor/fixtures).
@@ -117,6 +117,10 @@ class Rule:
     diagnosis: str
     fix: str
     check: Callable[[History], str | None]
+    hold: int = 3
+    """Rows in a row without the condition before a finding clears: a condition that comes and goes with the
+    noise is one finding, not an alarm that flaps. 1 for one-step events (a spike, a jump, a NaN); for a rule
+    that needs its condition in each of its last k rows, k + 2, since one dip silences the check for k rows."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,35 +166,42 @@ class Event:
 
 class Watch:
     """The rules followed row by row: `observe` takes the next logged row and returns the findings that start
-    or clear there; `holding` is what holds now, `findings()` everything that held so far."""
+    or clear there; `holding` is what holds now, `findings()` everything that held so far.
+
+    A finding starts at the first row where its check fires and clears once the check has been silent for
+    ``rule.hold`` rows in a row; its episodes span from a start to the last row where the check fired.
+    """
 
     def __init__(self, config: Mapping[str, Any] | None = None, rules: Sequence[Rule] | None = None):
         self.history = History([], config)
         self.rules = RULES if rules is None else tuple(rules)
         self.holding: dict[str, str] = {}
         """Rule name → its latest evidence, for the findings that hold at the last row."""
-        self._held: dict[str, list[Any]] = {}
+        self._held: dict[str, list[Any]] = {}  # rule name → [steps fired, episodes, first evidence, last evidence]
+        self._silent: dict[str, int] = {}  # rule name → rows since its check last fired, while it holds
 
     def observe(self, row: Mapping[str, Any]) -> list[Event]:
         self.history.append(row)
         step, events = self.history.step, []
         for rule in self.rules:
-            was = self.holding.get(rule.name)
-            # a row without any of the rule's metrics says nothing new about it
-            found = rule.check(self.history) if any(key in row for key in rule.metrics) else was
+            if not any(key in row for key in rule.metrics):
+                continue  # a row without any of the rule's metrics says nothing new about it
+            found, name = rule.check(self.history), rule.name
             if found is None:
-                if was is not None:
-                    events.append(Event("clear", step, rule, self.holding.pop(rule.name)))
+                if name in self.holding:
+                    self._silent[name] += 1
+                    if self._silent[name] >= rule.hold:
+                        events.append(Event("clear", step, rule, self.holding.pop(name)))
                 continue
-            self.holding[rule.name] = found
-            held = self._held.setdefault(rule.name, [[], [], found, found])  # steps, episodes, first, last
+            held = self._held.setdefault(name, [[], [], found, found])
             held[0].append(step)
             held[3] = found
-            if was is None:
+            if name in self.holding:
+                held[1][-1] = (held[1][-1][0], step)
+            else:
                 held[1].append((step, step))
                 events.append(Event("start", step, rule, found))
-            else:
-                held[1][-1] = (held[1][-1][0], step)
+            self.holding[name], self._silent[name] = found, 0
         return events
 
     def now(self) -> list[tuple[Rule, int, str]]:
@@ -284,7 +295,7 @@ def entropy_collapse(h: History) -> str | None:
     if len(values) < 6 or h.current("policy/entropy") is None:
         return None
     start, now = _start(values), statistics.fmean(values[-3:])
-    if now < 0.02 or (start > 0 and now < 0.1 * start):
+    if now < 0.05 or (start > 0 and now < 0.1 * start):
         return f"policy/entropy {now:.3g} nats per token (mean of the last 3 steps), started at {start:.3g}"
     return None
 
@@ -460,25 +471,25 @@ RULES: tuple[Rule, ...] = (
          "a non-finite loss or gradient poisons every weight it touches",
          "a loss, gradient norm, reward or KL is not a finite number",
          "lower optim.learning_rate, keep optim.max_grad_norm set, check the reward function for inf/NaN, and "
-         "use float32 (model.dtype) if it happened in half precision", non_finite),
+         "use float32 (model.dtype) if it happened in half precision", non_finite, hold=1),
     Rule("first_ratio_not_one", "critical", ("policy/first_ratio_max_dev",), "> 1e-3",
          "before the first update the policy is the one that sampled: the ratio must be exactly 1",
          "the log-probs of the update do not match those of the rollout — a bug, not a tuning problem",
          "check dropout (must be off), sampling.temperature versus the scoring temperature, padding and "
-         "position ids; report it with the run's config", first_ratio),
+         "position ids; report it with the run's config", first_ratio, hold=1),
     Rule("kl_blowup", "critical", ("kl/mean",), "> 3× the largest of the previous 3 steps, and up by > 2 nats",
          "the KL grows smoothly (at most ~1.5× a step in healthy runs); tripling in one step means one update "
          "moved the policy far",
          "the KL to the reference jumped in one step: the policy moved far in a single update",
          "lower optim.learning_rate or ppo.epochs / grpo.num_iterations, raise kl.coef, or let the adaptive "
-         "controller hold it (kl.control: adaptive, kl.target)", kl_blowup),
+         "controller hold it (kl.control: adaptive, kl.target)", kl_blowup, hold=1),
     Rule("kl_above_target", "warning", ("kl/mean", "kl/coef"), "> 2 × kl.target for 5 steps (adaptive control)",
          "the adaptive controller moves β by at most 20 % per batch·horizon; twice the target for 5 steps is "
          "more than it is catching up",
          "the KL stays far above the target the controller is steering to",
          "raise kl.coef (the starting β) or lower kl.horizon so β reacts faster; lower optim.learning_rate",
-         kl_above_target),
-    Rule("entropy_collapse", "warning", ("policy/entropy",), "< 10 % of its start, or < 0.02 nats per token",
+         kl_above_target, hold=7),
+    Rule("entropy_collapse", "warning", ("policy/entropy",), "< 10 % of its start, or < 0.05 nats per token",
          "a policy this certain stops exploring: every sample is the same answer",
          "the policy's entropy collapsed: it samples nearly the same tokens every time",
          "raise the entropy bonus (ppo.entropy_coef / grpo.entropy_coef), raise kl.coef, lower "
@@ -487,7 +498,7 @@ RULES: tuple[Rule, ...] = (
          "explained variance < 0 means predicting the mean return would be better than the critic",
          "the critic predicts the returns worse than a constant: GAE advantages are mostly noise",
          "raise ppo.vf_coef or optim.learning_rate for the critic, use ppo.critic: separate (initialised from the "
-         "reward model), or turn on ppo.whiten_rewards", critic_worse_than_mean),
+         "reward model), or turn on ppo.whiten_rewards", critic_worse_than_mean, hold=12),
     Rule("value_loss_rising", "warning", ("value/loss",), "median of 5 steps > 5× its lowest, and rising",
          "a value loss that climbs back up means the critic is diverging from the returns",
          "the critic is diverging: its loss keeps rising",
@@ -497,45 +508,45 @@ RULES: tuple[Rule, ...] = (
          "when nearly every value is clipped the critic can hardly move",
          "almost every value prediction is clipped: the critic is stuck far from the returns",
          "raise ppo.value_clip_range, or rescale the rewards (ppo.whiten_rewards, a normalised reward model)",
-         value_clip_saturated),
+         value_clip_saturated, hold=7),
     Rule("clipfrac_high", "warning", ("policy/clipfrac",), "> 0.3 for 5 steps",
          "PPO's clip is a brake; hitting it on a third of the tokens means each update tries to go too far",
          "the updates are too large: the clip cuts a large share of the tokens",
-         "lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches", clipfrac_high),
+         "lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches", clipfrac_high, hold=7),
     Rule("approx_kl_high", "warning", ("policy/approx_kl",), "> 0.1 for 3 steps",
          "per-update KL of 0.01–0.05 is typical; above 0.1 the old log-probs no longer describe the policy",
          "each update moves the policy far from the one that sampled the batch",
-         "lower optim.learning_rate or ppo.epochs / grpo.num_iterations; raise num_minibatches", approx_kl_high),
+         "lower optim.learning_rate or ppo.epochs / grpo.num_iterations; raise num_minibatches", approx_kl_high, hold=5),
     Rule("nothing_moves", "warning", ("policy/clipfrac", "policy/approx_kl"),
          "clipfrac < 1e-4 and approx-KL < 1e-8 for 10 steps (several updates per rollout)",
          "with several updates per rollout the later ones must see a moved policy",
          "the policy does not change between updates: nothing is being learnt",
          "raise optim.learning_rate, check that the rewards vary (reward/std) and that the advantages are not 0 "
-         "(advantages/abs_mean)", nothing_moves),
+         "(advantages/abs_mean)", nothing_moves, hold=12),
     Rule("length_to_max", "warning", ("response/length_mean",), "≥ 95 % of max_new_tokens for 5 steps, from < 80 %",
          "responses that all run to the limit usually game a reward that pays for length",
          "the responses grow to max_new_tokens: the reward may be paying for length",
          "add a length penalty or a missing-EOS penalty (reward.missing_eos_penalty), raise kl.coef, or check the "
-         "reward model's bias for long answers", length_to_max),
+         "reward model's bias for long answers", length_to_max, hold=7),
     Rule("length_to_one", "warning", ("response/length_mean",), "≤ 1.5 tokens for 5 steps, from > 3",
          "an empty answer that scores well means the reward favours saying nothing",
          "the responses shrank to (almost) nothing",
          "check the reward for short or empty answers (a floor, a missing-EOS penalty that is too large), raise "
-         "kl.coef", length_to_one),
+         "kl.coef", length_to_one, hold=7),
     Rule("eos_vanishing", "warning", ("response/eos_rate",), "< half its start (and < 0.5) for 5 steps",
          "a policy that stops ending its answers is usually being paid for length, or cut at the limit",
          "the end-of-sequence token stopped appearing",
          "set reward.missing_eos_penalty, raise kl.coef, or raise sampling.max_new_tokens if answers are cut",
-         eos_vanishing),
+         eos_vanishing, hold=7),
     Rule("no_group_signal", "warning", ("reward/zero_std_groups",), "≥ 90 % of the groups for 5 steps",
          "GRPO learns from differences within a group; equal rewards give zero advantages",
          "almost every group's samples score the same: there is no learning signal",
          "raise grpo.group_size or sampling.temperature, use a finer-grained reward, or turn on "
-         "grpo.dynamic_sampling", no_group_signal),
+         "grpo.dynamic_sampling", no_group_signal, hold=7),
     Rule("grad_spike", "info", ("grad/norm",), "> 10× the median of the previous 20 steps",
          "an isolated spike is clipped by optim.max_grad_norm; repeated ones precede divergence",
          "the gradient norm spiked",
-         "keep optim.max_grad_norm set (1.0); if spikes repeat, lower optim.learning_rate", grad_spike),
+         "keep optim.max_grad_norm set (1.0); if spikes repeat, lower optim.learning_rate", grad_spike, hold=1),
     Rule("over_optimisation", "warning", ("reward/mean", "eval/reward/mean", "reward/<monitor>/mean"),
          "the truth (smoothed) gave back > ½ of its gain over the start, by > 2× its noise, while the proxy "
          "stayed at or above its level at the truth's best",
