@@ -30,3 +30,9 @@ def always_raises(completions, **kwargs):
 
 def nan_on_second(completions, **kwargs):
     return [math.nan if i == 1 else 0.0 for i in range(len(completions))]
+
+
+def concise_gold(completions, **kwargs):
+    """A truth with an optimum: one point per word up to 4 words, minus two per word beyond 6. A reward that pays
+    for length (length_chars) agrees with it at first and then runs past it: over-optimisation."""
+    return [min(len(c.split()), 4) - 2 * max(0, len(c.split()) - 6) for c in completions]
