@@ -266,3 +266,11 @@ def test_default_demo_meets_its_targets(tmp_path):
         assert summary[f"gold/{method}_mean"] > summary["gold/sft_mean"], method
         assert summary[f"gold/{method}_win_rate_vs_sft"] > 0.5, method
     # (its wall time is a benchmark figure, not a test: README and `python tools/demo_figures.py` report it)
+    # the training doctor: silent on the demo's own runs, and it names the β = 0 run's reward hacking (seeds 0-4
+    # all do: tests/doctor/fixtures holds seeds 0 and 3)
+    from rlhf.doctor.checkup import examine
+
+    verdicts = {checkup.record.path.name: checkup for checkup in examine(tmp_path)}
+    for name in ("sft", "rm", "dpo", "ppo", "grpo"):
+        assert verdicts[name].findings == [], (name, [f.rule.name for f in verdicts[name].findings])
+    assert "over_optimisation" in {f.rule.name for f in verdicts["ppo_no_kl"].findings}
