@@ -105,3 +105,19 @@ def test_a_bad_config_fails_on_every_rank_alike(tiny_llama_dir, prompts, tmp_pat
     assert result.returncode != 0
     assert "missing.jsonl: no such file or directory" in result.stderr, result.stderr[-3000:]
     assert "exitcode: 2" in result.stderr, result.stderr[-3000:]  # the input-error exit, not a crash or a signal
+
+
+def test_the_doctor_stops_every_rank_at_the_same_step(tiny_llama_dir, prompts, tmp_path):
+    """``doctor.stop_on``: rank 0 reads the metrics and its decision reaches every rank (a broadcast), so all stop
+    at the step where the finding starts — here GRPO with a reward that never varies (no_group_signal, step 5) —
+    save that step's checkpoint and final/, and exit 0; a rank left in the loop would hang until the timeout."""
+    constant = Path(__file__).resolve().parents[1] / "trainers" / "ppo_rewards.py"
+    config = {
+        "model.name": str(tiny_llama_dir), "reward.source": f"{constant}:constant_one", "data.train": str(prompts),
+        "grpo.steps": 8, "batch.size": 2, "grpo.group_size": 2, "sampling.max_new_tokens": 4, "run.eval_every": 0,
+        "run.save_every": 0, "run.progress": False, "doctor.stop_on": "warning",
+    }  # fmt: skip
+    rows, _ = run("grpo", config, tmp_path, torchrun())
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    assert (tmp_path / "run" / "checkpoints" / "step_000005").is_dir() and (tmp_path / "run" / "final").is_dir()
+    assert '"rule": "no_group_signal"' in (tmp_path / "run" / "doctor.jsonl").read_text()
