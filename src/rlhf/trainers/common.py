@@ -120,7 +120,7 @@ def doctor_stops(config: Any, logger: MetricsLogger | NoLogger, d: Dist = SINGLE
     event = d.broadcast(logger.health.stop if logger.health is not None else None)
     if event is not None and d.is_main:
         print(f"doctor: stopping at step {event.step} (doctor.stop_on: {config.doctor.stop_on}) on {event.rule.name}; "
-              f"a checkpoint is saved and final/ holds this step's policy. To go on: --run.resume true "
+              f"a checkpoint is saved and final/ holds this step's policy. To go on: --run.resume "
               f"--doctor.stop_on never", file=sys.stderr)  # fmt: skip
     return event is not None
 
