@@ -39,10 +39,12 @@ class History:
         self.config = config or {}
         self.end = len(self.rows) if end is None else end
         self._series: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        self._prefixes: dict[tuple[str, str], list[float]] = {}
 
     def upto(self, end: int) -> History:
         view = History([], self.config, end)
-        view.rows, view._series = self.rows, self._series  # the same rows and parsed series; only the end moves
+        # the same rows, parsed series and prefix statistics; only the end moves
+        view.rows, view._series, view._prefixes = self.rows, self._series, self._prefixes
         return view
 
     def append(self, row: Mapping[str, Any]) -> None:
@@ -72,6 +74,16 @@ class History:
     def steps(self, key: str) -> list[int]:
         indices, steps, _ = self._parsed(key)
         return steps[: bisect.bisect_left(indices, self.end)]
+
+    def prefix(self, name: str, key: str, fn: Callable[[list[float], int, list[float]], float]) -> list[float]:
+        """A statistic of ``key``'s values at each position i, ``fn(values, i, out)`` from ``values[: i + 1]`` and
+        the earlier ``out``; computed once per position and kept, so a check over the whole history (a running
+        peak, a running minimum) costs O(1) per new row instead of O(rows). Index it below ``len(values(key))``."""
+        values = self._parsed(key)[2]
+        out = self._prefixes.setdefault((name, key), [])
+        for i in range(len(out), len(values)):
+            out.append(fn(values, i, out))
+        return out
 
     def current(self, key: str) -> float | None:
         """``key`` in the last row when it holds a finite number, else None."""
@@ -314,7 +326,10 @@ def value_loss_rising(h: History) -> str | None:
     if len(values) < 15 or h.current("value/loss") is None:
         return None
     recent = statistics.median(values[-5:])
-    best = min(statistics.median(values[i : i + 5]) for i in range(len(values) - 5))
+    # the lowest median of 5 consecutive steps before the last five: a running minimum, kept by the history
+    lowest = h.prefix("min_median5", "value/loss",
+                      lambda v, i, out: math.inf if i < 4 else min(out[i - 1], statistics.median(v[i - 4 : i + 1])))  # fmt: skip
+    best = lowest[len(values) - 2]
     if recent > 5 * best and all(b > a for a, b in zip(values[-4:-1], values[-3:], strict=True)):
         return f"value/loss {values[-1]:.3g}, median of the last 5 steps {recent:.3g} = {recent / best:.1f}× its lowest ({best:.3g})"
     return None
@@ -421,12 +436,20 @@ def over_optimisation(h: History) -> str | None:
     _, _, truth, window = max(usable, default=(0, 0, None, 0))
     if truth is None:  # a held-out truth is logged every eval_every steps: its last value stands until the next
         return None
-    values, steps = h.values(truth), h.steps(truth)
-    smooth = [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
-    peak = max(range(len(smooth)), key=smooth.__getitem__)
-    gain, drop = smooth[peak] - smooth[0], smooth[peak] - smooth[-1]
-    diffs = [b - a for a, b in zip(values, values[1:], strict=False)]
-    noise = statistics.pstdev(diffs) / math.sqrt(2 * window)  # the noise of a window mean, trend removed
+    steps = h.steps(truth)
+    n = len(steps)
+    # running statistics kept by the history (O(1) per new row): the window mean, where it peaked so far, and the
+    # sums of the step-to-step differences and of their squares
+    smooth = h.prefix(f"mean{window}", truth, lambda v, i, out: statistics.fmean(v[max(0, i - window + 1) : i + 1]))
+    peaks = h.prefix(f"peak{window}", truth,
+                     lambda v, i, out: i if i == 0 or smooth[i] > smooth[int(out[i - 1])] else out[i - 1])  # fmt: skip
+    diff_sum = h.prefix("diff_sum", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + v[i] - v[i - 1])
+    diff_sq = h.prefix("diff_sq", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + (v[i] - v[i - 1]) ** 2)
+    peak = int(peaks[n - 1])
+    gain, drop = smooth[peak] - smooth[0], smooth[peak] - smooth[n - 1]
+    mean_diff = diff_sum[n - 1] / (n - 1)
+    spread = math.sqrt(max(diff_sq[n - 1] / (n - 1) - mean_diff**2, 0.0))  # population std of the differences
+    noise = spread / math.sqrt(2 * window)  # the noise of a window mean, trend removed
     proxy_now, proxy_then = _mean_near(h, "reward/mean", steps[-1]), _mean_near(h, "reward/mean", steps[peak])
     if gain > 0 and drop > 0.5 * gain and drop > 2 * noise and proxy_now is not None and proxy_then is not None \
             and proxy_now >= proxy_then:  # fmt: skip
@@ -437,8 +460,9 @@ def over_optimisation(h: History) -> str | None:
 
 def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
     """The mean of ``key`` over the logged steps within ``width`` of ``step`` (a noisy batch metric)."""
-    near = [v for s, v in zip(h.steps(key), h.values(key), strict=True) if abs(s - step) <= width]
-    return statistics.fmean(near) if near else None
+    steps = h.steps(key)
+    lo, hi = bisect.bisect_left(steps, step - width), bisect.bisect_right(steps, step + width)
+    return statistics.fmean(h.values(key)[lo:hi]) if hi > lo else None
 
 
 def accuracy_at_chance(h: History) -> str | None:
