@@ -128,3 +128,21 @@ def test_grpo_with_a_reward_that_never_varies_has_no_signal(sft_policy, tmp_path
     found = {f.rule.name: f.episodes for f in diagnose(History(metric_rows(out)))}
     assert found == {"no_group_signal": [(5, 8)]}  # every group's rewards equal from step 1: fires at 5 steps
     assert live_starts(out) == {"no_group_signal": [5]}
+
+
+def test_sft_overfitting_a_handful_of_examples(tiny_llama_dir, tmp_path, capsys):
+    """SFT (no live alarms: `rlhf doctor` reads it afterwards) for 40 epochs on 16 examples at a constant learning
+    rate: the training loss falls towards 0 while the held-out loss turns back up — eval_loss_rising."""
+    lines = toy_corpus(48, seed=11)
+    for name, part in (("train", lines[:16]), ("eval", lines[16:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({"prompt": " ".join(line.split()[:3]), "response": " " + " ".join(line.split()[3:])}) + "\n"
+            for line in part))  # fmt: skip
+    out = tmp_path / "sft"
+    overrides = {"sft.epochs": 40, "data.eval": str(tmp_path / "eval.jsonl"), "run.eval_every": 5,
+                 "optim.scheduler": "constant"}  # fmt: skip
+    sft.run(test_sft.make_config(tiny_llama_dir, tmp_path / "train.jsonl", out, **overrides))
+    evals = [row["eval/loss"] for row in metric_rows(out) if "eval/loss" in row]
+    assert evals[-1] > min(evals) + 0.1  # the overfitting is real: the held-out loss rose from its lowest
+    assert cli.main(["doctor", str(out)]) == 1
+    assert "[warning] eval_loss_rising: the held-out loss rises while the training loss falls" in capsys.readouterr().out
