@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from rlhf.doctor.rules import RULES, SEVERITIES, Finding, History, diagnose
+from rlhf.doctor.rules import RULES, SEVERITIES, Finding, History, count_text, diagnose
 
 EXIT_CODES = {"no_data": 0, "healthy": 0, "info": 0, "warning": 1, "critical": 2}
 """A run's status, from the least to the most worrying → the exit code of ``rlhf doctor`` (the worst run's, for
@@ -170,8 +170,7 @@ def _render_one(checkup: Checkup) -> str:
     if not findings:
         lines.append(f"  healthy: none of the {len(RULES)} rules fired")
         return "\n".join(lines)
-    counts = {s: sum(f.rule.severity == s for f in findings) for s in reversed(SEVERITIES)}
-    lines.append("  " + ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items() if n))
+    lines.append("  " + count_text(findings))
     for finding in findings:
         lines += _render_finding(finding)
     return "\n".join(lines)
@@ -179,13 +178,12 @@ def _render_one(checkup: Checkup) -> str:
 
 def _render_finding(finding: Finding) -> list[str]:
     rule = finding.rule
-    episodes = ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in finding.episodes)
     wrap = lambda label, text: textwrap.wrap(  # noqa: E731
         text, WIDTH, initial_indent=f"      {label:<9}", subsequent_indent=" " * 15
     )
     return [
         f"  [{rule.severity}] {rule.name}: {rule.diagnosis}",
-        *wrap("steps", episodes),
+        *wrap("steps", finding.steps_text),
         *wrap("evidence", finding.last),
         *wrap("try", rule.fix),
     ]

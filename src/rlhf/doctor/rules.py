@@ -146,12 +146,23 @@ class Finding:
     first: str
     last: str
 
+    @property
+    def steps_text(self) -> str:
+        """The episodes as people read them: ``3, 8–12``."""
+        return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in self.episodes)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "rule": self.rule.name, "severity": self.rule.severity, "steps": self.episodes,
             "evidence": self.last, "first_evidence": self.first, "diagnosis": self.rule.diagnosis,
             "fix": self.rule.fix, "metrics": list(self.rule.metrics),
         }  # fmt: skip
+
+
+def count_text(findings: Sequence[Finding]) -> str:
+    """The findings counted by severity, most severe first (``1 critical, 2 warnings``); "" for none."""
+    counts = {s: sum(f.rule.severity == s for f in findings) for s in reversed(SEVERITIES)}
+    return ", ".join(f"{n} {s}{'s' if n > 1 and s != 'info' else ''}" for s, n in counts.items() if n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,12 +380,21 @@ def nothing_moves(h: History) -> str | None:
     return None
 
 
+def _drift(h: History, key: str) -> tuple[float, list[float]] | None:
+    """(where ``key`` started, its last 5 values) once it has 8 values and the last row holds it, else None: what
+    the rules about a metric drifting away from its start compare."""
+    values = h.values(key)
+    if len(values) < 8 or h.current(key) is None:
+        return None
+    return _start(values), values[-5:]
+
+
 def length_to_max(h: History) -> str | None:
     limit = h.setting("sampling", "max_new_tokens")
-    values = h.values("response/length_mean")
-    if not _finite(limit) or len(values) < 8 or h.current("response/length_mean") is None:
+    drift = _drift(h, "response/length_mean")
+    if not _finite(limit) or drift is None:
         return None
-    start, last = _start(values), values[-5:]
+    start, last = drift
     # the mean, not every step: on a small batch one answer that still ends early pulls a step below the limit
     if start < 0.8 * limit and statistics.fmean(last) >= 0.93 * limit:
         return f"response/length_mean {last[-1]:.3g} of max_new_tokens {limit}, started at {start:.3g}"
@@ -382,20 +402,20 @@ def length_to_max(h: History) -> str | None:
 
 
 def length_to_one(h: History) -> str | None:
-    values = h.values("response/length_mean")
-    if len(values) < 8 or h.current("response/length_mean") is None:
+    drift = _drift(h, "response/length_mean")
+    if drift is None:
         return None
-    start, last = _start(values), values[-5:]
+    start, last = drift
     if start > 3 and all(v <= 1.5 for v in last):
         return f"response/length_mean {last[-1]:.3g} tokens, started at {start:.3g}"
     return None
 
 
 def eos_vanishing(h: History) -> str | None:
-    values = h.values("response/eos_rate")
-    if len(values) < 8 or h.current("response/eos_rate") is None:
+    drift = _drift(h, "response/eos_rate")
+    if drift is None:
         return None
-    start, last = _start(values), values[-5:]
+    start, last = drift
     if start >= 0.5 and all(v < min(0.5, 0.5 * start) for v in last):
         return f"response/eos_rate {last[-1]:.2f} (under half its start, {start:.2f}, for the last 5 steps)"
     return None

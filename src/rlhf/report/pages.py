@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from rlhf.config import ConfigError
-from rlhf.doctor.rules import RULES, Finding, History, diagnose
+from rlhf.doctor.rules import RULES, Finding, History, count_text, diagnose
 
 RL_COMMANDS = ("ppo", "grpo")
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
@@ -509,9 +509,7 @@ def headline(run: Run) -> str:
 
 def verdict(findings: Sequence[Finding]) -> str:
     """``healthy``, or the findings counted by severity (``1 critical, 2 warnings``)."""
-    counts = {s: sum(f.rule.severity == s for f in findings) for s in ("critical", "warning", "info")}
-    parts = [f"{n} {s}{'s' if n > 1 and s != 'info' else ''}" for s, n in counts.items() if n]
-    return ", ".join(parts) if parts else "healthy"
+    return count_text(findings) or "healthy"
 
 
 def health_section(runs: Sequence[Run]) -> list[str]:
@@ -520,9 +518,8 @@ def health_section(runs: Sequence[Run]) -> list[str]:
     rows = []
     for run in runs:
         for f in run.findings:
-            steps = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in f.episodes)
             rows.append([td(esc(run.label)), td(f'<span class="sev-{f.rule.severity}">{f.rule.severity}</span>'),
-                         td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"), td(esc(steps)),
+                         td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"), td(esc(f.steps_text)),
                          td(esc(f.last)), td(esc(f.rule.fix))])  # fmt: skip
     intro = (f'<p class="muted">The training doctor\'s {len(RULES)} rules replayed over the metrics, as '
              "<code>rlhf doctor RUN_DIR</code> and the live alarms (doctor.jsonl) read them; the steps where a finding "
