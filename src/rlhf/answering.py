@@ -15,6 +15,7 @@ from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt, stop_token_ids
 from rlhf.models.loading import load_causal_lm
 from rlhf.rollout import generation
+from rlhf.rollout.decoder import keep_packed
 from rlhf.rollout.engine import SamplingParams
 
 
@@ -30,6 +31,7 @@ class Sampler:
 
     def __init__(self, model: str, tokenizer: Any, config: SampleConfig | EvalConfig, device: torch.device):
         self.model = load_causal_lm(model, config.model.dtype, device)  # dropout off
+        keep_packed(self.model)  # frozen: its weights are packed for the lean decoder once, not per batch
         self.tokenizer = tokenizer
         self.device = device
         self.stops = stop_token_ids(tokenizer, config.sampling.stop)

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from rlhf.data.collate import position_ids_from_mask
-from rlhf.rollout.decoder import LlamaDecoder, build_decoder
+from rlhf.rollout import decoder as decoder_module
+from rlhf.rollout.decoder import LlamaDecoder, build_decoder, keep_packed, reusing_packed
 from rlhf.rollout.engine import SamplingParams, draw, sample
 
 VOCAB = 50
@@ -52,9 +53,19 @@ def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return out.logits[:, -1]
 
 
+@pytest.fixture(params=["onednn", "matmul"])
+def product(request, monkeypatch):
+    """Both ways the decoder multiplies: oneDNN's packed weights (where this torch has them) and torch.matmul."""
+    if request.param == "onednn" and not decoder_module._onednn_works():
+        pytest.skip("this torch build has no oneDNN packed product")
+    if request.param == "matmul":
+        monkeypatch.setattr(decoder_module, "_onednn_works", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @torch.no_grad()
-def test_logits_match_the_models_forward_at_every_step(layout):
+def test_logits_match_the_models_forward_at_every_step(layout, product):
     model = model_for(LAYOUTS[layout])
     ids, mask = left_padded([0, 3, 5, 1], length=7)
     steps = 6
@@ -72,6 +83,68 @@ def test_logits_match_the_models_forward_at_every_step(layout):
         torch.testing.assert_close(
             decoder.step(token), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4
         )
+
+
+@torch.no_grad()
+def test_repeated_prompts_are_prefilled_once_and_give_each_row_its_own_logits(monkeypatch):
+    model = model_for(LAYOUTS["llama-gqa-biases-tied"])
+    distinct, distinct_mask = left_padded([0, 3, 5], length=7)
+    order = torch.tensor([1, 1, 0, 2, 1, 0])  # groups of a prompt need not be consecutive
+    ids, mask = distinct[order], distinct_mask[order]
+    prefilled = []
+    original = LlamaDecoder._prefill
+    monkeypatch.setattr(LlamaDecoder, "_prefill", lambda self, i, m: prefilled.append(len(i)) or original(self, i, m))
+    decoder = build_decoder(model, ids.shape[1] + 3)
+    torch.testing.assert_close(decoder.prefill(ids, mask), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4)
+    assert prefilled == [3]
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):  # rows that shared a prompt go their own ways after it
+        token = torch.randint(1, VOCAB, (ids.shape[0],), generator=g)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(token)[:, None]], dim=1)
+        torch.testing.assert_close(decoder.step(token), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_packed_weights_are_reused_until_a_parameter_changes():
+    model = model_for(LAYOUTS["llama"])
+    ids, mask = left_padded([0, 2], length=5)
+    assert build_decoder(model, 6).weights is not build_decoder(model, 6).weights  # outside a block: packed each time
+    with reusing_packed(model):
+        first = build_decoder(model, 6).weights
+        assert build_decoder(model, 6, rows=7).weights is first
+        with torch.enable_grad():  # an optimizer step changes the weights in place
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+            model(input_ids=ids, attention_mask=mask).logits.pow(2).mean().backward()
+            optimizer.step()
+        decoder = build_decoder(model, 6)
+        assert decoder.weights is not first
+        torch.testing.assert_close(decoder.prefill(ids, mask), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(2.0)  # a module read as it is, not packed: nothing to refresh
+        torch.testing.assert_close(
+            build_decoder(model, 6).prefill(ids, mask), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4
+        )
+        kept = build_decoder(model, 6).weights
+    assert model not in decoder_module._kept  # the block is over: the copy is freed
+    assert build_decoder(model, 6).weights is not kept
+    keep_packed(model)
+    assert build_decoder(model, 6).weights is build_decoder(model, 6).weights
+
+
+@torch.no_grad()
+def test_switching_a_lora_adapter_off_repacks_the_weights():
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "gate_proj"], init_lora_weights=False)
+    wrapped = peft.get_peft_model(model_for(LAYOUTS["llama"]), lora)
+    ids, mask = left_padded([2, 0], length=5)
+    with reusing_packed(wrapped):
+        adapted = build_decoder(wrapped, 6).prefill(ids, mask)
+        torch.testing.assert_close(adapted, reference_logits(wrapped, ids, mask), rtol=1e-4, atol=1e-4)
+        with wrapped.disable_adapter():
+            base = build_decoder(wrapped, 6).prefill(ids, mask)
+            torch.testing.assert_close(base, reference_logits(wrapped, ids, mask), rtol=1e-4, atol=1e-4)
+        assert (base - adapted).abs().max() > 1e-2
 
 
 @torch.no_grad()

@@ -175,7 +175,7 @@ def _decode_steps(
     model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, total_length: int, fast: bool
 ) -> Callable[[torch.Tensor | None], torch.Tensor]:
     """``step(None)`` scores the prompt, ``step(tokens)`` appends a (B,) column; each returns (B, V) logits."""
-    decoder = build_decoder(model, total_length) if fast else None
+    decoder = build_decoder(model, total_length, rows=len(prompt_ids)) if fast else None
     if decoder is not None:
         return lambda tokens: (
             decoder.prefill(prompt_ids, prompt_mask) if tokens is None else decoder.step(tokens)

@@ -15,6 +15,7 @@ from torch import nn
 from rlhf.data import left_pad
 from rlhf.data.stream import PromptBatch
 from rlhf.models.sharding import sampling as sampling_weights
+from rlhf.rollout.decoder import reusing_packed
 from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
 from rlhf.runlog.distributed import SINGLE, Dist
 
@@ -80,7 +81,8 @@ def generate(
     prompt_ids = [batch.input_ids[row // repeat] for row in rows]
     responses: list[list[int]] = []
     step = max_rows or max(1, len(rows))
-    with sampling_weights(model, d):  # sharded weights are gathered once for the whole rollout
+    # sharded weights are gathered once for the whole rollout, and packed once for all its chunks
+    with sampling_weights(model, d), reusing_packed(model):
         for start in range(0, len(rows), step):
             chunk = slice(start, start + step)
             query, query_mask = left_pad(prompt_ids[chunk], pad)
