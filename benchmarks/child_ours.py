@@ -49,7 +49,7 @@ def main() -> None:
     trainer.run(config)
     peak = rss_mb()
     rows = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    sequences = config.batch_size * getattr(config, "group_size", 1)
+    sequences = config.batch.size * getattr(getattr(config, algo), "group_size", 1)
     steps = [step_record(row, sequences) for row in rows if "time/step_s" in row]
     result = {
         "steps": steps,
