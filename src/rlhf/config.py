@@ -329,6 +329,16 @@ class TrainModel(ModelSection):
 class PolicyModel(TrainModel):
     """The policy of ppo and grpo; the reference starts as a frozen copy of it."""
 
+    reference_dtype: DType | None = None
+    """dtype of the frozen reference copy; None = dtype. bfloat16 halves the copy's memory; its log-probs then differ from float32's by about 0.01 nats per token (python benchmarks/reference_precision.py measures it), and CPUs without bf16 units run it several times slower. Not with lora: the reference is then the policy's own base weights, no copy."""
+
+    def __post_init__(self) -> None:
+        if self.reference_dtype is not None and self.lora is not None:
+            raise ValueError(
+                "reference_dtype: with lora the reference is the policy's own base weights (the adapter switched "
+                "off), not a copy, so it has no dtype of its own; drop reference_dtype or lora"
+            )
+
     compile: bool = False
     """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 4-10%), after a one-time compile of 8-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
 

@@ -290,6 +290,26 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     assert (policy_logprobs - expected).abs().max() > 1e-3  # the adapter is on outside reference_logprobs
 
 
+def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_the_float32_ones(tiny_llama_dir):
+    full = build_models(tiny_llama_dir, reward("constant_one"))
+    half = build_models(tiny_llama_dir, reward("constant_one"), **{"model.reference_dtype": "bfloat16"})
+    assert {p.dtype for p in half.reference.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in half.policy.parameters()} == {torch.float32}
+    assert storage_bytes([half.reference]) * 2 == storage_bytes([full.reference])
+    ids = torch.randint(6, full.policy.config.vocab_size, (3, 10))
+    mask = torch.ones_like(ids)
+    exact, approx = full.reference_logprobs(ids, mask, 4, 1.0), half.reference_logprobs(ids, mask, 4, 1.0)
+    assert approx.dtype == torch.float32
+    # bfloat16 keeps 8 significant bits (relative rounding 2^-9 = 0.2 %) at each of the ~10 sequential ops between
+    # the embedding and the log-softmax, on logits of magnitude <= 5: at most 10 x 0.002 x 5 = 0.1 nats
+    torch.testing.assert_close(approx, exact, rtol=0, atol=0.1)
+
+
+def test_reference_dtype_is_refused_with_lora(tiny_llama_dir):
+    with pytest.raises(Exception, match="reference_dtype: with lora the reference is the policy's own base weights"):
+        make_config(tiny_llama_dir, Path("p.jsonl"), Path("out"), **{"model.lora": LORA, "model.reference_dtype": "bfloat16"})
+
+
 def test_lora_run_saves_merged_model(tiny_llama_dir, prompts_file, tmp_path, micro_steps):
     from transformers import AutoModelForCausalLM
 

@@ -181,10 +181,13 @@ def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor], what:
         raise ValueError(f"checkpoint has {what} this model lacks: {result.unexpected_keys[:5]}")
 
 
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A frozen, eval-mode deep copy: the reference policy when there is no LoRA adapter to switch off."""
+def frozen_copy(model: nn.Module, dtype: str | torch.dtype | None = None) -> nn.Module:
+    """A frozen, eval-mode deep copy (cast to ``dtype`` when given): the reference policy when there is no LoRA
+    adapter to switch off."""
     ref = copy.deepcopy(model).eval()
     ref.requires_grad_(False)
+    if dtype is not None:
+        ref.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     return ref
 
 

@@ -251,18 +251,19 @@ def adapters(lora: LoRAConfig | None) -> Callable[[nn.Module], nn.Module] | None
 
 def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
     """(policy, reference) for an RL trainer from a config's ``model`` section (``name``, ``dtype``,
-    ``lora``). The reference is a frozen copy of the initial policy — or None when not wanted, or with LoRA
+    ``lora``, ``reference_dtype``). The reference is a frozen copy of the initial policy (in ``reference_dtype``) — or None when not wanted, or with LoRA
     (the base model with the adapter switched off is the reference, no copy). Sharded runs load the reference
     as a second sharded model (a copy of a sharded module is not one)."""
     name_or_path, dtype, lora = model.name, model.dtype, model.lora
     prepare = adapters(lora)
+    reference_dtype = getattr(model, "reference_dtype", None) or dtype
     if not d.sharded:
         policy = load_causal_lm(name_or_path, dtype, d.device)
-        frozen = frozen_copy(policy) if reference and not lora else None
+        frozen = frozen_copy(policy, reference_dtype) if reference and not lora else None
         return (prepare(policy) if prepare else policy), frozen
     frozen = None
     if reference and not lora:
-        frozen = load_lm(name_or_path, dtype, d).eval()
+        frozen = load_lm(name_or_path, reference_dtype, d).eval()
         frozen.requires_grad_(False)
     return load_lm(name_or_path, dtype, d, prepare), frozen
 

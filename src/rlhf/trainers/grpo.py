@@ -133,7 +133,8 @@ class Models:
 
     def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
         if self.reference is not None:
-            return score_response_tokens(self.reference, ids, mask, T, temperature).logprobs
+            # float32 whatever the reference's dtype (model.reference_dtype): the KL subtracts it from the policy's
+            return score_response_tokens(self.reference, ids, mask, T, temperature).logprobs.float()
         with self.policy.disable_adapter():  # LoRA: the base model *is* the reference
             return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
 
