@@ -6,6 +6,7 @@ No torch, no I/O: ``run.py`` feeds them the raw numbers each child process repor
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -94,16 +95,95 @@ def summarize(steps: list[dict[str, float]], warmup: int = WARMUP_STEPS) -> dict
     return out
 
 
-def ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float]:
-    """``speed``: our steps/s over the peer's (> 1 = we are faster); ``rss``: our peak RSS over the peer's."""
+def spread(values: list[float]) -> dict[str, float]:
+    """``median``, ``min`` and ``max`` of ``values`` (the repeats of one run)."""
+    if not values:
+        raise ValueError("no repeat finished")
+    return {"median": float(statistics.median(values)), "min": min(values), "max": max(values)}
+
+
+def median_index(values: list[float]) -> int:
+    """Index of the value that is the median: the middle one of an odd count; of an even count the lower of
+    the two middle ones (for seconds per step: the faster)."""
+    if not values:
+        raise ValueError("no repeat finished")
+    order = sorted(range(len(values)), key=lambda i: (values[i], i))
+    return order[(len(values) - 1) // 2]
+
+
+def combine_repeats(repeats: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """One run's summary over its repeats (``None``: a repeat that failed); ``None`` if every one failed.
+
+    ``s_per_step`` is the median over repeats of each repeat's s/step (itself the median of its timed steps)
+    with ``s_per_step_min`` / ``s_per_step_max``; ``peak_rss_mb`` the median over repeats (with min / max).
+    Every other number (rates, split, warm-up, floor fraction, memory by phase) is the median repeat's
+    (:func:`median_index`, kept as ``median_repeat``); ``repeats_s_per_step`` lists every repeat's s/step
+    (``None`` where it failed).
+    """
+    done = [(i, s) for i, s in enumerate(repeats) if s is not None]
+    if not done:
+        return None
+    seconds = spread([s["s_per_step"] for _, s in done])
+    rss = spread([s["peak_rss_mb"] for _, s in done])
+    index, representative = done[median_index([s["s_per_step"] for _, s in done])]
     return {
-        "speed": peer["s_per_step"] / ours["s_per_step"],
-        "rss": ours["peak_rss_mb"] / peer["peak_rss_mb"],
+        **representative,
+        "s_per_step": seconds["median"],
+        "s_per_step_min": seconds["min"],
+        "s_per_step_max": seconds["max"],
+        "peak_rss_mb": rss["median"],
+        "peak_rss_mb_min": rss["min"],
+        "peak_rss_mb_max": rss["max"],
+        "median_repeat": index,
+        "repeats": len(done),
+        "repeats_s_per_step": [None if s is None else s["s_per_step"] for s in repeats],
     }
+
+
+def ratios(ours: list[dict[str, Any] | None], peer: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """Our run against the peer's, from both runs' per-repeat summaries (``None``: a failed repeat).
+
+    ``speed``: the peer's median s/step over ours (> 1 = we are faster); ``rss``: our median peak RSS over
+    the peer's. Their ranges pair repeat i of ours with repeat i of the peer (run back to back, so a drift of
+    the machine hits both): ``speed_min`` / ``speed_max`` are the extremes of the per-repeat ratios
+    (``speed_per_repeat``, over the repeats where both finished), likewise ``rss_min`` / ``rss_max``.
+    """
+    ours_done, peer_done = [s for s in ours if s], [s for s in peer if s]
+    pairs = [(o, p) for o, p in zip(ours, peer, strict=False) if o and p]
+    speed = [p["s_per_step"] / o["s_per_step"] for o, p in pairs]
+    rss = [o["peak_rss_mb"] / p["peak_rss_mb"] for o, p in pairs]
+    out: dict[str, Any] = {
+        "speed": spread([s["s_per_step"] for s in peer_done])["median"]
+        / spread([s["s_per_step"] for s in ours_done])["median"],
+        "rss": spread([s["peak_rss_mb"] for s in ours_done])["median"]
+        / spread([s["peak_rss_mb"] for s in peer_done])["median"],
+        "speed_per_repeat": speed,
+        "rss_per_repeat": rss,
+    }
+    if pairs:
+        out |= {"speed_min": min(speed), "speed_max": max(speed), "rss_min": min(rss), "rss_max": max(rss)}
+    return out
 
 
 def _num(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _range(low: float, high: float, digits: int) -> str:
+    """``low–high`` rounded outwards (down, up), so the printed range always holds the true one."""
+    scale = 10**digits
+    down = math.floor(round(low * scale, 6)) / scale
+    up = math.ceil(round(high * scale, 6)) / scale
+    return f"{down:.{digits}f}–{up:.{digits}f}"
+
+
+def _with_range(value: float, low: float | None, high: float | None, digits: int, range_digits: int,
+                unit: str = "") -> str:  # fmt: skip
+    """``value`` and, when there is one (more than one repeat), its range: ``0.444 (0.43–0.46)``."""
+    text = f"{value:.{digits}f}{unit}"
+    if low is None or high is None or low == high:
+        return text
+    return f"{text} ({_range(low, high, range_digits)})"
 
 
 def _split(split: dict[str, float] | None) -> str:
@@ -119,19 +199,30 @@ TABLE_HEADER = (
 
 
 def table_row(case: str, label: str, run: dict[str, Any]) -> str:
-    """One markdown row; a failed run (``error``) keeps its place with the reason."""
+    """One markdown row; a failed run (``error``) keeps its place with the reason.
+
+    s/step reads ``median (min–max)`` over the repeats and speed vs TRL ``ratio of the medians (min–max of
+    the paired per-repeat ratios)``; with one repeat only the number shows.
+    """
     if run.get("error"):
         reason = " ".join(str(run["error"]).split())[:80].replace("|", "/")
-        return f"| {case} | {label} | failed: {reason} | | | | | | | | | |"
+        return f"| {case} | {label} | failed: {reason} |" + " |" * (TABLE_HEADER.count(" | ") - 2)
     s = run["summary"]
     vs = run.get("vs_peer") or {}
-    speed = f"{vs['speed']:.2f}×" if "speed" in vs else "—"
+    several = s.get("repeats", 1) > 1
+    seconds = _with_range(s["s_per_step"], s.get("s_per_step_min") if several else None,
+                          s.get("s_per_step_max") if several else None, 3, 2 if s["s_per_step"] >= 0.1 else 3)  # fmt: skip
+    speed = "—"
+    if "speed" in vs:
+        paired = len(vs.get("speed_per_repeat", ())) > 1
+        speed = _with_range(vs["speed"], vs.get("speed_min") if paired else None,
+                            vs.get("speed_max") if paired else None, 2, 2, "×")  # fmt: skip
     rss = f"{vs['rss']:.2f}×" if "rss" in vs else "—"
     floor = s.get("floor_fraction")
     cells = [
         case,
         label,
-        _num(s["s_per_step"], 3),
+        seconds,
         _num(s.get("warmup_s"), 1),
         _num(s["episodes_per_s"], 1),
         _num(s["gen_tokens_per_s"], 0),
@@ -152,6 +243,21 @@ def markdown_table(cases: list[dict[str, Any]]) -> str:
         for run in case["runs"]:
             lines.append(table_row(case["name"], run["label"], run))
     return "\n".join(lines) + "\n"
+
+
+RESULTS_FORMAT = 2
+"""``results.json``'s ``format``: 2 = every repeat kept, medians over repeats (format 1, unmarked, kept each
+run's fastest round only)."""
+
+
+def check_results(results: dict[str, Any]) -> None:
+    """Raise ValueError unless ``results`` is in the format :func:`markdown_table` renders."""
+    if results.get("format") != RESULTS_FORMAT:
+        raise ValueError(
+            f"results.json is in an older format ({results.get('format', 1)}, each run's fastest round) and "
+            f"cannot be rendered as medians over repeats (format {RESULTS_FORMAT}): re-run the benchmark, "
+            "`python benchmarks/run.py`"
+        )
 
 
 START_MARKER = "<!-- benchmarks:start -->"

@@ -360,9 +360,8 @@ def caption(results: dict) -> str:
     m = results["machine"]
     peers = ", ".join(f"TRL {v['trl']} (transformers {v['transformers']})" for v in results["peers"].values())
     mode = "quick run, " if results["quick"] else ""
-    n = results.get("repeats", 1)
-    repeats = f"the faster of {n} rounds run in turn" if n == 2 else f"the fastest of {n} rounds run in turn"
-    repeats = repeats if n > 1 else "one round"
+    n = results["repeats"]
+    repeats = f"median of {n} repeats run in turn, spread min–max" if n > 1 else "one repeat"
     busy = max(
         (run.get("cpu_busy_before", 0.0) for case in results["cases"] for run in case["runs"]), default=0
     )
@@ -384,16 +383,19 @@ def render(results: dict) -> str:
 
 
 LEGEND = """
-Columns: **s/step** median wall seconds of a step; **warm-up s** the warm-up steps together (start-up
-work that the median leaves out, such as `compile: true` compiling); **episodes/s** sampled responses per second;
-**gen tok/s** generated tokens (up to and including the stop token) per second; **mean gen len** generated
-tokens per response; **peak RSS** of the run's own process (ru_maxrss); **speed vs TRL** our steps/s ÷ TRL's
-(> 1: we are faster); **RSS vs TRL** our peak RSS ÷ TRL's; **% gen / reward / score / train** our step's
-median split into sampling, the reward model, the no-grad pass (old log-probs, values, reference), and the
-update epochs; **floor fraction** the step's model FLOPs at the machine's fp32 matmul peak ÷ the measured
-step (`measure.step_flops`). Cases: `ppo32` / `ppo128` 16 prompts × 32 / 128 new tokens, 4 epochs,
-1 minibatch; `grpo` 4 prompts × 4 samples, 32 new tokens, one update; `ppo32-25m` as ppo32 with a
-25M-parameter policy.
+Columns: **s/step** wall seconds of a step: per repeat the median of the steps after warm-up, then the
+median over the repeats, with their min–max in brackets; **speed vs TRL** TRL's median s/step ÷ ours
+(> 1: we are faster), in brackets the min–max of the per-repeat ratios (repeat i of ours against repeat i
+of TRL, run back to back); **peak RSS** of the run's own process, median over repeats; **RSS vs TRL** our
+median peak RSS ÷ TRL's. The other columns come from the repeat whose s/step is the median one:
+**warm-up s** the warm-up steps together (start-up work that the median leaves out, such as
+`compile: true` compiling); **episodes/s** sampled responses per second; **gen tok/s** generated tokens
+(up to and including the stop token) per second; **mean gen len** generated tokens per response;
+**% gen / reward / score / train** our step's median split into sampling, the reward model, the no-grad
+pass (old log-probs, values, reference), and the update epochs; **floor fraction** the step's model FLOPs
+at the machine's fp32 matmul peak ÷ the measured step (`measure.step_flops`). Cases: `ppo32` / `ppo128`
+16 prompts × 32 / 128 new tokens, 4 epochs, 1 minibatch; `grpo` 4 prompts × 4 samples, 32 new tokens,
+one update; `ppo32-25m` as ppo32 with a 25M-parameter policy.
 """
 
 
@@ -419,14 +421,15 @@ def run_case(
 ) -> dict:
     """Every run of one case, one process each; ours are then compared with the case's peer.
 
-    With ``--repeats N`` the case's runs go round N times in turn (ours, TRL, ours, TRL, …) and each run keeps
-    its fastest repeat: the machine's speed drifts by tens of percent within an hour, and a drift that hits
-    one side's only run would decide the ratio.
+    With ``--repeats N`` the case's runs go round N times in turn (ours, TRL, ours, TRL, …): the machine's
+    speed drifts by tens of percent within an hour, and a drift that hits one side's only run would decide
+    the ratio. Each run reports the median over its repeats with their min–max (``measure.combine_repeats``)
+    and keeps every repeat's raw records; the ratios pair repeat i of ours with repeat i of the peer.
     """
     entry = {"name": name, "algo": case.algo, "size": case.size, "max_new_tokens": case.max_new_tokens,
              "settings": case.settings, "runs": [],
              "model": {k: v for k, v in assets["models"][case.size].items() if k.endswith("params")}}  # fmt: skip
-    attempts: list[list[tuple[float, dict]]] = [[] for _ in case.runs]  # (cpu busy before, raw) per repeat
+    repeats: list[list[dict]] = [[] for _ in case.runs]  # per run: one record per repeat
     for repeat in range(args.repeats):
         for i, run in enumerate(case.runs):
             busy = cpu_busy()  # other processes skew every timing (see README.md), so their CPU use is kept
@@ -439,27 +442,29 @@ def run_case(
             spec = run_spec(case, run, assets, args.steps, folder / "out")
             raw = run_child(python, "child_ours.py" if ours else "child_trl.py", spec, folder, args.threads,
                             args.timeout)  # fmt: skip
+            record: dict = {"repeat": repeat, "cpu_busy_before": busy}
             if "error" in raw:
                 log(f"  failed: {raw['error']}")
+                record["error"] = raw["error"]
             else:
-                log(f"  {measure.summarize(raw['steps'])['s_per_step']:.3f} s/step, "
-                    f"{raw['peak_rss_mb']:.0f} MB peak RSS")  # fmt: skip
-            attempts[i].append((busy, raw))
-    for run, tries in zip(case.runs, attempts, strict=True):
-        record: dict = {"label": run.label, "side": run.side, "critic": run.critic}
-        done = [(busy, raw, summarize_run(raw, case, run, assets, gflops)) for busy, raw in tries
-                if "error" not in raw]  # fmt: skip
-        if not done:
-            record["error"] = tries[-1][1]["error"]
+                record |= {"summary": summarize_run(raw, case, run, assets, gflops), "raw": raw}
+                log(f"  {record['summary']['s_per_step']:.3f} s/step, {raw['peak_rss_mb']:.0f} MB peak RSS")
+            repeats[i].append(record)
+    for run, tries in zip(case.runs, repeats, strict=True):
+        record = {"label": run.label, "side": run.side, "critic": run.critic, "repeats": tries,
+                  "cpu_busy_before": max(t["cpu_busy_before"] for t in tries)}  # fmt: skip
+        summary = measure.combine_repeats([t.get("summary") for t in tries])
+        if summary is None:
+            record["error"] = tries[-1]["error"]
         else:
-            busy, raw, summary = min(done, key=lambda t: t[2]["s_per_step"])
-            summary["repeats_s_per_step"] = [t[2]["s_per_step"] for t in done]
-            record.update({"cpu_busy_before": busy, "summary": summary, "raw": raw})
+            record["summary"] = summary
         entry["runs"].append(record)
     peer = next((r for r in entry["runs"] if r["side"] != "ours" and "summary" in r), None)
     for record in entry["runs"]:
         if peer and record["side"] == "ours" and "summary" in record:
-            record["vs_peer"] = measure.ratios(record["summary"], peer["summary"])
+            record["vs_peer"] = measure.ratios(
+                [t.get("summary") for t in record["repeats"]], [t.get("summary") for t in peer["repeats"]]
+            )
     return entry
 
 
@@ -473,20 +478,25 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, both sides")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     parser.add_argument(
-        "--repeats", type=int, help="rounds of each case's runs, fastest kept (default 2, 1 with --quick)"
+        "--repeats", type=int, help="rounds of each case's runs, median reported (default 3, 1 with --quick)"
     )
     parser.add_argument("--update-readme", metavar="FILE", help="put the table between the benchmark markers")
     parser.add_argument("--from-results", action="store_true", help="re-render results/results.json only")
     args = parser.parse_args()
     if args.from_results:
-        write_results(json.loads((RESULTS / "results.json").read_text()), args.update_readme)
+        results = json.loads((RESULTS / "results.json").read_text())
+        try:
+            measure.check_results(results)
+        except ValueError as error:
+            parser.exit(2, f"{parser.prog}: {RESULTS / 'results.json'}: {error}\n")
+        write_results(results, args.update_readme)
         return 0
     names = args.only.split(",") if args.only else list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     args.steps = args.steps or (4 if args.quick else 12)
-    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.repeats = args.repeats or (1 if args.quick else 3)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
 
@@ -496,6 +506,7 @@ def main() -> int:
     gflops = peak_gflops(args.threads)
     log(f"fp32 matmul peak with {args.threads} threads: {gflops:.1f} GFLOP/s")
     results = {
+        "format": measure.RESULTS_FORMAT,
         "machine": machine_info(args.threads, gflops),
         "quick": args.quick,
         "steps": args.steps,

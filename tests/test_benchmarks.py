@@ -70,31 +70,82 @@ def test_summarize_rates_and_split():
     assert s["warmup_s"] == 20.0  # the two warm-up steps together
     peer = measure.summarize([{"step_s": 4.0, "sequences": 16, "gen_tokens": 512}] * 3)
     assert "split" not in peer
-    assert measure.ratios(s | {"peak_rss_mb": 500.0}, peer | {"peak_rss_mb": 1000.0}) == {
-        "speed": 2.0,
-        "rss": 0.5,
-    }
+
+
+def test_median_over_repeats_and_spread_by_hand():
+    # three repeats of one run: 0.46, 0.43, 0.444 s/step -> median 0.444 (the third), spread 0.43–0.46
+    assert measure.spread([0.46, 0.43, 0.444]) == {"median": 0.444, "min": 0.43, "max": 0.46}
+    assert measure.median_index([0.46, 0.43, 0.444]) == 2
+    assert measure.median_index([0.5, 0.3, 0.4, 0.6]) == 2  # even count: the faster middle one (0.4)
+    repeats = [
+        {"s_per_step": 0.46, "peak_rss_mb": 510.0, "episodes_per_s": 1.0},
+        None,  # a repeat that failed is skipped
+        {"s_per_step": 0.43, "peak_rss_mb": 530.0, "episodes_per_s": 2.0},
+        {"s_per_step": 0.444, "peak_rss_mb": 500.0, "episodes_per_s": 3.0},
+    ]
+    s = measure.combine_repeats(repeats)
+    assert (s["s_per_step"], s["s_per_step_min"], s["s_per_step_max"]) == (0.444, 0.43, 0.46)
+    assert (s["peak_rss_mb"], s["peak_rss_mb_min"], s["peak_rss_mb_max"]) == (510.0, 500.0, 530.0)
+    assert s["median_repeat"] == 3 and s["episodes_per_s"] == 3.0  # the other numbers: the median repeat's
+    assert s["repeats"] == 3 and s["repeats_s_per_step"] == [0.46, None, 0.43, 0.444]
+    assert measure.combine_repeats([None, None]) is None
+
+
+def test_ratio_of_medians_and_paired_range_by_hand():
+    # ours 0.5, 0.4, 0.45 s/step; TRL 0.6, 0.6, 0.72: medians 0.45 and 0.6 -> 0.6 / 0.45 = 1.333…
+    # paired per repeat: 0.6/0.5 = 1.2, 0.6/0.4 = 1.5, 0.72/0.45 = 1.6 -> range 1.2–1.6
+    ours = [{"s_per_step": x, "peak_rss_mb": m} for x, m in ((0.5, 400.0), (0.4, 500.0), (0.45, 450.0))]
+    peer = [{"s_per_step": x, "peak_rss_mb": m} for x, m in ((0.6, 1000.0), (0.6, 800.0), (0.72, 900.0))]
+    r = measure.ratios(ours, peer)
+    assert r["speed"] == pytest.approx(0.6 / 0.45)
+    assert r["speed_per_repeat"] == pytest.approx([1.2, 1.5, 1.6])
+    assert (r["speed_min"], r["speed_max"]) == (pytest.approx(1.2), pytest.approx(1.6))
+    assert r["rss"] == pytest.approx(450 / 900)  # medians 450 and 900
+    assert (r["rss_min"], r["rss_max"]) == (pytest.approx(0.4), pytest.approx(0.625))  # 400/1000, 500/800
+    # a repeat that failed on one side drops out of the pairs (not of that side's median)
+    r = measure.ratios([ours[0], None, ours[2]], peer)
+    assert r["speed_per_repeat"] == pytest.approx([1.2, 1.6])
+    assert r["speed"] == pytest.approx(0.6 / 0.475)
 
 
 def test_markdown_table_rows():
-    ours = {"summary": {"s_per_step": 2.0, "warmup_s": 31.25, "episodes_per_s": 8.0, "gen_tokens_per_s": 256.0,
+    ours = {"summary": {"s_per_step": 0.444, "s_per_step_min": 0.431, "s_per_step_max": 0.4601, "repeats": 3,
+                        "warmup_s": 31.25, "episodes_per_s": 8.0, "gen_tokens_per_s": 256.0,
                         "mean_gen_len": 32.0, "peak_rss_mb": 500.0, "floor_fraction": 0.125,
                         "split": {"generate": 0.5, "reward": 0.05, "score": 0.15, "train": 0.3}},
-            "vs_peer": {"speed": 2.0, "rss": 0.5}, "label": "rlhf ppo"}  # fmt: skip
-    peer = {"summary": {"s_per_step": 4.0, "episodes_per_s": 4.0, "gen_tokens_per_s": 128.0,
-                        "mean_gen_len": 32.0, "peak_rss_mb": 1000.0}, "label": "TRL PPOTrainer"}  # fmt: skip
+            "vs_peer": {"speed": 1.42, "speed_min": 1.3849, "speed_max": 1.4701, "speed_per_repeat": [1.4] * 3,
+                        "rss": 0.5},
+            "label": "rlhf ppo"}  # fmt: skip
+    peer = {"summary": {"s_per_step": 4.0, "s_per_step_min": 4.0, "s_per_step_max": 4.0, "repeats": 3,
+                        "episodes_per_s": 4.0, "gen_tokens_per_s": 128.0, "mean_gen_len": 32.0,
+                        "peak_rss_mb": 1000.0}, "label": "TRL PPOTrainer"}  # fmt: skip
+    quick = {"summary": {"s_per_step": 0.05, "s_per_step_min": 0.05, "s_per_step_max": 0.05, "repeats": 1,
+                         "episodes_per_s": 4.0, "gen_tokens_per_s": 128.0, "mean_gen_len": 32.0,
+                         "peak_rss_mb": 1000.0},
+             "vs_peer": {"speed": 2.0, "speed_min": 2.0, "speed_max": 2.0, "speed_per_repeat": [2.0], "rss": 0.5},
+             "label": "rlhf grpo"}  # fmt: skip
     failed = {"label": "TRL GRPOTrainer", "error": "exit code 1: ImportError | no module"}
     table = measure.markdown_table(
-        [{"name": "ppo32", "runs": [ours, peer]}, {"name": "grpo", "runs": [failed]}]
+        [{"name": "ppo32", "runs": [ours, peer]}, {"name": "grpo", "runs": [quick, failed]}]
     )
     lines = table.strip().splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 6
     assert {line.count("|") for line in lines} == {13}  # 12 columns everywhere, the failed row too
+    # the spread is rounded outwards: 0.431 -> 0.43, 0.4601 -> 0.47; 1.3849 -> 1.38, 1.4701 -> 1.48
     assert lines[2] == (
-        "| ppo32 | rlhf ppo | 2.000 | 31.2 | 8.0 | 256 | 32.0 | 500 | 2.00× | 0.50× | 50 / 5 / 15 / 30 | 12.5% |"
+        "| ppo32 | rlhf ppo | 0.444 (0.43–0.47) | 31.2 | 8.0 | 256 | 32.0 | 500 | 1.42× (1.38–1.48) | 0.50× "
+        "| 50 / 5 / 15 / 30 | 12.5% |"
     )
+    # no spread when every repeat gave the same number, or with one repeat
     assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | — | 4.0 | 128 | 32.0 | 1000 | — | — | — | — |"
-    assert lines[4].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
+    assert lines[4] == "| grpo | rlhf grpo | 0.050 | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — |"
+    assert lines[5].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
+
+
+def test_old_results_format_is_refused():
+    with pytest.raises(ValueError, match="re-run the benchmark"):
+        measure.check_results({"repeats": 2, "cases": []})
+    measure.check_results({"format": measure.RESULTS_FORMAT, "cases": []})
 
 
 def test_replace_between_markers():
