@@ -245,6 +245,24 @@ def markdown_table(cases: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reusable_models(manifest: dict[str, Any], recipe: dict[str, Any], sizes: dict[str, dict]) -> dict[str, dict]:
+    """The model entries of an assets manifest that still match, so adding a size rebuilds no other.
+
+    An entry is kept when the manifest's shared ``recipe`` (prompts) is the same and the entry's own recipe
+    (its size's dimensions) equals ``sizes[size]``. A manifest from before per-size recipes (one ``recipe``
+    holding every size under ``"sizes"``) lends each entry the dimensions of its size from there.
+    """
+    built = manifest.get("recipe") or {}
+    if {k: v for k, v in built.items() if k != "sizes"} != recipe:
+        return {}
+    kept = {}
+    for size, entry in (manifest.get("models") or {}).items():
+        dims = entry.get("recipe", (built.get("sizes") or {}).get(size))
+        if size in sizes and dims == sizes[size]:
+            kept[size] = {**entry, "recipe": dims}
+    return kept
+
+
 RESULTS_FORMAT = 2
 """``results.json``'s ``format``: 2 = every repeat kept, medians over repeats (format 1, unmarked, kept each
 run's fastest round only)."""

@@ -40,8 +40,11 @@ PEERS = {"trl-ppo": "1.0.0", "trl-grpo": "1.16.0"}
 SIZES = {
     "3m": {"hidden_size": 256, "num_layers": 3, "num_heads": 4},
     "25m": {"hidden_size": 512, "num_layers": 6, "num_heads": 8},
+    "110m": {"hidden_size": 768, "num_layers": 12, "num_heads": 12},
 }
-"""Llama policy and reward model sizes (≈3.4M and ≈25.6M parameters with the 398-token tokenizer)."""
+"""Llama policy and reward model sizes (≈3.4M, ≈25.6M and ≈113.9M parameters with the 398-token
+tokenizer; the MLP is 4× the hidden size, so 110m has GPT-2 small's shape: 768 wide, 12 layers, 12 heads,
+MLP 3072)."""
 PROMPT_TOKENS = 10  # every prompt is exactly this long, so neither side pads a prompt
 NUM_PROMPTS = 64
 BUSY = 0.1  # share of the CPU used by other processes just before a run above which the results say "busy"
@@ -71,6 +74,7 @@ class Case:
     max_new_tokens: int
     runs: tuple[Run, ...]
     settings: dict
+    steps: int | None = None  # steps per run instead of --steps (slow cases); with --quick the smaller one
 
 
 PPO_RUNS = (
@@ -94,6 +98,16 @@ CASES = {
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run("rlhf ppo, critic: shared", "ours", "shared"),
     ), PPO),
+    # GPT-2-small-sized: seconds per step, so 6 steps per run (2 warm-up + 4 timed)
+    "ppo32-110m": Case("ppo", "110m", 32, (
+        Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run("rlhf ppo, critic: separate", "ours", "separate"),
+        Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
+    ), PPO, steps=6),
+    "grpo-110m": Case("grpo", "110m", 32, (
+        Run("rlhf grpo", "ours"),
+        Run(f"TRL {PEERS['trl-grpo']} GRPOTrainer", "trl-grpo"),
+    ), GRPO, steps=6),
 }  # fmt: skip
 
 
@@ -114,45 +128,80 @@ def matmul_params(model) -> int:
     return total - embedding + (embedding if tied else 0)
 
 
+MODEL_KEYS = ("policy_params", "reward_params", "policy_matmul_params", "reward_matmul_params", "vocab_size",
+              "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim")  # fmt: skip
+"""What the manifest records per size: parameter counts (FLOPs, memory) and dimensions (memory)."""
+
+
+def describe(policy, reward) -> dict:
+    """The manifest's numbers for one size (:data:`MODEL_KEYS`) from its built or loaded models."""
+    c = policy.config
+    heads = c.num_attention_heads
+    return {
+        "policy_params": sum(p.numel() for p in policy.parameters()),
+        "reward_params": sum(p.numel() for p in reward.parameters()),
+        "policy_matmul_params": matmul_params(policy),
+        "reward_matmul_params": matmul_params(reward),
+        "vocab_size": c.vocab_size, "num_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+        "num_heads": heads, "num_kv_heads": getattr(c, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
+    }  # fmt: skip
+
+
 def build_assets(sizes: set[str]) -> dict:
-    """``.work/assets/manifest.json``: directories, parameter counts and prompt length; built when missing."""
+    """``.work/assets/manifest.json``: directories, parameter counts, dimensions and prompt length.
+
+    Each size keeps its own recipe (its :data:`SIZES` entry): only the sizes that are missing or whose
+    dimensions changed are built, the others are reused (``measure.reusable_models``); a reused entry that
+    lacks some of :data:`MODEL_KEYS` (an older manifest) is completed by loading its models, not rebuilt.
+    A change of the prompts' recipe rebuilds everything.
+    """
     root = WORK / "assets"
     manifest_path = root / "manifest.json"
-    recipe = {"sizes": SIZES, "prompt_tokens": PROMPT_TOKENS, "num_prompts": NUM_PROMPTS}
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    if manifest.get("recipe") != recipe:
-        manifest = {"recipe": recipe, "models": {}}
-    missing = [s for s in sorted(sizes) if s not in manifest["models"]]
-    if not missing and (root / "prompts.jsonl").exists():
+    recipe = {"prompt_tokens": PROMPT_TOKENS, "num_prompts": NUM_PROMPTS}
+    old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    models = {size: entry for size, entry in measure.reusable_models(old, recipe, SIZES).items()
+              if Path(entry["policy"]).is_dir() and Path(entry["reward"]).is_dir()}  # fmt: skip
+    shared = {k: v for k, v in (old.get("recipe") or {}).items() if k != "sizes"}  # an older manifest's too
+    same_prompts = shared == recipe and (root / "prompts.jsonl").exists()
+    missing = [s for s in sorted(sizes) if s not in models]
+    incomplete = [s for s in sorted(sizes) if s in models and not all(k in models[s] for k in MODEL_KEYS)]
+    manifest = {"recipe": recipe, "models": models, "prompts": str(root / "prompts.jsonl"),
+                "prompt_len": PROMPT_TOKENS}  # fmt: skip
+    if not missing and not incomplete and same_prompts:
         return manifest
-    from rlhf.models.tiny import save_tiny, tiny_causal_lm, tiny_reward_model, toy_corpus, train_tokenizer
+    if missing or not same_prompts:
+        from rlhf.models.tiny import save_tiny, tiny_causal_lm, tiny_reward_model, toy_corpus, train_tokenizer
 
-    log(f"building tiny models ({', '.join(missing) or 'prompts'}) into {root}")
-    tokenizer = train_tokenizer(toy_corpus(2000), vocab_size=512)
-    # Prompts: toy lines of exactly PROMPT_TOKENS tokens, so both sides see the same unpadded batches.
-    lines = [line for line in toy_corpus(4000, seed=1)
-             if len(tokenizer(line, add_special_tokens=False)["input_ids"]) == PROMPT_TOKENS]  # fmt: skip
-    if len(lines) < NUM_PROMPTS:
-        raise RuntimeError(f"only {len(lines)} toy prompts of {PROMPT_TOKENS} tokens; change PROMPT_TOKENS")
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": p}) + "\n" for p in lines[:NUM_PROMPTS])
-    )
-    for size in missing:
-        dims = SIZES[size]
-        policy = tiny_causal_lm("llama", tokenizer, **dims, seed=0)
-        reward = tiny_reward_model("llama", tokenizer, **dims, seed=1)
-        save_tiny(policy, tokenizer, root / f"policy-{size}")
-        save_tiny(reward, tokenizer, root / f"reward-{size}")
-        manifest["models"][size] = {
-            "policy": str(root / f"policy-{size}"),
-            "reward": str(root / f"reward-{size}"),
-            "policy_params": sum(p.numel() for p in policy.parameters()),
-            "policy_matmul_params": matmul_params(policy),
-            "reward_matmul_params": matmul_params(reward),
-        }
-    manifest["prompts"] = str(root / "prompts.jsonl")
-    manifest["prompt_len"] = PROMPT_TOKENS
+        log(f"building tiny models ({', '.join(missing) or 'prompts'}) into {root}")
+        tokenizer = train_tokenizer(toy_corpus(2000), vocab_size=512)
+        root.mkdir(parents=True, exist_ok=True)
+        if not same_prompts:
+            # Prompts: toy lines of exactly PROMPT_TOKENS tokens, so both sides see the same unpadded batches.
+            lines = [line for line in toy_corpus(4000, seed=1)
+                     if len(tokenizer(line, add_special_tokens=False)["input_ids"]) == PROMPT_TOKENS]  # fmt: skip
+            if len(lines) < NUM_PROMPTS:
+                raise RuntimeError(f"only {len(lines)} toy prompts of {PROMPT_TOKENS} tokens; change PROMPT_TOKENS")
+            (root / "prompts.jsonl").write_text(
+                "".join(json.dumps({"prompt": p}) + "\n" for p in lines[:NUM_PROMPTS])
+            )
+        for size in missing:
+            dims = SIZES[size]
+            policy = tiny_causal_lm("llama", tokenizer, **dims, seed=0)
+            reward = tiny_reward_model("llama", tokenizer, **dims, seed=1)
+            save_tiny(policy, tokenizer, root / f"policy-{size}")
+            save_tiny(reward, tokenizer, root / f"reward-{size}")
+            models[size] = {"recipe": dims, "policy": str(root / f"policy-{size}"),
+                            "reward": str(root / f"reward-{size}"), **describe(policy, reward)}  # fmt: skip
+    if incomplete:
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+        log(f"recording the dimensions of {', '.join(incomplete)} (loaded, not rebuilt)")
+        for size in incomplete:
+            entry = models[size]
+            policy = AutoModelForCausalLM.from_pretrained(entry["policy"])
+            reward = AutoModelForSequenceClassification.from_pretrained(entry["reward"])
+            entry.update(describe(policy, reward))
     manifest_path.write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -370,11 +419,16 @@ def caption(results: dict) -> str:
         if busy > BUSY
         else ""
     )
+    others: dict[int, list[str]] = {}
+    for case in results["cases"]:
+        if case.get("steps", results["steps"]) != results["steps"]:
+            others.setdefault(case["steps"], []).append(case["name"])
+    exceptions = "".join(f"; {n} in {', '.join(names)}" for n, names in others.items())
     return (
         f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, fp32 matmul peak "
-        f"{m['peak_fp32_gflops']:.0f} GFLOP/s; {peers}; {mode}median of {results['steps']} steps after "
-        f"{measure.WARMUP_STEPS} warm-up, {repeats}; {m['date']}. `python benchmarks/run.py`; notes in "
-        f"benchmarks/README.md.{warning}"
+        f"{m['peak_fp32_gflops']:.0f} GFLOP/s; {peers}; {mode}{results['steps']} steps per run{exceptions}, "
+        f"s/step the median of the steps after {measure.WARMUP_STEPS} warm-up, {repeats}; {m['date']}. "
+        f"`python benchmarks/run.py`; notes in benchmarks/README.md.{warning}"
     )
 
 
@@ -395,7 +449,8 @@ median peak RSS ÷ TRL's. The other columns come from the repeat whose s/step is
 pass (old log-probs, values, reference), and the update epochs; **floor fraction** the step's model FLOPs
 at the machine's fp32 matmul peak ÷ the measured step (`measure.step_flops`). Cases: `ppo32` / `ppo128`
 16 prompts × 32 / 128 new tokens, 4 epochs, 1 minibatch; `grpo` 4 prompts × 4 samples, 32 new tokens,
-one update; `ppo32-25m` as ppo32 with a 25M-parameter policy.
+one update; `ppo32-25m` as ppo32 with a 25M-parameter policy; `ppo32-110m` / `grpo-110m` as ppo32 / grpo
+with a 114M-parameter policy (GPT-2 small's shape), 6 steps per run.
 """
 
 
@@ -416,6 +471,14 @@ def write_results(results: dict, update_readme: str | None) -> None:
             log(f"updated the table in {path}")
 
 
+def case_steps(case: Case, args: argparse.Namespace) -> int:
+    """Steps per run of ``case``: its own ``steps`` when it sets one (the smaller with ``--quick``), else
+    ``--steps``."""
+    if case.steps is None:
+        return args.steps
+    return min(case.steps, args.steps) if args.quick else case.steps
+
+
 def run_case(
     name: str, case: Case, assets: dict, peers: dict, args: argparse.Namespace, gflops: float
 ) -> dict:
@@ -426,20 +489,21 @@ def run_case(
     the ratio. Each run reports the median over its repeats with their min–max (``measure.combine_repeats``)
     and keeps every repeat's raw records; the ratios pair repeat i of ours with repeat i of the peer.
     """
+    steps = case_steps(case, args)
     entry = {"name": name, "algo": case.algo, "size": case.size, "max_new_tokens": case.max_new_tokens,
-             "settings": case.settings, "runs": [],
-             "model": {k: v for k, v in assets["models"][case.size].items() if k.endswith("params")}}  # fmt: skip
+             "steps": steps, "settings": case.settings, "runs": [],
+             "model": {k: v for k, v in assets["models"][case.size].items() if k in MODEL_KEYS}}  # fmt: skip
     repeats: list[list[dict]] = [[] for _ in case.runs]  # per run: one record per repeat
     for repeat in range(args.repeats):
         for i, run in enumerate(case.runs):
             busy = cpu_busy()  # other processes skew every timing (see README.md), so their CPU use is kept
-            log(f"{name}: {run.label} ({args.steps} steps, repeat {repeat + 1}/{args.repeats})")
+            log(f"{name}: {run.label} ({steps} steps, repeat {repeat + 1}/{args.repeats})")
             if busy > BUSY:
                 log(f"  warning: other processes use {100 * busy:.0f}% of the CPU; timings will be noisy")
             ours = run.side == "ours"
             python = Path(sys.executable) if ours else peers[run.side][0]
             folder = WORK / "runs" / f"{name}-{i}-{run.side}-r{repeat}"
-            spec = run_spec(case, run, assets, args.steps, folder / "out")
+            spec = run_spec(case, run, assets, steps, folder / "out")
             raw = run_child(python, "child_ours.py" if ours else "child_trl.py", spec, folder, args.threads,
                             args.timeout)  # fmt: skip
             record: dict = {"repeat": repeat, "cpu_busy_before": busy}
@@ -474,7 +538,9 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="4 steps per run (2 warm-up + 2 timed)")
     parser.add_argument("--only", help=f"comma-separated cases out of {','.join(CASES)}")
-    parser.add_argument("--steps", type=int, help="steps per run (default 12, or 4 with --quick)")
+    parser.add_argument(
+        "--steps", type=int, help="steps per run (default 12, or 4 with --quick; the 110m cases: 6)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, both sides")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     parser.add_argument(

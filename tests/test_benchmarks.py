@@ -5,7 +5,9 @@ Pure functions only: nothing is installed, no model is built, no peer runs.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,48 @@ def test_replace_between_markers():
     )
     assert measure.replace_between_markers("no markers here\n", "table") is None
     assert measure.replace_between_markers("<!-- benchmarks:end --> <!-- benchmarks:start -->", "t") is None
+
+
+def test_reusable_models_keeps_the_sizes_whose_recipe_still_matches():
+    recipe = {"prompt_tokens": 10, "num_prompts": 64}
+    sizes = {"3m": {"hidden_size": 256}, "25m": {"hidden_size": 512}, "110m": {"hidden_size": 768}}
+    manifest = {"recipe": recipe, "models": {
+        "3m": {"recipe": {"hidden_size": 256}, "policy": "p3"},
+        "25m": {"recipe": {"hidden_size": 384}, "policy": "p25"},  # its dimensions changed: rebuilt
+        "9m": {"recipe": {"hidden_size": 320}, "policy": "p9"},  # a size no longer listed: dropped
+    }}  # fmt: skip
+    assert measure.reusable_models(manifest, recipe, sizes) == {"3m": {"recipe": {"hidden_size": 256}, "policy": "p3"}}
+    # other prompts: nothing is reused
+    assert measure.reusable_models(manifest, {**recipe, "prompt_tokens": 12}, sizes) == {}
+    assert measure.reusable_models({}, recipe, sizes) == {}
+    # a manifest from before per-size recipes: each entry takes its size's dimensions from the old recipe
+    old = {"recipe": {"sizes": {"3m": {"hidden_size": 256}, "25m": {"hidden_size": 512}}, **recipe},
+           "models": {"3m": {"policy": "p3"}, "25m": {"policy": "p25"}}}  # fmt: skip
+    assert measure.reusable_models(old, recipe, sizes) == {
+        "3m": {"recipe": {"hidden_size": 256}, "policy": "p3"},
+        "25m": {"recipe": {"hidden_size": 512}, "policy": "p25"},
+    }
+
+
+def _run_module(monkeypatch):
+    """benchmarks/run.py as a module (it imports measure from its own folder; nothing heavy at import)."""
+    monkeypatch.syspath_prepend(str(_PATH.parent))
+    spec = importlib.util.spec_from_file_location("benchmarks_run", _PATH.parent / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "benchmarks_run", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_110m_cases_run_their_own_step_count(monkeypatch):
+    run = _run_module(monkeypatch)
+    assert run.SIZES["110m"] == {"hidden_size": 768, "num_layers": 12, "num_heads": 12}
+    ppo, grpo = run.CASES["ppo32-110m"], run.CASES["grpo-110m"]
+    assert (ppo.size, ppo.steps, ppo.settings, ppo.max_new_tokens) == ("110m", 6, run.PPO, 32)
+    assert [r.critic for r in ppo.runs] == ["shared", "separate", None] and ppo.runs[-1].side == "trl-ppo"
+    assert (grpo.size, grpo.steps, grpo.settings) == ("110m", 6, run.GRPO)
+    assert [r.side for r in grpo.runs] == ["ours", "trl-grpo"]
+    args = argparse.Namespace(steps=12, quick=False)
+    assert run.case_steps(ppo, args) == 6 and run.case_steps(run.CASES["ppo32"], args) == 12
+    quick = argparse.Namespace(steps=4, quick=True)
+    assert run.case_steps(ppo, quick) == 4 and run.case_steps(run.CASES["ppo32"], quick) == 4
