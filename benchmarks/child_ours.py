@@ -2,20 +2,135 @@
 
 SPEC: {"algo": "ppo" | "grpo", "threads": int, "config": {...}} — the config goes through the public API
 (``rlhf.config.config_from_dict`` → ``rlhf.trainers.<algo>.run``), as the CLI does. RESULT: the per-step
-records ``measure.summarize`` reads (from the run's metrics.jsonl) and the process's peak RSS.
+records ``measure.summarize`` reads (from the run's metrics.jsonl), the process's peak RSS and the peak RSS
+of each phase of each step (:class:`PhaseMemory`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import sys
 from pathlib import Path
 
+OTHER = "other"
+"""The part of a step outside the trainer's timed phases (PPO's reward scoring, metrics, logging)."""
+
 
 def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB)."""
+    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB).
+
+    Once :class:`PhaseMemory` has reset the high-water mark this is only the peak since the last reset."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def proc_status_mb(field: str) -> float:
+    """``VmHWM`` (peak RSS since the last reset) or ``VmRSS`` (now) of this process from /proc, in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class PhaseMemory:
+    """Peak RSS of every phase the trainer times, read by wrapping ``rlhf.runlog.metrics.Stopwatch``.
+
+    The trainers make one ``Stopwatch`` per step and time ``with watch("rollout"):``, ``"logprobs"`` and
+    ``"train"``. At each phase's start and end, and when a step's watch is made, this reads the process's
+    high-water mark (``VmHWM``) and resets it (``echo 5 > /proc/self/clear_refs``): the reading at a phase's
+    end is that phase's peak, the one at its start the peak of the stretch of the step since the last phase
+    (``other``: in PPO the reward model scores between "rollout" and "logprobs"; in GRPO it scores inside
+    "rollout"). Each peak is the whole process's RSS (every model, optimizer state, the libraries), not an
+    increment. Nothing under ``src/`` changes; the readings cost well under a millisecond each, taken
+    outside the phases' own timing.
+
+    Resetting VmHWM also lowers what ``getrusage`` reports as ``ru_maxrss`` for this process, so the run's
+    overall peak is tracked here: the ``ru_maxrss`` read before the first reset (start-up, model loading),
+    every VmHWM read since, and a last one after the trainer returns (held-out answers, saving). If
+    /proc/self/clear_refs cannot be written, nothing is reset: ``phase_peaks`` is None (with the reason in
+    ``note``) and ``ru_maxrss`` stays the overall peak.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []  # per Stopwatch (one per step): phase -> peak MB
+        self.peak = 0.0
+        self.rss_start: float | None = None
+        self.resets = True
+        self.note: str | None = None
+        self.depth = 0
+
+    def _read_and_reset(self) -> float:
+        """The high-water mark since the last reset (MB); then a new one starts from the current RSS."""
+        hwm = proc_status_mb("VmHWM")
+        self.peak = max(self.peak, hwm)
+        if self.resets:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError as error:
+                self.resets = False
+                self.note = f"/proc/self/clear_refs is not writable ({error}): no per-phase peaks"
+        return hwm
+
+    def _other(self, hwm: float) -> None:
+        if self.steps and self.resets:
+            self.steps[-1][OTHER] = max(self.steps[-1].get(OTHER, 0.0), hwm)
+
+    def new_step(self) -> None:
+        if self.rss_start is None:  # the first step: the models are loaded, nothing reset yet
+            self.rss_start = proc_status_mb("VmRSS")
+            self.peak = max(self.peak, rss_mb())
+        self._other(self._read_and_reset())  # the end of the previous step
+        self.steps.append({})
+
+    def phase_start(self) -> None:
+        self.depth += 1
+        if self.depth == 1:  # a nested phase stays inside its outer one
+            self._other(self._read_and_reset())
+
+    def phase_end(self, phase: str) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            hwm = self._read_and_reset()
+            if self.steps and self.resets:
+                self.steps[-1][phase] = max(self.steps[-1].get(phase, 0.0), hwm)
+
+    def finish(self) -> float:
+        """The run's overall peak RSS (MB), after the trainer returned."""
+        self.peak = max(self.peak, proc_status_mb("VmHWM"))
+        if self.rss_start is None:  # no step ran: nothing was reset
+            self.peak = max(self.peak, rss_mb())
+        return self.peak
+
+    def phase_peaks(self) -> list[dict[str, float]] | None:
+        """Per step, each phase's peak RSS in MB (the trainer's phases in order, then ``other``)."""
+        if not self.resets:
+            return None
+        return [{k: v for k, v in step.items() if k != OTHER} | ({OTHER: step[OTHER]} if OTHER in step else {})
+                for step in self.steps]  # fmt: skip
+
+    def install(self) -> None:
+        """Wrap ``Stopwatch.__init__`` (a new step) and ``Stopwatch.__call__`` (a phase) — the class the
+        trainers import, so they see the wrapped methods."""
+        from rlhf.runlog.metrics import Stopwatch
+
+        memory, init, call = self, Stopwatch.__init__, Stopwatch.__call__
+
+        def __init__(watch, *phases: str) -> None:
+            memory.new_step()
+            init(watch, *phases)
+
+        @contextlib.contextmanager
+        def __call__(watch, phase: str):
+            memory.phase_start()
+            try:
+                with call(watch, phase):
+                    yield
+            finally:
+                memory.phase_end(phase)
+
+        Stopwatch.__init__, Stopwatch.__call__ = __init__, __call__
 
 
 def step_record(row: dict, sequences: int) -> dict:
@@ -46,15 +161,24 @@ def main() -> None:
     config = config_from_dict(algo, spec["config"])
     trainer = __import__(f"rlhf.trainers.{algo}", fromlist=["run"])
     after_import = rss_mb()
+    memory = PhaseMemory()
+    memory.install()
     trainer.run(config)
-    peak = rss_mb()
+    peak = memory.finish()
     rows = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
     sequences = config.batch.size * getattr(getattr(config, algo), "group_size", 1)
     steps = [step_record(row, sequences) for row in rows if "time/step_s" in row]
+    phase_peaks, note = memory.phase_peaks(), memory.note
+    if phase_peaks is not None and len(phase_peaks) != len(steps):
+        note = f"{len(phase_peaks)} stopwatches for {len(steps)} logged steps: per-phase peaks left out"
+        phase_peaks = None
     result = {
         "steps": steps,
         "peak_rss_mb": peak,
         "rss_after_import_mb": after_import,
+        "rss_start_mb": memory.rss_start,
+        "phase_peaks": phase_peaks,
+        "phase_peaks_note": note,
         "threads": torch.get_num_threads(),
         "versions": {
             "rlhf": getattr(rlhf, "__version__", "editable"),

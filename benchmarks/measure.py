@@ -57,6 +57,54 @@ def step_flops(
     return {"generate": generate, "score": score, "train": train, "total": generate + score + train}
 
 
+MiB = 2**20
+"""Bytes per MB here (ru_maxrss and /proc report KiB; the tables' MB are MiB)."""
+
+
+def step_memory_mb(
+    *,
+    policy_params: int,
+    reward_params: int,
+    trainable_params: int,
+    sequences: int,
+    prompt_len: int,
+    response_len: int,
+    vocab_size: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    critic_params: int = 0,
+    reference: bool = True,
+    logit_positions: int | None = None,
+    bytes_per_value: int = 4,
+) -> dict[str, float]:
+    """Analytic memory of one step's main tensors in MB (fp32): what the models and the step must hold.
+
+    With B = ``sequences``, C = ``prompt_len``, T = ``response_len``, V = ``vocab_size``, 4 bytes a value:
+
+    - ``weights``: every model's parameters (all of them, embeddings included): the policy, a same-sized
+      reference when ``reference``, the reward model, a separate critic (``critic_params``);
+    - ``adam``: AdamW's two fp32 moments per trainable parameter (``trainable_params``: the policy, plus a
+      separate critic or a shared value head); ``grads``: one gradient per trainable parameter;
+    - ``logits``: one training forward's logits, B × P × V with P = ``logit_positions`` (default T + 1: ours
+      projects only the response positions; TRL's forwards project all C + T);
+    - ``kv_cache``: sampling's keys and values, 2 × layers × B × (C + T) × kv_heads × head_dim.
+
+    Left out: activations kept for the backward, the libraries, allocator slack — the measured peak RSS
+    holds them all, so the gap between the two is what this model does not count.
+    """
+    positions = response_len + 1 if logit_positions is None else logit_positions
+    values = {
+        "weights": policy_params * (1 + int(reference)) + reward_params + critic_params,
+        "adam": 2 * trainable_params,
+        "grads": trainable_params,
+        "logits": sequences * positions * vocab_size,
+        "kv_cache": 2 * num_layers * sequences * (prompt_len + response_len) * num_kv_heads * head_dim,
+    }
+    out = {name: count * bytes_per_value / MiB for name, count in values.items()}
+    return out | {"total": sum(out.values())}
+
+
 def median_after_warmup(values: list[float], warmup: int = WARMUP_STEPS) -> float:
     """Median of ``values`` without the first ``warmup`` (all of them if there are no more than that)."""
     if not values:
@@ -65,14 +113,20 @@ def median_after_warmup(values: list[float], warmup: int = WARMUP_STEPS) -> floa
     return float(statistics.median(kept))
 
 
-def summarize(steps: list[dict[str, float]], warmup: int = WARMUP_STEPS) -> dict[str, Any]:
+def summarize(
+    steps: list[dict[str, float]],
+    warmup: int = WARMUP_STEPS,
+    phase_peaks: list[dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """Per-run numbers from per-step records.
 
     Each record has ``step_s``, ``sequences``, ``gen_tokens`` (real generated tokens, stop token included);
     ours also ``gen_columns`` and the phase seconds of :data:`PHASES` (as ``<phase>_s``). Returns the median
     seconds per step, episodes/s, generated tokens/s, mean generated length, the seconds of the warm-up
     steps together (where one-time work such as compiling shows), and for ours the median share of each
-    phase in the step.
+    phase in the step. ``phase_peaks`` (ours: per step, each phase's peak RSS in MB) gives
+    ``phase_peak_mb``: per phase, the median over the steps after warm-up that ran it, phases in the order
+    they first appear.
     """
     seconds = median_after_warmup([s["step_s"] for s in steps], warmup)
     kept = steps[warmup:] if len(steps) > warmup else steps
@@ -92,6 +146,12 @@ def summarize(steps: list[dict[str, float]], warmup: int = WARMUP_STEPS) -> dict
         }
     if all("gen_columns" in s for s in steps):
         out["gen_columns"] = median_after_warmup([float(s["gen_columns"]) for s in steps], warmup)
+    if phase_peaks:
+        timed = phase_peaks[warmup:] if len(phase_peaks) > warmup else phase_peaks
+        names = list(dict.fromkeys(name for step in timed for name in step))
+        out["phase_peak_mb"] = {
+            name: float(statistics.median(step[name] for step in timed if name in step)) for name in names
+        }
     return out
 
 
@@ -186,6 +246,13 @@ def _with_range(value: float, low: float | None, high: float | None, digits: int
     return f"{text} ({_range(low, high, range_digits)})"
 
 
+def _phase_peaks(peaks: dict[str, float] | None) -> str:
+    """``rollout 512 / logprobs 530 / train 575``: each phase's peak RSS in MB."""
+    if not peaks:
+        return "—"
+    return " / ".join(f"{name} {mb:.0f}" for name, mb in peaks.items())
+
+
 def _split(split: dict[str, float] | None) -> str:
     if not split:
         return "—"
@@ -194,7 +261,7 @@ def _split(split: dict[str, float] | None) -> str:
 
 TABLE_HEADER = (
     "| case | run | s/step | warm-up s | episodes/s | gen tok/s | mean gen len | peak RSS MB | speed vs TRL | RSS vs TRL "
-    "| % gen / reward / score / train | floor fraction |"
+    "| % gen / reward / score / train | floor fraction | peak MB by phase |"
 )
 
 
@@ -232,6 +299,7 @@ def table_row(case: str, label: str, run: dict[str, Any]) -> str:
         rss,
         _split(s.get("split")),
         "—" if floor is None else f"{100 * floor:.1f}%",
+        _phase_peaks(s.get("phase_peak_mb")),
     ]
     return "| " + " | ".join(cells) + " |"
 

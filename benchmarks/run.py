@@ -339,10 +339,15 @@ def run_child(python: Path, script: str, spec: dict, folder: Path, threads: int,
 
 
 def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) -> dict:
-    """measure.summarize plus peak RSS and, for our runs, the FLOPs and the floor fraction."""
-    summary = measure.summarize(raw["steps"])
+    """measure.summarize plus peak RSS, the analytic memory of the step's tensors and, for our runs, the
+    memory by phase, the FLOPs and the floor fraction."""
+    summary = measure.summarize(raw["steps"], phase_peaks=raw.get("phase_peaks"))
     summary["peak_rss_mb"] = raw["peak_rss_mb"]
+    summary["memory_model_mb"] = memory_model(case, run, assets)
     if run.side == "ours":
+        summary["rss_start_mb"] = raw.get("rss_start_mb")
+        if not raw.get("phase_peaks"):
+            summary["phase_peaks_note"] = raw.get("phase_peaks_note")
         models, s = assets["models"][case.size], case.settings
         flops = measure.step_flops(
             policy_params=models["policy_matmul_params"],
@@ -360,6 +365,25 @@ def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) 
         summary["floor_s"] = flops["total"] / (gflops * 1e9)
         summary["floor_fraction"] = summary["floor_s"] / summary["s_per_step"]
     return summary
+
+
+def memory_model(case: Case, run: Run, assets: dict) -> dict:
+    """``measure.step_memory_mb`` for this run's layout: the critic starts from the reward model when it is
+    separate (ours ``critic: separate``, TRL's PPO) and is a value head (hidden + 1) when shared; a reference
+    when PPO or β > 0; TRL's PPO projects every position onto the vocabulary, ours and TRL's GRPO the
+    response positions."""
+    m, s = assets["models"][case.size], case.settings
+    separate = run.critic == "separate" or run.side == "trl-ppo"
+    critic = m["reward_params"] if separate else 0
+    head = m["hidden_size"] + 1 if case.algo == "ppo" and not separate else 0
+    return measure.step_memory_mb(
+        policy_params=m["policy_params"], reward_params=m["reward_params"], critic_params=critic,
+        trainable_params=m["policy_params"] + critic + head, reference=case.algo == "ppo" or s["kl_coef"] > 0,
+        sequences=s["batch_size"] * s.get("group_size", 1), prompt_len=assets["prompt_len"],
+        response_len=case.max_new_tokens, vocab_size=m["vocab_size"], num_layers=m["num_layers"],
+        num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
+        logit_positions=assets["prompt_len"] + case.max_new_tokens if run.side == "trl-ppo" else None,
+    )  # fmt: skip
 
 
 def skips_old_logprob_pass(case: Case, run: Run) -> bool:
@@ -423,12 +447,13 @@ def caption(results: dict) -> str:
     for case in results["cases"]:
         if case.get("steps", results["steps"]) != results["steps"]:
             others.setdefault(case["steps"], []).append(case["name"])
-    exceptions = "".join(f"; {n} in {', '.join(names)}" for n, names in others.items())
+    exceptions = "; ".join(f"{n} in {', '.join(names)}" for n, names in others.items())
+    exceptions = f" ({exceptions})" if exceptions else ""
     return (
         f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, fp32 matmul peak "
         f"{m['peak_fp32_gflops']:.0f} GFLOP/s; {peers}; {mode}{results['steps']} steps per run{exceptions}, "
-        f"s/step the median of the steps after {measure.WARMUP_STEPS} warm-up, {repeats}; {m['date']}. "
-        f"`python benchmarks/run.py`; notes in benchmarks/README.md.{warning}"
+        f"a repeat's s/step the median of its steps after {measure.WARMUP_STEPS} warm-up; {repeats}; "
+        f"{m['date']}. `python benchmarks/run.py`; notes in benchmarks/README.md.{warning}"
     )
 
 
@@ -447,7 +472,10 @@ median peak RSS ÷ TRL's. The other columns come from the repeat whose s/step is
 (up to and including the stop token) per second; **mean gen len** generated tokens per response;
 **% gen / reward / score / train** our step's median split into sampling, the reward model, the no-grad
 pass (old log-probs, values, reference), and the update epochs; **floor fraction** the step's model FLOPs
-at the machine's fp32 matmul peak ÷ the measured step (`measure.step_flops`). Cases: `ppo32` / `ppo128`
+at the machine's fp32 matmul peak ÷ the measured step (`measure.step_flops`); **peak MB by phase** ours
+only: the process's peak RSS within each phase the trainer times, median over the timed steps ("rollout":
+sampling, and in GRPO the reward model; "logprobs": the no-grad pass; "train": the update epochs;
+"other": the rest of the step, in PPO the reward model). Cases: `ppo32` / `ppo128`
 16 prompts × 32 / 128 new tokens, 4 epochs, 1 minibatch; `grpo` 4 prompts × 4 samples, 32 new tokens,
 one update; `ppo32-25m` as ppo32 with a 25M-parameter policy; `ppo32-110m` / `grpo-110m` as ppo32 / grpo
 with a 114M-parameter policy (GPT-2 small's shape), 6 steps per run.

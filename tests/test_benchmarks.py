@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -74,6 +75,39 @@ def test_summarize_rates_and_split():
     assert "split" not in peer
 
 
+def test_phase_peaks_median_over_timed_steps():
+    steps = [_step(10.0, 100), _step(10.0, 100), _step(2.0, 512), _step(2.0, 512), _step(2.0, 512)]
+    peaks = [{"rollout": 900.0, "train": 990.0}, {"rollout": 900.0, "train": 990.0},  # warm-up: left out
+             {"rollout": 500.0, "other": 505.0, "logprobs": 510.0, "train": 560.0},
+             {"rollout": 520.0, "logprobs": 530.0, "train": 580.0},  # no "other" in this step
+             {"rollout": 510.0, "other": 515.0, "logprobs": 520.0, "train": 570.0}]  # fmt: skip
+    s = measure.summarize(steps, phase_peaks=peaks)
+    assert s["phase_peak_mb"] == {"rollout": 510.0, "other": 510.0, "logprobs": 520.0, "train": 570.0}
+    assert list(s["phase_peak_mb"]) == ["rollout", "other", "logprobs", "train"]  # first-seen order
+    assert "phase_peak_mb" not in measure.summarize(steps, phase_peaks=None)
+
+
+def test_step_memory_by_hand():
+    # policy 1000, reward 500, separate critic 500, a reference; trainable 1500 (policy + critic);
+    # B = 2, C = 3, T = 4, V = 10, 2 layers, 2 KV heads of 4 dims, fp32:
+    # weights 4·(1000 + 1000 + 500 + 500) = 12 000 B; adam 4·2·1500 = 12 000 B; grads 4·1500 = 6 000 B;
+    # logits 4·2·(4 + 1)·10 = 400 B; KV cache 4·2·2 layers·2·(3 + 4)·2·4 = 1 792 B; total 32 192 B
+    mib = 2**20
+    memory = measure.step_memory_mb(
+        policy_params=1000, reward_params=500, critic_params=500, trainable_params=1500, reference=True,
+        sequences=2, prompt_len=3, response_len=4, vocab_size=10, num_layers=2, num_kv_heads=2, head_dim=4,
+    )  # fmt: skip
+    assert memory == pytest.approx({"weights": 12_000 / mib, "adam": 12_000 / mib, "grads": 6_000 / mib,
+                                    "logits": 400 / mib, "kv_cache": 1_792 / mib, "total": 32_192 / mib})  # fmt: skip
+    # no critic, no reference (GRPO, β = 0), logits over every position (C + T = 7): 4·2·7·10 = 560 B
+    memory = measure.step_memory_mb(
+        policy_params=1000, reward_params=500, trainable_params=1000, reference=False, logit_positions=7,
+        sequences=2, prompt_len=3, response_len=4, vocab_size=10, num_layers=2, num_kv_heads=2, head_dim=4,
+    )  # fmt: skip
+    assert memory["weights"] * mib == pytest.approx(6_000) and memory["adam"] * mib == pytest.approx(8_000)
+    assert memory["logits"] * mib == pytest.approx(560)
+
+
 def test_median_over_repeats_and_spread_by_hand():
     # three repeats of one run: 0.46, 0.43, 0.444 s/step -> median 0.444 (the third), spread 0.43–0.46
     assert measure.spread([0.46, 0.43, 0.444]) == {"median": 0.444, "min": 0.43, "max": 0.46}
@@ -114,7 +148,8 @@ def test_markdown_table_rows():
     ours = {"summary": {"s_per_step": 0.444, "s_per_step_min": 0.431, "s_per_step_max": 0.4601, "repeats": 3,
                         "warmup_s": 31.25, "episodes_per_s": 8.0, "gen_tokens_per_s": 256.0,
                         "mean_gen_len": 32.0, "peak_rss_mb": 500.0, "floor_fraction": 0.125,
-                        "split": {"generate": 0.5, "reward": 0.05, "score": 0.15, "train": 0.3}},
+                        "split": {"generate": 0.5, "reward": 0.05, "score": 0.15, "train": 0.3},
+                        "phase_peak_mb": {"rollout": 512.4, "logprobs": 530.0, "train": 575.2}},
             "vs_peer": {"speed": 1.42, "speed_min": 1.3849, "speed_max": 1.4701, "speed_per_repeat": [1.4] * 3,
                         "rss": 0.5},
             "label": "rlhf ppo"}  # fmt: skip
@@ -132,15 +167,15 @@ def test_markdown_table_rows():
     )
     lines = table.strip().splitlines()
     assert len(lines) == 6
-    assert {line.count("|") for line in lines} == {13}  # 12 columns everywhere, the failed row too
+    assert {line.count("|") for line in lines} == {14}  # 13 columns everywhere, the failed row too
     # the spread is rounded outwards: 0.431 -> 0.43, 0.4601 -> 0.47; 1.3849 -> 1.38, 1.4701 -> 1.48
     assert lines[2] == (
         "| ppo32 | rlhf ppo | 0.444 (0.43–0.47) | 31.2 | 8.0 | 256 | 32.0 | 500 | 1.42× (1.38–1.48) | 0.50× "
-        "| 50 / 5 / 15 / 30 | 12.5% |"
+        "| 50 / 5 / 15 / 30 | 12.5% | rollout 512 / logprobs 530 / train 575 |"
     )
     # no spread when every repeat gave the same number, or with one repeat
-    assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | — | 4.0 | 128 | 32.0 | 1000 | — | — | — | — |"
-    assert lines[4] == "| grpo | rlhf grpo | 0.050 | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — |"
+    assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | — | 4.0 | 128 | 32.0 | 1000 | — | — | — | — | — |"
+    assert lines[4] == "| grpo | rlhf grpo | 0.050 | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — | — |"
     assert lines[5].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
 
 
@@ -202,3 +237,66 @@ def test_110m_cases_run_their_own_step_count(monkeypatch):
     assert run.case_steps(ppo, args) == 6 and run.case_steps(run.CASES["ppo32"], args) == 12
     quick = argparse.Namespace(steps=4, quick=True)
     assert run.case_steps(ppo, quick) == 4 and run.case_steps(run.CASES["ppo32"], quick) == 4
+
+
+def _fake_raw(ours: bool, step_s: float) -> dict:
+    steps = [{"step_s": step_s, "sequences": 16, "gen_tokens": 512} for _ in range(4)]
+    if not ours:
+        return {"steps": steps, "peak_rss_mb": 1000.0}
+    steps = [s | {"generate_s": step_s / 2, "reward_s": 0.0, "score_s": 0.0, "train_s": step_s / 2, "gen_columns": 32}
+             for s in steps]  # fmt: skip
+    peaks = [{"rollout": 500.0 + step_s, "logprobs": 510.0, "train": 560.0}] * 4
+    return {"steps": steps, "peak_rss_mb": 600.0, "rss_start_mb": 400.0, "phase_peaks": peaks}
+
+
+def test_run_case_interleaves_repeats_and_renders_from_results(monkeypatch, tmp_path):
+    run = _run_module(monkeypatch)
+    calls: list[str] = []
+    times = {"ours": iter([0.5, 0.4, 0.45]), "trl-grpo": iter([0.6, 0.6, 0.72])}
+
+    def fake_child(python, script, spec, folder, threads, timeout):
+        side = "ours" if script == "child_ours.py" else "trl-grpo"
+        calls.append(side)
+        return _fake_raw(side == "ours", next(times[side]))
+
+    monkeypatch.setattr(run, "run_child", fake_child)
+    monkeypatch.setattr(run, "cpu_busy", lambda: 0.0)
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "results")
+    case = run.Case("grpo", "3m", 32, (run.Run("rlhf grpo", "ours"), run.Run("TRL GRPOTrainer", "trl-grpo")),
+                    run.GRPO)  # fmt: skip
+    model = {"policy": "p", "reward": "r", "policy_params": 1000, "reward_params": 900,
+             "policy_matmul_params": 900, "reward_matmul_params": 800, "vocab_size": 100, "num_layers": 2,
+             "hidden_size": 16, "num_heads": 2, "num_kv_heads": 2, "head_dim": 8}  # fmt: skip
+    assets = {"models": {"3m": model}, "prompts": "prompts.jsonl", "prompt_len": 10}
+    args = argparse.Namespace(steps=4, quick=False, repeats=3, threads=1, timeout=60)
+    entry = run.run_case("grpo", case, assets, {"trl-grpo": ("python", {})}, args, gflops=1.0)
+    assert calls == ["ours", "trl-grpo"] * 3  # interleaved
+    ours, peer = entry["runs"]
+    assert [r["raw"]["steps"][0]["step_s"] for r in ours["repeats"]] == [0.5, 0.4, 0.45]  # every repeat kept
+    assert ours["summary"]["s_per_step"] == 0.45 and ours["summary"]["median_repeat"] == 2
+    assert ours["summary"]["phase_peak_mb"] == {"rollout": 500.45, "logprobs": 510.0, "train": 560.0}
+    assert ours["summary"]["rss_start_mb"] == 400.0 and "total" in ours["summary"]["memory_model_mb"]
+    assert ours["vs_peer"]["speed"] == pytest.approx(0.6 / 0.45)
+    assert (ours["vs_peer"]["speed_min"], ours["vs_peer"]["speed_max"]) == (pytest.approx(1.2), pytest.approx(1.6))
+
+    results = {"format": measure.RESULTS_FORMAT, "quick": False, "steps": 4, "repeats": 3,
+               "machine": {"cpu": "CPU", "cores": 2, "threads": 1, "peak_fp32_gflops": 1.0, "torch": "2",
+                           "date": "today"},
+               "peers": {"trl-1.16.0": {"trl": "1.16.0", "transformers": "5"}},
+               "cases": [entry | {"steps": 6}]}  # fmt: skip
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "results.json").write_text(json.dumps(results))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- benchmarks:start -->\nold\n<!-- benchmarks:end -->\n")
+    monkeypatch.setattr(sys, "argv", ["run.py", "--from-results", "--update-readme", str(readme)])
+    assert run.main() == 0
+    text = readme.read_text()
+    assert "median of 3 repeats run in turn, spread min–max" in text and "4 steps per run (6 in grpo)," in text
+    assert "| grpo | rlhf grpo | 0.450 (0.40–0.50) |" in text and "| 1.33× (1.20–1.60) |" in text
+    assert "rollout 500 / logprobs 510 / train 560 |" in text and "old" not in text
+    # the old format is refused with a clear message
+    (tmp_path / "results" / "results.json").write_text(json.dumps({"repeats": 2, "cases": []}))
+    with pytest.raises(SystemExit) as exit_info:
+        run.main()
+    assert exit_info.value.code == 2
