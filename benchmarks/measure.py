@@ -279,6 +279,9 @@ def table_row(case: str, label: str, run: dict[str, Any]) -> str:
     several = s.get("repeats", 1) > 1
     seconds = _with_range(s["s_per_step"], s.get("s_per_step_min") if several else None,
                           s.get("s_per_step_max") if several else None, 3, 2 if s["s_per_step"] >= 0.1 else 3)  # fmt: skip
+    tried = s.get("repeats_s_per_step") or []
+    if None in tried:  # some repeats failed: say over how many the median is
+        seconds += f" [{s.get('repeats', 1)} of {len(tried)} repeats]"
     speed = "—"
     if "speed" in vs:
         paired = len(vs.get("speed_per_repeat", ())) > 1

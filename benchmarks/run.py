@@ -463,7 +463,7 @@ def render(results: dict) -> str:
 
 LEGEND = """
 Columns: **s/step** wall seconds of a step: per repeat the median of the steps after warm-up, then the
-median over the repeats, with their min–max in brackets; **speed vs TRL** TRL's median s/step ÷ ours
+median over the repeats, with their min–max in brackets (and `[k of N repeats]` when some failed); **speed vs TRL** TRL's median s/step ÷ ours
 (> 1: we are faster), in brackets the min–max of the per-repeat ratios (repeat i of ours against repeat i
 of TRL, run back to back); **peak RSS** of the run's own process, median over repeats; **RSS vs TRL** our
 median peak RSS ÷ TRL's. The other columns come from the repeat whose s/step is the median one:

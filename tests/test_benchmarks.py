@@ -157,6 +157,7 @@ def test_markdown_table_rows():
                         "episodes_per_s": 4.0, "gen_tokens_per_s": 128.0, "mean_gen_len": 32.0,
                         "peak_rss_mb": 1000.0}, "label": "TRL PPOTrainer"}  # fmt: skip
     quick = {"summary": {"s_per_step": 0.05, "s_per_step_min": 0.05, "s_per_step_max": 0.05, "repeats": 1,
+                         "repeats_s_per_step": [None, 0.05],  # one of two repeats failed
                          "episodes_per_s": 4.0, "gen_tokens_per_s": 128.0, "mean_gen_len": 32.0,
                          "peak_rss_mb": 1000.0},
              "vs_peer": {"speed": 2.0, "speed_min": 2.0, "speed_max": 2.0, "speed_per_repeat": [2.0], "rss": 0.5},
@@ -175,7 +176,7 @@ def test_markdown_table_rows():
     )
     # no spread when every repeat gave the same number, or with one repeat
     assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | — | 4.0 | 128 | 32.0 | 1000 | — | — | — | — | — |"
-    assert lines[4] == "| grpo | rlhf grpo | 0.050 | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — | — |"
+    assert lines[4] == "| grpo | rlhf grpo | 0.050 [1 of 2 repeats] | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — | — |"
     assert lines[5].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
 
 
