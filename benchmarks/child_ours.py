@@ -19,10 +19,17 @@ OTHER = "other"
 
 
 def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB).
-
-    Once :class:`PhaseMemory` has reset the high-water mark this is only the peak since the last reset."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process so far, in MB: ``VmHWM`` from /proc/self/status, the process's own
+    memory since it started. Not ``ru_maxrss``: Linux carries a parent's peak into the child it spawns (the
+    parent's memory at the fork counts at exec), so a child of a large parent would report the parent's peak
+    (a benchmark that had just built the 110M models gave every child 1223 MB). Without /proc: ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def proc_status_mb(field: str) -> float:
@@ -45,11 +52,10 @@ class PhaseMemory:
     increment. Nothing under ``src/`` changes; the readings cost well under a millisecond each, taken
     outside the phases' own timing.
 
-    Resetting VmHWM also lowers what ``getrusage`` reports as ``ru_maxrss`` for this process, so the run's
-    overall peak is tracked here: the ``ru_maxrss`` read before the first reset (start-up, model loading),
-    every VmHWM read since, and a last one after the trainer returns (held-out answers, saving). If
-    /proc/self/clear_refs cannot be written, nothing is reset: ``phase_peaks`` is None (with the reason in
-    ``note``) and ``ru_maxrss`` stays the overall peak.
+    Resetting VmHWM loses the peak before it (and lowers ``ru_maxrss``), so the run's overall peak is tracked
+    here: the VmHWM read before the first reset (start-up, model loading), every VmHWM read since, and a last
+    one after the trainer returns (held-out answers, saving). If /proc/self/clear_refs cannot be written,
+    nothing is reset: ``phase_peaks`` is None (with the reason in ``note``) and VmHWM stays the overall peak.
     """
 
     def __init__(self) -> None:

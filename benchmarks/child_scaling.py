@@ -18,6 +18,15 @@ from pathlib import Path
 WARMUP_STEPS = 2
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak RSS in MB (VmHWM; ``ru_maxrss`` would include the launcher's peak, which Linux
+    carries into the child it spawns)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     spec, result = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2]
     import torch
@@ -29,7 +38,7 @@ def main() -> None:
     trainer = __import__(f"rlhf.trainers.{spec['algo']}", fromlist=["run"])
     trainer.run(config)
     rank = int(os.environ.get("RANK", 0))
-    report = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    report = {"peak_rss_mb": peak_rss_mb()}
     if rank == 0:
         rows = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
         times = [row["time/step_s"] for row in rows if "time/step_s" in row][WARMUP_STEPS:]

@@ -19,8 +19,17 @@ from pathlib import Path
 
 
 def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process so far, in MB: ``VmHWM`` from /proc/self/status, the process's own
+    memory since it started. Not ``ru_maxrss``: Linux carries a parent's peak into the child it spawns (the
+    parent's memory at the fork counts at exec), so a child of a large parent would report the parent's peak
+    (a benchmark that had just built the 110M models gave every child 1223 MB). Without /proc: ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def count_generated(model, stop_ids: list[int], tally: dict) -> None:
