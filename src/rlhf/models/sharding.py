@@ -251,9 +251,10 @@ def adapters(lora: LoRAConfig | None) -> Callable[[nn.Module], nn.Module] | None
 
 def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
     """(policy, reference) for an RL trainer from a config's ``model`` section (``name``, ``dtype``,
-    ``lora``, ``reference_dtype``). The reference is a frozen copy of the initial policy (in ``reference_dtype``) — or None when not wanted, or with LoRA
-    (the base model with the adapter switched off is the reference, no copy). Sharded runs load the reference
-    as a second sharded model (a copy of a sharded module is not one)."""
+    ``lora``, ``reference_dtype``). The reference is a frozen copy of the initial policy, in ``reference_dtype``
+    when set — or None when not wanted, or with LoRA (the base model with the adapter switched off is the
+    reference, no copy). Sharded runs load the reference as a second sharded model (a copy of a sharded module
+    is not one)."""
     name_or_path, dtype, lora = model.name, model.dtype, model.lora
     prepare = adapters(lora)
     reference_dtype = getattr(model, "reference_dtype", None) or dtype
