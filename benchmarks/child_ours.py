@@ -10,34 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import resource
 import sys
 from pathlib import Path
 
+from procmem import peak_rss_mb, status_mb
+
 OTHER = "other"
 """The part of a step outside the trainer's timed phases (PPO's reward scoring, metrics, logging)."""
-
-
-def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB: ``VmHWM`` from /proc/self/status, the process's own
-    memory since it started. Not ``ru_maxrss``: Linux carries a parent's peak into the child it spawns (the
-    parent's memory at the fork counts at exec), so a child of a large parent would report the parent's peak
-    (a benchmark that had just built the 110M models gave every child 1223 MB). Without /proc: ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def proc_status_mb(field: str) -> float:
-    """``VmHWM`` (peak RSS since the last reset) or ``VmRSS`` (now) of this process from /proc, in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024  # kB
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 class PhaseMemory:
@@ -68,7 +47,7 @@ class PhaseMemory:
 
     def _read_and_reset(self) -> float:
         """The high-water mark since the last reset (MB); then a new one starts from the current RSS."""
-        hwm = proc_status_mb("VmHWM")
+        hwm = status_mb("VmHWM")
         self.peak = max(self.peak, hwm)
         if self.resets:
             try:
@@ -85,8 +64,8 @@ class PhaseMemory:
 
     def new_step(self) -> None:
         if self.rss_start is None:  # the first step: the models are loaded, nothing reset yet
-            self.rss_start = proc_status_mb("VmRSS")
-            self.peak = max(self.peak, rss_mb())
+            self.rss_start = status_mb("VmRSS")
+            self.peak = max(self.peak, peak_rss_mb())
         self._other(self._read_and_reset())  # the end of the previous step
         self.steps.append({})
 
@@ -104,9 +83,9 @@ class PhaseMemory:
 
     def finish(self) -> float:
         """The run's overall peak RSS (MB), after the trainer returned."""
-        self.peak = max(self.peak, proc_status_mb("VmHWM"))
+        self.peak = max(self.peak, status_mb("VmHWM"))
         if self.rss_start is None:  # no step ran: nothing was reset
-            self.peak = max(self.peak, rss_mb())
+            self.peak = max(self.peak, peak_rss_mb())
         return self.peak
 
     def phase_peaks(self) -> list[dict[str, float]] | None:
@@ -166,7 +145,7 @@ def main() -> None:
     algo = spec["algo"]
     config = config_from_dict(algo, spec["config"])
     trainer = __import__(f"rlhf.trainers.{algo}", fromlist=["run"])
-    after_import = rss_mb()
+    after_import = peak_rss_mb()
     memory = PhaseMemory()
     memory.install()
     trainer.run(config)

@@ -10,21 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import sys
 from pathlib import Path
 
+from procmem import peak_rss_mb
+
 WARMUP_STEPS = 2
-
-
-def peak_rss_mb() -> float:
-    """This process's own peak RSS in MB (VmHWM; ``ru_maxrss`` would include the launcher's peak, which Linux
-    carries into the child it spawns)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:

@@ -12,24 +12,11 @@ counter around the call, nothing else changes).
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 
-
-def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB: ``VmHWM`` from /proc/self/status, the process's own
-    memory since it started. Not ``ru_maxrss``: Linux carries a parent's peak into the child it spawns (the
-    parent's memory at the fork counts at exec), so a child of a large parent would report the parent's peak
-    (a benchmark that had just built the 110M models gave every child 1223 MB). Without /proc: ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+from procmem import peak_rss_mb
 
 
 def count_generated(model, stop_ids: list[int], tally: dict) -> None:
@@ -72,7 +59,7 @@ def main() -> None:
         TrainerCallback,
     )
 
-    after_import = rss_mb()
+    after_import = peak_rss_mb()
     sequences = spec["batch_size"] * spec.get("group_size", 1)
     steps: list[dict] = []
     tally = {"tokens": 0}
@@ -170,7 +157,7 @@ def main() -> None:
     trainer.train()
     result = {
         "steps": steps,
-        "peak_rss_mb": rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "rss_after_import_mb": after_import,
         "threads": torch.get_num_threads(),
         # what TRL actually ran with, to check against the settings above
