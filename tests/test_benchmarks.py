@@ -240,6 +240,16 @@ def test_110m_cases_run_their_own_step_count(monkeypatch):
     assert run.case_steps(ppo, quick) == 4 and run.case_steps(run.CASES["ppo32"], quick) == 4
 
 
+def test_floor_rate_includes_the_training_products_by_hand(monkeypatch):
+    run = _run_module(monkeypatch)
+    assets = {"models": {"3m": {"hidden_size": 256}, "110m": {"hidden_size": 768}}}
+    # ppo32: 16 sequences × (10 prompt + 32 response) = 672 tokens; grpo-110m: 4 prompts × 4 answers, the same
+    # 672 tokens; ppo128: 16 × 138 = 2208. The MLP is 4× the hidden size: (m, h, 4h) and (m, 4h, h).
+    assert run.training_products(["ppo32", "grpo", "ppo128"], assets) == [
+        (672, 256, 1024), (672, 1024, 256), (2208, 256, 1024), (2208, 1024, 256)]  # fmt: skip
+    assert run.training_products(["grpo-110m"], assets) == [(672, 768, 3072), (672, 3072, 768)]
+
+
 def _fake_raw(ours: bool, step_s: float) -> dict:
     steps = [{"step_s": step_s, "sequences": 16, "gen_tokens": 512} for _ in range(4)]
     if not ours:
