@@ -77,6 +77,11 @@ class Case:
     steps: int | None = None  # steps per run instead of --steps (slow cases); with --quick the smaller one
 
 
+def sequences_per_step(case: Case) -> int:
+    """Sequences a step samples and trains on: the prompt batch, times the group size for GRPO."""
+    return case.settings["batch_size"] * case.settings.get("group_size", 1)
+
+
 PPO_RUNS = (
     Run("rlhf ppo, critic: separate", "ours", "separate"),
     Run("rlhf ppo, critic: shared", "ours", "shared"),
@@ -266,8 +271,7 @@ def training_products(names: list[str], assets: dict) -> list[tuple[int, int, in
     for name in names:
         case = CASES[name]
         h = assets["models"][case.size]["hidden_size"]
-        sequences = case.settings["batch_size"] * case.settings.get("group_size", 1)
-        m = sequences * (PROMPT_TOKENS + case.max_new_tokens)
+        m = sequences_per_step(case) * (assets["prompt_len"] + case.max_new_tokens)
         shapes |= {(m, h, 4 * h), (m, 4 * h, h)}
     return sorted(shapes)
 
@@ -374,7 +378,7 @@ def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) 
         flops = measure.step_flops(
             policy_params=models["policy_matmul_params"],
             reward_params=models["reward_matmul_params"],
-            sequences=s["batch_size"] * s.get("group_size", 1),
+            sequences=sequences_per_step(case),
             prompt_len=assets["prompt_len"],
             response_len=round(summary["gen_columns"]),
             epochs=s.get("ppo_epochs", s.get("num_iterations", 1)),
@@ -401,7 +405,7 @@ def memory_model(case: Case, run: Run, assets: dict) -> dict:
     return measure.step_memory_mb(
         policy_params=m["policy_params"], reward_params=m["reward_params"], critic_params=critic,
         trainable_params=m["policy_params"] + critic + head, reference=case.algo == "ppo" or s["kl_coef"] > 0,
-        sequences=s["batch_size"] * s.get("group_size", 1), prompt_len=assets["prompt_len"],
+        sequences=sequences_per_step(case), prompt_len=assets["prompt_len"],
         response_len=case.max_new_tokens, vocab_size=m["vocab_size"], num_layers=m["num_layers"],
         num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
         logit_positions=assets["prompt_len"] + case.max_new_tokens if run.side == "trl-ppo" else None,

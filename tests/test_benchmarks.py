@@ -242,7 +242,7 @@ def test_110m_cases_run_their_own_step_count(monkeypatch):
 
 def test_floor_rate_includes_the_training_products_by_hand(monkeypatch):
     run = _run_module(monkeypatch)
-    assets = {"models": {"3m": {"hidden_size": 256}, "110m": {"hidden_size": 768}}}
+    assets = {"models": {"3m": {"hidden_size": 256}, "110m": {"hidden_size": 768}}, "prompt_len": 10}
     # ppo32: 16 sequences × (10 prompt + 32 response) = 672 tokens; grpo-110m: 4 prompts × 4 answers, the same
     # 672 tokens; ppo128: 16 × 138 = 2208. The MLP is 4× the hidden size: (m, h, 4h) and (m, 4h, h).
     assert run.training_products(["ppo32", "grpo", "ppo128"], assets) == [
