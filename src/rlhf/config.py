@@ -661,6 +661,8 @@ class PPOSection(PolicyGradientSection):
     """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values), or a separate model (separate: initialised from the reward model when the reward is a model, else from the policy)."""
     vf_coef: Positive = 0.1
     """Weight of the value loss in the total loss (the critic only learns through it)."""
+    critic_warmup_steps: NonNegativeInt = 0
+    """Value-only iterations before the policy moves (OpenRLHF's freezing_actor_steps, verl's critic_warmup): the first N steps sample, score and fit the value function (the shared head, or the separate critic) on their rollouts while the policy's parameters are held, so the policy's first updates get advantages from a critic that has learnt something. Logged as policy/frozen (1, then 0); 0 = the policy trains from the first step."""
     value_clip_range: Positive = 0.2
     """ε_v: new values are clipped to old ± ε_v in the value loss."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 1.0

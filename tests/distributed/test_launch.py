@@ -70,7 +70,7 @@ def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path,
     crash(config, tmp_path / "resumed", die_at=2)
     launcher = [torchrun()] if ranks_after == 2 else []
     rows, grads = run("ppo", config, tmp_path / "resumed", *launcher, flags=("--run.resume",))
-    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # step 0: the held-out answers before training
     assert_same_gradients(whole_grads[2 * 4 :], grads)  # steps 3-4 (4 optimizer steps each: 2 epochs × 2)
     assert_same_metrics(whole_rows, rows)
     assert_same_weights(tmp_path / "whole" / "run" / "final", tmp_path / "resumed" / "run" / "final", 2 * 1e-3)
@@ -118,6 +118,6 @@ def test_the_doctor_stops_every_rank_at_the_same_step(tiny_llama_dir, prompts, t
         "run.save_every": 0, "run.progress": False, "doctor.stop_on": "warning",
     }  # fmt: skip
     rows, _ = run("grpo", config, tmp_path, torchrun())
-    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5]  # step 0: the held-out answers before training
     assert (tmp_path / "run" / "checkpoints" / "step_000005").is_dir() and (tmp_path / "run" / "final").is_dir()
     assert '"rule": "no_group_signal"' in (tmp_path / "run" / "doctor.jsonl").read_text()

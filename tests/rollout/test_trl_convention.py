@@ -481,7 +481,7 @@ def test_a_run_on_chat_prompts_with_trl_style_rewards(tiny_llama_dir, chat_promp
     trainer = ppo if command == "ppo" else grpo
     config = run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": TRL_REWARDS})
     trainer.run(config)
-    rows = read_jsonl(out / "metrics.jsonl")
+    rows = read_jsonl(out / "metrics.jsonl")[1:]  # after the held-out answers before training (step 0)
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
         # trainer_state while the step's batch is scored: the steps done before it, of config.steps
@@ -537,7 +537,7 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
     config = run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": spec("none_at_first_step"), f"{command}.steps": 1, "optim.weight_decay": 0.1})  # fmt: skip
     final = trainer.run(config)
     assert "step 1: no sample of the batch could be scored" in capfd.readouterr().err
-    (row,) = read_jsonl(out / "metrics.jsonl")
+    (row,) = read_jsonl(out / "metrics.jsonl")[1:]  # after step 0's held-out answers
     assert row["reward/unscored"] == 4 and math.isnan(row["reward/mean"])
     assert "policy/loss" not in row
     initial, trained = load_file(tiny_llama_dir / "model.safetensors"), load_file(final / "model.safetensors")
@@ -546,7 +546,7 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
     # with a batch scored at step 2 the run goes on and updates
     out = tmp_path / "run2"
     trainer.run(run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": spec("none_at_first_step")}))
-    rows = read_jsonl(out / "metrics.jsonl")
+    rows = read_jsonl(out / "metrics.jsonl")[1:]
     assert "policy/loss" not in rows[0] and "policy/loss" in rows[1] and "reward/unscored" not in rows[1]
 
 

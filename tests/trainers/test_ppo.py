@@ -166,8 +166,13 @@ def test_metrics_samples_and_final_directory(tiny_llama_dir, prompts_file, tmp_p
         expected = 2.0 * row["reward/digits/mean"] + 0.5 * row["reward/length_chars/mean"]
         assert row["reward/mean"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
-    # held-out samples every eval_every iterations and at the end
-    assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_000002.jsonl", "step_000003.jsonl"]
+    # held-out samples before training (step 0: the starting point's own row), every eval_every iterations and at
+    # the end
+    names = ["step_000000.jsonl", "step_000002.jsonl", "step_000003.jsonl"]
+    assert sorted(p.name for p in (out / "samples").iterdir()) == names
+    first = metric_rows(out)[0]
+    assert first["step"] == 0 and {"eval/reward/mean", "eval/reward/digits/mean", "time/eval_s"} <= first.keys()
+    assert not any(key.startswith(("reward/", "policy/", "kl/")) for key in first)  # no training in it
     samples = [json.loads(line) for line in (out / "samples" / "step_000003.jsonl").read_text().splitlines()]
     assert len(samples) == 4  # 40 prompts // 10 held out
     assert all(set(s["rewards"]) == {"digits", "length_chars"} and s["step"] == 3 for s in samples)
@@ -417,8 +422,8 @@ def test_resume_reproduces_the_uninterrupted_run(
 
     expected, got = comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "resumed"))
     # one row per step; the eval steps carry the held-out rewards in the same row
-    assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2, 3, 4]
-    assert ["eval/reward/mean" in row for row in got] == [False, True, False, True]
+    assert [row["step"] for row in got] == [row["step"] for row in expected] == [0, 1, 2, 3, 4]
+    assert ["eval/reward/mean" in row for row in got] == [True, False, True, False, True]  # step 0: the start
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
     # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) is not a measured noise level
     assert_rows_match(expected, got, rel=1e-6, abs=1e-6)
@@ -427,7 +432,7 @@ def test_resume_reproduces_the_uninterrupted_run(
         names = ["model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors"]
     for name in names:
         assert max_abs_diff(load_file(resumed / name), load_file(whole / name)) <= 1e-6, name
-    for step in ("step_000002.jsonl", "step_000004.jsonl"):
+    for step in ("step_000000.jsonl", "step_000002.jsonl", "step_000004.jsonl"):
         assert (tmp_path / "resumed" / "samples" / step).read_text() == (
             tmp_path / "whole" / "samples" / step
         ).read_text()

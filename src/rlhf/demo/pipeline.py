@@ -49,6 +49,11 @@ from rlhf.runlog.seeding import environment
 GOLD = "rlhf.demo.task:gold"
 """The gold judge as a reward source (module:function)."""
 
+MAX_LENGTH = 128
+"""``data.max_length`` of sft, rm and dpo: the tiny model's positions. The task's longest demonstration is about 75
+tokens (prompt and response, small preset), so every example is trained on whole; batches pad to their own
+longest row, so the room costs nothing."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
@@ -200,7 +205,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     _write_jsonl(data / "sft_eval.jsonl", task.demonstrations(eval_prompts, mix, 64, rng))
     sft = _config(out / "sft", "sft", {
         "output_dir": str(out / "sft"), "model": {"name": str(paths["pretrain"])},
-        "data": {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": 64},
+        "data": {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": MAX_LENGTH},
         "optim": {"learning_rate": 3e-3}, "batch": {"size": 32}, "run": run, "sft": {"epochs": preset.sft_epochs},
     })  # fmt: skip
     from rlhf.trainers import sft as sft_runner
@@ -241,7 +246,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     rm = _config(out / "rm", "rm", {
         "output_dir": str(out / "rm"), "model": {"name": str(paths["pretrain"])},
         "data": {"train": str(out / "label" / "preferences.jsonl"),
-                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": 64},
+                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": MAX_LENGTH},
         "optim": {"learning_rate": 1e-3}, "batch": {"size": 32}, "run": run, "rm": {"epochs": preset.rm_epochs},
     })  # fmt: skip
     from rlhf.trainers import reward_model as rm_runner
@@ -251,7 +256,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     dpo = _config(out / "dpo", "dpo", {
         "output_dir": str(out / "dpo"), "model": {"name": str(paths["sft"])},
         "data": {"train": str(out / "label" / "preferences.jsonl"),
-                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": 64},
+                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": MAX_LENGTH},
         "optim": {"learning_rate": preset.dpo_learning_rate}, "batch": {"size": 32}, "run": run,
         "dpo": {"epochs": preset.dpo_epochs},
     })  # fmt: skip

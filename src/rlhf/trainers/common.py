@@ -147,6 +147,17 @@ def clipped_objective(config: Any, step: int, d: Dist = SINGLE) -> bool:
     return step > warmup
 
 
+def policy_frozen(config: Any, step: int, d: Dist = SINGLE) -> bool:
+    """Whether ``step`` is one of the critic warm-up's value-only steps (``ppo.critic_warmup_steps``): the policy's
+    parameters are held. The main rank says on stderr when the warm-up starts and ends."""
+    warmup = config.ppo.critic_warmup_steps
+    if warmup and d.is_main and step in (1, warmup + 1):
+        what = (f"steps 1-{warmup} fit the value function only; the policy is held (critic_warmup_steps={warmup})"
+                if step == 1 else f"step {step}: the critic warm-up is over; the policy trains")  # fmt: skip
+        print(what, file=sys.stderr)
+    return step <= warmup
+
+
 def step_metrics(step: int, scores: Any, generated: Any, lr: float, watch: Stopwatch, *stats: dict) -> dict:
     """The training row of one ppo/grpo step: ``step``, ``reward/*``, each phase's ``stats``, ``response/*``,
     ``lr``, ``time/*`` (scoring's own seconds as ``time/score_s``) and ``throughput/tokens_per_s``."""
@@ -171,6 +182,22 @@ def end_step(
         samples.log_completions(config, out, step, prompts, generated.completions, scores)
     evaluate_and_log(config, policy, inputs.tokenizer, inputs.rewards, inputs.eval_prompts, inputs.stops, d.device,
                      out, step, metrics, logger, trainer_state, d)  # fmt: skip
+
+
+def evaluate_start(
+    config: Any, inputs: RLInputs, policy: nn.Module, logger: MetricsLogger | NoLogger, stream: Any, start: int
+) -> None:
+    """Step 0 of a fresh run: the policy's held-out answers before its first update, logged as the row ``{"step":
+    0, "eval/reward/*"}`` (and ``samples/step_000000.jsonl``), so every run's curves start from its own starting
+    point. A resumed run already has that row. Sampling uses the evaluation's own generator: training's
+    trajectory is the same with or without it."""
+    if start > 0 or not inputs.eval_prompts:
+        return
+    t0 = time.perf_counter()
+    trainer_state = scoring.make_trainer_state(config, 0, stream, config.batch.size)
+    metrics = evaluate(config, policy, inputs.tokenizer, inputs.rewards, inputs.eval_prompts, inputs.stops,
+                       inputs.d.device, Path(config.output_dir), 0, trainer_state, inputs.d)  # fmt: skip
+    logger.log({"step": 0, **metrics, "time/eval_s": time.perf_counter() - t0})
 
 
 def evaluate_and_log(

@@ -164,6 +164,7 @@ def run(config: GRPOConfig) -> Path:
     checkpoint, saved = state.resume(config, models, d)
     start = saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
+    common.evaluate_start(config, inputs, models.policy, logger, stream, start)
     unscored, rows = scoring.UnscoredSteps(), config.batch.size * config.grpo.group_size
 
     def sample_round(trainer_state: Any) -> Sampled:

@@ -169,6 +169,7 @@ def run(config: PPOConfig) -> Path:
     checkpoint, saved = state.resume(config, models, d)
     kl_coef, start = saved.get("kl_coef", config.kl.coef), saved.get("step", 0)
     logger = common.open_run(out, config, checkpoint, start, d)
+    common.evaluate_start(config, inputs, models.policy, logger, stream, start)
     unscored = scoring.UnscoredSteps()
 
     with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
@@ -194,8 +195,11 @@ def run(config: PPOConfig) -> Path:
                     )
                 # 6. K epochs of clipped policy + value updates
                 with watch("train"):
-                    train_stats = ppo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"],
-                                             kl_coef, first, clipped=common.clipped_objective(config, step, d))  # fmt: skip
+                    train_stats = ppo_update(
+                        config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first,
+                        clipped=common.clipped_objective(config, step, d),
+                        frozen=common.policy_frozen(config, step, d),
+                    )  # fmt: skip
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
                 kl_coef = update_kl_coef(config.kl.control, kl_coef, stats["kl/mean"], config.kl.target,
@@ -331,13 +335,17 @@ def ppo_update(
     kl_coef: float,
     first: ScoredTokens | None = None,
     clipped: bool = True,
+    frozen: bool = False,
 ) -> dict[str, float]:
     """Phase 6: ``ppo_epochs`` passes; each shuffled into minibatches (one optimizer step each), each split into
     micro-batches whose losses are reduced with the minibatch's global token counts, so accumulation (and the
     ranks) give exactly the gradient of the whole minibatch (`rlhf.trainers.update`). ``kl_coef`` is the current
     β (used by ``kl_in: loss``; the adaptive controller changes it between iterations). ``first``: the forward
     of the first update, already run by the rollout (:func:`fuses_first_update`). ``clipped`` False: the
-    unclipped policy-gradient loss of the warm-up (``ppo.warmup_pg_steps``); the value loss stays clipped."""
+    unclipped policy-gradient loss of the warm-up (``ppo.warmup_pg_steps``); the value loss stays clipped.
+    ``frozen``: a critic warm-up step (``ppo.critic_warmup_steps``): the loss is the value loss alone and the
+    policy's parameters are held (their gradients, which a shared trunk still gets from the value loss, are
+    dropped before each optimizer step)."""
     B, T = rollout.logprobs.shape
     pending = [first]  # only the very first micro-batch has its forward already
 
@@ -345,14 +353,16 @@ def ppo_update(
         n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
         n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
         forward, pending[0] = pending[0], None
-        return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward, clipped)
+        return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward, clipped, frozen)
 
+    held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
     result = update.update_passes(
         passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
         plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
-        optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm,
+        optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm, held=held,
     )  # fmt: skip
     result["policy/clipped"] = float(clipped)
+    result["policy/frozen"] = float(frozen)
     result["value/explained_variance"] = explained_variance(
         rollout.values, rollout.returns, rollout.value_mask
     ).item()
@@ -362,9 +372,12 @@ def ppo_update(
 def micro_step(
     config: PPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
     n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None, clipped: bool = True,
+    frozen: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """Forward (unless given) of one micro-batch: its loss and its token-weighted share of the minibatch stats.
-    Only the micro-batch's own columns run; the cut ones are padding, outside every mask."""
+    Only the micro-batch's own columns run; the cut ones are padding, outside every mask. ``frozen`` (critic
+    warm-up): the loss is the value loss alone, and the policy's loss statistics are left out (the policy is
+    held, so they would only say that it did not move)."""
     rows, t = micro.rows, micro.response_length
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
@@ -387,19 +400,23 @@ def micro_step(
     policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)
     entropy_mean = aggregate(entropy, policy_mask, "token-mean", num_tokens=n_policy)
-    loss = policy_loss + config.ppo.vf_coef * value_loss - config.ppo.entropy_coef * entropy_mean
     share_p = (policy_mask.sum() / n_policy).item()  # this micro-batch's share of the minibatch's tokens
     share_v = (value_mask.sum() / n_value).item()
     with torch.no_grad():
         ratio_dev = (logprobs - rollout.logprobs[rows, :t]).exp().sub(1).abs().masked_fill(~policy_mask, 0).max()
-    return loss, {
-        "policy/loss": policy_loss.item(),
+    stats = {
         "value/loss": value_loss.item(),
         "policy/entropy": entropy_mean.item(),
-        "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
-        "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
         "value/clipfrac": vf_stats["clipfrac"].item() * share_v,
         "ratio_dev_max": ratio_dev.item(),
+    }
+    if frozen:
+        return config.ppo.vf_coef * value_loss, stats
+    loss = policy_loss + config.ppo.vf_coef * value_loss - config.ppo.entropy_coef * entropy_mean
+    return loss, stats | {
+        "policy/loss": policy_loss.item(),
+        "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
+        "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
     }
 
 

@@ -198,13 +198,15 @@ def update_passes(
     optimizer: Any,
     scheduler: Any,
     max_grad_norm: float | None,
+    held: Sequence[nn.Parameter] = (),
 ) -> dict[str, float]:
     """``passes`` passes over a rollout of ``num_rows`` rows, each cut into minibatches of ``minibatch_size``
     (one optimizer step each); the first pass keeps the rollout's order, later ones are shuffled.
 
     ``plan(rows)``: the micro-batches of some of this rank's rows (global row indices); ``step(micro,
     minibatch)``: a micro-batch's loss and stats, normalised by the minibatch's global denominators; ``unit``:
-    rows that share a rank (the group of a GRPO prompt). Returns the per-update means over all ranks, the
+    rows that share a rank (the group of a GRPO prompt); ``held``: parameters that must not move in these
+    updates (their gradients are dropped before each step, so AdamW leaves them and their state alone). Returns the per-update means over all ranks, the
     gradient norm (``grad/norm``) and ``policy/first_ratio_max_dev`` — the largest |ratio − 1| of the first
     minibatch, which must be exactly 0 (the policy has not moved yet; docs/ppo_checklist.md item 34).
     """
@@ -225,6 +227,8 @@ def update_passes(
             if p == 0 and k == 0:
                 first_dev = dev
             merge(totals, stats)
+            for param in held:
+                param.grad = None
             norms += optimizer_step(trainable, optimizer, scheduler, max_grad_norm)  # the same on every rank
     updates = passes * math.ceil(num_rows / minibatch_size)
     result = {key: value / updates for key, value in reduce_stats(totals, d).items()}
