@@ -72,23 +72,29 @@ def flags(overrides: dict[str, object]) -> list[str]:
 
 
 def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, threads: int) -> dict:
-    """PPO with the setting's overrides from ``base``, its gold evaluation and the doctor's verdict."""
+    """PPO with the setting's overrides from ``base``, its gold evaluation and the doctor's verdict. The setting
+    without overrides is the base's own PPO run and evaluation (a run is a function of its config on one machine:
+    running it again gives the same bits)."""
     env = kernel_env(kernel, threads)
     rlhf = [sys.executable, "-m", "rlhf"]
     start = time.perf_counter()
-    ppo = [*rlhf, "ppo", "--config", str(base / "ppo" / "ppo.yaml"), "--output_dir", str(out), "--run.no_progress",
-           "--run.overwrite", *flags(SETTINGS[name])]  # fmt: skip
-    subprocess.run(ppo, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if SETTINGS[name]:
+        ppo = [*rlhf, "ppo", "--config", str(base / "ppo" / "ppo.yaml"), "--output_dir", str(out),
+               "--run.no_progress", "--run.overwrite", *flags(SETTINGS[name])]  # fmt: skip
+        subprocess.run(ppo, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        evaluation = [*rlhf, "eval", "--config", str(base / "eval" / "ppo" / "eval.yaml"), "--model.name",
+                      str(out / "final"), "--output", str(out / "eval.json"), "--samples_output",
+                      str(out / "eval_samples.jsonl"), "--overwrite", "--no_progress"]  # fmt: skip
+        subprocess.run(evaluation, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_dir, result = out, json.loads((out / "eval.json").read_text())
+    else:
+        run_dir, result = base / "ppo", json.loads((base / "eval" / "ppo.json").read_text())
     seconds = time.perf_counter() - start
-    evaluation = [*rlhf, "eval", "--config", str(base / "eval" / "ppo" / "eval.yaml"), "--model.name",
-                  str(out / "final"), "--output", str(out / "eval.json"), "--samples_output",
-                  str(out / "eval_samples.jsonl"), "--overwrite", "--no_progress"]  # fmt: skip
-    subprocess.run(evaluation, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    doctor = subprocess.run([*rlhf, "doctor", str(out), "--json"], env=env, capture_output=True, text=True)
+    doctor = subprocess.run([*rlhf, "doctor", str(run_dir), "--json"], env=env, capture_output=True, text=True)
     verdict = json.loads(doctor.stdout)
-    result = json.loads((out / "eval.json").read_text())
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     held_out = [row["eval/reward/gold/mean"] for row in rows if "eval/reward/gold/mean" in row]
+    rows = [row for row in rows if "kl/mean" in row]  # the training rows
     summary = json.loads((base / "summary.json").read_text())
     return {
         "setting": name,
@@ -101,7 +107,7 @@ def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, thread
         "held_out_gold_peak": max(held_out),
         "held_out_gold_last": held_out[-1],
         "findings": sorted({f["rule"] for run in verdict["runs"] for f in run["findings"]}),
-        "seconds": seconds,
+        "seconds": seconds if SETTINGS[name] else summary["time/ppo_s"],
         "baselines": {m: summary["methods"][m]["gold_mean"] for m in ("sft", "best_of_n", "dpo", "ppo", "grpo")},
         "environment": summary["environment"],
     }

@@ -1118,14 +1118,14 @@ class EvalConfig(_Config):
 
 @section
 class DemoConfig(_Config):
-    """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model → PPO and GRPO → held-out evaluation under the gold judge."""
+    """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model and DPO → PPO (and PPO without its KL penalty, to show what the penalty prevents) and GRPO → SFT, best-of-N, DPO, PPO and GRPO compared on the same held-out prompts under the gold judge → report.html."""
 
     COMMAND: ClassVar[str] = "demo"
 
     output_dir: Text = "runs/demo"
     """Directory for the demo: one run directory per stage, summary.json."""
     preset: Preset = "small"
-    """Size of the demo (sizes in rlhf.demo.pipeline.PRESETS): tiny (seconds; a smoke test of every stage) or small (a few CPU minutes; PPO learns to beat SFT under the gold judge)."""
+    """Size of the demo (sizes in rlhf.demo.pipeline.PRESETS): tiny (seconds; a smoke test of every stage) or small (a few CPU minutes; every method beats SFT under the gold judge)."""
     steps: Count | None = None
     """Iterations of both PPO and GRPO; None = the preset's own."""
     seed: NonNegativeInt = 0

@@ -5,7 +5,7 @@ run of the same setup is left alone. ``doctor.stop_on`` ends a run at the findin
 The policy is the tiny Llama after a short SFT on two-word answers, so it starts out ending its answers (EOS)
 after about four tokens, as a real SFT policy does; a random-weight model would never stop and could show
 neither length hacking nor a vanishing EOS. Each failure was checked on seeds 0-2 (the finding fired on every
-one); the tests run seed 0.
+one), the length failure on seeds 0-4 under both the default (AVX-512) and AVX2 kernels; the tests run seed 0.
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ FAILURES = {
     # name: (overrides on GENTLE, the findings expected among those named)
     "learning rate 100× too high": ({"optim.learning_rate": 1e-2}, {"approx_kl_high"}),
     "temperature tiny": ({"sampling.temperature": 0.05}, {"entropy_collapse"}),
-    "reward pays for length": ({"optim.learning_rate": 1e-3, "kl.coef": 0.0}, {"eos_vanishing"}),
+    # 16 answers a step: with 8, eos_rate moves in steps of ⅛ and the unleashed policy swings back and forth
+    # across ½ (seed 0 ended at 0.5 on AVX-512 kernels); with 16 it stays under ¼ from step ~12 on every one
+    # of seeds 0-4 × both kernel families
+    "reward pays for length": (
+        {"optim.learning_rate": 1e-3, "kl.coef": 0.0, "batch.size": 16, "ppo.steps": 30}, {"eos_vanishing"}
+    ),
     "no KL penalty against a proxy": (
         {"optim.learning_rate": 1e-3, "kl.coef": 0.0, "reward.source": LENGTH_AND_GOLD, "ppo.steps": 30},
         {"over_optimisation"},

@@ -51,7 +51,7 @@ def demo_report(out: Path, max_samples: int = 12) -> str:
         f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
         "number below is read from the stages' own output files</p>",
         *_pipeline(out, summary),
-        *_methods(summary),
+        *_methods(summary, runs[0]),
         *_results(summary),
         *r.health_section(runs),
         *r.curves_section(runs),
@@ -144,8 +144,9 @@ def _results(summary: dict[str, Any]) -> list[str]:
 METHOD_LABELS = {"sft": "SFT", "best_of_n": "best-of-N", "dpo": "DPO", "ppo": "PPO", "grpo": "GRPO"}
 
 
-def _methods(summary: dict[str, Any]) -> list[str]:
-    """The methods on equal labels: one table and one plot, from ``summary["methods"]``."""
+def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
+    """The methods on equal labels: one table and one plot, from ``summary["methods"]``; the plot also draws
+    PPO's path, its held-out gold score against its KL at each evaluation (`gold_path`)."""
     methods = summary.get("methods")
     if not methods:
         return []  # a demo from before the comparison
@@ -163,7 +164,7 @@ def _methods(summary: dict[str, Any]) -> list[str]:
         points.append(r.MethodPoint(label, _number(m.get("kl")), _number(m.get("gold_mean")),
                                     _number(m.get("gold_ci95")), bool(m.get("kl_is_bound"))))  # fmt: skip
     header = ["method", "gold score ± 95 % CI", "win rate vs SFT [95 % CI]", "KL to SFT", "own wall time", "needs"]
-    chart = r.methods_chart(points, "gold score (held-out mean)")
+    chart = r.methods_chart(points, "gold score (held-out mean)", paths=[gold_path(ppo, "PPO over its steps")])
     return [
         "<h2>Methods on equal labels</h2>",
         '<p class="muted">The same held-out prompts, one answer per prompt and method, the gold judge scoring and '
@@ -175,6 +176,20 @@ def _methods(summary: dict[str, Any]) -> list[str]:
         r.table(header, rows),
         *([f'<div class="grid">{chart}</div>'] if chart else []),
     ]
+
+
+def gold_path(run: r.Run, label: str) -> r.MethodPath:
+    """A run's held-out gold score against its KL to the reference at each evaluation: step 0 (before training,
+    KL 0 by definition: the policy is the reference) and every row holding both ``eval/reward/gold/mean`` and
+    the step's ``kl/mean`` (the same Σ log π/π_ref per answer as the methods' KL, on that step's batch)."""
+    kls, golds, steps = [], [], []
+    for row in run.rows:
+        gold, kl = row.get("eval/reward/gold/mean"), row.get("kl/mean", 0.0 if row.get("step") == 0 else None)
+        if isinstance(gold, int | float) and isinstance(kl, int | float):
+            kls.append(float(kl))
+            golds.append(float(gold))
+            steps.append(int(row["step"]))
+    return r.MethodPath(label, tuple(kls), tuple(golds), tuple(steps))
 
 
 def _number(value: Any) -> float:

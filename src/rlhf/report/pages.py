@@ -377,13 +377,31 @@ class MethodPoint:
     kl_is_bound: bool = False
 
 
-def methods_chart(points: Sequence[MethodPoint], ylabel: str) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class MethodPath:
+    """One run's way to its point: its score against its KL at each of ``steps`` (Gao et al. 2022 draw the
+    gold score against KL this way: it rises, peaks, and falls once the proxy is over-optimised)."""
+
+    label: str
+    kls: tuple[float, ...]
+    scores: tuple[float, ...]
+    steps: tuple[int, ...]
+
+
+def methods_chart(points: Sequence[MethodPoint], ylabel: str, paths: Sequence[MethodPath] = ()) -> str | None:
     """Mean score ± its 95 % interval against KL to the reference, one point per method: what each method
-    bought and how far it moved the policy for it. A KL that is only a bound is drawn hollow."""
+    bought and how far it moved the policy for it. A KL that is only a bound is drawn hollow. ``paths``: runs
+    drawn as lines through their evaluations, each labelled with its steps."""
     drawn = [p for p in points if math.isfinite(p.kl) and math.isfinite(p.score)]
     if not drawn:
         return None
     fig, ax = _figure("Methods on the same held-out prompts", "KL to the reference (nats per answer)", ylabel)
+    for path in paths:
+        if len(path.kls) < 2:
+            continue
+        ax.plot(path.kls, path.scores, "-", color="#999999", linewidth=1, marker=".", markersize=4, label=path.label)
+        for kl, score, step in zip(path.kls, path.scores, path.steps, strict=True):
+            ax.annotate(str(step), (kl, score), fontsize=6, color="#777777", xytext=(2, 2), textcoords="offset points")
     for i, point in enumerate(drawn):
         color = COLORS[i % len(COLORS)]
         ci = point.ci95 if math.isfinite(point.ci95) else 0.0
@@ -393,7 +411,10 @@ def methods_chart(points: Sequence[MethodPoint], ylabel: str) -> str | None:
     ax.legend(fontsize=7)
     caption = ("Each method's mean score on the held-out prompts with its 95 % interval, against the KL of its "
                "answers from the reference. Up is better; right is further from the model the labels were "
-               "collected on. A hollow marker's KL is an upper bound (best-of-N).")  # fmt: skip
+               "collected on. A hollow marker's KL is an upper bound (best-of-N)."
+               + (" The grey line is PPO's path: its held-out score at each evaluation (the step beside each dot) "
+                  "against its KL then — the curve of Gao et al. (2022), which turns down once the policy "
+                  "over-optimises the reward model." if any(len(p.kls) >= 2 for p in paths) else ""))  # fmt: skip
     return _figure_block(_img(fig, "Methods compared"), caption)
 
 
