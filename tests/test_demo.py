@@ -270,11 +270,13 @@ def test_default_demo_meets_its_targets(tmp_path):
     # without the leash the policy runs far from the reference and its gold score falls below the leashed one's
     assert summary["ppo_no_kl/kl_last"] > 2 * summary["kl/final"]
     assert summary["ppo_no_kl/held_out_gold_last"] < summary["ppo/held_out_gold_last"]
-    # every method beats the SFT model it starts from under the gold judge (seed 0 here: DPO 1.81, best-of-8 ≈ 1.3,
-    # SFT 0.19; the README's seeds give the spread)
-    for method in ("dpo", "best_of_n"):
+    # every method beats the SFT model it starts from under the gold judge (the README's runs give the spread)
+    for method in ("dpo", "best_of_n", "grpo"):
         assert summary[f"gold/{method}_mean"] > summary["gold/sft_mean"], method
         assert summary[f"gold/{method}_win_rate_vs_sft"] > 0.5, method
+    # PPO holds its own against DPO on the same labels (docs/ppo_study.md: over seeds 0-4 × both kernel families
+    # PPO's worst run minus DPO's on the same base is PPO_MINUS_DPO_WORST, its mean PPO_MINUS_DPO_MEAN)
+    assert summary["gold/ppo_mean"] >= summary["gold/dpo_mean"] - 0.05
     # (its wall time is a benchmark figure, not a test: README and `python tools/demo_figures.py` report it)
     # the training doctor: silent on the demo's own runs, and it names the β = 0 run's reward hacking (seeds 0-4
     # all do: tests/doctor/fixtures holds seeds 0 and 3)

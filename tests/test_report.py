@@ -114,7 +114,7 @@ def test_ppo_report_is_self_contained_and_complete(ppo_run: Path):
     for title in ("Reward (training batch)", "Held-out reward", "KL to the reference", "Entropy", "Clip fraction",
                   "Value loss", "Reward source 'length'", "Reward source 'digits'", "Reward against KL"):  # fmt: skip
         assert f'alt="{pages.esc(title)}"' in page, title
-    assert "Held-out samples (step 2 and step 4)" in page
+    assert "Held-out samples (step 0 and step 4)" in page  # before training and after it
     assert "monitor (weight 0)" in page  # the weight-0 source is labelled as never optimised
     assert "<script>" not in page and pages.esc(HOSTILE) in page
     assert pages.esc((ppo_run / "config.yaml").read_text()) in page
@@ -144,8 +144,8 @@ def test_run_loading_reads_weights_and_series(ppo_run: Path):
     run = pages.load_run(ppo_run)
     assert run.command == "ppo" and run.reward_weights() == {"length": 1.0, "digits": 0.0}
     steps, values = run.series("eval/reward/mean")
-    assert steps == [2, 4] and len(values) == 2
-    assert sorted(run.samples) == [2, 4]
+    assert steps == [0, 2, 4] and len(values) == 3  # step 0: the held-out answers before training
+    assert sorted(run.samples) == [0, 2, 4]
 
 
 def test_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -96,7 +96,7 @@ DType = Literal["float32", "bfloat16", "float16"]
 Parallelism = Literal["auto", "none", "ddp", "fsdp"]
 Sink = Literal["jsonl", "tensorboard", "wandb", "trackio"]
 RewardAggregation = Literal["sum", "gdpo"]
-Critic = Literal["shared", "separate"]
+Critic = Literal["auto", "shared", "separate"]
 Preset = Literal["tiny", "small"]
 
 # How each estimator scales its advantages when `scale_rewards` is "auto".
@@ -657,8 +657,8 @@ class PPOSection(PolicyGradientSection):
     """Passes over each rollout batch."""
     whiten_rewards: bool = False
     """Rescale the per-token rewards of the batch to unit variance (mean kept) before GAE."""
-    critic: Critic = "shared"
-    """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values), or a separate model (separate: initialised from the reward model when the reward is a model, else from the policy)."""
+    critic: Critic = "auto"
+    """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values, no second model), or a separate model (separate: initialised from the reward model when the reward is a model that reads the policy's tokens, else from the policy); auto = separate when such a reward model can start it, else shared. Over 10 runs of the demo (docs/ppo_study.md) the critic started from the reward model gave a higher gold score at a lower KL than the shared head, which starts knowing nothing; it costs a second model's memory and its forward and backward in every update."""
     vf_coef: Positive = 0.1
     """Weight of the value loss in the total loss (the critic only learns through it)."""
     critic_warmup_steps: NonNegativeInt = 0

@@ -24,7 +24,7 @@ from rlhf.doctor.rules import History, diagnose
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.health import EVENTS_FILE
 from rlhf.trainers import grpo, ppo, sft
-from runs import metric_rows
+from runs import metric_rows, train_rows
 
 LENGTH = test_ppo.reward("length_chars")  # pays 0.1 per character: longer is always better
 GENTLE = {"ppo.steps": 25, "sampling.max_new_tokens": 16, "reward.source": LENGTH, "optim.learning_rate": 1e-4}
@@ -104,7 +104,7 @@ def test_each_induced_failure_is_named_live_and_afterwards(failure, sft_policy, 
 def test_the_length_failure_is_what_its_metrics_show(sft_policy, tmp_path):
     """The induced failure is real, not an artefact of the rule: the answers did grow and stop ending."""
     run_ppo(sft_policy, tmp_path / "length", **FAILURES["reward pays for length"][0])
-    rows = metric_rows(tmp_path / "length")
+    rows = train_rows(tmp_path / "length")
     assert rows[0]["response/eos_rate"] == 1.0 and rows[-1]["response/eos_rate"] < 0.5
     assert rows[-1]["response/length_mean"] > 2 * rows[0]["response/length_mean"]
 

@@ -391,6 +391,25 @@ def test_separate_critic_starts_from_the_reward_model_only_when_it_reads_the_pol
     assert other.critic.head.linear.weight.abs().max() == 0
 
 
+def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
+    tiny_llama_dir, tiny_reward_model_dir, tiny_reward_model_other_tokenizer_dir, capsys
+):
+    from transformers import AutoModelForSequenceClassification
+
+    assert make_config(tiny_llama_dir, Path("p.jsonl"), Path("out")).ppo.critic == "auto"  # the default
+    with_rm = build_models(tiny_llama_dir, str(tiny_reward_model_dir))
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
+    assert with_rm.value_head is None
+    torch.testing.assert_close(with_rm.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
+    assert f"ppo: critic auto → separate (started from the reward model {tiny_reward_model_dir}" in capsys.readouterr().err
+    # a reward model with another tokenizer cannot start a critic, nor can a reward function: the shared head
+    for source in (str(tiny_reward_model_other_tokenizer_dir), reward("length_chars")):
+        models = build_models(tiny_llama_dir, source)
+        assert models.critic is None and models.value_head is not None
+        assert "ppo: critic auto → shared" in capsys.readouterr().err
+    assert ppo.critic_layout("shared", True) == "shared" and ppo.critic_layout("separate", False) == "separate"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # (b) equivalences: resume, micro-batching
 # --------------------------------------------------------------------------------------------------------------

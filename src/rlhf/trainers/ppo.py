@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,13 +92,18 @@ class Models:
         self.policy, self.reference = load_policy(config.model, d, reference=True)
         self.value_head: ValueHead | None = None
         self.critic: nn.Module | None = None
-        if config.ppo.critic == "shared":
+        # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
+        # embeddings would index other tokens, or run out of range), so it starts from the policy.
+        reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
+        rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
+        layout = critic_layout(config.ppo.critic, rm is not None)
+        if config.ppo.critic == "auto" and d.is_main:
+            started = f"started from the reward model {rm.model.name_or_path}" if rm is not None else (
+                "no reward model reads the policy's tokens to start a separate one")  # fmt: skip
+            print(f"ppo: critic auto → {layout} ({started})", file=sys.stderr)
+        if layout == "shared":
             self.value_head = shard_small(ValueHead(self.policy.config.hidden_size).to(device), d)
         else:
-            # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it
-            # (its embeddings would index other tokens, or run out of range), so it starts from the policy.
-            reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
-            rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
             source = rm.model.name_or_path if rm is not None else config.model.name
             self.load_critic = functools.partial(
                 load_critic, source, from_reward_model=rm is not None, dtype=config.model.dtype
@@ -152,6 +158,14 @@ class Models:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_trainable_state(self.policy, state["policy"], "policy weights")
         self.value_module().load_state_dict(state["value"])
+
+
+def critic_layout(critic: str, reward_model_critic: bool) -> str:
+    """``ppo.critic`` resolved: ``auto`` is a separate critic when a reward model that reads the policy's tokens
+    can start it (it already knows what the score rewards: docs/ppo_study.md), else the shared head."""
+    if critic != "auto":
+        return critic
+    return "separate" if reward_model_critic else "shared"
 
 
 @distributed.entry
