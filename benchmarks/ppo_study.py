@@ -54,6 +54,9 @@ SETTINGS: dict[str, dict[str, object]] = {
     "pg_warmup": {"ppo.warmup_pg_steps": 5},
     "separate_critic+warmup": {"ppo.critic": "separate", "ppo.critic_warmup_steps": 5},
     "separate_critic+batch_64": {"ppo.critic": "separate", "batch.size": 64, "ppo.steps": 30},
+    "no_kl": {"kl.coef": 0.0},
+    "no_kl+separate_critic": {"kl.coef": 0.0, "ppo.critic": "separate"},
+    "no_kl+separate_critic+lr_3e-4": {"kl.coef": 0.0, "ppo.critic": "separate", "optim.learning_rate": 3e-4},
 }
 """Each setting the study measures: overrides on the base's PPO config."""
 

@@ -216,7 +216,7 @@ def test_unknown_key_inside_nested_mappings(tmp_path: Path) -> None:
         ("batch.size", 8.5, "batch.size=8.5: input should be a valid integer"),
         ("optim.learning_rate", "fast", "optim.learning_rate='fast': input should be a valid number"),
         ("run.resume", "maybe", "run.resume='maybe': input should be a valid boolean"),
-        ("ppo.critic", "both", "ppo.critic='both': input should be 'shared' or 'separate'"),
+        ("ppo.critic", "both", "ppo.critic='both': input should be 'auto', 'shared' or 'separate'"),
         ("run.report_to", ["jsonl", "mlflow"], "run.report_to[1]='mlflow': input should be 'jsonl', 'tensorboard'"),
         ("model.lora", 5, "model.lora=5: input should be a dictionary or an instance of LoRAConfig"),
         ("reward.source", 3, "reward.source=3: expected a source string or a list of {source, weight, name}"),

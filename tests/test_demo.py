@@ -156,7 +156,7 @@ def test_summary_is_computed_from_the_runs(demo_dir):
     assert summary["rm/accuracy"] == rm_rows[-1]["eval/accuracy"]
     ppo_rows = [row for row in _read_jsonl(demo_dir / "ppo" / "metrics.jsonl") if "kl/mean" in row]
     assert summary["kl/final"] == ppo_rows[-1]["kl/mean"]
-    no_kl_rows = _read_jsonl(demo_dir / "ppo_no_kl" / "metrics.jsonl")
+    no_kl_rows = _read_jsonl(demo_dir / "ppo_no_kl" / "metrics.jsonl")[1:]  # after step 0's held-out answers
     assert all(row["kl/coef"] == 0.0 for row in no_kl_rows)  # the unleashed run: β = 0 throughout
     assert summary["ppo_no_kl/kl_last"] == no_kl_rows[-1]["kl/mean"]
     assert summary["ppo_no_kl/held_out_gold_last"] == no_kl_rows[-1]["eval/reward/gold/mean"]
@@ -204,6 +204,24 @@ def test_the_methods_table_is_computed_from_the_evaluations(demo_dir):
             assert m["seconds"] == summary[f"time/{name}_s"]
 
 
+def test_the_demo_data_fits_its_own_max_length(demo_dir):
+    """Every demonstration and labelled pair is trained on whole: none is cut at data.max_length (the command
+    would warn that they "lose their end")."""
+    from transformers import AutoTokenizer
+
+    from rlhf.demo.pipeline import MAX_LENGTH
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_dir / "pretrain" / "final")
+    for name in ("sft", "rm", "dpo"):
+        assert yaml.safe_load((demo_dir / name / f"{name}.yaml").read_text())["data"]["max_length"] == MAX_LENGTH
+    texts = [row["prompt"] + row["response"] for name in ("sft", "sft_eval")
+             for row in _read_jsonl(demo_dir / "data" / f"{name}.jsonl")]  # fmt: skip
+    texts += [row["prompt"] + row[side] for row in _read_jsonl(demo_dir / "label" / "preferences.jsonl")
+              for side in ("chosen", "rejected")]  # fmt: skip
+    longest = max(len(tokenizer(text)["input_ids"]) + 1 for text in texts)  # + EOS
+    assert longest <= MAX_LENGTH
+
+
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
@@ -212,7 +230,7 @@ def test_reward_model_never_sees_the_gold_rule(demo_dir):
         rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]["source"]
         weights = {entry["source"]: entry["weight"] for entry in rewards}
         assert weights == {str(demo_dir / "rm" / "final"): 1.0, "rlhf.demo.task:gold": 0.0}
-        rows = _read_jsonl(demo_dir / run / "metrics.jsonl")
+        rows = _read_jsonl(demo_dir / run / "metrics.jsonl")[1:]  # the training steps
         for row in rows:  # so reward/mean is the reward model's score alone
             assert row["reward/mean"] == pytest.approx(row["reward/rm/mean"], abs=1e-6)
         assert all("reward/gold/mean" in row for row in rows)

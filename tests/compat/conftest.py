@@ -138,7 +138,8 @@ class Runs:
 
     def ppo(self, family: str, out: Path) -> Path:
         """Shared critic; the sft policy against the trained reward model (its tokenizer is the policy's)."""
-        return self._ppo(family, out, **{"model.name": str(self.get("sft", family)), "reward.source": str(self.get("rm", family))})
+        return self._ppo(family, out, **{"model.name": str(self.get("sft", family)), "reward.source": str(self.get("rm", family)),
+                                         "ppo.critic": "shared"})  # fmt: skip
 
     def ppo_separate(self, family: str, out: Path) -> Path:
         """A separate critic, started from the reward model (which reads the policy's tokens)."""
