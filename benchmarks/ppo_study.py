@@ -5,6 +5,7 @@ training doctor.
     python benchmarks/ppo_study.py                                  # every setting, seeds 0-4 × default, avx2
     python benchmarks/ppo_study.py --settings demo adaptive_kl --seeds 0 1 --kernels default
     python benchmarks/ppo_study.py --update-doc docs/ppo_study.md   # also rewrite the study's table
+    python benchmarks/ppo_study.py --from-results --update-doc docs/ppo_study.md   # the table of the runs so far
 
 A *base* is one `rlhf demo --seed S` run under one kernel family (``BASES/<kernel>_seed_<S>``, the layout of
 ``tools/demo_figures.py``, which it shares: a base already there is reused, a missing one is run first). Its
@@ -174,7 +175,13 @@ def main() -> None:
         "--jobs", type=int, default=2, help="processes at once (each gets cores / jobs threads)"
     )
     parser.add_argument("--update-doc", type=Path, default=None)
+    parser.add_argument(
+        "--from-results", action="store_true", help="build the table from OUT/results.jsonl, running nothing"
+    )
     args = parser.parse_args()
+    if args.from_results:
+        report(load_results(args.out / "results.jsonl"), args)
+        return
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     bases = demo_figures.run_all(args.seeds, args.kernels, args.bases, "small", args.jobs)
     path = args.out / "results.jsonl"
@@ -194,7 +201,12 @@ def main() -> None:
             log.flush()
             print(f"{result['setting']} {result['kernel']} seed {result['seed']}: gold {result['gold']:.2f}, "
                   f"KL {result['kl_final']:.1f}, {result['findings'] or 'healthy'}", file=sys.stderr, flush=True)  # fmt: skip
-    results = [r for r in load_results(path) if r["setting"] in args.settings and r["seed"] in args.seeds
+    report(load_results(path), args)
+
+
+def report(results: list[dict], args: argparse.Namespace) -> None:
+    """Print the table of ``args``'s settings, seeds and kernels; rewrite the doc's table with ``--update-doc``."""
+    results = [r for r in results if r["setting"] in args.settings and r["seed"] in args.seeds
                and r["kernel"] in args.kernels]  # fmt: skip
     text = table(results, args.settings)
     print(text)
