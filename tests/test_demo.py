@@ -293,7 +293,7 @@ def test_default_demo_meets_its_targets(tmp_path):
         assert summary[f"gold/{method}_mean"] > summary["gold/sft_mean"], method
         assert summary[f"gold/{method}_win_rate_vs_sft"] > 0.5, method
     # PPO holds its own against DPO on the same labels (docs/ppo_study.md: over seeds 0-4 × both kernel families
-    # PPO's worst run minus DPO's on the same base is PPO_MINUS_DPO_WORST, its mean PPO_MINUS_DPO_MEAN)
+    # PPO − DPO on the same base is +0.55 on average and +0.13 at the least; seed 0 here: 2.25 against 2.07)
     assert summary["gold/ppo_mean"] >= summary["gold/dpo_mean"] - 0.05
     # (its wall time is a benchmark figure, not a test: README and `python tools/demo_figures.py` report it)
     # the training doctor: silent on the demo's own runs, and it names the β = 0 run's reward hacking (seeds 0-4
