@@ -39,23 +39,26 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import demo_figures  # noqa: E402  (tools/ is not a package: the bases are its runs)
 
+SHARED: dict[str, object] = {"ppo.critic": "shared"}
+"""The recipe before the study: the value head on the policy's trunk. The one-change rows change this one."""
+
 SETTINGS: dict[str, dict[str, object]] = {
     # name: overrides on the base demo's ppo/ppo.yaml (the preset's PPO: lr 1e-4 constant, β 0.2 fixed,
-    # 4 epochs × 2 minibatches of 16, shared critic, 60 steps of 32 prompts)
+    # 4 epochs × 2 minibatches of 16, 60 steps of 32 prompts; ppo.critic auto: separate, from the reward model)
     "demo": {},
-    "adaptive_kl": {"kl.control": "adaptive", "kl.target": 3.0, "kl.horizon": 320},
-    "critic_warmup": {"ppo.critic_warmup_steps": 5},
+    "shared_critic": SHARED,
     "separate_critic": {"ppo.critic": "separate"},
-    "lr_5e-5": {"optim.learning_rate": 5e-5},
-    "epochs_2": {"ppo.epochs": 2},
-    "whiten_rewards": {"ppo.whiten_rewards": True},
-    "entropy_0.01": {"ppo.entropy_coef": 0.01},
-    "beta_0.4": {"kl.coef": 0.4},
-    "batch_64": {"batch.size": 64, "ppo.steps": 30},
-    "pg_warmup": {"ppo.warmup_pg_steps": 5},
+    "adaptive_kl": SHARED | {"kl.control": "adaptive", "kl.target": 3.0, "kl.horizon": 320},
+    "critic_warmup": SHARED | {"ppo.critic_warmup_steps": 5},
+    "lr_5e-5": SHARED | {"optim.learning_rate": 5e-5},
+    "epochs_2": SHARED | {"ppo.epochs": 2},
+    "whiten_rewards": SHARED | {"ppo.whiten_rewards": True},
+    "entropy_0.01": SHARED | {"ppo.entropy_coef": 0.01},
+    "beta_0.4": SHARED | {"kl.coef": 0.4},
+    "batch_64": SHARED | {"batch.size": 64, "ppo.steps": 30},
+    "pg_warmup": SHARED | {"ppo.warmup_pg_steps": 5},
     "separate_critic+warmup": {"ppo.critic": "separate", "ppo.critic_warmup_steps": 5},
-    "separate_critic+batch_64": {"ppo.critic": "separate", "batch.size": 64, "ppo.steps": 30},
-    "no_kl": {"kl.coef": 0.0},
+    "no_kl": SHARED | {"kl.coef": 0.0},
     "no_kl+separate_critic": {"kl.coef": 0.0, "ppo.critic": "separate"},
     "no_kl+separate_critic+lr_3e-4": {"kl.coef": 0.0, "ppo.critic": "separate", "optim.learning_rate": 3e-4},
 }

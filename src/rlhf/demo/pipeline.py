@@ -283,7 +283,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it. It keeps the
     # shared critic, whose value loss also moves the policy's trunk, so nothing but the leash holds the policy
     # near the reference: with β = 0.2 the same run was healthy on all 10 runs of docs/ppo_study.md (its row
-    # "demo"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
+    # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
     # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
     ppo_no_kl = _config(out / "ppo_no_kl", "ppo", rl("ppo_no_kl", ppo_args[0], 0.0, ppo_args[2],
                                                      **ppo_algorithm, critic="shared"))  # fmt: skip
