@@ -74,10 +74,22 @@ def kernel_env(kernel: str, threads: int) -> dict[str, str]:
 
 
 def flags(overrides: dict[str, object]) -> list[str]:
+    """``--section.field value`` for each override; a boolean is ``--section.field`` or ``--section.no_field``."""
     out: list[str] = []
     for key, value in overrides.items():
-        out += [f"--{key}", json.dumps(value) if isinstance(value, (list, dict)) else str(value)]
+        if isinstance(value, bool):
+            section, _, field = key.rpartition(".")
+            out.append(f"--{key}" if value else f"--{section}.no_{field}")
+        else:
+            out += [f"--{key}", json.dumps(value) if isinstance(value, (list, dict)) else str(value)]
     return out
+
+
+def command(args: list[str], env: dict[str, str]) -> None:
+    """Run one rlhf command; a failure raises with the command and the end of what it said."""
+    done = subprocess.run(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
 
 
 def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, threads: int) -> dict:
@@ -90,11 +102,11 @@ def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, thread
     if SETTINGS[name]:
         ppo = [*rlhf, "ppo", "--config", str(base / "ppo" / "ppo.yaml"), "--output_dir", str(out),
                "--run.no_progress", "--run.overwrite", *flags(SETTINGS[name])]  # fmt: skip
-        subprocess.run(ppo, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command(ppo, env)
         evaluation = [*rlhf, "eval", "--config", str(base / "eval" / "ppo" / "eval.yaml"), "--model.name",
                       str(out / "final"), "--output", str(out / "eval.json"), "--samples_output",
                       str(out / "eval_samples.jsonl"), "--overwrite", "--no_progress"]  # fmt: skip
-        subprocess.run(evaluation, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command(evaluation, env)
         run_dir, result = out, json.loads((out / "eval.json").read_text())
     else:
         run_dir, result = base / "ppo", json.loads((base / "eval" / "ppo.json").read_text())
