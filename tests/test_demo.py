@@ -247,6 +247,16 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
                   "Seconds per step — PPO", "Reward against KL", "Methods compared"):  # fmt: skip
         assert f'alt="{html.escape(title)}"' in page, title
     assert "<th>SFT</th><th>best-of-N</th><th>DPO</th><th>PPO</th><th>GRPO</th>" in page
+    assert html.escape("The grey line is PPO's path") in page  # held-out gold against KL, from step 0 (KL 0) on
+    from rlhf.report import demo as demo_page
+    from rlhf.report import pages
+
+    path = demo_page.gold_path(pages.load_run(demo_dir / "ppo"), "PPO")
+    ppo_rows = _read_jsonl(demo_dir / "ppo" / "metrics.jsonl")
+    assert path.steps == tuple(row["step"] for row in ppo_rows if "eval/reward/gold/mean" in row)
+    assert path.steps[0] == 0 and path.kls[0] == 0.0 and path.kls[1:] == tuple(
+        row["kl/mean"] for row in ppo_rows[1:] if "eval/reward/gold/mean" in row
+    )
     answers = {name: {row["prompt"]: row for row in _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")}
                for name in ("best_of_n", "dpo", "ppo", "grpo")}  # fmt: skip
     for prompt, row in list(answers["best_of_n"].items())[:12]:  # each prompt with its five answers
