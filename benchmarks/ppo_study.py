@@ -65,14 +65,6 @@ SETTINGS: dict[str, dict[str, object]] = {
 """Each setting the study measures: overrides on the base's PPO config."""
 
 
-def kernel_env(kernel: str, threads: int) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    env.pop("ATEN_CPU_CAPABILITY", None)
-    if kernel != "default":
-        env["ATEN_CPU_CAPABILITY"] = kernel
-    return env
-
-
 def flags(overrides: dict[str, object]) -> list[str]:
     """``--section.field value`` for each override; a boolean is ``--section.field`` or ``--section.no_field``."""
     out: list[str] = []
@@ -96,7 +88,7 @@ def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, thread
     """PPO with the setting's overrides from ``base``, its gold evaluation and the doctor's verdict. The setting
     without overrides is the base's own PPO run and evaluation (a run is a function of its config on one machine:
     running it again gives the same bits)."""
-    env = kernel_env(kernel, threads)
+    env = demo_figures.kernel_env(kernel, threads)
     rlhf = [sys.executable, "-m", "rlhf"]
     start = time.perf_counter()
     if SETTINGS[name]:
@@ -183,7 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--kernels", nargs="+", default=["default", "avx2"])
+    parser.add_argument("--kernels", nargs="+", default=list(demo_figures.KERNELS))
     parser.add_argument("--bases", type=Path, default=Path("runs/demo_figures"))
     parser.add_argument("--out", type=Path, default=Path("runs/ppo_study"))
     parser.add_argument(

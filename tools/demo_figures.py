@@ -59,6 +59,17 @@ KERNELS = ("default", "avx2")
 """Kernel families: ``default`` is what torch picks on this CPU, ``avx2`` sets ``ATEN_CPU_CAPABILITY=avx2``."""
 
 
+def kernel_env(kernel: str, threads: int | None = None) -> dict[str, str]:
+    """This process's environment for a run under ``kernel`` (one of `KERNELS`) with ``threads`` OMP threads
+    (None: torch's default, every core)."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if kernel != "default":
+        env["ATEN_CPU_CAPABILITY"] = kernel
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 def run_one(seed: int, kernel: str, out: Path, preset: str, threads: int | None = None) -> dict:
     """The summary of `rlhf demo --seed seed` under ``kernel`` in ``out/<kernel>_seed_<seed>`` (run now unless it
     is already there). ``threads``: OMP_NUM_THREADS of the run (None: torch's default, every core)."""
@@ -69,11 +80,7 @@ def run_one(seed: int, kernel: str, out: Path, preset: str, threads: int | None 
                    "--preset", preset, "--no-progress"]  # fmt: skip
         if directory.exists():  # an interrupted run of this seed: start it again
             command.append("--overwrite")
-        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-        if kernel != "default":
-            env["ATEN_CPU_CAPABILITY"] = kernel
-        if threads is not None:
-            env["OMP_NUM_THREADS"] = str(threads)
+        env = kernel_env(kernel, threads)
         print(f"{kernel} kernels, seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(summary.read_text())
