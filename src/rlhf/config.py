@@ -494,6 +494,8 @@ class KLSection(_Section):
     """Target KL (nats per sequence) of the adaptive controller."""
     horizon: Count = 10000
     """Horizon (in sequences) of the adaptive controller."""
+    reference_ema: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Move the reference towards the policy after each iteration: θ_ref ← d·θ_ref + (1 − d)·θ with d = reference_ema (0.9: the reference lags about ten iterations). The penalty then limits how fast the policy moves rather than how far it may go from the SFT model (Xu et al. 2024). None = the frozen SFT model (default: docs/ppo_study.md measures both). Needs a reference copy: not with model.lora or kl.coef 0."""
 
 
 @section
@@ -928,6 +930,11 @@ class _PolicyGradientConfig(_TrainingConfig):
                 f"{where}kl.control='adaptive' scales kl.coef, which is 0 so it would stay 0; "
                 "set kl.coef > 0 (e.g. 0.15) or use kl.control='fixed'"
             )
+        if self.kl.reference_ema is not None and (self.kl.coef == 0 or self.model.lora is not None):
+            why = "kl.coef is 0, so there is no reference" if self.kl.coef == 0 else (
+                "with model.lora the reference is the policy's own base weights (the adapter switched off), not a copy")  # fmt: skip
+            raise ConfigError(f"{where}kl.reference_ema moves the reference towards the policy, but {why}; "
+                              "drop kl.reference_ema, or train without lora and with kl.coef > 0")  # fmt: skip
         name = f"{self.COMMAND}.num_minibatches"
         _check_divides(where, name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
         super()._check(where)

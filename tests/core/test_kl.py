@@ -12,6 +12,7 @@ from rlhf.core.kl import (
     KLEstimator,
     adaptive_kl_coef,
     fixed_kl_coef,
+    follow_,
     kl_estimate,
     kl_k1,
     kl_k2,
@@ -196,3 +197,20 @@ def test_fixed_kl_unchanged():
     assert fixed_kl_coef(0.05, 100.0, 6.0, 10_000, 512) == 0.05
     assert update_kl_coef(KLControl.FIXED, 0.05, 100.0, 6.0, 10_000, 512) == 0.05
     assert update_kl_coef("adaptive", 0.05, 100.0, 6.0, 10_000, 512) != 0.05
+
+
+# ---- the moving reference -------------------------------------------------------------------------------------
+
+
+def test_follow_moves_the_reference_a_fraction_of_the_way():
+    # decay 0.75: 0.75·1 + 0.25·3 = 1.5, 0.75·2 + 0.25·(−2) = 1.0, 0.75·(−4) + 0.25·0 = −3.0 (exact in binary)
+    reference, policy = [_t([1.0, 2.0]), _t([[-4.0]])], [_t([3.0, -2.0]), _t([[0.0]])]
+    follow_(reference, policy, decay=0.75)
+    assert reference[0].tolist() == [1.5, 1.0] and reference[1].tolist() == [[-3.0]]
+    assert policy[0].tolist() == [3.0, -2.0]  # the policy is read, never written
+    # a bfloat16 reference (model.reference_dtype) of a float32 policy stays bfloat16: 0.5·1 + 0.5·3 = 2
+    low = [torch.ones(1, dtype=torch.bfloat16)]
+    follow_(low, [torch.tensor([3.0])], decay=0.5)
+    assert low[0].dtype == torch.bfloat16 and low[0].tolist() == [2.0]
+    with pytest.raises(ValueError, match="2 reference tensors but 1"):
+        follow_(reference, policy[:1], decay=0.5)

@@ -62,10 +62,10 @@ def crash(config: dict, out: Path, die_at: int) -> None:
 def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path, parallelism, ranks_after):
     """Both ranks die after step 2 of 4; ``--resume`` with 2 ranks or 1 process ends where the uninterrupted
     2-rank run ends: the checkpoint holds global state only (weights, optimizer, schedule, prompt position,
-    random streams, KL coefficient), so the world size may change. FSDP2 writes sharded (DCP) checkpoints,
-    which one process reads back whole."""
+    random streams, KL coefficient, the moving reference), so the world size may change. FSDP2 writes sharded
+    (DCP) checkpoints, which one process reads back whole."""
     config = ppo_config(tiny_llama_dir, prompts, **{"ppo.steps": 4, "run.save_every": 1, "kl.control": "adaptive",
-                                                "run.parallelism": parallelism})  # fmt: skip
+                                                "kl.reference_ema": 0.5, "run.parallelism": parallelism})  # fmt: skip
     whole_rows, whole_grads = run("ppo", config, tmp_path / "whole", torchrun())
     crash(config, tmp_path / "resumed", die_at=2)
     launcher = [torchrun()] if ranks_after == 2 else []

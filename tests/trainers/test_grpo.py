@@ -179,7 +179,8 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
 
 
 def held_modules(models: grpo.Models) -> list[torch.nn.Module]:
-    return [m for m in vars(models).values() if isinstance(m, torch.nn.Module)]
+    held = [*vars(models).values(), models.reference.copy]
+    return [m for m in held if isinstance(m, torch.nn.Module)]
 
 
 def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
@@ -187,12 +188,12 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(sharding, "frozen_copy", lambda model: pytest.fail("kl_coef 0 must not copy the policy"))
         none = grpo.Models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
-    assert none.reference is None and not none.has_reference
+    assert none.reference.copy is None and not none.has_reference
     assert storage_bytes(held_modules(none)) == base
     with_ref = grpo.Models(
         make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE
     )
-    assert with_ref.reference is not None
+    assert with_ref.reference.copy is not None
     assert storage_bytes(held_modules(with_ref)) == 2 * base
 
 

@@ -269,18 +269,19 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
         patch.setattr(sharding, "frozen_copy", no_copy)
         models = build_models(tiny_llama_dir, reward("constant_one"), **{"model.lora": LORA})
     base = load_causal_lm(str(tiny_llama_dir))
-    assert models.reference is None
+    assert models.reference.copy is None
     # Distinct storages of everything Models holds: one base model + small adapters + the value head.
     # (A full fine-tuning Models, below, holds two base models: the counter does see a copy.)
     base_bytes = storage_bytes([base])
-    held = [m for m in vars(models).values() if isinstance(m, torch.nn.Module)]
+    held = [m for m in [*vars(models).values(), models.reference.copy] if isinstance(m, torch.nn.Module)]
     lora_bytes = sum(
         p.numel() * p.element_size() for n, p in models.policy.named_parameters() if "lora_" in n
     )
     assert 0 < lora_bytes < 0.1 * base_bytes
     assert storage_bytes(held) == base_bytes + lora_bytes + storage_bytes([models.value_head])
     full = build_models(tiny_llama_dir, reward("constant_one"))
-    assert storage_bytes([m for m in vars(full).values() if isinstance(m, torch.nn.Module)]) >= 2 * base_bytes
+    held = [m for m in [*vars(full).values(), full.reference.copy] if isinstance(m, torch.nn.Module)]
+    assert storage_bytes(held) >= 2 * base_bytes
 
     # Train-like perturbation of the adapters (lora_B starts at 0, which would make the check vacuous)
     with torch.no_grad():
@@ -290,20 +291,20 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     ids = torch.randint(6, base.config.vocab_size, (3, 10))
     mask = torch.ones_like(ids)
     expected = score_response_tokens(base, ids, mask, 4, 1.0).logprobs
-    torch.testing.assert_close(models.reference_logprobs(ids, mask, 4, 1.0), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(models.reference.logprobs(ids, mask, 4, 1.0), expected, rtol=0, atol=1e-6)
     policy_logprobs, _, _ = models.score(ids, mask, 4, 1.0)
-    assert (policy_logprobs - expected).abs().max() > 1e-3  # the adapter is on outside reference_logprobs
+    assert (policy_logprobs - expected).abs().max() > 1e-3  # the adapter is on outside reference.logprobs
 
 
 def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_the_float32_ones(tiny_llama_dir):
     full = build_models(tiny_llama_dir, reward("constant_one"))
     half = build_models(tiny_llama_dir, reward("constant_one"), **{"model.reference_dtype": "bfloat16"})
-    assert {p.dtype for p in half.reference.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in half.reference.copy.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in half.policy.parameters()} == {torch.float32}
-    assert storage_bytes([half.reference]) * 2 == storage_bytes([full.reference])
+    assert storage_bytes([half.reference.copy]) * 2 == storage_bytes([full.reference.copy])
     ids = torch.randint(6, full.policy.config.vocab_size, (3, 10))
     mask = torch.ones_like(ids)
-    exact, approx = full.reference_logprobs(ids, mask, 4, 1.0), half.reference_logprobs(ids, mask, 4, 1.0)
+    exact, approx = full.reference.logprobs(ids, mask, 4, 1.0), half.reference.logprobs(ids, mask, 4, 1.0)
     assert approx.dtype == torch.float32
     # bfloat16 keeps 8 significant bits (relative rounding 2^-9 = 0.2 %) at each of the ~10 sequential ops between
     # the embedding and the log-softmax, on logits of magnitude <= 5: at most 10 x 0.002 x 5 = 0.1 nats
@@ -416,12 +417,15 @@ def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, {"model.lora": LORA, "ppo.critic": "separate"}], ids=["full-shared", "lora-separate"]
+    "variant",
+    [{}, {"model.lora": LORA, "ppo.critic": "separate"}, {"kl.reference_ema": 0.5}],
+    ids=["full-shared", "lora-separate", "moving-reference"],
 )
 def test_resume_reproduces_the_uninterrupted_run(
     tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, variant
 ):
-    # adaptive β, linear decay, shuffled epochs, held-out samples: all state the checkpoint must hold
+    # adaptive β, linear decay, shuffled epochs, held-out samples (and a moving reference): all state the
+    # checkpoint must hold
     fields = {
         "ppo.steps": 4,
         "run.save_every": 2,

@@ -1,4 +1,4 @@
-"""KL estimators, KL-shaped per-token rewards, and KL-coefficient controllers.
+"""KL estimators, KL-shaped per-token rewards, KL-coefficient controllers, and the moving reference.
 
 Shapes: ``B`` sequences, ``T`` response tokens. ``logp`` are the policy's log-probs of the sampled tokens,
 ``ref_logp`` the reference model's; with ``log r = ref_logp − logp`` (r = π_ref/π_θ, tokens sampled from π_θ):
@@ -115,3 +115,19 @@ def update_kl_coef(
 ) -> float:
     """Next β from the ``kind`` controller (see ``adaptive_kl_coef`` for the arguments)."""
     return KL_CONTROLLERS[KLControl(kind)](coef, observed_kl, target, horizon, n_steps)
+
+
+@torch.no_grad()
+def follow_(reference: list[torch.Tensor], policy: list[torch.Tensor], decay: float) -> None:
+    """Move a reference towards the policy, in place: θ_ref ← decay·θ_ref + (1 − decay)·θ for each pair.
+
+    An exponential moving average of the policy as the KL anchor (Xu et al. 2024, "Is DPO superior to PPO for
+    LLM alignment?"; the target network of deep Q-learning): the penalty then limits how fast the policy moves,
+    not how far it may ever go from the SFT model. The reference may be kept in a lower dtype than the policy
+    (``model.reference_dtype``): the average is taken in the reference's dtype.
+    """
+    if len(reference) != len(policy):
+        raise ValueError(f"follow_: {len(reference)} reference tensors but {len(policy)} policy tensors")
+    weight = 1.0 - decay
+    for ref, new in zip(reference, policy, strict=True):
+        ref.lerp_(new.detach().to(ref.dtype), weight)

@@ -1,4 +1,4 @@
-"""The policy (a causal LM), its value function, and the one scoring forward every trainer shares.
+"""The policy (a causal LM), its value function, its reference, and the one scoring forward every trainer shares.
 
 Notation: B sequences, C query (prompt) columns, T response columns, L = C + T, H hidden size, V vocab.
 Sequences are ``query ⊕ response``: the query is left-padded, the response right-padded after its stop
@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
+from rlhf.core.kl import follow_
 from rlhf.core.logprobs import entropy_from_logits, token_logprobs
 from rlhf.data.collate import position_ids_from_mask
 
@@ -152,3 +154,40 @@ class ActorCritic(nn.Module):
         )
         values = scored.values if self.critic is None else self.critic(ids, mask, T)  # a separate critic
         return ScoredTokens(scored.logprobs, values, scored.entropy)
+
+
+class Reference:
+    """The KL anchor of ppo and grpo: a copy of the initial policy — frozen, or following the policy as an
+    exponential moving average (``kl.reference_ema``) — or, with LoRA, the policy's own base weights with the
+    adapter switched off (no copy)."""
+
+    def __init__(self, policy: nn.Module, copy: nn.Module | None, ema: float | None = None):
+        if ema is not None and copy is None:
+            raise ValueError("a moving reference (kl.reference_ema) needs a copy of the policy: not with lora")
+        self.policy, self.copy, self.ema = policy, copy, ema
+
+    def logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> torch.Tensor:
+        """(B, T) float32 log-probs of the last T tokens under the reference."""
+        if self.copy is not None:
+            # float32 whatever the copy's dtype (model.reference_dtype): the KL subtracts it from the policy's
+            return score_response_tokens(self.copy, ids, mask, T, temperature).logprobs.float()
+        with self.policy.disable_adapter():  # LoRA: the base model *is* the reference
+            return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
+
+    @property
+    def moves(self) -> bool:
+        """Whether the reference changes during training (and is then part of a checkpoint)."""
+        return self.ema is not None
+
+    def follow(self) -> None:
+        """One step of the moving average towards the policy (after an iteration's update); frozen: nothing."""
+        if self.ema is None:
+            return
+        for model in (self.copy, self.policy):  # FSDP2 keeps a root's weights gathered after a forward:
+            for module in model.modules():  # average the shards, which are laid out alike in both
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+        pairs = list(zip(self.copy.named_parameters(), self.policy.named_parameters(), strict=True))
+        if any(mine != theirs for (mine, _), (theirs, _) in pairs):
+            raise ValueError("the reference's parameters are not the policy's: it cannot follow it")
+        follow_([ref for (_, ref), _ in pairs], [new for _, (_, new) in pairs], self.ema)

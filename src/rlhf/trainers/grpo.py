@@ -59,7 +59,7 @@ from rlhf.models.loading import (
     load_trainable_state,
     trainable_state,
 )
-from rlhf.models.policy import ActorCritic, score_response_tokens
+from rlhf.models.policy import ActorCritic, Reference
 from rlhf.models.sharding import load_policy, unsharded
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
@@ -108,14 +108,15 @@ class Rollout:
 
 
 class Models:
-    """The trainable policy and, when ``kl.coef > 0``, the reference: a frozen copy, or the LoRA base with the
-    adapter switched off. With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
+    """The trainable policy and, when ``kl.coef > 0``, the reference (`Reference`: a copy, frozen or moving, or
+    the LoRA base with the adapter switched off). With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
 
     def __init__(self, config: GRPOConfig, d: Dist):
         self.has_reference = config.kl.coef > 0
-        self.policy, self.reference = load_policy(config.model, d, self.has_reference)
+        self.policy, copy = load_policy(config.model, d, self.has_reference)
+        self.reference = Reference(self.policy, copy, config.kl.reference_ema)
         if config.model.compile:
-            compile_models([self.policy, self.reference], d.device)
+            compile_models([self.policy, copy], d.device)
         self.trainable = Trainable(ActorCritic(self.policy, None, None), d)
 
     def score(
@@ -131,22 +132,18 @@ class Models:
         """The same log-probs without gradients, on the plain module (no collective)."""
         return self.trainable.module(ids, mask, T, temperature).logprobs
 
-    def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
-        if self.reference is not None:
-            # float32 whatever the reference's dtype (model.reference_dtype): the KL subtracts it from the policy's
-            return score_response_tokens(self.reference, ids, mask, T, temperature).logprobs.float()
-        with self.policy.disable_adapter():  # LoRA: the base model *is* the reference
-            return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
-
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": trainable_state(self.policy)}
+        moving = {"reference": self.reference.copy.state_dict()} if self.reference.moves else {}
+        return {"policy": trainable_state(self.policy), **moving}
 
     def modules(self) -> dict[str, nn.Module]:
-        """The trained modules by name (sharded checkpoints)."""
-        return {"policy": self.policy}
+        """The modules that change in training, by name (checkpoints): a moving reference too."""
+        return {"policy": self.policy, **({"reference": self.reference.copy} if self.reference.moves else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_trainable_state(self.policy, state["policy"], "policy weights")
+        if self.reference.moves:
+            self.reference.copy.load_state_dict(state["reference"])
 
 
 @distributed.entry
@@ -188,6 +185,7 @@ def run(config: GRPOConfig) -> Path:
                 with watch("train"):
                     train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"],
                                               clipped=common.clipped_objective(config, step, d))  # fmt: skip
+                models.reference.follow()  # kl.reference_ema: the anchor moves after each update
             # 6. metrics of this step
             metrics = common.step_metrics(step, sampled.scores, sampled.generated, scheduler.get_last_lr()[0],
                                           watch, sampling_stats, stats, train_stats)  # fmt: skip
@@ -301,7 +299,7 @@ def make_rollout(
             if real:
                 logprobs[rows, :t] = old
         if ref is not None:
-            reference = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
+            reference = models.reference.logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
             if real:
                 ref[rows, :t] = reference
     logprobs = d.sum(logprobs) if logprobs is not None else None

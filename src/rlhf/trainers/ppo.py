@@ -45,7 +45,7 @@ from rlhf.models.loading import (
     load_trainable_state,
     trainable_state,
 )
-from rlhf.models.policy import ActorCritic, ScoredTokens, ValueHead, score_response_tokens
+from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
 from rlhf.models.sharding import load_policy, load_sharded, shard_small, unsharded
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import RewardModelReward
@@ -85,11 +85,12 @@ class Rollout:
 
 class Models:
     """The trainable policy, its value function (a head on the policy's trunk, or a separate critic) and the
-    reference policy (a frozen copy, or the LoRA base with the adapter switched off — no second copy)."""
+    reference (`Reference`: a copy, frozen or moving, or the LoRA base with the adapter switched off)."""
 
     def __init__(self, config: PPOConfig, rewards: Any, d: Dist):
         device = d.device
-        self.policy, self.reference = load_policy(config.model, d, reference=True)
+        self.policy, copy = load_policy(config.model, d, reference=True)
+        self.reference = Reference(self.policy, copy, config.kl.reference_ema)
         self.value_head: ValueHead | None = None
         self.critic: nn.Module | None = None
         # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
@@ -114,7 +115,7 @@ class Models:
                 else self.load_critic(device=device)
             )
         if config.model.compile:
-            compile_models([self.policy, self.reference, self.critic], device)
+            compile_models([self.policy, copy, self.critic], device)
         self.trainable = Trainable(ActorCritic(self.policy, self.value_head, self.critic), d)
 
     def unsharded(self, config: PPOConfig, d: Dist) -> tuple[nn.Module, nn.Module] | None:
@@ -141,23 +142,20 @@ class Models:
         """The same forward without gradients, on the plain module (no collective)."""
         return self.trainable.module(ids, mask, T, temperature)
 
-    def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float):
-        if self.reference is not None:
-            # float32 whatever the reference's dtype (model.reference_dtype): the KL subtracts it from the policy's
-            return score_response_tokens(self.reference, ids, mask, T, temperature).logprobs.float()
-        with self.policy.disable_adapter():  # LoRA: the base model *is* the reference
-            return score_response_tokens(self.policy, ids, mask, T, temperature).logprobs
-
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": trainable_state(self.policy), "value": self.value_module().state_dict()}
+        state = {"policy": trainable_state(self.policy), "value": self.value_module().state_dict()}
+        return state | ({"reference": self.reference.copy.state_dict()} if self.reference.moves else {})
 
     def modules(self) -> dict[str, nn.Module]:
-        """The trained modules by name (sharded checkpoints)."""
-        return {"policy": self.policy, "value": self.value_module()}
+        """The modules that change in training, by name (checkpoints): a moving reference too."""
+        moving = {"reference": self.reference.copy} if self.reference.moves else {}
+        return {"policy": self.policy, "value": self.value_module(), **moving}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_trainable_state(self.policy, state["policy"], "policy weights")
         self.value_module().load_state_dict(state["value"])
+        if self.reference.moves:
+            self.reference.copy.load_state_dict(state["reference"])
 
 
 def critic_layout(critic: str, reward_model_critic: bool) -> str:
@@ -214,6 +212,7 @@ def run(config: PPOConfig) -> Path:
                         clipped=common.clipped_objective(config, step, d),
                         frozen=common.policy_frozen(config, step, d),
                     )  # fmt: skip
+                models.reference.follow()  # kl.reference_ema: the anchor moves after each update
             # 7. adapt β to the KL of this rollout (before the update), once per iteration
             if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
                 kl_coef = update_kl_coef(config.kl.control, kl_coef, stats["kl/mean"], config.kl.target,
@@ -287,7 +286,7 @@ def make_rollout(
     split = plan(config, mask, T)
     for micro, real in update.first_pass(B, config.minibatch_size, 1, split, d):
         rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
-        ref = models.reference_logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
+        ref = models.reference.logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
         old = None if fused else models.old_scores(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
         if real:
             ref_logprobs[rows, :t] = ref
