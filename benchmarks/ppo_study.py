@@ -58,6 +58,8 @@ SETTINGS: dict[str, dict[str, object]] = {
     "batch_64": SHARED | {"batch.size": 64, "ppo.steps": 30},
     "pg_warmup": SHARED | {"ppo.warmup_pg_steps": 5},
     "separate_critic+warmup": {"ppo.critic": "separate", "ppo.critic_warmup_steps": 5},
+    "reference_ema_0.9": SHARED | {"kl.reference_ema": 0.9},
+    "separate_critic+reference_ema_0.9": {"ppo.critic": "separate", "kl.reference_ema": 0.9},
     "no_kl": SHARED | {"kl.coef": 0.0},
     "no_kl+separate_critic": {"kl.coef": 0.0, "ppo.critic": "separate"},
     "no_kl+separate_critic+lr_3e-4": {"kl.coef": 0.0, "ppo.critic": "separate", "optim.learning_rate": 3e-4},

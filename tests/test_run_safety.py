@@ -23,7 +23,7 @@ from rlhf.config import ConfigError, config_from_dict, config_to_yaml
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog import rundir
 from rlhf.runlog.checkpoint import save_checkpoint
-from rlhf.trainers import common, ppo
+from rlhf.trainers import ppo
 
 SRC = Path(rundir.__file__).resolve().parents[2]
 LENGTH = f"{Path(__file__).resolve().parent / 'trainers' / 'ppo_rewards.py'}:length_chars"
@@ -185,7 +185,7 @@ def test_rm_and_grpo_resume_with_a_changed_config_is_refused(tmp_path, command, 
     out.mkdir()
     base = {"data.train": "t.jsonl", "output_dir": str(out)}
     base |= {"model.name": "m"} if command == "rm" else {"model.name": "p", "reward.source": LENGTH}
-    common.write_run_config(out, config_from_dict(command, nested(base)))
+    rundir.write_run_config(out, config_from_dict(command, nested(base)))
     save_checkpoint(out, 1, {"step": 1})
     runner = cli.runner(command)
     with pytest.raises(ConfigError, match="resume: the config differs") as error:
@@ -198,7 +198,7 @@ def test_resume_with_a_changed_config_is_refused_naming_each_field(tmp_path):
     out = tmp_path / "run"
     recorded = ppo_config("policy", tmp_path, out)  # never loaded: the refusal comes first
     out.mkdir()
-    common.write_run_config(out, recorded)
+    rundir.write_run_config(out, recorded)
     save_checkpoint(out, 1, {"step": 1})
     before = snapshot(out)
     changed = ppo_config("policy", tmp_path, out, **{"run.resume": True, "data.train": "other.jsonl", "ppo.critic": "separate", "model.lora": {"r": 4}}, **{"optim.learning_rate": 1e-4, "ppo.steps": 10})  # fmt: skip

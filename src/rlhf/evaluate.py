@@ -64,10 +64,9 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import RewardSet, load_reward_set
-from rlhf.runlog import rundir
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.progress import BatchProgress
 from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import common
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
     start = time.perf_counter()
     rundir.check_outputs(config, {"output": config.output, "samples_output": config.samples_output})
     seed_everything(config.seed)
-    device = common.device_for_run()
+    device = distributed.device_for_run()
     # 1. prompts (through the policy's tokenizer) and the reward
     tokenizer = load_tokenizer(config.model.name)
     prompts = _prompts(config, tokenizer)

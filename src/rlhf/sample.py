@@ -78,10 +78,9 @@ from rlhf.labelling.pairs import Pair
 from rlhf.models.loading import load_tokenizer
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import load_reward_set
-from rlhf.runlog import rundir
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.progress import BatchProgress
 from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import common
 
 Row = dict[str, Any]
 
@@ -100,7 +99,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
     summary_path = Path(f"{out}.summary.json")
     rundir.check_outputs(config, {"output": out, "summary": summary_path if config.summary else None})
     seed_everything(config.seed)
-    device = common.device_for_run()
+    device = distributed.device_for_run()
     # 1. policy, prompts, judge
     tokenizer = load_tokenizer(config.model.name)
     prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)

@@ -21,7 +21,7 @@ from rlhf.config import ConfigError, config_from_dict
 from rlhf.runlog import rundir
 from rlhf.runlog.checkpoint import save_checkpoint
 from rlhf.runlog.metrics import MetricsLogger
-from rlhf.trainers.common import write_run_config
+from rlhf.runlog.rundir import write_run_config
 
 SRC = Path(rundir.__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import grpo
+from rlhf.trainers import grpo, rl
 from runs import (
     assert_rows_match,
     comparable,
@@ -178,19 +178,19 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
     return sum(storages.values())
 
 
-def held_modules(models: grpo.Models) -> list[torch.nn.Module]:
-    held = [*vars(models).values(), models.reference.copy]
-    return [m for m in held if isinstance(m, torch.nn.Module)]
+def held_modules(models: rl.Models) -> list[torch.nn.Module]:
+    held = [models.policy, models.reference.copy if models.reference else None, models.value_module()]
+    return [m for m in held if m is not None]
 
 
 def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     base = storage_bytes([load_causal_lm(str(tiny_llama_dir))])
     with monkeypatch.context() as patch:
         patch.setattr(sharding, "frozen_copy", lambda model: pytest.fail("kl_coef 0 must not copy the policy"))
-        none = grpo.Models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
-    assert none.reference.copy is None and not none.has_reference
+        none = grpo.build_models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
+    assert none.reference is None
     assert storage_bytes(held_modules(none)) == base
-    with_ref = grpo.Models(
+    with_ref = grpo.build_models(
         make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE
     )
     assert with_ref.reference.copy is not None
@@ -372,13 +372,13 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     """One minibatch, one iteration, no reference: the old log-probs come from the training forward (detached)
     instead of a no-grad pass. Forcing the pass back on must give the same weights and metrics."""
     calls = {"no_grad_scores": 0}
-    old_logprobs = grpo.Models.old_logprobs
+    old_scores = rl.Models.old_scores
 
-    def counting_old_logprobs(self, *args, **kwargs):
+    def counting_old_scores(self, *args, **kwargs):
         calls["no_grad_scores"] += 1
-        return old_logprobs(self, *args, **kwargs)
+        return old_scores(self, *args, **kwargs)
 
-    monkeypatch.setattr(grpo.Models, "old_logprobs", counting_old_logprobs)
+    monkeypatch.setattr(rl.Models, "old_scores", counting_old_scores)
     overrides = {"grpo.num_minibatches": 1, "grpo.steps": 3, "kl.coef": 0.0}
     skipped = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "skip", **overrides))
     assert calls["no_grad_scores"] == 0
@@ -394,7 +394,7 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_dir: Path, prompts_file: Path,
                                                                      tmp_path: Path):  # fmt: skip
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"grpo.num_minibatches": 2, "kl.coef": 0.0})
-    models = grpo.Models(config, SINGLE)
+    models = grpo.build_models(config, SINGLE)
     assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
     assert not grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)), models)
     assert grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1)), models)

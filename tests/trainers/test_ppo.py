@@ -2,7 +2,7 @@
 
 Each run is a real `rlhf.trainers.ppo.run(config)` on the session's tiny models with a few prompts, 1-4
 iterations of 4-8 sequences: about a second each. Unit-level checks (the LoRA reference, the critic's
-initialisation) use `rlhf.trainers.ppo.Models` directly. The learning test runs 50 iterations (≈4 s).
+initialisation) use `rlhf.trainers.ppo.build_models` directly. The learning test runs 50 iterations (≈4 s).
 
 Reward functions come from ``ppo_rewards.py`` beside this file, named as users do: ``file.py:function``.
 """
@@ -29,7 +29,7 @@ from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import ppo, update
+from rlhf.trainers import ppo, rl, update
 from runs import (
     assert_rows_match,
     comparable,
@@ -255,10 +255,10 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
     return sum(storages.values())
 
 
-def build_models(policy: Path, reward_spec: str, **overrides: object) -> ppo.Models:
+def build_models(policy: Path, reward_spec: str, **overrides: object) -> rl.Models:
     config = make_config(policy, Path("unused.jsonl"), Path("unused"), **{"reward.source": reward_spec}, **overrides)
     rewards = load_reward_set(reward_spec, policy_tokenizer=load_tokenizer(str(policy)))
-    return ppo.Models(config, rewards, SINGLE)
+    return ppo.build_models(config, rewards, SINGLE)
 
 
 def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeypatch):
@@ -273,14 +273,14 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     # Distinct storages of everything Models holds: one base model + small adapters + the value head.
     # (A full fine-tuning Models, below, holds two base models: the counter does see a copy.)
     base_bytes = storage_bytes([base])
-    held = [m for m in [*vars(models).values(), models.reference.copy] if isinstance(m, torch.nn.Module)]
+    held = [m for m in (models.policy, models.reference.copy, models.value_module()) if m is not None]
     lora_bytes = sum(
         p.numel() * p.element_size() for n, p in models.policy.named_parameters() if "lora_" in n
     )
     assert 0 < lora_bytes < 0.1 * base_bytes
-    assert storage_bytes(held) == base_bytes + lora_bytes + storage_bytes([models.value_head])
+    assert storage_bytes(held) == base_bytes + lora_bytes + storage_bytes([models.value.head])
     full = build_models(tiny_llama_dir, reward("constant_one"))
-    held = [m for m in [*vars(full).values(), full.reference.copy] if isinstance(m, torch.nn.Module)]
+    held = [m for m in (full.policy, full.reference.copy, full.value_module()) if m is not None]
     assert storage_bytes(held) >= 2 * base_bytes
 
     # Train-like perturbation of the adapters (lora_B starts at 0, which would make the check vacuous)
@@ -384,12 +384,12 @@ def test_separate_critic_starts_from_the_reward_model_only_when_it_reads_the_pol
 
     same = build_models(tiny_llama_dir, str(tiny_reward_model_dir), **{"ppo.critic": "separate"})
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
-    torch.testing.assert_close(same.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
+    torch.testing.assert_close(same.value.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
     # another tokenizer: its token ids mean other tokens (and run past its vocabulary), so the critic
     # starts from the policy with a zero head
     other = build_models(tiny_llama_dir, str(tiny_reward_model_other_tokenizer_dir), **{"ppo.critic": "separate"})
-    assert other.critic.trunk.config.vocab_size == same.policy.config.vocab_size
-    assert other.critic.head.linear.weight.abs().max() == 0
+    assert other.value.critic.trunk.config.vocab_size == same.policy.config.vocab_size
+    assert other.value.critic.head.linear.weight.abs().max() == 0
 
 
 def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
@@ -400,13 +400,13 @@ def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
     assert make_config(tiny_llama_dir, Path("p.jsonl"), Path("out")).ppo.critic == "auto"  # the default
     with_rm = build_models(tiny_llama_dir, str(tiny_reward_model_dir))
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
-    assert with_rm.value_head is None
-    torch.testing.assert_close(with_rm.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
+    assert with_rm.value.head is None
+    torch.testing.assert_close(with_rm.value.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
     assert f"ppo: critic auto → separate (started from the reward model {tiny_reward_model_dir}" in capsys.readouterr().err
     # a reward model with another tokenizer cannot start a critic, nor can a reward function: the shared head
     for source in (str(tiny_reward_model_other_tokenizer_dir), reward("length_chars")):
         models = build_models(tiny_llama_dir, source)
-        assert models.critic is None and models.value_head is not None
+        assert models.value.critic is None and models.value.head is not None
         assert "ppo: critic auto → shared" in capsys.readouterr().err
     assert ppo.critic_layout("shared", True) == "shared" and ppo.critic_layout("separate", False) == "separate"
 
@@ -524,13 +524,13 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     """One minibatch in one micro-batch: the first update's forward supplies the old log-probs and values
     (detached), so the no-grad pass is skipped. Forcing the pass back on gives the same weights and metrics."""
     calls = {"no_grad_scores": 0}
-    old_scores = ppo.Models.old_scores
+    old_scores = rl.Models.old_scores
 
     def counting_old_scores(self, *args, **kwargs):
         calls["no_grad_scores"] += 1
         return old_scores(self, *args, **kwargs)
 
-    monkeypatch.setattr(ppo.Models, "old_scores", counting_old_scores)
+    monkeypatch.setattr(rl.Models, "old_scores", counting_old_scores)
     fields = {"ppo.steps": 3, "ppo.epochs": 2, "ppo.num_minibatches": 1, "ppo.critic": critic}
     fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields))
     assert calls["no_grad_scores"] == 0

@@ -62,6 +62,16 @@ class Dist:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    def check_batch(self, command: str, size: int) -> None:
+        """Refuse a global batch (``batch.size``, all ranks together) that leaves some rank without a row."""
+        if size < self.world_size:
+            from rlhf.config import ConfigError
+
+            raise ConfigError(
+                f"{command}: batch.size={size} is global (all ranks together) and gives no rows to some of the "
+                f"{self.world_size} ranks; use a batch.size of at least {self.world_size} or fewer processes"
+            )
+
     @property
     def sharded(self) -> bool:
         """Models are FSDP2-sharded over the ranks (``parallelism: fsdp`` under torchrun)."""
@@ -153,6 +163,11 @@ _current: Dist = SINGLE
 def current() -> Dist:
     """The `Dist` of the run in progress (:data:`SINGLE` outside one)."""
     return _current
+
+
+def device_for_run() -> torch.device:
+    """The device of a one-process command (``rlhf sample``, ``rlhf eval``): a GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def launched_by_torchrun() -> bool:

@@ -1,4 +1,5 @@
-"""Metric sinks. ``metrics.jsonl`` always; TensorBoard, W&B and trackio when asked (imported lazily)."""
+"""Metric sinks — ``metrics.jsonl`` always; TensorBoard, W&B and trackio when asked (imported lazily) — the step
+stopwatch, and :func:`open_run`, which opens a run's metrics, fresh or resumed."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rlhf.config import config_to_dict
 from rlhf.runlog.health import HealthLog
-from rlhf.runlog.rundir import atomic_open
+from rlhf.runlog.rundir import atomic_open, clear_run, write_run_config
+
+if TYPE_CHECKING:
+    from rlhf.runlog.distributed import Dist
 
 
 def _plain(value: Any) -> Any:
@@ -174,3 +179,33 @@ def _open_sink(name: str, output_dir: Path, config: dict[str, Any], run_name: st
             f"run.report_to includes {name!r} but it is not installed ({err}); pip install 'rlhf[tracking]'"
         ) from err
     raise ValueError(f"unknown metrics sink {name!r}; choose from jsonl, tensorboard, wandb, trackio")
+
+
+def open_run(config: Any, checkpoint: Path | None, start: int, d: Dist) -> MetricsLogger | NoLogger:
+    """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``
+    (a :class:`MetricsLogger`, with the doctor's live alarms when ``config.doctor.alarms``).
+
+    Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``. Otherwise
+    the previous run's files are deleted first (``--run.overwrite``, or a resume with nothing to resume), so no
+    stale checkpoint or sample survives; `rlhf.runlog.rundir.claim` has already refused a run nobody asked to replace.
+    Under ``torchrun`` rank 0 alone does this (the others get a `NoLogger`).
+    """
+    output_dir = Path(config.output_dir)
+    if not d.is_main:
+        return NoLogger()
+    if checkpoint is not None:
+        print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
+    else:
+        if config.run.resume:
+            print(f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0", file=sys.stderr)
+        clear_run(output_dir)
+    write_run_config(output_dir, config)
+    resume_step = start + 1 if checkpoint is not None else None
+    recorded = config_to_dict(config)
+    logger = MetricsLogger(
+        output_dir, config.run.report_to, resume_step=resume_step, run_config=recorded, run_name=config.run.name
+    )
+    doctor = getattr(config, "doctor", None)  # ppo and grpo
+    if doctor is not None and doctor.alarms:
+        logger.health = HealthLog(output_dir, recorded, logger.kept, resume_step, doctor.stop_on)
+    return logger

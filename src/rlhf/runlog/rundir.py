@@ -35,7 +35,7 @@ from typing import IO, Any, TypeVar
 
 import yaml
 
-from rlhf.config import ConfigError
+from rlhf.config import ConfigError, config_to_yaml
 from rlhf.runlog.checkpoint import fsync_dir, list_checkpoints, load_checkpoint
 
 LOCK_FILE = ".rlhf.lock"
@@ -389,3 +389,9 @@ def staged(target: Path) -> Iterator[Path]:
         fsync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_run_config(output_dir: Path, config: Any) -> None:
+    """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with)."""
+    atomic_write_text(output_dir / "config.yaml", config_to_yaml(config))
+

@@ -36,15 +36,15 @@ training model at the sampling temperature, never taken from the sampler (item 4
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from rlhf.config import GRPOConfig
 from rlhf.core.group import dapo_overlong_penalty, groups_with_signal, token_advantages
@@ -53,36 +53,14 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss
 from rlhf.core.masked import masked_mean, masked_sum
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.data.stream import PromptStream
-from rlhf.models.loading import (
-    compile_models,
-    load_trainable_state,
-    trainable_state,
-)
-from rlhf.models.policy import ActorCritic, Reference
-from rlhf.models.sharding import load_policy, unsharded
 from rlhf.rollout import generation, scoring
-from rlhf.rollout.engine import SamplingParams
-from rlhf.runlog import distributed, rundir, train_state
-from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.runlog.metrics import Stopwatch
-from rlhf.runlog.progress import StepProgress
-from rlhf.trainers import common, update
-from rlhf.trainers.update import Trainable
+from rlhf.runlog import distributed, rundir
+from rlhf.runlog.distributed import Dist
+from rlhf.runlog.train_state import TrainState
+from rlhf.trainers import rl, update
 
 MAX_SAMPLING_ROUNDS = 4
 """Dynamic sampling: most generation rounds (of ``batch.size`` prompts each) per iteration."""
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """Sampled groups: ``generated`` (B = N·G rows, prompt-major), their ``scores``, the ``rewards`` (B,)
-    float32 the advantages start from (combined score + penalties; NaN = unscored) and each row's prompt."""
-
-    generated: generation.Generated
-    scores: scoring.Scores
-    rewards: torch.Tensor
-    prompts: list[str]
 
 
 @dataclass(frozen=True)
@@ -107,124 +85,73 @@ class Rollout:
         return self.mask.shape[1]
 
 
-class Models:
-    """The trainable policy and, when ``kl.coef > 0``, the reference (`Reference`: a copy, frozen or moving, or
-    the LoRA base with the adapter switched off). With ``kl_coef: 0`` there is no reference at all (one model in memory)."""
+class GRPO:
+    """The GRPO family inside the RL loop (`rlhf.trainers.rl.train`): groups of responses per prompt (with dynamic
+    sampling, more rounds), then the rollout's pass and the clipped per-token updates."""
 
-    def __init__(self, config: GRPOConfig, d: Dist):
-        self.has_reference = config.kl.coef > 0
-        self.policy, copy = load_policy(config.model, d, self.has_reference)
-        self.reference = Reference(self.policy, copy, config.kl.reference_ema)
-        if config.model.compile:
-            compile_models([self.policy, copy], d.device)
-        self.trainable = Trainable(ActorCritic(self.policy, None, None), d)
+    def __init__(self, config: GRPOConfig, inputs: rl.Inputs):
+        self.config, self.inputs = config, inputs
+        self.models = build_models(config, inputs.d)
+        self.updates_per_step = config.grpo.num_iterations * config.grpo.num_minibatches
 
-    def score(
-        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
-        entropy_grad: bool = True,
-    ):  # fmt: skip
-        """(log-probs, entropy or None) of the last T tokens under the current policy: a training forward
-        (through the gradient-synchronising wrapper under torchrun)."""
-        scored = self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
-        return scored.logprobs, scored.entropy
+    def sample(self, stream: Any, generator: torch.Generator, trainer_state: Any) -> rl.Sampled:
+        """Phases 1-2: ``group_size`` responses to each of the next prompts, scored; with dynamic sampling more
+        rounds until enough groups carry a signal (:func:`fill_batch`)."""
 
-    def old_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> torch.Tensor:
-        """The same log-probs without gradients, on the plain module (no collective)."""
-        return self.trainable.module(ids, mask, T, temperature).logprobs
+        def sample_round() -> rl.Sampled:
+            return sample_groups(self.config, self.models, self.inputs, next(stream), generator, trainer_state)
+
+        return fill_batch(self.config, sample_round)
+
+    def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
+        """Phases 3-5: old (and reference) log-probs, group-relative advantages; ``num_iterations`` passes ×
+        minibatches of the clipped per-token loss."""
+        with watch("logprobs"):
+            rollout, stats = make_rollout(self.config, self.models, sampled, self.inputs.d)
+        with watch("train"):
+            trained = grpo_update(self.config, self.models, rollout, state,
+                                  clipped=rl.clipped_objective(self.config, step, self.inputs.d))  # fmt: skip
+        return stats | trained
+
+    def after_step(self, stats: dict[str, float]) -> dict[str, float]:
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
-        moving = {"reference": self.reference.copy.state_dict()} if self.reference.moves else {}
-        return {"policy": trainable_state(self.policy), **moving}
+        return {}
 
-    def modules(self) -> dict[str, nn.Module]:
-        """The modules that change in training, by name (checkpoints): a moving reference too."""
-        return {"policy": self.policy, **({"reference": self.reference.copy} if self.reference.moves else {})}
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        pass
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_trainable_state(self.policy, state["policy"], "policy weights")
-        if self.reference.moves:
-            self.reference.copy.load_state_dict(state["reference"])
+
+def build_models(config: GRPOConfig, d: Dist) -> rl.Models:
+    """The policy and, when ``kl.coef > 0``, its reference; with ``kl.coef: 0`` no reference at all (not even a
+    frozen copy in memory)."""
+    return rl.Models(config.model, d, reference=config.kl.coef > 0, ema=config.kl.reference_ema)
 
 
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
     """Train ``config.model.name`` with the GRPO family; returns the ``final/`` directory."""
-    inputs = common.rl_inputs(config)
-    out, d, device = Path(config.output_dir), inputs.d, inputs.d.device
-    tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
-    models = Models(config, d)
-    total_updates = config.steps * config.grpo.num_iterations * config.grpo.num_minibatches
-    stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
-    state = train_state.TrainState.create(config, models.trainable.parameters(), total_updates, stream, device)
-    optimizer, scheduler, generators = state.optimizer, state.scheduler, state.generators
-    checkpoint, saved = state.resume(config, models, d)
-    start = saved.get("step", 0)
-    logger = common.open_run(out, config, checkpoint, start, d)
-    common.evaluate_start(config, inputs, models.policy, logger, stream, start)
-    unscored, rows = scoring.UnscoredSteps(), config.batch.size * config.grpo.group_size
-
-    def sample_round(trainer_state: Any) -> Sampled:
-        return sample_groups(config, models, tokenizer, rewards, next(stream), inputs.sampling, stops,
-                             generators["sampling"], device, trainer_state, d)  # fmt: skip
-
-    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
-        for step in range(start + 1, config.steps + 1):
-            watch = Stopwatch("rollout", "logprobs", "train")
-            # 1-2. G responses per prompt, scored and shaped; dynamic sampling keeps groups with signal
-            trainer_state = scoring.make_trainer_state(config, step - 1, stream, rows)
-            with watch("rollout"):
-                sampled, sampling_stats = fill_batch(config, functools.partial(sample_round, trainer_state))
-            watch.seconds["rollout"] -= sampled.scores.seconds  # sampling only, as in ppo
-            stats, train_stats = {}, {}
-            if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else no signal: no update
-                # 3-4. old (and reference) log-probs, group-relative advantages
-                with watch("logprobs"):
-                    rollout, stats = make_rollout(config, models, sampled, d)
-                # 5. num_iterations passes × minibatches of the clipped per-token loss
-                with watch("train"):
-                    train_stats = grpo_update(config, models, rollout, optimizer, scheduler, generators["shuffle"],
-                                              clipped=common.clipped_objective(config, step, d))  # fmt: skip
-                models.reference.follow()  # kl.reference_ema: the anchor moves after each update
-            # 6. metrics of this step
-            metrics = common.step_metrics(step, sampled.scores, sampled.generated, scheduler.get_last_lr()[0],
-                                          watch, sampling_stats, stats, train_stats)  # fmt: skip
-            # 7. completions and held-out samples (in this step's metrics row), log, checkpoint
-            trainer_state = scoring.make_trainer_state(config, step, stream, rows)
-            common.end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, sampled.prompts,
-                            sampled.generated, sampled.scores)  # fmt: skip
-            progress.update(step, metrics)
-            stop = common.doctor_stops(config, logger, d)  # doctor.stop_on: a finding that severe started
-            if stop or (config.run.save_every and step % config.run.save_every == 0):
-                state.save(out, step, models, {}, d)
-            if stop:
-                break
-    logger.close()
-    policy = unsharded(models.policy, lambda: load_policy(config.model, SINGLE, False)[0], d)
-    if d.is_main:
-        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(policy, tokenizer, staging)
-    return out / "final"
+    return rl.train(config, GRPO)
 
 
 def sample_groups(
-    config: GRPOConfig, models: Models, tokenizer: Any, rewards: Any, batch: Any, sampling: SamplingParams,
-    stops: list[int], generator: torch.Generator, device: torch.device, trainer_state: Any = None,
-    d: Dist = distributed.SINGLE,
-) -> Sampled:  # fmt: skip
+    config: GRPOConfig, models: rl.Models, inputs: rl.Inputs, batch: Any, generator: torch.Generator,
+    trainer_state: Any = None,
+) -> rl.Sampled:
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties.
     Under torchrun each rank samples and scores its share of the prompts (whole groups); every rank returns
     the whole batch."""
-    G = config.grpo.group_size
-    generated = generation.generate(
-        models.policy, tokenizer, batch, sampling, stops, generator, device, repeat=G, d=d
-    )
+    G, d = config.grpo.group_size, inputs.d
+    generated = generation.generate(models.policy, inputs.tokenizer, batch, inputs.sampling, inputs.stops, generator,
+                                    d.device, repeat=G, d=d)  # fmt: skip
     columns = {name: generation.repeat_each(values, G) for name, values in batch.columns.items()}
     prompts = generation.repeat_each(batch.texts, G)
     context = scoring.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
-    scores = scoring.score(rewards, prompts, generated.completions, columns, config.reward.aggregation,
+    scores = scoring.score(inputs.rewards, prompts, generated.completions, columns, config.reward.aggregation,
                            group_size=G, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
-    return Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
+    return rl.Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
 
 
 def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: generation.Generated) -> torch.Tensor:
@@ -241,16 +168,17 @@ def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: genera
     return rewards
 
 
-def fill_batch(config: GRPOConfig, sample_round: Any) -> tuple[Sampled, dict[str, float]]:
+def fill_batch(config: GRPOConfig, sample_round: Callable[[], rl.Sampled]) -> rl.Sampled:
     """One round of ``batch.size`` groups; with ``grpo.dynamic_sampling`` (DAPO, checklist item 46) more rounds until
     ``batch_size`` groups have rewards that differ, at most ``MAX_SAMPLING_ROUNDS``; a batch still short is
-    filled with zero-signal groups (advantage 0: only the KL term moves them) so every step has one size."""
+    filled with zero-signal groups (advantage 0: only the KL term moves them) so every step has one size. The
+    sampler's stats (``reward/zero_std_groups``, ``dynamic_sampling/*``) come with the batch."""
     G, N = config.grpo.group_size, config.batch.size
     first = sample_round()
     signal = groups_with_signal(first.rewards.view(-1, G))
     stats = {"reward/zero_std_groups": 1.0 - signal.float().mean().item()}
     if not config.grpo.dynamic_sampling:
-        return first, stats
+        return dataclasses.replace(first, stats=stats)
     kept, spare, n_kept, rounds, part = [], [], 0, 0, first
     while True:
         rounds += 1
@@ -267,12 +195,12 @@ def fill_batch(config: GRPOConfig, sample_round: Any) -> tuple[Sampled, dict[str
         "dynamic_sampling/dropped_groups": rounds * N - n_kept,
         "dynamic_sampling/filled_groups": max(0, N - n_kept),
     })  # fmt: skip
-    return _select_groups(merged, torch.arange(N), G), stats
+    return dataclasses.replace(_select_groups(merged, torch.arange(N), G), stats=stats)
 
 
 @torch.no_grad()
 def make_rollout(
-    config: GRPOConfig, models: Models, sampled: Sampled, d: Dist = distributed.SINGLE
+    config: GRPOConfig, models: rl.Models, sampled: rl.Sampled, d: Dist = distributed.SINGLE
 ) -> tuple[Rollout, dict[str, float]]:
     """Phases 3-4: one no-grad pass for old (and reference) log-probs, then the advantages (rlhf.core.group).
 
@@ -289,13 +217,13 @@ def make_rollout(
     (B, L), T = ids.shape, generated.responses.shape[1]
     skip_policy = on_policy(config, models)
     logprobs = None if skip_policy else torch.zeros(B, T, device=ids.device)
-    ref = torch.zeros(B, T, device=ids.device) if models.has_reference else None
+    ref = torch.zeros(B, T, device=ids.device) if models.reference is not None else None
     # the same micro-batches as iteration 0 (unshuffled minibatches): its first ratio is exactly 1 (checklist 34)
     split = plan(config, mask, T)
     for micro, real in update.first_pass(B, config.minibatch_size, config.grpo.group_size, split, d):
         rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
         if logprobs is not None:
-            old = models.old_logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
+            old = models.old_scores(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature).logprobs
             if real:
                 logprobs[rows, :t] = old
         if ref is not None:
@@ -340,11 +268,11 @@ def make_rollout(
     return Rollout(ids, mask, logprobs, ref, advantages, loss_mask), stats
 
 
-def on_policy(config: GRPOConfig, models: Models) -> bool:
+def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
     """One optimizer step per rollout and no reference: the policy has not moved when the loss is computed,
     so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
     one policy forward less per step, the same update (TRL's GRPO does the same)."""
-    return config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1 and not models.has_reference
+    return config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1 and models.reference is None
 
 
 def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:
@@ -353,13 +281,7 @@ def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:
 
 
 def grpo_update(
-    config: GRPOConfig,
-    models: Models,
-    rollout: Rollout,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    shuffle: torch.Generator,
-    clipped: bool = True,
+    config: GRPOConfig, models: rl.Models, rollout: Rollout, state: TrainState, clipped: bool = True
 ) -> dict[str, float]:
     """Phase 5: ``grpo.num_iterations`` passes over the rollout (later ones shuffled), each in ``num_minibatches``
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
@@ -376,16 +298,17 @@ def grpo_update(
         return micro_step(config, models, rollout, micro, denominators, clipped)
 
     result = update.update_passes(
-        passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle,
-        unit=config.grpo.group_size, plan=plan(config, rollout.attention_mask, T), step=step,
-        trainable=models.trainable, optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm,
+        passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size,
+        shuffle=state.generators["shuffle"], unit=config.grpo.group_size, plan=plan(config, rollout.attention_mask, T),
+        step=step, trainable=models.trainable, optimizer=state.optimizer, scheduler=state.scheduler,
+        max_grad_norm=config.optim.max_grad_norm,
     )  # fmt: skip
     result["policy/clipped"] = float(clipped)
     return result
 
 
 def micro_step(
-    config: GRPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any],
+    config: GRPOConfig, models: rl.Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any],
     clipped: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward of one micro-batch: its loss and its share of the minibatch stats. Only the micro-batch's own
@@ -394,8 +317,8 @@ def micro_step(
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
     loss_mask = rollout.mask[rows, :t]
-    logprobs, entropy = models.score(ids, mask, t, config.sampling.temperature, entropy=True,
-                                     entropy_grad=config.grpo.entropy_coef != 0)  # fmt: skip
+    logprobs, _, entropy = models.score(ids, mask, t, config.sampling.temperature, entropy=True,
+                                        entropy_grad=config.grpo.entropy_coef != 0)  # fmt: skip
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
@@ -422,24 +345,15 @@ def micro_step(
     return policy_loss - config.grpo.entropy_coef * entropy_mean, stats
 
 
-def save_final(policy: nn.Module, tokenizer: Any, out: Path) -> Path:
-    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer."""
-    final = out / "final"
-    policy = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") else policy
-    policy.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    return final
-
-
-def _select_groups(sampled: Sampled, groups: torch.Tensor, G: int) -> Sampled:
+def _select_groups(sampled: rl.Sampled, groups: torch.Tensor, G: int) -> rl.Sampled:
     """The rows of whole groups ``groups`` (indices into the N groups), in that order."""
     rows = (groups[:, None] * G + torch.arange(G)).flatten()
     generated, s = sampled.generated.select(rows), sampled.scores
     prompts = [sampled.prompts[i] for i in rows.tolist()]
-    return Sampled(generated, s.select(rows), sampled.rewards[rows], prompts)
+    return rl.Sampled(generated, s.select(rows), sampled.rewards[rows], prompts)
 
 
-def _concat(parts: list[Sampled]) -> Sampled:
+def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
     """Rows of several rounds in one batch: prompts re-left-padded, responses re-right-padded to common widths."""
     parts = [p for p in parts if len(p.generated.completions)]
     if len(parts) == 1:
@@ -465,4 +379,4 @@ def _concat(parts: list[Sampled]) -> Sampled:
     )
     scores = scoring.concat_scores([p.scores for p in parts])
     prompts = [text for p in parts for text in p.prompts]
-    return Sampled(generated, scores, torch.cat([p.rewards for p in parts]), prompts)
+    return rl.Sampled(generated, scores, torch.cat([p.rewards for p in parts]), prompts)

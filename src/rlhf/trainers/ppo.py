@@ -38,23 +38,15 @@ from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf.core.sequences import penalize_missing_eos, response_masks, score_index
-from rlhf.data.stream import PromptStream
 from rlhf.models.critic import load_critic
-from rlhf.models.loading import (
-    compile_models,
-    load_trainable_state,
-    trainable_state,
-)
-from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
-from rlhf.models.sharding import load_policy, load_sharded, shard_small, unsharded
+from rlhf.models.policy import ScoredTokens, ValueHead
+from rlhf.models.sharding import load_sharded, shard_small
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.rewards import RewardModelReward
-from rlhf.runlog import distributed, rundir, train_state
+from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.runlog.metrics import Stopwatch
-from rlhf.runlog.progress import StepProgress
-from rlhf.trainers import common, update
-from rlhf.trainers.update import Trainable
+from rlhf.runlog.train_state import TrainState
+from rlhf.trainers import rl, update
 
 
 @dataclass(frozen=True)
@@ -83,79 +75,79 @@ class Rollout:
         return self.logprobs.shape[1]
 
 
-class Models:
-    """The trainable policy, its value function (a head on the policy's trunk, or a separate critic) and the
-    reference (`Reference`: a copy, frozen or moving, or the LoRA base with the adapter switched off)."""
+class PPO:
+    """PPO inside the RL loop (`rlhf.trainers.rl.train`): one response per prompt, the rollout's passes and the
+    clipped updates, then the KL controller; β is part of the checkpoint."""
 
-    def __init__(self, config: PPOConfig, rewards: Any, d: Dist):
-        device = d.device
-        self.policy, copy = load_policy(config.model, d, reference=True)
-        self.reference = Reference(self.policy, copy, config.kl.reference_ema)
-        self.value_head: ValueHead | None = None
-        self.critic: nn.Module | None = None
-        # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
-        # embeddings would index other tokens, or run out of range), so it starts from the policy.
-        reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
-        rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
-        layout = critic_layout(config.ppo.critic, rm is not None)
-        if config.ppo.critic == "auto" and d.is_main:
-            started = f"started from the reward model {rm.model.name_or_path}" if rm is not None else (
-                "no reward model reads the policy's tokens to start a separate one")  # fmt: skip
-            print(f"ppo: critic auto → {layout} ({started})", file=sys.stderr)
-        if layout == "shared":
-            self.value_head = shard_small(ValueHead(self.policy.config.hidden_size).to(device), d)
-        else:
-            source = rm.model.name_or_path if rm is not None else config.model.name
-            self.load_critic = functools.partial(
-                load_critic, source, from_reward_model=rm is not None, dtype=config.model.dtype
-            )
-            self.critic = (
-                load_sharded(lambda device: self.load_critic(device=device), d.mesh)
-                if d.sharded
-                else self.load_critic(device=device)
-            )
-        if config.model.compile:
-            compile_models([self.policy, copy, self.critic], device)
-        self.trainable = Trainable(ActorCritic(self.policy, self.value_head, self.critic), d)
+    def __init__(self, config: PPOConfig, inputs: rl.Inputs):
+        self.config, self.inputs = config, inputs
+        self.models = build_models(config, inputs.rewards, inputs.d)
+        self.updates_per_step = config.ppo.epochs * config.ppo.num_minibatches
+        self.kl_coef = config.kl.coef
 
-    def unsharded(self, config: PPOConfig, d: Dist) -> tuple[nn.Module, nn.Module] | None:
-        """(policy, value function) as plain modules for ``final/``: themselves, or when sharded, full copies on
-        rank 0 (None elsewhere). Every rank must call it."""
-        policy = unsharded(self.policy, lambda: load_policy(config.model, SINGLE, reference=False)[0], d)
-        if self.value_head is not None:
-            value = unsharded(self.value_head, lambda: ValueHead(self.value_head.linear.in_features), d)
-        else:
-            value = unsharded(self.critic, self.load_critic, d)
-        return (policy, value) if policy is not None else None
+    def sample(self, stream: Any, generator: torch.Generator, trainer_state: Any) -> rl.Sampled:
+        """Phases 1-2: roll out the current policy (each rank its share of the prompts; every rank gets all
+        responses) and score the finished responses."""
+        inputs, batch = self.inputs, next(stream)
+        generated = generation.generate(self.models.policy, inputs.tokenizer, batch, inputs.sampling, inputs.stops,
+                                        generator, inputs.d.device, d=inputs.d)  # fmt: skip
+        context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
+        scores = scoring.score(inputs.rewards, batch.texts, generated.completions, batch.columns,
+                               self.config.reward.aggregation, token_ids=generated.token_ids, context=context,
+                               d=inputs.d)  # fmt: skip
+        return rl.Sampled(generated, scores, scores.combined, batch.texts)
 
-    def value_module(self) -> nn.Module:
-        return self.value_head if self.value_head is not None else self.critic
+    def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
+        """Phases 3-6: old/ref log-probs and values, KL-shaped rewards, GAE and whitening; K epochs of clipped
+        policy and value updates."""
+        config, d = self.config, self.inputs.d
+        with watch("logprobs"):
+            rollout, stats, first = make_rollout(config, self.models, sampled.generated, sampled.rewards,
+                                                 self.kl_coef, fuses_first_update(config), d)  # fmt: skip
+        with watch("train"):
+            trained = ppo_update(config, self.models, rollout, state, self.kl_coef, first,
+                                 clipped=rl.clipped_objective(config, step, d), frozen=policy_frozen(config, step, d))  # fmt: skip
+        return stats | trained
 
-    def score(
-        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
-        entropy_grad: bool = True,
-    ) -> ScoredTokens:  # fmt: skip
-        """A training forward (through the gradient-synchronising wrapper under torchrun)."""
-        return self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
-
-    def old_scores(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> ScoredTokens:
-        """The same forward without gradients, on the plain module (no collective)."""
-        return self.trainable.module(ids, mask, T, temperature)
+    def after_step(self, stats: dict[str, float]) -> dict[str, float]:
+        """Phase 7: adapt β to the KL of this rollout (before the update), once per iteration."""
+        if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
+            kl = self.config.kl
+            self.kl_coef = update_kl_coef(kl.control, self.kl_coef, stats["kl/mean"], kl.target, kl.horizon,
+                                          self.config.batch.size)  # fmt: skip
+        return {"kl/coef": self.kl_coef}
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"policy": trainable_state(self.policy), "value": self.value_module().state_dict()}
-        return state | ({"reference": self.reference.copy.state_dict()} if self.reference.moves else {})
+        return {"kl_coef": self.kl_coef}
 
-    def modules(self) -> dict[str, nn.Module]:
-        """The modules that change in training, by name (checkpoints): a moving reference too."""
-        moving = {"reference": self.reference.copy} if self.reference.moves else {}
-        return {"policy": self.policy, "value": self.value_module(), **moving}
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.kl_coef = saved.get("kl_coef", self.kl_coef)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_trainable_state(self.policy, state["policy"], "policy weights")
-        self.value_module().load_state_dict(state["value"])
-        if self.reference.moves:
-            self.reference.copy.load_state_dict(state["reference"])
+
+def build_models(config: PPOConfig, rewards: Any, d: Dist) -> rl.Models:
+    """The policy, its reference (frozen, or moving with ``kl.reference_ema``) and the value function."""
+    value = functools.partial(value_function, config, rewards, d)
+    return rl.Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value)
+
+
+def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) -> rl.ValueFunction:
+    """A value head on ``policy``'s trunk, or a separate critic started from the reward model (``ppo.critic``;
+    ``auto``: :func:`critic_layout`, said on stderr)."""
+    # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
+    # embeddings would index other tokens, or run out of range), so it starts from the policy.
+    reward_models = (s for s in rewards.sources if isinstance(s, RewardModelReward))
+    rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
+    layout = critic_layout(config.ppo.critic, rm is not None)
+    if config.ppo.critic == "auto" and d.is_main:
+        started = f"started from the reward model {rm.model.name_or_path}" if rm is not None else (
+            "no reward model reads the policy's tokens to start a separate one")  # fmt: skip
+        print(f"ppo: critic auto → {layout} ({started})", file=sys.stderr)
+    if layout == "shared":
+        return rl.ValueFunction(head=shard_small(ValueHead(policy.config.hidden_size).to(d.device), d))
+    source = rm.model.name_or_path if rm is not None else config.model.name
+    load = functools.partial(load_critic, source, from_reward_model=rm is not None, dtype=config.model.dtype)
+    critic = load_sharded(lambda device: load(device=device), d.mesh) if d.sharded else load(device=d.device)
+    return rl.ValueFunction(critic=critic, load=load)
 
 
 def critic_layout(critic: str, reward_model_critic: bool) -> str:
@@ -166,76 +158,22 @@ def critic_layout(critic: str, reward_model_critic: bool) -> str:
     return "separate" if reward_model_critic else "shared"
 
 
+def policy_frozen(config: PPOConfig, step: int, d: Dist = SINGLE) -> bool:
+    """Whether ``step`` is one of the critic warm-up's value-only steps (``ppo.critic_warmup_steps``): the policy's
+    parameters are held. The main rank says on stderr when the warm-up starts and ends."""
+    warmup = config.ppo.critic_warmup_steps
+    if warmup and d.is_main and step in (1, warmup + 1):
+        what = (f"steps 1-{warmup} fit the value function only; the policy is held (critic_warmup_steps={warmup})"
+                if step == 1 else f"step {step}: the critic warm-up is over; the policy trains")  # fmt: skip
+        print(what, file=sys.stderr)
+    return step <= warmup
+
+
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: PPOConfig) -> Path:
     """Train ``config.model.name`` with PPO; returns the ``final/`` directory."""
-    inputs = common.rl_inputs(config)
-    out, d, device = Path(config.output_dir), inputs.d, inputs.d.device
-    tokenizer, stops, rewards = inputs.tokenizer, inputs.stops, inputs.rewards
-    models = Models(config, rewards, d)
-    total_updates = config.steps * config.ppo.epochs * config.ppo.num_minibatches
-    stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
-    state = train_state.TrainState.create(config, models.trainable.parameters(), total_updates, stream, device)
-    optimizer, scheduler, generators = state.optimizer, state.scheduler, state.generators
-    checkpoint, saved = state.resume(config, models, d)
-    kl_coef, start = saved.get("kl_coef", config.kl.coef), saved.get("step", 0)
-    logger = common.open_run(out, config, checkpoint, start, d)
-    common.evaluate_start(config, inputs, models.policy, logger, stream, start)
-    unscored = scoring.UnscoredSteps()
-
-    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
-        for step in range(start + 1, config.steps + 1):
-            watch = Stopwatch("rollout", "logprobs", "train")
-            trainer_state = scoring.make_trainer_state(config, step - 1, stream, config.batch.size)
-            batch = next(stream)
-            # 1. roll out the current policy (each rank its share of the prompts; every rank gets all responses)
-            with watch("rollout"):
-                generated = generation.generate(models.policy, tokenizer, batch, inputs.sampling, stops,
-                                                generators["sampling"], device, d=d)  # fmt: skip
-            # 2. score the finished responses
-            context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
-            scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
-                                   config.reward.aggregation, token_ids=generated.token_ids,
-                                   context=context, d=d)  # fmt: skip
-            stats, train_stats = {}, {}
-            if not unscored.skip(step, scores.combined, scores.names):  # else nothing to learn: no update
-                # 3-5. old/ref log-probs and values, KL-shaped rewards, GAE, whitening
-                with watch("logprobs"):
-                    rollout, stats, first = make_rollout(
-                        config, models, generated, scores.combined, kl_coef, fuses_first_update(config), d
-                    )
-                # 6. K epochs of clipped policy + value updates
-                with watch("train"):
-                    train_stats = ppo_update(
-                        config, models, rollout, optimizer, scheduler, generators["shuffle"], kl_coef, first,
-                        clipped=common.clipped_objective(config, step, d),
-                        frozen=common.policy_frozen(config, step, d),
-                    )  # fmt: skip
-                models.reference.follow()  # kl.reference_ema: the anchor moves after each update
-            # 7. adapt β to the KL of this rollout (before the update), once per iteration
-            if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
-                kl_coef = update_kl_coef(config.kl.control, kl_coef, stats["kl/mean"], config.kl.target,
-                                         config.kl.horizon, config.batch.size)  # fmt: skip
-            # 8. metrics of this step
-            metrics = common.step_metrics(step, scores, generated, scheduler.get_last_lr()[0], watch, stats,
-                                          train_stats, {"kl/coef": kl_coef})  # fmt: skip
-            # 9. completions and held-out samples (in this step's metrics row), log, checkpoint
-            trainer_state = scoring.make_trainer_state(config, step, stream, config.batch.size)
-            common.end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, batch.texts,
-                            generated, scores)  # fmt: skip
-            progress.update(step, metrics)
-            stop = common.doctor_stops(config, logger, d)  # doctor.stop_on: a finding that severe started
-            if stop or (config.run.save_every and step % config.run.save_every == 0):
-                state.save(out, step, models, {"kl_coef": kl_coef}, d)
-            if stop:
-                break
-    logger.close()
-    plain = models.unsharded(config, d)
-    if plain is not None:  # rank 0
-        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(*plain, tokenizer, staging)
-    return out / "final"
+    return rl.train(config, PPO)
 
 
 def fuses_first_update(config: PPOConfig) -> bool:
@@ -251,7 +189,7 @@ def fuses_first_update(config: PPOConfig) -> bool:
 
 
 def training_forward(
-    config: PPOConfig, models: Models, ids: torch.Tensor, mask: torch.Tensor, T: int
+    config: PPOConfig, models: rl.Models, ids: torch.Tensor, mask: torch.Tensor, T: int
 ) -> ScoredTokens:
     """An update's forward: log-probs and values with gradients, and the entropy (with gradients only when it
     is in the loss)."""
@@ -266,7 +204,7 @@ def plan(config: PPOConfig, mask: torch.Tensor, T: int) -> Any:
 
 @torch.no_grad()
 def make_rollout(
-    config: PPOConfig, models: Models, generated: generation.Generated, scores: torch.Tensor, kl_coef: float,
+    config: PPOConfig, models: rl.Models, generated: generation.Generated, scores: torch.Tensor, kl_coef: float,
     fused: bool = False, d: Dist = distributed.SINGLE,
 ) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:  # fmt: skip
     """Phases 3-5: reference and old log-prob/value passes, KL-shaped rewards, GAE and whitening (all from
@@ -340,11 +278,9 @@ def make_rollout(
 
 def ppo_update(
     config: PPOConfig,
-    models: Models,
+    models: rl.Models,
     rollout: Rollout,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    shuffle: torch.Generator,
+    state: TrainState,
     kl_coef: float,
     first: ScoredTokens | None = None,
     clipped: bool = True,
@@ -370,9 +306,9 @@ def ppo_update(
 
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
     result = update.update_passes(
-        passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=shuffle, unit=1,
+        passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=state.generators["shuffle"], unit=1,
         plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
-        optimizer=optimizer, scheduler=scheduler, max_grad_norm=config.optim.max_grad_norm, held=held,
+        optimizer=state.optimizer, scheduler=state.scheduler, max_grad_norm=config.optim.max_grad_norm, held=held,
     )  # fmt: skip
     result["policy/clipped"] = float(clipped)
     result["policy/frozen"] = float(frozen)
@@ -383,7 +319,7 @@ def ppo_update(
 
 
 def micro_step(
-    config: PPOConfig, models: Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
+    config: PPOConfig, models: rl.Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
     n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None, clipped: bool = True,
     frozen: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
@@ -431,20 +367,3 @@ def micro_step(
         "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
         "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
     }
-
-
-def save_final(policy: nn.Module, value: nn.Module, tokenizer: Any, out: Path) -> Path:
-    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; the value function beside
-    it (``value``: the shared critic's `ValueHead`, or the separate critic)."""
-    from safetensors.torch import save_file
-
-    final = out / "final"
-    policy = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") else policy
-    policy.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    if isinstance(value, ValueHead):
-        save_file({k: v.contiguous() for k, v in value.state_dict().items()}, final / "value_head.safetensors")
-    else:
-        value.trunk.save_pretrained(final / "critic")
-        save_file(dict(value.head.state_dict()), final / "critic" / "value_head.safetensors")
-    return final

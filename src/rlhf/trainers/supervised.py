@@ -22,9 +22,10 @@ from torch import nn
 from rlhf.data.stream import EpochOrder
 from rlhf.models.loading import load_trainable_state, trainable_state
 from rlhf.runlog.distributed import Dist
+from rlhf.runlog.metrics import open_run
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.train_state import TrainState
-from rlhf.trainers import common, update
+from rlhf.trainers import update
 from rlhf.trainers.update import Trainable
 
 
@@ -69,10 +70,11 @@ def train(config: Any, task: Task, order: EpochOrder, epochs: int, d: Dist) -> N
     """Train ``epochs`` epochs of ``order``'s batches (resuming from ``--run.resume``'s checkpoint), logging
     to ``metrics.jsonl`` under ``config.output_dir``."""
     out, total = Path(config.output_dir), epochs * order.steps_per_epoch
+    d.check_batch(config.COMMAND, config.batch.size)
     state = TrainState.create(config, task.trainable.parameters(), total, order, d.device)
     checkpoint, saved = state.resume(config, task.model, d)
     start = saved.get("step", 0)
-    logger = common.open_run(out, config, checkpoint, start, d)
+    logger = open_run(config, checkpoint, start, d)
     task.trainable.module.train()  # dropout is off either way; train mode is what optimizer steps run in
     with StepProgress(total, start, enabled=config.run.progress and d.is_main, description=config.COMMAND) as progress:
         if start == 0 and task.evaluate is not None:  # the starting point of every eval curve

@@ -1,0 +1,348 @@
+"""The loop PPO and GRPO share, as `rlhf.trainers.supervised` is sft's, rm's and dpo's: the algorithm supplies its
+models, how it samples, what it learns from a scored batch and what it adds after each step.
+
+Set-up: every input checked, the seeds set, the tokenizer, the prompts (training and held-out), the reward
+sources → the algorithm builds its `Models` → optimizer, schedule, prompt stream and random generators
+(`rlhf.runlog.train_state.TrainState`), resumed from ``--run.resume``'s checkpoint → the held-out answers of
+step 0. Per step: (1) sample and score (``Algorithm.sample``) → (2) learn from the scored batch
+(``Algorithm.learn``: the rollout's passes and the update; skipped when no sample could be scored) → (3) a
+moving reference follows the policy (``kl.reference_ema``) → (4) the algorithm's after-step (PPO's KL
+controller) → (5) the metrics row, completions, held-out answers when due, the log (the training doctor reads
+each row) → (6) the doctor may stop the run → (7) the checkpoint when due. At the end: ``final/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from rlhf.data import held_out, load_prompts
+from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.data.tokenization import stop_token_ids
+from rlhf.models.loading import compile_models, load_tokenizer, load_trainable_state, trainable_state
+from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
+from rlhf.models.sharding import load_policy, unsharded
+from rlhf.rollout import generation, scoring
+from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.rewards import RewardSet
+from rlhf.runlog import distributed, rundir, samples
+from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch, open_run
+from rlhf.runlog.progress import StepProgress
+from rlhf.runlog.seeding import seed_everything
+from rlhf.runlog.train_state import TrainState
+from rlhf.trainers.update import Trainable
+
+MAX_HELD_OUT = 32
+"""Held-out prompts answered at every eval step: the first ones of ``data.eval``, or a slice of ``data.train``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What an RL run sets up before its models (:func:`load_inputs`)."""
+
+    d: Dist
+    tokenizer: Any
+    stops: list[int]
+    train_prompts: list
+    eval_prompts: list
+    rewards: RewardSet
+    sampling: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """One step's scored samples: ``generated`` (B rows), their ``scores``, the ``rewards`` (B,) float32 the update
+    learns from (NaN: no source could score the row), each row's prompt and the sampler's own ``stats``."""
+
+    generated: generation.Generated
+    scores: scoring.Scores
+    rewards: torch.Tensor
+    prompts: list[str]
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueFunction:
+    """PPO's value function: a ``head`` on the policy's trunk, or a separate ``critic`` (``load``: builds it on a
+    device, for the unsharded copy of ``final/``)."""
+
+    head: ValueHead | None = None
+    critic: nn.Module | None = None
+    load: Callable[..., nn.Module] | None = None
+
+
+class Models:
+    """What an RL run trains and scores against: the policy, its reference (`Reference`; None without a KL
+    penalty in GRPO), PPO's value function, and `Trainable`, the policy and value function as the ranks train
+    them. The checkpoint holds what changes: the policy's trained weights, the value function and a moving
+    reference."""
+
+    def __init__(
+        self, model: Any, d: Dist, *, reference: bool, ema: float | None = None,
+        value: Callable[[nn.Module], ValueFunction] | None = None,
+    ):  # fmt: skip
+        self.model, self.d = model, d
+        self.policy, copy = load_policy(model, d, reference)
+        self.reference = Reference(self.policy, copy, ema) if reference else None
+        self.value = value(self.policy) if value is not None else ValueFunction()
+        if model.compile:
+            compile_models([self.policy, copy, self.value.critic], d.device)
+        self.trainable = Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)
+
+    def score(
+        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> ScoredTokens:  # fmt: skip
+        """A training forward (through the gradient-synchronising wrapper under torchrun)."""
+        return self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
+
+    def old_scores(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> ScoredTokens:
+        """The same forward without gradients, on the plain module (no collective)."""
+        return self.trainable.module(ids, mask, T, temperature)
+
+    def value_module(self) -> nn.Module | None:
+        return self.value.head if self.value.head is not None else self.value.critic
+
+    def modules(self) -> dict[str, nn.Module]:
+        """The modules that change in training, by name (checkpoints)."""
+        modules = {"policy": self.policy}
+        if self.value_module() is not None:
+            modules["value"] = self.value_module()
+        if self.reference is not None and self.reference.moves:
+            modules["reference"] = self.reference.copy
+        return modules
+
+    def state_dict(self) -> dict[str, Any]:
+        # the policy's trained tensors only (LoRA: the adapters); the others whole
+        return {name: trainable_state(m) if name == "policy" else m.state_dict() for name, m in self.modules().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, module in self.modules().items():
+            if name == "policy":
+                load_trainable_state(module, state[name], "policy weights")
+            else:
+                module.load_state_dict(state[name])
+
+    def unsharded(self) -> tuple[nn.Module, nn.Module | None] | None:
+        """(policy, value function or None) as plain modules for ``final/``: themselves, or when sharded, full
+        copies on rank 0 (None elsewhere). Every rank must call it."""
+        d = self.d
+        policy = unsharded(self.policy, lambda: load_policy(self.model, SINGLE, reference=False)[0], d)
+        value = None
+        if self.value.head is not None:
+            value = unsharded(self.value.head, lambda: ValueHead(self.value.head.linear.in_features), d)
+        elif self.value.critic is not None:
+            value = unsharded(self.value.critic, self.value.load, d)
+        return (policy, value) if policy is not None else None
+
+
+class Algorithm(Protocol):
+    """What PPO and GRPO supply to :func:`train`."""
+
+    models: Models
+    updates_per_step: int
+    """Optimizer steps per iteration (the schedule spans ``steps`` × this)."""
+
+    def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
+        """Phases 1-2: sample responses to the next prompts and score them."""
+
+    def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
+        """The rollout's passes and the update (timed as ``logprobs`` and ``train``); their stats."""
+
+    def after_step(self, stats: dict[str, float]) -> dict[str, float]:
+        """After the update (or its skip), with the step's stats so far: what to add to the row."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's own state in a checkpoint (PPO: β)."""
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None: ...
+
+
+def train(config: Any, make: Callable[[Any, Inputs], Algorithm]) -> Path:
+    """Train ``config.model.name`` with the algorithm ``make(config, inputs)`` builds; returns ``final/``."""
+    inputs = load_inputs(config)
+    out, d = Path(config.output_dir), inputs.d
+    d.check_batch(config.COMMAND, config.batch.size)
+    algorithm = make(config, inputs)
+    models = algorithm.models
+    stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
+    total = config.steps * algorithm.updates_per_step
+    state = TrainState.create(config, models.trainable.parameters(), total, stream, d.device)
+    checkpoint, saved = state.resume(config, models, d)
+    algorithm.load_state_dict(saved)
+    start = saved.get("step", 0)
+    logger = open_run(config, checkpoint, start, d)
+    evaluate_start(config, inputs, models.policy, logger, stream, start)
+    unscored = scoring.UnscoredSteps()
+    shown = config.run.progress and d.is_main
+    with StepProgress(config.steps, start, enabled=shown, health=logger.health) as progress:
+        for step in range(start + 1, config.steps + 1):
+            watch = Stopwatch("rollout", "logprobs", "train")
+            trainer_state = scoring.make_trainer_state(config, step - 1, stream, config.num_sequences)
+            with watch("rollout"):  # 1. sample and score
+                sampled = algorithm.sample(stream, state.generators["sampling"], trainer_state)
+            watch.seconds["rollout"] -= sampled.scores.seconds  # scoring has its own time/score_s
+            learned = {}
+            if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else nothing to learn: no update
+                learned = algorithm.learn(step, sampled, state, watch)  # 2. rollout passes and update
+                if models.reference is not None:
+                    models.reference.follow()  # 3. kl.reference_ema: the anchor moves after each update
+            stats = sampled.stats | learned
+            stats |= algorithm.after_step(stats)  # 4. e.g. PPO's β for the next step
+            metrics = step_metrics(step, sampled, state.scheduler.get_last_lr()[0], watch, stats)
+            trainer_state = scoring.make_trainer_state(config, step, stream, config.num_sequences)
+            end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, sampled)  # 5.
+            progress.update(step, metrics)
+            stop = doctor_stops(config, logger, d)  # 6. doctor.stop_on: a finding that severe started
+            if stop or (config.run.save_every and step % config.run.save_every == 0):  # 7.
+                state.save(out, step, models, algorithm.state_dict(), d)
+            if stop:
+                break
+    logger.close()
+    final = models.unsharded()
+    if final is not None:  # rank 0
+        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
+            save_final(*final, tokenizer=inputs.tokenizer, out=staging)
+    return out / "final"
+
+
+def load_inputs(config: Any) -> Inputs:
+    """Check every input (model paths, reward sources, stop token) before anything loads, seed every generator,
+    then the policy's tokenizer, the stop token ids, the training and held-out prompts, the reward sources and
+    the sampling settings."""
+    from rlhf.inputs import check_inputs
+
+    check_inputs(config)
+    d = distributed.current()
+    seed_everything(config.run.seed)
+    tokenizer = load_tokenizer(config.model.name)
+    train_prompts, eval_prompts = prompts(config, tokenizer)
+    sampling = SamplingParams.of(config.sampling)
+    stops = stop_token_ids(tokenizer, config.sampling.stop)
+    rewards = scoring.load_rewards(config, tokenizer, d)
+    return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling)
+
+
+def prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
+    """Training prompts, and held-out ones: ``data.eval``, else a small deterministic slice of ``data.train``."""
+    train = load_prompts(config.data.train, tokenizer, config.sampling.max_prompt_length)
+    if config.data.eval:
+        return train, load_prompts(config.data.eval, tokenizer, config.sampling.max_prompt_length)[:MAX_HELD_OUT]
+    n = min(MAX_HELD_OUT, len(train) // 10)
+    if n == 0:
+        return train, []
+    return held_out(train, n, seed=config.run.seed)
+
+
+def clipped_objective(config: Any, step: int, d: Dist = SINGLE) -> bool:
+    """Whether ``step`` trains on the clipped surrogate, or on the unclipped policy-gradient loss of the warm-up
+    (the first ``warmup_pg_steps`` steps). The main rank says on stderr when the warm-up starts and ends."""
+    warmup = config.algorithm.warmup_pg_steps
+    if warmup and d.is_main and step in (1, warmup + 1):
+        what = (f"steps 1-{warmup} use the vanilla policy-gradient loss (warmup_pg_steps={warmup})" if step == 1
+                else f"step {step}: the vanilla policy-gradient warm-up is over; the clipped objective takes over")
+        print(what, file=sys.stderr)
+    return step > warmup
+
+
+def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats: dict[str, float]) -> dict:
+    """The training row of one step: ``step``, ``reward/*``, the step's ``stats``, ``response/*``, ``lr``,
+    ``time/*`` (scoring's own seconds as ``time/score_s``) and ``throughput/tokens_per_s``."""
+    metrics = {"step": step, **scoring.reward_metrics(sampled.scores), **stats}
+    metrics.update(generation.response_metrics(sampled.generated))
+    times = watch.metrics()
+    metrics.update({"lr": lr, **times, "time/score_s": sampled.scores.seconds,
+                    "throughput/tokens_per_s": metrics["response/tokens"] / times["time/step_s"]})  # fmt: skip
+    return metrics
+
+
+def end_step(
+    config: Any, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, step: int,
+    metrics: dict[str, Any], trainer_state: Any, sampled: Sampled,
+) -> None:  # fmt: skip
+    """After the update: this step's completions to ``completions/`` (rank 0, when due), then the held-out
+    answers when due (every ``run.eval_every`` steps and at the last, ``eval/reward/*`` in this step's row), then
+    the row when due (every ``log_every``)."""
+    out, d = Path(config.output_dir), inputs.d
+    if d.is_main:
+        samples.log_completions(config, out, step, sampled.prompts, sampled.generated.completions, sampled.scores)
+    evaluating = bool(inputs.eval_prompts) and (
+        (config.run.eval_every > 0 and step % config.run.eval_every == 0) or step == config.steps
+    )
+    if evaluating:
+        start = time.perf_counter()
+        metrics.update(evaluate(config, inputs, policy, step, trainer_state))
+        metrics["time/eval_s"] = time.perf_counter() - start
+    if evaluating or step % config.run.log_every == 0 or step == config.steps:
+        logger.log(metrics)
+
+
+def evaluate_start(
+    config: Any, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, stream: Any, start: int
+) -> None:
+    """Step 0 of a fresh run: the policy's held-out answers before its first update, logged as the row ``{"step":
+    0, "eval/reward/*"}`` (and ``samples/step_000000.jsonl``), so every run's curves start from its own starting
+    point. A resumed run already has that row. Sampling uses the evaluation's own generator: training's
+    trajectory is the same with or without it."""
+    if start > 0 or not inputs.eval_prompts:
+        return
+    t0 = time.perf_counter()
+    trainer_state = scoring.make_trainer_state(config, 0, stream, config.num_sequences)
+    metrics = evaluate(config, inputs, policy, 0, trainer_state)
+    logger.log({"step": 0, **metrics, "time/eval_s": time.perf_counter() - t0})
+
+
+@torch.no_grad()
+def evaluate(config: Any, inputs: Inputs, policy: nn.Module, step: int, trainer_state: Any) -> dict[str, float]:
+    """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
+    ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
+    share; the rows are gathered. ``trainer_state``: what reward functions get as ``trainer_state``."""
+    d = inputs.d
+    generator = torch.Generator(d.device).manual_seed(config.run.seed + 2)
+    batch = PromptBatch.of(inputs.eval_prompts, range(len(inputs.eval_prompts)))
+    generated = generation.generate(policy, inputs.tokenizer, batch, inputs.sampling, inputs.stops, generator,
+                                    d.device, d=d, max_rows=config.effective_micro_batch_size)  # fmt: skip
+    context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
+    scores = scoring.score(inputs.rewards, batch.texts, generated.completions, batch.columns,
+                           config.reward.aggregation, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
+    if d.is_main:
+        samples.write_samples(Path(config.output_dir), step, batch.texts, generated.completions, scores)
+    return scoring.reward_metrics(scores, prefix="eval/reward")
+
+
+def doctor_stops(config: Any, logger: MetricsLogger | NoLogger, d: Dist = SINGLE) -> bool:
+    """Whether the run stops now: a finding at least as severe as ``doctor.stop_on`` started at this step. Rank 0
+    watches the metrics; every rank gets its answer (a collective, so only when stop_on is set)."""
+    if config.doctor.stop_on == "never" or not config.doctor.alarms:
+        return False
+    event = d.broadcast(logger.health.stop if logger.health is not None else None)
+    if event is not None and d.is_main:
+        print(f"doctor: stopping at step {event.step} (doctor.stop_on: {config.doctor.stop_on}) on {event.rule.name}; "
+              f"a checkpoint is saved and final/ holds this step's policy. To go on: --run.resume "
+              f"--doctor.stop_on never", file=sys.stderr)  # fmt: skip
+    return event is not None
+
+
+def save_final(policy: nn.Module, value: nn.Module | None, *, tokenizer: Any, out: Path) -> Path:
+    """``out/final``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; PPO's value function beside
+    it (``value_head.safetensors``, or the separate critic under ``critic/``)."""
+    from safetensors.torch import save_file
+
+    final = out / "final"
+    policy = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") else policy
+    policy.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    if isinstance(value, ValueHead):
+        save_file({k: v.contiguous() for k, v in value.state_dict().items()}, final / "value_head.safetensors")
+    elif value is not None:
+        value.trunk.save_pretrained(final / "critic")
+        save_file(dict(value.head.state_dict()), final / "critic" / "value_head.safetensors")
+    return final
