@@ -36,6 +36,34 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
+def assert_same_checkpoint(expected: Path, got: Path) -> None:
+    """The two runs' newest checkpoints hold the same state, to the bit: every weight, optimizer moment, schedule,
+    data position, random generator (named ones and the process's global ones) and plain value."""
+    from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint
+
+    a, b = latest_checkpoint(expected), latest_checkpoint(got)
+    assert a is not None and b is not None and a.name == b.name, (a, b)
+    differences: list[str] = []
+
+    def walk(x: object, y: object, path: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                differences.append(f"{path}: keys {sorted(map(str, x.keys() ^ y.keys()))}")
+            for key in x.keys() & y.keys():
+                walk(x[key], y[key], f"{path}/{key}")
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and len(x) == len(y):
+            for i, (u, v) in enumerate(zip(x, y, strict=True)):
+                walk(u, v, f"{path}[{i}]")
+        elif isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if not torch.equal(x, y):
+                differences.append(path)
+        elif x != y:
+            differences.append(f"{path}: {x!r} != {y!r}")
+
+    walk(load_checkpoint(a), load_checkpoint(b), "")
+    assert not differences, differences
+
+
 def finite(row: dict, keys: list[str]) -> bool:
     return all(math.isfinite(row[k]) for k in keys)
 

@@ -21,7 +21,14 @@ from rlhf.models.sharding import adapters, load_lm
 from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import dpo
 from rlhf.trainers.sft import Batcher
-from runs import assert_rows_match, comparable, counting, dies_after_checkpoint, metric_rows
+from runs import (
+    assert_rows_match,
+    assert_same_checkpoint,
+    comparable,
+    counting,
+    dies_after_checkpoint,
+    metric_rows,
+)
 
 TRAIN_METRICS = ["train/loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                  "logps/chosen", "logps/rejected", "grad/norm", "lr"]  # fmt: skip
@@ -149,6 +156,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     # the same float32 operations in the same order: the bounds are a few ulp of values ≲ 60
     assert_rows_match(comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "resumed")),
                       rel=1e-6, abs=1e-5)  # fmt: skip
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
 def test_a_labels_file_trains_as_it_is(tiny_llama_dir, data, tmp_path):

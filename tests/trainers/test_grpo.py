@@ -29,6 +29,7 @@ from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import grpo, rl
 from runs import (
     assert_rows_match,
+    assert_same_checkpoint,
     comparable,
     counting,
     dies_after_checkpoint,
@@ -328,6 +329,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
     assert (
         max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     )
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
 def test_cli_runs_grpo_from_a_yaml_file(tiny_llama_dir, prompts_file, tmp_path):

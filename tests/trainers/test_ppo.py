@@ -32,6 +32,7 @@ from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import ppo, rl, update
 from runs import (
     assert_rows_match,
+    assert_same_checkpoint,
     comparable,
     counting,
     dies_after_checkpoint,
@@ -459,6 +460,7 @@ def test_resume_reproduces_the_uninterrupted_run(
         assert (tmp_path / "resumed" / "samples" / step).read_text() == (
             tmp_path / "whole" / "samples" / step
         ).read_text()
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
 def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tuple[Path, list]:

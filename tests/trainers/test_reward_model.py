@@ -42,7 +42,15 @@ from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import reward_model
-from runs import assert_rows_match, comparable, counting, dies_after_checkpoint, max_abs_diff, metric_rows
+from runs import (
+    assert_rows_match,
+    assert_same_checkpoint,
+    comparable,
+    counting,
+    dies_after_checkpoint,
+    max_abs_diff,
+    metric_rows,
+)
 
 # The rm metric names (README, "Metrics"): every training row carries these; evaluation rows add EVAL.
 TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]
@@ -430,6 +438,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     assert (
         max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     )
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,15 @@ from rlhf.data import IGNORE_INDEX, load_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.tiny import toy_corpus
 from rlhf.trainers import sft
-from runs import assert_rows_match, comparable, counting, dies_after_checkpoint, max_abs_diff, metric_rows
+from runs import (
+    assert_rows_match,
+    assert_same_checkpoint,
+    comparable,
+    counting,
+    dies_after_checkpoint,
+    max_abs_diff,
+    metric_rows,
+)
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 SFT_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
@@ -323,6 +331,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
     assert (
         max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     )
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
 def test_resume_refuses_other_data(tiny_llama_dir, data_dir, tmp_path):
