@@ -296,12 +296,12 @@ def ppo_update(
     policy's parameters are held (their gradients, which a shared trunk still gets from the value loss, are
     dropped before each optimizer step)."""
     B, T = rollout.logprobs.shape
-    pending = [first]  # only the very first micro-batch has its forward already
 
-    def step(micro: update.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def step(
+        micro: update.MicroBatch, minibatch: torch.Tensor, forward: ScoredTokens | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
         n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
-        forward, pending[0] = pending[0], None
         return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward, clipped, frozen)
 
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
@@ -309,6 +309,7 @@ def ppo_update(
         passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=state.generators["shuffle"], unit=1,
         plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
         optimizer=state.optimizer, scheduler=state.scheduler, max_grad_norm=config.optim.max_grad_norm, held=held,
+        first=first,
     )  # fmt: skip
     result["policy/clipped"] = float(clipped)
     result["policy/frozen"] = float(frozen)

@@ -199,6 +199,7 @@ def update_passes(
     scheduler: Any,
     max_grad_norm: float | None,
     held: Sequence[nn.Parameter] = (),
+    first: Any = None,
 ) -> dict[str, float]:
     """``passes`` passes over a rollout of ``num_rows`` rows, each cut into minibatches of ``minibatch_size``
     (one optimizer step each); the first pass keeps the rollout's order, later ones are shuffled.
@@ -206,7 +207,10 @@ def update_passes(
     ``plan(rows)``: the micro-batches of some of this rank's rows (global row indices); ``step(micro,
     minibatch)``: a micro-batch's loss and stats, normalised by the minibatch's global denominators; ``unit``:
     rows that share a rank (the group of a GRPO prompt); ``held``: parameters that must not move in these
-    updates (their gradients are dropped before each step, so AdamW leaves them and their state alone). Returns the per-update means over all ranks, the
+    updates (their gradients are dropped before each step, so AdamW leaves them and their state alone);
+    ``first``: the forward of the very first micro-batch, already run (PPO's rollout pass fused with the first
+    update: :func:`rlhf.trainers.ppo.fuses_first_update`), given to its step as ``forward``; the first minibatch is
+    then one micro-batch on each rank. Returns the per-update means over all ranks, the
     gradient norm (``grad/norm``) and ``policy/first_ratio_max_dev`` — the largest |ratio − 1| of the first
     minibatch, which must be exactly 0 (the policy has not moved yet; docs/ppo_checklist.md item 34).
     """
@@ -221,8 +225,13 @@ def update_passes(
         order = torch.arange(num_rows) if p == 0 else torch.randperm(num_rows, generator=shuffle)
         for k, minibatch in enumerate(order.split(minibatch_size)):
             optimizer.zero_grad(set_to_none=True)
+            micro_batches = own_micro_batches(minibatch, unit, plan, d)
             micro_step = functools.partial(step, minibatch=minibatch)
-            stats = accumulate(trainable, own_micro_batches(minibatch, unit, plan, d), filler, micro_step)
+            if first is not None and p == 0 and k == 0:
+                if len(micro_batches) != 1:
+                    raise RuntimeError(f"a fused first forward needs one micro-batch, not {len(micro_batches)}")
+                micro_step = functools.partial(step, minibatch=minibatch, forward=first)
+            stats = accumulate(trainable, micro_batches, filler, micro_step)
             dev = stats.pop("ratio_dev_max", -math.inf)
             if p == 0 and k == 0:
                 first_dev = dev
