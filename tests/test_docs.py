@@ -98,3 +98,12 @@ def test_nothing_cites_a_file_outside_the_repository():
         problems += [f"{where}: {m.group(0)} does not exist" for m in cited.finditer(text)
                      if not (ROOT / m.group(0)).exists()]  # fmt: skip
     assert not problems, "\n".join(problems)
+
+
+def test_the_install_line_names_the_distribution():
+    """`pip install rlhf` would give users an unrelated package: the README says the name pyproject.toml builds."""
+    import tomllib
+
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert name != "rlhf"
+    assert f"`pip install {name}`" in (ROOT / "README.md").read_text()

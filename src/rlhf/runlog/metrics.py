@@ -176,7 +176,7 @@ def _open_sink(name: str, output_dir: Path, config: dict[str, Any], run_name: st
             return _WandbLike(name, run_name or output_dir.name, config)
     except ImportError as err:
         raise RuntimeError(
-            f"run.report_to includes {name!r} but it is not installed ({err}); pip install 'rlhf[tracking]'"
+            f"run.report_to includes {name!r} but it is not installed ({err}); pip install 'rlhf-kit[tracking]'"
         ) from err
     raise ValueError(f"unknown metrics sink {name!r}; choose from jsonl, tensorboard, wandb, trackio")
 
