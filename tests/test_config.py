@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import sys
 from pathlib import Path
 
 import pydantic
@@ -24,10 +25,14 @@ from rlhf.config import (
     PPOConfig,
     RewardSpec,
     SFTConfig,
+    base,
+    commands,
     config_from_dict,
     config_to_dict,
     config_to_yaml,
     load_config,
+    sections,
+    training,
 )
 from rlhf.core.choices import KLEstimator
 
@@ -129,6 +134,27 @@ def test_flags_accept_dashes_and_underscores_and_boolean_pairs(tmp_path: Path) -
         2e-6, 16, False, True,
     )  # fmt: skip
     assert load_config("ppo", path, ["--run.no_progress"]).run.progress is False
+
+
+@pytest.mark.parametrize(
+    ("args", "progress", "resume"),
+    [
+        (["--run.progress", "false", "--run.resume", "true"], False, True),
+        (["--run.progress=False", "--run.resume=yes"], False, True),
+        (["--run.progress", "0", "--ppo.steps", "3"], False, False),  # the value is taken, the next flag stays
+        (["--run.progress", "--run.resume"], True, True),  # bare flags, as before
+        (["--run.no_progress"], False, False),
+    ],
+)
+def test_a_boolean_takes_a_value_like_every_other_field(tmp_path: Path, args, progress, resume) -> None:
+    cfg = load_config("ppo", ppo_yaml(tmp_path), args)
+    assert (cfg.run.progress, cfg.run.resume) == (progress, resume)
+
+
+def test_a_boolean_refuses_other_words(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--run.progress='maybe': expected true or false"):
+        load_config("ppo", ppo_yaml(tmp_path), ["--run.progress=maybe"])
+    assert load_config("demo", None, ["--overwrite", "true"]).overwrite is True  # a top-level boolean too
 
 
 def test_empty_yaml_file_means_defaults(tmp_path: Path) -> None:
@@ -461,7 +487,7 @@ def test_defaults_follow_the_references() -> None:
 
 def _documented_fields(cls: type) -> set[str]:
     """Names of the annotated fields of `cls` followed directly by a string literal in the source."""
-    tree = ast.parse(inspect.getsource(config_module))
+    tree = ast.parse(inspect.getsource(sys.modules[cls.__module__]))
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
     documented = set()
     for statement, following in zip(node.body, node.body[1:], strict=False):
@@ -477,14 +503,18 @@ def _documented_fields(cls: type) -> set[str]:
     return documented
 
 
-SECTIONS = [cls for cls in vars(config_module).values() if isinstance(cls, type) and cls.__module__ == config_module.__name__
-            and dataclasses.is_dataclass(cls)]  # fmt: skip
+def _is_ours(cls: object) -> bool:
+    return isinstance(cls, type) and cls.__module__.startswith("rlhf.config.") and dataclasses.is_dataclass(cls)
+
+
+# every section and command config of the package, public or not (a base class holds fields too)
+SECTIONS = list({id(c): c for m in (base, sections, training, commands) for c in vars(m).values() if _is_ours(c)}.values())
 
 
 @pytest.mark.parametrize("cls", SECTIONS, ids=lambda cls: cls.__name__)
 def test_every_field_has_a_docstring(cls: type) -> None:
     for klass in cls.__mro__:
-        if not dataclasses.is_dataclass(klass) or klass.__module__ != config_module.__name__:
+        if not _is_ours(klass):
             continue
         own = {name for name in klass.__dict__.get("__annotations__", {}) if name != "COMMAND"}
         assert own <= _documented_fields(klass), (

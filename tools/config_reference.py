@@ -65,7 +65,7 @@ def _functions() -> list[tuple[str, int, int, str]]:
     """(file, first line, last line, name) of every function in src/rlhf, innermost last."""
     found = []
     for file in sorted(SRC.rglob("*.py")):
-        if file.name == "config.py":
+        if file.parent.name == "config":
             continue
         for node in ast.walk(ast.parse(file.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -75,7 +75,7 @@ def _functions() -> list[tuple[str, int, int, str]]:
 
 @cache
 def _lines() -> dict[str, list[str]]:
-    return {str(f.relative_to(SRC)): f.read_text().splitlines() for f in sorted(SRC.rglob("*.py")) if f.name != "config.py"}
+    return {str(f.relative_to(SRC)): f.read_text().splitlines() for f in sorted(SRC.rglob("*.py")) if f.parent.name != "config"}
 
 
 # Properties of the command configs, and the fields each one reads (the code names the property).
@@ -111,7 +111,7 @@ def render() -> str:
     lines = [
         "# Config reference",
         "",
-        "Generated from `src/rlhf/config.py` by `python tools/config_reference.py`; do not edit by hand.",
+        "Generated from `src/rlhf/config/` by `python tools/config_reference.py`; do not edit by hand.",
         "Every field can be set in the `--config` YAML file, nested under its section (`kl: {coef: 0.1}`), or",
         "as `--section.field value` (`--kl.coef 0.1`); the flag wins. *Read in* names the functions that use it.",
     ]

@@ -1,0 +1,456 @@
+"""The sections commands share — model, data, sampling, judge, reward, kl, optim, batch, doctor, run — with
+LoRA adapters and reward sources, and the cross-field rules the command configs call."""
+
+
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from rlhf.config.base import (
+    ConfigError,
+    Count,
+    DType,
+    LRScheduler,
+    NonNegative,
+    NonNegativeInt,
+    Parallelism,
+    Positive,
+    RewardAggregation,
+    Sink,
+    Text,
+    _defaults,
+    _flag,
+    _is_null,
+    _Section,
+    _validate,
+    _yaml_flag,
+    section,
+)
+from rlhf.core.choices import (
+    KLControl,
+    KLEstimator,
+    KLPlacement,
+    MissingEosPenalty,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# LoRA adapters and reward sources.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@section
+class LoRAConfig(_Section):
+    """LoRA adapters (peft) instead of full fine-tuning. YAML: a mapping under ``model.lora``."""
+
+    r: Count = 8
+    """Rank of the adapter matrices."""
+    alpha: Positive = 16.0
+    """Scaling numerator: the adapter's update is multiplied by alpha / r."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Dropout on the adapter input, in [0, 1)."""
+    target_modules: Annotated[tuple[Text, ...], Field(min_length=1)] | None = None
+    """Module names to adapt; None = peft's default for the architecture, or every linear layer of the decoder (not the output head) where peft has none (e.g. Phi-3); ['all-linear'] = every linear layer except the output head. Names that match no module are refused, listing the model's linear layers."""
+
+
+def _lora_from_text(text: str) -> LoRAConfig | None:
+    if _is_null(text):
+        return None
+    value = _yaml_flag(text, "--model.lora")
+    if not isinstance(value, Mapping):
+        raise ValueError(f"--model.lora: expected a mapping like '{{r: 16, alpha: 32}}' or null, got {text!r}")
+    return _validate(LoRAConfig, value, "--model.lora: ")
+
+
+OptionalLoRA = Annotated[
+    LoRAConfig | None,
+    _flag("None|{r,alpha,dropout,target_modules}", _lora_from_text, lambda v: v is None or isinstance(v, LoRAConfig)),
+]
+
+
+def _default_reward_name(source: str) -> str:
+    """A short, readable name for a reward source (used for the `reward/<name>/mean` metric)."""
+    text = source.strip().rstrip("/")
+    if text.startswith(("http://", "https://")):
+        return urllib.parse.urlsplit(text).hostname or text
+    if ":" in text:  # path/file.py:function or package.module:function
+        return text.rsplit(":", 1)[1]
+    return Path(text).name or text
+
+
+def _source(text: str) -> str:
+    if text.strip().endswith(".py"):
+        raise ValueError(f"names a file but no function; write '{text}:function_name'")
+    return text
+
+
+Source = Annotated[Text, AfterValidator(_source)]
+
+
+@section
+class RewardSpec(_Section):
+    """One entry of a reward list: a source, its weight in the combination, and the name it is logged under."""
+
+    source: Source
+    """A reward-model directory, `path/file.py:function`, `package.module:function` or an http(s):// URL."""
+    weight: float = 1.0
+    """Weight of this reward in the combination."""
+    name: Text | None = None
+    """Metric name (`reward/<name>/mean`); null = derived from the source (function name, directory name or host)."""
+
+    def __post_init__(self) -> None:
+        if self.name is None:
+            object.__setattr__(self, "name", _default_reward_name(self.source))
+
+
+def _reward_shape(value: Any) -> Any:
+    """A list entry may be a source string alone; anything but a string or a list is refused here."""
+    if isinstance(value, list | tuple):
+        return tuple({"source": item} if isinstance(item, str) else item for item in value)
+    if not isinstance(value, str):
+        raise ValueError("expected a source string or a list of {source, weight, name}")
+    return value
+
+
+def _sources_from_text(text: str) -> Any:
+    if not text.lstrip().startswith(("[", "{")):
+        return text
+    value = _yaml_flag(text, "reward source")
+    return _validate(RewardSources, [value] if isinstance(value, Mapping) else value, "reward source: ")
+
+
+RewardSources = Annotated[
+    Source | tuple[RewardSpec, ...], BeforeValidator(_reward_shape),
+    _flag("SOURCE|[{source,weight,name},...]", _sources_from_text, lambda v: isinstance(v, str | tuple)),
+]  # fmt: skip
+OptionalRewardSources = Annotated[
+    RewardSources | None,
+    _flag("SOURCE|[{source,weight,name},...]|None", lambda t: None if _is_null(t) else _sources_from_text(t),
+          lambda v: v is None or isinstance(v, str | tuple)),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections shared by the commands. A section whose defaults differ between commands gets them from the
+# command's field (`_defaults`); YAML then overrides single keys of those defaults, not the whole section.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@section
+class ModelSection(_Section):
+    """The model a command loads."""
+
+    name: Text
+    """A hub id or a local model directory."""
+    dtype: DType = "float32"
+    """Parameter and compute dtype."""
+
+
+@section
+class TrainModel(ModelSection):
+    """The model a trainer starts from, trained whole or through LoRA adapters."""
+
+    lora: OptionalLoRA = None
+    """LoRA adapters instead of full fine-tuning: a mapping {r, alpha, dropout, target_modules} (on the command line as YAML, e.g. --model.lora '{r: 16, alpha: 32}'); None = full fine-tuning."""
+
+
+@section
+class PolicyModel(TrainModel):
+    """The policy of ppo and grpo; the reference starts as a frozen copy of it."""
+
+    reference_dtype: DType | None = None
+    """dtype of the frozen reference copy; None = dtype. bfloat16 halves the copy's memory; its log-probs then differ from float32's by about 0.01 nats per token (python benchmarks/reference_precision.py measures it), and CPUs without bf16 units run it several times slower. Not with lora: the reference is then the policy's own base weights, no copy."""
+
+    def __post_init__(self) -> None:
+        if self.reference_dtype is not None and self.lora is not None:
+            raise ValueError(
+                "reference_dtype: with lora the reference is the policy's own base weights (the adapter switched "
+                "off), not a copy, so it has no dtype of its own; drop reference_dtype or lora"
+            )
+
+    compile: bool = False
+    """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 4-10%), after a one-time compile of 8-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
+
+
+@section
+class DataSection(_Section):
+    """Training and held-out data: a JSONL, JSON or Parquet file, or a `datasets` directory."""
+
+    train: Text
+    """Training data: a file or directory of the command's records (prompts; prompt/response; chosen/rejected pairs)."""
+    eval: Text | None = None
+    """Held-out data in the same format as train; None = no evaluation."""
+
+
+@section
+class TextData(DataSection):
+    """Training and held-out examples, each prompt + response."""
+
+    max_length: Annotated[int, Field(ge=2)] = 1024
+    """Longest prompt + response in tokens."""
+
+
+@section
+class SamplingSection(_Section):
+    """How responses are generated."""
+
+    max_prompt_length: Count = 512
+    """Longest prompt in tokens; longer prompts keep their end."""
+    max_new_tokens: Count = 128
+    """Longest response in tokens; responses end at the stop token or here."""
+    temperature: Positive = 1.0
+    """Sampling temperature (log-probabilities for a loss use the same temperature); 1.0 samples the model as is."""
+    top_k: NonNegativeInt = 0
+    """Sample only from the k most likely tokens; 0 = off."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens with this much probability; 1.0 = off."""
+    stop: Annotated[str, Field(min_length=1)] = "eos"
+    """What ends a response: 'eos' (the tokenizer's end-of-sequence token) or a literal text such as '\\n'."""
+
+
+@section
+class JudgeSection(_Section):
+    """A reward source that scores or compares responses, and how a list of them is combined."""
+
+    source: OptionalRewardSources = None
+    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML); None = none."""
+    aggregation: RewardAggregation = "sum"
+    """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
+
+
+@section
+class BestOfSection(JudgeSection):
+    """Best-of-N sampling: n answers per prompt, of which the one this source scores highest is kept."""
+
+    n: Count = 1
+    """Answers sampled per prompt; the source's highest-scored one becomes the model's answer (ties, and all unscored: the earliest sample); 1 = one sample. Sampling and selection cost n times one sample."""
+    source: OptionalRewardSources = None
+    """Picks the best of n: a reward-model directory, file.py:function, module:function, URL or a list of {source, weight, name}; None = reward.source."""
+
+
+LLM_JUDGE_PREFIX = "openai:"
+
+
+def llm_judge(source: Any) -> tuple[str, str] | None:
+    """(chat-completions URL, model) of an LLM judge source ``openai:URL#MODEL``; None for any other source.
+
+    URL is the API's base (``http://host:8000/v1``; ``/chat/completions`` is added) or the full endpoint.
+    """
+    if not isinstance(source, str) or not source.startswith(LLM_JUDGE_PREFIX):
+        return None
+    url, _, model = source[len(LLM_JUDGE_PREFIX):].partition("#")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not model.strip():
+        raise ConfigError(
+            f"LLM judge {source!r} must look like openai:http://host:port/v1#model-name (an OpenAI-compatible "
+            "chat-completions server and the model it serves)"
+        )
+    url = url.rstrip("/")
+    return (url if url.endswith("/chat/completions") else url + "/chat/completions"), model.strip()
+
+
+@section
+class LLMJudgeSection(_Section):
+    """How an LLM judge (a judge source openai:URL#MODEL) is asked, over any OpenAI-compatible chat-completions API."""
+
+    template: Text | None = None
+    """A text file with the judge's prompt, holding {prompt}, {answer_a} and {answer_b}, asking for A, B or tie; None = the built-in template (docs/labelling.md)."""
+    system: str | None = None
+    """The system message; None = the built-in one (an impartial judge)."""
+    api_key_env: Text = "OPENAI_API_KEY"
+    """Environment variable holding the API key (sent as a Bearer token); unset = no key (a local server)."""
+    both_orders: bool = True
+    """Ask with the answers in both orders and record a tie when the verdicts disagree (controls position bias)."""
+    timeout: Positive = 60.0
+    """Seconds to wait for each reply."""
+    tries: Count = 4
+    """Attempts per request: timeouts, refused connections, 408/429/5xx and unreadable replies are retried."""
+    backoff: NonNegative = 1.0
+    """Seconds before the second try, doubled before each further one."""
+    concurrency: Count = 4
+    """Requests in flight at once."""
+    max_tokens: Count = 16
+    """Longest reply in tokens (the verdict is one word)."""
+    temperature: NonNegative = 0.0
+    """Sampling temperature of the judge."""
+    cache: Text | None = None
+    """JSONL file of the judge's verdicts, appended as they arrive, so an interrupted run resumes without asking twice; None = <output>.judge-cache.jsonl."""
+
+
+@section
+class SampleJudgeSection(JudgeSection):
+    """A judge of sampled answers: a reward source that scores each one, or an LLM that compares two (openai:URL#MODEL)."""
+
+    source: OptionalRewardSources = None
+    """A reward-model directory, file.py:function, module:function, URL or a list of {source, weight, name} that scores each answer; or openai:URL#MODEL, an LLM over an OpenAI-compatible API that compares two; None = none."""
+    llm: LLMJudgeSection = _defaults(LLMJudgeSection)
+    """How the LLM judge is asked (source openai:URL#MODEL only)."""
+
+
+@section
+class RewardSection(_Section):
+    """The reward: one source or a weighted list, and how a list is combined."""
+
+    source: RewardSources
+    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML, e.g. --reward.source '[{source: rewards.py:f, weight: 2}]')."""
+    aggregation: RewardAggregation = "sum"
+    """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
+
+
+@section
+class PolicyReward(RewardSection):
+    """The reward of ppo and grpo, with the penalty for a response that never stops."""
+
+    missing_eos_penalty: NonNegative | None = None
+    """Penalty (≥ 0) for a response that hits max_new_tokens without the stop token; None = none."""
+    missing_eos_mode: MissingEosPenalty = MissingEosPenalty.REPLACE
+    """How the penalty applies: replace (score := −penalty) or subtract (score −= penalty)."""
+
+
+@section
+class KLSection(_Section):
+    """The KL penalty against the frozen reference policy."""
+
+    coef: NonNegative = 0.05
+    """β, the weight of the penalty (the initial value when adaptive); 0 turns it off (no reference model)."""
+    estimator: KLEstimator = KLEstimator.K1
+    """Per-token estimator: k1 = log π − log π_ref, k2 = ½(log r)², k3 = (r − 1) − log r with r = π_ref/π."""
+    add_to: KLPlacement = KLPlacement.REWARD
+    """Where the penalty goes: into the per-token rewards (−β·KL with the estimator), or added to the loss (+β·k3, whatever the estimator: k3 is the one whose value is non-negative per token)."""
+    control: KLControl = KLControl.FIXED
+    """fixed β, or adaptive: β ← β·(1 + clip(KL/target − 1, ±0.2)·batch/horizon) after each iteration."""
+    target: Positive = 6.0
+    """Target KL (nats per sequence) of the adaptive controller."""
+    horizon: Count = 10000
+    """Horizon (in sequences) of the adaptive controller."""
+    reference_ema: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Move the reference towards the policy after each iteration: θ_ref ← d·θ_ref + (1 − d)·θ with d = reference_ema (0.9: the reference lags about ten iterations). The penalty then limits how fast the policy moves rather than how far it may go from the SFT model (Xu et al. 2024). None = the frozen SFT model (default: docs/ppo_study.md measures both). Needs a reference copy: not with model.lora or kl.coef 0."""
+
+
+@section
+class OptimSection(_Section):
+    """AdamW and its learning-rate schedule."""
+
+    learning_rate: Positive = 1e-5
+    """Peak learning rate."""
+    scheduler: LRScheduler = "linear"
+    """Schedule after warm-up: constant, linear decay to 0, or cosine decay to 0."""
+    warmup_steps: NonNegativeInt = 0
+    """Optimizer steps of linear warm-up from 0 to learning_rate."""
+    weight_decay: NonNegative = 0.0
+    """Decoupled weight decay."""
+    max_grad_norm: Positive | None = 1.0
+    """Clip the global gradient norm to this value; None = no clipping (the norm is still logged)."""
+
+
+@section
+class BatchSection(_Section):
+    """How many examples make an optimizer step, and how many go through one forward/backward pass."""
+
+    size: Count = 32
+    """Examples per optimizer step, over all ranks."""
+    micro_size: Count | None = None
+    """Sequences per forward/backward pass (gradient accumulation when smaller than the batch); must divide it. None = the whole batch in one pass."""
+
+
+@section
+class PolicyBatch(BatchSection):
+    """The rollout batch of ppo and grpo, and how it is cut for the updates."""
+
+    size: Count = 64
+    """Prompts per iteration, over all ranks (grpo samples each group_size times)."""
+    micro_size: Count | None = None
+    """Sequences per forward/backward pass (gradient accumulation); must divide the minibatch (the iteration's sequences / num_minibatches). None = the whole minibatch in one pass."""
+    micro_tokens: Count | None = None
+    """Token budget of a forward/backward pass: each minibatch's sequences, longest first, are cut into micro-batches of at most this many tokens when padded to their own longest sequence (with micro_size, both limits hold). Bounds activation memory by tokens rather than sequences and cuts padding between sequences of unequal length. None = no budget."""
+
+
+@section
+class DoctorSection(_Section):
+    """Live alarms: the training doctor's rules read every logged step (README "Training doctor")."""
+
+    alarms: bool = True
+    """Say each finding once when it starts and when it clears (console, and output_dir/doctor.jsonl), and show what holds under the progress bar."""
+    stop_on: Literal["never", "warning", "critical"] = "never"
+    """Stop the run at the step where a finding at least this severe starts: a checkpoint is saved and final/ holds the policy of that step (resume with --doctor.stop_on never to go on)."""
+
+
+@section
+class RunSection(_Section):
+    """Seeding, logging, checkpoints, resuming and how torchrun ranks share the work."""
+
+    seed: NonNegativeInt = 0
+    """Seed for every random number generator (data order, dropout, sampling)."""
+    eval_every: NonNegativeInt = 100
+    """Evaluate every this many optimizer steps (iterations for ppo/grpo), before training and at the end; 0 = only then."""
+    save_every: NonNegativeInt = 500
+    """Write a resumable checkpoint every this many optimizer steps (iterations for ppo/grpo); 0 = only the final model."""
+    log_every: Count = 1
+    """Log metrics every this many steps."""
+    report_to: tuple[Sink, ...] = ("jsonl",)
+    """Metric sinks; jsonl writes output_dir/metrics.jsonl."""
+    name: Text | None = None
+    """Run name for tensorboard / wandb / trackio; None = the name of output_dir."""
+    resume: bool = False
+    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except the fields listed in rlhf.runlog.rundir.SAFE_ON_RESUME (steps, epochs, logging, checkpoints, micro-batching, compile, parallelism; a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
+    overwrite: bool = False
+    """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
+    progress: bool = True
+    """Show a progress bar on the console."""
+    parallelism: Parallelism = "auto"
+    """How the ranks of a torchrun launch share the work (batch sizes stay global): ddp = every rank holds the models and trains on its share of each batch, gradients are averaged; fsdp = FSDP2, parameters, gradients and optimizer state sharded per decoder layer; auto = ddp under torchrun, one process otherwise; none = refuse torchrun."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules that span fields, checked once on the final config. Each raises ConfigError naming the fields.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> str:
+    found = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(str(d) for d in found[:12]) + (", …" if len(found) > 12 else "")
+
+
+def _check_divides(where: str, name: str, value: int | None, total: int, total_text: str) -> None:
+    """`value` (field `name`; None = unset) must divide `total` (described by `total_text`)."""
+    if value is not None and total % value != 0:
+        raise ConfigError(
+            f"{where}{name}={value} does not divide {total_text}; choose a divisor of {total} ({_divisors(total)})"
+        )
+
+
+def _check_sources(where: str, name: str, scorer: Any, pairwise: bool = False) -> None:
+    """A reward list has unique names; gdpo needs a list; an LLM judge only where pairs are compared."""
+    if scorer.source is None:
+        return
+    sources = [scorer.source] if isinstance(scorer.source, str) else [spec.source for spec in scorer.source]
+    for source in sources:
+        try:
+            is_llm = llm_judge(source) is not None
+        except ConfigError as error:
+            raise ConfigError(f"{where}{name}.source: {error}") from None
+        if is_llm and (not pairwise or not isinstance(scorer.source, str)):
+            raise ConfigError(
+                f"{where}{name}.source={source!r} is an LLM judge, which compares two answers; "
+                + ("give it alone, not in a list" if pairwise else "here each answer needs a score of its own: use "
+                   "it with `rlhf sample --mode preferences` or `rlhf label --judge.source`")
+            )
+    if isinstance(scorer.source, str):
+        if scorer.aggregation == "gdpo":
+            raise ConfigError(
+                f"{where}{name}.aggregation='gdpo' combines several rewards but {name}.source is a single "
+                f"source; give {name}.source as a list of {{source, weight, name}} or use aggregation='sum'"
+            )
+        return
+    if not scorer.source:
+        raise ConfigError(f"{where}{name}.source is an empty list; give at least one {{source, weight, name}}")
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(scorer.source):
+        if spec.name in seen:
+            raise ConfigError(
+                f"{where}{name}.source[{i}].name={spec.name!r} is already used by {name}.source[{seen[spec.name]}]; "
+                "give each reward a distinct `name`"
+            )
+        seen[spec.name] = i

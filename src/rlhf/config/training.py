@@ -1,0 +1,427 @@
+"""The training commands' configs: the base of every command config, sft, rm and dpo, and the policy-gradient
+family (ppo, grpo) with each trainer's own section."""
+
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from rlhf.config.base import (
+    _DEFER_CHECKS,
+    _ESTIMATOR_SCALING,
+    ConfigError,
+    Count,
+    Critic,
+    NonNegative,
+    NonNegativeInt,
+    Positive,
+    Text,
+    _defaults,
+    _Section,
+    section,
+)
+from rlhf.config.sections import (
+    BatchSection,
+    DataSection,
+    DoctorSection,
+    KLSection,
+    OptimSection,
+    PolicyBatch,
+    PolicyModel,
+    PolicyReward,
+    RunSection,
+    SamplingSection,
+    TextData,
+    TrainModel,
+    _check_divides,
+    _check_sources,
+)
+from rlhf.core.choices import (
+    DPOLoss,
+    GroupEstimator,
+    LossAggregation,
+    ScoreConvention,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trainers' own sections.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@section
+class SFTSection(_Section):
+    """Supervised fine-tuning on demonstrations."""
+
+    epochs: Count = 3
+    """Passes over the training data."""
+    packing: bool = False
+    """Concatenate each micro-batch's examples into rows of up to max_length tokens instead of padding each one; position ids restart and attention stays within every example, so the loss and gradient are those of the unpacked batch (models that cannot keep packed examples apart are refused)."""
+
+
+@section
+class RMSection(_Section):
+    """The Bradley–Terry reward model."""
+
+    epochs: Count = 1
+    """Passes over the training data (reward models overfit after about one epoch)."""
+    use_margin: bool = True
+    """When a pair has a "margin" column, subtract it inside the sigmoid: −log σ(r_c − r_r − margin)."""
+    center_rewards_coefficient: NonNegative | None = None
+    """Weight of the auxiliary loss coef·mean((r_c + r_r)²) that keeps rewards centred at 0; None = off."""
+
+
+@section
+class DPOSection(_Section):
+    """Direct preference optimisation: the loss and its strength (formulas in docs/dpo.md)."""
+
+    epochs: Count = 1
+    """Passes over the training pairs."""
+    loss: DPOLoss = DPOLoss.SIGMOID
+    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), robust (unbiased under label noise), ipo (squared loss on length-normalised log-ratios) or simpo (reference-free, length-normalised, margin simpo_gamma)."""
+    beta: Positive = 0.1
+    """β: how far from the reference the policy may move (larger = closer); SimPO is usually run with β ≈ 2."""
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    """ε, the assumed share of flipped labels (sigmoid: conservative DPO; robust: its noise rate); 0 = none."""
+    simpo_gamma: NonNegative = 0.5
+    """γ, SimPO's target margin between the length-normalised rewards (loss simpo only)."""
+
+
+@section
+class NormalizeSection(_Section):
+    """Reward normalisation after training: gain and bias so the policy's responses score mean 0, std 1."""
+
+    policy: Text | None = None
+    """Causal LM (hub id or directory; usually the SFT/reference policy) whose responses are sampled and scored; the gain and bias are stored with the model for every consumer. None = no normalisation."""
+    prompts: Text | None = None
+    """Prompts file ({"prompt"} or {"messages"} rows) to sample the responses for; None = the prompts of the training data."""
+    samples: Annotated[int, Field(ge=2)] = 256
+    """How many responses are sampled and scored (OAI: 256; a std needs two)."""
+    max_new_tokens: Count = 64
+    """Longest response in tokens."""
+    temperature: Positive = 1.0
+    """Sampling temperature of the responses."""
+
+
+@section
+class PolicyGradientSection(_Section):
+    """The outer loop and the clipped surrogate shared by ppo and grpo."""
+
+    steps: Count = 500
+    """Outer iterations: sample a batch, score it, update the policy."""
+    num_minibatches: Count = 1
+    """Minibatches per pass over a batch, one optimizer step each; must divide the iteration's sequences."""
+    clip_range: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """ε of the clipped surrogate: the ratio is clipped to [1 − ε, 1 + clip_range_high]."""
+    clip_range_high: Positive | None = None
+    """Upper clip ε_high (DAPO clip-higher, e.g. 0.28); None = clip_range."""
+    entropy_coef: NonNegative = 0.0
+    """Weight of the entropy bonus subtracted from the loss."""
+    whiten_advantages: bool = True
+    """Normalise advantages to mean 0 and variance 1 over the batch's response tokens (grpo: again, after the group-relative ones)."""
+    warmup_pg_steps: NonNegativeInt = 0
+    """Vanilla policy-gradient warm-up: the first N steps use the unclipped loss −A·ratio (REINFORCE with the advantages' baseline; same rollouts, advantages, KL and logging), then the clipped surrogate takes over; 0 = clipped from the start. Logged as policy/clipped (0 or 1)."""
+
+
+@section
+class PPOSection(PolicyGradientSection):
+    """PPO with a learned critic: GAE advantages, clipped policy and value losses."""
+
+    epochs: Count = 4
+    """Passes over each rollout batch."""
+    whiten_rewards: bool = False
+    """Rescale the per-token rewards of the batch to unit variance (mean kept) before GAE."""
+    critic: Critic = "auto"
+    """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values, no second model), or a separate model (separate: initialised from the reward model when the reward is a model that reads the policy's tokens, else from the policy); auto = separate when such a reward model can start it, else shared. Over 10 runs of the demo (docs/ppo_study.md) the critic started from the reward model gave a higher gold score at a lower KL than the shared head, which starts knowing nothing; it costs a second model's memory and its forward and backward in every update."""
+    vf_coef: Positive = 0.1
+    """Weight of the value loss in the total loss (the critic only learns through it)."""
+    critic_warmup_steps: NonNegativeInt = 0
+    """Value-only iterations before the policy moves (OpenRLHF's freezing_actor_steps, verl's critic_warmup): the first N steps sample, score and fit the value function (the shared head, or the separate critic) on their rollouts while the policy's parameters are held, so the policy's first updates get advantages from a critic that has learnt something. Logged as policy/frozen (1, then 0); 0 = the policy trains from the first step."""
+    value_clip_range: Positive = 0.2
+    """ε_v: new values are clipped to old ± ε_v in the value loss."""
+    gamma: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Discount γ of GAE."""
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """λ of GAE."""
+    score_position: ScoreConvention = ScoreConvention.AFTER_EOS
+    """Token that receives the sequence score: after_eos = the first padding after the EOS when there is room (TRL / N+ convention), else the last token; eos = the EOS (last real) token."""
+
+
+@section
+class GRPOSection(PolicyGradientSection):
+    """The critic-free GRPO family: group-relative advantages, DAPO's overlong shaping and dynamic sampling."""
+
+    group_size: Annotated[int, Field(ge=2)] = 8
+    """G, samples per prompt (≥ 2: advantages compare samples of the same prompt)."""
+    estimator: GroupEstimator = GroupEstimator.GRPO
+    """Advantage estimator: grpo (r − group mean, / group std), dr_grpo (r − group mean), rloo (leave-one-out baseline), reinforce_pp (r − group mean, / batch std)."""
+    scale_rewards: Literal["auto", "group", "batch", "none"] = "auto"
+    """Divisor of grpo's advantages: group std, batch std or none; auto = the estimator's own. Other estimators fix their own scaling, so only 'auto' is allowed with them."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
+    """Reduction of the per-token loss: token-mean (all tokens of the batch), seq-mean-token-mean (GRPO paper), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / max_new_tokens)."""
+    num_iterations: Count = 1
+    """μ, passes over each sampled batch (1 = on-policy: the ratio is exactly 1 and clipping never applies)."""
+    overlong_buffer: NonNegativeInt = 0
+    """DAPO overlong shaping: responses longer than max_new_tokens − overlong_buffer get a penalty growing linearly to −overlong_penalty_factor at max_new_tokens; 0 = off."""
+    overlong_penalty_factor: NonNegative = 1.0
+    """Largest overlong penalty (reached at max_new_tokens)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) and sample more prompts until the batch is full."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at max_new_tokens (no stop token) out of the loss (DAPO); they still count in the group statistics."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command configs.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@section
+class _Config(_Section):
+    """Base of every command config: after pydantic's field checks, `_check` runs the cross-field rules."""
+
+    COMMAND: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if not _DEFER_CHECKS.get():
+            self._check(f"{self.COMMAND}: ")
+
+    def _check(self, where: str) -> None:
+        """Rules that span fields; `where` prefixes every message."""
+
+
+@section
+class _TrainingConfig(_Config):
+    """Sections shared by the four training commands (sft, rm, ppo, grpo)."""
+
+    output_dir: Text
+    """Run directory: config.yaml, metrics.jsonl, samples/, checkpoints/ and final/ are written here."""
+    model: TrainModel
+    """The model to start from."""
+    data: DataSection
+    """Training and held-out data."""
+    optim: OptimSection = _defaults(OptimSection)
+    """AdamW and its schedule."""
+    batch: BatchSection = _defaults(BatchSection)
+    """Batch and micro-batch sizes."""
+    run: RunSection = _defaults(RunSection)
+    """Seed, logging, checkpoints, resuming, parallelism."""
+
+    def _check(self, where: str) -> None:
+        if self.run.resume and self.run.overwrite:
+            raise ConfigError(
+                f"{where}run.resume and run.overwrite are both set; resume continues the run in output_dir, "
+                "overwrite replaces it — choose one"
+            )
+        _check_divides(where, "batch.micro_size", self.batch.micro_size, self.minibatch_size, self._minibatch_text)
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer step."""
+        return self.batch.size
+
+    @property
+    def _minibatch_text(self) -> str:
+        return f"batch.size={self.batch.size}"
+
+    @property
+    def effective_micro_batch_size(self) -> int:
+        """Sequences per forward/backward pass (batch.micro_size, or the whole minibatch when it is None)."""
+        return self.batch.micro_size or self.minibatch_size
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Forward/backward passes per optimizer step."""
+        return self.minibatch_size // self.effective_micro_batch_size
+
+
+@section
+class SFTConfig(_TrainingConfig):
+    """Supervised fine-tuning: next-token loss on the response (assistant) tokens only."""
+
+    COMMAND: ClassVar[str] = "sft"
+
+    data: TextData
+    """Demonstrations ({"prompt", "response"} or {"messages"} rows)."""
+    optim: OptimSection = _defaults(OptimSection, learning_rate=2e-5)
+    """AdamW and its schedule."""
+    sft: SFTSection = _defaults(SFTSection)
+    """Epochs and packing."""
+
+
+@section
+class RMConfig(_TrainingConfig):
+    """Bradley–Terry reward model on preference pairs: loss −log σ(r_chosen − r_rejected [− margin])."""
+
+    COMMAND: ClassVar[str] = "rm"
+
+    model: TrainModel
+    """The model to start from (a causal LM gets a fresh one-output score head)."""
+    data: TextData
+    """Preference pairs ({"prompt", "chosen", "rejected"} rows; batch.size counts pairs)."""
+    rm: RMSection = _defaults(RMSection)
+    """Epochs, margin and centring."""
+    normalize: NormalizeSection = _defaults(NormalizeSection)
+    """Reward normalisation after training."""
+
+    def _check(self, where: str) -> None:
+        super()._check(where)
+        if self.normalize.prompts is not None and self.normalize.policy is None:
+            raise ConfigError(
+                f"{where}normalize.prompts is set but normalize.policy is None; set normalize.policy to the "
+                "model whose responses the normalisation samples, or drop normalize.prompts"
+            )
+
+
+@section
+class DPOConfig(_TrainingConfig):
+    """Direct preference optimisation of a causal LM on preference pairs, against its own starting point as the reference: DPO, conservative DPO, robust DPO, IPO or SimPO."""
+
+    COMMAND: ClassVar[str] = "dpo"
+
+    model: TrainModel
+    """The policy to train (usually the SFT model); its log-probs before training are the reference's."""
+    data: TextData
+    """Preference pairs ({"prompt", "chosen", "rejected"} rows, or a labels file of rlhf label; batch.size counts pairs)."""
+    dpo: DPOSection = _defaults(DPOSection)
+    """The loss."""
+
+    def _check(self, where: str) -> None:
+        super()._check(where)
+        if self.dpo.label_smoothing > 0 and self.dpo.loss == DPOLoss.IPO:
+            raise ConfigError(
+                f"{where}dpo.label_smoothing={self.dpo.label_smoothing} has no meaning for dpo.loss='ipo'; "
+                "use loss sigmoid or robust for noisy labels, or set label_smoothing: 0"
+            )
+
+
+@section
+class _PolicyGradientConfig(_TrainingConfig):
+    """Sections shared by ppo and grpo: the policy, the reward, sampling, the KL penalty."""
+
+    model: PolicyModel
+    """The policy to train (usually the SFT model); the reference starts as a frozen copy of it."""
+    data: DataSection
+    """Prompts ({"prompt"} or {"messages"} rows; other keys are columns, passed to the reward); eval = held-out prompts sampled into output_dir/samples/."""
+    reward: PolicyReward
+    """The reward and the missing-EOS penalty."""
+    sampling: SamplingSection = _defaults(SamplingSection, max_new_tokens=64, temperature=0.7)
+    """Response generation."""
+    kl: KLSection = _defaults(KLSection)
+    """The KL penalty against the reference."""
+    batch: PolicyBatch = _defaults(PolicyBatch)
+    """Rollout batch and micro-batch sizes."""
+    run: RunSection = _defaults(RunSection, eval_every=50, save_every=100)
+    """Seed, logging, checkpoints, resuming, parallelism."""
+    doctor: DoctorSection = _defaults(DoctorSection)
+    """Live alarms of the training doctor, and whether a finding stops the run."""
+
+    @property
+    def algorithm(self) -> Any:
+        """The command's own section (``ppo`` or ``grpo``)."""
+        return getattr(self, self.COMMAND)
+
+    @property
+    def steps(self) -> int:
+        """Outer iterations."""
+        return self.algorithm.steps
+
+    @property
+    def clip_range_upper(self) -> float:
+        """ε_high: clip_range_high, or clip_range when it is None."""
+        high = self.algorithm.clip_range_high
+        return self.algorithm.clip_range if high is None else high
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled per iteration."""
+        return self.batch.size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer step: the iteration's sequences / num_minibatches."""
+        return self.num_sequences // self.algorithm.num_minibatches
+
+    def _check(self, where: str) -> None:
+        _check_sources(where, "reward", self.reward)
+        if self.kl.control == "adaptive" and self.kl.coef == 0:
+            raise ConfigError(
+                f"{where}kl.control='adaptive' scales kl.coef, which is 0 so it would stay 0; "
+                "set kl.coef > 0 (e.g. 0.15) or use kl.control='fixed'"
+            )
+        if self.kl.reference_ema is not None and (self.kl.coef == 0 or self.model.lora is not None):
+            why = "kl.coef is 0, so there is no reference" if self.kl.coef == 0 else (
+                "with model.lora the reference is the policy's own base weights (the adapter switched off), not a copy")  # fmt: skip
+            raise ConfigError(f"{where}kl.reference_ema moves the reference towards the policy, but {why}; "
+                              "drop kl.reference_ema, or train without lora and with kl.coef > 0")  # fmt: skip
+        name = f"{self.COMMAND}.num_minibatches"
+        _check_divides(where, name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
+        super()._check(where)
+
+    @property
+    def _sequences_text(self) -> str:
+        return f"batch.size={self.batch.size}"
+
+    @property
+    def _minibatch_text(self) -> str:
+        return f"the minibatch of {self.minibatch_size} sequences ({self._sequences_text} / " \
+               f"{self.COMMAND}.num_minibatches={self.algorithm.num_minibatches})"  # fmt: skip
+
+
+@section
+class PPOConfig(_PolicyGradientConfig):
+    """PPO with a learned critic: per-token KL-shaped rewards, GAE advantages, clipped policy and value losses."""
+
+    COMMAND: ClassVar[str] = "ppo"
+
+    optim: OptimSection = _defaults(OptimSection, learning_rate=3e-6)
+    """AdamW and its schedule (policy and critic)."""
+    ppo: PPOSection = _defaults(PPOSection)
+    """Epochs, clipping, the critic and GAE."""
+
+
+@section
+class GRPOConfig(_PolicyGradientConfig):
+    """The critic-free GRPO family: G samples per prompt, group-relative advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), the clipped per-token loss, optional DAPO overlong shaping and dynamic sampling."""
+
+    COMMAND: ClassVar[str] = "grpo"
+
+    optim: OptimSection = _defaults(OptimSection, learning_rate=1e-6)
+    """AdamW and its schedule."""
+    sampling: SamplingSection = _defaults(SamplingSection, max_new_tokens=256)
+    """Response generation."""
+    kl: KLSection = _defaults(KLSection, coef=0.0, estimator="k3", add_to="loss")
+    """The KL penalty against the reference; coef 0 = no penalty and no reference model."""
+    batch: PolicyBatch = _defaults(PolicyBatch, size=16)
+    """Rollout batch (prompts; each sampled group_size times) and micro-batch sizes."""
+    grpo: GRPOSection = _defaults(GRPOSection, whiten_advantages=False)
+    """Group size, estimator, loss aggregation, DAPO options."""
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled per iteration: batch.size · grpo.group_size."""
+        return self.batch.size * self.grpo.group_size
+
+    @property
+    def reward_scaling(self) -> str:
+        """The advantage divisor actually used: 'group', 'batch' or 'none' (scale_rewards with 'auto' resolved)."""
+        scale = self.grpo.scale_rewards
+        return _ESTIMATOR_SCALING[self.grpo.estimator] if scale == "auto" else scale
+
+    @property
+    def _sequences_text(self) -> str:
+        return f"the {self.num_sequences} sequences of an iteration (batch.size={self.batch.size} × " \
+               f"grpo.group_size={self.grpo.group_size})"  # fmt: skip
+
+    def _check(self, where: str) -> None:
+        if self.grpo.estimator != "grpo" and self.grpo.scale_rewards != "auto":
+            raise ConfigError(
+                f"{where}grpo.scale_rewards={self.grpo.scale_rewards!r} applies to grpo.estimator='grpo' only; "
+                f"estimator={str(self.grpo.estimator)!r} scales by {_ESTIMATOR_SCALING[self.grpo.estimator]!r} "
+                "itself, so leave scale_rewards='auto'"
+            )
+        if self.grpo.overlong_buffer >= self.sampling.max_new_tokens:
+            raise ConfigError(
+                f"{where}grpo.overlong_buffer={self.grpo.overlong_buffer} must be below "
+                f"sampling.max_new_tokens={self.sampling.max_new_tokens}"
+            )
+        super()._check(where)
