@@ -144,11 +144,12 @@ def spread(values: list[float]) -> str:
 
 
 def table(results: list[dict], settings: list[str]) -> str:
-    """setting × gold mean ± sd × worst run × final KL × the doctor's findings, with the baselines of the bases."""
+    """setting × gold mean ± sd × worst run × final KL (to the run's reference: a moving one's is small) × the
+    held-out answers' KL to the SFT model × the doctor's findings, with the baselines of the bases."""
     lines = [
         "| setting | overrides | runs | gold mean ± sd | worst run | PPO − DPO (mean, worst) | final KL | "
-        "runs with findings (rules) |",
-        "|---|---|---|---|---|---|---|---|",
+        "answers' KL to SFT | runs with findings (rules) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in settings:
         rows = [r for r in results if r["setting"] == name]
@@ -162,7 +163,7 @@ def table(results: list[dict], settings: list[str]) -> str:
         lines.append(
             f"| {name} | {overrides} | {len(rows)} | {spread(gold)} | {min(gold):.2f} | "
             f"{statistics.fmean(vs_dpo):+.2f}, {min(vs_dpo):+.2f} | {spread([r['kl_final'] for r in rows])} | "
-            f"{len(sick)}{' (' + ', '.join(rules) + ')' if rules else ''} |"
+            f"{spread([r['kl_answers'] for r in rows])} | {len(sick)}{' (' + ', '.join(rules) + ')' if rules else ''} |"
         )
     bases = {(r["kernel"], r["seed"]): r["baselines"] for r in results}
     lines += ["", "The same bases' other methods (their own demo runs, equal labels):", "",

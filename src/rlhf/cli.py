@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from rlhf import __version__
-from rlhf.config import COMMANDS, ConfigError, load_config
+from rlhf.config import COMMANDS, CommandConfig, ConfigError, load_config
 
 # Command → (module whose `run(config)` carries it out, one line for `rlhf --help`).
 RUNNERS: dict[str, tuple[str, str]] = {
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return result if command in VERDICT_COMMANDS else 0
 
 
-def _run(command: str, config: Any, verbose: bool) -> Any:
+def _run(command: str, config: CommandConfig, verbose: bool) -> Any:
     """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet."""
     run = runner(command)
     if command in ("report", "label", "doctor") or verbose:  # they load no model: no library to quiet

@@ -179,7 +179,7 @@ def answer(
                 picked.append(selected)
             if reference is not None:
                 kls.append(answer_kl(sampler.model, reference, generated, config.sampling.temperature))
-            context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state(None, 0))
+            context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state())
             scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
                                    config.reward.aggregation, context=context)  # fmt: skip
             completions += generated.completions
@@ -215,7 +215,7 @@ def best_of(
     unscored: the earliest), and (the kept answers' selector scores (B,), all samples' (B·n,))."""
     aggregation = config.best_of.aggregation if config.best_of.source is not None else config.reward.aggregation
     columns = {name: generation.repeat_each(values, n) for name, values in batch.columns.items()}
-    context = scoring.reward_context(batch, generated, n, scoring.make_trainer_state(None, 0))
+    context = scoring.reward_context(batch, generated, n, scoring.make_trainer_state())
     scores = scoring.score(selector, generation.repeat_each(batch.texts, n), generated.completions, columns,
                            aggregation, group_size=n, token_ids=generated.token_ids, context=context)  # fmt: skip
     combined = scores.combined.view(-1, n)
@@ -286,7 +286,7 @@ def judge_pairs(
         answers = [x for i in batch.indices for x in (a[i], b[i])]
         columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
         # no completion ids: the two answers may come from models with different tokenizers
-        context = scoring.reward_context(batch, repeat=2, trainer_state=scoring.make_trainer_state(None, 0))
+        context = scoring.reward_context(batch, repeat=2, trainer_state=scoring.make_trainer_state())
         scores = scoring.score(judge, texts, answers, columns, aggregation, group_size=2,
                                context=context)  # fmt: skip
         combined.append(scores.combined)

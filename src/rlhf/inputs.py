@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlhf.config import ConfigError, RewardSpec, llm_judge
+from rlhf.config import CommandConfig, ConfigError, RewardSpec, llm_judge
 
 CAUSAL_LM = "a causal LM"
 REWARD_MODEL = "a reward model"
@@ -58,7 +58,7 @@ VALID_MODEL = (
 )
 
 
-def check_inputs(config: Any) -> None:
+def check_inputs(config: CommandConfig) -> None:
     """Every model path and reward source of ``config`` (any command), then its stop token; ConfigError."""
     try:
         _check_inputs(config)
@@ -66,7 +66,7 @@ def check_inputs(config: Any) -> None:
         raise ConfigError(f"{config.COMMAND}: {e}") from None
 
 
-def _check_inputs(config: Any) -> None:
+def _check_inputs(config: CommandConfig) -> None:
     command = config.COMMAND
     for field, kind in MODEL_FIELDS.get(command, ()):
         value = operator.attrgetter(field)(config)

@@ -135,7 +135,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
                     judge, generation.repeat_each(batch.texts, k), generated.completions,
                     {name: generation.repeat_each(values, k) for name, values in batch.columns.items()},
                     config.judge.aggregation, group_size=k,
-                    context=scoring.reward_context(batch, generated, k, scoring.make_trainer_state(None, 0)),
+                    context=scoring.reward_context(batch, generated, k, scoring.make_trainer_state()),
                 )  # fmt: skip
                 scores_all.append(scores)
                 rewards = nan_to_none(scores.combined.tolist())

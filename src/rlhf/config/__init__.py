@@ -73,20 +73,24 @@ from rlhf.config.sections import (
     llm_judge,
 )
 from rlhf.config.training import (
+    CommandConfig,
     DPOConfig,
     GRPOConfig,
     GRPOSection,
     NormalizeSection,
+    PolicyGradientConfig,
     PPOConfig,
     PPOSection,
     RMConfig,
     SFTConfig,
+    TrainingConfig,
 )
 
 __all__ = [
     "COMMANDS",
     "FLAT_KEYS",
     "BatchSection",
+    "CommandConfig",
     "ConfigError",
     "DPOConfig",
     "DataSection",
@@ -107,6 +111,7 @@ __all__ = [
     "PPOConfig",
     "PPOSection",
     "PolicyBatch",
+    "PolicyGradientConfig",
     "PolicyModel",
     "PolicyReward",
     "RMConfig",
@@ -117,6 +122,7 @@ __all__ = [
     "SampleConfig",
     "SampleJudgeSection",
     "SamplingSection",
+    "TrainingConfig",
     "config_class",
     "config_from_dict",
     "config_to_dict",

@@ -17,11 +17,11 @@ from rlhf.config.sections import (
     _check_sources,
     llm_judge,
 )
-from rlhf.config.training import DPOConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig, _Config
+from rlhf.config.training import CommandConfig, DPOConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig
 
 
 @section
-class SampleConfig(_Config):
+class SampleConfig(CommandConfig):
     """Sample num_samples completions per prompt and write them as candidates, pairs for labelling, judge-labelled preferences (for `rlhf rm`) or best-of-N demonstrations (for `rlhf sft`)."""
 
     COMMAND: ClassVar[str] = "sample"
@@ -79,7 +79,7 @@ class SampleConfig(_Config):
 
 
 @section
-class EvalConfig(_Config):
+class EvalConfig(CommandConfig):
     """Generate on held-out prompts and score the completions with a reward; with a baseline, also the policy's win rate against it under a judge."""
 
     COMMAND: ClassVar[str] = "eval"
@@ -135,7 +135,7 @@ class EvalConfig(_Config):
 
 
 @section
-class DemoConfig(_Config):
+class DemoConfig(CommandConfig):
     """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model and DPO → PPO (and PPO without its KL penalty, to show what the penalty prevents) and GRPO → SFT, best-of-N, DPO, PPO and GRPO compared on the same held-out prompts under the gold judge → report.html."""
 
     COMMAND: ClassVar[str] = "demo"
@@ -155,7 +155,7 @@ class DemoConfig(_Config):
 
 
 @section
-class ReportConfig(_Config):
+class ReportConfig(CommandConfig):
     """A self-contained HTML report of a ppo/grpo run, or of an rlhf demo directory: training curves, reward against KL, held-out answers, the config. `rlhf report RUN_DIR` is short for --run_dir RUN_DIR."""
 
     COMMAND: ClassVar[str] = "report"
@@ -169,7 +169,7 @@ class ReportConfig(_Config):
 
 
 @section
-class DoctorConfig(_Config):
+class DoctorConfig(CommandConfig):
     """The training doctor: replay its rules over a run's metrics (finished, crashed or running) and print a verdict — healthy, or each finding with its steps, evidence and the fix to try. Exit code 0 healthy, 1 warnings, 2 critical. `rlhf doctor RUN_DIR` is short for --run_dir RUN_DIR."""
 
     COMMAND: ClassVar[str] = "doctor"
@@ -181,7 +181,7 @@ class DoctorConfig(_Config):
 
 
 @section
-class LabelConfig(_Config):
+class LabelConfig(CommandConfig):
     """Label pairs: in the browser (a local web page, one or several people), or with an LLM judge; or print the statistics of labels files. `rlhf label PAIRS.jsonl --out PREFS.jsonl` is short for --pairs PAIRS.jsonl --out PREFS.jsonl."""
 
     COMMAND: ClassVar[str] = "label"
@@ -229,7 +229,7 @@ class LabelConfig(_Config):
                 )
 
 
-COMMANDS: dict[str, type[_Config]] = {
+COMMANDS: dict[str, type[CommandConfig]] = {
     "sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
     "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
     "doctor": DoctorConfig,
@@ -237,7 +237,7 @@ COMMANDS: dict[str, type[_Config]] = {
 """Command name → its config class."""
 
 
-def config_class(command: str) -> type[_Config]:
+def config_class(command: str) -> type[CommandConfig]:
     """The config class of `command`; ConfigError (with the closest command) when there is no such command."""
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)

@@ -13,7 +13,7 @@ import yaml
 from rlhf.config.base import ConfigError, _checks_deferred, _is_required, _merge, _to_plain, _validate
 from rlhf.config.commands import config_class
 from rlhf.config.legacy import _flag_moves, _migrate
-from rlhf.config.training import _Config
+from rlhf.config.training import CommandConfig
 
 
 def flat_config(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -70,7 +70,7 @@ def _check_required(cls: type, values: Mapping[str, Any], args: Sequence[str]) -
         )
 
 
-def read_yaml(cls: type[_Config], path: str | Path) -> dict[str, Any]:
+def read_yaml(cls: type[CommandConfig], path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML config file, flat keys of version 0.1 moved to their sections.
 
     Raises ConfigError naming the file: missing file, invalid YAML (with its line) or not a mapping.
@@ -104,7 +104,7 @@ def config_from_dict(command: str, values: Mapping[str, Any]) -> Any:
     return _build(cls, values, f"{command}: ")
 
 
-def _description(cls: type[_Config]) -> str:
+def _description(cls: type[CommandConfig]) -> str:
     summary = " ".join((cls.__doc__ or "").split())
     return (
         f"{summary}\n\nUsage: rlhf {cls.COMMAND} --config FILE.yaml [--<section>.<field> <value> ...]. "

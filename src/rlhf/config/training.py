@@ -176,7 +176,7 @@ class GRPOSection(PolicyGradientSection):
 
 
 @section
-class _Config(_Section):
+class CommandConfig(_Section):
     """Base of every command config: after pydantic's field checks, `_check` runs the cross-field rules."""
 
     COMMAND: ClassVar[str] = ""
@@ -190,7 +190,7 @@ class _Config(_Section):
 
 
 @section
-class _TrainingConfig(_Config):
+class TrainingConfig(CommandConfig):
     """Sections shared by the four training commands (sft, rm, ppo, grpo)."""
 
     output_dir: Text
@@ -235,7 +235,7 @@ class _TrainingConfig(_Config):
 
 
 @section
-class SFTConfig(_TrainingConfig):
+class SFTConfig(TrainingConfig):
     """Supervised fine-tuning: next-token loss on the response (assistant) tokens only."""
 
     COMMAND: ClassVar[str] = "sft"
@@ -249,7 +249,7 @@ class SFTConfig(_TrainingConfig):
 
 
 @section
-class RMConfig(_TrainingConfig):
+class RMConfig(TrainingConfig):
     """Bradley–Terry reward model on preference pairs: loss −log σ(r_chosen − r_rejected [− margin])."""
 
     COMMAND: ClassVar[str] = "rm"
@@ -273,7 +273,7 @@ class RMConfig(_TrainingConfig):
 
 
 @section
-class DPOConfig(_TrainingConfig):
+class DPOConfig(TrainingConfig):
     """Direct preference optimisation of a causal LM on preference pairs, against its own starting point as the reference: DPO, conservative DPO, robust DPO, IPO or SimPO."""
 
     COMMAND: ClassVar[str] = "dpo"
@@ -295,7 +295,7 @@ class DPOConfig(_TrainingConfig):
 
 
 @section
-class _PolicyGradientConfig(_TrainingConfig):
+class PolicyGradientConfig(TrainingConfig):
     """Sections shared by ppo and grpo: the policy, the reward, sampling, the KL penalty."""
 
     model: PolicyModel
@@ -368,7 +368,7 @@ class _PolicyGradientConfig(_TrainingConfig):
 
 
 @section
-class PPOConfig(_PolicyGradientConfig):
+class PPOConfig(PolicyGradientConfig):
     """PPO with a learned critic: per-token KL-shaped rewards, GAE advantages, clipped policy and value losses."""
 
     COMMAND: ClassVar[str] = "ppo"
@@ -380,7 +380,7 @@ class PPOConfig(_PolicyGradientConfig):
 
 
 @section
-class GRPOConfig(_PolicyGradientConfig):
+class GRPOConfig(PolicyGradientConfig):
     """The critic-free GRPO family: G samples per prompt, group-relative advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), the clipped per-token loss, optional DAPO overlong shaping and dynamic sampling."""
 
     COMMAND: ClassVar[str] = "grpo"

@@ -21,7 +21,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -189,9 +189,15 @@ def _render_finding(finding: Finding) -> list[str]:
     ]
 
 
-def run(config: Any) -> int:
-    """`rlhf doctor` (``config``: a `rlhf.config.DoctorConfig`): print the verdict (text or JSON) on stdout;
-    returns the exit code."""
+class Request(Protocol):
+    """What `rlhf doctor` is asked (a `rlhf.config.DoctorConfig`; the doctor reads no other part of rlhf)."""
+
+    run_dir: str
+    json: bool
+
+
+def run(config: Request) -> int:
+    """`rlhf doctor`: print the verdict (text or JSON) on stdout; returns the exit code."""
     checkups = examine(config.run_dir)
     code = exit_code(checkups)
     if config.json:

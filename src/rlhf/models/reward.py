@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GAIN_KEY = "rlhf_reward_gain"
 """``config.json`` key of the normalisation gain (``reward = gain · score + bias``)."""
@@ -50,7 +53,7 @@ BIAS_KEY = "rlhf_reward_bias"
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def reward_normalization(config: Any) -> tuple[float, float]:
+def reward_normalization(config: PretrainedConfig) -> tuple[float, float]:
     """(gain, bias) stored in a model config; (1.0, 0.0) when absent. Refuses non-finite or zero gains."""
     gain = getattr(config, GAIN_KEY, None)
     bias = getattr(config, BIAS_KEY, None)
@@ -64,14 +67,14 @@ def reward_normalization(config: Any) -> tuple[float, float]:
     return gain, bias
 
 
-def set_reward_normalization(config: Any, gain: float, bias: float) -> None:
+def set_reward_normalization(config: PretrainedConfig, gain: float, bias: float) -> None:
     """Store (gain, bias) in the model config; ``save_pretrained`` writes them to ``config.json``."""
     setattr(config, GAIN_KEY, float(gain))
     setattr(config, BIAS_KEY, float(bias))
     reward_normalization(config)  # validates
 
 
-def clear_reward_normalization(config: Any) -> bool:
+def clear_reward_normalization(config: PretrainedConfig) -> bool:
     """Remove a stored normalisation (it describes the head before training changed it); True if there was one."""
     found = False
     for key in (GAIN_KEY, BIAS_KEY):
@@ -157,7 +160,7 @@ def init_reward_head(head: nn.Linear) -> None:
             head.bias.zero_()
 
 
-def max_positions(config: Any) -> int | None:
+def max_positions(config: PretrainedConfig) -> int | None:
     """How many tokens a model reads (``max_position_embeddings`` or GPT-2's ``n_positions``), if it says."""
     value = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return int(value) if value else None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlhf.core.group import gdpo_advantages, sum_rewards
-from rlhf.data.stream import PromptBatch, PromptStream
+from rlhf.data.stream import PromptBatch
 from rlhf.models.sharding import model_loader
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout.generation import Generated, repeat_each
@@ -29,11 +29,10 @@ one such step is skipped with a warning (a multi-task batch can miss every rewar
 mean the rewards do not fit the data."""
 
 
-def load_rewards(config: Any, tokenizer: Any, d: Dist) -> RewardSet:
-    """The config's reward sources for an RL trainer; when the run shards its models, each rank holds 1/world of
-    every reward model (they are gathered for scoring, see :func:`score`)."""
-    return load_reward_set(reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(d.device),
-                           loader=model_loader(d))  # fmt: skip
+def load_rewards(source: Any, tokenizer: Any, d: Dist) -> RewardSet:
+    """An RL trainer's ``reward.source``; when the run shards its models, each rank holds 1/world of every reward
+    model (they are gathered for scoring, see :func:`score`)."""
+    return load_reward_set(reward_spec(source), policy_tokenizer=tokenizer, device=str(d.device), loader=model_loader(d))
 
 
 
@@ -179,31 +178,13 @@ def reward_context(
 
 
 
-def make_trainer_state(
-    config: Any, steps_done: int, stream: PromptStream | None = None, rows: int | None = None
-) -> Any:
-    """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's).
-
-    ``global_step``: iterations completed (the ``step`` of metrics.jsonl, 0 while the first batch is scored);
-    ``max_steps``: ``config.steps``; ``epoch``: passes over the training prompts so far, fractional (from the
-    prompt stream's position); ``logging_steps`` / ``eval_steps`` / ``save_steps``: ``log_every`` /
-    ``eval_every`` / ``save_every``; ``train_batch_size``: ``rows`` (completions per step). Without a config
-    (``rlhf sample``, ``rlhf eval``) it is a fresh state, as TRL's before training: step 0 of 0.
-    """
+def make_trainer_state(**fields: Any) -> Any:
+    """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's):
+    ``fields`` as the training loop fills them (`rlhf.trainers.rl.trainer_state`); without any (``rlhf
+    sample``, ``rlhf eval``) a fresh state, as TRL's before training: step 0 of 0."""
     from transformers import TrainerState  # only here: importing transformers costs seconds
 
-    if config is None:
-        return TrainerState()
-    epoch = None
-    if stream is not None:
-        epoch = stream.epoch + stream.index / len(stream.prompts)
-        num_epochs = math.ceil(config.steps * stream.batch_size / len(stream.prompts))
-    return TrainerState(
-        epoch=epoch, global_step=steps_done, max_steps=config.steps, logging_steps=config.run.log_every,
-        eval_steps=config.run.eval_every, save_steps=config.run.save_every, train_batch_size=rows,
-        num_train_epochs=num_epochs if stream is not None else 0,
-    )  # fmt: skip
-
+    return TrainerState(**fields)
 
 
 def _mean_std(values: torch.Tensor) -> tuple[float, float]:

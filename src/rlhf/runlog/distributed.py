@@ -25,10 +25,13 @@ import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from rlhf.config import TrainingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -249,7 +252,7 @@ def entry(run: F) -> F:
     """
 
     @functools.wraps(run)
-    def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(config: TrainingConfig, *args: Any, **kwargs: Any) -> Any:
         with process_group(config.run.parallelism) as d:
             if d.is_main:
                 return run(config, *args, **kwargs)

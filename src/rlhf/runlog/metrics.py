@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlhf.config import config_to_dict
+from rlhf.config import TrainingConfig, config_to_dict
 from rlhf.runlog.health import HealthLog
 from rlhf.runlog.rundir import atomic_open, clear_run, write_run_config
 
@@ -181,7 +181,7 @@ def _open_sink(name: str, output_dir: Path, config: dict[str, Any], run_name: st
     raise ValueError(f"unknown metrics sink {name!r}; choose from jsonl, tensorboard, wandb, trackio")
 
 
-def open_run(config: Any, checkpoint: Path | None, start: int, d: Dist) -> MetricsLogger | NoLogger:
+def open_run(config: TrainingConfig, checkpoint: Path | None, start: int, d: Dist) -> MetricsLogger | NoLogger:
     """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``
     (a :class:`MetricsLogger`, with the doctor's live alarms when ``config.doctor.alarms``).
 

@@ -35,7 +35,7 @@ from typing import IO, Any, TypeVar
 
 import yaml
 
-from rlhf.config import ConfigError, config_to_yaml
+from rlhf.config import CommandConfig, ConfigError, TrainingConfig, config_to_yaml
 from rlhf.runlog.checkpoint import fsync_dir, list_checkpoints, load_checkpoint
 
 LOCK_FILE = ".rlhf.lock"
@@ -69,7 +69,7 @@ def claims_output_dir(run: F) -> F:
     """Decorate a trainer's ``run(config)``: claim ``config.output_dir`` (:func:`claim`) for the whole call."""
 
     @functools.wraps(run)
-    def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(config: CommandConfig, *args: Any, **kwargs: Any) -> Any:
         from rlhf.runlog import distributed
 
         d = distributed.current()
@@ -91,7 +91,7 @@ def claims_output_dir(run: F) -> F:
 
 
 @contextlib.contextmanager
-def claim(config: Any, field: str = "output_dir", entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
+def claim(config: CommandConfig, field: str = "output_dir", entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
     """Usable directory, lock, refusal of existing work, resume check — everything before any work starts.
 
     ``entries``: the names whose presence means "a run is here" (the demo has its own).
@@ -196,7 +196,7 @@ def clear_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
     fsync_dir(out)
 
 
-def check_outputs(config: Any, outputs: dict[str, str | Path | None]) -> None:
+def check_outputs(config: CommandConfig, outputs: dict[str, str | Path | None]) -> None:
     """Before any work: each output file (field name → path; None = not written) is refused if it exists and
     ``config.overwrite`` is off, or if it is a directory or its directory cannot be written.
 
@@ -223,7 +223,7 @@ def check_outputs(config: Any, outputs: dict[str, str | Path | None]) -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def check_resumable(out: Path, config: Any, where: str) -> None:
+def check_resumable(out: Path, config: CommandConfig, where: str) -> None:
     """Refuse a resume that cannot continue: a finished run without checkpoints, or a changed config."""
     if not list_checkpoints(out):
         if (out / "final").exists():
@@ -245,7 +245,7 @@ def check_resumable(out: Path, config: Any, where: str) -> None:
         )
 
 
-def config_changes(recorded: Path, config: Any) -> list[str]:
+def config_changes(recorded: Path, config: CommandConfig) -> list[str]:
     """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``.
 
     The recorded file is read as a config of the same command, so a field added since the run was recorded
@@ -274,7 +274,7 @@ def config_changes(recorded: Path, config: Any) -> list[str]:
     ]
 
 
-def load_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | None]:
+def load_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[str, Any] | None]:
     """The newest checkpoint of ``config.output_dir`` that loads, and its state; (None, None) without resume.
 
     A checkpoint whose ``state.pt`` cannot be read (a disk filled mid-write on a filesystem that renamed it
@@ -295,7 +295,7 @@ def load_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | N
     return chosen, state
 
 
-def _pick_resume_checkpoint(config: Any) -> tuple[Path | None, dict[str, Any] | None]:
+def _pick_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[str, Any] | None]:
     out = Path(config.output_dir)
     found = list_checkpoints(out)
     for path in reversed(found):
@@ -391,7 +391,7 @@ def staged(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_run_config(output_dir: Path, config: Any) -> None:
+def write_run_config(output_dir: Path, config: CommandConfig) -> None:
     """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with)."""
     atomic_write_text(output_dir / "config.yaml", config_to_yaml(config))
 

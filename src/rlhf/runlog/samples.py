@@ -65,12 +65,3 @@ def write_completions(
         return None
     path = output_dir / "completions" / f"step_{step:06d}.jsonl"
     return _write_rows(path, sample_rows(step, prompts, completions, scores))
-
-
-
-def log_completions(
-    config: Any, output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
-) -> None:
-    """:func:`write_completions` at the steps whose metrics are logged (every ``log_every`` and the last)."""
-    if step % config.run.log_every == 0 or step == config.steps:
-        write_completions(output_dir, step, prompts, completions, scores)

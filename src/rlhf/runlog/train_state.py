@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf.config import ConfigError
+from rlhf.config import ConfigError, TrainingConfig
 from rlhf.optim import build_optimizer
 from rlhf.runlog.checkpoint import checkpoint_path, save_checkpoint
 from rlhf.runlog.distributed import Dist
@@ -33,7 +33,7 @@ class TrainState:
 
     @classmethod
     def create(
-        cls, config: Any, params: list[nn.Parameter], total_updates: int, stream: Any, device: torch.device
+        cls, config: TrainingConfig, params: list[nn.Parameter], total_updates: int, stream: Any, device: torch.device
     ) -> TrainState:
         """AdamW and its schedule over ``total_updates`` optimizer steps (``config.optim``), generators seeded
         from ``config.run.seed``."""
@@ -59,7 +59,7 @@ class TrainState:
                       plain={**self.state_dict(), **extra},
                       unsharded=lambda: {"models": models.state_dict(), "optimizer": self.optimizer.state_dict()})
 
-    def resume(self, config: Any, models: Any, d: Dist) -> tuple[Path | None, dict[str, Any]]:
+    def resume(self, config: TrainingConfig, models: Any, d: Dist) -> tuple[Path | None, dict[str, Any]]:
         """``--run.resume``: the checkpoint picked (`rundir.load_resume_checkpoint`), loaded into ``models`` and this
         state, and its plain entries (``step``, a trainer's ``extra``); ``(None, {})`` when starting afresh."""
         checkpoint, saved = load_resume_checkpoint(config)

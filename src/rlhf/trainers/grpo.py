@@ -219,7 +219,7 @@ def make_rollout(
     logprobs = None if skip_policy else torch.zeros(B, T, device=ids.device)
     ref = torch.zeros(B, T, device=ids.device) if models.reference is not None else None
     # the same micro-batches as iteration 0 (unshuffled minibatches): its first ratio is exactly 1 (checklist 34)
-    split = plan(config, mask, T)
+    split = rl.micro_plan(config, mask, T)
     for micro, real in update.first_pass(B, config.minibatch_size, config.grpo.group_size, split, d):
         rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
         if logprobs is not None:
@@ -275,11 +275,6 @@ def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
     return config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1 and models.reference is None
 
 
-def plan(config: GRPOConfig, mask: torch.Tensor, T: int) -> Any:
-    """``rows → micro-batches``: the same plan for the rollout's pass and every update (checklist item 34)."""
-    return lambda rows: update.micro_batches(config, rows, mask, T)
-
-
 def grpo_update(
     config: GRPOConfig, models: rl.Models, rollout: Rollout, state: TrainState, clipped: bool = True
 ) -> dict[str, float]:
@@ -299,7 +294,7 @@ def grpo_update(
 
     result = update.update_passes(
         passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size,
-        shuffle=state.generators["shuffle"], unit=config.grpo.group_size, plan=plan(config, rollout.attention_mask, T),
+        shuffle=state.generators["shuffle"], unit=config.grpo.group_size, plan=rl.micro_plan(config, rollout.attention_mask, T),
         step=step, trainable=models.trainable, optimizer=state.optimizer, scheduler=state.scheduler,
         max_grad_norm=config.optim.max_grad_norm,
     )  # fmt: skip

@@ -197,11 +197,6 @@ def training_forward(
     return models.score(ids, mask, T, config.sampling.temperature, entropy=True, entropy_grad=entropy_grad)
 
 
-def plan(config: PPOConfig, mask: torch.Tensor, T: int) -> Any:
-    """``rows → micro-batches``: the same plan for the rollout's passes and every update (checklist item 34)."""
-    return lambda rows: update.micro_batches(config, rows, mask, T)
-
-
 @torch.no_grad()
 def make_rollout(
     config: PPOConfig, models: rl.Models, generated: generation.Generated, scores: torch.Tensor, kl_coef: float,
@@ -221,7 +216,7 @@ def make_rollout(
     ids, mask = generated.query_responses, generated.attention_mask
     (B, L), T = ids.shape, generated.responses.shape[1]
     logprobs, values, ref_logprobs = (torch.zeros(B, T, device=ids.device) for _ in range(3))
-    split = plan(config, mask, T)
+    split = rl.micro_plan(config, mask, T)
     for micro, real in update.first_pass(B, config.minibatch_size, 1, split, d):
         rows, cols, t = micro.rows, micro.columns(L - T), micro.response_length
         ref = models.reference.logprobs(ids[rows, cols], mask[rows, cols], t, config.sampling.temperature)
@@ -307,7 +302,7 @@ def ppo_update(
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
     result = update.update_passes(
         passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=state.generators["shuffle"], unit=1,
-        plan=plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
+        plan=rl.micro_plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
         optimizer=state.optimizer, scheduler=state.scheduler, max_grad_norm=config.optim.max_grad_norm, held=held,
         first=first,
     )  # fmt: skip

@@ -14,6 +14,7 @@ each row) → (6) the doctor may stop the run → (7) the checkpoint when due. A
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from rlhf.config import PolicyGradientConfig
 from rlhf.data import held_out, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.data.tokenization import stop_token_ids
@@ -38,7 +40,7 @@ from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch, open_run
 from rlhf.runlog.progress import StepProgress
 from rlhf.runlog.seeding import seed_everything
 from rlhf.runlog.train_state import TrainState
-from rlhf.trainers.update import Trainable
+from rlhf.trainers import update
 
 MAX_HELD_OUT = 32
 """Held-out prompts answered at every eval step: the first ones of ``data.eval``, or a slice of ``data.train``."""
@@ -95,7 +97,7 @@ class Models:
         self.value = value(self.policy) if value is not None else ValueFunction()
         if model.compile:
             compile_models([self.policy, copy, self.value.critic], d.device)
-        self.trainable = Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)
+        self.trainable = update.Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)
 
     def score(
         self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
@@ -166,7 +168,7 @@ class Algorithm(Protocol):
     def load_state_dict(self, saved: dict[str, Any]) -> None: ...
 
 
-def train(config: Any, make: Callable[[Any, Inputs], Algorithm]) -> Path:
+def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]) -> Path:
     """Train ``config.model.name`` with the algorithm ``make(config, inputs)`` builds; returns ``final/``."""
     inputs = load_inputs(config)
     out, d = Path(config.output_dir), inputs.d
@@ -186,7 +188,7 @@ def train(config: Any, make: Callable[[Any, Inputs], Algorithm]) -> Path:
     with StepProgress(config.steps, start, enabled=shown, health=logger.health) as progress:
         for step in range(start + 1, config.steps + 1):
             watch = Stopwatch("rollout", "logprobs", "train")
-            trainer_state = scoring.make_trainer_state(config, step - 1, stream, config.num_sequences)
+            trainer_state = make_trainer_state(config, step - 1, stream)
             with watch("rollout"):  # 1. sample and score
                 sampled = algorithm.sample(stream, state.generators["sampling"], trainer_state)
             watch.seconds["rollout"] -= sampled.scores.seconds  # scoring has its own time/score_s
@@ -198,7 +200,7 @@ def train(config: Any, make: Callable[[Any, Inputs], Algorithm]) -> Path:
             stats = sampled.stats | learned
             stats |= algorithm.after_step(stats)  # 4. e.g. PPO's β for the next step
             metrics = step_metrics(step, sampled, state.scheduler.get_last_lr()[0], watch, stats)
-            trainer_state = scoring.make_trainer_state(config, step, stream, config.num_sequences)
+            trainer_state = make_trainer_state(config, step, stream)
             end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, sampled)  # 5.
             progress.update(step, metrics)
             stop = doctor_stops(config, logger, d)  # 6. doctor.stop_on: a finding that severe started
@@ -214,7 +216,7 @@ def train(config: Any, make: Callable[[Any, Inputs], Algorithm]) -> Path:
     return out / "final"
 
 
-def load_inputs(config: Any) -> Inputs:
+def load_inputs(config: PolicyGradientConfig) -> Inputs:
     """Check every input (model paths, reward sources, stop token) before anything loads, seed every generator,
     then the policy's tokenizer, the stop token ids, the training and held-out prompts, the reward sources and
     the sampling settings."""
@@ -227,11 +229,24 @@ def load_inputs(config: Any) -> Inputs:
     train_prompts, eval_prompts = prompts(config, tokenizer)
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
-    rewards = scoring.load_rewards(config, tokenizer, d)
+    rewards = scoring.load_rewards(config.reward.source, tokenizer, d)
     return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling)
 
 
-def prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
+def make_trainer_state(config: PolicyGradientConfig, steps_done: int, stream: PromptStream) -> Any:
+    """What reward functions get as ``trainer_state`` (`rlhf.rollout.scoring.make_trainer_state`): ``global_step``,
+    the iterations completed (0 while the first batch is scored); ``max_steps``; ``epoch``, the passes over the
+    training prompts so far (fractional, from the stream's position); ``logging_steps`` / ``eval_steps`` /
+    ``save_steps`` from ``run``; ``train_batch_size``, the completions per step."""
+    run, epochs = config.run, math.ceil(config.steps * stream.batch_size / len(stream.prompts))
+    return scoring.make_trainer_state(
+        epoch=stream.epoch + stream.index / len(stream.prompts), global_step=steps_done, max_steps=config.steps,
+        logging_steps=run.log_every, eval_steps=run.eval_every, save_steps=run.save_every,
+        train_batch_size=config.num_sequences, num_train_epochs=epochs,
+    )
+
+
+def prompts(config: PolicyGradientConfig, tokenizer: Any) -> tuple[list, list]:
     """Training prompts, and held-out ones: ``data.eval``, else a small deterministic slice of ``data.train``."""
     train = load_prompts(config.data.train, tokenizer, config.sampling.max_prompt_length)
     if config.data.eval:
@@ -242,7 +257,14 @@ def prompts(config: Any, tokenizer: Any) -> tuple[list, list]:
     return held_out(train, n, seed=config.run.seed)
 
 
-def clipped_objective(config: Any, step: int, d: Dist = SINGLE) -> bool:
+def micro_plan(config: PolicyGradientConfig, mask: torch.Tensor, T: int) -> Callable[[torch.Tensor], list]:
+    """``rows → micro-batches`` under ``batch.micro_size`` and ``batch.micro_tokens``, padding cut: the same plan
+    for the rollout's passes and every update, so the first update's ratio is exactly 1 (checklist item 34)."""
+    size, budget = config.effective_micro_batch_size, config.batch.micro_tokens
+    return lambda rows: update.plan_micro_batches(rows, mask, T, size, budget)
+
+
+def clipped_objective(config: PolicyGradientConfig, step: int, d: Dist = SINGLE) -> bool:
     """Whether ``step`` trains on the clipped surrogate, or on the unclipped policy-gradient loss of the warm-up
     (the first ``warmup_pg_steps`` steps). The main rank says on stderr when the warm-up starts and ends."""
     warmup = config.algorithm.warmup_pg_steps
@@ -265,15 +287,16 @@ def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats
 
 
 def end_step(
-    config: Any, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, step: int,
+    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, step: int,
     metrics: dict[str, Any], trainer_state: Any, sampled: Sampled,
 ) -> None:  # fmt: skip
     """After the update: this step's completions to ``completions/`` (rank 0, when due), then the held-out
     answers when due (every ``run.eval_every`` steps and at the last, ``eval/reward/*`` in this step's row), then
     the row when due (every ``log_every``)."""
     out, d = Path(config.output_dir), inputs.d
-    if d.is_main:
-        samples.log_completions(config, out, step, sampled.prompts, sampled.generated.completions, sampled.scores)
+    logging = step % config.run.log_every == 0 or step == config.steps
+    if d.is_main and logging:
+        samples.write_completions(out, step, sampled.prompts, sampled.generated.completions, sampled.scores)
     evaluating = bool(inputs.eval_prompts) and (
         (config.run.eval_every > 0 and step % config.run.eval_every == 0) or step == config.steps
     )
@@ -281,12 +304,12 @@ def end_step(
         start = time.perf_counter()
         metrics.update(evaluate(config, inputs, policy, step, trainer_state))
         metrics["time/eval_s"] = time.perf_counter() - start
-    if evaluating or step % config.run.log_every == 0 or step == config.steps:
+    if evaluating or logging:
         logger.log(metrics)
 
 
 def evaluate_start(
-    config: Any, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, stream: Any, start: int
+    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, stream: Any, start: int
 ) -> None:
     """Step 0 of a fresh run: the policy's held-out answers before its first update, logged as the row ``{"step":
     0, "eval/reward/*"}`` (and ``samples/step_000000.jsonl``), so every run's curves start from its own starting
@@ -295,13 +318,13 @@ def evaluate_start(
     if start > 0 or not inputs.eval_prompts:
         return
     t0 = time.perf_counter()
-    trainer_state = scoring.make_trainer_state(config, 0, stream, config.num_sequences)
+    trainer_state = make_trainer_state(config, 0, stream)
     metrics = evaluate(config, inputs, policy, 0, trainer_state)
     logger.log({"step": 0, **metrics, "time/eval_s": time.perf_counter() - t0})
 
 
 @torch.no_grad()
-def evaluate(config: Any, inputs: Inputs, policy: nn.Module, step: int, trainer_state: Any) -> dict[str, float]:
+def evaluate(config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, step: int, trainer_state: Any) -> dict[str, float]:
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
     ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
     share; the rows are gathered. ``trainer_state``: what reward functions get as ``trainer_state``."""
@@ -318,7 +341,7 @@ def evaluate(config: Any, inputs: Inputs, policy: nn.Module, step: int, trainer_
     return scoring.reward_metrics(scores, prefix="eval/reward")
 
 
-def doctor_stops(config: Any, logger: MetricsLogger | NoLogger, d: Dist = SINGLE) -> bool:
+def doctor_stops(config: PolicyGradientConfig, logger: MetricsLogger | NoLogger, d: Dist = SINGLE) -> bool:
     """Whether the run stops now: a finding at least as severe as ``doctor.stop_on`` started at this step. Rank 0
     watches the metrics; every rank gets its answer (a collective, so only when stop_on is set)."""
     if config.doctor.stop_on == "never" or not config.doctor.alarms:

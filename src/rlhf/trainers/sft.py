@@ -281,7 +281,7 @@ def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: in
 # --------------------------------------------------------------------------------------------------------------
 
 
-def write_final(config: Any, model: nn.Module, tokenizer: Any, d: Dist) -> Path:
+def write_final(config: SFTConfig, model: nn.Module, tokenizer: Any, d: Dist) -> Path:
     """``output_dir/final`` of a trained causal LM (sft, dpo): gathered from the shards when sharded, written by
     rank 0 through a staging directory (a crash keeps the previous final/); returns its path on every rank."""
     final = Path(config.output_dir) / "final"

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from rlhf.config import TrainingConfig
 from rlhf.data.stream import EpochOrder
 from rlhf.models.loading import load_trainable_state, trainable_state
 from rlhf.runlog.distributed import Dist
@@ -66,7 +67,7 @@ class Task:
     tokens: Callable[[list[int]], int]
 
 
-def train(config: Any, task: Task, order: EpochOrder, epochs: int, d: Dist) -> None:
+def train(config: TrainingConfig, task: Task, order: EpochOrder, epochs: int, d: Dist) -> None:
     """Train ``epochs`` epochs of ``order``'s batches (resuming from ``--run.resume``'s checkpoint), logging
     to ``metrics.jsonl`` under ``config.output_dir``."""
     out, total = Path(config.output_dir), epochs * order.steps_per_epoch

@@ -304,11 +304,3 @@ def plan_micro_batches(
         )
         for group in plans
     ]
-
-
-
-def micro_batches(config: Any, minibatch: torch.Tensor, mask: torch.Tensor, T: int) -> list[MicroBatch]:
-    """The micro-batches of one minibatch of rollout rows under ``config.batch.micro_size`` and
-    ``config.batch.micro_tokens``, padding cut (:func:`plan_micro_batches`)."""
-    size, budget = config.effective_micro_batch_size, config.batch.micro_tokens
-    return plan_micro_batches(minibatch, mask, T, size, budget)
