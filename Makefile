@@ -24,6 +24,7 @@ demo: $(STAMP)
 # pytest's exit code 5 means "no test collected": not a failure of the suite.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q $(ARGS) || [ $$? -eq 5 ]
 
 setup: $(STAMP)

@@ -122,9 +122,7 @@ def main() -> None:
             reward_model=reward,
             train_dataset=data,
             # TRL's recipe: the value model starts from the reward model
-            value_model=AutoModelForSequenceClassification.from_pretrained(
-                spec["reward"], num_labels=1, **f32
-            ),
+            value_model=AutoModelForSequenceClassification.from_pretrained(spec["reward"], num_labels=1, **f32),
             eval_dataset=data,
             callbacks=[StepTimer()],
         )

@@ -141,8 +141,7 @@ def summarize(
     }
     if all(f"{phase}_s" in s for s in steps for phase in PHASES):
         out["split"] = {
-            phase: median_after_warmup([s[f"{phase}_s"] / s["step_s"] for s in steps], warmup)
-            for phase in PHASES
+            phase: median_after_warmup([s[f"{phase}_s"] / s["step_s"] for s in steps], warmup) for phase in PHASES
         }
     if all("gen_columns" in s for s in steps):
         out["gen_columns"] = median_after_warmup([float(s["gen_columns"]) for s in steps], warmup)

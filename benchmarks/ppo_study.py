@@ -105,9 +105,7 @@ def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, thread
     else:
         run_dir, result = base / "ppo", json.loads((base / "eval" / "ppo.json").read_text())
     seconds = time.perf_counter() - start
-    doctor = subprocess.run(
-        [*rlhf, "doctor", str(run_dir), "--json"], env=env, capture_output=True, text=True
-    )
+    doctor = subprocess.run([*rlhf, "doctor", str(run_dir), "--json"], env=env, capture_output=True, text=True)
     verdict = json.loads(doctor.stdout)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     held_out = [row["eval/reward/gold/mean"] for row in rows if "eval/reward/gold/mean" in row]
@@ -125,9 +123,7 @@ def run_setting(name: str, base: Path, out: Path, kernel: str, seed: int, thread
         "held_out_gold_last": held_out[-1],
         "findings": sorted({f["rule"] for run in verdict["runs"] for f in run["findings"]}),
         "seconds": seconds if SETTINGS[name] else summary["time/ppo_s"],
-        "baselines": {
-            m: summary["methods"][m]["gold_mean"] for m in ("sft", "best_of_n", "dpo", "ppo", "grpo")
-        },
+        "baselines": {m: summary["methods"][m]["gold_mean"] for m in ("sft", "best_of_n", "dpo", "ppo", "grpo")},
         "environment": summary["environment"],
     }
 
@@ -181,9 +177,7 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="+", default=list(demo_figures.KERNELS))
     parser.add_argument("--bases", type=Path, default=Path("runs/demo_figures"))
     parser.add_argument("--out", type=Path, default=Path("runs/ppo_study"))
-    parser.add_argument(
-        "--jobs", type=int, default=2, help="processes at once (each gets cores / jobs threads)"
-    )
+    parser.add_argument("--jobs", type=int, default=2, help="processes at once (each gets cores / jobs threads)")
     parser.add_argument("--update-doc", type=Path, default=None)
     parser.add_argument(
         "--from-results", action="store_true", help="build the table from OUT/results.jsonl, running nothing"
@@ -221,9 +215,7 @@ def report(results: list[dict], args: argparse.Namespace) -> None:
     text = table(results, args.settings)
     print(text)
     if args.update_doc:
-        demo_figures.update_readme(
-            args.update_doc, ("<!-- ppo-study:start -->", "<!-- ppo-study:end -->"), text
-        )
+        demo_figures.update_readme(args.update_doc, ("<!-- ppo-study:start -->", "<!-- ppo-study:end -->"), text)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ def measure(size: str, assets: dict) -> dict:
     tokenizer = load_tokenizer(path)
     policy = load_causal_lm(path)
     prompts = [json.loads(line)["prompt"] for line in Path(assets["prompts"]).read_text().splitlines()[:16]]
-    query, query_mask = left_pad([tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts], tokenizer.pad_token_id)
+    query, query_mask = left_pad(
+        [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts], tokenizer.pad_token_id
+    )
     responses = sample(policy, query, query_mask, SamplingParams(32, 1.0), [], tokenizer.pad_token_id,
                        RowGenerators(0, range(len(prompts))))  # fmt: skip
     ids = torch.cat([query, responses], 1)
@@ -66,7 +68,9 @@ def measure(size: str, assets: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=",".join(bench.SIZES), help=f"comma-separated, out of {','.join(bench.SIZES)}")
+    parser.add_argument(
+        "--sizes", default=",".join(bench.SIZES), help=f"comma-separated, out of {','.join(bench.SIZES)}"
+    )
     args = parser.parse_args()
     sizes = args.sizes.split(",")
     assets = bench.build_assets(set(sizes))

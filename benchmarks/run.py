@@ -61,9 +61,7 @@ class Run:
     label: str
     side: str  # "ours" or a key of PEERS
     critic: str | None = None  # ours ppo only
-    micro_batch_size: int | None = (
-        None  # ours: smaller micro-batches, the same update, less activation memory
-    )
+    micro_batch_size: int | None = None  # ours: smaller micro-batches, the same update, less activation memory
     compile: bool = False  # ours: `compile: true` (torch.compile of the transformer blocks)
 
 
@@ -187,9 +185,7 @@ def build_assets(sizes: set[str]) -> dict:
                      if len(tokenizer(line, add_special_tokens=False)["input_ids"]) == PROMPT_TOKENS]  # fmt: skip
             if len(lines) < NUM_PROMPTS:
                 raise RuntimeError(f"only {len(lines)} toy prompts of {PROMPT_TOKENS} tokens; change PROMPT_TOKENS")
-            (root / "prompts.jsonl").write_text(
-                "".join(json.dumps({"prompt": p}) + "\n" for p in lines[:NUM_PROMPTS])
-            )
+            (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines[:NUM_PROMPTS]))
         for size in missing:
             dims = SIZES[size]
             policy = tiny_causal_lm("llama", tokenizer, **dims, seed=0)
@@ -230,9 +226,7 @@ def venv_versions(python: Path) -> dict | None:
 
 def imports_trainer(python: Path, peer: str) -> bool:
     """Whether the peer's trainer imports (TRL 1.0.0 predates transformers 5 and may not)."""
-    module = (
-        "from trl.experimental.ppo import PPOTrainer" if peer == "trl-ppo" else "from trl import GRPOTrainer"
-    )
+    module = "from trl.experimental.ppo import PPOTrainer" if peer == "trl-ppo" else "from trl import GRPOTrainer"
     return subprocess.run([str(python), "-c", module], capture_output=True).returncode == 0
 
 
@@ -302,12 +296,23 @@ def peak_gflops(threads: int, products: list[tuple[int, int, int]] = ()) -> floa
 
 
 def ours_config(
-    algo: str, models: dict, prompts: str, out_dir: Path, steps: int, s: dict, *, critic: str | None = None,
-    micro_batch_size: int | None = None, compile: bool = False, parallelism: str = "auto",
+    algo: str,
+    models: dict,
+    prompts: str,
+    out_dir: Path,
+    steps: int,
+    s: dict,
+    *,
+    critic: str | None = None,
+    micro_batch_size: int | None = None,
+    compile: bool = False,
+    parallelism: str = "auto",
 ) -> dict:
     """Our config for the shared settings `s` (the flat names TRL's side reads too), in rlhf's sections."""
     if algo == "ppo":
-        algorithm = {"epochs": s["ppo_epochs"], "num_minibatches": s["num_minibatches"]} | ({"critic": critic} if critic else {})
+        algorithm = {"epochs": s["ppo_epochs"], "num_minibatches": s["num_minibatches"]} | (
+            {"critic": critic} if critic else {}
+        )
     else:
         algorithm = {"group_size": s["group_size"], "num_iterations": s["num_iterations"]}
     return {
@@ -461,9 +466,7 @@ def caption(results: dict) -> str:
     mode = "quick run, " if results["quick"] else ""
     n = results["repeats"]
     repeats = f"median of {n} repeats run in turn, spread min–max" if n > 1 else "one repeat"
-    busy = max(
-        (run.get("cpu_busy_before", 0.0) for case in results["cases"] for run in case["runs"]), default=0
-    )
+    busy = max((run.get("cpu_busy_before", 0.0) for case in results["cases"] for run in case["runs"]), default=0)
     warning = (
         f" **Other processes used up to {100 * busy:.0f}% of the CPU just before a run: not a measurement.**"
         if busy > BUSY
@@ -533,9 +536,7 @@ def case_steps(case: Case, args: argparse.Namespace) -> int:
     return min(case.steps, args.steps) if args.quick else case.steps
 
 
-def run_case(
-    name: str, case: Case, assets: dict, peers: dict, args: argparse.Namespace, gflops: float
-) -> dict:
+def run_case(name: str, case: Case, assets: dict, peers: dict, args: argparse.Namespace, gflops: float) -> dict:
     """Every run of one case, one process each; ours are then compared with the case's peer.
 
     With ``--repeats N`` the case's runs go round N times in turn (ours, TRL, ours, TRL, …): the machine's
@@ -587,14 +588,10 @@ def run_case(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 steps per run (2 warm-up + 2 timed)")
     parser.add_argument("--only", help=f"comma-separated cases out of {','.join(CASES)}")
-    parser.add_argument(
-        "--steps", type=int, help="steps per run (default 12, or 4 with --quick; the 110m cases: 6)"
-    )
+    parser.add_argument("--steps", type=int, help="steps per run (default 12, or 4 with --quick; the 110m cases: 6)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, both sides")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     parser.add_argument(

@@ -30,7 +30,11 @@ CHILD = HERE / "child_scaling.py"
 CASES = {
     "ppo-3m": {"algo": "ppo", "size": "3m", "settings": {**bench.PPO, "max_new_tokens": 32}},
     "ppo-25m": {"algo": "ppo", "size": "25m", "settings": {**bench.PPO, "max_new_tokens": 32}},
-    "grpo-3m": {"algo": "grpo", "size": "3m", "settings": {**bench.GRPO, "batch_size": 8, "max_new_tokens": 32}},
+    "grpo-3m": {
+        "algo": "grpo",
+        "size": "3m",
+        "settings": {**bench.GRPO, "batch_size": 8, "max_new_tokens": 32},
+    },
 }
 LAYOUTS = {"1 process": (1, "auto"), "2 ranks DDP": (2, "ddp"), "2 ranks FSDP2": (2, "fsdp")}
 """label → (processes, parallelism)."""
@@ -38,7 +42,9 @@ LAYOUTS = {"1 process": (1, "auto"), "2 ranks DDP": (2, "ddp"), "2 ranks FSDP2":
 
 def config(case: dict, assets: dict, steps: int, out: Path, parallelism: str) -> dict:
     models = assets["models"][case["size"]]
-    return bench.ours_config(case["algo"], models, assets["prompts"], out, steps, case["settings"], parallelism=parallelism)
+    return bench.ours_config(
+        case["algo"], models, assets["prompts"], out, steps, case["settings"], parallelism=parallelism
+    )
 
 
 def launch(processes: int, threads: int, spec: Path, result: Path, timeout: float) -> None:
@@ -90,8 +96,15 @@ def main() -> int:
                 folder = bench.WORK / "scaling" / f"{name}-{processes}-{parallelism}"
                 folder.mkdir(parents=True, exist_ok=True)
                 spec = folder / "spec.json"
-                spec.write_text(json.dumps({"algo": case["algo"], "threads": max(1, cores // processes),
-                                            "config": config(case, assets, steps, folder / "out", parallelism)}))
+                spec.write_text(
+                    json.dumps(
+                        {
+                            "algo": case["algo"],
+                            "threads": max(1, cores // processes),
+                            "config": config(case, assets, steps, folder / "out", parallelism),
+                        }
+                    )
+                )
                 bench.log(f"{name}: {label}, repeat {repeat + 1}/{repeats}")
                 launch(processes, max(1, cores // processes), spec, folder / "result", args.timeout)
                 tries[label].append(collect(folder / "result", processes))
@@ -135,4 +148,3 @@ def render(results: list[dict], cores: int) -> str:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -42,9 +42,7 @@ def main(root: Path) -> None:
                 wrong = rng.choice([n for n in range(19) if n != a + b])
                 row = {"prompt": f"what is {a} + {b}?", "chosen": f" {a + b}", "rejected": f" {wrong}"}
                 f.write(json.dumps(row) + "\n")
-    print(
-        f"wrote {root}/: policy/, reward_model/, prompts.jsonl, eval_prompts.jsonl, sft.jsonl, preferences.jsonl"
-    )
+    print(f"wrote {root}/: policy/, reward_model/, prompts.jsonl, eval_prompts.jsonl, sft.jsonl, preferences.jsonl")
 
 
 if __name__ == "__main__":

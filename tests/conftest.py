@@ -176,9 +176,7 @@ def tiny_reward_model_other_tokenizer_dir(tiny_root: Path, other_tokenizer_dir: 
     from rlhf.models.tiny import save_tiny, tiny_reward_model
 
     tok = AutoTokenizer.from_pretrained(other_tokenizer_dir)
-    return save_tiny(
-        tiny_reward_model("gpt2", tok, seed=2), tok, tiny_root / "gpt2_reward_model_other_tokenizer"
-    )
+    return save_tiny(tiny_reward_model("gpt2", tok, seed=2), tok, tiny_root / "gpt2_reward_model_other_tokenizer")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -211,18 +211,14 @@ CASES: dict[str, Case] = {
 
 
 @pytest.fixture
-def placeholders(
-    tmp_path: Path, tiny_llama_dir: Path, tiny_reward_model_dir: Path, monkeypatch
-) -> dict[str, str]:
+def placeholders(tmp_path: Path, tiny_llama_dir: Path, tiny_reward_model_dir: Path, monkeypatch) -> dict[str, str]:
     """The values of {tmp}, {policy}, … with valid data files and a reward function written in tmp_path."""
     monkeypatch.chdir(tmp_path)
     # no network: a hub id fails at once (and the same way on every machine) instead of after retries
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     (tmp_path / "prompts.jsonl").write_bytes(PROMPTS)
     (tmp_path / "sft.jsonl").write_text('{"prompt": "what is 1 + 2?", "response": " 3"}\n' * 4)
-    (tmp_path / "prefs.jsonl").write_text(
-        '{"prompt": "what is 1 + 2?", "chosen": " 3", "rejected": " 4"}\n' * 4
-    )
+    (tmp_path / "prefs.jsonl").write_text('{"prompt": "what is 1 + 2?", "chosen": " 3", "rejected": " 4"}\n' * 4)
     (tmp_path / "r.py").write_bytes(REWARD_PY)
     return {
         "tmp": str(tmp_path), "cwd": str(tmp_path), "policy": str(tiny_llama_dir), "rm": str(tiny_reward_model_dir),
@@ -284,8 +280,7 @@ def test_sft_examples_cut_to_max_length_are_counted(
 ) -> None:
     long = Path(placeholders["tmp"]) / "long.jsonl"
     long.write_text(
-        '{"prompt": "count", "response": " 1 2 3 4 5 6 7 8 9 10 11 12"}\n'
-        + Path(placeholders["sft"]).read_text()
+        '{"prompt": "count", "response": " 1 2 3 4 5 6 7 8 9 10 11 12"}\n' + Path(placeholders["sft"]).read_text()
     )
     flags = ["--data.train", str(long), "--data.max_length", "12", "--batch.size", "5"]
     assert cli.main([*shlex.split(BASE["sft"].format(**placeholders)), *flags]) == 0

@@ -163,9 +163,7 @@ def test_markdown_table_rows():
              "vs_peer": {"speed": 2.0, "speed_min": 2.0, "speed_max": 2.0, "speed_per_repeat": [2.0], "rss": 0.5},
              "label": "rlhf grpo"}  # fmt: skip
     failed = {"label": "TRL GRPOTrainer", "error": "exit code 1: ImportError | no module"}
-    table = measure.markdown_table(
-        [{"name": "ppo32", "runs": [ours, peer]}, {"name": "grpo", "runs": [quick, failed]}]
-    )
+    table = measure.markdown_table([{"name": "ppo32", "runs": [ours, peer]}, {"name": "grpo", "runs": [quick, failed]}])
     lines = table.strip().splitlines()
     assert len(lines) == 6
     assert {line.count("|") for line in lines} == {14}  # 13 columns everywhere, the failed row too
@@ -176,7 +174,10 @@ def test_markdown_table_rows():
     )
     # no spread when every repeat gave the same number, or with one repeat
     assert lines[3] == "| ppo32 | TRL PPOTrainer | 4.000 | — | 4.0 | 128 | 32.0 | 1000 | — | — | — | — | — |"
-    assert lines[4] == "| grpo | rlhf grpo | 0.050 [1 of 2 repeats] | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — | — |"
+    assert (
+        lines[4]
+        == "| grpo | rlhf grpo | 0.050 [1 of 2 repeats] | — | 4.0 | 128 | 32.0 | 1000 | 2.00× | 0.50× | — | — | — |"
+    )
     assert lines[5].startswith("| grpo | TRL GRPOTrainer | failed: exit code 1: ImportError / no module |")
 
 
@@ -289,7 +290,10 @@ def test_run_case_interleaves_repeats_and_renders_from_results(monkeypatch, tmp_
     assert ours["summary"]["phase_peak_mb"] == {"rollout": 500.45, "logprobs": 510.0, "train": 560.0}
     assert ours["summary"]["rss_start_mb"] == 400.0 and "total" in ours["summary"]["memory_model_mb"]
     assert ours["vs_peer"]["speed"] == pytest.approx(0.6 / 0.45)
-    assert (ours["vs_peer"]["speed_min"], ours["vs_peer"]["speed_max"]) == (pytest.approx(1.2), pytest.approx(1.6))
+    assert (ours["vs_peer"]["speed_min"], ours["vs_peer"]["speed_max"]) == (
+        pytest.approx(1.2),
+        pytest.approx(1.6),
+    )
 
     results = {"format": measure.RESULTS_FORMAT, "quick": False, "steps": 4, "repeats": 3,
                "machine": {"cpu": "CPU", "cores": 2, "threads": 1, "peak_fp32_gflops": 1.0, "torch": "2",

@@ -82,9 +82,7 @@ def test_no_arguments_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_command_help_lists_every_field_with_its_default(
-    command: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_command_help_lists_every_field_with_its_default(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([command, "--help"]) == 0
     out = flatten_help(capsys.readouterr().out)
     assert f"rlhf {command}" in out and "--config FILE.yaml" in out
@@ -119,11 +117,18 @@ def test_help_shows_the_yaml_values_as_defaults(tmp_path: Path, capsys: pytest.C
 
 
 def test_dispatch_passes_the_merged_config_to_run(tmp_path: Path, fake_runner: list[object]) -> None:
-    path = write_config(tmp_path, **{"batch.size": 8, "ppo.num_minibatches": 3})  # invalid in the file, fixed by the flag
+    path = write_config(
+        tmp_path, **{"batch.size": 8, "ppo.num_minibatches": 3}
+    )  # invalid in the file, fixed by the flag
     assert cli.main(["ppo", "--config", str(path), "--ppo.num_minibatches", "2", "--ppo.steps", "5"]) == 0
     (config,) = fake_runner
     assert isinstance(config, PPOConfig)
-    assert (config.batch.size, config.ppo.num_minibatches, config.steps, config.model.name) == (8, 2, 5, "models/sft")
+    assert (config.batch.size, config.ppo.num_minibatches, config.steps, config.model.name) == (
+        8,
+        2,
+        5,
+        "models/sft",
+    )
 
 
 def test_config_flag_with_equals_sign(tmp_path: Path, fake_runner: list[object]) -> None:
@@ -146,9 +151,7 @@ def test_a_missing_dependency_inside_a_trainer_is_not_hidden(
     (tmp_path / "rlhf_test_broken_trainer.py").write_text("import rlhf_test_no_such_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(cli.RUNNERS, "ppo", ("rlhf_test_broken_trainer", "x"))
-    assert (
-        cli.main(["ppo", "--config", str(write_config(tmp_path))]) == 1
-    )  # not "not built": an internal error
+    assert cli.main(["ppo", "--config", str(write_config(tmp_path))]) == 1  # not "not built": an internal error
     assert "No module named 'rlhf_test_no_such_dependency'" in capsys.readouterr().err
     with pytest.raises(ModuleNotFoundError, match="rlhf_test_no_such_dependency"):
         cli.main(["ppo", "--config", str(write_config(tmp_path)), "--debug"])
@@ -169,9 +172,7 @@ def test_a_missing_dependency_inside_a_trainer_is_not_hidden(
         (["ppo", "--config", "/nonexistent/run.yaml"], "does not exist"),
     ],
 )
-def test_refusals_exit_2_with_one_line(
-    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_refusals_exit_2_with_one_line(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert expected in err
@@ -183,9 +184,17 @@ def test_refusals_exit_2_with_one_line(
     [
         ({"kl.coeff": 0.1}, [], "unknown key 'kl.coeff'; did you mean 'kl.coef'?"),
         ({"batch.size": "eight"}, [], "batch.size='eight': input should be a valid integer"),
-        ({"batch.size": 8, "ppo.num_minibatches": 3}, [], "ppo.num_minibatches=3 does not divide batch.size=8"),
+        (
+            {"batch.size": 8, "ppo.num_minibatches": 3},
+            [],
+            "ppo.num_minibatches=3 does not divide batch.size=8",
+        ),
         ({}, ["--optim.learning_rate", "-1"], "optim.learning_rate=-1.0: input should be greater than 0"),
-        ({"reward.source": [{"source": "a.py:f"}, {"source": "b.py:f"}]}, [], "give each reward a distinct `name`"),
+        (
+            {"reward.source": [{"source": "a.py:f"}, {"source": "b.py:f"}]},
+            [],
+            "give each reward a distinct `name`",
+        ),
     ],
 )
 def test_config_refusals_exit_2_before_any_work(
@@ -203,7 +212,8 @@ def test_config_refusals_exit_2_before_any_work(
 
 
 @pytest.mark.parametrize(
-    "flags", [["--kl.estimator", "k4"], ["--ppo.steps", "many"], ["--no_such_field", "1"], ["--model.lora", "[1"]]
+    "flags",
+    [["--kl.estimator", "k4"], ["--ppo.steps", "many"], ["--no_such_field", "1"], ["--model.lora", "[1"]],
 )
 def test_malformed_flags_exit_2(
     tmp_path: Path, flags: list[str], fake_runner: list[object], capsys: pytest.CaptureFixture[str]
@@ -241,10 +251,10 @@ def test_bad_data_is_reported_without_a_traceback(
 ) -> None:
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
-    path = write_config(tmp_path, **{"model.name": str(tiny_llama_dir), "data.train": str(data), "reward.source": "r.py:f"})
-    (tmp_path / "r.py").write_text(
-        "def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
+    path = write_config(
+        tmp_path, **{"model.name": str(tiny_llama_dir), "data.train": str(data), "reward.source": "r.py:f"}
     )
+    (tmp_path / "r.py").write_text("def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
     assert (
         cli.main(["ppo", "--config", str(path), "--reward.source", f"{tmp_path / 'r.py'}:f", "--run.no_progress"]) == 2
     )

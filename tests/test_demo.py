@@ -107,9 +107,7 @@ def test_clear_pairs_are_rarely_flipped_and_close_pairs_often():
     rng = random.Random(2)
     flips = sum(task.gold_label((prompt, helpful, rude), rng)["chosen"] != helpful for _ in range(2000))
     assert flips == 0  # Δ ≈ 7: σ(−14) ≈ 1e-6
-    same = sum(
-        task.gold_label((prompt, helpful, helpful + " "), rng)["chosen"] == helpful for _ in range(2000)
-    )
+    same = sum(task.gold_label((prompt, helpful, helpful + " "), rng)["chosen"] == helpful for _ in range(2000))
     assert 900 < same < 1100  # Δ = 0: a coin flip
 
 
@@ -135,9 +133,7 @@ def test_every_stage_writes_its_run(demo_dir):
     for model in ("pretrain", "sft", "rm", "dpo", "ppo", "ppo_no_kl", "grpo"):
         assert (demo_dir / model / "final" / "config.json").is_file(), model
     for run in ("sft", "rm", "dpo", "ppo", "grpo"):
-        assert (
-            demo_dir / run / f"{run}.yaml"
-        ).is_file()  # the config the stage ran, for `rlhf <cmd> --config`
+        assert (demo_dir / run / f"{run}.yaml").is_file()  # the config the stage ran, for `rlhf <cmd> --config`
         assert _read_jsonl(demo_dir / run / "metrics.jsonl")
     assert _read_jsonl(demo_dir / "sample" / "candidates.jsonl")
     assert _read_jsonl(demo_dir / "label" / "preferences.jsonl")
@@ -225,7 +221,11 @@ def test_the_demo_data_fits_its_own_max_length(demo_dir):
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
-    for run in ("ppo", "ppo_no_kl", "grpo"):  # the policy optimises the reward model; gold rides with weight 0
+    for run in (
+        "ppo",
+        "ppo_no_kl",
+        "grpo",
+    ):  # the policy optimises the reward model; gold rides with weight 0
         command = run.removesuffix("_no_kl")
         rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]["source"]
         weights = {entry["source"]: entry["weight"] for entry in rewards}
@@ -254,8 +254,10 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
     path = demo_page.gold_path(pages.load_run(demo_dir / "ppo"), "PPO")
     ppo_rows = _read_jsonl(demo_dir / "ppo" / "metrics.jsonl")
     assert path.steps == tuple(row["step"] for row in ppo_rows if "eval/reward/gold/mean" in row)
-    assert path.steps[0] == 0 and path.kls[0] == 0.0 and path.kls[1:] == tuple(
-        row["kl/mean"] for row in ppo_rows[1:] if "eval/reward/gold/mean" in row
+    assert (
+        path.steps[0] == 0
+        and path.kls[0] == 0.0
+        and path.kls[1:] == tuple(row["kl/mean"] for row in ppo_rows[1:] if "eval/reward/gold/mean" in row)
     )
     answers = {name: {row["prompt"]: row for row in _read_jsonl(demo_dir / "eval" / f"{name}_samples.jsonl")}
                for name in ("best_of_n", "dpo", "ppo", "grpo")}  # fmt: skip

@@ -54,9 +54,7 @@ def test_core_imports_only_torch_stdlib_and_core():
             if name.startswith("."):
                 continue
             root = name.split(".")[0]
-            assert root in allowed_roots, (
-                f"{path.name} imports {name!r}; rlhf.core may import torch + stdlib only"
-            )
+            assert root in allowed_roots, f"{path.name} imports {name!r}; rlhf.core may import torch + stdlib only"
             if root == "rlhf":
                 assert name.startswith("rlhf.core"), f"{path.name} imports {name!r} from outside rlhf.core"
 
@@ -68,17 +66,13 @@ def test_core_import_does_not_load_transformers():
         "bad = [m for m in ('transformers', 'peft', 'datasets', 'vllm', 'rlhf.models', 'rlhf.trainers') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"importing rlhf.core loaded {out}"
 
 
 def test_import_rlhf_is_light():
     code = "import sys, rlhf; print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"`import rlhf` loaded {out}"
 
 

@@ -34,14 +34,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``sft.jsonl`` (16 demonstrations: 4 steps of 4) and ``prompts.jsonl`` (12 prompts)."""
     root = tmp_path_factory.mktemp("safety_data")
     lines = toy_corpus(40, seed=5)
-    rows = [
-        {"prompt": " ".join(line.split()[:3]), "response": " " + " ".join(line.split()[3:6])}
-        for line in lines
-    ]
+    rows = [{"prompt": " ".join(line.split()[:3]), "response": " " + " ".join(line.split()[3:6])} for line in lines]
     (root / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:16]))
-    (root / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": row["prompt"]}) + "\n" for row in rows[:12])
-    )
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": row["prompt"]}) + "\n" for row in rows[:12]))
     return root
 
 
@@ -82,9 +77,7 @@ def rlhf(*args: str) -> subprocess.CompletedProcess:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(
-    tiny_llama_dir, data, tmp_path, capsys
-):
+def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(tiny_llama_dir, data, tmp_path, capsys):
     out = tmp_path / "run"
     config = sft_yaml(tmp_path / "sft.yaml", tiny_llama_dir, data, out)
     assert cli.main(["sft", "--config", str(config)]) == 0
@@ -94,9 +87,7 @@ def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(
     # the same command again: one line, exit 2, nothing touched (bytes and mtimes)
     assert cli.main(["sft", "--config", str(config), "--optim.learning_rate", "1"]) == 2
     err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1 and "already holds a run" in err and "--run.resume" in err and "--run.overwrite" in err
-    )
+    assert err.count("\n") == 1 and "already holds a run" in err and "--run.resume" in err and "--run.overwrite" in err
     assert snapshot(out) == before
     # --overwrite: a new run, without checkpoints; the old ones are gone, so --resume cannot pick them up
     assert (
@@ -107,9 +98,7 @@ def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(
     assert yaml.safe_load((out / "config.yaml").read_text())["sft"]["epochs"] == 2
     assert cli.main(["sft", "--config", str(config), "--run.resume", "--run.save_every", "0", "--sft.epochs", "2"]) == 2
     assert "finished without a checkpoint" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [
-        rundir.LOCK_FILE
-    ]  # no temp leftovers
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [rundir.LOCK_FILE]  # no temp leftovers
 
 
 def test_resume_skips_a_torn_newest_checkpoint(tiny_llama_dir, data, tmp_path, capsys):
@@ -134,9 +123,7 @@ def test_resume_skips_a_torn_newest_checkpoint(tiny_llama_dir, data, tmp_path, c
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_step_once(
-    tiny_llama_dir, data, tmp_path
-):
+def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_step_once(tiny_llama_dir, data, tmp_path):
     """The first run's reward waits for a file, so it is certainly mid-run when the second one starts."""
     go = tmp_path / "go"
     rewards = tmp_path / "waiting.py"
@@ -152,7 +139,9 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
     out = tmp_path / "run"
     config = tmp_path / "ppo.yaml"
     config.write_text(
-        config_to_yaml(ppo_config(tiny_llama_dir, data, out, **{"ppo.steps": 3, "reward.source": f"{rewards}:wait_then_length"}))
+        config_to_yaml(
+            ppo_config(tiny_llama_dir, data, out, **{"ppo.steps": 3, "reward.source": f"{rewards}:wait_then_length"})
+        )
     )
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     first = subprocess.Popen([sys.executable, "-m", "rlhf", "ppo", "--config", str(config)], env=env,
@@ -178,7 +167,10 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
 
 @pytest.mark.parametrize(
     ("command", "changes"),
-    [("rm", {"batch.size": 8, "optim.learning_rate": 1e-3}), ("grpo", {"grpo.group_size": 2, "model.lora": {"r": 2}})],
+    [
+        ("rm", {"batch.size": 8, "optim.learning_rate": 1e-3}),
+        ("grpo", {"grpo.group_size": 2, "model.lora": {"r": 2}}),
+    ],
 )
 def test_rm_and_grpo_resume_with_a_changed_config_is_refused(tmp_path, command, changes):
     out = tmp_path / "run"
@@ -223,9 +215,7 @@ def test_sample_and_eval_refuse_existing_outputs_without_overwrite(tiny_llama_di
     samples.write_text("precious\n")
     values = {"model.name": str(tiny_llama_dir), "prompts": prompts, "output": str(out), "sampling.max_new_tokens": 4,
               "progress": False}  # fmt: skip
-    with pytest.raises(
-        ConfigError, match=r"sample: output '.*samples.jsonl' already exists; pass --overwrite"
-    ):
+    with pytest.raises(ConfigError, match=r"sample: output '.*samples.jsonl' already exists; pass --overwrite"):
         sample.run(config_from_dict("sample", nested(values)))
     eval_values = {"model.name": str(tiny_llama_dir), "eval_data": prompts, "reward.source": LENGTH, "sampling.max_new_tokens": 4,
                    "output": str(tmp_path / "new.json"), "samples_output": str(samples), "progress": False}  # fmt: skip

@@ -35,9 +35,7 @@ def judge(name: str) -> str:
 def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """6 plain prompts of 3-4 words, each with an ``idx`` column."""
     path = tmp_path_factory.mktemp("sample_prompts") / "prompts.jsonl"
-    rows = [
-        {"prompt": " ".join(line.split()[: 3 + i % 2]), "idx": i} for i, line in enumerate(toy_corpus(6, 7))
-    ]
+    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2]), "idx": i} for i, line in enumerate(toy_corpus(6, 7))]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -83,9 +81,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def candidates_file(
-    tiny_llama_dir: Path, prompts_file: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
+def candidates_file(tiny_llama_dir: Path, prompts_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The k completions of every prompt at seed 0 (what every mode samples at that seed)."""
     out = tmp_path_factory.mktemp("candidates") / "candidates.jsonl"
     sample.run(sample_config(tiny_llama_dir, prompts_file, out))
@@ -102,9 +98,7 @@ def candidates(candidates_file: Path) -> list[dict]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_candidates_format_and_same_seed_same_file(
-    tiny_llama_dir, prompts_file, candidates_file, candidates, tmp_path
-):
+def test_candidates_format_and_same_seed_same_file(tiny_llama_dir, prompts_file, candidates_file, candidates, tmp_path):
     prompts = read_prompts(prompts_file)
     assert [row["prompt"] for row in candidates] == [p.prompt for p in prompts]
     assert [row["idx"] for row in candidates] == list(range(6))  # extra columns are copied
@@ -129,7 +123,9 @@ def test_candidates_with_a_judge_carry_its_scores_and_the_judge_gets_the_columns
     for row in rows:
         assert row["rewards"] == [float(len(c)) for c in row["completions"]]
     # a judge reading the prompt's `idx` column gets it once per completion
-    sample.run(sample_config(tiny_llama_dir, prompts_file, out, **{"judge.source": judge("column_idx")}, overwrite=True))
+    sample.run(
+        sample_config(tiny_llama_dir, prompts_file, out, **{"judge.source": judge("column_idx")}, overwrite=True)
+    )
     assert [row["rewards"] for row in read_jsonl(out)] == [[float(i)] * K for i in range(6)]
 
 
@@ -215,9 +211,7 @@ def test_best_of_n_keeps_the_highest_scored_sample(tiny_llama_dir, prompts_file,
     assert summary["rows"] == len(rows) == 6
     for row, cands in zip(rows, candidates, strict=True):
         assert set(row) == {"prompt", "response", "reward", "idx"}
-        rescored = [
-            float(len(c)) for c in cands["completions"]
-        ]  # rescoring all N candidates of the same seed
+        rescored = [float(len(c)) for c in cands["completions"]]  # rescoring all N candidates of the same seed
         assert row["reward"] == max(rescored) == len(row["response"])
         assert row["response"] == cands["completions"][rescored.index(max(rescored))]
     assert len(load_sft(out, load_tokenizer(str(tiny_llama_dir)))) == 6  # an SFT file, ready for `rlhf sft`
@@ -245,7 +239,13 @@ def test_chat_prompts_keep_the_chat_form(tiny_llama_dir, chat_prompts_file, tmp_
 def test_a_reward_model_judges_too(tiny_llama_dir, tiny_reward_model_dir, prompts_file, candidates, tmp_path):
     out = tmp_path / "prefs.jsonl"
     summary = sample.run(
-        sample_config(tiny_llama_dir, prompts_file, out, mode="preferences", **{"judge.source": str(tiny_reward_model_dir)})
+        sample_config(
+            tiny_llama_dir,
+            prompts_file,
+            out,
+            mode="preferences",
+            **{"judge.source": str(tiny_reward_model_dir)},
+        )
     )
     rows = read_jsonl(out)
     assert summary["rows"] == len(rows) == 6  # continuous scores: no ties
@@ -277,7 +277,17 @@ def test_sample_config_errors_name_the_field(tmp_path, overrides, message):
 
 
 def test_cli_refuses_preferences_without_judge(tmp_path, capsys):
-    argv = ["sample", "--model.name", "m", "--prompts", "p.jsonl", "--output", "o.jsonl", "--mode", "preferences"]
+    argv = [
+        "sample",
+        "--model.name",
+        "m",
+        "--prompts",
+        "p.jsonl",
+        "--output",
+        "o.jsonl",
+        "--mode",
+        "preferences",
+    ]
     assert cli.main(argv) == 2
     assert "error: sample: mode='preferences' needs a judge" in capsys.readouterr().err
 
@@ -304,7 +314,9 @@ def test_eval_results_and_samples(tiny_llama_dir, prompts_file, tmp_path):
     assert 1 <= results["response/length_mean"] <= 8 and 0 <= results["response/eos_rate"] <= 1
     assert "win_rate" not in results
 
-    again = evaluate.run(eval_config(tiny_llama_dir, prompts_file, **{"reward.source": reward}))  # same seed, same results
+    again = evaluate.run(
+        eval_config(tiny_llama_dir, prompts_file, **{"reward.source": reward})
+    )  # same seed, same results
     drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert drop_times(again) == drop_times(results)
 
@@ -355,7 +367,10 @@ def test_win_rate_counts() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"judge.source": judge("length")}, "eval: judge decides the win rate against baseline, which is not set"),
+        (
+            {"judge.source": judge("length")},
+            "eval: judge decides the win rate against baseline, which is not set",
+        ),
         (
             {"output": "x.json", "samples_output": "x.json"},
             "eval: output and samples_output are both 'x.json'",
@@ -379,7 +394,10 @@ def test_eval_config_errors_name_the_field(tmp_path, overrides, message):
 
 def test_best_of_n_answers_are_the_selectors_best_of_the_same_samples(tiny_llama_dir, prompts_file, tmp_path):
     candidates_path, rows_file = tmp_path / "candidates.jsonl", tmp_path / "rows.jsonl"
-    same_sampling = {"sampling.temperature": 1.0, "batch_size": 4}  # sample and eval then draw the same samples
+    same_sampling = {
+        "sampling.temperature": 1.0,
+        "batch_size": 4,
+    }  # sample and eval then draw the same samples
     sample.run(sample_config(tiny_llama_dir, prompts_file, candidates_path, **same_sampling))
     results = evaluate.run(eval_config(
         tiny_llama_dir, prompts_file, **same_sampling, **{"best_of.n": K, "best_of.source": judge("length"),

@@ -75,7 +75,11 @@ def _functions() -> list[tuple[str, int, int, str]]:
 
 @cache
 def _lines() -> dict[str, list[str]]:
-    return {str(f.relative_to(SRC)): f.read_text().splitlines() for f in sorted(SRC.rglob("*.py")) if f.parent.name != "config"}
+    return {
+        str(f.relative_to(SRC)): f.read_text().splitlines()
+        for f in sorted(SRC.rglob("*.py"))
+        if f.parent.name != "config"
+    }
 
 
 # Properties of the command configs, and the fields each one reads (the code names the property).

@@ -86,9 +86,7 @@ def run_one(seed: int, kernel: str, out: Path, preset: str, threads: int | None 
     return json.loads(summary.read_text())
 
 
-def run_all(
-    seeds: list[int], kernels: list[str], out: Path, preset: str, jobs: int = 1
-) -> dict[tuple[str, int], Path]:
+def run_all(seeds: list[int], kernels: list[str], out: Path, preset: str, jobs: int = 1) -> dict[tuple[str, int], Path]:
     """Every (kernel, seed) demo under ``out``, ``jobs`` at a time (each with cores / jobs threads: at the demo's
     sizes 1 and 2 threads give the same figures, docs/reproducibility.md); returns their directories."""
     threads = None if jobs == 1 else max(1, (os.cpu_count() or 1) // jobs)
@@ -101,9 +99,7 @@ def run_all(
 def machine(summary: dict) -> str:
     """The machine a run was measured on, from its summary's ``environment``."""
     env = summary["environment"]
-    return (
-        f"{env['cpu']}, {env['threads']} thread(s), torch {env['torch']}, transformers {env['transformers']}"
-    )
+    return f"{env['cpu']}, {env['threads']} thread(s), torch {env['torch']}, transformers {env['transformers']}"
 
 
 def table(summaries: dict[tuple[str, int], dict], preset: str) -> str:
@@ -111,18 +107,14 @@ def table(summaries: dict[tuple[str, int], dict], preset: str) -> str:
     runs = sorted(summaries)
     kernels = sorted({kernel for kernel, _ in runs}, key=lambda k: KERNELS.index(k) if k in KERNELS else 99)
     seeds = sorted({seed for _, seed in runs})
-    levels = {
-        k: next(summaries[r]["environment"]["cpu_capability"] for r in runs if r[0] == k) for k in kernels
-    }
+    levels = {k: next(summaries[r]["environment"]["cpu_capability"] for r in runs if r[0] == k) for k in kernels}
     first = summaries[runs[0]]
     lines = [
         f"Seeds {', '.join(map(str, seeds))} × {' and '.join(f'{k} ({levels[k]})' for k in kernels)} kernels: "
         f"{len(runs)} runs of `rlhf demo --preset {preset}` on {machine(first)}; "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}. `python tools/demo_figures.py --update-readme README.md`.",
         "",
-        "| figure | mean ± sd over runs | worst – best | "
-        + " | ".join(f"mean, {levels[k]}" for k in kernels)
-        + " |",
+        "| figure | mean ± sd over runs | worst – best | " + " | ".join(f"mean, {levels[k]}" for k in kernels) + " |",
         "|---|---|---|" + "---|" * len(kernels),
     ]
     for key, label, digits, higher_is_better in FIGURES:

@@ -28,7 +28,10 @@ from rlhf.config import COMMANDS, CommandConfig, ConfigError, load_config
 RUNNERS: dict[str, tuple[str, str]] = {
     "sft": ("rlhf.trainers.sft", "supervised fine-tuning on prompt/response pairs or chat messages"),
     "rm": ("rlhf.trainers.reward_model", "train a Bradley–Terry reward model on preference pairs"),
-    "dpo": ("rlhf.trainers.dpo", "direct preference optimisation on preference pairs: DPO, cDPO, robust, IPO, SimPO"),
+    "dpo": (
+        "rlhf.trainers.dpo",
+        "direct preference optimisation on preference pairs: DPO, cDPO, robust, IPO, SimPO",
+    ),
     "ppo": (
         "rlhf.trainers.ppo",
         "PPO against a reward, with a critic and a KL penalty to the reference policy",
@@ -45,7 +48,10 @@ RUNNERS: dict[str, tuple[str, str]] = {
     "demo": ("rlhf.demo", "a tiny self-contained end-to-end run (no downloads)"),
     "report": ("rlhf.report", "an HTML report of a ppo/grpo run or a demo: curves, reward vs KL, samples"),
     "label": ("rlhf.labelling", "label pairs on a web page (several people) or with an LLM judge; --stats"),
-    "doctor": ("rlhf.doctor.checkup", "read a run's metrics: healthy, or the classic RLHF failures and the fix to try"),
+    "doctor": (
+        "rlhf.doctor.checkup",
+        "read a run's metrics: healthy, or the classic RLHF failures and the fix to try",
+    ),
 }
 assert RUNNERS.keys() == COMMANDS.keys()
 
@@ -177,8 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UnicodeDecodeError as e:  # the YAML file is read as UTF-8
         if debug:
             raise
-        return _error(f"{command}: config file {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
-                      f"offset {e.start}); save it as UTF-8")  # fmt: skip
+        return _error(
+            f"{command}: config file {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+            f"offset {e.start}); save it as UTF-8"
+        )
     except SystemExit as e:  # tyro printed --help (0) or its own error message (2)
         return _exit_code(e)
     try:
@@ -222,8 +230,10 @@ def _internal_error(command: str, error: BaseException) -> int:
     at = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     message = " ".join(f"{type(error).__name__}: {error}".split())
     print(f"error: rlhf {command}: internal error: {message}{at}", file=sys.stderr)
-    print("this is a bug in rlhf or a library, not in your input: rerun with --debug for the full traceback",
-          file=sys.stderr)  # fmt: skip
+    print(
+        "this is a bug in rlhf or a library, not in your input: rerun with --debug for the full traceback",
+        file=sys.stderr,
+    )
     return 1
 
 

@@ -96,9 +96,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
     # 1. prompts (through the policy's tokenizer) and the reward
     tokenizer = load_tokenizer(config.model.name)
     prompts = _prompts(config, tokenizer)
-    rewards = load_reward_set(
-        scoring.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device)
-    )
+    rewards = load_reward_set(scoring.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device))
     selector = best_of_selector(config, rewards, tokenizer, device)
     reference = reference_model(config, tokenizer, device)
     # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
@@ -122,8 +120,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         # 3. the baseline answers the same prompts from the same seed
         baseline_tokenizer = load_tokenizer(config.baseline)
         baseline_prompts = _prompts(config, baseline_tokenizer)
-        baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device,
-                          "baseline")  # fmt: skip
+        baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device, "baseline")
         # 4. the judge compares the two answers to each prompt
         t0 = time.perf_counter()
         judge = rewards
@@ -157,9 +154,16 @@ def run(config: EvalConfig) -> dict[str, Any]:
 
 
 def answer(
-    config: EvalConfig, model: str, tokenizer: Any, prompts: list[TokenizedPrompt], rewards: RewardSet,
-    device: torch.device, description: str, selector: RewardSet | None = None, reference: Any = None,
-) -> Answers:  # fmt: skip
+    config: EvalConfig,
+    model: str,
+    tokenizer: Any,
+    prompts: list[TokenizedPrompt],
+    rewards: RewardSet,
+    device: torch.device,
+    description: str,
+    selector: RewardSet | None = None,
+    reference: Any = None,
+) -> Answers:
     """``model``'s completion of every prompt (batch by batch), scored by ``rewards``: one sample each, or with
     ``selector`` the best of ``config.best_of.n``; with ``reference`` (a causal LM) each answer's KL from it."""
     start = time.perf_counter()
@@ -180,8 +184,14 @@ def answer(
             if reference is not None:
                 kls.append(answer_kl(sampler.model, reference, generated, config.sampling.temperature))
             context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state())
-            scores = scoring.score(rewards, batch.texts, generated.completions, batch.columns,
-                                   config.reward.aggregation, context=context)  # fmt: skip
+            scores = scoring.score(
+                rewards,
+                batch.texts,
+                generated.completions,
+                batch.columns,
+                config.reward.aggregation,
+                context=context,
+            )
             completions += generated.completions
             lengths.append(answering.response_lengths(generated))
             stopped.append(generated.has_stop.cpu())
@@ -216,8 +226,16 @@ def best_of(
     aggregation = config.best_of.aggregation if config.best_of.source is not None else config.reward.aggregation
     columns = {name: generation.repeat_each(values, n) for name, values in batch.columns.items()}
     context = scoring.reward_context(batch, generated, n, scoring.make_trainer_state())
-    scores = scoring.score(selector, generation.repeat_each(batch.texts, n), generated.completions, columns,
-                           aggregation, group_size=n, token_ids=generated.token_ids, context=context)  # fmt: skip
+    scores = scoring.score(
+        selector,
+        generation.repeat_each(batch.texts, n),
+        generated.completions,
+        columns,
+        aggregation,
+        group_size=n,
+        token_ids=generated.token_ids,
+        context=context,
+    )
     combined = scores.combined.view(-1, n)
     best = combined.nan_to_num(nan=-math.inf).argmax(-1)  # argmax returns the first of equal maxima
     rows = torch.arange(len(combined)) * n + best
@@ -287,8 +305,7 @@ def judge_pairs(
         columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
         # no completion ids: the two answers may come from models with different tokenizers
         context = scoring.reward_context(batch, repeat=2, trainer_state=scoring.make_trainer_state())
-        scores = scoring.score(judge, texts, answers, columns, aggregation, group_size=2,
-                               context=context)  # fmt: skip
+        scores = scoring.score(judge, texts, answers, columns, aggregation, group_size=2, context=context)
         combined.append(scores.combined)
     pairs = torch.cat(combined).view(-1, 2) if combined else torch.empty(0, 2)
     return pairs[:, 0], pairs[:, 1]
@@ -328,9 +345,7 @@ def _reward_fields(scores: scoring.Scores, i: int) -> dict[str, Any]:
 
 
 def _no_scores(rewards: RewardSet) -> scoring.Scores:
-    return scoring.Scores(
-        torch.empty(0, len(rewards)), torch.empty(0), list(rewards.names), 0.0, torch.empty(0)
-    )
+    return scoring.Scores(torch.empty(0, len(rewards)), torch.empty(0), list(rewards.names), 0.0, torch.empty(0))
 
 
 def _prompts(config: EvalConfig, tokenizer: Any) -> list[TokenizedPrompt]:

@@ -48,13 +48,18 @@ REWARD_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")  # fmt: skip
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
 # huggingface_hub's rule for repo ids: `name` or `namespace/name`, no '--' or '..', at most 96 characters
 HUB_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 VALID_MODEL = (
-    "a model directory written by save_pretrained, with config.json, weights and tokenizer, or a hub id "
-    "'org/name'"
+    "a model directory written by save_pretrained, with config.json, weights and tokenizer, or a hub id 'org/name'"
 )
 
 
@@ -168,9 +173,7 @@ def _check_model_dir(where: str, path: Path, kind: str) -> None:
 def _read_config(where: str, path: Path) -> dict[str, Any]:
     file = path / "config.json"
     if not file.exists():
-        raise ConfigError(
-            f"{where}: {path} is not a model directory (no config.json); expected {VALID_MODEL}"
-        )
+        raise ConfigError(f"{where}: {path} is not a model directory (no config.json); expected {VALID_MODEL}")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -217,9 +220,7 @@ def _safetensors_files(where: str, path: Path, weights: list[str]) -> list[Path]
         try:
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(
-                f"{where}: {index} is not a valid shard index ({type(e).__name__}: {e})"
-            ) from None
+            raise ConfigError(f"{where}: {index} is not a valid shard index ({type(e).__name__}: {e})") from None
         for shard in shards:
             if not (path / shard).exists():
                 raise ConfigError(f"{where}: {index} lists {shard}, which is missing from {path}")

@@ -132,11 +132,14 @@ def run(config: SampleConfig) -> dict[str, Any]:
             rewards: list[float | None] | None = None
             if judge is not None:
                 scores = scoring.score(
-                    judge, generation.repeat_each(batch.texts, k), generated.completions,
+                    judge,
+                    generation.repeat_each(batch.texts, k),
+                    generated.completions,
                     {name: generation.repeat_each(values, k) for name, values in batch.columns.items()},
-                    config.judge.aggregation, group_size=k,
+                    config.judge.aggregation,
+                    group_size=k,
                     context=scoring.reward_context(batch, generated, k, scoring.make_trainer_state()),
-                )  # fmt: skip
+                )
                 scores_all.append(scores)
                 rewards = nan_to_none(scores.combined.tolist())
             # 4. rows of this mode, prompt by prompt
@@ -271,9 +274,7 @@ ROWS: dict[str, Callable[..., tuple[list[Row], dict[str, int]]]] = {
 def ranked_candidates(completions: list[str], rewards: list[float | None] | None) -> list[tuple[float, int]]:
     """(score, sample index) of the scored, non-empty completions, best first; equal scores keep sample order."""
     assert rewards is not None, "this mode needs a judge (checked by SampleConfig)"
-    scored = [
-        (r, i) for i, (c, r) in enumerate(zip(completions, rewards, strict=True)) if r is not None and c
-    ]
+    scored = [(r, i) for i, (c, r) in enumerate(zip(completions, rewards, strict=True)) if r is not None and c]
     return sorted(scored, key=lambda pair: (-pair[0], pair[1]))
 
 

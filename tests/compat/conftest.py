@@ -45,17 +45,11 @@ def compat_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "sft_chat": _write_jsonl(
             root / "sft_chat.jsonl",
-            [
-                {"messages": [*m, {"role": "assistant", "content": t}]}
-                for m, t in zip(chat, tails, strict=True)
-            ],
+            [{"messages": [*m, {"role": "assistant", "content": t}]} for m, t in zip(chat, tails, strict=True)],
         ),
         "prefs": _write_jsonl(
             root / "prefs.jsonl",
-            [
-                {"prompt": h, "chosen": t, "rejected": t[::-1] + " no"}
-                for h, t in zip(heads, tails, strict=True)
-            ],
+            [{"prompt": h, "chosen": t, "rejected": t[::-1] + " no"} for h, t in zip(heads, tails, strict=True)],
         ),
         "prompts": _write_jsonl(root / "prompts.jsonl", [{"prompt": h} for h in heads[:12]]),
         "chat_prompts": _write_jsonl(root / "chat_prompts.jsonl", [{"messages": m} for m in chat[:12]]),
@@ -89,9 +83,7 @@ class Runs:
 
     def get(self, key: str, family: str) -> Any:
         if (key, family) not in self.done:
-            self.done[key, family] = getattr(self, key.replace("-", "_"))(
-                family, self.root / f"{key}-{family}"
-            )
+            self.done[key, family] = getattr(self, key.replace("-", "_"))(family, self.root / f"{key}-{family}")
         return self.done[key, family]
 
     # -- the runs ------------------------------------------------------------------------------------------

@@ -65,9 +65,7 @@ def assert_pad_policy(directory: Path, base: Path) -> None:
     assert config["pad_token_id"] == pad
     base_tokenizer = AutoTokenizer.from_pretrained(base)
     base_rows = json.loads((base / "config.json").read_text())["vocab_size"]
-    had_pad = (
-        base_tokenizer.pad_token is not None and base_tokenizer.pad_token_id != base_tokenizer.eos_token_id
-    )
+    had_pad = base_tokenizer.pad_token is not None and base_tokenizer.pad_token_id != base_tokenizer.eos_token_id
     grows = not had_pad and len(base_tokenizer) >= base_rows  # no pad, and no spare row to put one in
     assert config["vocab_size"] == base_rows + grows
     assert pad < config["vocab_size"]
@@ -88,9 +86,7 @@ def assert_generates(final: Path, base: Path) -> None:
     for i, prompt in enumerate(PROMPTS):
         alone = tokenizer(prompt, return_tensors="pt")
         # a row that stops at eos ends there alone, and is filled with the pad id in the batch
-        expected = model.generate(**alone, max_new_tokens=4, do_sample=False)[
-            0, alone["input_ids"].shape[1] :
-        ]
+        expected = model.generate(**alone, max_new_tokens=4, do_sample=False)[0, alone["input_ids"].shape[1] :]
         expected = expected.tolist() + [tokenizer.pad_token_id] * (len(together[i]) - len(expected))
         assert together[i] == expected, f"row {i} changes when padded"
 
@@ -134,18 +130,14 @@ def assert_scores_padded_batches(final: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(final)
     model = AutoModelForSequenceClassification.from_pretrained(final).eval()
     rows = [tokenizer(p)["input_ids"] + [tokenizer.eos_token_id] for p in PROMPTS]  # rm scores on the eos
-    alone = torch.cat(
-        [reward_scores(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows]
-    )
+    alone = torch.cat([reward_scores(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows])
     for side in ("right", "left"):
         width = max(map(len, rows))
         pad = [[tokenizer.pad_token_id] * (width - len(r)) for r in rows]
         ids = torch.tensor([r + p if side == "right" else p + r for r, p in zip(rows, pad, strict=True)])
         mask = (ids != tokenizer.pad_token_id).long()
         # transformers pools at the last token that is not config.pad_token_id; positions as its generate does
-        pooled = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[
-            :, 0
-        ]
+        pooled = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, 0]
         # float32, one 2-layer forward with and without padding columns: the sums differ in rounding only
         torch.testing.assert_close(pooled, alone, atol=1e-5, rtol=1e-5)
 
@@ -243,9 +235,7 @@ def test_sampling_logits_match_a_full_forward(family_dir, family):
             full_ids = torch.cat([ids, tokens[:, :t]], dim=1)
             full_mask = torch.cat([mask, torch.ones_like(tokens[:, :t])], dim=1)
             ids0 = full_ids.masked_fill(full_mask == 0, 0)
-            out = model(
-                input_ids=ids0, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)
-            )
+            out = model(input_ids=ids0, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask))
             # float32 through 2 layers of width 32, cached vs uncached attention: rounding of ~1e-6
             torch.testing.assert_close(logits, out.logits[:, -1], atol=1e-4, rtol=1e-4)
 
@@ -297,6 +287,4 @@ def test_the_cli_reports_bad_lora_targets_in_one_line(family_dir, compat_data, t
             "--output_dir", str(tmp_path / "out"), "--model.lora", "{target_modules: [q_proj]}", "--run.no_progress"]  # fmt: skip
     assert main(argv) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
-    assert (
-        len(err) == 1 and "model.lora.target_modules: 'q_proj' match no module" in err[0] and "qkv_proj" in err[0]
-    )
+    assert len(err) == 1 and "model.lora.target_modules: 'q_proj' match no module" in err[0] and "qkv_proj" in err[0]

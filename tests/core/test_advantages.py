@@ -147,9 +147,7 @@ def test_whitened_advantages_c2(estimator):
     # Population vs Bessel differ by sqrt(8/7) at every real token (up to the 1e-8 eps inside the sqrt).
     _close(nplus[real] / trl[real], torch.full((8,), (8 / 7) ** 0.5, dtype=F64), rtol=1e-7)
     # Whitening with the p1 mask (9 entries, includes the PAD's 0.6) gives other numbers.
-    assert _differs(
-        whiten_advantages(adv, ~masks.padding_mask_p1, unbiased=True), expected["whitened_unbiased"]
-    )
+    assert _differs(whiten_advantages(adv, ~masks.padding_mask_p1, unbiased=True), expected["whitened_unbiased"])
 
 
 def test_gae_c2_float32():
@@ -218,9 +216,7 @@ def test_masked_whiten_ignores_masked_entries():
     _close(out[mask], [-1.3363062077, -0.8017837246, -0.2672612415, 0.2672612415, 0.8017837246, 1.3363062077])
     # masked entries are transformed too: (100 − 3.5)/sqrt(3.5 + 1e-8) = 51.58…
     _close(out[~mask], [96.5 / (3.5 + 1e-8) ** 0.5] * 2)
-    _close(
-        whiten_advantages(values, mask, unbiased=True)[~mask], [0.0, 0.0]
-    )  # …which whiten_advantages zeroes
+    _close(whiten_advantages(values, mask, unbiased=True)[~mask], [0.0, 0.0])  # …which whiten_advantages zeroes
     garbage = values.clone()
     garbage[~mask] = -7.0
     _close(masked_whiten(garbage, mask)[mask], out[mask])

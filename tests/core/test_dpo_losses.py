@@ -88,4 +88,6 @@ def test_bad_arguments_are_refused():
         dpo_loss(POLICY_C, POLICY_R, REF_C, REF_R, beta=0.5, loss_type="ipo")
     with pytest.raises(ValueError, match="reference"):
         dpo_loss(POLICY_C, POLICY_R, None, None, beta=0.5)
-    assert dpo_loss(POLICY_C.float(), POLICY_R.float(), REF_C.float(), REF_R.float(), beta=0.5)[0].dtype == torch.float32
+    assert (
+        dpo_loss(POLICY_C.float(), POLICY_R.float(), REF_C.float(), REF_R.float(), beta=0.5)[0].dtype == torch.float32
+    )

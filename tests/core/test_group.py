@@ -212,9 +212,7 @@ def test_token_advantages_with_the_kl_in_the_reward():
     """β = 0.5: token rewards −β·KL plus the sequence advantage at the last real token, summed to the end.
     row 0: [−0.05, −0.1, 0 + 0.5] → to go [0.35, 0.4, 0.5]
     row 1: [0, −0.05 − 0.5, ·] → [−0.55, −0.55, 0]"""
-    advantages = token_advantages(
-        t([1.0, 0.0]), TOKEN_MASK, 2, "dr_grpo", kl=TOKEN_KL, kl_coef=0.5, score_index=LAST
-    )
+    advantages = token_advantages(t([1.0, 0.0]), TOKEN_MASK, 2, "dr_grpo", kl=TOKEN_KL, kl_coef=0.5, score_index=LAST)
     # each entry is a sum of ≤ 3 float64 terms: a few ulp
     torch.testing.assert_close(advantages, t([[0.35, 0.4, 0.5], [-0.55, -0.55, 0.0]]), rtol=0, atol=1e-15)
 

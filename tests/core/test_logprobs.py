@@ -111,9 +111,7 @@ def test_entropy_matches_categorical_and_temperature():
     expected = torch.distributions.Categorical(logits=logits).entropy()
     torch.testing.assert_close(entropy_from_logits(logits, chunk_rows=4), expected, rtol=1e-12, atol=1e-12)
     expected_t = torch.distributions.Categorical(logits=logits / 0.7).entropy()
-    torch.testing.assert_close(
-        entropy_from_logits(logits, temperature=0.7), expected_t, rtol=1e-12, atol=1e-12
-    )
+    torch.testing.assert_close(entropy_from_logits(logits, temperature=0.7), expected_t, rtol=1e-12, atol=1e-12)
     half = entropy_from_logits(logits.bfloat16())
     assert half.dtype == torch.bfloat16
     torch.testing.assert_close(half.double(), expected, rtol=2e-2, atol=2e-2)
@@ -130,9 +128,7 @@ def test_selective_log_softmax_equals_log_softmax_gather(dtype, tol, temperature
     # A non-viewable slice (like logits[:, C-1:-1]) and chunk_rows=4 exercise chunk boundaries.
     logits = full[:, 1:-1].to(dtype)
     index = torch.randint(0, 11, (2, 7), generator=gen)
-    expected = (
-        torch.log_softmax(logits.double() / temperature, -1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
-    )
+    expected = torch.log_softmax(logits.double() / temperature, -1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
     out = selective_log_softmax(logits, index, temperature=temperature, chunk_rows=4)
     assert out.dtype == dtype and out.shape == (2, 7)
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)

@@ -217,9 +217,7 @@ def test_dual_clip_hand_computed():
     ratio = t([[5.0, 1.1, 5.0]])
     logp = torch.log(ratio).requires_grad_()
     mask = torch.ones(1, 3, dtype=torch.bool)
-    per_token, stats = clipped_policy_loss(
-        logp, torch.zeros_like(ratio), t([[-1.0, -1.0, 1.0]]), mask, dual_clip=3.0
-    )
+    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(ratio), t([[-1.0, -1.0, 1.0]]), mask, dual_clip=3.0)
     close(per_token, [[3.0, 1.1, -1.2]])
     close(stats["clip_ratio/dual"], 1 / 3)
     plain, _ = clipped_policy_loss(torch.log(ratio), torch.zeros_like(ratio), t([[-1.0, -1.0, 1.0]]), mask)
@@ -248,9 +246,7 @@ def test_value_loss_clip_2f():
     close(per_token, [[0.125, 0.845, 0.00125]])
     close(aggregate(per_token, F_MASK, "token-mean"), 0.32375)
     close(stats["clipfrac"], 2 / 3)
-    ties_count = (
-        ((torch.clamp(F_V, F_VOLD - 0.2, F_VOLD + 0.2) - F_R) ** 2 >= (F_V - F_R) ** 2).to(F64).mean()
-    )
+    ties_count = ((torch.clamp(F_V, F_VOLD - 0.2, F_VOLD + 0.2) - F_R) ** 2 >= (F_V - F_R) ** 2).to(F64).mean()
     assert not torch.isclose(stats["clipfrac"], ties_count)  # ≥ would give 1
 
 

@@ -102,9 +102,7 @@ def test_encoders_get_prompt_and_response_as_one_text(wordpiece):
     (cut,) = tokenize_preferences([long], wordpiece, max_length=8, join_text=True)
     assert cut.truncated and len(cut.chosen_ids) == 8 and cut.chosen_ids[-1] == wordpiece.sep_token_id
     assert cut.rejected_ids == wordpiece("count to 9: 5")["input_ids"]
-    with pytest.raises(
-        DataError, match=r'^e:2: prompt \+ "chosen" takes 15 tokens, more than the model\'s 10'
-    ):
+    with pytest.raises(DataError, match=r'^e:2: prompt \+ "chosen" takes 15 tokens, more than the model\'s 10'):
         tokenize_preferences([long], wordpiece, join_text=True, model_max_length=10)
 
 

@@ -12,9 +12,7 @@ from rlhf.data import PromptStream, TokenizedPrompt, held_out, left_pad
 
 def _prompts(n: int) -> list[TokenizedPrompt]:
     return [
-        TokenizedPrompt(
-            f"p.jsonl:{i + 1}", f"prompt {i}", [10 + i] * (1 + i % 3), {"answer": i} if i % 2 else {}
-        )
+        TokenizedPrompt(f"p.jsonl:{i + 1}", f"prompt {i}", [10 + i] * (1 + i % 3), {"answer": i} if i % 2 else {})
         for i in range(n)
     ]
 
@@ -61,11 +59,7 @@ def test_columns_arrive_as_keyword_lists():
     assert batch.indices == [0, 1, 2, 3]
     assert batch.columns == {"answer": [None, 1, None, 3]}
     half = batch.shard(1, 2)
-    assert (
-        half.indices == [1, 3]
-        and half.columns == {"answer": [1, 3]}
-        and half.texts == ["prompt 1", "prompt 3"]
-    )
+    assert half.indices == [1, 3] and half.columns == {"answer": [1, 3]} and half.texts == ["prompt 1", "prompt 3"]
     with pytest.raises(ValueError, match="does not split evenly"):
         batch.shard(0, 3)
 

@@ -32,9 +32,7 @@ CONVERSATION = [SYSTEM, USER1, ASSISTANT1, USER2, ASSISTANT2]
 
 
 def _chat_ids(tokenizer, messages, add_generation_prompt):
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -59,9 +57,7 @@ def test_plain_and_chat_prompts(tokenizer):
     assert plain.text == "count to 3:" and plain.columns == {"answer": "1 2 3"} and not plain.truncated
     # Chat: the template with the generation prompt, so the policy continues as the assistant.
     assert chat.input_ids == _chat_ids(tokenizer, [SYSTEM, USER1], add_generation_prompt=True)
-    assert chat.text == tokenizer.apply_chat_template(
-        [SYSTEM, USER1], tokenize=False, add_generation_prompt=True
-    )
+    assert chat.text == tokenizer.apply_chat_template([SYSTEM, USER1], tokenize=False, add_generation_prompt=True)
     assert chat.text.startswith("<|bos|>") and chat.text.endswith("<|assistant|>\n")
     assert chat.messages == [SYSTEM, USER1] and chat.columns == {"answer": "5"}
 
@@ -86,17 +82,13 @@ def test_prompt_left_truncation_keeps_the_end_and_bos(tokenizer):
 
 def test_missing_chat_template_is_a_data_error(tokenizer):
     tokenizer.chat_template = None
-    with pytest.raises(
-        DataError, match=r"p:7: chat messages need a chat template, but the tokenizer has none"
-    ):
+    with pytest.raises(DataError, match=r"p:7: chat messages need a chat template, but the tokenizer has none"):
         tokenize_prompts([PromptExample("p:7", messages=[USER1])], tokenizer)
 
 
 def test_load_prompts_end_to_end(tokenizer, tmp_path: Path):
     path = tmp_path / "prompts.jsonl"
-    path.write_text(
-        json.dumps({"prompt": "what is 1 + 1?", "answer": 2}) + "\n" + json.dumps({"messages": [USER1]})
-    )
+    path.write_text(json.dumps({"prompt": "what is 1 + 1?", "answer": 2}) + "\n" + json.dumps({"messages": [USER1]}))
     first, second = load_prompts(path, tokenizer)
     assert first.where == f"{path}:1" and first.columns == {"answer": 2}
     assert second.where == f"{path}:2" and second.input_ids == _chat_ids(tokenizer, [USER1], True)
@@ -155,9 +147,7 @@ def test_sft_template_breaking_the_prefix_property_is_refused(tokenizer):
 
 def test_sft_right_truncation(tokenizer):
     (ex,) = tokenize_sft([SFTExample("s:1", prompt="count to 9:", response=" 1 2 3 4 5 6 7 8 9")], tokenizer)
-    (cut,) = tokenize_sft(
-        [SFTExample("s:1", prompt="count to 9:", response=" 1 2 3 4 5 6 7 8 9")], tokenizer, 8
-    )
+    (cut,) = tokenize_sft([SFTExample("s:1", prompt="count to 9:", response=" 1 2 3 4 5 6 7 8 9")], tokenizer, 8)
     assert cut.truncated and cut.input_ids == ex.input_ids[:8] and cut.labels == ex.labels[:8]
     with pytest.raises(DataError, match=r"s:2: nothing left to train on after truncating to data.max_length=2"):
         tokenize_sft([SFTExample("s:2", prompt="count to 9:", response=" 1")], tokenizer, max_length=2)
@@ -166,9 +156,7 @@ def test_sft_right_truncation(tokenizer):
 def test_load_sft_reports_template_problems_with_location(tokenizer, tmp_path: Path):
     tokenizer.chat_template = "{{ raise_exception('no chats here') }}"
     path = tmp_path / "sft.jsonl"
-    path.write_text(
-        json.dumps({"prompt": "a", "response": "b"}) + "\n" + json.dumps({"messages": [USER1, ASSISTANT1]})
-    )
+    path.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n" + json.dumps({"messages": [USER1, ASSISTANT1]}))
     with pytest.raises(DataError, match=rf"{path}:2: the chat template failed: .*no chats here"):
         load_sft(path, tokenizer)
 
@@ -179,9 +167,7 @@ def test_load_sft_reports_template_problems_with_location(tokenizer, tmp_path: P
 
 
 def test_preference_responses_end_with_eos(tokenizer):
-    (ex,) = tokenize_preferences(
-        [PreferenceExample("r:1", "what is 2 + 3?", " 5", " 6", margin=1.5)], tokenizer
-    )
+    (ex,) = tokenize_preferences([PreferenceExample("r:1", "what is 2 + 3?", " 5", " 6", margin=1.5)], tokenizer)
     assert ex.prompt_ids == tokenizer("what is 2 + 3?", add_special_tokens=False)["input_ids"]
     assert ex.chosen_ids == [*tokenizer(" 5", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
     assert ex.rejected_ids == [
@@ -278,14 +264,10 @@ def test_plain_text_gets_the_tokenizers_leading_specials_only(tokenizer):
     )
     text_ids = tokenizer("what is 2 + 3?", add_special_tokens=False)["input_ids"]
     assert tokenizer("what is 2 + 3?")["input_ids"] == [bos, *text_ids, eos]  # the wrapping is in place
-    (prompt,) = tokenize_prompts(
-        [PromptExample("p:1", prompt="what is 2 + 3?")], tokenizer, max_prompt_length=3
-    )
+    (prompt,) = tokenize_prompts([PromptExample("p:1", prompt="what is 2 + 3?")], tokenizer, max_prompt_length=3)
     assert prompt.input_ids == [bos, *text_ids[-2:]] and prompt.truncated  # left truncation keeps the bos
     (sft,) = tokenize_sft([SFTExample("s:1", prompt="what is 2 + 3?", response=" 5")], tokenizer)
     assert sft.input_ids[: len(text_ids) + 1] == [bos, *text_ids]
     assert tokenizer.decode(_trained(sft)) == " 5" + tokenizer.eos_token
     (pref,) = tokenize_preferences([PreferenceExample("r:1", "what is 2 + 3?", " 5", " 6")], tokenizer)
-    assert (
-        pref.prompt_ids == [bos, *text_ids] and pref.chosen_ids[-1] == eos and pref.chosen_ids.count(eos) == 1
-    )
+    assert pref.prompt_ids == [bos, *text_ids] and pref.chosen_ids[-1] == eos and pref.chosen_ids.count(eos) == 1

@@ -94,9 +94,7 @@ GOOD = {
 }
 
 
-@pytest.mark.parametrize(
-    ("kind", "record", "expected"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
-)
+@pytest.mark.parametrize(("kind", "record", "expected"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_problem_names_file_line_and_what_is_wrong(kind: str, record: dict, expected: str, tmp_path: Path):
     path = _write(tmp_path, [GOOD[kind], GOOD[kind], record, GOOD[kind]], name="train.jsonl")
     with pytest.raises(DataError) as e:
@@ -118,13 +116,9 @@ def test_all_problems_in_one_error_capped_at_twenty(tmp_path: Path):
 
 
 def test_prompt_columns_are_kept(tmp_path: Path):
-    path = _write(
-        tmp_path, [{"prompt": "2 + 2 =", "answer": "4", "level": 1}, {"messages": [USER], "answer": "2"}]
-    )
+    path = _write(tmp_path, [{"prompt": "2 + 2 =", "answer": "4", "level": 1}, {"messages": [USER], "answer": "2"}])
     first, second = read_prompts(path)
-    assert (
-        first.prompt == "2 + 2 =" and first.messages is None and first.columns == {"answer": "4", "level": 1}
-    )
+    assert first.prompt == "2 + 2 =" and first.messages is None and first.columns == {"answer": "4", "level": 1}
     assert second.prompt is None and second.messages == [USER] and second.columns == {"answer": "2"}
 
 

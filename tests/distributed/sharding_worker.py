@@ -214,9 +214,7 @@ def task_gather(mesh: DeviceMesh, small: str) -> dict:
             assert out["tokens"].shape[1] == tokens  # no stop token: every step ran
     # without `gathered`, FSDP's hooks gather every layer on every forward: the count grows with the tokens
     for tokens in (4, 16):
-        results["all_gathers"][f"ungathered,tokens={tokens}"] = count_all_gathers(
-            lambda t=tokens: run(model, t, False)
-        )
+        results["all_gathers"][f"ungathered,tokens={tokens}"] = count_all_gathers(lambda t=tokens: run(model, t, False))
     results["fsdp_modules"] = len(fsdp_modules(model))
     return results
 
@@ -237,7 +235,10 @@ def task_reward_model(mesh: DeviceMesh, small: str, reward: str) -> dict:
     with torch.no_grad():
         scores = model(input_ids=ids, attention_mask=mask).logits
         expected = reference(input_ids=ids, attention_mask=mask).logits
-    results = {"reward_difference": float((scores - expected).abs().max()), "reward_shape": list(scores.shape)}
+    results = {
+        "reward_difference": float((scores - expected).abs().max()),
+        "reward_shape": list(scores.shape),
+    }
 
     source = RewardModelReward.load(reward, batch_size=2, loader=functools.partial(load_sharded, mesh=mesh))
     plain = RewardModelReward.load(reward, batch_size=2)
@@ -339,16 +340,12 @@ def task_lora(mesh: DeviceMesh, small: str) -> dict:
         "lora_max_gradient": max_gradient,
         "lora_trainable": sum(1 for p in reference.parameters() if p.requires_grad),
         "lora_frozen_moved": max(
-            float((state[n] - before[n]).abs().max())
-            for n, p in reference.named_parameters()
-            if not p.requires_grad
+            float((state[n] - before[n]).abs().max()) for n, p in reference.named_parameters() if not p.requires_grad
         ),
     }
 
 
-def checkpoint_state(
-    models: dict[str, nn.Module], optimizer: torch.optim.Optimizer
-) -> dict[str, torch.Tensor]:
+def checkpoint_state(models: dict[str, nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """Full (unsharded) model and optimizer state as one flat dict on CPU, for comparing across world sizes."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 

@@ -44,7 +44,8 @@ def rl_config(command: str, policy: Path, prompts: Path, **overrides: object) ->
 
 
 @pytest.mark.parametrize(
-    ("critic", "parallelism"), [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")]
+    ("critic", "parallelism"),
+    [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")],
 )
 def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic, parallelism):
     """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once)."""
@@ -61,13 +62,13 @@ def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, crit
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
-def test_ppo_fsdp_with_a_reward_model_equals_one_process(
-    tiny_llama_dir, tiny_reward_model_dir, prompts, tmp_path
-):
+def test_ppo_fsdp_with_a_reward_model_equals_one_process(tiny_llama_dir, tiny_reward_model_dir, prompts, tmp_path):
     """FSDP2 with a reward model as the reward: it is loaded sharded and gathered for scoring (each rank scores
     its own rows), and the separate critic starts from it, also loaded sharded."""
     reward = str(tiny_reward_model_dir)
-    config = rl_config("ppo", tiny_llama_dir, prompts, **{"batch.size": 8, "ppo.critic": "separate", "reward.source": reward})
+    config = rl_config(
+        "ppo", tiny_llama_dir, prompts, **{"batch.size": 8, "ppo.critic": "separate", "reward.source": reward}
+    )
     one_rows, one_grads = run("ppo", config, tmp_path / "one")
     two_rows, two_grads = run("ppo", config | {"run.parallelism": "fsdp"}, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)

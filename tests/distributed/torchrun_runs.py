@@ -36,9 +36,7 @@ def environment(gpus: bool = False) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if not gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")])
     return env
 
 
@@ -62,13 +60,17 @@ def command_line(args: list[str], launcher: list[str] | None) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *launcher, str(WORKER), *args]
 
 
-def launch(
-    args: list[str], launchers: list[list[str] | None], gpus: bool = False
-) -> list[subprocess.CompletedProcess]:
+def launch(args: list[str], launchers: list[list[str] | None], gpus: bool = False) -> list[subprocess.CompletedProcess]:
     """Start one process per launcher (several: the nodes of one run), wait for all; each must succeed."""
     processes = [
-        subprocess.Popen(command_line(args, launcher), env=environment(gpus), stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            command_line(args, launcher),
+            env=environment(gpus),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
         for launcher in launchers
     ]
     results = []
@@ -122,16 +124,12 @@ def assert_same_gradients(a: list[dict], b: list[dict]) -> None:
                                        msg=lambda m, n=name, s=step: f"step {s} {n}: {m}")  # fmt: skip
 
 
-def assert_same_weights(
-    a: Path, b: Path, bound: float, files: tuple[str, ...] = ("model.safetensors",)
-) -> None:
+def assert_same_weights(a: Path, b: Path, bound: float, files: tuple[str, ...] = ("model.safetensors",)) -> None:
     for file in files:
         wa, wb = load_file(a / file), load_file(b / file)
         assert wa.keys() == wb.keys()
         for name in wa:
-            torch.testing.assert_close(
-                wb[name], wa[name], rtol=0, atol=bound, msg=lambda m, n=name: f"{n}: {m}"
-            )
+            torch.testing.assert_close(wb[name], wa[name], rtol=0, atol=bound, msg=lambda m, n=name: f"{n}: {m}")
 
 
 NOT_COMPARED = ("time/", "throughput/")  # wall-clock

@@ -33,9 +33,7 @@ def main(argv: list[str]) -> int:
         grads = [p.grad for p in trainable.parameters()]
         # sharded (FSDP2) gradients are gathered whole: a collective every rank takes part in
         grads = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in grads]
-        steps.append(
-            {n: g.detach().cpu().clone() for n, g in zip(names, grads, strict=True) if g is not None}
-        )
+        steps.append({n: g.detach().cpu().clone() for n, g in zip(names, grads, strict=True) if g is not None})
         return optimizer_step(trainable, *rest, **kwargs)
 
     update.optimizer_step = recording

@@ -90,6 +90,7 @@ def setter(key, fn):
         value = fn(s, row)
         if value is not None:
             row[key] = value
+
     return change
 
 
@@ -126,18 +127,28 @@ def test_each_failure_is_named_by_its_rule(rule):
 
 def test_no_group_signal_and_grpo_on_policy_updates():
     grpo = {"grpo": {"num_iterations": 1, "num_minibatches": 1}}
-    rows = stream(30, reward__zero_std_groups=lambda s, rng: 1.0 if s > 10 else 0.25,
-                  policy__clipfrac=lambda s, rng: 0.0, policy__approx_kl=lambda s, rng: 0.0)
+    rows = stream(
+        30,
+        reward__zero_std_groups=lambda s, rng: 1.0 if s > 10 else 0.25,
+        policy__clipfrac=lambda s, rng: 0.0,
+        policy__approx_kl=lambda s, rng: 0.0,
+    )
     found = fired(History(rows, grpo))
     assert found == {"no_group_signal": [(15, 30)]}  # on-policy: a zero clipfrac is by design, not "nothing moves"
 
 
 def test_supervised_rules():
-    at_chance = stream(60, train__loss=lambda s, rng: 0.69 + rng.gauss(0, 0.01),
-                       train__accuracy=lambda s, rng: 0.5 + rng.gauss(0, 0.02))
+    at_chance = stream(
+        60,
+        train__loss=lambda s, rng: 0.69 + rng.gauss(0, 0.01),
+        train__accuracy=lambda s, rng: 0.5 + rng.gauss(0, 0.02),
+    )
     assert "accuracy_at_chance" in fired(History(at_chance))
-    overfit = stream(60, train__loss=lambda s, rng: 2.0 - 0.02 * s,
-                     eval__loss=lambda s, rng: (1.5 + max(0, s - 30) * 0.01) if s % 5 == 0 else None)
+    overfit = stream(
+        60,
+        train__loss=lambda s, rng: 2.0 - 0.02 * s,
+        eval__loss=lambda s, rng: (1.5 + max(0, s - 30) * 0.01) if s % 5 == 0 else None,
+    )
     overfit = [{k: v for k, v in row.items() if v is not None} for row in overfit]
     found = fired(History(overfit))
     assert list(found) == ["eval_loss_rising"] and found["eval_loss_rising"][0][0] >= 45

@@ -27,16 +27,23 @@ def chromium_binary() -> str | None:
     named = os.environ.get("RLHF_CHROMIUM")
     if named:
         return named
-    return next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None)
+    return next(
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))),
+        None,
+    )
 
 
 def launch() -> Iterator[object]:
     """A launched browser (the fixture `browser` of conftest.py); skips or fails as the module docstring says."""
     binary = chromium_binary()
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
+    playwright_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')"
+    )
     if binary is None:
         if os.environ.get("RLHF_REQUIRE_BROWSER") == "1":
-            pytest.fail("RLHF_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install chromium) and RLHF_CHROMIUM unset")
+            pytest.fail(
+                "RLHF_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install chromium) and RLHF_CHROMIUM unset"
+            )
         pytest.skip("no chromium on PATH (apt-get install chromium, or set RLHF_CHROMIUM to a Chromium binary)")
     with playwright_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=binary, args=FLAGS)

@@ -68,7 +68,11 @@ def test_label_ten_pairs_with_keys_and_clicks_undo_reload_and_check_the_file(bro
         assert not errors
     rows = read_lines(out)
     labels = rows[1:]
-    assert [row["kind"] for row in labels] == [kind for *_, kind in expected[:9]] + ["preference", "retraction", "preference"]
+    assert [row["kind"] for row in labels] == [kind for *_, kind in expected[:9]] + [
+        "preference",
+        "retraction",
+        "preference",
+    ]
     live = labels[:9] + labels[11:]
     assert labels[10]["retracts"] == labels[9]["id"]
     for row, (prompt, chosen, rejected, kind) in zip(live, expected, strict=True):

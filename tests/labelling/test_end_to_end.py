@@ -16,7 +16,9 @@ from rlhf.models.tiny import toy_corpus
 pytestmark = pytest.mark.slow
 
 
-def test_sample_label_in_the_browser_then_train_a_reward_model(browser, tiny_llama_dir, tiny_reward_model_dir, tmp_path, capsys):
+def test_sample_label_in_the_browser_then_train_a_reward_model(
+    browser, tiny_llama_dir, tiny_reward_model_dir, tmp_path, capsys
+):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": " ".join(line.split()[:4])}) + "\n" for line in toy_corpus(6, 3)))
     sampled = ["--model.name", str(tiny_llama_dir), "--prompts", str(prompts), "--num_samples", "4",
@@ -35,7 +37,9 @@ def test_sample_label_in_the_browser_then_train_a_reward_model(browser, tiny_lla
         for i in range(n_pairs):
             page.wait_for_selector("#left .text")
             page.keyboard.press("1" if i % 2 == 0 else "2")
-            page.wait_for_function("n => document.getElementById('progress').textContent.includes(`you: ${n}`)", arg=i + 1)
+            page.wait_for_function(
+                "n => document.getElementById('progress').textContent.includes(`you: ${n}`)", arg=i + 1
+            )
         page.wait_for_selector("#done:not([hidden])")
         screenshot(page, "label-end-to-end-done")
     finally:

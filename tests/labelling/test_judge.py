@@ -25,7 +25,13 @@ def pairs(tmp_path: Path) -> Path:
     rows = []
     for i in range(N):
         short, long = f"No {i}.", f"Yes: {i} is a fine number, and here is why."
-        rows.append({"prompt": f"Is {i} fine?", "a": short if i % 2 == 0 else long, "b": long if i % 2 == 0 else short})
+        rows.append(
+            {
+                "prompt": f"Is {i} fine?",
+                "a": short if i % 2 == 0 else long,
+                "b": long if i % 2 == 0 else short,
+            }
+        )
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -66,7 +72,9 @@ def test_a_judge_that_always_prefers_the_first_answer_gives_ties(pairs, tmp_path
 def test_one_order_only_when_asked(pairs, tmp_path):
     stub = StubJudge(rule="first")
     rows = judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.no_both_orders")
-    assert len(stub.requests) == N and [row["chosen"] for row in rows] == [json.loads(line)["a"] for line in pairs.read_text().splitlines()]
+    assert len(stub.requests) == N and [row["chosen"] for row in rows] == [
+        json.loads(line)["a"] for line in pairs.read_text().splitlines()
+    ]
 
 
 def test_failures_garbage_and_slow_replies_are_retried(pairs, tmp_path):
@@ -83,7 +91,9 @@ def test_a_server_that_keeps_failing_stops_the_run_and_a_rerun_asks_only_what_is
     stub = StubJudge(fail_first=10**6)
     server, url = serve(stub)
     try:
-        with pytest.raises(Exception, match=r"LLM judge http://127\.0\.0\.1:\d+/v1/chat/completions failed after 2 tries"):
+        with pytest.raises(
+            Exception, match=r"LLM judge http://127\.0\.0\.1:\d+/v1/chat/completions failed after 2 tries"
+        ):
             judged_with(url, pairs, out, "--judge.llm.tries", "2")
     finally:
         server.shutdown()
@@ -147,7 +157,9 @@ def test_concurrency_is_limited(pairs, tmp_path):
 
 def test_a_template_of_ones_own(pairs, tmp_path):
     template = tmp_path / "template.txt"
-    template.write_text("Judge this.\n[The user's request]\n{prompt}\n\n[Answer A]\n{answer_a}\n\n[Answer B]\n{answer_b}\n\nA or B?")
+    template.write_text(
+        "Judge this.\n[The user's request]\n{prompt}\n\n[Answer A]\n{answer_a}\n\n[Answer B]\n{answer_b}\n\nA or B?"
+    )
     stub = StubJudge()
     judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.template", str(template), "--judge.llm.system", "")
     messages = stub.requests[0]["body"]["messages"]

@@ -36,7 +36,10 @@ def test_pair_ids_ignore_which_answer_is_called_a():
 
 def test_candidates_become_every_pair_of_distinct_answers(tmp_path):
     path = tmp_path / "candidates.jsonl"
-    rows = [{"prompt": "p", "completions": ["x", "y", "z", "x"]}, {"messages": [{"role": "user", "content": "hi"}], "a": "u", "b": "v"}]
+    rows = [
+        {"prompt": "p", "completions": ["x", "y", "z", "x"]},
+        {"messages": [{"role": "user", "content": "hi"}], "a": "u", "b": "v"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     pairs = read_pairs(path)
     # x,y x,z x,x(identical) y,z y,x(repeat of x,y) z,x(repeat) → 3 pairs, 1 identical, 2 repeated; + 1 chat pair
@@ -47,13 +50,18 @@ def test_candidates_become_every_pair_of_distinct_answers(tmp_path):
 
 def test_bad_pair_rows_are_listed_with_their_lines(tmp_path):
     path = tmp_path / "pairs.jsonl"
-    rows = [{"prompt": "p", "a": "x"}, {"prompt": "p", "completions": ["only one"]}, {"prompt": 3, "a": "x", "b": "y"}, {"x": 1}]
+    rows = [
+        {"prompt": "p", "a": "x"},
+        {"prompt": "p", "completions": ["only one"]},
+        {"prompt": 3, "a": "x", "b": "y"},
+        {"x": 1},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError) as error:
         read_pairs(path)
     text = str(error.value)
     assert 'pairs.jsonl:1: "b" must be a string' in text
-    assert "pairs.jsonl:2: \"completions\" has 1 answer(s)" in text
+    assert 'pairs.jsonl:2: "completions" has 1 answer(s)' in text
     assert "pairs.jsonl:3:" in text and "pairs.jsonl:4: expected" in text
 
 

@@ -41,7 +41,12 @@ def test_counts_rates_bias_and_agreement_by_hand(tmp_path):
     assert stats["labels"] == 7 and stats["pairs"] == 4  # p5 retracted
     assert stats["tie_rate"] == pytest.approx(2 / 7) and stats["skip_rate"] == pytest.approx(1 / 7)
     assert stats["labellers"]["ana"] | {"left_wins": None} == {
-        "labels": 4, "preferences": 2, "ties": 1, "skips": 1, "seconds_per_label": 3.0, "left_wins": None,
+        "labels": 4,
+        "preferences": 2,
+        "ties": 1,
+        "skips": 1,
+        "seconds_per_label": 3.0,
+        "left_wins": None,
     }  # fmt: skip  (2 + 2 + 4 + 4) / 4 = 3 s
     # left won in 3 of the 4 preferences (ana p1, bo p1, bo p2); ana p2's winner was on the right
     assert stats["position_bias"]["rate"] == pytest.approx(0.75) and stats["position_bias"]["n"] == 4

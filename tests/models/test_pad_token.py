@@ -44,9 +44,7 @@ def test_a_model_without_a_spare_row_gets_one_mean_row(family_dirs):
     weight = model.get_input_embeddings().weight
     assert weight.shape[0] == rows + 1 and model.get_output_embeddings().weight is weight  # still tied
     # float32 mean of `rows` numbers, recomputed here the same way: equal to rounding
-    torch.testing.assert_close(
-        weight[rows], original.get_input_embeddings().weight.mean(0), atol=1e-7, rtol=0
-    )
+    torch.testing.assert_close(weight[rows], original.get_input_embeddings().weight.mean(0), atol=1e-7, rtol=0)
     assert model.config.pad_token_id == model.generation_config.pad_token_id == tokenizer.pad_token_id
     ids = torch.tensor([tokenizer("the red cat sees a dog")["input_ids"]])
     with torch.no_grad():
@@ -94,11 +92,7 @@ def test_scoring_never_gathers_the_pad_id(family_dirs):
 
 def test_reward_models_embed_the_pad_and_share_the_policys_vocabulary(family_dirs):
     rm = load_reward_model(str(family_dirs["gpt2"]))  # trained from a causal LM: `rlhf rm`
-    assert (
-        rm.model.config.pad_token_id
-        == rm.tokenizer.pad_token_id
-        < rm.model.get_input_embeddings().num_embeddings
-    )
+    assert rm.model.config.pad_token_id == rm.tokenizer.pad_token_id < rm.model.get_input_embeddings().num_embeddings
     # an existing GPT-2 reward model whose tokenizer has no pad: scored through the policy's token ids
     policy_tokenizer = load_tokenizer(str(family_dirs["gpt2"]))
     source = RewardModelReward.load(str(family_dirs["gpt2_rm"]), policy_tokenizer=policy_tokenizer)
@@ -107,8 +101,6 @@ def test_reward_models_embed_the_pad_and_share_the_policys_vocabulary(family_dir
     width = max(map(len, rows))
     ids = torch.tensor([[policy_tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])  # left-padded
     scores = source.score_ids(ids, (ids != policy_tokenizer.pad_token_id).long())
-    alone = torch.cat(
-        [source.score_ids(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows]
-    )
+    alone = torch.cat([source.score_ids(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows])
     # float32, one 2-layer forward with and without padding: rounding only
     torch.testing.assert_close(scores, alone, atol=1e-5, rtol=1e-5)

@@ -101,9 +101,7 @@ def test_other_tokenizer_ids_differ(tokenizer, other_tokenizer) -> None:
         assert getattr(tokenizer, name) != getattr(other_tokenizer, name)
     # same chat format, different ids
     rendered = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    assert rendered == other_tokenizer.apply_chat_template(
-        MESSAGES, tokenize=False, add_generation_prompt=True
-    )
+    assert rendered == other_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
 
 
 def test_train_tokenizer_round_trips_through_save(tmp_path: Path) -> None:
@@ -137,11 +135,7 @@ def test_every_model_dir_loads_the_same_tokenizer(tiny_model_dir: Path, tokenize
     """transformers 5 loads a model_type "qwen2" directory as a Qwen2Tokenizer rebuilt with its own
     pre-tokeniser and a default unk token; train_tokenizer is built so that this changes nothing."""
     loaded = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert (
-        len(loaded)
-        == len(tokenizer)
-        == AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
-    )
+    assert len(loaded) == len(tokenizer) == AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
     assert loaded.all_special_tokens == tokenizer.all_special_tokens and loaded.unk_token is None
     for text in [*PROMPTS, "count to 12: 123 456", "Hello, World!  x\n\n y", "café"]:
         assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"], text
@@ -162,9 +156,7 @@ def test_left_padded_batch_matches_unpadded_forwards(tiny_model_dir: Path) -> No
             ids = tok(prompt, return_tensors="pt")["input_ids"]
             alone = model(input_ids=ids).logits[0]
             torch.testing.assert_close(padded[row, -1], alone[-1], atol=1e-5, rtol=1e-5)  # last token
-            torch.testing.assert_close(
-                padded[row, mask[row].bool()], alone, atol=1e-5, rtol=1e-5
-            )  # every real one
+            torch.testing.assert_close(padded[row, mask[row].bool()], alone, atol=1e-5, rtol=1e-5)  # every real one
 
 
 def test_absolute_positions_need_position_ids(tiny_gpt2_dir: Path) -> None:

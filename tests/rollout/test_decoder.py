@@ -80,9 +80,7 @@ def test_logits_match_the_models_forward_at_every_step(layout, product):
         token = torch.randint(1, VOCAB, (ids.shape[0],), generator=g)
         ids = torch.cat([ids, token[:, None]], dim=1)
         mask = torch.cat([mask, torch.ones_like(token)[:, None]], dim=1)
-        torch.testing.assert_close(
-            decoder.step(token), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4
-        )
+        torch.testing.assert_close(decoder.step(token), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4)
 
 
 @torch.no_grad()
@@ -123,7 +121,10 @@ def test_packed_weights_are_reused_until_a_parameter_changes():
         with torch.no_grad():
             model.model.norm.weight.mul_(2.0)  # a module read as it is, not packed: nothing to refresh
         torch.testing.assert_close(
-            build_decoder(model, 6).prefill(ids, mask), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4
+            build_decoder(model, 6).prefill(ids, mask),
+            reference_logits(model, ids, mask),
+            rtol=1e-4,
+            atol=1e-4,
         )
         kept = build_decoder(model, 6).weights
     assert model not in decoder_module._kept  # the block is over: the copy is freed

@@ -79,7 +79,9 @@ def test_columns_are_passed_through_as_keyword_lists():
     # TRL's extra keyword arguments ride along (tests/rollout/test_trl_convention.py checks their values)
     assert call.keys() == {"prompts", "completions", *columns, "trainer_state", "log_metric", "log_extra"}
     assert {key: call[key] for key in ("prompts", "completions", *columns)} == {
-        "prompts": PROMPTS, "completions": COMPLETIONS, **columns
+        "prompts": PROMPTS,
+        "completions": COMPLETIONS,
+        **columns,
     }
     assert result.scores.shape == (3, 1)
 
@@ -92,9 +94,7 @@ def test_function_without_kwargs_gets_only_declared_arguments():
 
 
 def test_function_missing_a_required_column_names_it():
-    with pytest.raises(
-        RewardError, match=r"exact_match.*requires answer.*available: prompts, completions, .*level"
-    ):
+    with pytest.raises(RewardError, match=r"exact_match.*requires answer.*available: prompts, completions, .*level"):
         score_all([fn("exact_match")], None, PROMPTS, COMPLETIONS, {"level": [1, 2, 3]})
 
 
@@ -144,9 +144,7 @@ def test_import_errors_are_clear(tmp_path, monkeypatch):
         load_reward_source(f"{broken}:f")
     with pytest.raises(RewardError, match=r"cannot import module 'no_such_module_xyz': ModuleNotFoundError"):
         load_reward_source("no_such_module_xyz:f")
-    with pytest.raises(
-        RewardError, match=r"has no attribute 'lenght_reward'; its callables: .*length_reward"
-    ):
+    with pytest.raises(RewardError, match=r"has no attribute 'lenght_reward'; its callables: .*length_reward"):
         load_reward_source(f"{TOY}:lenght_reward")
     with pytest.raises(RewardError, match=r"'NOT_CALLABLE' is a float, not a callable"):
         load_reward_source(f"{TOY}:NOT_CALLABLE")
@@ -246,7 +244,10 @@ def test_http_bad_replies_fail_at_once(server, action, message):
 @pytest.mark.parametrize(
     ("reply", "message"),
     [
-        ('{"rewards": ["0.5", 1, 2]}', r'"rewards"\[0\] is \'"0.5"\' \(a JSON string\), expected a number, or null'),
+        (
+            '{"rewards": ["0.5", 1, 2]}',
+            r'"rewards"\[0\] is \'"0.5"\' \(a JSON string\), expected a number, or null',
+        ),
         ('{"rewards": [1, {"score": 2}, 3]}', r'"rewards"\[1\] is .* \(a JSON object\)'),
         ('{"rewards": [1, 2, [3]]}', r'"rewards"\[2\] is .* \(a JSON array\)'),
         ('{"rewards": [1, 2, NaN]}', r'"rewards"\[2\] is nan; send null'),
@@ -293,9 +294,7 @@ def rm_other(tiny_reward_model_other_tokenizer_dir, policy_tokenizer) -> RewardM
 def chat_prompts(tokenizer) -> list[str]:
     """Prompts rendered by the chat template, as the trainer passes them (ending in '<|assistant|>\\n')."""
     return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         for p in PROMPTS
     ]
 
@@ -345,9 +344,7 @@ def test_eos_is_appended_once(rm):
     eos = rm.tokenizer.eos_token
     plain, ended = rm.encode(["what is 2 + 3?"] * 2, ["5", "5" + eos])
     assert plain == ended and plain[-1] == rm.eos_id and plain[-2] != rm.eos_id
-    assert rm.score(["q"] * 2, ["5", "5" + eos], {}) == pytest.approx(
-        [rm.score(["q"], ["5"], {})[0]] * 2, abs=1e-6
-    )
+    assert rm.score(["q"] * 2, ["5", "5" + eos], {}) == pytest.approx([rm.score(["q"], ["5"], {})[0]] * 2, abs=1e-6)
     without = RewardModelReward(rm.model, rm.tokenizer, append_eos=False)
     assert without.encode(["what is 2 + 3?"], ["5"])[0] == plain[:-1]
     assert without.score(["q"], ["5"], {})[0] != pytest.approx(rm.score(["q"], ["5"], {})[0], abs=1e-4)
@@ -373,9 +370,7 @@ def test_token_fast_path_equals_text_path(rm, policy_tokenizer):
     C, T = max(map(len, prompt_ids)), max(map(len, response_ids)) + 2
     ids = torch.full((3, C + T), tok.pad_token_id)
     mask = torch.zeros((3, C + T), dtype=torch.long)
-    for b, (p, r) in enumerate(
-        zip(prompt_ids, response_ids, strict=True)
-    ):  # left-padded query ⊕ right-padded response
+    for b, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):  # left-padded query ⊕ right-padded response
         ids[b, C - len(p) : C], mask[b, C - len(p) : C] = torch.tensor(p), 1
         ids[b, C : C + len(r)], mask[b, C : C + len(r)] = torch.tensor(r), 1
     fast = rm.score_ids(ids, mask)
@@ -499,7 +494,5 @@ def test_load_reward_set_from_config_value(monkeypatch, tiny_reward_model_dir, s
     assert reward_set.score(PROMPTS, COMPLETIONS).scores.shape == (3, 4)
     single = load_reward_set("toy_rewards.py:length_reward")
     assert single.names == ["length_reward"]
-    with pytest.raises(
-        ValueError, match=r"reward\[0\]: unknown key\(s\) wieght; valid keys: source, weight, name"
-    ):
+    with pytest.raises(ValueError, match=r"reward\[0\]: unknown key\(s\) wieght; valid keys: source, weight, name"):
         load_reward_set([{"source": "toy_rewards.py:length_reward", "wieght": 2}])

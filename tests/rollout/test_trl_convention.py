@@ -142,7 +142,11 @@ def dataset_rows(form: str) -> list[dict]:
     rows = []
     for i, question in enumerate(QUESTIONS):
         chat = [{"role": "system", "content": "answer briefly"}, {"role": "user", "content": question}]
-        prompt = {"standard": {"prompt": question}, "conversational": {"prompt": chat}, "messages": {"messages": chat}}
+        prompt = {
+            "standard": {"prompt": question},
+            "conversational": {"prompt": chat},
+            "messages": {"messages": chat},
+        }
         rows.append(prompt[form] | {"ground_truth": str(i), "level": None if i == 3 else i})
     return rows
 
@@ -307,7 +311,10 @@ def test_async_functions_run_concurrently_on_one_loop():
 
         return reward
 
-    sources = [FunctionReward(waiting_for("a", "b"), name="a"), FunctionReward(waiting_for("b", "a"), name="b")]
+    sources = [
+        FunctionReward(waiting_for("a", "b"), name="a"),
+        FunctionReward(waiting_for("b", "a"), name="b"),
+    ]
     for _ in range(2):
         started.clear()
         result = score_all(sources, None, ["p"], ["c"])
@@ -340,8 +347,14 @@ def logging(metric_value=0.5, extra_values=None, metric_name="accuracy"):
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        (logging(extra_values=["only one"]), r"reward 'judge': log_extra\('note', …\) got 1 values for a batch of 2"),
-        (logging(extra_values="xy"), r"log_extra\('note', …\) got a str; it takes a list with one value per sample"),
+        (
+            logging(extra_values=["only one"]),
+            r"reward 'judge': log_extra\('note', …\) got 1 values for a batch of 2",
+        ),
+        (
+            logging(extra_values="xy"),
+            r"log_extra\('note', …\) got a str; it takes a list with one value per sample",
+        ),
         (logging(metric_value="high"), r"log_metric\('accuracy', …\) got 'high', a str; it takes one number"),
         (logging(metric_name="mean"), r"log_metric name must be .* other than mean or std"),
     ],
@@ -512,7 +525,15 @@ def test_ppo_gdpo_reports_the_raw_weighted_sum(tiny_llama_dir, chat_prompts_file
     out = tmp_path / "run"
     rewards = [{"source": spec("chat_length"), "name": "chat"},
                {"source": spec("curriculum"), "name": "curriculum", "weight": 0.5}]  # fmt: skip
-    ppo.run(run_config("ppo", tiny_llama_dir, chat_prompts_file, out, **{"reward.source": rewards, "reward.aggregation": "gdpo"}))
+    ppo.run(
+        run_config(
+            "ppo",
+            tiny_llama_dir,
+            chat_prompts_file,
+            out,
+            **{"reward.source": rewards, "reward.aggregation": "gdpo"},
+        )
+    )
     for row in read_jsonl(out / "metrics.jsonl"):
         for prefix in (p for p in ("reward", "eval/reward") if f"{p}/mean" in row):  # step 0: held-out only
             expected = row[f"{prefix}/chat/mean"] + 0.5 * row[f"{prefix}/curriculum/mean"]
@@ -545,7 +566,9 @@ def test_an_unscored_batch_skips_its_update_with_a_warning(tiny_llama_dir, chat_
 
     # with a batch scored at step 2 the run goes on and updates
     out = tmp_path / "run2"
-    trainer.run(run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": spec("none_at_first_step")}))
+    trainer.run(
+        run_config(command, tiny_llama_dir, chat_prompts_file, out, **{"reward.source": spec("none_at_first_step")})
+    )
     rows = read_jsonl(out / "metrics.jsonl")[1:]
     assert "policy/loss" not in rows[0] and "policy/loss" in rows[1] and "reward/unscored" not in rows[1]
 

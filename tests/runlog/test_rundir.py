@@ -27,7 +27,12 @@ SRC = Path(rundir.__file__).resolve().parents[2]
 
 
 def sft_config(out: Path, **overrides: object):
-    values = {"model.name": "some/model", "data.train": "train.jsonl", "output_dir": str(out), "run.progress": False}
+    values = {
+        "model.name": "some/model",
+        "data.train": "train.jsonl",
+        "output_dir": str(out),
+        "run.progress": False,
+    }
     return config_from_dict("sft", nested(values | overrides))
 
 
@@ -102,9 +107,7 @@ def test_output_dir_that_is_a_file_or_cannot_be_created_is_refused(tmp_path):
     a_file.write_text("x")
     with pytest.raises(ConfigError, match=r"^sft: output_dir '.*file' is a file, not a directory"):
         claim(sft_config(a_file))
-    with pytest.raises(
-        ConfigError, match=r"^sft: output_dir '.*file/run' cannot be created: Not a directory"
-    ):
+    with pytest.raises(ConfigError, match=r"^sft: output_dir '.*file/run' cannot be created: Not a directory"):
         claim(sft_config(a_file / "run"))
 
 
@@ -132,9 +135,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_frees_it(
     """)
     try:
         assert holder.stdout.readline() == "locked\n"
-        with pytest.raises(
-            ConfigError, match=rf"output_dir '.*run' is in use by another run \(pid {holder.pid}\)"
-        ):
+        with pytest.raises(ConfigError, match=rf"output_dir '.*run' is in use by another run \(pid {holder.pid}\)"):
             claim(sft_config(out))
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -171,8 +172,9 @@ def test_resume_of_another_command_is_refused(tmp_path):
     out.mkdir()
     finished_run(out, sft_config(out))
     rm = config_from_dict(
-        "rm", nested({"model.name": "m", "data.train": "train.jsonl", "output_dir": str(out), "run.resume": True}
-    ))
+        "rm",
+        nested({"model.name": "m", "data.train": "train.jsonl", "output_dir": str(out), "run.resume": True}),
+    )
     with pytest.raises(ConfigError, match=r"in command: sft → rm"):
         claim(rm)
 
@@ -181,9 +183,7 @@ def test_resume_of_a_finished_run_without_checkpoints_is_refused(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     finished_run(out, sft_config(out), steps=())
-    with pytest.raises(
-        ConfigError, match=r"finished without a checkpoint .* --run.overwrite instead of --run.resume"
-    ):
+    with pytest.raises(ConfigError, match=r"finished without a checkpoint .* --run.overwrite instead of --run.resume"):
         claim(sft_config(out, **{"run.resume": True}))
 
 

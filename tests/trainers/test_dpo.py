@@ -83,7 +83,9 @@ def test_a_large_beta_keeps_the_policy_near_the_reference(tiny_llama_dir, data, 
     moved = {}
     for beta in (0.1, 10.0):
         out = tmp_path / f"beta{beta}"
-        dpo.run(make_config(tiny_llama_dir, data | {"train": data["many"]}, out, **{"dpo.beta": beta, "batch.size": 16}))
+        dpo.run(
+            make_config(tiny_llama_dir, data | {"train": data["many"]}, out, **{"dpo.beta": beta, "batch.size": 16})
+        )
         rows = metric_rows(out)
         # |Δ log π| of the held-out chosen answers: rewards/chosen is β·Δ, so divide β out
         moved[beta] = abs(rows[-1]["eval/rewards/chosen"]) / beta + abs(rows[-1]["eval/rewards/rejected"]) / beta
@@ -110,8 +112,9 @@ def test_the_reference_of_a_lora_run_is_the_base_model(tiny_llama_dir, data):
                                rtol=1e-6, atol=1e-5)  # fmt: skip
 
 
-def test_the_cached_reference_equals_a_frozen_copy_scoring_each_micro_batch(tiny_llama_dir, data, tmp_path,
-                                                                             monkeypatch):
+def test_the_cached_reference_equals_a_frozen_copy_scoring_each_micro_batch(
+    tiny_llama_dir, data, tmp_path, monkeypatch
+):
     """The reference log-probs are computed once, before training, and handed out per micro-batch by pair index:
     each must equal what a separate frozen copy of the starting model gives for exactly those pairs."""
     seen: list[tuple[list, torch.Tensor]] = []

@@ -79,10 +79,7 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 prompts of 3-4 words (36 train, 4 held out); every other one flagged ``constant``."""
     path = tmp_path_factory.mktemp("grpo_prompts") / "prompts.jsonl"
     lines = toy_corpus(40, seed=5)
-    rows = [
-        {"prompt": " ".join(line.split()[: 3 + i % 2]), "constant": i % 2 == 0}
-        for i, line in enumerate(lines)
-    ]
+    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2]), "constant": i % 2 == 0} for i, line in enumerate(lines)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -160,10 +157,7 @@ def test_constant_reward_gives_zero_advantages_and_loss(tiny_llama_dir, prompts_
         assert row["reward/zero_std_groups"] == 1.0
         assert row["advantages/abs_mean"] == 0.0 and row["policy/loss"] == 0.0 and row["grad/norm"] == 0.0
     # zero gradients: AdamW with weight_decay 0 leaves the weights exactly as they were
-    assert (
-        max_abs_diff(load_file(final / "model.safetensors"), load_file(tiny_llama_dir / "model.safetensors"))
-        == 0
-    )
+    assert max_abs_diff(load_file(final / "model.safetensors"), load_file(tiny_llama_dir / "model.safetensors")) == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,9 +185,7 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
         none = grpo.build_models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
     assert none.reference is None
     assert storage_bytes(held_modules(none)) == base
-    with_ref = grpo.build_models(
-        make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE
-    )
+    with_ref = grpo.build_models(make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE)
     assert with_ref.reference.copy is not None
     assert storage_bytes(held_modules(with_ref)) == 2 * base
 
@@ -277,7 +269,12 @@ def test_micro_batching_gives_the_same_update(
 ):
     # 8 ragged completions in one pass, or in micro-batches of 2 rows, or of at most 30 tokens (longest
     # first), each cut to its own longest row; with a reference, so the rollout's pass gives the old log-probs
-    fields = {"grpo.steps": 1, "grpo.num_minibatches": 1, "grpo.loss_aggregation": "seq-mean-token-mean", "kl.coef": 0.05}
+    fields = {
+        "grpo.steps": 1,
+        "grpo.num_minibatches": 1,
+        "grpo.loss_aggregation": "seq-mean-token-mean",
+        "kl.coef": 0.05,
+    }
     whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
     whole_grads = list(clipped_gradients)
     clipped_gradients.clear()
@@ -326,9 +323,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, t
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
     # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) is not a measured noise level
     assert_rows_match(expected, got, rel=1e-6, abs=1e-6)
-    assert (
-        max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
-    )
+    assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
@@ -398,5 +393,8 @@ def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_d
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"grpo.num_minibatches": 2, "kl.coef": 0.0})
     models = grpo.build_models(config, SINGLE)
     assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
-    assert not grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)), models)
+    assert not grpo.on_policy(
+        dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)),
+        models,
+    )
     assert grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1)), models)

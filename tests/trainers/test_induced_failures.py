@@ -27,7 +27,12 @@ from rlhf.trainers import grpo, ppo, sft
 from runs import metric_rows, train_rows
 
 LENGTH = test_ppo.reward("length_chars")  # pays 0.1 per character: longer is always better
-GENTLE = {"ppo.steps": 25, "sampling.max_new_tokens": 16, "reward.source": LENGTH, "optim.learning_rate": 1e-4}
+GENTLE = {
+    "ppo.steps": 25,
+    "sampling.max_new_tokens": 16,
+    "reward.source": LENGTH,
+    "optim.learning_rate": 1e-4,
+}
 """The gentle run: its learning rate is the one the failures are measured against."""
 LENGTH_AND_GOLD = [
     {"source": LENGTH, "name": "length", "weight": 1.0},
@@ -60,7 +65,9 @@ def sft_policy(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     data.write_text("".join(json.dumps({"prompt": " ".join(p), "response": " " + " ".join(r)}) + "\n" for p, r in rows))
     final = sft.run(test_sft.make_config(tiny_llama_dir, data, tmp / "sft", **{"sft.epochs": 2}))
     prompts = tmp / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(line.split()[:4])}) + "\n" for line in toy_corpus(60, seed=7)))
+    prompts.write_text(
+        "".join(json.dumps({"prompt": " ".join(line.split()[:4])}) + "\n" for line in toy_corpus(60, seed=7))
+    )
     return final, prompts
 
 
@@ -110,7 +117,10 @@ def test_the_length_failure_is_what_its_metrics_show(sft_policy, tmp_path):
 
 
 def test_stop_on_ends_the_run_at_the_finding_and_it_resumes(sft_policy, tmp_path, capsys):
-    overrides = FAILURES["no KL penalty against a proxy"][0] | {"run.save_every": 0, "doctor.stop_on": "warning"}
+    overrides = FAILURES["no KL penalty against a proxy"][0] | {
+        "run.save_every": 0,
+        "doctor.stop_on": "warning",
+    }
     out = tmp_path / "run"
     found = run_ppo(sft_policy, out, **overrides)
     first = min(episodes[0][0] for episodes in found.values())  # the first warning (nothing critical here)
@@ -150,4 +160,6 @@ def test_sft_overfitting_a_handful_of_examples(tiny_llama_dir, tmp_path, capsys)
     evals = [row["eval/loss"] for row in metric_rows(out) if "eval/loss" in row]
     assert evals[-1] > min(evals) + 0.1  # the overfitting is real: the held-out loss rose from its lowest
     assert cli.main(["doctor", str(out)]) == 1
-    assert "[warning] eval_loss_rising: the held-out loss rises while the training loss falls" in capsys.readouterr().out
+    assert (
+        "[warning] eval_loss_rising: the held-out loss rises while the training loss falls" in capsys.readouterr().out
+    )

@@ -123,20 +123,12 @@ def test_smoke_two_steps(tiny_model_dir_factory, prompts_file, tmp_path, ragged,
     # minibatch of epoch 0: the same rows, forward and batch shape that produced the old log-probs.
     assert len(micro_steps) == 8
     for first in (micro_steps[0], micro_steps[4]):
-        assert (
-            first["ratio_dev"] == 0.0 and first["policy/clipfrac"] == 0.0 and first["policy/approx_kl"] == 0.0
-        )
+        assert first["ratio_dev"] == 0.0 and first["policy/clipfrac"] == 0.0 and first["policy/approx_kl"] == 0.0
     assert any(call["ratio_dev"] > 0 for call in micro_steps)  # later minibatches do see an updated policy
 
     # the policy's parameters changed, and so did the value function (its zero-initialised head)
-    assert (
-        max_abs_diff(load_file(final / "model.safetensors"), load_file(policy / "model.safetensors")) > 1e-4
-    )
-    head_file = (
-        final / "value_head.safetensors"
-        if critic == "shared"
-        else final / "critic" / "value_head.safetensors"
-    )
+    assert max_abs_diff(load_file(final / "model.safetensors"), load_file(policy / "model.safetensors")) > 1e-4
+    head_file = final / "value_head.safetensors" if critic == "shared" else final / "critic" / "value_head.safetensors"
     assert load_file(head_file)["linear.weight"].abs().max() > 0
     if critic == "separate":
         from transformers import AutoModel
@@ -233,7 +225,14 @@ def test_kl_in_loss_uses_the_adapted_coefficient(tiny_llama_dir, prompts_file, t
 
     monkeypatch.setattr(ppo, "clipped_policy_loss", recording)
     out = tmp_path / "run"
-    ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"kl.add_to": "loss", "kl.control": "adaptive", "kl.coef": 0.1}))
+    ppo.run(
+        make_config(
+            tiny_llama_dir,
+            prompts_file,
+            out,
+            **{"kl.add_to": "loss", "kl.control": "adaptive", "kl.coef": 0.1},
+        )
+    )
     rows = train_rows(out)
     # 4 minibatches per iteration; iteration 2 trains with the β the controller set after iteration 1
     assert betas[:4] == [0.1] * 4
@@ -275,9 +274,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     # (A full fine-tuning Models, below, holds two base models: the counter does see a copy.)
     base_bytes = storage_bytes([base])
     held = [m for m in (models.policy, models.reference.copy, models.value_module()) if m is not None]
-    lora_bytes = sum(
-        p.numel() * p.element_size() for n, p in models.policy.named_parameters() if "lora_" in n
-    )
+    lora_bytes = sum(p.numel() * p.element_size() for n, p in models.policy.named_parameters() if "lora_" in n)
     assert 0 < lora_bytes < 0.1 * base_bytes
     assert storage_bytes(held) == base_bytes + lora_bytes + storage_bytes([models.value.head])
     full = build_models(tiny_llama_dir, reward("constant_one"))
@@ -297,7 +294,9 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     assert (policy_logprobs - expected).abs().max() > 1e-3  # the adapter is on outside reference.logprobs
 
 
-def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_the_float32_ones(tiny_llama_dir):
+def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_the_float32_ones(
+    tiny_llama_dir,
+):
     full = build_models(tiny_llama_dir, reward("constant_one"))
     half = build_models(tiny_llama_dir, reward("constant_one"), **{"model.reference_dtype": "bfloat16"})
     assert {p.dtype for p in half.reference.copy.parameters()} == {torch.bfloat16}
@@ -314,7 +313,12 @@ def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_th
 
 def test_reference_dtype_is_refused_with_lora(tiny_llama_dir):
     with pytest.raises(Exception, match="reference_dtype: with lora the reference is the policy's own base weights"):
-        make_config(tiny_llama_dir, Path("p.jsonl"), Path("out"), **{"model.lora": LORA, "model.reference_dtype": "bfloat16"})
+        make_config(
+            tiny_llama_dir,
+            Path("p.jsonl"),
+            Path("out"),
+            **{"model.lora": LORA, "model.reference_dtype": "bfloat16"},
+        )
 
 
 def test_lora_run_saves_merged_model(tiny_llama_dir, prompts_file, tmp_path, micro_steps):
@@ -403,7 +407,9 @@ def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
     assert with_rm.value.head is None
     torch.testing.assert_close(with_rm.value.critic.head.linear.weight, rm.score.weight, rtol=0, atol=0)
-    assert f"ppo: critic auto → separate (started from the reward model {tiny_reward_model_dir}" in capsys.readouterr().err
+    assert (
+        f"ppo: critic auto → separate (started from the reward model {tiny_reward_model_dir}" in capsys.readouterr().err
+    )
     # a reward model with another tokenizer cannot start a critic, nor can a reward function: the shared head
     for source in (str(tiny_reward_model_other_tokenizer_dir), reward("length_chars")):
         models = build_models(tiny_llama_dir, source)
@@ -422,9 +428,7 @@ def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
     [{}, {"model.lora": LORA, "ppo.critic": "separate"}, {"kl.reference_ema": 0.5}],
     ids=["full-shared", "lora-separate", "moving-reference"],
 )
-def test_resume_reproduces_the_uninterrupted_run(
-    tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, variant
-):
+def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, variant):
     # adaptive β, linear decay, shuffled epochs, held-out samples (and a moving reference): all state the
     # checkpoint must hold
     fields = {
@@ -539,7 +543,10 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     monkeypatch.setattr(ppo, "fuses_first_update", lambda config: False)
     unfused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "unfused", **fields))
     assert calls["no_grad_scores"] == 3  # one no-grad pass per step when the shortcut is off
-    files = ["model.safetensors", "value_head.safetensors" if critic == "shared" else "critic/model.safetensors"]
+    files = [
+        "model.safetensors",
+        "value_head.safetensors" if critic == "shared" else "critic/model.safetensors",
+    ]
     for name in files:
         assert max_abs_diff(load_file(fused / name), load_file(unfused / name)) == 0, name
     for a, b in zip(train_rows(tmp_path / "fused"), train_rows(tmp_path / "unfused"), strict=True):
@@ -551,8 +558,12 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 def test_first_update_is_fused_only_for_one_minibatch_in_one_micro_batch(tiny_llama_dir, prompts_file, tmp_path):
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"ppo.num_minibatches": 1})
     assert ppo.fuses_first_update(config)
-    assert not ppo.fuses_first_update(dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, num_minibatches=2)))  # the 2nd sees a new policy
-    assert not ppo.fuses_first_update(dataclasses.replace(config, batch=dataclasses.replace(config.batch, micro_size=4)))  # advantages need all rows
+    assert not ppo.fuses_first_update(
+        dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, num_minibatches=2))
+    )  # the 2nd sees a new policy
+    assert not ppo.fuses_first_update(
+        dataclasses.replace(config, batch=dataclasses.replace(config.batch, micro_size=4))
+    )  # advantages need all rows
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -567,14 +578,14 @@ def test_first_update_is_fused_only_for_one_minibatch_in_one_micro_batch(tiny_ll
         ("nan_on_second", r"reward 'nan_on_second', sample 1 \(completion .*\): score is nan"),
     ],
 )
-def test_failing_reward_stops_before_any_update(
-    tiny_llama_dir, prompts_file, tmp_path, monkeypatch, function, message
-):
+def test_failing_reward_stops_before_any_update(tiny_llama_dir, prompts_file, tmp_path, monkeypatch, function, message):
     steps: list[int] = []
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1))
     out = tmp_path / "run"
     with pytest.raises(RewardError, match=message):
-        ppo.run(make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward(function), "run.save_every": 1}))
+        ppo.run(
+            make_config(tiny_llama_dir, prompts_file, out, **{"reward.source": reward(function), "run.save_every": 1})
+        )
     assert steps == []
     assert not (out / "final").exists() and not (out / "checkpoints").exists()
 

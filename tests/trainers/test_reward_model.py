@@ -106,9 +106,7 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     The tokenizer is trained on the toy corpus and on sentences of the toy preference — "happy" included,
     as a real encoder's vocabulary would hold it.
     """
-    texts = toy_corpus(2000, seed=0) + [
-        row[k] for row in happy_pairs(200, seed=9) for k in ("prompt", "chosen")
-    ]
+    texts = toy_corpus(2000, seed=0) + [row[k] for row in happy_pairs(200, seed=9) for k in ("prompt", "chosen")]
     tokenizer = train_wordpiece_tokenizer(texts, vocab_size=400, model_max_length=128)
     model = tiny_bert_classifier(tokenizer, seed=0)
     return save_tiny(model, tokenizer, tmp_path_factory.mktemp("bert") / "tiny_bert")
@@ -158,9 +156,7 @@ def test_causal_lm_gets_a_fresh_head_with_the_reference_init(tiny_llama_dir):
     assert rm.tokenizer.padding_side == "right"
 
 
-def test_a_head_from_the_checkpoint_is_kept_and_a_mismatched_one_reinitialised(
-    tiny_reward_model_dir, tmp_path
-):
+def test_a_head_from_the_checkpoint_is_kept_and_a_mismatched_one_reinitialised(tiny_reward_model_dir, tmp_path):
     saved = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir)
     rm = load_reward_model(str(tiny_reward_model_dir))
     assert not rm.fresh_head
@@ -168,9 +164,7 @@ def test_a_head_from_the_checkpoint_is_kept_and_a_mismatched_one_reinitialised(
 
     # a 3-label BERT classifier: its head has the wrong size → fresh, N(0, 1/sqrt(H+1)) and bias 0
     tokenizer = train_wordpiece_tokenizer(toy_corpus(200), vocab_size=200)
-    path = save_tiny(
-        tiny_bert_classifier(tokenizer, hidden_size=256, num_labels=3), tokenizer, tmp_path / "b"
-    )
+    path = save_tiny(tiny_bert_classifier(tokenizer, hidden_size=256, num_labels=3), tokenizer, tmp_path / "b")
     bert = load_reward_model(str(path))
     assert not bert.is_decoder and bert.fresh_head and bert.model.config.num_labels == 1
     assert bert.model.classifier.bias.abs().max().item() == 0.0
@@ -227,16 +221,12 @@ def test_smoke_one_epoch(tiny_model_dir_factory, data, tmp_path, arch):
     assert set(EVAL_METRICS) <= rows[0].keys() and "train/loss" not in rows[0]
     for row in rows[1:]:
         assert set(TRAIN_METRICS) <= row.keys()
-        assert all(
-            math.isfinite(row[k]) for k in TRAIN_METRICS + (EVAL_METRICS if "eval/loss" in row else [])
-        )
+        assert all(math.isfinite(row[k]) for k in TRAIN_METRICS + (EVAL_METRICS if "eval/loss" in row else []))
     assert [row["epoch"] for row in rows] == pytest.approx([0, 1 / 3, 2 / 3, 1])
     assert rows[1]["lr"] == pytest.approx(1e-3) and rows[3]["lr"] < rows[2]["lr"]  # linear decay to 0
     for row in rows:
         if "eval/accuracy" in row:
-            assert row["eval/accuracy"] * 16 == pytest.approx(
-                round(row["eval/accuracy"] * 16)
-            )  # k of 16 pairs
+            assert row["eval/accuracy"] * 16 == pytest.approx(round(row["eval/accuracy"] * 16))  # k of 16 pairs
 
     # final/: one output, loads as is; the trunk and the head were trained
     model = AutoModelForSequenceClassification.from_pretrained(final)
@@ -273,13 +263,21 @@ def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, t
     without_margin, _ = bradley_terry_loss(chosen, rejected, None, center_coef=0.01)
     assert abs(without_margin.item() - loss.item()) > 1e-3  # the margin made a difference
 
-    reward_model.run(dataclasses.replace(config, rm=dataclasses.replace(config.rm, use_margin=False), output_dir=str(tmp_path / "no_margin")))
+    reward_model.run(
+        dataclasses.replace(
+            config,
+            rm=dataclasses.replace(config.rm, use_margin=False),
+            output_dir=str(tmp_path / "no_margin"),
+        )
+    )
     (row,) = metric_rows(tmp_path / "no_margin")
     assert row["train/loss"] == pytest.approx(without_margin.item(), rel=1e-5)
 
 
 def test_lora_run_saves_a_plain_merged_model(tiny_llama_dir, data, tmp_path):
-    final = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "run", **{"model.lora": {"r": 4, "alpha": 8}}))
+    final = reward_model.run(
+        make_config(tiny_llama_dir, data, tmp_path / "run", **{"model.lora": {"r": 4, "alpha": 8}})
+    )
     assert not (final / "adapter_config.json").exists()
     trained = AutoModelForSequenceClassification.from_pretrained(final).state_dict()
     initial = load_reward_model(str(tiny_llama_dir)).model.state_dict()
@@ -356,9 +354,7 @@ def test_responses_cut_to_the_same_tokens_are_refused(tiny_llama_dir, tmp_path):
     length = len(tok("cat: the happy cat", add_special_tokens=False)["input_ids"])
     path = write_jsonl(tmp_path / "cut.jsonl", [row | {"rejected": " a cow."}, row])
     config = make_config(tiny_llama_dir, {"train": path, "eval": path}, tmp_path / "run", **{"data.max_length": length})
-    with pytest.raises(
-        DataError, match=rf"{path}:2: \"chosen\" and \"rejected\" encode to the same tokens once cut"
-    ):
+    with pytest.raises(DataError, match=rf"{path}:2: \"chosen\" and \"rejected\" encode to the same tokens once cut"):
         reward_model.run(config)
 
 
@@ -393,7 +389,8 @@ def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, 
         make_config(tiny_llama_dir, data, tmp_path / "whole", **fields), monkeypatch
     )
     micro, micro_grads, micro_initial = run_recording_gradients(
-        make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 4}, **fields), monkeypatch
+        make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 4}, **fields),
+        monkeypatch,
     )
     assert len(whole_grads) == len(micro_grads) == 1 and len(whole_grads[0]) > 0
     # the same start, the fresh head included
@@ -435,9 +432,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data, tmp_path,
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
     # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
     assert_rows_match(expected, got, rel=1e-6, abs=1e-7)
-    assert (
-        max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
-    )
+    assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
@@ -481,9 +476,7 @@ def test_normalisation_gives_policy_samples_mean_0_std_1_for_consumers(tiny_llam
     assert len({s["completion"] for s in samples}) > 12  # really sampled, not one answer repeated
     # re-scored by a consumer loading final/: mean 0, population std 1 (OAI, checklist item 19)
     consumer = RewardModelReward.load(str(final))
-    scores = torch.tensor(
-        consumer.score([s["prompt"] for s in samples], [s["completion"] for s in samples], {})
-    )
+    scores = torch.tensor(consumer.score([s["prompt"] for s in samples], [s["completion"] for s in samples], {}))
     assert scores.mean().item() == pytest.approx(0.0, abs=1e-5)
     assert scores.std(correction=0).item() == pytest.approx(1.0, abs=1e-5)
     assert scores.tolist() == pytest.approx([s["normalized"] for s in samples], abs=1e-5)
@@ -564,9 +557,7 @@ def test_tiny_bert_with_its_own_wordpiece_tokenizer_learns_the_same_task(tiny_be
     assert rows[0]["eval/accuracy"] < 0.6 and rows[-1]["eval/accuracy"] >= 0.9, (rows, seconds)
     rm = RewardModelReward.load(str(final))
     tok = rm.tokenizer
-    assert (
-        rm.eos_id is None and rm.encode(["what is 1 + 2?"], [" 3"])[0] == tok("what is 1 + 2? 3")["input_ids"]
-    )
+    assert rm.eos_id is None and rm.encode(["what is 1 + 2?"], [" 3"])[0] == tok("what is 1 + 2? 3")["input_ids"]
     assert tok.convert_ids_to_tokens(rm.encode(["what is 1 + 2?"], [" 3"])[0][-2:]) == ["3", "[SEP]"]
     assert held_out_accuracy(final, sums["eval"]) == pytest.approx(rows[-1]["eval/accuracy"], abs=1e-6)
 

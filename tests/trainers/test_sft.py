@@ -104,14 +104,14 @@ def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tu
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch(
-    tiny_llama_dir, data_dir, tmp_path
-):
+def test_loss_falls_and_eval_runs_before_training_every_eval_every_and_per_epoch(tiny_llama_dir, data_dir, tmp_path):
     """Observed (torch 2.13 CPU, ≈0.4 s for the 32 steps): eval/loss 5.92 at step 0 → 1.73 after 4 epochs;
     train/loss 5.99 at step 1 → 1.6-1.8 in the last epoch (the digit of a sum is ≈ ln 10 = 2.3 nats to a
     model that has not learnt to add; the eos after it is free). The margin asserted is 2.5 nats."""
     out = tmp_path / "run"
-    final = sft.run(make_config(tiny_llama_dir, data_dir / "train.jsonl", out, **{"sft.epochs": 4, "run.eval_every": 5}))
+    final = sft.run(
+        make_config(tiny_llama_dir, data_dir / "train.jsonl", out, **{"sft.epochs": 4, "run.eval_every": 5})
+    )
 
     rows = metric_rows(out)
     # 61 training examples / 8 per step = 8 steps per epoch (the last one of 5); 3 held out for eval/loss
@@ -197,9 +197,7 @@ def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tm
     examples = load_sft(data_dir / "chat.jsonl", tokenizer, max_length=64)
     first = json.loads((data_dir / "chat.jsonl").read_text().splitlines()[0])["messages"]
     trained = tokenizer.decode([t for t in examples[0].labels if t != IGNORE_INDEX])
-    assert (
-        trained == f"{first[2]['content']}<|eos|>{first[4]['content']}<|eos|>"
-    )  # both answers, nothing else
+    assert trained == f"{first[2]['content']}<|eos|>{first[4]['content']}<|eos|>"  # both answers, nothing else
 
     out = tmp_path / "run"
     final = sft.run(make_config(tiny_llama_dir, data_dir / "chat.jsonl", out, **{"sft.epochs": 2}))
@@ -214,9 +212,7 @@ def test_chat_messages_train_on_the_assistant_turns(tiny_llama_dir, data_dir, tm
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_micro_batching_gives_the_same_update(
-    tiny_llama_dir, data_dir, tmp_path, clipped_gradients, adam_steps
-):
+def test_micro_batching_gives_the_same_update(tiny_llama_dir, data_dir, tmp_path, clipped_gradients, adam_steps):
     # one optimizer step on all 10 examples: in one pass, or in micro-batches of 4, 4 and 2 of other lengths
     fields = {"batch.size": 16, "data.eval": str(data_dir / "small.jsonl")}
     small = data_dir / "small.jsonl"
@@ -224,7 +220,8 @@ def test_micro_batching_gives_the_same_update(
         make_config(tiny_llama_dir, small, tmp_path / "whole", **fields), clipped_gradients
     )
     micro, micro_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, small, tmp_path / "micro", **{"batch.micro_size": 4}, **fields), clipped_gradients
+        make_config(tiny_llama_dir, small, tmp_path / "micro", **{"batch.micro_size": 4}, **fields),
+        clipped_gradients,
     )
     # the accumulated gradient is the whole batch's: float32 sums over ≤ 10 examples of ≤ 64 tokens in
     # another grouping differ by a few ulp of the partial sums (|g| ≤ 1), far inside rtol 1e-5 / atol 1e-7
@@ -248,9 +245,7 @@ def test_micro_batching_gives_the_same_update(
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
-def test_packing_gives_the_same_loss_and_gradient(
-    tiny_model_dir_factory, data_dir, tmp_path, clipped_gradients, arch
-):
+def test_packing_gives_the_same_loss_and_gradient(tiny_model_dir_factory, data_dir, tmp_path, clipped_gradients, arch):
     model_dir = tiny_model_dir_factory(arch)
     small = data_dir / "small.jsonl"
     fields = {"batch.size": 16, "batch.micro_size": 8, "data.eval": str(small)}  # micro-batches of 8 and 2
@@ -307,7 +302,9 @@ def test_packing_is_refused_for_a_model_that_lets_examples_see_each_other(tiny_l
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, {"model.lora": LORA, "sft.packing": True, "batch.micro_size": 4}], ids=["full", "lora-packed-micro"]
+    "variant",
+    [{}, {"model.lora": LORA, "sft.packing": True, "batch.micro_size": 4}],
+    ids=["full", "lora-packed-micro"],
 )
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_path, monkeypatch, variant):
     # 2 epochs of 8 steps; interrupted after the checkpoint of step 6 (mid-epoch), resumed to the end
@@ -328,9 +325,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_p
     # the resumed run repeats the uninterrupted run's float32 operations in the same order, so it gives the
     # same bits; the bounds (a few ulp of values ≤ 8: 8·2⁻²³ ≈ 1e-6) are not a measured noise level
     assert_rows_match(expected, got, rel=1e-6, abs=1e-6)
-    assert (
-        max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
-    )
+    assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) <= 1e-6
     assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")  # a continuation from either is the same
 
 
@@ -354,12 +349,12 @@ def test_resume_refuses_other_data(tiny_llama_dir, data_dir, tmp_path):
 
 def test_lora_is_merged_into_final_with_the_models_own_dropout(tiny_gpt2_dir, data_dir, tmp_path):
     out = tmp_path / "run"
-    final = sft.run(make_config(tiny_gpt2_dir, data_dir / "train.jsonl", out, **{"model.lora": {"r": 4}}, **{"run.save_every": 4}))
+    final = sft.run(
+        make_config(tiny_gpt2_dir, data_dir / "train.jsonl", out, **{"model.lora": {"r": 4}}, **{"run.save_every": 4})
+    )
     assert not (final / "adapter_config.json").exists()
     model = AutoModelForCausalLM.from_pretrained(final)  # a plain GPT-2, the adapters merged in
-    assert (
-        max_abs_diff(model.state_dict(), AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).state_dict()) > 0
-    )
+    assert max_abs_diff(model.state_dict(), AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).state_dict()) > 0
     assert model.config.resid_pdrop == 0.1  # trained without dropout, saved with the model's own
     # checkpoints hold the adapters only
     state = torch.load(out / "checkpoints" / "step_000004" / "state.pt", weights_only=False)

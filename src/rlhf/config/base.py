@@ -1,7 +1,6 @@
 """The ground every config stands on: `ConfigError`, the field types pydantic checks, the ``section``
 decorator and its base class, and the small helpers of structured command-line flags."""
 
-
 import contextlib
 import contextvars
 import dataclasses
@@ -131,9 +130,12 @@ def _flag(metavar: str, parse: Any, is_instance: Any) -> PrimitiveConstructorSpe
         return [value if isinstance(value, str) else "None" if value is None else _flow_yaml(value)]
 
     return PrimitiveConstructorSpec(
-        nargs=1, metavar=metavar, instance_from_str=lambda args: parse(args[0]),
-        is_instance=is_instance, str_from_instance=to_str,
-    )  # fmt: skip
+        nargs=1,
+        metavar=metavar,
+        instance_from_str=lambda args: parse(args[0]),
+        is_instance=is_instance,
+        str_from_instance=to_str,
+    )
 
 
 def _is_null(text: str) -> bool:

@@ -1,6 +1,5 @@
 """The other commands' configs (sample, eval, demo, report, doctor, label) and the table of every command."""
 
-
 import difflib
 from typing import Annotated, ClassVar, Literal
 
@@ -212,7 +211,9 @@ class LabelConfig(CommandConfig):
     def _check(self, where: str) -> None:
         if self.stats:
             if self.pairs is not None or self.judge.source is not None:
-                raise ConfigError(f"{where}stats prints the statistics of labels files; leave pairs and judge.source unset")
+                raise ConfigError(
+                    f"{where}stats prints the statistics of labels files; leave pairs and judge.source unset"
+                )
             return
         if self.pairs is None or self.out is None:
             missing = " and ".join(name for name in ("pairs", "out") if getattr(self, name) is None)
@@ -230,10 +231,18 @@ class LabelConfig(CommandConfig):
 
 
 COMMANDS: dict[str, type[CommandConfig]] = {
-    "sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
-    "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
+    "sft": SFTConfig,
+    "rm": RMConfig,
+    "dpo": DPOConfig,
+    "ppo": PPOConfig,
+    "grpo": GRPOConfig,
+    "sample": SampleConfig,
+    "eval": EvalConfig,
+    "demo": DemoConfig,
+    "report": ReportConfig,
+    "label": LabelConfig,
     "doctor": DoctorConfig,
-}  # fmt: skip
+}
 """Command name → its config class."""
 
 

@@ -1,7 +1,6 @@
 """How a config is assembled — defaults < the ``--config`` YAML file < command-line flags — and how every
 refusal is worded (the field's path, the value, what is allowed); YAML in and out."""
 
-
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -161,13 +160,27 @@ def load_config(command: str, path: str | Path | None = None, overrides: Sequenc
     with _checks_deferred():
         default = _validate(cls, _placeholder(cls, values), where)
         parsed = tyro.cli(
-            cls, default=default, args=overrides, prog=f"rlhf {command}", description=_description(cls),
-            use_underscores=True, config=(tyro.conf.EnumChoicesFromValues,),
-        )  # fmt: skip
+            cls,
+            default=default,
+            args=overrides,
+            prog=f"rlhf {command}",
+            description=_description(cls),
+            use_underscores=True,
+            config=(tyro.conf.EnumChoicesFromValues,),
+        )
     return _build(cls, config_to_dict(parsed), f"{command}: ")  # the merged config, checked once
 
 
-_BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+_BOOLEAN_WORDS = {
+    "true": True,
+    "yes": True,
+    "on": True,
+    "1": True,
+    "false": False,
+    "no": False,
+    "off": False,
+    "0": False,
+}
 
 
 def _boolean_paths(cls: type, prefix: str = "") -> set[str]:
@@ -199,4 +212,3 @@ def _boolean_values(cls: type, args: Sequence[str]) -> list[str]:
         out.append(arg)
         i += 1
     return out
-

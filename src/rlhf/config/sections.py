@@ -1,7 +1,6 @@
 """The sections commands share — model, data, sampling, judge, reward, kl, optim, batch, doctor, run — with
 LoRA adapters and reward sources, and the cross-field rules the command configs call."""
 
-
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,7 +65,11 @@ def _lora_from_text(text: str) -> LoRAConfig | None:
 
 OptionalLoRA = Annotated[
     LoRAConfig | None,
-    _flag("None|{r,alpha,dropout,target_modules}", _lora_from_text, lambda v: v is None or isinstance(v, LoRAConfig)),
+    _flag(
+        "None|{r,alpha,dropout,target_modules}",
+        _lora_from_text,
+        lambda v: v is None or isinstance(v, LoRAConfig),
+    ),
 ]
 
 
@@ -122,14 +125,18 @@ def _sources_from_text(text: str) -> Any:
 
 
 RewardSources = Annotated[
-    Source | tuple[RewardSpec, ...], BeforeValidator(_reward_shape),
+    Source | tuple[RewardSpec, ...],
+    BeforeValidator(_reward_shape),
     _flag("SOURCE|[{source,weight,name},...]", _sources_from_text, lambda v: isinstance(v, str | tuple)),
-]  # fmt: skip
+]
 OptionalRewardSources = Annotated[
     RewardSources | None,
-    _flag("SOURCE|[{source,weight,name},...]|None", lambda t: None if _is_null(t) else _sources_from_text(t),
-          lambda v: v is None or isinstance(v, str | tuple)),
-]  # fmt: skip
+    _flag(
+        "SOURCE|[{source,weight,name},...]|None",
+        lambda t: None if _is_null(t) else _sources_from_text(t),
+        lambda v: v is None or isinstance(v, str | tuple),
+    ),
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,7 +247,7 @@ def llm_judge(source: Any) -> tuple[str, str] | None:
     """
     if not isinstance(source, str) or not source.startswith(LLM_JUDGE_PREFIX):
         return None
-    url, _, model = source[len(LLM_JUDGE_PREFIX):].partition("#")
+    url, _, model = source[len(LLM_JUDGE_PREFIX) :].partition("#")
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname or not model.strip():
         raise ConfigError(
@@ -434,8 +441,12 @@ def _check_sources(where: str, name: str, scorer: Any, pairwise: bool = False) -
         if is_llm and (not pairwise or not isinstance(scorer.source, str)):
             raise ConfigError(
                 f"{where}{name}.source={source!r} is an LLM judge, which compares two answers; "
-                + ("give it alone, not in a list" if pairwise else "here each answer needs a score of its own: use "
-                   "it with `rlhf sample --mode preferences` or `rlhf label --judge.source`")
+                + (
+                    "give it alone, not in a list"
+                    if pairwise
+                    else "here each answer needs a score of its own: use "
+                    "it with `rlhf sample --mode preferences` or `rlhf label --judge.source`"
+                )
             )
     if isinstance(scorer.source, str):
         if scorer.aggregation == "gdpo":

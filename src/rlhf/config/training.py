@@ -1,7 +1,6 @@
 """The training commands' configs: the base of every command config, sft, rm and dpo, and the policy-gradient
 family (ppo, grpo) with each trainer's own section."""
 
-
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -349,10 +348,17 @@ class PolicyGradientConfig(TrainingConfig):
                 "set kl.coef > 0 (e.g. 0.15) or use kl.control='fixed'"
             )
         if self.kl.reference_ema is not None and (self.kl.coef == 0 or self.model.lora is not None):
-            why = "kl.coef is 0, so there is no reference" if self.kl.coef == 0 else (
-                "with model.lora the reference is the policy's own base weights (the adapter switched off), not a copy")  # fmt: skip
-            raise ConfigError(f"{where}kl.reference_ema moves the reference towards the policy, but {why}; "
-                              "drop kl.reference_ema, or train without lora and with kl.coef > 0")  # fmt: skip
+            why = (
+                "kl.coef is 0, so there is no reference"
+                if self.kl.coef == 0
+                else (
+                    "with model.lora the reference is the policy's own base weights (the adapter switched off), not a copy"
+                )
+            )
+            raise ConfigError(
+                f"{where}kl.reference_ema moves the reference towards the policy, but {why}; "
+                "drop kl.reference_ema, or train without lora and with kl.coef > 0"
+            )
         name = f"{self.COMMAND}.num_minibatches"
         _check_divides(where, name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
         super()._check(where)
@@ -363,8 +369,10 @@ class PolicyGradientConfig(TrainingConfig):
 
     @property
     def _minibatch_text(self) -> str:
-        return f"the minibatch of {self.minibatch_size} sequences ({self._sequences_text} / " \
-               f"{self.COMMAND}.num_minibatches={self.algorithm.num_minibatches})"  # fmt: skip
+        return (
+            f"the minibatch of {self.minibatch_size} sequences ({self._sequences_text} / "
+            f"{self.COMMAND}.num_minibatches={self.algorithm.num_minibatches})"
+        )
 
 
 @section
@@ -409,8 +417,10 @@ class GRPOConfig(PolicyGradientConfig):
 
     @property
     def _sequences_text(self) -> str:
-        return f"the {self.num_sequences} sequences of an iteration (batch.size={self.batch.size} × " \
-               f"grpo.group_size={self.grpo.group_size})"  # fmt: skip
+        return (
+            f"the {self.num_sequences} sequences of an iteration (batch.size={self.batch.size} × "
+            f"grpo.group_size={self.grpo.group_size})"
+        )
 
     def _check(self, where: str) -> None:
         if self.grpo.estimator != "grpo" and self.grpo.scale_rewards != "auto":

@@ -34,7 +34,9 @@ def percent_agreement(items: Sequence[Sequence[str]]) -> float | None:
 def cohen_kappa(first: Sequence[str], second: Sequence[str]) -> float | None:
     """Cohen's kappa of two labellers' labels of the same items (``first[i]`` and ``second[i]``: item i)."""
     if len(first) != len(second):
-        raise ValueError(f"cohen_kappa: {len(first)} and {len(second)} labels; give both labellers' labels of the same items")
+        raise ValueError(
+            f"cohen_kappa: {len(first)} and {len(second)} labels; give both labellers' labels of the same items"
+        )
     n = len(first)
     if n == 0:
         return None
@@ -49,8 +51,9 @@ def fleiss_kappa(items: Sequence[Sequence[str]]) -> float | None:
     rated = [Counter(labels) for labels in items if len(labels) >= 2]
     if not rated:
         return None
-    per_item = [sum(c * (c - 1) for c in counts.values()) / (n * (n - 1)) for counts in rated
-                for n in [sum(counts.values())]]  # fmt: skip
+    per_item = [
+        sum(c * (c - 1) for c in counts.values()) / (n * (n - 1)) for counts in rated for n in [sum(counts.values())]
+    ]
     p_bar = sum(per_item) / len(per_item)
     totals: Counter[str] = Counter()
     for counts in rated:
@@ -60,7 +63,9 @@ def fleiss_kappa(items: Sequence[Sequence[str]]) -> float | None:
     return None if math.isclose(p_e, 1.0) else (p_bar - p_e) / (1 - p_e)
 
 
-def pairwise_cohen(labels: Mapping[str, Mapping[str, str]], min_overlap: int = 1) -> dict[tuple[str, str], tuple[int, float | None]]:
+def pairwise_cohen(
+    labels: Mapping[str, Mapping[str, str]], min_overlap: int = 1
+) -> dict[tuple[str, str], tuple[int, float | None]]:
     """Cohen's kappa of every two labellers over the items both labelled: ``{(x, y): (overlap, kappa)}``.
 
     ``labels`` is labeller → item → label; pairs of labellers with fewer than ``min_overlap`` shared items are left out.
@@ -71,7 +76,10 @@ def pairwise_cohen(labels: Mapping[str, Mapping[str, str]], min_overlap: int = 1
         for y in names[i + 1 :]:
             shared = sorted(set(labels[x]) & set(labels[y]))
             if len(shared) >= min_overlap:
-                out[(x, y)] = (len(shared), cohen_kappa([labels[x][k] for k in shared], [labels[y][k] for k in shared]))
+                out[(x, y)] = (
+                    len(shared),
+                    cohen_kappa([labels[x][k] for k in shared], [labels[y][k] for k in shared]),
+                )
     return out
 
 

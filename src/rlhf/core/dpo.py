@@ -55,7 +55,9 @@ def dpo_loss(
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
     if loss_type in (DPOLoss.IPO, DPOLoss.SIMPO) and (chosen_lengths is None or rejected_lengths is None):
-        raise ValueError(f"loss_type={loss_type.value!r} normalises by length: pass chosen_lengths and rejected_lengths")
+        raise ValueError(
+            f"loss_type={loss_type.value!r} normalises by length: pass chosen_lengths and rejected_lengths"
+        )
     if loss_type == DPOLoss.SIMPO:
         chosen = policy_chosen / chosen_lengths
         rejected = policy_rejected / rejected_lengths

@@ -101,9 +101,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     ``compute_advantages_and_returns`` (``advantage_estimator == "rloo"``).
     """
     if rewards.shape[1] < 2:
-        raise ValueError(
-            f"rloo needs at least 2 samples per prompt (group_size >= 2), got {rewards.shape[1]}"
-        )
+        raise ValueError(f"rloo needs at least 2 samples per prompt (group_size >= 2), got {rewards.shape[1]}")
     valid = _valid(rewards)
     r = torch.where(valid, rewards, torch.zeros_like(rewards))
     n = valid.sum(1, keepdim=True).to(rewards.dtype)
@@ -138,9 +136,7 @@ GROUP_ESTIMATORS: dict[GroupEstimator, Callable[..., torch.Tensor]] = {
 }
 
 
-def group_advantages(
-    rewards: torch.Tensor, estimator: GroupEstimator | str, **options: object
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, estimator: GroupEstimator | str, **options: object) -> torch.Tensor:
     """Advantages ``(N, G)`` from rewards ``(N, G)`` with the chosen estimator; ``options`` go to its function
     (``scale``/``eps`` for grpo, ``eps`` for reinforce_pp)."""
     return GROUP_ESTIMATORS[GroupEstimator(estimator)](rewards, **options)
@@ -209,18 +205,14 @@ def gdpo_advantages(rewards: torch.Tensor, weights: torch.Tensor, *, eps: float 
     Optimization" (NVlabs, 2026, arXiv 2601.05242); NVlabs/GDPO ``trl-GDPO`` grpo_trainer
     ``_generate_and_score_completions`` (eps 1e-4 in both places).
     """
-    per_reward = torch.stack(
-        [grpo_advantages(rewards[..., k], eps=eps) for k in range(rewards.shape[-1])], dim=-1
-    )
+    per_reward = torch.stack([grpo_advantages(rewards[..., k], eps=eps) for k in range(rewards.shape[-1])], dim=-1)
     combined = (per_reward * weights).sum(-1)
     valid = _valid(rewards).any(-1)
     adv = (combined - _nan_mean(combined, valid, dim=(0, 1))) / (_nan_std(combined, valid, dim=(0, 1)) + eps)
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 
-def dapo_overlong_penalty(
-    lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0
-) -> torch.Tensor:
+def dapo_overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
     """DAPO soft overlong punishment, ``lengths (B,) → (B,)``, added to the task reward.
 
     ``R_len(|y|) = min(−(|y| − (L_max − L_buf)) / L_buf · factor, 0)``: 0 up to ``L_max − L_buf``, then linear

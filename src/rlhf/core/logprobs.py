@@ -62,9 +62,7 @@ def selective_log_softmax(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if index.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"index {tuple(index.shape)} must match logits {tuple(logits.shape)} without the last dim"
-        )
+        raise ValueError(f"index {tuple(index.shape)} must match logits {tuple(logits.shape)} without the last dim")
     flat_index = index.long().reshape(-1)
     # Plain loop replaced (one row n of the flattened (N, V) logits at a time):
     #     for n in range(N): out[n] = log_softmax(logits[n] / τ)[index[n]]
@@ -113,9 +111,7 @@ def response_logprobs(
             f"context_length must be >= 1 (the logit before the first response token), got {context_length}"
         )
     if logits.shape[:2] != input_ids.shape:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} and input_ids {tuple(input_ids.shape)} disagree on (B, C+T)"
-        )
+        raise ValueError(f"logits {tuple(logits.shape)} and input_ids {tuple(input_ids.shape)} disagree on (B, C+T)")
     return token_logprobs(logits[:, context_length - 1 : -1], input_ids[:, context_length:], temperature)
 
 
@@ -128,9 +124,7 @@ def mask_invalid_logprobs(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.T
     return torch.where(mask.bool(), logprobs, torch.full_like(logprobs, INVALID_LOGPROB))
 
 
-def entropy_from_logits(
-    logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256
-) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256) -> torch.Tensor:
     """Entropy of softmax(logits / τ) along the last dimension.
 
     Shapes: ``logits (..., V)`` → ``(...)``, same dtype as ``logits``.

@@ -43,17 +43,13 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return var * n / (n - 1) if unbiased else var
 
 
-def whiten(
-    x: torch.Tensor, shift_mean: bool = True, unbiased: bool = False, eps: float = 1e-8
-) -> torch.Tensor:
+def whiten(x: torch.Tensor, shift_mean: bool = True, unbiased: bool = False, eps: float = 1e-8) -> torch.Tensor:
     """(x − μ)/sqrt(σ² + eps), over all entries; with ``shift_mean=False`` the mean is added back.
 
     ``shift_mean=False`` rescales but keeps the mean (OAI reward whitening). eps sits inside the square
     root, as in OAI ``core.whiten`` and TRL ``masked_whiten``. Vectors: reference Part 2-D.
     """
-    return masked_whiten(
-        x, torch.ones_like(x, dtype=torch.bool), shift_mean=shift_mean, unbiased=unbiased, eps=eps
-    )
+    return masked_whiten(x, torch.ones_like(x, dtype=torch.bool), shift_mean=shift_mean, unbiased=unbiased, eps=eps)
 
 
 def masked_whiten(

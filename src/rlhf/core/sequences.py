@@ -93,9 +93,7 @@ def response_masks(post_responses: torch.Tensor, pad_token_id: int) -> ResponseM
     )
 
 
-def reward_token_indices(
-    query_responses: torch.Tensor, context_length: int, pad_token_id: int
-) -> torch.Tensor:
+def reward_token_indices(query_responses: torch.Tensor, context_length: int, pad_token_id: int) -> torch.Tensor:
     """Index into ``query ⊕ response`` of the token whose reward-model output is the score.
 
     Shapes: ``query_responses (B, C+T)`` (query left-padded, response right-padded) → ``(B,)`` long.
@@ -124,9 +122,7 @@ def subtract_missing_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor, pe
     return torch.where(has_eos, scores, scores - penalty)
 
 
-MISSING_EOS_PENALTIES: dict[
-    MissingEosPenalty, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-] = {
+MISSING_EOS_PENALTIES: dict[MissingEosPenalty, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
     MissingEosPenalty.REPLACE: replace_missing_eos_score,
     MissingEosPenalty.SUBTRACT: subtract_missing_eos_penalty,
 }

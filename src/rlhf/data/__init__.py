@@ -57,10 +57,18 @@ if TYPE_CHECKING:
         right_pad,
     )
 
-_COLLATE = frozenset({
-    "PreferenceBatch", "SFTBatch", "collate_preferences", "collate_sft", "left_pad", "pad_sequences",
-    "position_ids_from_mask", "right_pad",
-})  # fmt: skip
+_COLLATE = frozenset(
+    {
+        "PreferenceBatch",
+        "SFTBatch",
+        "collate_preferences",
+        "collate_sft",
+        "left_pad",
+        "pad_sequences",
+        "position_ids_from_mask",
+        "right_pad",
+    }
+)
 """Names from `rlhf.data.collate`, imported on first use: it needs torch, and reading or checking a data file
 (``rlhf label``, ``rlhf.data.labels``) must not wait for torch to load."""
 
@@ -71,6 +79,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(collate, name)
     raise AttributeError(f"module 'rlhf.data' has no attribute {name!r}")
+
 
 PathLike = str | os.PathLike[str]
 
@@ -121,9 +130,7 @@ def load_prompts(
     return prompts
 
 
-def load_sft(
-    path: PathLike, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None
-) -> list[TokenizedSFT]:
+def load_sft(path: PathLike, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None) -> list[TokenizedSFT]:
     """Read, validate and tokenise SFT demonstrations: (input_ids, labels) with loss on responses only."""
     require_pad_token_id(tokenizer)
     examples = tokenize_sft(read_sft(path), tokenizer, max_length)

@@ -167,9 +167,7 @@ def _read_json(p: Path, name: str) -> list[Record]:
     elif isinstance(top, list):
         items = top
     else:
-        raise DataError(
-            [f'{name}:1: expected a JSON list of objects or {{"data": [...]}}, got {_type_name(top)}']
-        )
+        raise DataError([f'{name}:1: expected a JSON list of objects or {{"data": [...]}}, got {_type_name(top)}'])
     lines = _item_lines(text, want_data_key=isinstance(top, dict))
     if len(lines) != len(items):  # the scanner disagreed (should not happen): fall back to item numbers
         lines = None
@@ -251,9 +249,7 @@ def _read_datasets_dir(p: Path, name: str) -> list[Record]:
     markers = ("dataset_info.json", "dataset_dict.json", "state.json")
     if not any((p / m).exists() for m in markers):
         raise DataError(
-            [
-                f"{name}: a directory, but not one written by `datasets` save_to_disk (no {' / '.join(markers)})"
-            ]
+            [f"{name}: a directory, but not one written by `datasets` save_to_disk (no {' / '.join(markers)})"]
         )
     import datasets  # lazy: heavy, and only needed for this format
 

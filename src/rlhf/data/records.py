@@ -121,9 +121,7 @@ def _text(data: dict[str, Any], key: str) -> str:
 def _messages(value: Any, key: str) -> list[Message]:
     """Check a message list; returns it with each message copied (records are never aliased)."""
     if not isinstance(value, list) or not value:
-        raise _Invalid(
-            f'"{key}" must be a non-empty list of {{"role", "content"}} messages, got {_got(value)}'
-        )
+        raise _Invalid(f'"{key}" must be a non-empty list of {{"role", "content"}} messages, got {_got(value)}')
     out = []
     for i, m in enumerate(value):
         at = f'"{key}"[{i}]'
@@ -174,9 +172,7 @@ def _sft(r: Record) -> SFTExample:
     if "assistant" not in roles:
         raise _Invalid('"messages" has no assistant message: nothing to train on')
     if roles[0] == "assistant":
-        raise _Invalid(
-            '"messages"[0] is an assistant message: it answers nothing; start with a system or user one'
-        )
+        raise _Invalid('"messages"[0] is an assistant message: it answers nothing; start with a system or user one')
     return SFTExample(r.where, messages=messages)
 
 

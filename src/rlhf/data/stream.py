@@ -93,9 +93,7 @@ class PromptStream:
         resumed.load_state_dict(state)       # next(resumed) == next(stream)
     """
 
-    def __init__(
-        self, prompts: Sequence[TokenizedPrompt], batch_size: int, seed: int = 0, shuffle: bool = True
-    ):
+    def __init__(self, prompts: Sequence[TokenizedPrompt], batch_size: int, seed: int = 0, shuffle: bool = True):
         if not prompts:
             raise ValueError("PromptStream needs at least one prompt")
         if batch_size < 1:
@@ -155,9 +153,7 @@ class PromptStream:
                 "resume with the same train_data"
             )
         if not 0 <= state["index"] < len(self.prompts) or state["epoch"] < 0:
-            raise ValueError(
-                f"invalid prompt stream position: epoch {state['epoch']}, index {state['index']}"
-            )
+            raise ValueError(f"invalid prompt stream position: epoch {state['epoch']}, index {state['index']}")
         self.seed, self.shuffle = state["seed"], state["shuffle"]
         self.epoch, self.index = state["epoch"], state["index"]
         self._order_epoch = -1
@@ -212,8 +208,13 @@ class EpochOrder:
         return self._order[index * self.batch_size : (index + 1) * self.batch_size]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "seed": self.seed, "batch_size": self.batch_size,
-                "num_examples": self.num_examples, "fingerprint": self.fingerprint}  # fmt: skip
+        return {
+            "steps": self.steps,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "num_examples": self.num_examples,
+            "fingerprint": self.fingerprint,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after ``state["steps"]`` batches; refuses a state whose data, seed or batch size differ."""

@@ -154,22 +154,16 @@ def _encode_batch(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> l
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
-def render_chat(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool
-) -> str:
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> str:
     """The chat template's text for ``messages`` (raises `TemplateError` on a template failure)."""
     try:
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     # Jinja raises its own types (TemplateError, UndefinedError) and templates raise_exception anything.
     except Exception as e:
         raise TemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
 
 
-def _chat_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool
-) -> list[int]:
+def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> list[int]:
     return _encode_batch(tokenizer, [render_chat(tokenizer, messages, add_generation_prompt)])[0]
 
 
@@ -197,9 +191,7 @@ def _through_last(ids: list[int], token: int) -> int:
     return len(ids)
 
 
-def truncate_left(
-    ids: list[int], max_length: int | None, keep_first: int | None = None
-) -> tuple[list[int], bool]:
+def truncate_left(ids: list[int], max_length: int | None, keep_first: int | None = None) -> tuple[list[int], bool]:
     """Keep the last ``max_length`` tokens (and ``ids[0]`` if it is ``keep_first``, e.g. bos); (ids, truncated)."""
     if max_length is None or len(ids) <= max_length:
         return ids, False
@@ -210,9 +202,7 @@ def truncate_left(
 
 def _check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
     if getattr(tokenizer, "chat_template", None) is None:
-        problem = (
-            "chat messages need a chat template, but the tokenizer has none (set tokenizer.chat_template)"
-        )
+        problem = "chat messages need a chat template, but the tokenizer has none (set tokenizer.chat_template)"
         raise DataError([f"{where}: {problem}"])
 
 
@@ -265,9 +255,7 @@ def tokenize_prompts(
     return out
 
 
-def _chat_sft(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: int
-) -> tuple[list[int], list[int]]:
+def _chat_sft(tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: int) -> tuple[list[int], list[int]]:
     ids: list[int] = []
     labels: list[int] = []
     for i, m in enumerate(messages):
@@ -276,9 +264,7 @@ def _chat_sft(
         head = _extend(ids, _chat_ids(tokenizer, messages[:i], add_generation_prompt=True), f"message {i}")
         ids += head
         labels += [IGNORE_INDEX] * len(head)
-        turn = _extend(
-            ids, _chat_ids(tokenizer, messages[: i + 1], add_generation_prompt=False), f"message {i}"
-        )
+        turn = _extend(ids, _chat_ids(tokenizer, messages[: i + 1], add_generation_prompt=False), f"message {i}")
         # Train on the turn through its last eos; anything the template writes after it (a newline before
         # the next turn) is context, not something the model must learn to emit before stopping.
         n = _through_last(turn, eos)
@@ -432,8 +418,7 @@ def _split_preferences(
     plain = [ex for ex in examples if not ex.is_chat]
     prefix = special_prefix(tokenizer) if plain else []
     plain_ids = [
-        iter(_encode_batch(tokenizer, [getattr(ex, k) for ex in plain]))
-        for k in ("prompt", "chosen", "rejected")
+        iter(_encode_batch(tokenizer, [getattr(ex, k) for ex in plain])) for k in ("prompt", "chosen", "rejected")
     ]
     out: list[TokenizedPreference] = []
     for ex in examples:
@@ -466,9 +451,11 @@ def _split_preferences(
 
 
 def _joined_preferences(
-    examples: Sequence[PreferenceExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None,
+    examples: Sequence[PreferenceExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int | None,
     problems: ProblemList,
-) -> list[TokenizedPreference]:  # fmt: skip
+) -> list[TokenizedPreference]:
     """Encoder encoding (see `tokenize_preferences`); an example with a problem is added to ``problems``."""
     texts: list[tuple[PreferenceExample, tuple[str, str]]] = []
     for ex in examples:
@@ -523,6 +510,9 @@ def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
 
 def _one_token_example(tokenizer: Any) -> str:
     """A few stop texts that are single tokens for this tokenizer, for the error message."""
-    found = [repr(t) for t in ("\n", ".", "\n\n", "</s>", "<|im_end|>")
-             if len(tokenizer.encode(t, add_special_tokens=False)) == 1]  # fmt: skip
+    found = [
+        repr(t)
+        for t in ("\n", ".", "\n\n", "</s>", "<|im_end|>")
+        if len(tokenizer.encode(t, add_special_tokens=False)) == 1
+    ]
     return " or ".join(found[:3]) or "a special token of the tokenizer"

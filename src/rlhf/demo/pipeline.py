@@ -203,25 +203,39 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     mix = dict(preset.sft_mix)
     _write_jsonl(data / "sft.jsonl", task.demonstrations(train_prompts, mix, preset.sft_examples, rng))
     _write_jsonl(data / "sft_eval.jsonl", task.demonstrations(eval_prompts, mix, 64, rng))
-    sft = _config(out / "sft", "sft", {
-        "output_dir": str(out / "sft"), "model": {"name": str(paths["pretrain"])},
-        "data": {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": MAX_LENGTH},
-        "optim": {"learning_rate": 3e-3}, "batch": {"size": 32}, "run": run, "sft": {"epochs": preset.sft_epochs},
-    })  # fmt: skip
+    sft = _config(
+        out / "sft",
+        "sft",
+        {
+            "output_dir": str(out / "sft"),
+            "model": {"name": str(paths["pretrain"])},
+            "data": {
+                "train": str(data / "sft.jsonl"),
+                "eval": str(data / "sft_eval.jsonl"),
+                "max_length": MAX_LENGTH,
+            },
+            "optim": {"learning_rate": 3e-3},
+            "batch": {"size": 32},
+            "run": run,
+            "sft": {"epochs": preset.sft_epochs},
+        },
+    )
     from rlhf.trainers import sft as sft_runner
 
     paths["sft"] = stage("sft", lambda: sft_runner.run(sft))
     # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
-    _write_jsonl(
-        data / "sample_prompts.jsonl", [{"prompt": p} for p in train_prompts[: preset.sample_prompts]]
-    )
+    _write_jsonl(data / "sample_prompts.jsonl", [{"prompt": p} for p in train_prompts[: preset.sample_prompts]])
     rm_eval_prompts = eval_prompts[preset.eval_prompts :] or eval_prompts
     _write_jsonl(data / "rm_eval_prompts.jsonl", [{"prompt": p} for p in rm_eval_prompts])
     sample_common = {
-        "seed": config.seed, "progress": config.progress, "model": {"name": str(paths["sft"])},
-        "mode": "candidates", "num_samples": preset.num_samples, "batch_size": 16,
+        "seed": config.seed,
+        "progress": config.progress,
+        "model": {"name": str(paths["sft"])},
+        "mode": "candidates",
+        "num_samples": preset.num_samples,
+        "batch_size": 16,
         "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
-    }  # fmt: skip
+    }
     samples = [
         _config(
             out / "sample" / name,
@@ -243,39 +257,69 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
     labels = stage("label", lambda: label(out / "sample", out / "label", config.seed))
     # 5. reward model from the pretrained LM; it only ever sees the labels
-    rm = _config(out / "rm", "rm", {
-        "output_dir": str(out / "rm"), "model": {"name": str(paths["pretrain"])},
-        "data": {"train": str(out / "label" / "preferences.jsonl"),
-                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": MAX_LENGTH},
-        "optim": {"learning_rate": 1e-3}, "batch": {"size": 32}, "run": run, "rm": {"epochs": preset.rm_epochs},
-    })  # fmt: skip
+    rm = _config(
+        out / "rm",
+        "rm",
+        {
+            "output_dir": str(out / "rm"),
+            "model": {"name": str(paths["pretrain"])},
+            "data": {
+                "train": str(out / "label" / "preferences.jsonl"),
+                "eval": str(out / "label" / "eval_preferences.jsonl"),
+                "max_length": MAX_LENGTH,
+            },
+            "optim": {"learning_rate": 1e-3},
+            "batch": {"size": 32},
+            "run": run,
+            "rm": {"epochs": preset.rm_epochs},
+        },
+    )
     from rlhf.trainers import reward_model as rm_runner
 
     paths["rm"] = stage("rm", lambda: rm_runner.run(rm))
     # 5b. DPO from the SFT model on the same labelled pairs: no reward model, no sampling
-    dpo = _config(out / "dpo", "dpo", {
-        "output_dir": str(out / "dpo"), "model": {"name": str(paths["sft"])},
-        "data": {"train": str(out / "label" / "preferences.jsonl"),
-                 "eval": str(out / "label" / "eval_preferences.jsonl"), "max_length": MAX_LENGTH},
-        "optim": {"learning_rate": preset.dpo_learning_rate}, "batch": {"size": 32}, "run": run,
-        "dpo": {"epochs": preset.dpo_epochs},
-    })  # fmt: skip
+    dpo = _config(
+        out / "dpo",
+        "dpo",
+        {
+            "output_dir": str(out / "dpo"),
+            "model": {"name": str(paths["sft"])},
+            "data": {
+                "train": str(out / "label" / "preferences.jsonl"),
+                "eval": str(out / "label" / "eval_preferences.jsonl"),
+                "max_length": MAX_LENGTH,
+            },
+            "optim": {"learning_rate": preset.dpo_learning_rate},
+            "batch": {"size": 32},
+            "run": run,
+            "dpo": {"epochs": preset.dpo_epochs},
+        },
+    )
     from rlhf.trainers import dpo as dpo_runner
 
     paths["dpo"] = stage("dpo", lambda: dpo_runner.run(dpo))
+
     # 6-7. PPO and GRPO from the SFT model against the reward model
     # The gold judge rides along with weight 0: logged (reward/gold/mean) but never optimised, so the report
     # can show the proxy reward and the true score side by side as the policy moves away from the reference.
     def rl(name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> dict[str, Any]:
         return {
-            "output_dir": str(out / name), "model": {"name": str(paths["sft"])},
+            "output_dir": str(out / name),
+            "model": {"name": str(paths["sft"])},
             "data": {"train": str(data / "prompts.jsonl"), "eval": str(data / "eval_prompts.jsonl")},
-            "reward": {"source": [{"source": str(paths["rm"]), "name": "rm"},
-                                  {"source": GOLD, "name": "gold", "weight": 0.0}]},
-            "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0}, "kl": {"coef": kl_coef},
-            "optim": {"learning_rate": learning_rate, "scheduler": "constant"}, "batch": {"size": batch_size},
-            "run": run | {"eval_every": preset.eval_every}, name.partition("_")[0]: algorithm,
-        }  # fmt: skip
+            "reward": {
+                "source": [
+                    {"source": str(paths["rm"]), "name": "rm"},
+                    {"source": GOLD, "name": "gold", "weight": 0.0},
+                ]
+            },
+            "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
+            "kl": {"coef": kl_coef},
+            "optim": {"learning_rate": learning_rate, "scheduler": "constant"},
+            "batch": {"size": batch_size},
+            "run": run | {"eval_every": preset.eval_every},
+            name.partition("_")[0]: algorithm,
+        }
 
     ppo_args = (preset.ppo_learning_rate, preset.kl_coef, preset.ppo_batch)
     ppo_algorithm = {"steps": config.steps or preset.ppo_steps, "num_minibatches": 2, "epochs": 4}
@@ -285,34 +329,55 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # near the reference: with β = 0.2 the same run was healthy on all 10 runs of docs/ppo_study.md (its row
     # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
     # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
-    ppo_no_kl = _config(out / "ppo_no_kl", "ppo", rl("ppo_no_kl", ppo_args[0], 0.0, ppo_args[2],
-                                                     **ppo_algorithm, critic="shared"))  # fmt: skip
-    grpo = _config(out / "grpo", "grpo", rl(
-        "grpo", preset.learning_rate, preset.kl_coef, preset.grpo_batch,
-        steps=config.steps or preset.grpo_steps, group_size=preset.group_size,
-    ))  # fmt: skip
+    ppo_no_kl = _config(
+        out / "ppo_no_kl",
+        "ppo",
+        rl("ppo_no_kl", ppo_args[0], 0.0, ppo_args[2], **ppo_algorithm, critic="shared"),
+    )
+    grpo = _config(
+        out / "grpo",
+        "grpo",
+        rl(
+            "grpo",
+            preset.learning_rate,
+            preset.kl_coef,
+            preset.grpo_batch,
+            steps=config.steps or preset.grpo_steps,
+            group_size=preset.group_size,
+        ),
+    )
     from rlhf.trainers import grpo as grpo_runner
     from rlhf.trainers import ppo as ppo_runner
 
     paths["ppo"] = stage("ppo", lambda: ppo_runner.run(ppo))
     stage("ppo_no_kl", lambda: ppo_runner.run(ppo_no_kl))
     paths["grpo"] = stage("grpo", lambda: grpo_runner.run(grpo))
+
     # 8. held-out prompts: every method against the SFT baseline, the gold judge deciding; the KL of each
     # method's answers from the SFT reference (best-of-N samples the SFT model itself: its KL is the log N bound)
     def evaluation(name: str) -> Any:
         best_of = name == "best_of_n"
-        return _config(out / "eval" / name, "eval", {
-            "seed": config.seed, "progress": config.progress,
-            "model": {"name": str(paths["sft" if best_of else name])}, "baseline": str(paths["sft"]),
-            "eval_data": str(data / "eval_prompts.jsonl"),
-            "reward": {"source": [{"source": GOLD, "name": "gold"}, {"source": str(paths["rm"]), "name": "rm"}]},
-            "judge": {"source": GOLD},
-            **({"best_of": {"n": preset.best_of_n, "source": str(paths["rm"])}} if best_of
-               else {"reference": str(paths["sft"])}),
-            "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
-            "output": str(out / "eval" / f"{name}.json"),
-            "samples_output": str(out / "eval" / f"{name}_samples.jsonl"),
-        })  # fmt: skip
+        return _config(
+            out / "eval" / name,
+            "eval",
+            {
+                "seed": config.seed,
+                "progress": config.progress,
+                "model": {"name": str(paths["sft" if best_of else name])},
+                "baseline": str(paths["sft"]),
+                "eval_data": str(data / "eval_prompts.jsonl"),
+                "reward": {"source": [{"source": GOLD, "name": "gold"}, {"source": str(paths["rm"]), "name": "rm"}]},
+                "judge": {"source": GOLD},
+                **(
+                    {"best_of": {"n": preset.best_of_n, "source": str(paths["rm"])}}
+                    if best_of
+                    else {"reference": str(paths["sft"])}
+                ),
+                "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
+                "output": str(out / "eval" / f"{name}.json"),
+                "samples_output": str(out / "eval" / f"{name}_samples.jsonl"),
+            },
+        )
 
     evals = {name: evaluation(name) for name in METHODS[1:]}
     from rlhf import evaluate as eval_runner
@@ -347,13 +412,9 @@ def pretrain(out: Path, train_prompts: list[str], preset: Preset, config: DemoCo
     seed_everything(config.seed)
     rng = random.Random(config.seed + 1)
     mix = dict.fromkeys(task.QUALITIES, 1.0)
-    corpus = [
-        r["prompt"] + r["response"] for r in task.demonstrations(train_prompts, mix, preset.corpus_size, rng)
-    ]
+    corpus = [r["prompt"] + r["response"] for r in task.demonstrations(train_prompts, mix, preset.corpus_size, rng)]
     tokenizer = train_tokenizer(corpus, preset.vocab_size, model_max_length=128)
-    model = tiny_causal_lm(
-        "llama", tokenizer, preset.hidden_size, preset.num_layers, num_heads=4, seed=config.seed
-    )
+    model = tiny_causal_lm("llama", tokenizer, preset.hidden_size, preset.num_layers, num_heads=4, seed=config.seed)
     encoded = [ids + [tokenizer.eos_token_id] for ids in tokenizer(corpus)["input_ids"]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
     model.train()
@@ -404,8 +465,12 @@ def label(sample_dir: Path, out: Path, seed: int) -> dict[str, float]:
                     row = task.gold_label((prompt, a, b), rng)
                 else:
                     chosen, rejected = (a, b) if score_a > score_b else (b, a)
-                    row = {"prompt": prompt, "chosen": chosen, "rejected": rejected,
-                           "gold_margin": abs(score_a - score_b)}  # fmt: skip
+                    row = {
+                        "prompt": prompt,
+                        "chosen": chosen,
+                        "rejected": rejected,
+                        "gold_margin": abs(score_a - score_b),
+                    }
                 agree += row["gold_margin"] > 0
                 rows.append(row)
         if not rows:
@@ -475,9 +540,13 @@ def compare_methods(
     table: dict[str, dict[str, Any]] = {
         "sft": {
             **_gold(row["baseline_rewards"]["gold"] for row in sft_rows),
-            "win_rate": None, "win_rate_ci95": None, "kl": 0.0, "kl_is_bound": False,
-            "seconds": seconds.get("sft"), "needs": "demonstrations",
-        }  # fmt: skip
+            "win_rate": None,
+            "win_rate_ci95": None,
+            "kl": 0.0,
+            "kl_is_bound": False,
+            "seconds": seconds.get("sft"),
+            "needs": "demonstrations",
+        }
     }
     for name in METHODS[1:]:
         result = results[name]

@@ -199,9 +199,7 @@ def preference_probability(score_a: float, score_b: float, temperature: float = 
     return 1.0 / (1.0 + math.exp(-(score_a - score_b) / temperature))
 
 
-def gold_label(
-    pair: tuple[str, str, str], rng: random.Random, temperature: float = BT_TEMPERATURE
-) -> dict[str, Any]:
+def gold_label(pair: tuple[str, str, str], rng: random.Random, temperature: float = BT_TEMPERATURE) -> dict[str, Any]:
     """A rater's label of `pair` = (prompt, a, b): {prompt, chosen, rejected, gold_margin}.
 
     a is chosen with probability σ((gold(a) − gold(b)) / temperature), so close pairs are labelled almost at

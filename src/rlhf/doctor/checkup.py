@@ -62,10 +62,15 @@ class Checkup:
     def to_dict(self) -> dict[str, Any]:
         steps = [row["step"] for row in self.record.rows]
         return {
-            "run_dir": str(self.record.path), "command": self.record.command, "status": self.status,
-            "rows": len(steps), "first_step": min(steps, default=None), "last_step": max(steps, default=None),
-            "findings": [f.to_dict() for f in self.findings], "notes": self.record.notes,
-        }  # fmt: skip
+            "run_dir": str(self.record.path),
+            "command": self.record.command,
+            "status": self.status,
+            "rows": len(steps),
+            "first_step": min(steps, default=None),
+            "last_step": max(steps, default=None),
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": self.record.notes,
+        }
 
 
 def is_run(path: Path) -> bool:
@@ -98,8 +103,13 @@ def read_run(path: Path) -> RunRecord:
     try:
         config = yaml.safe_load(config_text)
     except yaml.YAMLError as e:
-        config, notes = None, [f"config.yaml is not readable YAML ({' '.join(str(e).split())}): rules that read "
-                                "config limits (max_new_tokens, kl.target, monitors) are skipped"]  # fmt: skip
+        config, notes = (
+            None,
+            [
+                f"config.yaml is not readable YAML ({' '.join(str(e).split())}): rules that read "
+                "config limits (max_new_tokens, kl.target, monitors) are skipped"
+            ],
+        )
     metrics = path / "metrics.jsonl"
     lines = metrics.read_bytes().decode("utf-8", errors="replace").split("\n")
     torn = lines.pop() if lines else ""  # the text after the last newline: a line still being (or never) finished
@@ -114,8 +124,10 @@ def read_run(path: Path) -> RunRecord:
     if torn.strip():
         row = _row(torn)  # a complete row whose newline is all that is missing is kept
         if row is None:
-            notes.append(f"{metrics}:{len(lines) + 1}: the last line is incomplete (the run died while writing "
-                         f"it, or is writing it now), skipped")  # fmt: skip
+            notes.append(
+                f"{metrics}:{len(lines) + 1}: the last line is incomplete (the run died while writing "
+                f"it, or is writing it now), skipped"
+            )
         else:
             rows.append(row)
     return RunRecord(path, command, config if isinstance(config, dict) else {}, rows, notes)

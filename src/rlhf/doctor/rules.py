@@ -34,7 +34,12 @@ class History:
     run of N steps costs O(N · window) per rule, not O(N²).
     """
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None, end: int | None = None):
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        config: Mapping[str, Any] | None = None,
+        end: int | None = None,
+    ):
         self.rows = list(rows)
         self.config = config or {}
         self.end = len(self.rows) if end is None else end
@@ -153,10 +158,15 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rule": self.rule.name, "severity": self.rule.severity, "steps": self.episodes,
-            "evidence": self.last, "first_evidence": self.first, "diagnosis": self.rule.diagnosis,
-            "fix": self.rule.fix, "metrics": list(self.rule.metrics),
-        }  # fmt: skip
+            "rule": self.rule.name,
+            "severity": self.rule.severity,
+            "steps": self.episodes,
+            "evidence": self.last,
+            "first_evidence": self.first,
+            "diagnosis": self.rule.diagnosis,
+            "fix": self.rule.fix,
+            "metrics": list(self.rule.metrics),
+        }
 
 
 def count_text(findings: Sequence[Finding]) -> str:
@@ -176,15 +186,24 @@ class Event:
     evidence: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "event": self.kind, "rule": self.rule.name, "severity": self.rule.severity,
-                "evidence": self.evidence, "diagnosis": self.rule.diagnosis, "fix": self.rule.fix}  # fmt: skip
+        return {
+            "step": self.step,
+            "event": self.kind,
+            "rule": self.rule.name,
+            "severity": self.rule.severity,
+            "evidence": self.evidence,
+            "diagnosis": self.rule.diagnosis,
+            "fix": self.rule.fix,
+        }
 
     def message(self) -> str:
         """One line for the console."""
         if self.kind == "clear":
             return f"doctor: step {self.step}: {self.rule.name} cleared"
-        return (f"doctor: step {self.step}: [{self.rule.severity}] {self.rule.name}: {self.rule.diagnosis} "
-                f"({self.evidence}); try: {self.rule.fix}")  # fmt: skip
+        return (
+            f"doctor: step {self.step}: [{self.rule.severity}] {self.rule.name}: {self.rule.diagnosis} "
+            f"({self.evidence}); try: {self.rule.fix}"
+        )
 
 
 class Watch:
@@ -229,17 +248,21 @@ class Watch:
 
     def now(self) -> list[tuple[Rule, int, str]]:
         """The findings that hold at the last row, most severe first: (rule, the step it started, evidence)."""
-        holding = [(rule, self._held[rule.name][1][-1][0], self.holding[rule.name])
-                   for rule in self.rules if rule.name in self.holding]  # fmt: skip
+        holding = [
+            (rule, self._held[rule.name][1][-1][0], self.holding[rule.name])
+            for rule in self.rules
+            if rule.name in self.holding
+        ]
         return sorted(holding, key=lambda h: -SEVERITIES.index(h[0].severity))
 
     def findings(self) -> list[Finding]:
         """Every rule that held at some row so far, most severe first."""
         found = [
             Finding(rule, list(steps), list(episodes), first, last)
-            for rule in self.rules if rule.name in self._held
+            for rule in self.rules
+            if rule.name in self._held
             for steps, episodes, first, last in [self._held[rule.name]]
-        ]  # fmt: skip
+        ]
         return sorted(found, key=lambda f: -SEVERITIES.index(f.rule.severity))
 
 
@@ -291,7 +314,11 @@ def non_finite(h: History) -> str | None:
 
 def first_ratio(h: History) -> str | None:
     dev = h.current("policy/first_ratio_max_dev")
-    return f"max |ratio − 1| on the first minibatch = {dev:.3g} at step {h.step} (must be 0)" if dev and dev > 1e-3 else None
+    return (
+        f"max |ratio − 1| on the first minibatch = {dev:.3g} at step {h.step} (must be 0)"
+        if dev and dev > 1e-3
+        else None
+    )
 
 
 def kl_blowup(h: History) -> str | None:
@@ -338,8 +365,11 @@ def value_loss_rising(h: History) -> str | None:
         return None
     recent = statistics.median(values[-5:])
     # the lowest median of 5 consecutive steps before the last five: a running minimum, kept by the history
-    lowest = h.prefix("min_median5", "value/loss",
-                      lambda v, i, out: math.inf if i < 4 else min(out[i - 1], statistics.median(v[i - 4 : i + 1])))  # fmt: skip
+    lowest = h.prefix(
+        "min_median5",
+        "value/loss",
+        lambda v, i, out: math.inf if i < 4 else min(out[i - 1], statistics.median(v[i - 4 : i + 1])),
+    )
     best = lowest[len(values) - 2]
     if recent > 5 * best and all(b > a for a, b in zip(values[-4:-1], values[-3:], strict=True)):
         return f"value/loss {values[-1]:.3g}, median of the last 5 steps {recent:.3g} = {recent / best:.1f}× its lowest ({best:.3g})"
@@ -462,8 +492,11 @@ def over_optimisation(h: History) -> str | None:
     # running statistics kept by the history (O(1) per new row): the window mean, where it peaked so far, and the
     # sums of the step-to-step differences and of their squares
     smooth = h.prefix(f"mean{window}", truth, lambda v, i, out: statistics.fmean(v[max(0, i - window + 1) : i + 1]))
-    peaks = h.prefix(f"peak{window}", truth,
-                     lambda v, i, out: i if i == 0 or smooth[i] > smooth[int(out[i - 1])] else out[i - 1])  # fmt: skip
+    peaks = h.prefix(
+        f"peak{window}",
+        truth,
+        lambda v, i, out: i if i == 0 or smooth[i] > smooth[int(out[i - 1])] else out[i - 1],
+    )
     diff_sum = h.prefix("diff_sum", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + v[i] - v[i - 1])
     diff_sq = h.prefix("diff_sq", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + (v[i] - v[i - 1]) ** 2)
     peak = int(peaks[n - 1])
@@ -472,10 +505,18 @@ def over_optimisation(h: History) -> str | None:
     spread = math.sqrt(max(diff_sq[n - 1] / (n - 1) - mean_diff**2, 0.0))  # population std of the differences
     noise = spread / math.sqrt(2 * window)  # the noise of a window mean, trend removed
     proxy_now, proxy_then = _mean_near(h, "reward/mean", steps[-1]), _mean_near(h, "reward/mean", steps[peak])
-    if gain > 0 and drop > 0.5 * gain and drop > 2 * noise and proxy_now is not None and proxy_then is not None \
-            and proxy_now >= proxy_then:  # fmt: skip
-        return (f"{truth} fell from {smooth[peak]:.3g} (step {steps[peak]}) to {smooth[-1]:.3g}, more than half of "
-                f"its gain since step {steps[0]}, while reward/mean went from {proxy_then:.3g} to {proxy_now:.3g}")
+    if (
+        gain > 0
+        and drop > 0.5 * gain
+        and drop > 2 * noise
+        and proxy_now is not None
+        and proxy_then is not None
+        and proxy_now >= proxy_then
+    ):
+        return (
+            f"{truth} fell from {smooth[peak]:.3g} (step {steps[peak]}) to {smooth[-1]:.3g}, more than half of "
+            f"its gain since step {steps[0]}, while reward/mean went from {proxy_then:.3g} to {proxy_now:.3g}"
+        )
     return None
 
 
@@ -512,102 +553,222 @@ def eval_loss_rising(h: History) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 RULES: tuple[Rule, ...] = (
-    Rule("non_finite", "critical", NON_FINITE_KEYS, "any of them NaN or ±inf",
-         "a non-finite loss or gradient poisons every weight it touches",
-         "a loss, gradient norm, reward or KL is not a finite number",
-         "lower optim.learning_rate, keep optim.max_grad_norm set, check the reward function for inf/NaN, and "
-         "use float32 (model.dtype) if it happened in half precision", non_finite, hold=1),
-    Rule("first_ratio_not_one", "critical", ("policy/first_ratio_max_dev",), "> 1e-3",
-         "before the first update the policy is the one that sampled: the ratio must be exactly 1",
-         "the log-probs of the update do not match those of the rollout — a bug, not a tuning problem",
-         "check dropout (must be off), sampling.temperature versus the scoring temperature, padding and "
-         "position ids; report it with the run's config", first_ratio, hold=1),
-    Rule("kl_blowup", "critical", ("kl/mean",), "> 3× the largest of the previous (up to) 3 steps, and up by > 2 nats",
-         "the KL grows smoothly (at most ~1.5× a step in healthy runs); tripling in one step means one update "
-         "moved the policy far",
-         "the KL to the reference jumped in one step: the policy moved far in a single update",
-         "lower optim.learning_rate or ppo.epochs / grpo.num_iterations, raise kl.coef, or let the adaptive "
-         "controller hold it (kl.control: adaptive, kl.target)", kl_blowup, hold=1),
-    Rule("kl_above_target", "warning", ("kl/mean", "kl/coef"), "> 2 × kl.target for 5 steps (adaptive control)",
-         "the adaptive controller moves β by at most 20 % per batch·horizon; twice the target for 5 steps is "
-         "more than it is catching up",
-         "the KL stays far above the target the controller is steering to",
-         "raise kl.coef (the starting β) or lower kl.horizon so β reacts faster; lower optim.learning_rate",
-         kl_above_target, hold=7),
-    Rule("entropy_collapse", "warning", ("policy/entropy",), "< 10 % of its start, or < 0.05 nats per token",
-         "a policy this certain stops exploring: every sample is the same answer",
-         "the policy's entropy collapsed: it samples nearly the same tokens every time",
-         "raise the entropy bonus (ppo.entropy_coef / grpo.entropy_coef), raise kl.coef, lower "
-         "optim.learning_rate, or sample at a higher sampling.temperature", entropy_collapse),
-    Rule("critic_worse_than_mean", "warning", ("value/explained_variance",), "< 0 for 10 steps after step 10",
-         "explained variance < 0 means predicting the mean return would be better than the critic",
-         "the critic predicts the returns worse than a constant: GAE advantages are mostly noise",
-         "raise ppo.vf_coef or optim.learning_rate for the critic, use ppo.critic: separate (initialised from the "
-         "reward model), or turn on ppo.whiten_rewards", critic_worse_than_mean, hold=12),
-    Rule("value_loss_rising", "warning", ("value/loss",), "median of 5 steps > 5× its lowest, and rising",
-         "a value loss that climbs back up means the critic is diverging from the returns",
-         "the critic is diverging: its loss keeps rising",
-         "lower optim.learning_rate, lower ppo.vf_coef, keep ppo.value_clip_range at 0.2, or whiten rewards "
-         "(ppo.whiten_rewards)", value_loss_rising),
-    Rule("value_clip_saturated", "warning", ("value/clipfrac",), "> 0.9 for 5 steps",
-         "when nearly every value is clipped the critic can hardly move",
-         "almost every value prediction is clipped: the critic is stuck far from the returns",
-         "raise ppo.value_clip_range, or rescale the rewards (ppo.whiten_rewards, a normalised reward model)",
-         value_clip_saturated, hold=7),
-    Rule("clipfrac_high", "warning", ("policy/clipfrac",), "> 0.3 for 5 steps",
-         "PPO's clip is a brake; hitting it on a third of the tokens means each update tries to go too far",
-         "the updates are too large: the clip cuts a large share of the tokens",
-         "lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches", clipfrac_high, hold=7),
-    Rule("approx_kl_high", "warning", ("policy/approx_kl",), "> 0.1 for 3 steps",
-         "per-update KL of 0.01–0.05 is typical; above 0.1 the old log-probs no longer describe the policy",
-         "each update moves the policy far from the one that sampled the batch",
-         "lower optim.learning_rate or ppo.epochs / grpo.num_iterations; raise num_minibatches", approx_kl_high, hold=5),
-    Rule("nothing_moves", "warning", ("policy/clipfrac", "policy/approx_kl"),
-         "clipfrac < 1e-4 and approx-KL < 1e-8 for 10 steps (several updates per rollout)",
-         "with several updates per rollout the later ones must see a moved policy",
-         "the policy does not change between updates: nothing is being learnt",
-         "raise optim.learning_rate, check that the rewards vary (reward/std) and that the advantages are not 0 "
-         "(advantages/abs_mean)", nothing_moves, hold=12),
-    Rule("length_to_max", "warning", ("response/length_mean",), "mean of the last 5 steps ≥ 93 % of max_new_tokens, from < 80 %",
-         "responses that all run to the limit usually game a reward that pays for length",
-         "the responses grow to max_new_tokens: the reward may be paying for length",
-         "add a length penalty or a missing-EOS penalty (reward.missing_eos_penalty), raise kl.coef, or check the "
-         "reward model's bias for long answers", length_to_max, hold=7),
-    Rule("length_to_one", "warning", ("response/length_mean",), "≤ 1.5 tokens for 5 steps, from > 3",
-         "an empty answer that scores well means the reward favours saying nothing",
-         "the responses shrank to (almost) nothing",
-         "check the reward for short or empty answers (a floor, a missing-EOS penalty that is too large), raise "
-         "kl.coef", length_to_one, hold=7),
-    Rule("eos_vanishing", "warning", ("response/eos_rate",), "< half its start (and < 0.5) for 5 steps",
-         "a policy that stops ending its answers is usually being paid for length, or cut at the limit",
-         "the end-of-sequence token stopped appearing",
-         "set reward.missing_eos_penalty, raise kl.coef, or raise sampling.max_new_tokens if answers are cut",
-         eos_vanishing, hold=7),
-    Rule("no_group_signal", "warning", ("reward/zero_std_groups",), "≥ 90 % of the groups for 5 steps",
-         "GRPO learns from differences within a group; equal rewards give zero advantages",
-         "almost every group's samples score the same: there is no learning signal",
-         "raise grpo.group_size or sampling.temperature, use a finer-grained reward, or turn on "
-         "grpo.dynamic_sampling", no_group_signal, hold=7),
-    Rule("grad_spike", "info", ("grad/norm",), "> 10× the median of the previous 20 steps",
-         "an isolated spike is clipped by optim.max_grad_norm; repeated ones precede divergence",
-         "the gradient norm spiked",
-         "keep optim.max_grad_norm set (1.0); if spikes repeat, lower optim.learning_rate", grad_spike, hold=1),
-    Rule("over_optimisation", "warning", ("reward/mean", "eval/reward/mean", "reward/<monitor>/mean"),
-         "the truth (smoothed) gave back > ½ of its gain over the start, by > 2× its noise, while the proxy "
-         "stayed at or above its level at the truth's best",
-         "Gao et al. (2022): past some KL, a proxy reward keeps rising while the true score falls",
-         "reward hacking: the optimised reward keeps rising while the held-out (or monitor) reward falls",
-         "raise kl.coef or use kl.control: adaptive with a kl.target, stop earlier (use the checkpoint at the "
-         "best held-out step), or improve the reward model with more labels", over_optimisation),
-    Rule("accuracy_at_chance", "warning", ("rewards/accuracies", "train/accuracy"), "|mean of 10 steps − 0.5| < 0.05 after step 20",
-         "a preference model (or DPO policy) at 50 % has learnt nothing from the pairs",
-         "preference accuracy stays at chance",
-         "check the labels (chosen and rejected not swapped, not random), raise optim.learning_rate, or for dpo "
-         "raise dpo.beta", accuracy_at_chance),
-    Rule("eval_loss_rising", "warning", ("eval/loss", "train/loss"), "3 rises in a row while train/loss falls",
-         "the model fits the training set better and the held-out set worse: overfitting",
-         "the held-out loss rises while the training loss falls (overfitting)",
-         "train fewer epochs, lower optim.learning_rate, add data or use the checkpoint before the rise",
-         eval_loss_rising),
-)  # fmt: skip
+    Rule(
+        "non_finite",
+        "critical",
+        NON_FINITE_KEYS,
+        "any of them NaN or ±inf",
+        "a non-finite loss or gradient poisons every weight it touches",
+        "a loss, gradient norm, reward or KL is not a finite number",
+        "lower optim.learning_rate, keep optim.max_grad_norm set, check the reward function for inf/NaN, and "
+        "use float32 (model.dtype) if it happened in half precision",
+        non_finite,
+        hold=1,
+    ),
+    Rule(
+        "first_ratio_not_one",
+        "critical",
+        ("policy/first_ratio_max_dev",),
+        "> 1e-3",
+        "before the first update the policy is the one that sampled: the ratio must be exactly 1",
+        "the log-probs of the update do not match those of the rollout — a bug, not a tuning problem",
+        "check dropout (must be off), sampling.temperature versus the scoring temperature, padding and "
+        "position ids; report it with the run's config",
+        first_ratio,
+        hold=1,
+    ),
+    Rule(
+        "kl_blowup",
+        "critical",
+        ("kl/mean",),
+        "> 3× the largest of the previous (up to) 3 steps, and up by > 2 nats",
+        "the KL grows smoothly (at most ~1.5× a step in healthy runs); tripling in one step means one update "
+        "moved the policy far",
+        "the KL to the reference jumped in one step: the policy moved far in a single update",
+        "lower optim.learning_rate or ppo.epochs / grpo.num_iterations, raise kl.coef, or let the adaptive "
+        "controller hold it (kl.control: adaptive, kl.target)",
+        kl_blowup,
+        hold=1,
+    ),
+    Rule(
+        "kl_above_target",
+        "warning",
+        ("kl/mean", "kl/coef"),
+        "> 2 × kl.target for 5 steps (adaptive control)",
+        "the adaptive controller moves β by at most 20 % per batch·horizon; twice the target for 5 steps is "
+        "more than it is catching up",
+        "the KL stays far above the target the controller is steering to",
+        "raise kl.coef (the starting β) or lower kl.horizon so β reacts faster; lower optim.learning_rate",
+        kl_above_target,
+        hold=7,
+    ),
+    Rule(
+        "entropy_collapse",
+        "warning",
+        ("policy/entropy",),
+        "< 10 % of its start, or < 0.05 nats per token",
+        "a policy this certain stops exploring: every sample is the same answer",
+        "the policy's entropy collapsed: it samples nearly the same tokens every time",
+        "raise the entropy bonus (ppo.entropy_coef / grpo.entropy_coef), raise kl.coef, lower "
+        "optim.learning_rate, or sample at a higher sampling.temperature",
+        entropy_collapse,
+    ),
+    Rule(
+        "critic_worse_than_mean",
+        "warning",
+        ("value/explained_variance",),
+        "< 0 for 10 steps after step 10",
+        "explained variance < 0 means predicting the mean return would be better than the critic",
+        "the critic predicts the returns worse than a constant: GAE advantages are mostly noise",
+        "raise ppo.vf_coef or optim.learning_rate for the critic, use ppo.critic: separate (initialised from the "
+        "reward model), or turn on ppo.whiten_rewards",
+        critic_worse_than_mean,
+        hold=12,
+    ),
+    Rule(
+        "value_loss_rising",
+        "warning",
+        ("value/loss",),
+        "median of 5 steps > 5× its lowest, and rising",
+        "a value loss that climbs back up means the critic is diverging from the returns",
+        "the critic is diverging: its loss keeps rising",
+        "lower optim.learning_rate, lower ppo.vf_coef, keep ppo.value_clip_range at 0.2, or whiten rewards "
+        "(ppo.whiten_rewards)",
+        value_loss_rising,
+    ),
+    Rule(
+        "value_clip_saturated",
+        "warning",
+        ("value/clipfrac",),
+        "> 0.9 for 5 steps",
+        "when nearly every value is clipped the critic can hardly move",
+        "almost every value prediction is clipped: the critic is stuck far from the returns",
+        "raise ppo.value_clip_range, or rescale the rewards (ppo.whiten_rewards, a normalised reward model)",
+        value_clip_saturated,
+        hold=7,
+    ),
+    Rule(
+        "clipfrac_high",
+        "warning",
+        ("policy/clipfrac",),
+        "> 0.3 for 5 steps",
+        "PPO's clip is a brake; hitting it on a third of the tokens means each update tries to go too far",
+        "the updates are too large: the clip cuts a large share of the tokens",
+        "lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches",
+        clipfrac_high,
+        hold=7,
+    ),
+    Rule(
+        "approx_kl_high",
+        "warning",
+        ("policy/approx_kl",),
+        "> 0.1 for 3 steps",
+        "per-update KL of 0.01–0.05 is typical; above 0.1 the old log-probs no longer describe the policy",
+        "each update moves the policy far from the one that sampled the batch",
+        "lower optim.learning_rate or ppo.epochs / grpo.num_iterations; raise num_minibatches",
+        approx_kl_high,
+        hold=5,
+    ),
+    Rule(
+        "nothing_moves",
+        "warning",
+        ("policy/clipfrac", "policy/approx_kl"),
+        "clipfrac < 1e-4 and approx-KL < 1e-8 for 10 steps (several updates per rollout)",
+        "with several updates per rollout the later ones must see a moved policy",
+        "the policy does not change between updates: nothing is being learnt",
+        "raise optim.learning_rate, check that the rewards vary (reward/std) and that the advantages are not 0 "
+        "(advantages/abs_mean)",
+        nothing_moves,
+        hold=12,
+    ),
+    Rule(
+        "length_to_max",
+        "warning",
+        ("response/length_mean",),
+        "mean of the last 5 steps ≥ 93 % of max_new_tokens, from < 80 %",
+        "responses that all run to the limit usually game a reward that pays for length",
+        "the responses grow to max_new_tokens: the reward may be paying for length",
+        "add a length penalty or a missing-EOS penalty (reward.missing_eos_penalty), raise kl.coef, or check the "
+        "reward model's bias for long answers",
+        length_to_max,
+        hold=7,
+    ),
+    Rule(
+        "length_to_one",
+        "warning",
+        ("response/length_mean",),
+        "≤ 1.5 tokens for 5 steps, from > 3",
+        "an empty answer that scores well means the reward favours saying nothing",
+        "the responses shrank to (almost) nothing",
+        "check the reward for short or empty answers (a floor, a missing-EOS penalty that is too large), raise kl.coef",
+        length_to_one,
+        hold=7,
+    ),
+    Rule(
+        "eos_vanishing",
+        "warning",
+        ("response/eos_rate",),
+        "< half its start (and < 0.5) for 5 steps",
+        "a policy that stops ending its answers is usually being paid for length, or cut at the limit",
+        "the end-of-sequence token stopped appearing",
+        "set reward.missing_eos_penalty, raise kl.coef, or raise sampling.max_new_tokens if answers are cut",
+        eos_vanishing,
+        hold=7,
+    ),
+    Rule(
+        "no_group_signal",
+        "warning",
+        ("reward/zero_std_groups",),
+        "≥ 90 % of the groups for 5 steps",
+        "GRPO learns from differences within a group; equal rewards give zero advantages",
+        "almost every group's samples score the same: there is no learning signal",
+        "raise grpo.group_size or sampling.temperature, use a finer-grained reward, or turn on grpo.dynamic_sampling",
+        no_group_signal,
+        hold=7,
+    ),
+    Rule(
+        "grad_spike",
+        "info",
+        ("grad/norm",),
+        "> 10× the median of the previous 20 steps",
+        "an isolated spike is clipped by optim.max_grad_norm; repeated ones precede divergence",
+        "the gradient norm spiked",
+        "keep optim.max_grad_norm set (1.0); if spikes repeat, lower optim.learning_rate",
+        grad_spike,
+        hold=1,
+    ),
+    Rule(
+        "over_optimisation",
+        "warning",
+        ("reward/mean", "eval/reward/mean", "reward/<monitor>/mean"),
+        "the truth (smoothed) gave back > ½ of its gain over the start, by > 2× its noise, while the proxy "
+        "stayed at or above its level at the truth's best",
+        "Gao et al. (2022): past some KL, a proxy reward keeps rising while the true score falls",
+        "reward hacking: the optimised reward keeps rising while the held-out (or monitor) reward falls",
+        "raise kl.coef or use kl.control: adaptive with a kl.target, stop earlier (use the checkpoint at the "
+        "best held-out step), or improve the reward model with more labels",
+        over_optimisation,
+    ),
+    Rule(
+        "accuracy_at_chance",
+        "warning",
+        ("rewards/accuracies", "train/accuracy"),
+        "|mean of 10 steps − 0.5| < 0.05 after step 20",
+        "a preference model (or DPO policy) at 50 % has learnt nothing from the pairs",
+        "preference accuracy stays at chance",
+        "check the labels (chosen and rejected not swapped, not random), raise optim.learning_rate, or for dpo "
+        "raise dpo.beta",
+        accuracy_at_chance,
+    ),
+    Rule(
+        "eval_loss_rising",
+        "warning",
+        ("eval/loss", "train/loss"),
+        "3 rises in a row while train/loss falls",
+        "the model fits the training set better and the held-out set worse: overfitting",
+        "the held-out loss rises while the training loss falls (overfitting)",
+        "train fewer epochs, lower optim.learning_rate, add data or use the checkpoint before the rise",
+        eval_loss_rising,
+    ),
+)
 """Every rule, in the order they are listed (the README's table)."""

@@ -61,14 +61,23 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
             file=sys.stderr,
         )
         if config.host in ("0.0.0.0", "::"):
-            print(f"label: listening on every address of this machine, port {port}; other machines use its address "
-                  "in place of 127.0.0.1", file=sys.stderr)  # fmt: skip
+            print(
+                f"label: listening on every address of this machine, port {port}; other machines use its address "
+                "in place of 127.0.0.1",
+                file=sys.stderr,
+            )
         print(f"label: open {url}  (Ctrl-C stops; a restart continues where everyone was)", file=sys.stderr)
         print(url, flush=True)  # on stdout alone, for scripts
-        server = uvicorn.Server(uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2,
-            h11_max_incomplete_event_size=16 * 1024,
-        ))  # fmt: skip
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=2,
+                h11_max_incomplete_event_size=16 * 1024,
+            )
+        )
         server.run(sockets=[sock])
         done, total = session.overall()
         print(f"label: stopped; {done} / {total} labelled, in {config.out}", file=sys.stderr)

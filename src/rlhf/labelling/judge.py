@@ -100,7 +100,9 @@ class LLMJudge:
         try:  # opened first: a line cut by a crash is set aside before the cache is read
             self._cache_log = AppendLog.open(cache_path)
         except AlreadyOpen:
-            raise ConfigError(f"the judge cache {cache_path} is in use by another run; wait for it or set judge.llm.cache") from None
+            raise ConfigError(
+                f"the judge cache {cache_path} is in use by another run; wait for it or set judge.llm.cache"
+            ) from None
         self.cache: dict[str, str] = _read_cache(Path(cache_path))
         self.cached_at_start = len(self.cache)
         self._lock = threading.Lock()
@@ -113,7 +115,9 @@ class LLMJudge:
     def judge(self, pairs: Sequence[Pair]) -> list[dict[str, Any]]:
         """One labels-file row per pair (a preference, a tie, or a skip when the judge gave no verdict)."""
         start = time.perf_counter()
-        orders = [(pair, swapped) for pair in pairs for swapped in ((False, True) if self.settings.both_orders else (False,))]
+        orders = [
+            (pair, swapped) for pair in pairs for swapped in ((False, True) if self.settings.both_orders else (False,))
+        ]
         with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
             futures = [pool.submit(self.ask, pair, swapped) for pair, swapped in orders]
             try:
@@ -131,9 +135,15 @@ class LLMJudge:
         user = self.template
         for placeholder, text in zip(PLACEHOLDERS, (render_prompt(pair.prompt), first, second), strict=True):
             user = user.replace(placeholder, text)
-        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
-        body = {"model": self.model, "messages": messages, "temperature": self.settings.temperature,
-                "max_tokens": self.settings.max_tokens}  # fmt: skip
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
+            {"role": "user", "content": user}
+        ]
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.settings.temperature,
+            "max_tokens": self.settings.max_tokens,
+        }
         data = json.dumps(body, ensure_ascii=False, sort_keys=True).encode("utf-8")
         key = hashlib.sha256(data).hexdigest()
         with self._lock:
@@ -150,18 +160,32 @@ class LLMJudge:
         """The labels-file row for a pair from its replies (``[a-then-b]`` or ``[a-then-b, b-then-a]``)."""
         verdicts = [parse_verdict(reply) for reply in replies]
         in_ab = [_as_answer(v, swapped=i == 1) for i, v in enumerate(verdicts)]
-        meta = {"pair": pair.id, "id": hashlib.sha256(f"{self.source}\0{pair.id}".encode()).hexdigest()[:16], "labeller": self.source,
-                "source": self.source, "judge": {"ab": in_ab[0], **({"ba": in_ab[1]} if len(in_ab) > 1 else {})}}  # fmt: skip
+        meta = {
+            "pair": pair.id,
+            "id": hashlib.sha256(f"{self.source}\0{pair.id}".encode()).hexdigest()[:16],
+            "labeller": self.source,
+            "source": self.source,
+            "judge": {"ab": in_ab[0], **({"ba": in_ab[1]} if len(in_ab) > 1 else {})},
+        }
         if any(v is None for v in in_ab):
             reason = next(reply for reply, v in zip(replies, in_ab, strict=True) if v is None)
-            return {"kind": "skip", "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta,
-                    "reason": f"no verdict in the judge's reply {cut(reason)}"}  # fmt: skip
+            return {
+                "kind": "skip",
+                "prompt": pair.prompt,
+                "a": pair.a,
+                "b": pair.b,
+                **meta,
+                "reason": f"no verdict in the judge's reply {cut(reason)}",
+            }
         if len(set(in_ab)) > 1 or in_ab[0] == "tie":  # the orders disagree: position decided it, not the answers
             return {"kind": "tie", "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta}
         winner = in_ab[0]
         chosen, rejected = (pair.a, pair.b) if winner == "a" else (pair.b, pair.a)
         if isinstance(pair.prompt, list):
-            chosen, rejected = [{"role": "assistant", "content": chosen}], [{"role": "assistant", "content": rejected}]
+            chosen, rejected = (
+                [{"role": "assistant", "content": chosen}],
+                [{"role": "assistant", "content": rejected}],
+            )
         return {"kind": "preference", "prompt": pair.prompt, "chosen": chosen, "rejected": rejected, **meta}
 
     def _content(self, data: bytes) -> str:
@@ -212,7 +236,9 @@ def _template(path: str | None) -> str:
         raise ConfigError(f"judge.llm.template={path!r}: cannot read it ({error.strerror})") from None
     missing = [p for p in PLACEHOLDERS if p not in text]
     if missing:
-        raise ConfigError(f"judge.llm.template={path!r} does not contain {', '.join(missing)}; the judge would not see the pair")
+        raise ConfigError(
+            f"judge.llm.template={path!r} does not contain {', '.join(missing)}; the judge would not see the pair"
+        )
     return text
 
 

@@ -72,11 +72,15 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
         try:
             labeller = check_labeller(labeller)
         except Refused as error:
-            return HTMLResponse(NAME_PAGE.replace("<!--error-->", f'<p class="error">{html.escape(str(error))}</p>'), 400)
+            return HTMLResponse(
+                NAME_PAGE.replace("<!--error-->", f'<p class="error">{html.escape(str(error))}</p>'), 400
+            )
         body = LABEL_PAGE.format(
-            labeller=html.escape(labeller, quote=True), ratings="on" if ratings else "off",
-            total=len(session.pairs) * session.labels_per_pair, answers=ANSWERS,
-        )  # fmt: skip
+            labeller=html.escape(labeller, quote=True),
+            ratings="on" if ratings else "off",
+            total=len(session.pairs) * session.labels_per_pair,
+            answers=ANSWERS,
+        )
         return HTMLResponse(body)
 
     async def next_pair(request: Request) -> Response:
@@ -90,9 +94,15 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
     async def label(request: Request) -> Response:
         body = await read_json(request)
         row = await run_in_threadpool(
-            session.label, body.get("labeller"), body.get("pair"), body.get("label"), body.get("id"),
-            body.get("left"), body.get("seconds"), body.get("ratings"),
-        )  # fmt: skip
+            session.label,
+            body.get("labeller"),
+            body.get("pair"),
+            body.get("label"),
+            body.get("id"),
+            body.get("left"),
+            body.get("seconds"),
+            body.get("ratings"),
+        )
         progress = await run_in_threadpool(session.progress, row["labeller"])
         return JSONResponse({"saved": True, "id": row["id"], "kind": row["kind"], "progress": progress})
 
@@ -142,8 +152,14 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def _pair_json(served: Served) -> dict[str, Any]:
     pair = served.pair
-    return {"id": pair.id, "prompt": pair.prompt, "a": pair.a, "b": pair.b, "left": served.left,
-            "label_id": served.label_id}  # fmt: skip
+    return {
+        "id": pair.id,
+        "prompt": pair.prompt,
+        "a": pair.a,
+        "b": pair.b,
+        "left": served.left,
+        "label_id": served.label_id,
+    }
 
 
 class Guard:
@@ -158,7 +174,12 @@ class Guard:
             return
         request = Request(scope)
         if self.loopback_only and _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
-            await _send(PlainTextResponse("unknown host: this server answers to 127.0.0.1 and localhost", 421), scope, receive, send)
+            await _send(
+                PlainTextResponse("unknown host: this server answers to 127.0.0.1 and localhost", 421),
+                scope,
+                receive,
+                send,
+            )
             return
         from_query = request.query_params.get("token")
         if self.token is not None:
@@ -202,7 +223,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}; choose another --port (0 = any free one)") from None
+        raise OSError(
+            f"cannot listen on {host}:{port}: {error.strerror}; choose another --port (0 = any free one)"
+        ) from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock

@@ -62,7 +62,10 @@ def now() -> str:
 
 def check_labeller(name: Any) -> str:
     if not isinstance(name, str) or not LABELLER.match(name.strip()):
-        raise Refused(400, "a labeller's name is 1–40 letters, digits, spaces or . _ @ - (starting with a letter or digit)")
+        raise Refused(
+            400,
+            "a labeller's name is 1–40 letters, digits, spaces or . _ @ - (starting with a letter or digit)",
+        )
     return name.strip()
 
 
@@ -99,10 +102,16 @@ class LabelSession:
             self.log.close()
             raise
         if not records:
-            self.log.append({
-                "kind": "session", "pairs": pairs.path, "pairs_sha256": pairs.sha256,
-                "pairs_count": len(pairs.pairs), "time": now(), "rlhf": __version__,
-            })  # fmt: skip
+            self.log.append(
+                {
+                    "kind": "session",
+                    "pairs": pairs.path,
+                    "pairs_sha256": pairs.sha256,
+                    "pairs_count": len(pairs.pairs),
+                    "time": now(),
+                    "rlhf": __version__,
+                }
+            )
         for record in records:
             self._apply(record.data)
 
@@ -202,12 +211,21 @@ class LabelSession:
             latest = self.history[labeller][-1]
             if label_id is not None and label_id != latest:
                 raise Refused(409, f"label {label_id} is not {labeller}'s latest label; undo goes back one at a time")
-            row = {"kind": "retraction", "retracts": latest, "id": secrets.token_urlsafe(12),
-                   "labeller": labeller, "source": "human", "time": now()}  # fmt: skip
+            row = {
+                "kind": "retraction",
+                "retracts": latest,
+                "id": secrets.token_urlsafe(12),
+                "labeller": labeller,
+                "source": "human",
+                "time": now(),
+            }
             self.log.append(row)
             self._apply(row)
             undone = self.labels[latest]
-            self.leases[undone["pair"]][labeller] = (time.monotonic() + self.lease_seconds, secrets.token_urlsafe(12))
+            self.leases[undone["pair"]][labeller] = (
+                time.monotonic() + self.lease_seconds,
+                secrets.token_urlsafe(12),
+            )
             return undone
 
     def close(self) -> None:
@@ -245,11 +263,23 @@ class LabelSession:
 
 
 def _label_row(
-    pair: Pair, labeller: str, label: str, label_id: str, left: str, seconds: float | None, ratings: dict[str, str]
+    pair: Pair,
+    labeller: str,
+    label: str,
+    label_id: str,
+    left: str,
+    seconds: float | None,
+    ratings: dict[str, str],
 ) -> dict[str, Any]:
     """The line of the labels file for one label (`rlhf.data.labels` describes the fields)."""
-    meta = {"pair": pair.id, "id": label_id, "labeller": labeller, "source": "human", "time": now(),
-            "seconds": seconds}  # fmt: skip
+    meta = {
+        "pair": pair.id,
+        "id": label_id,
+        "labeller": labeller,
+        "source": "human",
+        "time": now(),
+        "seconds": seconds,
+    }
     if label in ("tie", "skip"):
         row = {"kind": label, "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta, "left": left}
         return row | ({"ratings": ratings} if ratings else {})
@@ -260,8 +290,14 @@ def _label_row(
         rejected: Any = [{"role": "assistant", "content": texts[other]}]
     else:
         chosen, rejected = texts[label], texts[other]
-    row = {"kind": "preference", "prompt": pair.prompt, "chosen": chosen, "rejected": rejected, **meta,
-           "left": "chosen" if left == label else "rejected"}  # fmt: skip
+    row = {
+        "kind": "preference",
+        "prompt": pair.prompt,
+        "chosen": chosen,
+        "rejected": rejected,
+        **meta,
+        "left": "chosen" if left == label else "rejected",
+    }
     if ratings:
         row["ratings"] = {("chosen" if side == label else "rejected"): value for side, value in ratings.items()}
     return row
@@ -314,4 +350,3 @@ def _check_session_line(records: list, pairs: PairFile, out: Path) -> None:
             f"now, {str(first.get('pairs_sha256'))[:12]}… then, for {first.get('pairs')}); labels refer to the "
             "pairs they were given for: restore that file, or label the new one into a new --out file"
         )
-

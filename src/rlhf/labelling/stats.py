@@ -30,7 +30,9 @@ def label_stats(paths: Sequence[str]) -> dict[str, Any]:
     for path in paths:
         records = read_records(path)
         if not is_label_file(records):
-            raise DataError([f"{path}: not a labels file (no line has a \"kind\"); --stats reads what `rlhf label` writes"])
+            raise DataError(
+                [f'{path}: not a labels file (no line has a "kind"); --stats reads what `rlhf label` writes']
+            )
         rows += [r.data for r in live_labels(records)]
     per: dict[str, Counter[str]] = defaultdict(Counter)
     seconds: dict[str, list[float]] = defaultdict(list)
@@ -121,11 +123,16 @@ def format_stats(stats: dict[str, Any]) -> str:
             f"position bias: the left answer won {_pct(bias['rate'])} of {bias['n']} decisions "
             f"(95% CI {_pct(bias['ci95'][0])}–{_pct(bias['ci95'][1])}; 50% = no bias)"
         )
-    lines += ["", f"{'labeller':<24} {'labels':>7} {'prefs':>6} {'ties':>5} {'skips':>6} {'s/label':>8} {'left won':>9}"]
+    lines += [
+        "",
+        f"{'labeller':<24} {'labels':>7} {'prefs':>6} {'ties':>5} {'skips':>6} {'s/label':>8} {'left won':>9}",
+    ]
     for who, row in stats["labellers"].items():
         spl = f"{row['seconds_per_label']:.1f}" if row["seconds_per_label"] is not None else "–"
         left = _pct(row["left_wins"]["rate"]) if row["left_wins"] else "–"
-        lines.append(f"{who[:24]:<24} {row['labels']:>7} {row['preferences']:>6} {row['ties']:>5} {row['skips']:>6} {spl:>8} {left:>9}")
+        lines.append(
+            f"{who[:24]:<24} {row['labels']:>7} {row['preferences']:>6} {row['ties']:>5} {row['skips']:>6} {spl:>8} {left:>9}"
+        )
     agreement = stats["agreement"]
     lines.append("")
     if not agreement["pairs"]:

@@ -24,9 +24,7 @@ class Critic(nn.Module):
         self.trunk = trunk
         self.head = head
 
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
         """(B, L) → values (B, T) at the states before each of the last T tokens (checklist item 9)."""
         from rlhf.data.collate import position_ids_from_mask
 

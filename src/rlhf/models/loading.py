@@ -202,9 +202,7 @@ def compile_blocks(model: nn.Module) -> int:
     model the PPO updates took 9-10% less time at 32 and at 128 new tokens. The first forwards compile
     (about 35 s on 2 cores, 8-10 s once inductor's on-disk cache is warm).
     """
-    lists = [
-        m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1
-    ]
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
     if not lists:
         raise ValueError(f"compile: found no list of transformer blocks in {type(model).__name__}")
     blocks = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))

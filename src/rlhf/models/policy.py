@@ -145,13 +145,16 @@ class ActorCritic(nn.Module):
         self.policy, self.value_head, self.critic = policy, value_head, critic
 
     def forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        T: int,
+        temperature: float,
+        entropy: bool = False,
         entropy_grad: bool = True,
-    ) -> ScoredTokens:  # fmt: skip
+    ) -> ScoredTokens:
         """(log-probs, values, entropy) of the last T tokens under the current policy / value function."""
-        scored = score_response_tokens(
-            self.policy, ids, mask, T, temperature, self.value_head, entropy, entropy_grad
-        )
+        scored = score_response_tokens(self.policy, ids, mask, T, temperature, self.value_head, entropy, entropy_grad)
         values = scored.values if self.critic is None else self.critic(ids, mask, T)  # a separate critic
         return ScoredTokens(scored.logprobs, values, scored.entropy)
 

@@ -115,9 +115,9 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     # Right padding: the real tokens sit at positions 0..n-1, as the default position ids assume; they are
     # passed explicitly anyway (checklist item 2).
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = trunk(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
-    )[0]  # (B, L, H)
+    hidden = trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)[
+        0
+    ]  # (B, L, H)
     last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
     # gather: for b in range(B): h[b] = hidden[b, last[b]]
     h = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)

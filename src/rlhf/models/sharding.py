@@ -65,9 +65,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
-def shard(
-    model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = None, root: bool = True
-) -> nn.Module:
+def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = None, root: bool = True) -> nn.Module:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``.
     ``root=False``: the layers only — a wrapper whose forward runs the model is sharded as the root instead.
 

@@ -231,11 +231,18 @@ def tiny_config(
         raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
     n_positions = max_position_embeddings or int(tokenizer.model_max_length)
     fields = _size_fields(arch, hidden_size, num_layers, num_heads, n_positions)
-    fields |= {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-               "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}  # fmt: skip
+    fields |= {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if dropout is not None:
-        names = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout") if arch == "gpt2" else (
-            "attention_dropout",)  # fmt: skip
+        names = (
+            ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+            if arch == "gpt2"
+            else ("attention_dropout",)
+        )
         fields |= dict.fromkeys(names, dropout)
     config_class = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     return config_class(**fields, **overrides)
@@ -246,8 +253,12 @@ def _size_fields(model_type: str, hidden_size: int, num_layers: int, num_heads: 
     attention with half the heads where the family ships it)."""
     if model_type == "gpt2":
         return {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads, "n_positions": positions}
-    fields: dict[str, object] = {"hidden_size": hidden_size, "num_hidden_layers": num_layers,
-                                 "num_attention_heads": num_heads, "max_position_embeddings": positions}  # fmt: skip
+    fields: dict[str, object] = {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "max_position_embeddings": positions,
+    }
     if model_type == "opt":
         fields |= {"ffn_dim": 4 * hidden_size, "word_embed_proj_dim": hidden_size}
     else:
@@ -281,8 +292,15 @@ def tiny_causal_lm(
     dtype (float32), in train mode (as ``from_config`` returns it), and ``save_pretrained``/``from_pretrained`` round-trippable.
     See :func:`tiny_config` for sizes, ``dropout`` and the differences between architectures.
     """
-    config = tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, dropout=dropout,
-                         max_position_embeddings=max_position_embeddings)  # fmt: skip
+    config = tiny_config(
+        arch,
+        tokenizer,
+        hidden_size,
+        num_layers,
+        num_heads,
+        dropout=dropout,
+        max_position_embeddings=max_position_embeddings,
+    )
     return _seeded(AutoModelForCausalLM.from_config, config, seed)
 
 
@@ -303,8 +321,16 @@ def tiny_reward_model(
     transformers at the rightmost non-pad token of each row. Same arguments and guarantees as
     :func:`tiny_causal_lm`.
     """
-    config = tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, dropout=dropout,
-                         max_position_embeddings=max_position_embeddings, num_labels=1)  # fmt: skip
+    config = tiny_config(
+        arch,
+        tokenizer,
+        hidden_size,
+        num_layers,
+        num_heads,
+        dropout=dropout,
+        max_position_embeddings=max_position_embeddings,
+        num_labels=1,
+    )
     return _seeded(AutoModelForSequenceClassification.from_config, config, seed)
 
 
@@ -516,9 +542,13 @@ def tiny_family_config(
 
 
 def tiny_family_lm(
-    family: str, tokenizer: PreTrainedTokenizerBase, hidden_size: int = 32, num_layers: int = 2,
-    num_heads: int = 4, seed: int = 0,
-) -> PreTrainedModel:  # fmt: skip
+    family: str,
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+) -> PreTrainedModel:
     """A randomly initialised causal LM of ``family`` (see :func:`tiny_family_config`); the same seed gives the
     same weights and the global torch RNG is left as it was."""
     config = tiny_family_config(family, tokenizer, hidden_size, num_layers, num_heads)

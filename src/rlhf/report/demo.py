@@ -17,27 +17,57 @@ from rlhf.report import pages as r
 
 # (stage, what it does, why it is there) — the order of `rlhf.demo.pipeline.STAGES`
 STAGE_NOTES = (
-    ("pretrain", "BPE tokenizer + tiny Llama, next-token loss on text of every quality",
-     "a base LM that can write, but has no reason to prefer good answers"),
-    ("sft", "fine-tune on demonstrations (mixed quality, as crowd data is)",
-     "puts the model in the answer format; becomes the frozen reference"),
-    ("sample", "k answers per prompt from the SFT model, temperature 1",
-     "the comparisons must be about what this policy actually writes"),
-    ("label", "gold judge compares pairs with Bradley–Terry noise",
-     "stands in for human raters; the only place the gold rule is used for training data"),
-    ("rm", "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
-     "a learned, imperfect proxy of the raters, cheap to query"),
-    ("dpo", "DPO from the SFT model on the same labelled pairs",
-     "the offline alternative: the same labels, no reward model, no sampling"),
-    ("ppo", "PPO against the reward model, KL penalty to the SFT model",
-     "climbs the proxy while the KL leash keeps it near text the proxy understands"),
-    ("ppo_no_kl", "the same PPO with β = 0: no KL penalty",
-     "shows what the leash prevents: far from the reference the gold score falls while the proxy does not"),
-    ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
-     "the critic-free alternative, same reward, same leash"),
-    ("eval", "held-out prompts, gold judge decides best-of-N, DPO, PPO, GRPO vs SFT",
-     "the truth the proxy was meant to track, and what each method bought for its KL and time"),
-)  # fmt: skip
+    (
+        "pretrain",
+        "BPE tokenizer + tiny Llama, next-token loss on text of every quality",
+        "a base LM that can write, but has no reason to prefer good answers",
+    ),
+    (
+        "sft",
+        "fine-tune on demonstrations (mixed quality, as crowd data is)",
+        "puts the model in the answer format; becomes the frozen reference",
+    ),
+    (
+        "sample",
+        "k answers per prompt from the SFT model, temperature 1",
+        "the comparisons must be about what this policy actually writes",
+    ),
+    (
+        "label",
+        "gold judge compares pairs with Bradley–Terry noise",
+        "stands in for human raters; the only place the gold rule is used for training data",
+    ),
+    (
+        "rm",
+        "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
+        "a learned, imperfect proxy of the raters, cheap to query",
+    ),
+    (
+        "dpo",
+        "DPO from the SFT model on the same labelled pairs",
+        "the offline alternative: the same labels, no reward model, no sampling",
+    ),
+    (
+        "ppo",
+        "PPO against the reward model, KL penalty to the SFT model",
+        "climbs the proxy while the KL leash keeps it near text the proxy understands",
+    ),
+    (
+        "ppo_no_kl",
+        "the same PPO with β = 0: no KL penalty",
+        "shows what the leash prevents: far from the reference the gold score falls while the proxy does not",
+    ),
+    (
+        "grpo",
+        "GRPO against the same reward model: G answers per prompt, no critic",
+        "the critic-free alternative, same reward, same leash",
+    ),
+    (
+        "eval",
+        "held-out prompts, gold judge decides best-of-N, DPO, PPO, GRPO vs SFT",
+        "the truth the proxy was meant to track, and what each method bought for its KL and time",
+    ),
+)
 
 
 def demo_report(out: Path, max_samples: int = 12) -> str:
@@ -96,8 +126,11 @@ def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
         agreement = summary.get("label/train_gold_agreement", float("nan"))
         numbers["label"] = f"{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement, 3)}% agree with gold"
     numbers["rm"] = f"held-out accuracy {r.fmt(summary.get('rm/accuracy'))}"
-    dpo = [row["eval/rewards/accuracies"] for row in _rows(out / "dpo" / "metrics.jsonl")
-           if "eval/rewards/accuracies" in row]  # fmt: skip
+    dpo = [
+        row["eval/rewards/accuracies"]
+        for row in _rows(out / "dpo" / "metrics.jsonl")
+        if "eval/rewards/accuracies" in row
+    ]
     if dpo:
         numbers["dpo"] = f"held-out accuracy {r.fmt(dpo[-1])}"
     numbers["ppo"] = f"reward {r.fmt(summary.get('ppo/reward_first'))} → {r.fmt(summary.get('ppo/reward_last'))}"
@@ -119,7 +152,10 @@ RESULT_ROWS = (
     ("gold/grpo_win_rate_vs_sft", "GRPO's win rate against SFT"),
     ("gold/dpo_mean", "gold score after DPO"),
     ("gold/dpo_win_rate_vs_sft", "DPO's win rate against SFT"),
-    ("gold/best_of_n_mean", "gold score of best-of-N (the SFT model's best of N samples under the reward model)"),
+    (
+        "gold/best_of_n_mean",
+        "gold score of best-of-N (the SFT model's best of N samples under the reward model)",
+    ),
     ("gold/best_of_n_win_rate_vs_sft", "best-of-N's win rate against SFT"),
     ("rm/sft_mean", "reward-model score of the SFT answers (the proxy)"),
     ("rm/ppo_mean", "reward-model score of the PPO answers"),
@@ -136,8 +172,10 @@ RESULT_ROWS = (
 
 
 def _results(summary: dict[str, Any]) -> list[str]:
-    rows = [[r.td(f"<code>{r.esc(key)}</code>"), r.td(r.fmt(summary.get(key)), "num"), r.td(r.esc(meaning))]
-            for key, meaning in RESULT_ROWS]  # fmt: skip
+    rows = [
+        [r.td(f"<code>{r.esc(key)}</code>"), r.td(r.fmt(summary.get(key)), "num"), r.td(r.esc(meaning))]
+        for key, meaning in RESULT_ROWS
+    ]
     return ["<h2>Results</h2>", r.table(["summary.json", "value", "meaning"], rows)]
 
 
@@ -154,16 +192,44 @@ def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
     for name, m in methods.items():
         label = METHOD_LABELS.get(name, name) + (f" (N = {m['n']})" if "n" in m else "")
         interval = m.get("win_rate_ci95")
-        win = "— (the baseline)" if m.get("win_rate") is None else (
-            f"{_fixed(m['win_rate'])} [{_fixed(interval[0])}, {_fixed(interval[1])}]" if interval
-            else _fixed(m["win_rate"]))  # fmt: skip
+        win = (
+            "— (the baseline)"
+            if m.get("win_rate") is None
+            else (
+                f"{_fixed(m['win_rate'])} [{_fixed(interval[0])}, {_fixed(interval[1])}]"
+                if interval
+                else _fixed(m["win_rate"])
+            )
+        )
         kl = ("≤ " if m.get("kl_is_bound") else "") + _fixed(m.get("kl"))
         cost = r.fmt_seconds(m.get("seconds")) + (f", {m['samples']} samples" if "samples" in m else "")
-        rows.append([r.td(r.esc(label)), r.td(f"{_fixed(m.get('gold_mean'))} ± {_fixed(m.get('gold_ci95'))}", "num"),
-                     r.td(win, "num"), r.td(kl, "num"), r.td(r.esc(cost), "num"), r.td(r.esc(m.get("needs", "")))])  # fmt: skip
-        points.append(r.MethodPoint(label, _number(m.get("kl")), _number(m.get("gold_mean")),
-                                    _number(m.get("gold_ci95")), bool(m.get("kl_is_bound"))))  # fmt: skip
-    header = ["method", "gold score ± 95 % CI", "win rate vs SFT [95 % CI]", "KL to SFT", "own wall time", "needs"]
+        rows.append(
+            [
+                r.td(r.esc(label)),
+                r.td(f"{_fixed(m.get('gold_mean'))} ± {_fixed(m.get('gold_ci95'))}", "num"),
+                r.td(win, "num"),
+                r.td(kl, "num"),
+                r.td(r.esc(cost), "num"),
+                r.td(r.esc(m.get("needs", ""))),
+            ]
+        )
+        points.append(
+            r.MethodPoint(
+                label,
+                _number(m.get("kl")),
+                _number(m.get("gold_mean")),
+                _number(m.get("gold_ci95")),
+                bool(m.get("kl_is_bound")),
+            )
+        )
+    header = [
+        "method",
+        "gold score ± 95 % CI",
+        "win rate vs SFT [95 % CI]",
+        "KL to SFT",
+        "own wall time",
+        "needs",
+    ]
     chart = r.methods_chart(points, "gold score (held-out mean)", paths=[gold_path(ppo, "PPO over its steps")])
     return [
         "<h2>Methods on equal labels</h2>",
@@ -205,16 +271,21 @@ def _fixed(value: Any) -> str:
 def _answers(out: Path, limit: int) -> list[str]:
     """The same held-out prompts answered by SFT (the eval baseline) and by each method that was evaluated, with
     gold and proxy scores."""
-    columns = {name: {row["prompt"]: row for row in _rows(out / "eval" / f"{name}_samples.jsonl")}
-               for name in METHOD_LABELS if name != "sft"}  # fmt: skip
+    columns = {
+        name: {row["prompt"]: row for row in _rows(out / "eval" / f"{name}_samples.jsonl")}
+        for name in METHOD_LABELS
+        if name != "sft"
+    }
     columns = {name: rows for name, rows in columns.items() if rows}
     if not columns:
         return []
     first = next(iter(columns.values()))
     rows = []
     for prompt, row in list(first.items())[:limit]:
-        cells = [r.td(f'<span class="answer">{r.esc(prompt)}</span>'),
-                 _answer_cell(row.get("baseline_completion"), row.get("baseline_rewards"))]  # fmt: skip
+        cells = [
+            r.td(f'<span class="answer">{r.esc(prompt)}</span>'),
+            _answer_cell(row.get("baseline_completion"), row.get("baseline_rewards")),
+        ]
         for answers in columns.values():
             other = answers.get(prompt, {})
             cells.append(_answer_cell(other.get("completion"), other.get("rewards")))
@@ -242,8 +313,11 @@ def _configs(out: Path, summary: dict[str, Any]) -> list[str]:
         if path.name == "config.yaml":  # the runs' resolved copy of the stage config shown here
             continue
         blocks.append(r.config_block(str(path.relative_to(out)), path.read_text()))
-    return ["<h2>Configs</h2>", '<p class="muted">Each stage ran `rlhf &lt;command&gt; --config` on these.</p>',
-            *blocks]  # fmt: skip
+    return [
+        "<h2>Configs</h2>",
+        '<p class="muted">Each stage ran `rlhf &lt;command&gt; --config` on these.</p>',
+        *blocks,
+    ]
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -90,7 +90,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     path = Path(path)
     for name in ("metrics.jsonl", "config.yaml"):
         if not (path / name).is_file():
-            raise FileNotFoundError(f"{path / name} does not exist: RUN_DIR must be the output_dir of a ppo or grpo run")
+            raise FileNotFoundError(
+                f"{path / name} does not exist: RUN_DIR must be the output_dir of a ppo or grpo run"
+            )
     config_text = (path / "config.yaml").read_text()
     command = _command_of(config_text)
     if command not in RL_COMMANDS:
@@ -217,7 +219,12 @@ class Chart:
 
 CHARTS = (
     Chart("Reward (training batch)", ("reward/mean",), "reward", "Combined reward of each step's rollouts."),
-    Chart("Held-out reward", ("eval/reward/mean",), "reward", "Same sampler on the held-out prompts, every eval step."),
+    Chart(
+        "Held-out reward",
+        ("eval/reward/mean",),
+        "reward",
+        "Same sampler on the held-out prompts, every eval step.",
+    ),
     Chart("KL to the reference", ("kl/mean",), "nats per sequence", "Σ log π/π_ref over the response, averaged."),
     Chart("KL coefficient β", ("kl/coef",), "β", "After each step's controller update (adaptive KL moves it)."),
     Chart("Entropy", ("policy/entropy",), "nats per token", "Falling entropy: the policy grows more certain."),
@@ -228,7 +235,12 @@ CHARTS = (
         "Tokens whose ratio left the clip range (the update was cut there).",
     ),
     Chart("Value loss", ("value/loss",), "loss", "Clipped value loss of the critic (ppo)."),
-    Chart("Response length", ("response/length_mean",), "tokens", "Mean sampled response length, stop token included."),
+    Chart(
+        "Response length",
+        ("response/length_mean",),
+        "tokens",
+        "Mean sampled response length, stop token included.",
+    ),
     Chart("Gradient norm", ("grad/norm",), "‖g‖ before clipping", "Mean over the step's updates."),
     Chart("|Advantage|", ("advantages/abs_mean",), "mean |A|", "After whitening / group normalisation."),
 )
@@ -244,8 +256,13 @@ def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
         steps, values = run.series(key)
         _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
         if run.clipped_from is not None:  # the end of the vanilla policy-gradient warm-up
-            ax.axvline(run.clipped_from, color=COLORS[i % len(COLORS)], linestyle=":", linewidth=1.0,
-                       label=f"{run.label}: clipped from step {run.clipped_from}")  # fmt: skip
+            ax.axvline(
+                run.clipped_from,
+                color=COLORS[i % len(COLORS)],
+                linestyle=":",
+                linewidth=1.0,
+                label=f"{run.label}: clipped from step {run.clipped_from}",
+            )
     marked = _mark_findings(ax, [(run, key) for run, key in drawn], multiple=len(runs) > 1)
     if len(runs) > 1 or marked or any(run.clipped_from is not None for run, _ in drawn):
         ax.legend(fontsize=7)
@@ -298,8 +315,14 @@ def source_charts(runs: Sequence[Run]) -> list[str]:
             _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
             eval_steps, eval_values = run.series(f"eval/reward/{name}/mean")
             if eval_steps:
-                ax.plot(eval_steps, eval_values, "o", color=COLORS[i % len(COLORS)], markersize=4,
-                        label=f"{run.label} (held-out)")  # fmt: skip
+                ax.plot(
+                    eval_steps,
+                    eval_values,
+                    "o",
+                    color=COLORS[i % len(COLORS)],
+                    markersize=4,
+                    label=f"{run.label} (held-out)",
+                )
         _mark_findings(ax, [(run, key) for run in present], multiple=len(runs) > 1)
         ax.legend(fontsize=7)
         weights = {run.reward_weights().get(name, 1.0) for run in present}
@@ -319,11 +342,18 @@ def time_charts(runs: Sequence[Run]) -> list[str]:
         title = f"Seconds per step — {run.label}"
         fig, ax = _figure(title, "step", "seconds")
         stacks = [[float(row.get(key, 0.0)) for row in rows] for key in parts]
-        ax.stackplot([int(row["step"]) for row in rows], stacks, colors=COLORS[: len(parts)], alpha=0.8,
-                     labels=[p.removeprefix("time/").removesuffix("_s") for p in parts])  # fmt: skip
+        ax.stackplot(
+            [int(row["step"]) for row in rows],
+            stacks,
+            colors=COLORS[: len(parts)],
+            alpha=0.8,
+            labels=[p.removeprefix("time/").removesuffix("_s") for p in parts],
+        )
         ax.legend(fontsize=7, loc="upper right")
-        caption = ("Rollout (sampling), score (rewards), logprobs (reference and old log-probs; in PPO with one "
-                   "micro-batch, the first update's forward), train (the updates).")
+        caption = (
+            "Rollout (sampling), score (rewards), logprobs (reference and old log-probs; in PPO with one "
+            "micro-batch, the first update's forward), train (the updates)."
+        )
         blocks.append(_figure_block(_img(fig, title), caption))
     return blocks
 
@@ -334,8 +364,11 @@ def gain_chart(runs: Sequence[Run]) -> str | None:
     Steps are points; the line joins the means of equal-count KL bins (`binned_means`), so it reads as a
     function of KL even when KL goes up and down during the run.
     """
-    fig, ax = _figure("Reward gained as the policy moves away from the reference", "√KL to the reference (√nats)",
-                      "gain over step 1 (step-1 std)")  # fmt: skip
+    fig, ax = _figure(
+        "Reward gained as the policy moves away from the reference",
+        "√KL to the reference (√nats)",
+        "gain over step 1 (step-1 std)",
+    )
     drawn = 0
     for i, run in enumerate(runs):
         color = COLORS[i % len(COLORS)]
@@ -399,22 +432,45 @@ def methods_chart(points: Sequence[MethodPoint], ylabel: str, paths: Sequence[Me
     for path in paths:
         if len(path.kls) < 2:
             continue
-        ax.plot(path.kls, path.scores, "-", color="#999999", linewidth=1, marker=".", markersize=4, label=path.label)
+        ax.plot(
+            path.kls,
+            path.scores,
+            "-",
+            color="#999999",
+            linewidth=1,
+            marker=".",
+            markersize=4,
+            label=path.label,
+        )
         for kl, score, step in zip(path.kls, path.scores, path.steps, strict=True):
             ax.annotate(str(step), (kl, score), fontsize=6, color="#777777", xytext=(2, 2), textcoords="offset points")
     for i, point in enumerate(drawn):
         color = COLORS[i % len(COLORS)]
         ci = point.ci95 if math.isfinite(point.ci95) else 0.0
-        ax.errorbar([point.kl], [point.score], yerr=[ci], fmt="o", color=color, capsize=3, markersize=6,
-                    markerfacecolor="white" if point.kl_is_bound else color,
-                    label=point.label + (" (KL ≤)" if point.kl_is_bound else ""))  # fmt: skip
+        ax.errorbar(
+            [point.kl],
+            [point.score],
+            yerr=[ci],
+            fmt="o",
+            color=color,
+            capsize=3,
+            markersize=6,
+            markerfacecolor="white" if point.kl_is_bound else color,
+            label=point.label + (" (KL ≤)" if point.kl_is_bound else ""),
+        )
     ax.legend(fontsize=7)
-    caption = ("Each method's mean score on the held-out prompts with its 95 % interval, against the KL of its "
-               "answers from the reference. Up is better; right is further from the model the labels were "
-               "collected on. A hollow marker's KL is an upper bound (best-of-N)."
-               + (" The grey line is PPO's path: its held-out score at each evaluation (the step beside each dot) "
-                  "against its KL then — the curve of Gao et al. (2022), which turns down once the policy "
-                  "over-optimises the reward model." if any(len(p.kls) >= 2 for p in paths) else ""))  # fmt: skip
+    caption = (
+        "Each method's mean score on the held-out prompts with its 95 % interval, against the KL of its "
+        "answers from the reference. Up is better; right is further from the model the labels were "
+        "collected on. A hollow marker's KL is an upper bound (best-of-N)."
+        + (
+            " The grey line is PPO's path: its held-out score at each evaluation (the step beside each dot) "
+            "against its KL then — the curve of Gao et al. (2022), which turns down once the policy "
+            "over-optimises the reward model."
+            if any(len(p.kls) >= 2 for p in paths)
+            else ""
+        )
+    )
     return _figure_block(_img(fig, "Methods compared"), caption)
 
 
@@ -484,7 +540,7 @@ def fmt_seconds(value: float | None) -> str:
 
 def page(title: str, body: Iterable[str]) -> str:
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
 
@@ -516,8 +572,12 @@ def config_block(title: str, text: str, open_: bool = False) -> str:
 def headline(run: Run) -> str:
     """Cards: steps, wall time, reward and KL at the start and end, held-out reward at first and last eval."""
     items = [("steps", str(len(run.rows))), ("training time", f"{sum(run.series('time/step_s')[1]):.0f} s")]
-    for key, name in (("reward/mean", "reward"), ("eval/reward/mean", "held-out reward"), ("kl/mean", "KL"),
-                      ("policy/entropy", "entropy")):  # fmt: skip
+    for key, name in (
+        ("reward/mean", "reward"),
+        ("eval/reward/mean", "held-out reward"),
+        ("kl/mean", "KL"),
+        ("policy/entropy", "entropy"),
+    ):
         values = run.series(key)[1]
         if values:
             start, end = (values[0], values[-1]) if key.startswith("eval/") else first_last(values)
@@ -539,12 +599,21 @@ def health_section(runs: Sequence[Run]) -> list[str]:
     rows = []
     for run in runs:
         for f in run.findings:
-            rows.append([td(esc(run.label)), td(f'<span class="sev-{f.rule.severity}">{f.rule.severity}</span>'),
-                         td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"), td(esc(f.steps_text)),
-                         td(esc(f.last)), td(esc(f.rule.fix))])  # fmt: skip
-    intro = (f'<p class="muted">The training doctor\'s {len(RULES)} rules replayed over the metrics, as '
-             "<code>rlhf doctor RUN_DIR</code> and the live alarms (doctor.jsonl) read them; the steps where a finding "
-             "held are shaded on the curves of its metrics.</p>")  # fmt: skip
+            rows.append(
+                [
+                    td(esc(run.label)),
+                    td(f'<span class="sev-{f.rule.severity}">{f.rule.severity}</span>'),
+                    td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"),
+                    td(esc(f.steps_text)),
+                    td(esc(f.last)),
+                    td(esc(f.rule.fix)),
+                ]
+            )
+    intro = (
+        f'<p class="muted">The training doctor\'s {len(RULES)} rules replayed over the metrics, as '
+        "<code>rlhf doctor RUN_DIR</code> and the live alarms (doctor.jsonl) read them; the steps where a finding "
+        "held are shaded on the curves of its metrics.</p>"
+    )
     if not rows:
         names = ", ".join(esc(run.label) for run in runs)
         return ["<h2>Health</h2>", intro, f"<p>Healthy: none of the rules fired ({names}).</p>"]
@@ -569,17 +638,24 @@ def gain_section(runs: Sequence[Run]) -> list[str]:
 def samples_section(run: Run, limit: int) -> list[str]:
     """Held-out prompts answered at the first and the last eval step, side by side with their rewards."""
     if not run.samples:
-        return ["<h2>Held-out samples</h2>", '<p class="muted">No samples/ in this run (run.eval_every: 0).</p>']
+        return [
+            "<h2>Held-out samples</h2>",
+            '<p class="muted">No samples/ in this run (run.eval_every: 0).</p>',
+        ]
     first, last = min(run.samples), max(run.samples)
     before = {row["prompt"]: row for row in run.samples[first]}
     rows = []
     for row in run.samples[last][:limit]:
         old = before.get(row["prompt"], {})
-        rows.append([
-            td(f'<span class="answer">{esc(row["prompt"])}</span>'),
-            td(f'<span class="answer">{esc(old.get("completion", ""))}</span>'), td(_scores(old), "num"),
-            td(f'<span class="answer">{esc(row["completion"])}</span>'), td(_scores(row), "num"),
-        ])  # fmt: skip
+        rows.append(
+            [
+                td(f'<span class="answer">{esc(row["prompt"])}</span>'),
+                td(f'<span class="answer">{esc(old.get("completion", ""))}</span>'),
+                td(_scores(old), "num"),
+                td(f'<span class="answer">{esc(row["completion"])}</span>'),
+                td(_scores(row), "num"),
+            ]
+        )
     header = ["prompt", f"step {first}", "reward", f"step {last}", "reward"]
     return [f"<h2>Held-out samples (step {first} and step {last})</h2>", table(header, rows)]
 

@@ -200,10 +200,14 @@ class PackedWeights:
             if not hasattr(norm, "variance_epsilon") or getattr(norm, "weight", None) is None:
                 raise Unsupported(f"norm {type(norm).__name__}")
         return _Layer(
-            _packed([attn.q_proj, attn.k_proj, attn.v_proj], rows), _packed([attn.o_proj], rows),
-            _packed([mlp.gate_proj, mlp.up_proj], rows), _packed([mlp.down_proj], rows),
-            layer.input_layernorm, layer.post_attention_layernorm, float(attn.scaling),
-        )  # fmt: skip
+            _packed([attn.q_proj, attn.k_proj, attn.v_proj], rows),
+            _packed([attn.o_proj], rows),
+            _packed([mlp.gate_proj, mlp.up_proj], rows),
+            _packed([mlp.down_proj], rows),
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+            float(attn.scaling),
+        )
 
 
 @dataclass
@@ -305,9 +309,7 @@ class LlamaDecoder:
         dtype = self.weights.dtype
         real = prompt_mask.bool()
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        positions = torch.cat(
-            [positions, positions[:, -1:] + torch.arange(1, S - C + 1, device=device)], dim=-1
-        )
+        positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, S - C + 1, device=device)], dim=-1)
         cos, sin = self.weights.rotary(torch.empty(0, dtype=dtype, device=device), positions)
         self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, S, d)
         shape = (B, self.kv_heads, S, self.head_dim)
@@ -319,9 +321,7 @@ class LlamaDecoder:
         self.mask[:, 0, 0, :C] = torch.zeros((), dtype=dtype, device=device).masked_fill(~real, float("-inf"))
         causal = torch.ones(C, C, dtype=torch.bool, device=device).tril()
         visible = (causal & real[:, None, :]) | torch.eye(C, dtype=torch.bool, device=device)
-        prefill_mask = torch.zeros(B, 1, C, C, dtype=dtype, device=device).masked_fill(
-            ~visible[:, None], float("-inf")
-        )
+        prefill_mask = torch.zeros(B, 1, C, C, dtype=dtype, device=device).masked_fill(~visible[:, None], float("-inf"))
         self.length = 0
         inputs = prompt_ids.masked_fill(~real, 0)
         return self._forward(inputs, prefill_mask)
@@ -343,9 +343,13 @@ class LlamaDecoder:
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
             attended = F.scaled_dot_product_attention(
-                q, keys[:, :, :end], values[:, :, :end],
-                attn_mask=mask, scale=layer.scaling, enable_gqa=g != h,
-            )  # fmt: skip
+                q,
+                keys[:, :, :end],
+                values[:, :, :end],
+                attn_mask=mask,
+                scale=layer.scaling,
+                enable_gqa=g != h,
+            )
             x = x + layer.out(attended.transpose(1, 2).reshape(B, Q, h * d))
             gate, up = layer.gate_up(_rms_norm(x, layer.norm2)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)

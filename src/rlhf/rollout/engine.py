@@ -177,9 +177,7 @@ def _decode_steps(
     """``step(None)`` scores the prompt, ``step(tokens)`` appends a (B,) column; each returns (B, V) logits."""
     decoder = build_decoder(model, total_length, rows=len(prompt_ids)) if fast else None
     if decoder is not None:
-        return lambda tokens: (
-            decoder.prefill(prompt_ids, prompt_mask) if tokens is None else decoder.step(tokens)
-        )
+        return lambda tokens: decoder.prefill(prompt_ids, prompt_mask) if tokens is None else decoder.step(tokens)
 
     attention_mask = prompt_mask.long()
     state = {"past": None, "mask": attention_mask, "positions": position_ids_from_mask(attention_mask)}

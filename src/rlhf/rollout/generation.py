@@ -50,9 +50,14 @@ class Generated:
             return t[rows.to(t.device)]
 
         completions = [self.completions[i] for i in rows.tolist()]
-        return Generated(take(self.query_responses), take(self.attention_mask), take(self.responses), completions,
-                         take(self.has_stop), self.pad_token_id)  # fmt: skip
-
+        return Generated(
+            take(self.query_responses),
+            take(self.attention_mask),
+            take(self.responses),
+            completions,
+            take(self.has_stop),
+            self.pad_token_id,
+        )
 
 
 def generate(
@@ -93,9 +98,12 @@ def generate(
     return assemble([batch.input_ids[row // repeat] for row in range(n)], responses, tokenizer, stops, device)
 
 
-
 def assemble(
-    prompt_ids: list[list[int]], responses: list[list[int]], tokenizer: Any, stops: list[int], device: torch.device
+    prompt_ids: list[list[int]],
+    responses: list[list[int]],
+    tokenizer: Any,
+    stops: list[int],
+    device: torch.device,
 ) -> Generated:
     """A `Generated` batch from unpadded prompt and response ids: prompts left-padded, responses right-padded
     to the longest one (at least one column)."""
@@ -118,7 +126,6 @@ def assemble(
     )
 
 
-
 def response_metrics(generated: Generated) -> dict[str, float]:
     """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch."""
     lengths = (generated.responses != generated.pad_token_id).sum(-1).float()
@@ -128,7 +135,6 @@ def response_metrics(generated: Generated) -> dict[str, float]:
         "response/eos_rate": generated.has_stop.float().mean().item(),
         "response/tokens": lengths.sum().item(),
     }
-
 
 
 def repeat_each(values: list[Any], k: int) -> list[Any]:

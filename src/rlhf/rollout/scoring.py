@@ -32,8 +32,9 @@ mean the rewards do not fit the data."""
 def load_rewards(source: Any, tokenizer: Any, d: Dist) -> RewardSet:
     """An RL trainer's ``reward.source``; when the run shards its models, each rank holds 1/world of every reward
     model (they are gathered for scoring, see :func:`score`)."""
-    return load_reward_set(reward_spec(source), policy_tokenizer=tokenizer, device=str(d.device), loader=model_loader(d))
-
+    return load_reward_set(
+        reward_spec(source), policy_tokenizer=tokenizer, device=str(d.device), loader=model_loader(d)
+    )
 
 
 def reward_spec(reward: Any) -> Any:
@@ -41,7 +42,6 @@ def reward_spec(reward: Any) -> Any:
     if isinstance(reward, str):
         return reward
     return [dataclasses.asdict(spec) for spec in reward]
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,6 @@ class Scores:
             raw=self.raw[rows],
             extra=extra,
         )
-
 
 
 def score(
@@ -127,9 +126,9 @@ def score(
         groups = per_source.view(-1, group_size if group_size > 1 else B, K)
         combined = gdpo_advantages(groups, weights).reshape(B)
         combined, normalized = torch.where(per_source.isnan().all(-1), torch.nan, combined), True
-    return Scores(per_source, combined, list(result.names), time.perf_counter() - start, raw, normalized,
-                  metrics, extra)  # fmt: skip
-
+    return Scores(
+        per_source, combined, list(result.names), time.perf_counter() - start, raw, normalized, metrics, extra
+    )
 
 
 def _gather_extra(extra: dict[str, list[Any]], B: int, group_size: int, d: Dist) -> dict[str, list[Any]]:
@@ -141,7 +140,6 @@ def _gather_extra(extra: dict[str, list[Any]], B: int, group_size: int, d: Dist)
     return {key: [row[key] for row in merged] for key in keys}
 
 
-
 def concat_scores(parts: list[Scores]) -> Scores:
     """The Scores of several batches as one (rows in order, times summed, logged metrics pooled; a ``log_extra``
     column missing from a part is None in its rows)."""
@@ -150,9 +148,7 @@ def concat_scores(parts: list[Scores]) -> Scores:
         for key, values in part.metrics.items():
             metrics.setdefault(key, []).extend(values)
     columns = list(dict.fromkeys(key for part in parts for key in part.extra))
-    extra = {
-        key: [v for part in parts for v in part.extra.get(key, [None] * len(part.raw))] for key in columns
-    }
+    extra = {key: [v for part in parts for v in part.extra.get(key, [None] * len(part.raw))] for key in columns}
     return Scores(
         torch.cat([s.per_source for s in parts]),
         torch.cat([s.combined for s in parts]),
@@ -165,7 +161,6 @@ def concat_scores(parts: list[Scores]) -> Scores:
     )
 
 
-
 def reward_context(
     batch: PromptBatch, generated: Generated | None = None, repeat: int = 1, trainer_state: Any = None
 ) -> RewardContext:
@@ -175,7 +170,6 @@ def reward_context(
     messages = repeat_each(batch.messages, repeat) if any(m is not None for m in batch.messages) else None
     ids = generated.completion_ids if generated is not None else None
     return RewardContext(messages=messages, completion_ids=ids, trainer_state=trainer_state)
-
 
 
 def make_trainer_state(**fields: Any) -> Any:
@@ -193,7 +187,6 @@ def _mean_std(values: torch.Tensor) -> tuple[float, float]:
     if not len(values):
         return math.nan, math.nan
     return values.mean().item(), values.std(unbiased=False).item()
-
 
 
 def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
@@ -214,7 +207,6 @@ def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
     for key, values in scores.metrics.items():
         out[f"{prefix}/{key}"] = _mean_std(torch.tensor(values, dtype=torch.float64))[0]
     return out
-
 
 
 class UnscoredSteps:

@@ -94,9 +94,7 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
     return "".join(str(message.get("content") or "") for message in completion)
 
 
-def exact_match(
-    completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
-) -> list[float | None]:
+def exact_match(completions: list[str], answer: Sequence[Any] | None = None, **columns: Any) -> list[float | None]:
     """1.0 when the completion's answer (last ``\\boxed{}``, else last number) equals ``answer``, else 0.0;
     None for a row without an answer (its column value is None, or the dataset has no ``answer`` column)."""
     if answer is None:

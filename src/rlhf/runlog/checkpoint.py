@@ -27,9 +27,7 @@ def checkpoint_path(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step:06d}"
 
 
-def save_checkpoint(
-    output_dir: str | Path, step: int, state: dict[str, Any], keep_last: int | None = None
-) -> Path:
+def save_checkpoint(output_dir: str | Path, step: int, state: dict[str, Any], keep_last: int | None = None) -> Path:
     """Write ``state`` (any ``torch.save``-able dict) as the checkpoint of ``step``; returns its directory.
 
     ``keep_last`` deletes all but the newest ``keep_last`` checkpoints afterwards (None keeps all).

@@ -94,8 +94,11 @@ class Dist:
         Strided rather than in blocks so that any contiguous part of the global batch (a minibatch) is spread
         evenly over the ranks.
         """
-        return [row for first in range(self.rank * unit, n, self.world_size * unit)
-                for row in range(first, min(first + unit, n))]  # fmt: skip
+        return [
+            row
+            for first in range(self.rank * unit, n, self.world_size * unit)
+            for row in range(first, min(first + unit, n))
+        ]
 
     def owns(self, rows: torch.Tensor, unit: int = 1) -> torch.Tensor:
         """(k,) bool: which of the global ``rows`` (k,) are this rank's (:meth:`shard`)."""
@@ -216,9 +219,7 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
     if parallelism == "none":
         from rlhf.config import ConfigError
 
-        raise ConfigError(
-            "parallelism: none, but the run was launched by torchrun; set parallelism: ddp or fsdp"
-        )
+        raise ConfigError("parallelism: none, but the run was launched by torchrun; set parallelism: ddp or fsdp")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _device(local_rank)
     owned = not dist.is_initialized()
@@ -256,8 +257,11 @@ def entry(run: F) -> F:
         with process_group(config.run.parallelism) as d:
             if d.is_main:
                 return run(config, *args, **kwargs)
-            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
-                    contextlib.redirect_stderr(quiet):  # fmt: skip
+            with (
+                open(os.devnull, "w") as quiet,
+                contextlib.redirect_stdout(quiet),
+                contextlib.redirect_stderr(quiet),
+            ):
                 return run(config, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

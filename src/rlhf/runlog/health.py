@@ -31,9 +31,13 @@ class HealthLog:
     ``stop``: the event that asks the run to stop (``stop_on``), else None."""
 
     def __init__(
-        self, output_dir: Path, config: Mapping[str, Any], kept_rows: Sequence[Mapping[str, Any]],
-        resume_step: int | None, stop_on: str = "never",
-    ):  # fmt: skip
+        self,
+        output_dir: Path,
+        config: Mapping[str, Any],
+        kept_rows: Sequence[Mapping[str, Any]],
+        resume_step: int | None,
+        stop_on: str = "never",
+    ):
         self.watch = Watch(config)
         for row in kept_rows:  # the steps before a resume: the watch remembers them, nothing is said again
             self.watch.observe(row)

@@ -83,9 +83,7 @@ class MetricsLogger:
     ):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.kept = (
-            [] if resume_step is None else [row for row in self._rows() if row.get("step", -1) < resume_step]
-        )
+        self.kept = [] if resume_step is None else [row for row in self._rows() if row.get("step", -1) < resume_step]
         # a temp file renamed over the old one: a kill mid-rewrite leaves the old rows, never an empty file
         with atomic_open(self.path) as f:
             f.writelines(json.dumps(row, allow_nan=True) + "\n" for row in self.kept)
@@ -107,11 +105,11 @@ class MetricsLogger:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 if number < len(lines):
-                    raise ValueError(
-                        f"{self.path}:{number}: not a JSON row ({e}); fix or remove it"
-                    ) from None
-                print(f"resume: dropping the torn last line {number} of {self.path}: {line[:60]!r}",
-                      file=sys.stderr)  # fmt: skip
+                    raise ValueError(f"{self.path}:{number}: not a JSON row ({e}); fix or remove it") from None
+                print(
+                    f"resume: dropping the torn last line {number} of {self.path}: {line[:60]!r}",
+                    file=sys.stderr,
+                )
         return rows
 
     def log(self, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -197,13 +195,20 @@ def open_run(config: TrainingConfig, checkpoint: Path | None, start: int, d: Dis
         print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
     else:
         if config.run.resume:
-            print(f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0", file=sys.stderr)
+            print(
+                f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0",
+                file=sys.stderr,
+            )
         clear_run(output_dir)
     write_run_config(output_dir, config)
     resume_step = start + 1 if checkpoint is not None else None
     recorded = config_to_dict(config)
     logger = MetricsLogger(
-        output_dir, config.run.report_to, resume_step=resume_step, run_config=recorded, run_name=config.run.name
+        output_dir,
+        config.run.report_to,
+        resume_step=resume_step,
+        run_config=recorded,
+        run_name=config.run.name,
     )
     doctor = getattr(config, "doctor", None)  # ppo and grpo
     if doctor is not None and doctor.alarms:

@@ -41,10 +41,14 @@ class StepProgress:
                         yield Text(note, style="yellow", overflow="ellipsis", no_wrap=True)
 
             self._progress = _Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
                 console=Console(stderr=True),
-            )  # fmt: skip
+            )
             if health is not None:
                 console, self._said = self._progress.console, health.say
                 health.say = lambda message: console.print(message, markup=False, highlight=False)
@@ -143,9 +147,13 @@ class BatchProgress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=Console(stderr=True),
-            )  # fmt: skip
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
+                console=Console(stderr=True),
+            )
             self._progress.start()
             self._task = self._progress.add_task(self.description, total=self.total, stats="")
         return self

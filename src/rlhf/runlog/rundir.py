@@ -42,17 +42,41 @@ LOCK_FILE = ".rlhf.lock"
 """In ``output_dir``: the file a run holds an exclusive ``flock`` on; it holds the holder's pid."""
 
 RUN_ENTRIES = (
-    "config.yaml", "metrics.jsonl", "checkpoints", "samples", "final", "tensorboard", "normalization.jsonl",
-    "report.html", "doctor.jsonl",
-)  # fmt: skip
+    "config.yaml",
+    "metrics.jsonl",
+    "checkpoints",
+    "samples",
+    "final",
+    "tensorboard",
+    "normalization.jsonl",
+    "report.html",
+    "doctor.jsonl",
+)
 """What a training run writes into ``output_dir``: its presence means "a run is here"; ``overwrite`` removes
 exactly these (and nothing else, so ``output_dir: .`` never loses the user's own files)."""
 
-SAFE_ON_RESUME = frozenset({
-    "ppo.steps", "grpo.steps", "sft.epochs", "rm.epochs", "run.resume", "run.overwrite", "run.eval_every",
-    "run.save_every", "run.log_every", "run.progress", "run.report_to", "run.name", "run.parallelism",
-    "batch.micro_size", "batch.micro_tokens", "model.compile", "doctor.alarms", "doctor.stop_on",
-})  # fmt: skip
+SAFE_ON_RESUME = frozenset(
+    {
+        "ppo.steps",
+        "grpo.steps",
+        "sft.epochs",
+        "rm.epochs",
+        "run.resume",
+        "run.overwrite",
+        "run.eval_every",
+        "run.save_every",
+        "run.log_every",
+        "run.progress",
+        "run.report_to",
+        "run.name",
+        "run.parallelism",
+        "batch.micro_size",
+        "batch.micro_tokens",
+        "model.compile",
+        "doctor.alarms",
+        "doctor.stop_on",
+    }
+)
 """Fields that may differ between a run and its ``--resume``: how long it runs, how often it logs, evaluates
 and saves, where metrics go, and how the work is split into passes (the same math). Any other change would
 silently make the resumed run a different one, so it is refused."""
@@ -212,8 +236,7 @@ def check_outputs(config: CommandConfig, outputs: dict[str, str | Path | None]) 
             raise ConfigError(f"{where}{field} {str(path)!r} is a directory; give a file")
         if path.exists() and not config.overwrite:
             raise ConfigError(
-                f"{where}{field} {str(path)!r} already exists; pass --overwrite to replace it, or choose "
-                "another file"
+                f"{where}{field} {str(path)!r} already exists; pass --overwrite to replace it, or choose another file"
             )
         ensure_directory(path.parent, f"{where}{field}'s directory")
 
@@ -236,7 +259,9 @@ def check_resumable(out: Path, config: CommandConfig, where: str) -> None:
     if changed:
         from rlhf.config import config_to_dict, flat_config
 
-        safe = sorted(SAFE_ON_RESUME.intersection(flat_config(config_to_dict(config))) - {"run.resume", "run.overwrite"})
+        safe = sorted(
+            SAFE_ON_RESUME.intersection(flat_config(config_to_dict(config))) - {"run.resume", "run.overwrite"}
+        )
         raise ConfigError(
             f"{where}resume: the config differs from the run's {out / 'config.yaml'} in "
             + "; ".join(changed)
@@ -302,8 +327,11 @@ def _pick_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[s
         try:
             return path, load_checkpoint(path)
         except Exception as e:  # torch.load raises RuntimeError, EOFError, UnpicklingError, … on a torn file
-            print(f"resume: checkpoint {path} cannot be loaded ({type(e).__name__}: {e}); "
-                  "falling back to the one before it", file=sys.stderr)  # fmt: skip
+            print(
+                f"resume: checkpoint {path} cannot be loaded ({type(e).__name__}: {e}); "
+                "falling back to the one before it",
+                file=sys.stderr,
+            )
     if found:
         raise ConfigError(
             f"{config.COMMAND}: resume: none of the {len(found)} checkpoints under {out / 'checkpoints'} can "
@@ -351,9 +379,7 @@ def _publish_new(tmp: str, path: Path) -> None:
         raise ConfigError(f"{str(path)!r} was written by another process meanwhile; left as it is") from None
     except OSError:  # a filesystem without hard links: check, then rename (a narrow race, not a torn file)
         if path.exists():
-            raise ConfigError(
-                f"{str(path)!r} was written by another process meanwhile; left as it is"
-            ) from None
+            raise ConfigError(f"{str(path)!r} was written by another process meanwhile; left as it is") from None
         os.replace(tmp, path)
         return
     os.unlink(tmp)
@@ -394,4 +420,3 @@ def staged(target: Path) -> Iterator[Path]:
 def write_run_config(output_dir: Path, config: CommandConfig) -> None:
     """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with)."""
     atomic_write_text(output_dir / "config.yaml", config_to_yaml(config))
-

@@ -14,9 +14,7 @@ from typing import Any
 from rlhf.runlog.rundir import atomic_open
 
 
-def sample_rows(
-    step: int, prompts: list[str], completions: list[str], scores: Any
-) -> list[dict[str, Any]]:
+def sample_rows(step: int, prompts: list[str], completions: list[str], scores: Any) -> list[dict[str, Any]]:
     """One JSON row per sample: step, prompt, completion, ``reward`` (the weighted sum of the raw rewards),
     ``rewards`` by source (with several) and ``extra`` (the ``log_extra`` columns, ``"<source>/<column>"``)."""
     rows = []
@@ -35,7 +33,6 @@ def sample_rows(
     return rows
 
 
-
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     with atomic_open(path) as f:
         for row in rows:
@@ -44,14 +41,10 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-
-def write_samples(
-    output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
-) -> Path:
+def write_samples(output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any) -> Path:
     """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
     path = output_dir / "samples" / f"step_{step:06d}.jsonl"
     return _write_rows(path, sample_rows(step, prompts, completions, scores))
-
 
 
 def write_completions(

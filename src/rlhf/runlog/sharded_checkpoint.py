@@ -88,9 +88,7 @@ def load_sharded(
     state = {"models": model_state, "optimizer": optimizer_state}
     with _one_process_is_fine():
         dcp.load(state, checkpoint_id=directory, no_dist=not dist.is_initialized())
-    set_state_dict(
-        container, optimizer, model_state_dict=state["models"], optim_state_dict=state["optimizer"]
-    )
+    set_state_dict(container, optimizer, model_state_dict=state["models"], optim_state_dict=state["optimizer"])
     # weights_only=False: extra holds Python's RNG state and other plain objects (as checkpoint.py's state)
     return torch.load(directory / EXTRA_FILE, map_location="cpu", weights_only=False)
 

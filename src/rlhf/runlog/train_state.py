@@ -33,7 +33,12 @@ class TrainState:
 
     @classmethod
     def create(
-        cls, config: TrainingConfig, params: list[nn.Parameter], total_updates: int, stream: Any, device: torch.device
+        cls,
+        config: TrainingConfig,
+        params: list[nn.Parameter],
+        total_updates: int,
+        stream: Any,
+        device: torch.device,
     ) -> TrainState:
         """AdamW and its schedule over ``total_updates`` optimizer steps (``config.optim``), generators seeded
         from ``config.run.seed``."""
@@ -45,8 +50,11 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint entries ``scheduler``, ``stream`` and ``rng`` (the optimizer is saved with the models)."""
-        return {"scheduler": self.scheduler.state_dict(), "stream": self.stream.state_dict(),
-                "rng": rng_state(self.generators)}  # fmt: skip
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "stream": self.stream.state_dict(),
+            "rng": rng_state(self.generators),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
@@ -55,9 +63,15 @@ class TrainState:
 
     def save(self, out: Path, step: int, models: Any, extra: dict[str, Any], d: Dist) -> None:
         """Checkpoint ``step`` of an RL run: ``models`` (``modules()`` / ``state_dict()``), this state, ``extra``."""
-        save_training(out, step, d, modules=models.modules(), optimizer=self.optimizer,
-                      plain={**self.state_dict(), **extra},
-                      unsharded=lambda: {"models": models.state_dict(), "optimizer": self.optimizer.state_dict()})
+        save_training(
+            out,
+            step,
+            d,
+            modules=models.modules(),
+            optimizer=self.optimizer,
+            plain={**self.state_dict(), **extra},
+            unsharded=lambda: {"models": models.state_dict(), "optimizer": self.optimizer.state_dict()},
+        )
 
     def resume(self, config: TrainingConfig, models: Any, d: Dist) -> tuple[Path | None, dict[str, Any]]:
         """``--run.resume``: the checkpoint picked (`rundir.load_resume_checkpoint`), loaded into ``models`` and this
@@ -79,11 +93,16 @@ class TrainState:
         self.load_state_dict(saved)
 
 
-
 def save_training(
-    out: Path, step: int, d: Dist, *, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
-    plain: dict[str, Any], unsharded: Any,
-) -> None:  # fmt: skip
+    out: Path,
+    step: int,
+    d: Dist,
+    *,
+    modules: dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer,
+    plain: dict[str, Any],
+    unsharded: Any,
+) -> None:
     """The checkpoint of ``step``. Unsharded runs: rank 0 writes ``state.pt`` = ``{step, **plain,
     **unsharded()}`` (every rank holds the same state). Sharded runs: every rank writes its DCP shards of
     ``modules`` and ``optimizer``, rank 0 the ``plain`` state (`rlhf.runlog.sharded_checkpoint`)."""
@@ -93,11 +112,14 @@ def save_training(
         save_checkpoint(out, step, {"step": step, **plain, **unsharded()})
 
 
-
 def restore_training(
-    saved: dict[str, Any], d: Dist, *, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
+    saved: dict[str, Any],
+    d: Dist,
+    *,
+    modules: dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer,
     unsharded: Any,
-) -> None:  # fmt: skip
+) -> None:
     """Load the models and optimizer of a :func:`save_training` checkpoint: DCP shards at any number of ranks,
     sharded or not, or ``unsharded(saved)`` for a ``state.pt``. The caller restores the plain state."""
     if "sharded" in saved:

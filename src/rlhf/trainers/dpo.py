@@ -39,8 +39,15 @@ from rlhf.trainers import supervised, update
 from rlhf.trainers.sft import Batcher, token_losses, write_final
 from rlhf.trainers.update import Trainable
 
-METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-           "logps/rejected")  # fmt: skip
+METRICS = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+)
 """Each is logged as ``train/loss`` and the others bare during training, and as ``eval/<name>`` on held-out pairs."""
 
 
@@ -61,8 +68,13 @@ def run(config: DPOConfig) -> Path:
     model = load_lm(config.model.name, config.model.dtype, d, adapters(config.model.lora))
     # micro_batch_size counts pairs here: DPO builds each micro-batch itself (`sequence_logps`, chosen and
     # rejected in one `Batcher.padded` call), so the Batcher's own splitting is not used
-    batches = Batcher(config.effective_micro_batch_size, False, config.data.max_length,
-                      int(tokenizer.eos_token_id), d.device)  # fmt: skip
+    batches = Batcher(
+        config.effective_micro_batch_size,
+        False,
+        config.data.max_length,
+        int(tokenizer.eos_token_id),
+        d.device,
+    )
     needs_reference = config.dpo.loss != DPOLoss.SIMPO
     reference = None
     if needs_reference:
@@ -70,21 +82,25 @@ def run(config: DPOConfig) -> Path:
         # would hand the optimizer its gathered copies instead of the sharded parameters
         with gathered(model):
             reference = reference_logps(model, train + held_out, batches)
-    print(f"dpo: {len(train)} training pairs, {len(held_out)} held out; loss {config.dpo.loss}, β {config.dpo.beta}; "
-          + ("reference log-probs computed from the starting policy" if needs_reference else "no reference (simpo)"),
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"dpo: {len(train)} training pairs, {len(held_out)} held out; loss {config.dpo.loss}, β {config.dpo.beta}; "
+        + ("reference log-probs computed from the starting policy" if needs_reference else "no reference (simpo)"),
+        file=sys.stderr,
+    )
     ref_train = None if reference is None else reference[: len(train)]
     ref_held = None if reference is None else reference[len(train) :]
     # 4. the epoch loop: micro-batched DPO loss, AdamW, evaluation, checkpoints
     trainable = Trainable(model, d)
     loss_of = functools.partial(pair_loss, config)
     task = supervised.Task(
-        trainable, supervised.OneModel("model", model, model),
+        trainable,
+        supervised.OneModel("model", model, model),
         step=functools.partial(train_step, loss_of, trainable, train, ref_train, batches),
         evaluate=functools.partial(evaluate, loss_of, model, held_out, ref_held, batches, d) if held_out else None,
-        tokens=lambda rows: sum(2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids)
-                               for i in rows),
-    )  # fmt: skip
+        tokens=lambda rows: sum(
+            2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids) for i in rows
+        ),
+    )
     fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
     order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "dpo")
     supervised.train(config, task, order, config.dpo.epochs, d)
@@ -94,13 +110,16 @@ def run(config: DPOConfig) -> Path:
 
 def sides(pairs: Sequence[TokenizedPreference]) -> list[TokenizedSFT]:
     """Each pair's chosen sequences, then its rejected ones: ``prompt + response``, labels on the response only."""
+
     def side(pair: TokenizedPreference, response: list[int]) -> TokenizedSFT:
         return TokenizedSFT(pair.where, pair.prompt_ids + response, [IGNORE_INDEX] * len(pair.prompt_ids) + response)
 
     return [side(p, p.chosen_ids) for p in pairs] + [side(p, p.rejected_ids) for p in pairs]
 
 
-def sequence_logps(model: Callable[..., Any], pairs: Sequence[TokenizedPreference], batches: Batcher) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(
+    model: Callable[..., Any], pairs: Sequence[TokenizedPreference], batches: Batcher
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed log-probs of the responses (2b,), response lengths (2b,)) of ``b`` pairs, chosen first: one
     right-padded forward (`rlhf.trainers.sft.token_losses`, float32 log-softmax)."""
     rows = batches.padded(sides(pairs))
@@ -127,31 +146,48 @@ def reference_logps(model: torch.nn.Module, pairs: Sequence[TokenizedPreference]
 
 
 def pair_loss(
-    config: DPOConfig, model: Callable[..., Any], pairs: Sequence[TokenizedPreference], reference: torch.Tensor | None,
+    config: DPOConfig,
+    model: Callable[..., Any],
+    pairs: Sequence[TokenizedPreference],
+    reference: torch.Tensor | None,
     batches: Batcher,
-) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The mean loss of ``pairs`` (``reference`` their (b, 2) reference log-probs) and its stats (`METRICS`)."""
     b = len(pairs)
     logps, lengths = sequence_logps(model, pairs, batches)
     ref = None if reference is None else reference.to(logps.device, logps.dtype)
     loss, stats = dpo_loss(
-        logps[:b], logps[b:], None if ref is None else ref[:, 0], None if ref is None else ref[:, 1],
-        beta=config.dpo.beta, loss_type=config.dpo.loss, label_smoothing=config.dpo.label_smoothing,
-        chosen_lengths=lengths[:b], rejected_lengths=lengths[b:], simpo_gamma=config.dpo.simpo_gamma,
-    )  # fmt: skip
+        logps[:b],
+        logps[b:],
+        None if ref is None else ref[:, 0],
+        None if ref is None else ref[:, 1],
+        beta=config.dpo.beta,
+        loss_type=config.dpo.loss,
+        label_smoothing=config.dpo.label_smoothing,
+        chosen_lengths=lengths[:b],
+        rejected_lengths=lengths[b:],
+        simpo_gamma=config.dpo.simpo_gamma,
+    )
     values = {
-        "loss": loss.item(), "rewards/chosen": stats["rewards_chosen"].item(),
-        "rewards/rejected": stats["rewards_rejected"].item(), "rewards/margins": stats["margins"].item(),
-        "rewards/accuracies": stats["accuracy"].item(), "logps/chosen": logps[:b].mean().item(),
+        "loss": loss.item(),
+        "rewards/chosen": stats["rewards_chosen"].item(),
+        "rewards/rejected": stats["rewards_rejected"].item(),
+        "rewards/margins": stats["margins"].item(),
+        "rewards/accuracies": stats["accuracy"].item(),
+        "logps/chosen": logps[:b].mean().item(),
         "logps/rejected": logps[b:].mean().item(),
-    }  # fmt: skip
+    }
     return loss, values
 
 
 def train_step(
-    loss_of: Callable[..., tuple[torch.Tensor, dict[str, float]]], trainable: Trainable,
-    pairs: Sequence[TokenizedPreference], reference: torch.Tensor | None, batches: Batcher, indices: list[int],
-) -> dict[str, float]:  # fmt: skip
+    loss_of: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+    trainable: Trainable,
+    pairs: Sequence[TokenizedPreference],
+    reference: torch.Tensor | None,
+    batches: Batcher,
+    indices: list[int],
+) -> dict[str, float]:
     """Backward of the mean loss over the step's pairs ``indices`` (this rank's share, in micro-batches of
     ``batch.micro_size`` pairs); returns the step's stats over all ranks."""
     rows = torch.tensor(indices)
@@ -171,9 +207,13 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(
-    loss_of: Callable[..., tuple[torch.Tensor, dict[str, float]]], model: torch.nn.Module,
-    pairs: Sequence[TokenizedPreference], reference: torch.Tensor | None, batches: Batcher, d: Dist = SINGLE,
-) -> dict[str, float]:  # fmt: skip
+    loss_of: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+    model: torch.nn.Module,
+    pairs: Sequence[TokenizedPreference],
+    reference: torch.Tensor | None,
+    batches: Batcher,
+    d: Dist = SINGLE,
+) -> dict[str, float]:
     """The `METRICS` over all held-out pairs as ``eval/<name>`` (each rank scores its share; sums over ranks)."""
     model.eval()
     totals = {f"eval/{key}": 0.0 for key in METRICS}

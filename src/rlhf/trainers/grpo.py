@@ -109,8 +109,13 @@ class GRPO:
         with watch("logprobs"):
             rollout, stats = make_rollout(self.config, self.models, sampled, self.inputs.d)
         with watch("train"):
-            trained = grpo_update(self.config, self.models, rollout, state,
-                                  clipped=rl.clipped_objective(self.config, step, self.inputs.d))  # fmt: skip
+            trained = grpo_update(
+                self.config,
+                self.models,
+                rollout,
+                state,
+                clipped=rl.clipped_objective(self.config, step, self.inputs.d),
+            )
         return stats | trained
 
     def after_step(self, stats: dict[str, float]) -> dict[str, float]:
@@ -137,20 +142,42 @@ def run(config: GRPOConfig) -> Path:
 
 
 def sample_groups(
-    config: GRPOConfig, models: rl.Models, inputs: rl.Inputs, batch: Any, generator: torch.Generator,
+    config: GRPOConfig,
+    models: rl.Models,
+    inputs: rl.Inputs,
+    batch: Any,
+    generator: torch.Generator,
     trainer_state: Any = None,
 ) -> rl.Sampled:
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties.
     Under torchrun each rank samples and scores its share of the prompts (whole groups); every rank returns
     the whole batch."""
     G, d = config.grpo.group_size, inputs.d
-    generated = generation.generate(models.policy, inputs.tokenizer, batch, inputs.sampling, inputs.stops, generator,
-                                    d.device, repeat=G, d=d)  # fmt: skip
+    generated = generation.generate(
+        models.policy,
+        inputs.tokenizer,
+        batch,
+        inputs.sampling,
+        inputs.stops,
+        generator,
+        d.device,
+        repeat=G,
+        d=d,
+    )
     columns = {name: generation.repeat_each(values, G) for name, values in batch.columns.items()}
     prompts = generation.repeat_each(batch.texts, G)
     context = scoring.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
-    scores = scoring.score(inputs.rewards, prompts, generated.completions, columns, config.reward.aggregation,
-                           group_size=G, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
+    scores = scoring.score(
+        inputs.rewards,
+        prompts,
+        generated.completions,
+        columns,
+        config.reward.aggregation,
+        group_size=G,
+        token_ids=generated.token_ids,
+        context=context,
+        d=d,
+    )
     return rl.Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
 
 
@@ -158,12 +185,19 @@ def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: genera
     """The combined score (B,) with the missing-EOS penalty and the DAPO overlong penalty; NaN stays NaN."""
     rewards = combined.float()
     if config.reward.missing_eos_penalty is not None:
-        rewards = penalize_missing_eos(rewards, generated.has_stop.cpu(), config.reward.missing_eos_mode,
-                                       config.reward.missing_eos_penalty)  # fmt: skip
+        rewards = penalize_missing_eos(
+            rewards,
+            generated.has_stop.cpu(),
+            config.reward.missing_eos_mode,
+            config.reward.missing_eos_penalty,
+        )
     if config.grpo.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1).cpu()
         rewards = rewards + dapo_overlong_penalty(
-            lengths, config.sampling.max_new_tokens, config.grpo.overlong_buffer, config.grpo.overlong_penalty_factor
+            lengths,
+            config.sampling.max_new_tokens,
+            config.grpo.overlong_buffer,
+            config.grpo.overlong_penalty_factor,
         )
     return rewards
 
@@ -190,11 +224,13 @@ def fill_batch(config: GRPOConfig, sample_round: Callable[[], rl.Sampled]) -> rl
             break
         part = sample_round()
     merged = _concat(kept + spare)
-    stats.update({
-        "dynamic_sampling/rounds": rounds,
-        "dynamic_sampling/dropped_groups": rounds * N - n_kept,
-        "dynamic_sampling/filled_groups": max(0, N - n_kept),
-    })  # fmt: skip
+    stats.update(
+        {
+            "dynamic_sampling/rounds": rounds,
+            "dynamic_sampling/dropped_groups": rounds * N - n_kept,
+            "dynamic_sampling/filled_groups": max(0, N - n_kept),
+        }
+    )
     return dataclasses.replace(_select_groups(merged, torch.arange(N), G), stats=stats)
 
 
@@ -245,11 +281,16 @@ def make_rollout(
     kl = kl_estimate(logprobs, ref, config.kl.estimator) if ref is not None else None
     in_reward = config.kl.add_to == "reward" and kl is not None  # else the KL goes into the loss (or nowhere)
     advantages = token_advantages(
-        rewards, loss_mask, config.grpo.group_size, config.grpo.estimator, whiten=config.grpo.whiten_advantages,
-        kl=kl if in_reward else None, kl_coef=config.kl.coef,
+        rewards,
+        loss_mask,
+        config.grpo.group_size,
+        config.grpo.estimator,
+        whiten=config.grpo.whiten_advantages,
+        kl=kl if in_reward else None,
+        kl_coef=config.kl.coef,
         score_index=score_index(masks.sequence_lengths, T, "eos"),
         **({"scale": config.reward_scaling} if config.grpo.estimator == "grpo" else {}),
-    )  # fmt: skip
+    )
 
     stats = {
         "reward/score_mean": rewards[scored].mean().item() if scored.any() else math.nan,
@@ -258,8 +299,12 @@ def make_rollout(
     }
     if config.grpo.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1)
-        penalty = dapo_overlong_penalty(lengths, config.sampling.max_new_tokens, config.grpo.overlong_buffer,
-                                        config.grpo.overlong_penalty_factor)  # fmt: skip
+        penalty = dapo_overlong_penalty(
+            lengths,
+            config.sampling.max_new_tokens,
+            config.grpo.overlong_buffer,
+            config.grpo.overlong_penalty_factor,
+        )
         stats["reward/overlong_penalty_mean"] = penalty.mean().item()
     if ref is not None:
         # kl/mean: per-sequence Σ (log π − log π_ref) over the loss tokens, averaged over scored sequences
@@ -293,17 +338,28 @@ def grpo_update(
         return micro_step(config, models, rollout, micro, denominators, clipped)
 
     result = update.update_passes(
-        passes=config.grpo.num_iterations, num_rows=B, minibatch_size=config.minibatch_size,
-        shuffle=state.generators["shuffle"], unit=config.grpo.group_size, plan=rl.micro_plan(config, rollout.attention_mask, T),
-        step=step, trainable=models.trainable, optimizer=state.optimizer, scheduler=state.scheduler,
+        passes=config.grpo.num_iterations,
+        num_rows=B,
+        minibatch_size=config.minibatch_size,
+        shuffle=state.generators["shuffle"],
+        unit=config.grpo.group_size,
+        plan=rl.micro_plan(config, rollout.attention_mask, T),
+        step=step,
+        trainable=models.trainable,
+        optimizer=state.optimizer,
+        scheduler=state.scheduler,
         max_grad_norm=config.optim.max_grad_norm,
-    )  # fmt: skip
+    )
     result["policy/clipped"] = float(clipped)
     return result
 
 
 def micro_step(
-    config: GRPOConfig, models: rl.Models, rollout: Rollout, micro: update.MicroBatch, denominators: dict[str, Any],
+    config: GRPOConfig,
+    models: rl.Models,
+    rollout: Rollout,
+    micro: update.MicroBatch,
+    denominators: dict[str, Any],
     clipped: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward of one micro-batch: its loss and its share of the minibatch stats. Only the micro-batch's own
@@ -312,16 +368,23 @@ def micro_step(
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
     loss_mask = rollout.mask[rows, :t]
-    logprobs, _, entropy = models.score(ids, mask, t, config.sampling.temperature, entropy=True,
-                                        entropy_grad=config.grpo.entropy_coef != 0)  # fmt: skip
+    logprobs, _, entropy = models.score(
+        ids, mask, t, config.sampling.temperature, entropy=True, entropy_grad=config.grpo.entropy_coef != 0
+    )
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
     pg, pg_stats = clipped_policy_loss(
-        logprobs, old_logprobs, rollout.advantages[rows, :t], loss_mask,
-        clip_low=config.grpo.clip_range, clip_high=config.clip_range_upper,
-        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None, kl_coef=config.kl.coef, clipped=clipped,
-    )  # fmt: skip
+        logprobs,
+        old_logprobs,
+        rollout.advantages[rows, :t],
+        loss_mask,
+        clip_low=config.grpo.clip_range,
+        clip_high=config.clip_range_upper,
+        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None,
+        kl_coef=config.kl.coef,
+        clipped=clipped,
+    )
     policy_loss = aggregate(pg, loss_mask, config.grpo.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens

@@ -89,12 +89,27 @@ class PPO:
         """Phases 1-2: roll out the current policy (each rank its share of the prompts; every rank gets all
         responses) and score the finished responses."""
         inputs, batch = self.inputs, next(stream)
-        generated = generation.generate(self.models.policy, inputs.tokenizer, batch, inputs.sampling, inputs.stops,
-                                        generator, inputs.d.device, d=inputs.d)  # fmt: skip
+        generated = generation.generate(
+            self.models.policy,
+            inputs.tokenizer,
+            batch,
+            inputs.sampling,
+            inputs.stops,
+            generator,
+            inputs.d.device,
+            d=inputs.d,
+        )
         context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
-        scores = scoring.score(inputs.rewards, batch.texts, generated.completions, batch.columns,
-                               self.config.reward.aggregation, token_ids=generated.token_ids, context=context,
-                               d=inputs.d)  # fmt: skip
+        scores = scoring.score(
+            inputs.rewards,
+            batch.texts,
+            generated.completions,
+            batch.columns,
+            self.config.reward.aggregation,
+            token_ids=generated.token_ids,
+            context=context,
+            d=inputs.d,
+        )
         return rl.Sampled(generated, scores, scores.combined, batch.texts)
 
     def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
@@ -102,19 +117,35 @@ class PPO:
         policy and value updates."""
         config, d = self.config, self.inputs.d
         with watch("logprobs"):
-            rollout, stats, first = make_rollout(config, self.models, sampled.generated, sampled.rewards,
-                                                 self.kl_coef, fuses_first_update(config), d)  # fmt: skip
+            rollout, stats, first = make_rollout(
+                config,
+                self.models,
+                sampled.generated,
+                sampled.rewards,
+                self.kl_coef,
+                fuses_first_update(config),
+                d,
+            )
         with watch("train"):
-            trained = ppo_update(config, self.models, rollout, state, self.kl_coef, first,
-                                 clipped=rl.clipped_objective(config, step, d), frozen=policy_frozen(config, step, d))  # fmt: skip
+            trained = ppo_update(
+                config,
+                self.models,
+                rollout,
+                state,
+                self.kl_coef,
+                first,
+                clipped=rl.clipped_objective(config, step, d),
+                frozen=policy_frozen(config, step, d),
+            )
         return stats | trained
 
     def after_step(self, stats: dict[str, float]) -> dict[str, float]:
         """Phase 7: adapt β to the KL of this rollout (before the update), once per iteration."""
         if math.isfinite(stats.get("kl/mean", math.nan)):  # NaN or absent when nothing was scored: keep β
             kl = self.config.kl
-            self.kl_coef = update_kl_coef(kl.control, self.kl_coef, stats["kl/mean"], kl.target, kl.horizon,
-                                          self.config.batch.size)  # fmt: skip
+            self.kl_coef = update_kl_coef(
+                kl.control, self.kl_coef, stats["kl/mean"], kl.target, kl.horizon, self.config.batch.size
+            )
         return {"kl/coef": self.kl_coef}
 
     def state_dict(self) -> dict[str, Any]:
@@ -139,8 +170,11 @@ def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) 
     rm = next((s for s in reward_models if s.shares_policy_tokenizer), None)
     layout = critic_layout(config.ppo.critic, rm is not None)
     if config.ppo.critic == "auto" and d.is_main:
-        started = f"started from the reward model {rm.model.name_or_path}" if rm is not None else (
-            "no reward model reads the policy's tokens to start a separate one")  # fmt: skip
+        started = (
+            f"started from the reward model {rm.model.name_or_path}"
+            if rm is not None
+            else ("no reward model reads the policy's tokens to start a separate one")
+        )
         print(f"ppo: critic auto → {layout} ({started})", file=sys.stderr)
     if layout == "shared":
         return rl.ValueFunction(head=shard_small(ValueHead(policy.config.hidden_size).to(d.device), d))
@@ -163,8 +197,11 @@ def policy_frozen(config: PPOConfig, step: int, d: Dist = SINGLE) -> bool:
     parameters are held. The main rank says on stderr when the warm-up starts and ends."""
     warmup = config.ppo.critic_warmup_steps
     if warmup and d.is_main and step in (1, warmup + 1):
-        what = (f"steps 1-{warmup} fit the value function only; the policy is held (critic_warmup_steps={warmup})"
-                if step == 1 else f"step {step}: the critic warm-up is over; the policy trains")  # fmt: skip
+        what = (
+            f"steps 1-{warmup} fit the value function only; the policy is held (critic_warmup_steps={warmup})"
+            if step == 1
+            else f"step {step}: the critic warm-up is over; the policy trains"
+        )
         print(what, file=sys.stderr)
     return step <= warmup
 
@@ -187,7 +224,6 @@ def fuses_first_update(config: PPOConfig) -> bool:
     return config.ppo.num_minibatches == 1 and one_micro_batch
 
 
-
 def training_forward(
     config: PPOConfig, models: rl.Models, ids: torch.Tensor, mask: torch.Tensor, T: int
 ) -> ScoredTokens:
@@ -199,9 +235,14 @@ def training_forward(
 
 @torch.no_grad()
 def make_rollout(
-    config: PPOConfig, models: rl.Models, generated: generation.Generated, scores: torch.Tensor, kl_coef: float,
-    fused: bool = False, d: Dist = distributed.SINGLE,
-) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:  # fmt: skip
+    config: PPOConfig,
+    models: rl.Models,
+    generated: generation.Generated,
+    scores: torch.Tensor,
+    kl_coef: float,
+    fused: bool = False,
+    d: Dist = distributed.SINGLE,
+) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:
     """Phases 3-5: reference and old log-prob/value passes, KL-shaped rewards, GAE and whitening (all from
     rlhf.core). ``fused``: the old log-probs and values are the first update's forward (returned with its graph,
     see :func:`fuses_first_update`); it runs after the reference pass so the two never hold memory together.
@@ -301,24 +342,38 @@ def ppo_update(
 
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
     result = update.update_passes(
-        passes=config.ppo.epochs, num_rows=B, minibatch_size=config.minibatch_size, shuffle=state.generators["shuffle"], unit=1,
-        plan=rl.micro_plan(config, rollout.attention_mask, T), step=step, trainable=models.trainable,
-        optimizer=state.optimizer, scheduler=state.scheduler, max_grad_norm=config.optim.max_grad_norm, held=held,
+        passes=config.ppo.epochs,
+        num_rows=B,
+        minibatch_size=config.minibatch_size,
+        shuffle=state.generators["shuffle"],
+        unit=1,
+        plan=rl.micro_plan(config, rollout.attention_mask, T),
+        step=step,
+        trainable=models.trainable,
+        optimizer=state.optimizer,
+        scheduler=state.scheduler,
+        max_grad_norm=config.optim.max_grad_norm,
+        held=held,
         first=first,
-    )  # fmt: skip
+    )
     result["policy/clipped"] = float(clipped)
     result["policy/frozen"] = float(frozen)
-    result["value/explained_variance"] = explained_variance(
-        rollout.values, rollout.returns, rollout.value_mask
-    ).item()
+    result["value/explained_variance"] = explained_variance(rollout.values, rollout.returns, rollout.value_mask).item()
     return result
 
 
 def micro_step(
-    config: PPOConfig, models: rl.Models, rollout: Rollout, micro: update.MicroBatch, n_policy: torch.Tensor,
-    n_value: torch.Tensor, kl_coef: float, forward: ScoredTokens | None = None, clipped: bool = True,
+    config: PPOConfig,
+    models: rl.Models,
+    rollout: Rollout,
+    micro: update.MicroBatch,
+    n_policy: torch.Tensor,
+    n_value: torch.Tensor,
+    kl_coef: float,
+    forward: ScoredTokens | None = None,
+    clipped: bool = True,
     frozen: bool = False,
-) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward (unless given) of one micro-batch: its loss and its token-weighted share of the minibatch stats.
     Only the micro-batch's own columns run; the cut ones are padding, outside every mask. ``frozen`` (critic
     warm-up): the loss is the value loss alone, and the policy's loss statistics are left out (the policy is
@@ -335,12 +390,22 @@ def micro_step(
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
     pg, pg_stats = clipped_policy_loss(
-        logprobs, rollout.logprobs[rows, :t], rollout.advantages[rows, :t], policy_mask,
-        clip_low=config.ppo.clip_range, clip_high=config.clip_range_upper, ref_logp=ref, kl_coef=kl_coef,
+        logprobs,
+        rollout.logprobs[rows, :t],
+        rollout.advantages[rows, :t],
+        policy_mask,
+        clip_low=config.ppo.clip_range,
+        clip_high=config.clip_range_upper,
+        ref_logp=ref,
+        kl_coef=kl_coef,
         clipped=clipped,
-    )  # fmt: skip
+    )
     vf, vf_stats = clipped_value_loss(
-        values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
+        values,
+        rollout.values[rows, :t],
+        rollout.returns[rows, :t],
+        value_mask,
+        clip=config.ppo.value_clip_range,
     )
     policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)

@@ -93,12 +93,14 @@ def run(config: RMConfig) -> Path:
     # 2-6. evaluation before training, then the steps: micro-batched Bradley–Terry, AdamW, evaluation, checkpoints
     trainable = Trainable(scorer, d)
     task = supervised.Task(
-        trainable, supervised.OneModel("scorer", scorer, rm.model),
+        trainable,
+        supervised.OneModel("scorer", scorer, rm.model),
         step=functools.partial(train_step, config, rm, trainable, train),
         evaluate=functools.partial(evaluate, config, scorer, rm, held_out, d.device, d) if held_out else None,
-        tokens=lambda rows: sum(2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids)
-                               for i in rows),
-    )  # fmt: skip
+        tokens=lambda rows: sum(
+            2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids) for i in rows
+        ),
+    )
     fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
     order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "rm")
     supervised.train(config, task, order, config.rm.epochs, d)
@@ -158,22 +160,25 @@ def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[Tokeniz
     kwargs = {"model_max_length": rm.max_positions, "join_text": not rm.is_decoder}
     train = load_preferences(config.data.train, rm.tokenizer, config.data.max_length, **kwargs)
     held_out = (
-        load_preferences(config.data.eval, rm.tokenizer, config.data.max_length, **kwargs)
-        if config.data.eval
-        else []
+        load_preferences(config.data.eval, rm.tokenizer, config.data.max_length, **kwargs) if config.data.eval else []
     )
     kind = "decoder (score head on the causal trunk)" if rm.is_decoder else "encoder (its own classifier)"
     head = "fresh head N(0, 1/sqrt(H+1))" if rm.fresh_head else "head from the checkpoint"
     cut = sum(p.truncated for p in train)
-    print(f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to data.max_length={config.data.max_length}), "
-          f"{len(held_out)} held out", file=sys.stderr)  # fmt: skip
+    print(
+        f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to data.max_length={config.data.max_length}), "
+        f"{len(held_out)} held out",
+        file=sys.stderr,
+    )
     return train, held_out
 
 
 def pair_rewards(
-    scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], pairs: list[TokenizedPreference], pad_id: int,
+    scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    pairs: list[TokenizedPreference],
+    pad_id: int,
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(r_chosen (b,), r_rejected (b,), margin (b,)) of ``b`` pairs: one right-padded (2b, L) forward of
     ``scorer`` (`RewardScorer`, or the wrapper that trains it)."""
     batch = collate_preferences(pairs, pad_id)
@@ -185,9 +190,12 @@ def pair_rewards(
 
 
 def train_step(
-    config: RMConfig, rm: TrainableRewardModel, trainable: Trainable, pairs: list[TokenizedPreference],
+    config: RMConfig,
+    rm: TrainableRewardModel,
+    trainable: Trainable,
+    pairs: list[TokenizedPreference],
     indices: list[int],
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """Phase 4: backward of the mean loss over the step's pairs ``indices`` (this rank's share of them, in
     micro-batches); returns the step's train stats over all ranks."""
     rows = torch.tensor(indices)
@@ -213,9 +221,13 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(
-    config: RMConfig, scorer: nn.Module, rm: TrainableRewardModel, pairs: list[TokenizedPreference],
-    device: torch.device, d: Dist = distributed.SINGLE,
-) -> dict[str, float]:  # fmt: skip
+    config: RMConfig,
+    scorer: nn.Module,
+    rm: TrainableRewardModel,
+    pairs: list[TokenizedPreference],
+    device: torch.device,
+    d: Dist = distributed.SINGLE,
+) -> dict[str, float]:
     """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs (each rank scores
     its share; the sums are added over ranks)."""
     center = config.rm.center_rewards_coefficient or 0.0
@@ -224,8 +236,7 @@ def evaluate(
     mine = list(range(d.rank, len(pairs), d.world_size))
     micro_batches = [mine[start : start + size] for start in range(0, len(mine), size)]
     for micro, real, _ in update.evenly(micro_batches, lambda: [0], d):
-        chosen, rejected, margin = pair_rewards(scorer, [pairs[i] for i in micro], rm.tokenizer.pad_token_id,
-                                                device)  # fmt: skip
+        chosen, rejected, margin = pair_rewards(scorer, [pairs[i] for i in micro], rm.tokenizer.pad_token_id, device)
         if not real:
             continue
         loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
@@ -237,9 +248,13 @@ def evaluate(
 
 
 def normalize(
-    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path,
+    config: RMConfig,
+    model: nn.Module,
+    tokenizer: Any,
+    device: torch.device,
+    out: Path,
     d: Dist = distributed.SINGLE,
-) -> tuple[float, float]:  # fmt: skip
+) -> tuple[float, float]:
     """Phase 7 (checklist item 19): sample ``normalize.samples`` responses from ``normalize.policy``, score
     them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
     store ``gain = 1/σ``, ``bias = −μ/σ`` (population std, OAI) in ``model.config``. Writes
@@ -257,16 +272,18 @@ def normalize(
     prompts = normalization_prompts(config, policy_tokenizer, max_positions(policy.config))
     clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
     size = config.effective_micro_batch_size
-    scorer = RewardModelReward(model, tokenizer, name="rm", policy_tokenizer=policy_tokenizer, device=device,
-                               batch_size=size)  # fmt: skip
+    scorer = RewardModelReward(
+        model, tokenizer, name="rm", policy_tokenizer=policy_tokenizer, device=device, batch_size=size
+    )
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.run.seed))
     picks = [int(order[i % len(prompts)]) for i in range(config.normalize.samples)]  # cycles when few
     sampling = SamplingParams(config.normalize.max_new_tokens, config.normalize.temperature)
     stops = stop_token_ids(policy_tokenizer, "eos")
     generator = torch.Generator(device).manual_seed(config.run.seed)
     batch = PromptBatch.of(prompts, picks)
-    generated = generation.generate(policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d,
-                                    max_rows=size)  # fmt: skip
+    generated = generation.generate(
+        policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d, max_rows=size
+    )
     texts, completions = batch.texts, generated.completions
     mine = d.shard(len(picks))
     columns = {key: [values[i] for i in mine] for key, values in batch.columns.items()}
@@ -291,9 +308,11 @@ def normalize(
                 "normalized": gain * score + bias,
             }
             f.write(json.dumps(row) + "\n")
-    print(f"rm: normalised on {len(scores)} responses of {config.normalize.policy}: raw mean "
-          f"{raw.mean().item():.4g}, std {raw.std(correction=0).item():.4g} → gain {gain:.4g}, bias {bias:.4g}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"rm: normalised on {len(scores)} responses of {config.normalize.policy}: raw mean "
+        f"{raw.mean().item():.4g}, std {raw.std(correction=0).item():.4g} → gain {gain:.4g}, bias {bias:.4g}",
+        file=sys.stderr,
+    )
     return gain, bias
 
 
@@ -319,5 +338,3 @@ def normalization_prompts(config: RMConfig, tokenizer: Any, positions: int | Non
     for prompt in tokenize_prompts(examples, tokenizer, room):
         distinct.setdefault(prompt.text, prompt)
     return list(distinct.values())
-
-

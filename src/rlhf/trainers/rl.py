@@ -88,9 +88,14 @@ class Models:
     reference."""
 
     def __init__(
-        self, model: Any, d: Dist, *, reference: bool, ema: float | None = None,
+        self,
+        model: Any,
+        d: Dist,
+        *,
+        reference: bool,
+        ema: float | None = None,
         value: Callable[[nn.Module], ValueFunction] | None = None,
-    ):  # fmt: skip
+    ):
         self.model, self.d = model, d
         self.policy, copy = load_policy(model, d, reference)
         self.reference = Reference(self.policy, copy, ema) if reference else None
@@ -100,9 +105,14 @@ class Models:
         self.trainable = update.Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)
 
     def score(
-        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False,
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        T: int,
+        temperature: float,
+        entropy: bool = False,
         entropy_grad: bool = True,
-    ) -> ScoredTokens:  # fmt: skip
+    ) -> ScoredTokens:
         """A training forward (through the gradient-synchronising wrapper under torchrun)."""
         return self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
 
@@ -240,9 +250,14 @@ def make_trainer_state(config: PolicyGradientConfig, steps_done: int, stream: Pr
     ``save_steps`` from ``run``; ``train_batch_size``, the completions per step."""
     run, epochs = config.run, math.ceil(config.steps * stream.batch_size / len(stream.prompts))
     return scoring.make_trainer_state(
-        epoch=stream.epoch + stream.index / len(stream.prompts), global_step=steps_done, max_steps=config.steps,
-        logging_steps=run.log_every, eval_steps=run.eval_every, save_steps=run.save_every,
-        train_batch_size=config.num_sequences, num_train_epochs=epochs,
+        epoch=stream.epoch + stream.index / len(stream.prompts),
+        global_step=steps_done,
+        max_steps=config.steps,
+        logging_steps=run.log_every,
+        eval_steps=run.eval_every,
+        save_steps=run.save_every,
+        train_batch_size=config.num_sequences,
+        num_train_epochs=epochs,
     )
 
 
@@ -269,8 +284,11 @@ def clipped_objective(config: PolicyGradientConfig, step: int, d: Dist = SINGLE)
     (the first ``warmup_pg_steps`` steps). The main rank says on stderr when the warm-up starts and ends."""
     warmup = config.algorithm.warmup_pg_steps
     if warmup and d.is_main and step in (1, warmup + 1):
-        what = (f"steps 1-{warmup} use the vanilla policy-gradient loss (warmup_pg_steps={warmup})" if step == 1
-                else f"step {step}: the vanilla policy-gradient warm-up is over; the clipped objective takes over")
+        what = (
+            f"steps 1-{warmup} use the vanilla policy-gradient loss (warmup_pg_steps={warmup})"
+            if step == 1
+            else f"step {step}: the vanilla policy-gradient warm-up is over; the clipped objective takes over"
+        )
         print(what, file=sys.stderr)
     return step > warmup
 
@@ -281,15 +299,27 @@ def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats
     metrics = {"step": step, **scoring.reward_metrics(sampled.scores), **stats}
     metrics.update(generation.response_metrics(sampled.generated))
     times = watch.metrics()
-    metrics.update({"lr": lr, **times, "time/score_s": sampled.scores.seconds,
-                    "throughput/tokens_per_s": metrics["response/tokens"] / times["time/step_s"]})  # fmt: skip
+    metrics.update(
+        {
+            "lr": lr,
+            **times,
+            "time/score_s": sampled.scores.seconds,
+            "throughput/tokens_per_s": metrics["response/tokens"] / times["time/step_s"],
+        }
+    )
     return metrics
 
 
 def end_step(
-    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, step: int,
-    metrics: dict[str, Any], trainer_state: Any, sampled: Sampled,
-) -> None:  # fmt: skip
+    config: PolicyGradientConfig,
+    inputs: Inputs,
+    policy: nn.Module,
+    logger: MetricsLogger | NoLogger,
+    step: int,
+    metrics: dict[str, Any],
+    trainer_state: Any,
+    sampled: Sampled,
+) -> None:
     """After the update: this step's completions to ``completions/`` (rank 0, when due), then the held-out
     answers when due (every ``run.eval_every`` steps and at the last, ``eval/reward/*`` in this step's row), then
     the row when due (every ``log_every``)."""
@@ -309,7 +339,12 @@ def end_step(
 
 
 def evaluate_start(
-    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, logger: MetricsLogger | NoLogger, stream: Any, start: int
+    config: PolicyGradientConfig,
+    inputs: Inputs,
+    policy: nn.Module,
+    logger: MetricsLogger | NoLogger,
+    stream: Any,
+    start: int,
 ) -> None:
     """Step 0 of a fresh run: the policy's held-out answers before its first update, logged as the row ``{"step":
     0, "eval/reward/*"}`` (and ``samples/step_000000.jsonl``), so every run's curves start from its own starting
@@ -324,18 +359,37 @@ def evaluate_start(
 
 
 @torch.no_grad()
-def evaluate(config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, step: int, trainer_state: Any) -> dict[str, float]:
+def evaluate(
+    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, step: int, trainer_state: Any
+) -> dict[str, float]:
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
     ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
     share; the rows are gathered. ``trainer_state``: what reward functions get as ``trainer_state``."""
     d = inputs.d
     generator = torch.Generator(d.device).manual_seed(config.run.seed + 2)
     batch = PromptBatch.of(inputs.eval_prompts, range(len(inputs.eval_prompts)))
-    generated = generation.generate(policy, inputs.tokenizer, batch, inputs.sampling, inputs.stops, generator,
-                                    d.device, d=d, max_rows=config.effective_micro_batch_size)  # fmt: skip
+    generated = generation.generate(
+        policy,
+        inputs.tokenizer,
+        batch,
+        inputs.sampling,
+        inputs.stops,
+        generator,
+        d.device,
+        d=d,
+        max_rows=config.effective_micro_batch_size,
+    )
     context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
-    scores = scoring.score(inputs.rewards, batch.texts, generated.completions, batch.columns,
-                           config.reward.aggregation, token_ids=generated.token_ids, context=context, d=d)  # fmt: skip
+    scores = scoring.score(
+        inputs.rewards,
+        batch.texts,
+        generated.completions,
+        batch.columns,
+        config.reward.aggregation,
+        token_ids=generated.token_ids,
+        context=context,
+        d=d,
+    )
     if d.is_main:
         samples.write_samples(Path(config.output_dir), step, batch.texts, generated.completions, scores)
     return scoring.reward_metrics(scores, prefix="eval/reward")
@@ -348,9 +402,12 @@ def doctor_stops(config: PolicyGradientConfig, logger: MetricsLogger | NoLogger,
         return False
     event = d.broadcast(logger.health.stop if logger.health is not None else None)
     if event is not None and d.is_main:
-        print(f"doctor: stopping at step {event.step} (doctor.stop_on: {config.doctor.stop_on}) on {event.rule.name}; "
-              f"a checkpoint is saved and final/ holds this step's policy. To go on: --run.resume "
-              f"--doctor.stop_on never", file=sys.stderr)  # fmt: skip
+        print(
+            f"doctor: stopping at step {event.step} (doctor.stop_on: {config.doctor.stop_on}) on {event.rule.name}; "
+            f"a checkpoint is saved and final/ holds this step's policy. To go on: --run.resume "
+            f"--doctor.stop_on never",
+            file=sys.stderr,
+        )
     return event is not None
 
 

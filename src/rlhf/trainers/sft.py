@@ -74,11 +74,12 @@ def run(config: SFTConfig) -> Path:
     batches = Batcher(config.effective_micro_batch_size, config.sft.packing, config.data.max_length, filler, d.device)
     trainable = Trainable(model, d)
     task = supervised.Task(
-        trainable, supervised.OneModel("model", model, model),
+        trainable,
+        supervised.OneModel("model", model, model),
         step=functools.partial(train_step, trainable, train, batches),
         evaluate=functools.partial(evaluate, model, eval_examples, batches, d) if eval_examples else None,
         tokens=lambda rows: sum(len(train[i].input_ids) for i in rows),
-    )  # fmt: skip
+    )
     fingerprint = fingerprint_of((e.input_ids, e.labels) for e in train)
     order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "sft")
     supervised.train(config, task, order, config.sft.epochs, d)
@@ -149,9 +150,7 @@ class Batcher:
         self.filler, self.device = filler, device
 
     def __call__(self, examples: Sequence[TokenizedSFT]) -> list[Rows]:
-        micro = [
-            examples[i : i + self.micro_batch_size] for i in range(0, len(examples), self.micro_batch_size)
-        ]
+        micro = [examples[i : i + self.micro_batch_size] for i in range(0, len(examples), self.micro_batch_size)]
         make = self.packed if self.packing else self.padded
         return [make(m) for m in micro]
 
@@ -189,9 +188,11 @@ class Batcher:
     def _to_device(self, rows: Rows) -> Rows:
         mask = rows.attention_mask
         return Rows(
-            rows.input_ids.to(self.device), rows.position_ids.to(self.device), rows.labels.to(self.device),
+            rows.input_ids.to(self.device),
+            rows.position_ids.to(self.device),
+            rows.labels.to(self.device),
             None if mask is None else mask.to(self.device),
-        )  # fmt: skip
+        )
 
 
 def pack(examples: Sequence[TokenizedSFT], capacity: int) -> list[list[TokenizedSFT]]:
@@ -220,9 +221,11 @@ def token_losses(model: Callable[..., Any], rows: Rows) -> tuple[torch.Tensor, t
     ``loss[r, t] = −log p(x_{t+1} | x_≤t)``: the logits at t are scored against the label at t+1.
     """
     logits = model(
-        input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
+        input_ids=rows.input_ids,
+        attention_mask=rows.attention_mask,
+        position_ids=rows.position_ids,
         use_cache=False,  # a cache would also switch off transformers' packed-sequence masking
-    ).logits  # fmt: skip
+    ).logits
     labels = rows.labels[:, 1:]
     mask = labels != IGNORE_INDEX
     # float32 log-softmax whatever the model's dtype (as transformers' own loss); masked labels → any valid id

@@ -90,8 +90,15 @@ def train(config: TrainingConfig, task: Task, order: EpochOrder, epochs: int, d:
                 task.trainable, state.optimizer, state.scheduler, config.optim.max_grad_norm
             )
             step_s = time.perf_counter() - t0  # 4. metrics, evaluation when due
-            metrics = {"step": step, "epoch": step / order.steps_per_epoch, **stats, "grad/norm": grad_norm,
-                       "lr": lr, "time/step_s": step_s, "throughput/tokens_per_s": task.tokens(rows) / step_s}
+            metrics = {
+                "step": step,
+                "epoch": step / order.steps_per_epoch,
+                **stats,
+                "grad/norm": grad_norm,
+                "lr": lr,
+                "time/step_s": step_s,
+                "throughput/tokens_per_s": task.tokens(rows) / step_s,
+            }
             end_of_epoch = step % order.steps_per_epoch == 0
             every = config.run.eval_every
             evaluating = task.evaluate is not None and (end_of_epoch or (every > 0 and step % every == 0))

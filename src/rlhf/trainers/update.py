@@ -76,8 +76,9 @@ class Trainable:
             # the real weights
             if all(isinstance(p, DTensor) for p in params):
                 return params
-            raise RuntimeError("an FSDP module is still gathered: reshard it (models.sharding.gathered) before "
-                               "taking its parameters")
+            raise RuntimeError(
+                "an FSDP module is still gathered: reshard it (models.sharding.gathered) before taking its parameters"
+            )
         return params
 
     @property
@@ -141,9 +142,7 @@ def reduce_stats(totals: dict[str, float], d: Dist) -> dict[str, float]:
     return {**sums, **maxima}
 
 
-def optimizer_step(
-    trainable: Trainable, optimizer: Any, scheduler: Any, max_grad_norm: float | None
-) -> float:
+def optimizer_step(trainable: Trainable, optimizer: Any, scheduler: Any, max_grad_norm: float | None) -> float:
     """Clip the global gradient norm, step the optimizer and the schedule; returns the norm before clipping."""
     norm = torch.nn.utils.clip_grad_norm_(
         trainable.parameters(), max_grad_norm if max_grad_norm is not None else math.inf
@@ -262,7 +261,6 @@ class MicroBatch:
     def columns(self, C: int) -> slice:
         """The kept columns of a (B, C+T) ``query ⊕ response`` tensor."""
         return slice(self.first_column, C + self.response_length)
-
 
 
 def plan_micro_batches(

@@ -78,9 +78,7 @@ def load_reward_source(
     if ":" in spec:  # `file.py:function` or `module:function` (hub ids never contain ':')
         return FunctionReward.load(spec, name=name)
     if spec.endswith(".py"):
-        raise RewardError(
-            f"reward spec {spec!r} names a Python file but no function: write `{spec}:function_name`"
-        )
+        raise RewardError(f"reward spec {spec!r} names a Python file but no function: write `{spec}:function_name`")
     return RewardModelReward.load(spec, **model_kwargs)
 
 
@@ -109,13 +107,9 @@ def load_reward_set(
             raise ValueError(f"reward[{i}]: expected a spec string or a mapping with keys {_ENTRY_KEYS}")
         unknown = sorted(set(entry) - set(_ENTRY_KEYS))
         if unknown:
-            raise ValueError(
-                f"reward[{i}]: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_ENTRY_KEYS)}"
-            )
+            raise ValueError(f"reward[{i}]: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_ENTRY_KEYS)}")
         if "source" not in entry:
-            raise ValueError(
-                f"reward[{i}]: missing `source` (a URL, directory, file.py:function or module:function)"
-            )
+            raise ValueError(f"reward[{i}]: missing `source` (a URL, directory, file.py:function or module:function)")
         weight = entry.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             raise ValueError(f"reward[{i}]: weight must be a number, got {weight!r}")

@@ -67,9 +67,7 @@ class RewardSource(Protocol):
 
     name: str
 
-    def score(
-        self, prompts: list[str], completions: list[str], columns: dict[str, list]
-    ) -> list[float | None]: ...
+    def score(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[float | None]: ...
 
 
 class RewardScores(NamedTuple):
@@ -120,9 +118,7 @@ class RewardContext:
     def copy(self) -> RewardContext:
         """Deep copies of the per-sample lists (a source that mutates them must not change what the next sees);
         the trainer state is shared, as TRL passes its one ``self.state`` to every function."""
-        return RewardContext(
-            copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state
-        )
+        return RewardContext(copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state)
 
 
 @dataclass
@@ -153,9 +149,7 @@ class RewardLog:
 
         def log_extra(column: str, values: list) -> None:
             if not isinstance(column, str) or not column:
-                raise RewardError(
-                    f"reward {source!r}: log_extra column must be a non-empty string, got {column!r}"
-                )
+                raise RewardError(f"reward {source!r}: log_extra column must be a non-empty string, got {column!r}")
             if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
                 raise RewardError(
                     f"reward {source!r}: log_extra({column!r}, …) got a {type(values).__name__}; "
@@ -326,9 +320,13 @@ Call = tuple[tuple[list[str], list[str], dict[str, list]], dict[str, Any]]
 
 
 def _arguments(
-    source: RewardSource, prompts: list[str], completions: list[str], columns: dict[str, list],
-    context: RewardContext, log: RewardLog | None,
-) -> Call:  # fmt: skip
+    source: RewardSource,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list],
+    context: RewardContext,
+    log: RewardLog | None,
+) -> Call:
     """Fresh copies of the batch for one source (a source that mutates its arguments must not change what the
     next one sees), with its context and logging callbacks when it takes them."""
     positional = (list(prompts), list(completions), {c: list(v) for c, v in columns.items()})
@@ -361,9 +359,7 @@ def _call(source: RewardSource, call: Call, run: Callable[..., Any]) -> Any:
             try:
                 source.score([prompts[i]], [completion], {c: [v[i]] for c, v in columns.items()}, **single)
             except Exception as error:
-                raise sample_error(
-                    source.name, i, completion, f"raised {type(error).__name__}: {error}"
-                ) from error
+                raise sample_error(source.name, i, completion, f"raised {type(error).__name__}: {error}") from error
         raise RewardError(
             f"reward {source.name!r} raised {type(batch_error).__name__}: {batch_error} on a batch of "
             f"{len(completions)}, but every sample scores fine alone"
@@ -432,9 +428,7 @@ def _validate(name: str, raw: Any, completions: list[str]) -> torch.Tensor:
             continue
         # bool is an int: True/False score as 1/0. numbers.Real also admits numpy scalars.
         if not isinstance(value, numbers.Real):
-            raise sample_error(
-                name, i, completions[i], f"score {value!r} is a {type(value).__name__}, not a number"
-            )
+            raise sample_error(name, i, completions[i], f"score {value!r} is a {type(value).__name__}, not a number")
         value = float(value)
         if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:  # the latter would become inf in the matrix
             raise sample_error(

@@ -97,17 +97,13 @@ class FunctionReward:
         """
         target, sep, attribute = spec.rpartition(":")
         if not sep or not target or not attribute:
-            raise RewardError(
-                f"reward spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`"
-            )
+            raise RewardError(f"reward spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`")
         module = _load_file(target, spec) if target.endswith(".py") else _load_module(target, spec)
         obj: Any = module
         for part in attribute.split("."):
             if not hasattr(obj, part):
                 found = ", ".join(_public_callables(module)) or "none"
-                raise RewardError(
-                    f"reward {spec!r}: {target} has no attribute {attribute!r}; its callables: {found}"
-                )
+                raise RewardError(f"reward {spec!r}: {target} has no attribute {attribute!r}; its callables: {found}")
             obj = getattr(obj, part)
         if not callable(obj):
             raise RewardError(f"reward {spec!r}: {attribute!r} is a {type(obj).__name__}, not a callable")
@@ -157,8 +153,10 @@ class FunctionReward:
         context = context or RewardContext()
         log_metric, log_extra = log or RewardLog(len(completions)).callbacks(self.name)
         if context.messages is not None and any(m is not None for m in context.messages):
-            prompts = [m if m is not None else [{"role": "user", "content": p}]
-                       for p, m in zip(prompts, context.messages, strict=True)]  # fmt: skip
+            prompts = [
+                m if m is not None else [{"role": "user", "content": p}]
+                for p, m in zip(prompts, context.messages, strict=True)
+            ]
             completions = [[{"role": "assistant", "content": c}] for c in completions]
         kwargs = {
             "prompts": prompts,
@@ -214,9 +212,7 @@ def _load_file(target: str, spec: str) -> ModuleType:
         module_spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[module_name]
-        raise RewardError(
-            f"reward {spec!r}: importing {resolved} failed: {type(error).__name__}: {error}"
-        ) from error
+        raise RewardError(f"reward {spec!r}: importing {resolved} failed: {type(error).__name__}: {error}") from error
     return module
 
 

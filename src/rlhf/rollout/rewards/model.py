@@ -188,9 +188,7 @@ class RewardModelReward:
             ensure_pad_token(tokenizer)
             model = loader(build) if loader is not None else build("cpu")
         except Exception as error:
-            raise RewardError(
-                f"reward model {spec!r}: cannot load: {type(error).__name__}: {error}"
-            ) from error
+            raise RewardError(f"reward model {spec!r}: cannot load: {type(error).__name__}: {error}") from error
         return cls(
             model,
             tokenizer,

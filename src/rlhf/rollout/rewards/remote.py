@@ -54,9 +54,7 @@ class HttpReward:
         self.timeout, self.tries, self.backoff = float(timeout), int(tries), float(backoff)
         self.headers = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
 
-    def score(
-        self, prompts: list[str], completions: list[str], columns: dict[str, list]
-    ) -> list[float | None]:
+    def score(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[float | None]:
         body = {key: value for key, value in columns.items() if key not in ("prompts", "completions")}
         body |= {"prompts": prompts, "completions": completions}
         try:
@@ -100,9 +98,7 @@ def _check_number(url: str, i: int, value: object) -> None:
             "expected a number, or null for a completion that cannot be scored"
         )
     if not math.isfinite(value):
-        raise RewardError(
-            f'reward {url}: "rewards"[{i}] is {value}; send null for a completion that cannot be scored'
-        )
+        raise RewardError(f'reward {url}: "rewards"[{i}] is {value}; send null for a completion that cannot be scored')
 
 
 def _json_type(value: object) -> str:
