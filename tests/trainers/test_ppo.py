@@ -290,7 +290,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     mask = torch.ones_like(ids)
     expected = score_response_tokens(base, ids, mask, 4, 1.0).logprobs
     torch.testing.assert_close(models.reference.logprobs(ids, mask, 4, 1.0), expected, rtol=0, atol=1e-6)
-    policy_logprobs, _, _ = models.score(ids, mask, 4, 1.0)
+    policy_logprobs, _, _ = models.trainable.forward(ids, mask, 4, 1.0)
     assert (policy_logprobs - expected).abs().max() > 1e-3  # the adapter is on outside reference.logprobs
 
 

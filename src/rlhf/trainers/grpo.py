@@ -64,25 +64,11 @@ MAX_SAMPLING_ROUNDS = 4
 
 
 @dataclass(frozen=True)
-class Rollout:
-    """What the update needs about one sampled batch; all tensors (B, ·) on the training device.
+class Rollout(rl.Rollout):
+    """`rl.Rollout` (``logprobs`` None when the update is `on_policy`, ``ref_logprobs`` None with ``kl.coef: 0``;
+    ``advantages`` 0 outside ``mask``) with ``mask`` (B, T) bool, the tokens of the loss."""
 
-    query_responses, attention_mask: (B, C+T) long.  logprobs: (B, T) float32 at the sampling temperature,
-    INVALID_LOGPROB at padding, or None when the update is `on_policy`.  ref_logprobs: the same under the
-    reference, or None (``kl_coef: 0``).  advantages: (B, T) float32, 0 outside ``mask``.  mask: (B, T)
-    bool, the tokens of the loss.
-    """
-
-    query_responses: torch.Tensor
-    attention_mask: torch.Tensor
-    logprobs: torch.Tensor | None
-    ref_logprobs: torch.Tensor | None
-    advantages: torch.Tensor
     mask: torch.Tensor
-
-    @property
-    def response_length(self) -> int:
-        return self.mask.shape[1]
 
 
 class GRPO:
@@ -149,36 +135,10 @@ def sample_groups(
     generator: torch.Generator,
     trainer_state: Any = None,
 ) -> rl.Sampled:
-    """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties.
-    Under torchrun each rank samples and scores its share of the prompts (whole groups); every rank returns
-    the whole batch."""
-    G, d = config.grpo.group_size, inputs.d
-    generated = generation.generate(
-        models.policy,
-        inputs.tokenizer,
-        batch,
-        inputs.sampling,
-        inputs.stops,
-        generator,
-        d.device,
-        repeat=G,
-        d=d,
-    )
-    columns = {name: generation.repeat_each(values, G) for name, values in batch.columns.items()}
-    prompts = generation.repeat_each(batch.texts, G)
-    context = scoring.reward_context(batch, generated, repeat=G, trainer_state=trainer_state)
-    scores = scoring.score(
-        inputs.rewards,
-        prompts,
-        generated.completions,
-        columns,
-        config.reward.aggregation,
-        group_size=G,
-        token_ids=generated.token_ids,
-        context=context,
-        d=d,
-    )
-    return rl.Sampled(generated, scores, shaped_rewards(config, scores.combined, generated), prompts)
+    """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), penalties."""
+    G = config.grpo.group_size
+    sampled = rl.sample_and_score(config, inputs, models.policy, batch, generator, trainer_state, repeat=G)
+    return dataclasses.replace(sampled, rewards=shaped_rewards(config, sampled.scores.combined, sampled.generated))
 
 
 def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: generation.Generated) -> torch.Tensor:
@@ -310,7 +270,7 @@ def make_rollout(
         # kl/mean: per-sequence Σ (log π − log π_ref) over the loss tokens, averaged over scored sequences
         stats["kl/mean"] = masked_sum(logprobs - ref, loss_mask, dim=-1)[scored].mean().item()
         stats["kl/estimator_mean"] = masked_sum(kl, loss_mask, dim=-1)[scored].mean().item()
-    return Rollout(ids, mask, logprobs, ref, advantages, loss_mask), stats
+    return Rollout(ids, mask, logprobs, ref, advantages, mask=loss_mask), stats
 
 
 def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
@@ -327,7 +287,6 @@ def grpo_update(
     minibatches (one optimizer step each) of micro-batches whose losses use the minibatch's global
     denominators, so accumulation (and the ranks) give exactly the minibatch's gradient
     (`rlhf.trainers.update`). ``clipped`` False: the unclipped loss of the warm-up (``grpo.warmup_pg_steps``)."""
-    B, T = rollout.query_responses.shape[0], rollout.response_length
 
     def step(micro: update.MicroBatch, minibatch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         denominators = {
@@ -337,19 +296,8 @@ def grpo_update(
         }
         return micro_step(config, models, rollout, micro, denominators, clipped)
 
-    result = update.update_passes(
-        passes=config.grpo.num_iterations,
-        num_rows=B,
-        minibatch_size=config.minibatch_size,
-        shuffle=state.generators["shuffle"],
-        unit=config.grpo.group_size,
-        plan=rl.micro_plan(config, rollout.attention_mask, T),
-        step=step,
-        trainable=models.trainable,
-        optimizer=state.optimizer,
-        scheduler=state.scheduler,
-        max_grad_norm=config.optim.max_grad_norm,
-    )
+    passes, unit = config.grpo.num_iterations, config.grpo.group_size
+    result = rl.update_passes(config, models, rollout, state, passes=passes, unit=unit, step=step)
     result["policy/clipped"] = float(clipped)
     return result
 
@@ -368,7 +316,7 @@ def micro_step(
     cols = micro.columns(rollout.query_responses.shape[1] - rollout.response_length)
     ids, mask = rollout.query_responses[rows, cols], rollout.attention_mask[rows, cols]
     loss_mask = rollout.mask[rows, :t]
-    logprobs, _, entropy = models.score(
+    logprobs, _, entropy = models.trainable.forward(
         ids, mask, t, config.sampling.temperature, entropy=True, entropy_grad=config.grpo.entropy_coef != 0
     )
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1

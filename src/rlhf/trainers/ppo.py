@@ -41,7 +41,7 @@ from rlhf.core.sequences import penalize_missing_eos, response_masks, score_inde
 from rlhf.models.critic import load_critic
 from rlhf.models.policy import ScoredTokens, ValueHead
 from rlhf.models.sharding import load_sharded, shard_small
-from rlhf.rollout import generation, scoring
+from rlhf.rollout import generation
 from rlhf.rollout.rewards import RewardModelReward
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
@@ -50,29 +50,16 @@ from rlhf.trainers import rl, update
 
 
 @dataclass(frozen=True)
-class Rollout:
-    """Everything the update needs about one sampled batch; all tensors (B, ·) on the training device.
+class Rollout(rl.Rollout):
+    """`rl.Rollout` (old and reference log-probs always present) with the value function's side: ``values`` (B, T)
+    float32, 0 beyond padding_mask_p1; ``returns`` (B, T) float32; ``policy_mask`` / ``value_mask`` (B, T) bool,
+    the tokens of the policy loss (~padding_mask) and of the value loss (~padding_mask_p1), both False for
+    unscored samples."""
 
-    query_responses, attention_mask: (B, C+T) long; T = response columns.
-    logprobs, ref_logprobs: (B, T) float32 at the sampling temperature, INVALID_LOGPROB at padding.
-    values: (B, T) float32, 0 beyond padding_mask_p1.  advantages, returns: (B, T) float32.
-    policy_mask / value_mask: (B, T) bool, the tokens of the policy loss (~padding_mask) and of the value loss
-    (~padding_mask_p1), both False for unscored samples.
-    """
-
-    query_responses: torch.Tensor
-    attention_mask: torch.Tensor
-    logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor
     values: torch.Tensor
-    advantages: torch.Tensor
     returns: torch.Tensor
     policy_mask: torch.Tensor
     value_mask: torch.Tensor
-
-    @property
-    def response_length(self) -> int:
-        return self.logprobs.shape[1]
 
 
 class PPO:
@@ -86,31 +73,8 @@ class PPO:
         self.kl_coef = config.kl.coef
 
     def sample(self, stream: Any, generator: torch.Generator, trainer_state: Any) -> rl.Sampled:
-        """Phases 1-2: roll out the current policy (each rank its share of the prompts; every rank gets all
-        responses) and score the finished responses."""
-        inputs, batch = self.inputs, next(stream)
-        generated = generation.generate(
-            self.models.policy,
-            inputs.tokenizer,
-            batch,
-            inputs.sampling,
-            inputs.stops,
-            generator,
-            inputs.d.device,
-            d=inputs.d,
-        )
-        context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
-        scores = scoring.score(
-            inputs.rewards,
-            batch.texts,
-            generated.completions,
-            batch.columns,
-            self.config.reward.aggregation,
-            token_ids=generated.token_ids,
-            context=context,
-            d=inputs.d,
-        )
-        return rl.Sampled(generated, scores, scores.combined, batch.texts)
+        """Phases 1-2: roll out the current policy, one response per prompt, and score the finished responses."""
+        return rl.sample_and_score(self.config, self.inputs, self.models.policy, next(stream), generator, trainer_state)
 
     def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
         """Phases 3-6: old/ref log-probs and values, KL-shaped rewards, GAE and whitening; K epochs of clipped
@@ -194,16 +158,10 @@ def critic_layout(critic: str, reward_model_critic: bool) -> str:
 
 def policy_frozen(config: PPOConfig, step: int, d: Dist = SINGLE) -> bool:
     """Whether ``step`` is one of the critic warm-up's value-only steps (``ppo.critic_warmup_steps``): the policy's
-    parameters are held. The main rank says on stderr when the warm-up starts and ends."""
+    parameters are held."""
     warmup = config.ppo.critic_warmup_steps
-    if warmup and d.is_main and step in (1, warmup + 1):
-        what = (
-            f"steps 1-{warmup} fit the value function only; the policy is held (critic_warmup_steps={warmup})"
-            if step == 1
-            else f"step {step}: the critic warm-up is over; the policy trains"
-        )
-        print(what, file=sys.stderr)
-    return step <= warmup
+    during = f"fit the value function only; the policy is held (critic_warmup_steps={warmup})"
+    return rl.in_warmup(step, warmup, d, during, "the critic warm-up is over; the policy trains")
 
 
 @distributed.entry
@@ -230,7 +188,7 @@ def training_forward(
     """An update's forward: log-probs and values with gradients, and the entropy (with gradients only when it
     is in the loss)."""
     entropy_grad = config.ppo.entropy_coef != 0
-    return models.score(ids, mask, T, config.sampling.temperature, entropy=True, entropy_grad=entropy_grad)
+    return models.trainable.forward(ids, mask, T, config.sampling.temperature, entropy=True, entropy_grad=entropy_grad)
 
 
 @torch.no_grad()
@@ -308,7 +266,17 @@ def make_rollout(
         "value/mean": masked_mean(values, value_mask).item(),
         "returns/mean": masked_mean(returns, value_mask).item(),
     }
-    rollout = Rollout(ids, mask, logprobs, ref_logprobs, values, advantages, returns, policy_mask, value_mask)
+    rollout = Rollout(
+        ids,
+        mask,
+        logprobs,
+        ref_logprobs,
+        advantages,
+        values=values,
+        returns=returns,
+        policy_mask=policy_mask,
+        value_mask=value_mask,
+    )
     return rollout, stats, first
 
 
@@ -331,7 +299,6 @@ def ppo_update(
     ``frozen``: a critic warm-up step (``ppo.critic_warmup_steps``): the loss is the value loss alone and the
     policy's parameters are held (their gradients, which a shared trunk still gets from the value loss, are
     dropped before each optimizer step)."""
-    B, T = rollout.logprobs.shape
 
     def step(
         micro: update.MicroBatch, minibatch: torch.Tensor, forward: ScoredTokens | None = None
@@ -341,20 +308,8 @@ def ppo_update(
         return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward, clipped, frozen)
 
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
-    result = update.update_passes(
-        passes=config.ppo.epochs,
-        num_rows=B,
-        minibatch_size=config.minibatch_size,
-        shuffle=state.generators["shuffle"],
-        unit=1,
-        plan=rl.micro_plan(config, rollout.attention_mask, T),
-        step=step,
-        trainable=models.trainable,
-        optimizer=state.optimizer,
-        scheduler=state.scheduler,
-        max_grad_norm=config.optim.max_grad_norm,
-        held=held,
-        first=first,
+    result = rl.update_passes(
+        config, models, rollout, state, passes=config.ppo.epochs, unit=1, step=step, held=held, first=first
     )
     result["policy/clipped"] = float(clipped)
     result["policy/frozen"] = float(frozen)

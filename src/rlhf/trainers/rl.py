@@ -17,7 +17,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,6 +72,24 @@ class Sampled:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rollout:
+    """What an update needs about one sampled batch, on the training device: ``query_responses`` and
+    ``attention_mask`` (B, C+T) long; ``logprobs`` and ``ref_logprobs`` (B, T) float32 at the sampling temperature,
+    INVALID_LOGPROB at padding (None: taken from the training forward, or no reference); ``advantages`` (B, T)
+    float32. Each algorithm adds its own fields."""
+
+    query_responses: torch.Tensor
+    attention_mask: torch.Tensor
+    logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    advantages: torch.Tensor
+
+    @property
+    def response_length(self) -> int:
+        return self.advantages.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
 class ValueFunction:
     """PPO's value function: a ``head`` on the policy's trunk, or a separate ``critic`` (``load``: builds it on a
     device, for the unsharded copy of ``final/``)."""
@@ -104,20 +122,9 @@ class Models:
             compile_models([self.policy, copy, self.value.critic], d.device)
         self.trainable = update.Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)
 
-    def score(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        T: int,
-        temperature: float,
-        entropy: bool = False,
-        entropy_grad: bool = True,
-    ) -> ScoredTokens:
-        """A training forward (through the gradient-synchronising wrapper under torchrun)."""
-        return self.trainable.forward(ids, mask, T, temperature, entropy, entropy_grad)
-
     def old_scores(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> ScoredTokens:
-        """The same forward without gradients, on the plain module (no collective)."""
+        """The rollout's forward without gradients, on the plain module (no collective); a training forward is
+        ``trainable.forward`` (through the gradient-synchronising wrapper under torchrun)."""
         return self.trainable.module(ids, mask, T, temperature)
 
     def value_module(self) -> nn.Module | None:
@@ -272,6 +279,51 @@ def prompts(config: PolicyGradientConfig, tokenizer: Any) -> tuple[list, list]:
     return held_out(train, n, seed=config.run.seed)
 
 
+def sample_and_score(
+    config: PolicyGradientConfig,
+    inputs: Inputs,
+    policy: nn.Module,
+    batch: PromptBatch,
+    generator: torch.Generator,
+    trainer_state: Any,
+    *,
+    repeat: int = 1,
+    max_rows: int | None = None,
+) -> Sampled:
+    """Answer ``batch`` with ``policy`` (``repeat`` answers per prompt, consecutive rows; at most ``max_rows`` in
+    one forward) and score the answers (GDPO within each prompt's ``repeat`` rows). Under torchrun each rank
+    samples and scores its share of the prompts; every rank returns the whole batch. The rewards learnt from are
+    the combined scores."""
+    d = inputs.d
+    generated = generation.generate(
+        policy,
+        inputs.tokenizer,
+        batch,
+        inputs.sampling,
+        inputs.stops,
+        generator,
+        d.device,
+        repeat=repeat,
+        d=d,
+        max_rows=max_rows,
+    )
+    prompts = generation.repeat_each(batch.texts, repeat)
+    columns = {name: generation.repeat_each(values, repeat) for name, values in batch.columns.items()}
+    context = scoring.reward_context(batch, generated, repeat=repeat, trainer_state=trainer_state)
+    scores = scoring.score(
+        inputs.rewards,
+        prompts,
+        generated.completions,
+        columns,
+        config.reward.aggregation,
+        group_size=repeat,
+        token_ids=generated.token_ids,
+        context=context,
+        d=d,
+    )
+    return Sampled(generated, scores, scores.combined, prompts)
+
+
 def micro_plan(config: PolicyGradientConfig, mask: torch.Tensor, T: int) -> Callable[[torch.Tensor], list]:
     """``rows → micro-batches`` under ``batch.micro_size`` and ``batch.micro_tokens``, padding cut: the same plan
     for the rollout's passes and every update, so the first update's ratio is exactly 1 (checklist item 34)."""
@@ -279,18 +331,54 @@ def micro_plan(config: PolicyGradientConfig, mask: torch.Tensor, T: int) -> Call
     return lambda rows: update.plan_micro_batches(rows, mask, T, size, budget)
 
 
+def update_passes(
+    config: PolicyGradientConfig,
+    models: Models,
+    rollout: Rollout,
+    state: TrainState,
+    *,
+    passes: int,
+    unit: int,
+    step: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+    held: Sequence[nn.Parameter] = (),
+    first: ScoredTokens | None = None,
+) -> dict[str, float]:
+    """``passes`` passes over ``rollout`` (`rlhf.trainers.update.update_passes`): minibatches of
+    ``config.minibatch_size`` rows (``unit`` rows share a rank), one optimizer step each, in the micro-batches of
+    :func:`micro_plan`; ``step(micro, minibatch)`` is the algorithm's loss of one micro-batch."""
+    return update.update_passes(
+        passes=passes,
+        num_rows=rollout.query_responses.shape[0],
+        minibatch_size=config.minibatch_size,
+        shuffle=state.generators["shuffle"],
+        unit=unit,
+        plan=micro_plan(config, rollout.attention_mask, rollout.response_length),
+        step=step,
+        trainable=models.trainable,
+        optimizer=state.optimizer,
+        scheduler=state.scheduler,
+        max_grad_norm=config.optim.max_grad_norm,
+        held=held,
+        first=first,
+    )
+
+
+def in_warmup(step: int, steps: int, d: Dist, during: str, after: str) -> bool:
+    """Whether ``step`` is one of the first ``steps`` of a warm-up; the main rank says on stderr when it starts
+    (``steps 1-N {during}``) and when it is over (``step N+1: {after}``)."""
+    if steps and d.is_main and step in (1, steps + 1):
+        print(f"steps 1-{steps} {during}" if step == 1 else f"step {step}: {after}", file=sys.stderr)
+    return step <= steps
+
+
 def clipped_objective(config: PolicyGradientConfig, step: int, d: Dist = SINGLE) -> bool:
     """Whether ``step`` trains on the clipped surrogate, or on the unclipped policy-gradient loss of the warm-up
-    (the first ``warmup_pg_steps`` steps). The main rank says on stderr when the warm-up starts and ends."""
+    (the first ``warmup_pg_steps`` steps)."""
     warmup = config.algorithm.warmup_pg_steps
-    if warmup and d.is_main and step in (1, warmup + 1):
-        what = (
-            f"steps 1-{warmup} use the vanilla policy-gradient loss (warmup_pg_steps={warmup})"
-            if step == 1
-            else f"step {step}: the vanilla policy-gradient warm-up is over; the clipped objective takes over"
-        )
-        print(what, file=sys.stderr)
-    return step > warmup
+    during = f"use the vanilla policy-gradient loss (warmup_pg_steps={warmup})"
+    return not in_warmup(
+        step, warmup, d, during, "the vanilla policy-gradient warm-up is over; the clipped objective takes over"
+    )
 
 
 def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats: dict[str, float]) -> dict:
@@ -365,34 +453,15 @@ def evaluate(
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
     ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
     share; the rows are gathered. ``trainer_state``: what reward functions get as ``trainer_state``."""
-    d = inputs.d
-    generator = torch.Generator(d.device).manual_seed(config.run.seed + 2)
+    generator = torch.Generator(inputs.d.device).manual_seed(config.run.seed + 2)
     batch = PromptBatch.of(inputs.eval_prompts, range(len(inputs.eval_prompts)))
-    generated = generation.generate(
-        policy,
-        inputs.tokenizer,
-        batch,
-        inputs.sampling,
-        inputs.stops,
-        generator,
-        d.device,
-        d=d,
-        max_rows=config.effective_micro_batch_size,
+    answered = sample_and_score(
+        config, inputs, policy, batch, generator, trainer_state, max_rows=config.effective_micro_batch_size
     )
-    context = scoring.reward_context(batch, generated, trainer_state=trainer_state)
-    scores = scoring.score(
-        inputs.rewards,
-        batch.texts,
-        generated.completions,
-        batch.columns,
-        config.reward.aggregation,
-        token_ids=generated.token_ids,
-        context=context,
-        d=d,
-    )
-    if d.is_main:
-        samples.write_samples(Path(config.output_dir), step, batch.texts, generated.completions, scores)
-    return scoring.reward_metrics(scores, prefix="eval/reward")
+    if inputs.d.is_main:
+        completions = answered.generated.completions
+        samples.write_samples(Path(config.output_dir), step, batch.texts, completions, answered.scores)
+    return scoring.reward_metrics(answered.scores, prefix="eval/reward")
 
 
 def doctor_stops(config: PolicyGradientConfig, logger: MetricsLogger | NoLogger, d: Dist = SINGLE) -> bool:
