@@ -305,7 +305,18 @@ def ppo_update(
     ) -> tuple[torch.Tensor, dict[str, float]]:
         n_policy = rollout.policy_mask[minibatch].sum().clamp(min=1)
         n_value = rollout.value_mask[minibatch].sum().clamp(min=1)
-        return micro_step(config, models, rollout, micro, n_policy, n_value, kl_coef, forward, clipped, frozen)
+        return micro_step(
+            config,
+            models,
+            rollout,
+            micro,
+            n_policy=n_policy,
+            n_value=n_value,
+            kl_coef=kl_coef,
+            forward=forward,
+            clipped=clipped,
+            frozen=frozen,
+        )
 
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
     result = rl.update_passes(
@@ -322,6 +333,7 @@ def micro_step(
     models: rl.Models,
     rollout: Rollout,
     micro: update.MicroBatch,
+    *,
     n_policy: torch.Tensor,
     n_value: torch.Tensor,
     kl_coef: float,

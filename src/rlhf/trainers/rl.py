@@ -218,7 +218,17 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             stats |= algorithm.after_step(stats)  # 4. e.g. PPO's β for the next step
             metrics = step_metrics(step, sampled, state.scheduler.get_last_lr()[0], watch, stats)
             trainer_state = make_trainer_state(config, step, stream)
-            end_step(config, inputs, models.policy, logger, step, metrics, trainer_state, sampled)  # 5.
+            # 5. completions, held-out answers and the row, when due
+            end_step(
+                config,
+                inputs,
+                models.policy,
+                logger,
+                step=step,
+                metrics=metrics,
+                trainer_state=trainer_state,
+                sampled=sampled,
+            )
             progress.update(step, metrics)
             stop = doctor_stops(config, logger, d)  # 6. doctor.stop_on: a finding that severe started
             if stop or (config.run.save_every and step % config.run.save_every == 0):  # 7.
@@ -403,6 +413,7 @@ def end_step(
     inputs: Inputs,
     policy: nn.Module,
     logger: MetricsLogger | NoLogger,
+    *,
     step: int,
     metrics: dict[str, Any],
     trainer_state: Any,
