@@ -52,12 +52,7 @@ def main() -> None:
     import datasets
     import transformers
     import trl
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        TrainerCallback,
-    )
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
     after_import = peak_rss_mb()
     sequences = spec["batch_size"] * spec.get("group_size", 1)

@@ -114,9 +114,7 @@ def median_after_warmup(values: list[float], warmup: int = WARMUP_STEPS) -> floa
 
 
 def summarize(
-    steps: list[dict[str, float]],
-    warmup: int = WARMUP_STEPS,
-    phase_peaks: list[dict[str, float]] | None = None,
+    steps: list[dict[str, float]], warmup: int = WARMUP_STEPS, phase_peaks: list[dict[str, float]] | None = None
 ) -> dict[str, Any]:
     """Per-run numbers from per-step records.
 

@@ -30,11 +30,7 @@ CHILD = HERE / "child_scaling.py"
 CASES = {
     "ppo-3m": {"algo": "ppo", "size": "3m", "settings": {**bench.PPO, "max_new_tokens": 32}},
     "ppo-25m": {"algo": "ppo", "size": "25m", "settings": {**bench.PPO, "max_new_tokens": 32}},
-    "grpo-3m": {
-        "algo": "grpo",
-        "size": "3m",
-        "settings": {**bench.GRPO, "batch_size": 8, "max_new_tokens": 32},
-    },
+    "grpo-3m": {"algo": "grpo", "size": "3m", "settings": {**bench.GRPO, "batch_size": 8, "max_new_tokens": 32}},
 }
 LAYOUTS = {"1 process": (1, "auto"), "2 ranks DDP": (2, "ddp"), "2 ranks FSDP2": (2, "fsdp")}
 """label → (processes, parallelism)."""

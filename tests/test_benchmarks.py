@@ -290,10 +290,7 @@ def test_run_case_interleaves_repeats_and_renders_from_results(monkeypatch, tmp_
     assert ours["summary"]["phase_peak_mb"] == {"rollout": 500.45, "logprobs": 510.0, "train": 560.0}
     assert ours["summary"]["rss_start_mb"] == 400.0 and "total" in ours["summary"]["memory_model_mb"]
     assert ours["vs_peer"]["speed"] == pytest.approx(0.6 / 0.45)
-    assert (ours["vs_peer"]["speed_min"], ours["vs_peer"]["speed_max"]) == (
-        pytest.approx(1.2),
-        pytest.approx(1.6),
-    )
+    assert (ours["vs_peer"]["speed_min"], ours["vs_peer"]["speed_max"]) == (pytest.approx(1.2), pytest.approx(1.6))
 
     results = {"format": measure.RESULTS_FORMAT, "quick": False, "steps": 4, "repeats": 3,
                "machine": {"cpu": "CPU", "cores": 2, "threads": 1, "peak_fp32_gflops": 1.0, "torch": "2",

@@ -123,12 +123,7 @@ def test_dispatch_passes_the_merged_config_to_run(tmp_path: Path, fake_runner: l
     assert cli.main(["ppo", "--config", str(path), "--ppo.num_minibatches", "2", "--ppo.steps", "5"]) == 0
     (config,) = fake_runner
     assert isinstance(config, PPOConfig)
-    assert (config.batch.size, config.ppo.num_minibatches, config.steps, config.model.name) == (
-        8,
-        2,
-        5,
-        "models/sft",
-    )
+    assert (config.batch.size, config.ppo.num_minibatches, config.steps, config.model.name) == (8, 2, 5, "models/sft")
 
 
 def test_config_flag_with_equals_sign(tmp_path: Path, fake_runner: list[object]) -> None:
@@ -184,17 +179,9 @@ def test_refusals_exit_2_with_one_line(args: list[str], expected: str, capsys: p
     [
         ({"kl.coeff": 0.1}, [], "unknown key 'kl.coeff'; did you mean 'kl.coef'?"),
         ({"batch.size": "eight"}, [], "batch.size='eight': input should be a valid integer"),
-        (
-            {"batch.size": 8, "ppo.num_minibatches": 3},
-            [],
-            "ppo.num_minibatches=3 does not divide batch.size=8",
-        ),
+        ({"batch.size": 8, "ppo.num_minibatches": 3}, [], "ppo.num_minibatches=3 does not divide batch.size=8"),
         ({}, ["--optim.learning_rate", "-1"], "optim.learning_rate=-1.0: input should be greater than 0"),
-        (
-            {"reward.source": [{"source": "a.py:f"}, {"source": "b.py:f"}]},
-            [],
-            "give each reward a distinct `name`",
-        ),
+        ({"reward.source": [{"source": "a.py:f"}, {"source": "b.py:f"}]}, [], "give each reward a distinct `name`"),
     ],
 )
 def test_config_refusals_exit_2_before_any_work(
@@ -212,8 +199,7 @@ def test_config_refusals_exit_2_before_any_work(
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [["--kl.estimator", "k4"], ["--ppo.steps", "many"], ["--no_such_field", "1"], ["--model.lora", "[1"]],
+    "flags", [["--kl.estimator", "k4"], ["--ppo.steps", "many"], ["--no_such_field", "1"], ["--model.lora", "[1"]]
 )
 def test_malformed_flags_exit_2(
     tmp_path: Path, flags: list[str], fake_runner: list[object], capsys: pytest.CaptureFixture[str]
@@ -319,11 +305,7 @@ def test_libraries_are_quiet_during_a_run_unless_verbose(
             warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rlhf_test_ours")
         messages = [str(w.message) for w in caught]
         seen.append(
-            (
-                hf_logging.is_progress_bar_enabled(),
-                logging.getLogger("transformers").level,
-                "deprecated" in messages,
-            )
+            (hf_logging.is_progress_bar_enabled(), logging.getLogger("transformers").level, "deprecated" in messages)
         )
         assert "ours" in messages
 
@@ -332,7 +314,4 @@ def test_libraries_are_quiet_during_a_run_unless_verbose(
     assert cli.main(["ppo", "--config", str(write_config(tmp_path)), *flags]) == 0
     bars, level, library_warning = seen[0]
     assert bars is not quiet and (level == logging.ERROR) is quiet and library_warning is not quiet
-    assert (
-        hf_logging.is_progress_bar_enabled(),
-        logging.getLogger("transformers").level,
-    ) == before  # restored
+    assert (hf_logging.is_progress_bar_enabled(), logging.getLogger("transformers").level) == before  # restored

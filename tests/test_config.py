@@ -53,20 +53,12 @@ REQUIRED: dict[str, dict[str, object]] = {
         "output_dir": "runs/g",
     },
     "sample": {"model": {"name": "models/sft"}, "prompts": "data/p.jsonl", "output": "samples.jsonl"},
-    "eval": {
-        "model": {"name": "runs/ppo/final"},
-        "eval_data": "data/heldout.jsonl",
-        "reward": {"source": "models/rm"},
-    },
+    "eval": {"model": {"name": "runs/ppo/final"}, "eval_data": "data/heldout.jsonl", "reward": {"source": "models/rm"}},
     "demo": {},
     "report": {"run_dir": "runs/ppo"},
     "doctor": {"run_dir": "runs/ppo"},
     "label": {"pairs": "pairs.jsonl", "out": "prefs.jsonl"},
-    "dpo": {
-        "output_dir": "runs/dpo",
-        "model": {"name": "runs/sft/final"},
-        "data": {"train": "data/prefs.jsonl"},
-    },
+    "dpo": {"output_dir": "runs/dpo", "model": {"name": "runs/sft/final"}, "data": {"train": "data/prefs.jsonl"}},
 }
 
 
@@ -114,12 +106,7 @@ def test_a_section_in_yaml_keeps_the_commands_other_defaults(tmp_path: Path) -> 
     # grpo's own sampling default (256 new tokens) survives a file that sets only the temperature
     cfg = load_config("grpo", write_yaml(tmp_path, with_required("grpo", {"sampling.temperature": 0.9})))
     assert (cfg.sampling.temperature, cfg.sampling.max_new_tokens) == (0.9, 256)
-    assert (cfg.kl.coef, cfg.kl.add_to, cfg.batch.size, cfg.grpo.whiten_advantages) == (
-        0.0,
-        "loss",
-        16,
-        False,
-    )
+    assert (cfg.kl.coef, cfg.kl.add_to, cfg.batch.size, cfg.grpo.whiten_advantages) == (0.0, "loss", 16, False)
 
 
 def test_precedence_defaults_then_yaml_then_command_line(tmp_path: Path) -> None:
@@ -152,11 +139,7 @@ def test_flags_accept_dashes_and_underscores_and_boolean_pairs(tmp_path: Path) -
     [
         (["--run.progress", "false", "--run.resume", "true"], False, True),
         (["--run.progress=False", "--run.resume=yes"], False, True),
-        (
-            ["--run.progress", "0", "--ppo.steps", "3"],
-            False,
-            False,
-        ),  # the value is taken, the next flag stays
+        (["--run.progress", "0", "--ppo.steps", "3"], False, False),  # the value is taken, the next flag stays
         (["--run.progress", "--run.resume"], True, True),  # bare flags, as before
         (["--run.no_progress"], False, False),
     ],
@@ -258,11 +241,7 @@ def test_unknown_key_inside_nested_mappings(tmp_path: Path) -> None:
         ("optim.learning_rate", "fast", "optim.learning_rate='fast': input should be a valid number"),
         ("run.resume", "maybe", "run.resume='maybe': input should be a valid boolean"),
         ("ppo.critic", "both", "ppo.critic='both': input should be 'auto', 'shared' or 'separate'"),
-        (
-            "run.report_to",
-            ["jsonl", "mlflow"],
-            "run.report_to[1]='mlflow': input should be 'jsonl', 'tensorboard'",
-        ),
+        ("run.report_to", ["jsonl", "mlflow"], "run.report_to[1]='mlflow': input should be 'jsonl', 'tensorboard'"),
         ("model.lora", 5, "model.lora=5: input should be a dictionary or an instance of LoRAConfig"),
         ("reward.source", 3, "reward.source=3: expected a source string or a list of {source, weight, name}"),
         ("data.eval", 3, "data.eval=3: input should be a valid string"),
@@ -316,34 +295,18 @@ IMPOSSIBLE = [
     ("ppo", {"model.lora": {"r": 0}}, "model.lora.r=0: input should be greater than or equal to 1"),
     ("ppo", {"run.resume": True, "run.overwrite": True}, "run.resume and run.overwrite are both set"),
     ("grpo", {"grpo.group_size": 1}, "grpo.group_size=1: input should be greater than or equal to 2"),
-    (
-        "grpo",
-        {"grpo.estimator": "rloo", "grpo.scale_rewards": "batch"},
-        "applies to grpo.estimator='grpo' only",
-    ),
+    ("grpo", {"grpo.estimator": "rloo", "grpo.scale_rewards": "batch"}, "applies to grpo.estimator='grpo' only"),
     (
         "grpo",
         {"batch.size": 3, "grpo.group_size": 2, "grpo.num_minibatches": 4},
         "grpo: grpo.num_minibatches=4 does not divide the 6 sequences of an iteration",
     ),
-    (
-        "grpo",
-        {"grpo.overlong_buffer": 300, "sampling.max_new_tokens": 256},
-        "grpo.overlong_buffer=300 must be below",
-    ),
-    (
-        "sft",
-        {"batch.size": 10, "batch.micro_size": 4},
-        "sft: batch.micro_size=4 does not divide batch.size=10",
-    ),
+    ("grpo", {"grpo.overlong_buffer": 300, "sampling.max_new_tokens": 256}, "grpo.overlong_buffer=300 must be below"),
+    ("sft", {"batch.size": 10, "batch.micro_size": 4}, "sft: batch.micro_size=4 does not divide batch.size=10"),
     ("rm", {"rm.epochs": 0}, "rm: rm.epochs=0: input should be greater than or equal to 1"),
     ("rm", {"normalize.prompts": "p.jsonl"}, "normalize.prompts is set but normalize.policy is None"),
     ("sample", {"num_samples": 0}, "sample: num_samples=0: input should be greater than or equal to 1"),
-    (
-        "sample",
-        {"mode": "pairs", "num_samples": 1},
-        "num_samples=1 is out of range; it must be ≥ 2 with mode='pairs'",
-    ),
+    ("sample", {"mode": "pairs", "num_samples": 1}, "num_samples=1 is out of range; it must be ≥ 2 with mode='pairs'"),
     ("sample", {"mode": "preferences"}, "mode='preferences' needs a judge"),
     ("eval", {"sampling.top_k": -1}, "eval: sampling.top_k=-1: input should be greater than or equal to 0"),
     ("eval", {"judge.source": "j.py:f"}, "judge decides the win rate against baseline, which is not set"),
@@ -425,10 +388,7 @@ def test_reward_on_the_command_line_as_string_or_yaml_list(tmp_path: Path) -> No
     path = ppo_yaml(tmp_path, {"reward": {"source": [{"source": "a.py:f"}], "aggregation": "gdpo"}})
     flag = "[{source: a.py:f, weight: 2}, {source: b.py:g, name: gee}]"
     cfg = load_config("ppo", path, ["--reward.source", flag])
-    assert cfg.reward.source == (
-        RewardSpec(source="a.py:f", weight=2.0),
-        RewardSpec(source="b.py:g", name="gee"),
-    )
+    assert cfg.reward.source == (RewardSpec(source="a.py:f", weight=2.0), RewardSpec(source="b.py:g", name="gee"))
     only = load_config("ppo", path, ["--reward.source", "rm_dir", "--reward.aggregation", "sum"])
     assert only.reward.source == "rm_dir"
 
@@ -475,12 +435,7 @@ NON_DEFAULTS: dict[str, dict[str, object]] = {
         "grpo.loss_aggregation": "seq-mean-token-sum-norm",
         "grpo.overlong_buffer": 32,
     },
-    "sample": {
-        "judge.source": [{"source": "models/rm"}],
-        "mode": "best_of_n",
-        "num_samples": 8,
-        "pairing": "all",
-    },
+    "sample": {"judge.source": [{"source": "models/rm"}], "mode": "best_of_n", "num_samples": 8, "pairing": "all"},
     "eval": {"output": "eval.jsonl", "max_prompts": 100},
     "demo": {"preset": "small", "steps": 3},
     "report": {"output": "out/report.html", "max_samples": 4},
@@ -528,28 +483,13 @@ def test_derived_sizes() -> None:
 def test_defaults_follow_the_references() -> None:
     """PPO defaults of the reference implementations (docs/ppo_checklist.md Part 1 §I); GRPO's of TRL."""
     ppo = config_from_dict("ppo", REQUIRED["ppo"])
-    assert (ppo.ppo.epochs, ppo.ppo.clip_range, ppo.ppo.value_clip_range, ppo.ppo.vf_coef) == (
-        4,
-        0.2,
-        0.2,
-        0.1,
-    )
-    assert (ppo.ppo.gamma, ppo.ppo.lam, ppo.sampling.temperature, ppo.ppo.num_minibatches) == (
-        1.0,
-        0.95,
-        0.7,
-        1,
-    )
+    assert (ppo.ppo.epochs, ppo.ppo.clip_range, ppo.ppo.value_clip_range, ppo.ppo.vf_coef) == (4, 0.2, 0.2, 0.1)
+    assert (ppo.ppo.gamma, ppo.ppo.lam, ppo.sampling.temperature, ppo.ppo.num_minibatches) == (1.0, 0.95, 0.7, 1)
     assert (ppo.kl.estimator, ppo.kl.add_to, ppo.ppo.whiten_rewards, ppo.ppo.whiten_advantages) == (
         "k1", "reward", False, True,
     )  # fmt: skip
     grpo = config_from_dict("grpo", REQUIRED["grpo"])
-    assert (grpo.grpo.group_size, grpo.kl.coef, grpo.sampling.temperature, grpo.grpo.num_iterations) == (
-        8,
-        0.0,
-        1.0,
-        1,
-    )
+    assert (grpo.grpo.group_size, grpo.kl.coef, grpo.sampling.temperature, grpo.grpo.num_iterations) == (8, 0.0, 1.0, 1)
     assert (grpo.grpo.scale_rewards, grpo.grpo.loss_aggregation, grpo.grpo.clip_range_high) == (
         "auto",
         "token-mean",

@@ -221,11 +221,7 @@ def test_the_demo_data_fits_its_own_max_length(demo_dir):
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
-    for run in (
-        "ppo",
-        "ppo_no_kl",
-        "grpo",
-    ):  # the policy optimises the reward model; gold rides with weight 0
+    for run in ("ppo", "ppo_no_kl", "grpo"):  # the policy optimises the reward model; gold rides with weight 0
         command = run.removesuffix("_no_kl")
         rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]["source"]
         weights = {entry["source"]: entry["weight"] for entry in rewards}

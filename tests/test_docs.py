@@ -77,10 +77,7 @@ def test_example_configs_load():
 
 
 def _repo_text_files() -> list[Path]:
-    roots = [
-        ROOT / "README.md",
-        *(ROOT / d for d in ("src", "tests", "docs", "examples", "benchmarks", "tools")),
-    ]
+    roots = [ROOT / "README.md", *(ROOT / d for d in ("src", "tests", "docs", "examples", "benchmarks", "tools"))]
     files = [r for r in roots if r.is_file()]
     for root in (r for r in roots if r.is_dir()):
         files += [p for p in root.rglob("*") if p.suffix in (".py", ".md", ".yaml", ".yml", ".txt")]

@@ -167,10 +167,7 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
 
 @pytest.mark.parametrize(
     ("command", "changes"),
-    [
-        ("rm", {"batch.size": 8, "optim.learning_rate": 1e-3}),
-        ("grpo", {"grpo.group_size": 2, "model.lora": {"r": 2}}),
-    ],
+    [("rm", {"batch.size": 8, "optim.learning_rate": 1e-3}), ("grpo", {"grpo.group_size": 2, "model.lora": {"r": 2}})],
 )
 def test_rm_and_grpo_resume_with_a_changed_config_is_refused(tmp_path, command, changes):
     out = tmp_path / "run"

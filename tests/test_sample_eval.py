@@ -240,11 +240,7 @@ def test_a_reward_model_judges_too(tiny_llama_dir, tiny_reward_model_dir, prompt
     out = tmp_path / "prefs.jsonl"
     summary = sample.run(
         sample_config(
-            tiny_llama_dir,
-            prompts_file,
-            out,
-            mode="preferences",
-            **{"judge.source": str(tiny_reward_model_dir)},
+            tiny_llama_dir, prompts_file, out, mode="preferences", **{"judge.source": str(tiny_reward_model_dir)}
         )
     )
     rows = read_jsonl(out)
@@ -277,17 +273,7 @@ def test_sample_config_errors_name_the_field(tmp_path, overrides, message):
 
 
 def test_cli_refuses_preferences_without_judge(tmp_path, capsys):
-    argv = [
-        "sample",
-        "--model.name",
-        "m",
-        "--prompts",
-        "p.jsonl",
-        "--output",
-        "o.jsonl",
-        "--mode",
-        "preferences",
-    ]
+    argv = ["sample", "--model.name", "m", "--prompts", "p.jsonl", "--output", "o.jsonl", "--mode", "preferences"]
     assert cli.main(argv) == 2
     assert "error: sample: mode='preferences' needs a judge" in capsys.readouterr().err
 
@@ -367,14 +353,8 @@ def test_win_rate_counts() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (
-            {"judge.source": judge("length")},
-            "eval: judge decides the win rate against baseline, which is not set",
-        ),
-        (
-            {"output": "x.json", "samples_output": "x.json"},
-            "eval: output and samples_output are both 'x.json'",
-        ),
+        ({"judge.source": judge("length")}, "eval: judge decides the win rate against baseline, which is not set"),
+        ({"output": "x.json", "samples_output": "x.json"}, "eval: output and samples_output are both 'x.json'"),
         (
             {
                 "baseline": "b",
@@ -394,10 +374,7 @@ def test_eval_config_errors_name_the_field(tmp_path, overrides, message):
 
 def test_best_of_n_answers_are_the_selectors_best_of_the_same_samples(tiny_llama_dir, prompts_file, tmp_path):
     candidates_path, rows_file = tmp_path / "candidates.jsonl", tmp_path / "rows.jsonl"
-    same_sampling = {
-        "sampling.temperature": 1.0,
-        "batch_size": 4,
-    }  # sample and eval then draw the same samples
+    same_sampling = {"sampling.temperature": 1.0, "batch_size": 4}  # sample and eval then draw the same samples
     sample.run(sample_config(tiny_llama_dir, prompts_file, candidates_path, **same_sampling))
     results = evaluate.run(eval_config(
         tiny_llama_dir, prompts_file, **same_sampling, **{"best_of.n": K, "best_of.source": judge("length"),

@@ -17,10 +17,7 @@ START, END = "<!-- doctor-rules:start -->", "<!-- doctor-rules:end -->"
 
 
 def table() -> str:
-    lines = [
-        "| rule | severity | reads | fires when | clears after | fix to try |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = ["| rule | severity | reads | fires when | clears after | fix to try |", "|---|---|---|---|---|---|"]
     for rule in RULES:
         reads = ", ".join(f"`{metric}`" for metric in rule.metrics)
         clears = "the next quiet row" if rule.hold == 1 else f"{rule.hold} quiet rows"

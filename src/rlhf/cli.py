@@ -28,30 +28,18 @@ from rlhf.config import COMMANDS, CommandConfig, ConfigError, load_config
 RUNNERS: dict[str, tuple[str, str]] = {
     "sft": ("rlhf.trainers.sft", "supervised fine-tuning on prompt/response pairs or chat messages"),
     "rm": ("rlhf.trainers.reward_model", "train a Bradley–Terry reward model on preference pairs"),
-    "dpo": (
-        "rlhf.trainers.dpo",
-        "direct preference optimisation on preference pairs: DPO, cDPO, robust, IPO, SimPO",
-    ),
-    "ppo": (
-        "rlhf.trainers.ppo",
-        "PPO against a reward, with a critic and a KL penalty to the reference policy",
-    ),
+    "dpo": ("rlhf.trainers.dpo", "direct preference optimisation on preference pairs: DPO, cDPO, robust, IPO, SimPO"),
+    "ppo": ("rlhf.trainers.ppo", "PPO against a reward, with a critic and a KL penalty to the reference policy"),
     "grpo": ("rlhf.trainers.grpo", "critic-free GRPO family: GRPO, Dr. GRPO, RLOO, REINFORCE++"),
     "sample": (
         "rlhf.sample",
         "k samples per prompt → candidates, pairs to label, judge-labelled preferences or best-of-N",
     ),
-    "eval": (
-        "rlhf.evaluate",
-        "score a policy on held-out prompts; win rate against a baseline under a judge",
-    ),
+    "eval": ("rlhf.evaluate", "score a policy on held-out prompts; win rate against a baseline under a judge"),
     "demo": ("rlhf.demo", "a tiny self-contained end-to-end run (no downloads)"),
     "report": ("rlhf.report", "an HTML report of a ppo/grpo run or a demo: curves, reward vs KL, samples"),
     "label": ("rlhf.labelling", "label pairs on a web page (several people) or with an LLM judge; --stats"),
-    "doctor": (
-        "rlhf.doctor.checkup",
-        "read a run's metrics: healthy, or the classic RLHF failures and the fix to try",
-    ),
+    "doctor": ("rlhf.doctor.checkup", "read a run's metrics: healthy, or the classic RLHF failures and the fix to try"),
 }
 assert RUNNERS.keys() == COMMANDS.keys()
 

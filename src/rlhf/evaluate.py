@@ -185,12 +185,7 @@ def answer(
                 kls.append(answer_kl(sampler.model, reference, generated, config.sampling.temperature))
             context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state())
             scores = scoring.score(
-                rewards,
-                batch.texts,
-                generated.completions,
-                batch.columns,
-                config.reward.aggregation,
-                context=context,
+                rewards, batch.texts, generated.completions, batch.columns, config.reward.aggregation, context=context
             )
             completions += generated.completions
             lengths.append(answering.response_lengths(generated))

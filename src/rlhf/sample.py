@@ -146,10 +146,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
             for i, index in enumerate(batch.indices):
                 group = slice(i * k, (i + 1) * k)
                 made, skips = make_rows(
-                    prompts[index],
-                    generated.completions[group],
-                    None if rewards is None else rewards[group],
-                    config,
+                    prompts[index], generated.completions[group], None if rewards is None else rewards[group], config
                 )
                 skipped.update(skips)
                 for row in made:

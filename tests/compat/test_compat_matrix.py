@@ -23,15 +23,7 @@ from rlhf.models.loading import apply_lora, load_causal_lm, load_tokenizer
 from rlhf.models.reward import reward_scores
 from rlhf.rollout.engine import _decode_steps
 
-FAMILY_NAMES = (
-    "gpt2",
-    "gpt_neox",
-    "opt",
-    "qwen2",
-    "gemma2",
-    "phi3",
-    "llama",
-)  # = tiny.FAMILIES, checked below
+FAMILY_NAMES = ("gpt2", "gpt_neox", "opt", "qwen2", "gemma2", "phi3", "llama")  # = tiny.FAMILIES, checked below
 CHAT_FAMILIES = ("qwen2", "gemma2", "phi3")  # the families whose tokenizer has a chat template
 PROMPTS = ["the red cat", "what is 2 + 3? 5 and the big dog sees"]
 

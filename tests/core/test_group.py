@@ -127,12 +127,7 @@ def test_estimator_registry_covers_every_name():
 #   A1 = [a, −a, a, −a], A2 = [b, b, −b, −b]; S = A1 + A2 = [a+b, b−a, a−b, −a−b, 0, 0, 0, 0]
 #   mean S = 0; unbiased var = (2(a+b)² + 2(a−b)²)/7 = 4(a² + b²)/7 → A = S/(sqrt(·) + 1e-4)
 #   ≈ [1.8706, 0.0001, −0.0001, −1.8706, 0, 0, 0, 0]
-GDPO_R = t(
-    [
-        [[1.0, 10.0], [0.0, 10.0], [1.0, 0.0], [0.0, 0.0]],
-        [[1.0, 10.0], [1.0, 10.0], [1.0, 10.0], [1.0, 10.0]],
-    ]
-)
+GDPO_R = t([[[1.0, 10.0], [0.0, 10.0], [1.0, 0.0], [0.0, 0.0]], [[1.0, 10.0], [1.0, 10.0], [1.0, 10.0], [1.0, 10.0]]])
 
 
 def test_gdpo_hand_computed():
@@ -177,10 +172,7 @@ def test_sum_rewards_nan_handling():
 # ---------------------------------------------------------------- 2-L: DAPO overlong penalty
 def test_dapo_overlong_penalty_2l():
     # expected = 20480 − 4096 = 16384; 18432 → −2048/4096 = −0.5; 20480 → −1
-    close(
-        dapo_overlong_penalty(torch.tensor([16000, 16384, 18432, 20480]), 20480, 4096).to(F64),
-        [0, 0, -0.5, -1],
-    )
+    close(dapo_overlong_penalty(torch.tensor([16000, 16384, 18432, 20480]), 20480, 4096).to(F64), [0, 0, -0.5, -1])
     # max 10, buffer 4: expected 6; 7 → −0.25, 8 → −0.5, 10 → −1
     close(dapo_overlong_penalty(t([5, 6, 7, 8, 10]), 10, 4), [0, 0, -0.25, -0.5, -1])
     close(dapo_overlong_penalty(t([8]), 10, 4, factor=2.0), [-1.0])

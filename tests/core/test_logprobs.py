@@ -72,10 +72,7 @@ def test_response_logprobs_temperature():
 def test_token_logprobs_equals_response_logprobs_on_the_slice():
     logits, ids = _data()
     torch.testing.assert_close(
-        token_logprobs(logits[:, C - 1 : -1], ids[:, C:], 0.7),
-        response_logprobs(logits, ids, C, 0.7),
-        rtol=0,
-        atol=0,
+        token_logprobs(logits[:, C - 1 : -1], ids[:, C:], 0.7), response_logprobs(logits, ids, C, 0.7), rtol=0, atol=0
     )
 
 
@@ -118,8 +115,7 @@ def test_entropy_matches_categorical_and_temperature():
 
 
 @pytest.mark.parametrize(
-    ("dtype", "tol"),
-    [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)],
+    ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)]
 )
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_selective_log_softmax_equals_log_softmax_gather(dtype, tol, temperature):

@@ -7,13 +7,7 @@ import math
 import pytest
 import torch
 
-from rlhf.core.losses import (
-    LossAggregation,
-    aggregate,
-    clipped_policy_loss,
-    clipped_value_loss,
-    explained_variance,
-)
+from rlhf.core.losses import LossAggregation, aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from vectors import F64, close, t
 
 # ---------------------------------------------------------------- 2-E: clipped surrogate, clipfrac, approx-KL
@@ -161,8 +155,7 @@ def test_kl_term_changes_loss_and_is_logged_2k():
 
 
 @pytest.mark.parametrize(
-    ("clip_high", "low", "high", "region"),
-    [(None, 1 / 9, 2 / 9, 3 / 9), (0.28, 1 / 9, 1 / 9, 2 / 9)],
+    ("clip_high", "low", "high", "region"), [(None, 1 / 9, 2 / 9, 3 / 9), (0.28, 1 / 9, 1 / 9, 2 / 9)]
 )
 def test_clip_ratios_2k(clip_high, low, high, region):
     # low: ρ < 0.8 with A < 0 → row 1 token 1 (0.7). high: ρ > 1+ε_high with A > 0 → 1.3 (row 0) and 1.25

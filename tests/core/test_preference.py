@@ -6,12 +6,7 @@ import math
 
 import torch
 
-from rlhf.core.preference import (
-    best_of_n_loss,
-    bradley_terry_loss,
-    normalization_gain_bias,
-    pairwise_accuracy,
-)
+from rlhf.core.preference import best_of_n_loss, bradley_terry_loss, normalization_gain_bias, pairwise_accuracy
 from vectors import F64, close, t
 
 # r_c − r_r = [1, 0, −1] → −log σ = [0.3132616875, 0.6931471806 (= log 2), 1.3132616875]

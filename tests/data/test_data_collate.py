@@ -77,11 +77,7 @@ def test_position_ids_match_the_loop():
 
 def test_collate_sft_pads_labels_with_ignore_index():
     batch = collate_sft(
-        [
-            TokenizedSFT("s:1", [5, 6, 7], [IGNORE_INDEX, 6, 7]),
-            TokenizedSFT("s:2", [8, 9], [IGNORE_INDEX, 9]),
-        ],
-        PAD,
+        [TokenizedSFT("s:1", [5, 6, 7], [IGNORE_INDEX, 6, 7]), TokenizedSFT("s:2", [8, 9], [IGNORE_INDEX, 9])], PAD
     )
     assert batch.input_ids.tolist() == [[5, 6, 7], [8, 9, 0]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]

@@ -86,17 +86,7 @@ def test_encoders_get_prompt_and_response_as_one_text(wordpiece):
     (ex,) = tokenize_preferences([example], wordpiece, join_text=True, model_max_length=64)
     assert ex.prompt_ids == [] and ex.margin == 0.5 and not ex.truncated
     assert ex.chosen_ids == wordpiece("what is 2 + 3? 5")["input_ids"]
-    assert wordpiece.convert_ids_to_tokens(ex.rejected_ids) == [
-        "[CLS]",
-        "what",
-        "is",
-        "2",
-        "+",
-        "3",
-        "?",
-        "6",
-        "[SEP]",
-    ]
+    assert wordpiece.convert_ids_to_tokens(ex.rejected_ids) == ["[CLS]", "what", "is", "2", "+", "3", "?", "6", "[SEP]"]
     # cut to max_length by the tokenizer: the closing [SEP] stays, as the model was trained to read it
     long = PreferenceExample("e:2", "count to 9:", " 1 2 3 4 5 6 7 8 9", " 5")
     (cut,) = tokenize_preferences([long], wordpiece, max_length=8, join_text=True)
@@ -110,11 +100,7 @@ def test_load_preferences_lists_every_problem_with_file_and_line(tokenizer, tmp_
     rows = [
         {"prompt": "what is 2 + 3?", "chosen": " 5", "rejected": " 6"},
         {"prompt": "the red cat sees a dog in the park. " * 4, "chosen": " 5", "rejected": " 6"},
-        {
-            "prompt": "what is 2 + 3?",
-            "chosen": " 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5",
-            "rejected": " 6",
-        },
+        {"prompt": "what is 2 + 3?", "chosen": " 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5 5", "rejected": " 6"},
     ]
     path = _write(tmp_path, rows)
     with pytest.raises(DataError) as error:

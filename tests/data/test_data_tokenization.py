@@ -170,10 +170,7 @@ def test_preference_responses_end_with_eos(tokenizer):
     (ex,) = tokenize_preferences([PreferenceExample("r:1", "what is 2 + 3?", " 5", " 6", margin=1.5)], tokenizer)
     assert ex.prompt_ids == tokenizer("what is 2 + 3?", add_special_tokens=False)["input_ids"]
     assert ex.chosen_ids == [*tokenizer(" 5", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
-    assert ex.rejected_ids == [
-        *tokenizer(" 6", add_special_tokens=False)["input_ids"],
-        tokenizer.eos_token_id,
-    ]
+    assert ex.rejected_ids == [*tokenizer(" 6", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
     assert ex.margin == 1.5 and not ex.truncated
 
 
@@ -211,11 +208,7 @@ def test_load_preferences_end_to_end(tokenizer, tmp_path: Path):
     path = tmp_path / "prefs.jsonl"
     rows = [
         {"prompt": "what is 2 + 3?", "chosen": " 5", "rejected": " 6"},
-        {
-            "chosen": [USER1, ASSISTANT1],
-            "rejected": [USER1, {"role": "assistant", "content": "6"}],
-            "margin": 1,
-        },
+        {"chosen": [USER1, ASSISTANT1], "rejected": [USER1, {"role": "assistant", "content": "6"}], "margin": 1},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     plain, chat = load_preferences(path, tokenizer)
@@ -247,10 +240,7 @@ def test_missing_pad_is_refused_and_added(tokenizer):
     with pytest.raises(ValueError, match=r"the tokenizer has no pad token; add a distinct pad token"):
         require_pad_token_id(tokenizer)
     assert ensure_pad_token(tokenizer, "<|my_pad|>") is True
-    assert tokenizer.pad_token == "<|my_pad|>" and tokenizer.pad_token_id not in (
-        None,
-        tokenizer.eos_token_id,
-    )
+    assert tokenizer.pad_token == "<|my_pad|>" and tokenizer.pad_token_id not in (None, tokenizer.eos_token_id)
     assert tokenizer.convert_ids_to_tokens(tokenizer("a<|my_pad|>")["input_ids"])[-1] == "<|my_pad|>"
 
 

@@ -32,11 +32,7 @@ CASES = [
         {"messages": [USER, {"role": "bot", "content": "x"}]},
         '"messages"[1]["role"] must be one of system, user, assistant, got \'bot\'',
     ),
-    (
-        "prompts",
-        {"messages": [{"role": "user", "content": 5}]},
-        '"messages"[0]["content"] must be a string, got int',
-    ),
+    ("prompts", {"messages": [{"role": "user", "content": 5}]}, '"messages"[0]["content"] must be a string, got int'),
     ("sft", {"prompt": "hi"}, 'missing "response" (keys present: prompt)'),
     ("sft", {"prompt": "hi", "response": ["a"]}, '"response" must be a non-empty string, got list'),
     ("sft", {"messages": [USER]}, '"messages" has no assistant message: nothing to train on'),
@@ -135,21 +131,11 @@ def test_preferences_plain_and_chat_forms(tmp_path: Path):
             {"prompt": "p", "chosen": "a", "rejected": "b"},
             {"prompt": "p", "chosen": "a", "rejected": "b", "margin": 2},
             {"chosen": [USER, ASSISTANT], "rejected": [USER, bad]},  # implicit prompt
-            {
-                "prompt": "what is 1 + 1?",
-                "chosen": [ASSISTANT],
-                "rejected": [bad],
-            },  # string prompt, chat answers
+            {"prompt": "what is 1 + 1?", "chosen": [ASSISTANT], "rejected": [bad]},  # string prompt, chat answers
         ],
     )
     plain, margin, implicit, explicit = read_preferences(path)
-    assert (plain.prompt, plain.chosen, plain.rejected, plain.margin, plain.is_chat) == (
-        "p",
-        "a",
-        "b",
-        0.0,
-        False,
-    )
+    assert (plain.prompt, plain.chosen, plain.rejected, plain.margin, plain.is_chat) == ("p", "a", "b", 0.0, False)
     assert margin.margin == 2.0
     assert implicit.is_chat and implicit.prompt == [USER]
     assert implicit.chosen == [ASSISTANT] and implicit.rejected == [bad]

@@ -31,14 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.models.sharding import (
-    fsdp_modules,
-    full_state_dict,
-    gathered,
-    load_sharded,
-    load_sharded_causal_lm,
-    shard,
-)
+from rlhf.models.sharding import fsdp_modules, full_state_dict, gathered, load_sharded, load_sharded_causal_lm, shard
 from rlhf.rollout.engine import SamplingParams, sample
 from rlhf.runlog import sharded_checkpoint
 
@@ -235,10 +228,7 @@ def task_reward_model(mesh: DeviceMesh, small: str, reward: str) -> dict:
     with torch.no_grad():
         scores = model(input_ids=ids, attention_mask=mask).logits
         expected = reference(input_ids=ids, attention_mask=mask).logits
-    results = {
-        "reward_difference": float((scores - expected).abs().max()),
-        "reward_shape": list(scores.shape),
-    }
+    results = {"reward_difference": float((scores - expected).abs().max()), "reward_shape": list(scores.shape)}
 
     source = RewardModelReward.load(reward, batch_size=2, loader=functools.partial(load_sharded, mesh=mesh))
     plain = RewardModelReward.load(reward, batch_size=2)

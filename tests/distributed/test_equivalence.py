@@ -44,8 +44,7 @@ def rl_config(command: str, policy: Path, prompts: Path, **overrides: object) ->
 
 
 @pytest.mark.parametrize(
-    ("critic", "parallelism"),
-    [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")],
+    ("critic", "parallelism"), [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")]
 )
 def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic, parallelism):
     """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once)."""

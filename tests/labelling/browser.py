@@ -28,8 +28,7 @@ def chromium_binary() -> str | None:
     if named:
         return named
     return next(
-        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))),
-        None,
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
     )
 
 

@@ -64,13 +64,7 @@ def test_kill_9_between_and_during_labels_loses_and_doubles_nothing(tmp_path):
             acked.append(call(base, "/api/label", pending)[1]["id"])
         while not (served := call(base, "/api/next?labeller=ana")[1])["done"]:
             pair = served["pair"]
-            body = {
-                "labeller": "ana",
-                "pair": pair["id"],
-                "label": "a",
-                "id": pair["label_id"],
-                "left": pair["left"],
-            }
+            body = {"labeller": "ana", "pair": pair["id"], "label": "a", "id": pair["label_id"], "left": pair["left"]}
             acked.append(call(base, "/api/label", body)[1]["id"])
     finally:
         process.terminate()

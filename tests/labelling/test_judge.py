@@ -25,13 +25,7 @@ def pairs(tmp_path: Path) -> Path:
     rows = []
     for i in range(N):
         short, long = f"No {i}.", f"Yes: {i} is a fine number, and here is why."
-        rows.append(
-            {
-                "prompt": f"Is {i} fine?",
-                "a": short if i % 2 == 0 else long,
-                "b": long if i % 2 == 0 else short,
-            }
-        )
+        rows.append({"prompt": f"Is {i} fine?", "a": short if i % 2 == 0 else long, "b": long if i % 2 == 0 else short})
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

@@ -40,10 +40,7 @@ def test_bad_requests_get_4xx_and_nothing_is_written(files):
             "a list": (dict(raw=b"[1, 2]"), 400),
             "not UTF-8": (dict(raw=b'{"a": "\xff"}'), 400),
             "oversized": (dict(raw=json.dumps(good | {"pad": "x" * MAX_BODY}).encode()), 413),
-            "form post": (
-                dict(body=good, headers={"Content-Type": "application/x-www-form-urlencoded"}),
-                415,
-            ),
+            "form post": (dict(body=good, headers={"Content-Type": "application/x-www-form-urlencoded"}), 415),
             "unknown pair": (dict(body=good | {"pair": "0" * 16}), 404),
             "bad label": (dict(body=good | {"label": "<script>"}), 422),
             "bad labeller": (dict(body=good | {"labeller": "a" * 200}), 400),

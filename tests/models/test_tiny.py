@@ -43,11 +43,7 @@ def test_toy_corpus_is_deterministic_and_seeded() -> None:
 def test_special_tokens_are_distinct(tokenizer) -> None:
     ids = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]
     assert None not in ids and len(set(ids)) == 3  # checklist 1: pad is never eos
-    assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == (
-        "<|pad|>",
-        "<|bos|>",
-        "<|eos|>",
-    )
+    assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == ("<|pad|>", "<|bos|>", "<|eos|>")
     assert tokenizer.padding_side == "right"
     assert tokenizer.model_max_length == 512
     # plain text gets no automatic bos/eos: prompt + response concatenations stay clean
@@ -57,11 +53,7 @@ def test_special_tokens_are_distinct(tokenizer) -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
-    [
-        "the red cat sees a dog.",
-        'Hello, World!\n\tTabs,  double  spaces; ~`@#$%^&*()_+{}|:"<>?[]\\ 0123456789',
-    ],
+    "text", ["the red cat sees a dog.", 'Hello, World!\n\tTabs,  double  spaces; ~`@#$%^&*()_+{}|:"<>?[]\\ 0123456789']
 )
 def test_ascii_round_trip(tokenizer, text: str) -> None:
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text

@@ -121,10 +121,7 @@ def test_packed_weights_are_reused_until_a_parameter_changes():
         with torch.no_grad():
             model.model.norm.weight.mul_(2.0)  # a module read as it is, not packed: nothing to refresh
         torch.testing.assert_close(
-            build_decoder(model, 6).prefill(ids, mask),
-            reference_logits(model, ids, mask),
-            rtol=1e-4,
-            atol=1e-4,
+            build_decoder(model, 6).prefill(ids, mask), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4
         )
         kept = build_decoder(model, 6).weights
     assert model not in decoder_module._kept  # the block is over: the copy is freed

@@ -14,12 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    BertConfig,
-    BertForSequenceClassification,
-)
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from rlhf.rollout.rewards import (
     FunctionReward,
@@ -244,10 +239,7 @@ def test_http_bad_replies_fail_at_once(server, action, message):
 @pytest.mark.parametrize(
     ("reply", "message"),
     [
-        (
-            '{"rewards": ["0.5", 1, 2]}',
-            r'"rewards"\[0\] is \'"0.5"\' \(a JSON string\), expected a number, or null',
-        ),
+        ('{"rewards": ["0.5", 1, 2]}', r'"rewards"\[0\] is \'"0.5"\' \(a JSON string\), expected a number, or null'),
         ('{"rewards": [1, {"score": 2}, 3]}', r'"rewards"\[1\] is .* \(a JSON object\)'),
         ('{"rewards": [1, 2, [3]]}', r'"rewards"\[2\] is .* \(a JSON array\)'),
         ('{"rewards": [1, 2, NaN]}', r'"rewards"\[2\] is nan; send null'),

@@ -142,11 +142,7 @@ def dataset_rows(form: str) -> list[dict]:
     rows = []
     for i, question in enumerate(QUESTIONS):
         chat = [{"role": "system", "content": "answer briefly"}, {"role": "user", "content": question}]
-        prompt = {
-            "standard": {"prompt": question},
-            "conversational": {"prompt": chat},
-            "messages": {"messages": chat},
-        }
+        prompt = {"standard": {"prompt": question}, "conversational": {"prompt": chat}, "messages": {"messages": chat}}
         rows.append(prompt[form] | {"ground_truth": str(i), "level": None if i == 3 else i})
     return rows
 
@@ -311,10 +307,7 @@ def test_async_functions_run_concurrently_on_one_loop():
 
         return reward
 
-    sources = [
-        FunctionReward(waiting_for("a", "b"), name="a"),
-        FunctionReward(waiting_for("b", "a"), name="b"),
-    ]
+    sources = [FunctionReward(waiting_for("a", "b"), name="a"), FunctionReward(waiting_for("b", "a"), name="b")]
     for _ in range(2):
         started.clear()
         result = score_all(sources, None, ["p"], ["c"])
@@ -347,14 +340,8 @@ def logging(metric_value=0.5, extra_values=None, metric_name="accuracy"):
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        (
-            logging(extra_values=["only one"]),
-            r"reward 'judge': log_extra\('note', …\) got 1 values for a batch of 2",
-        ),
-        (
-            logging(extra_values="xy"),
-            r"log_extra\('note', …\) got a str; it takes a list with one value per sample",
-        ),
+        (logging(extra_values=["only one"]), r"reward 'judge': log_extra\('note', …\) got 1 values for a batch of 2"),
+        (logging(extra_values="xy"), r"log_extra\('note', …\) got a str; it takes a list with one value per sample"),
         (logging(metric_value="high"), r"log_metric\('accuracy', …\) got 'high', a str; it takes one number"),
         (logging(metric_name="mean"), r"log_metric name must be .* other than mean or std"),
     ],
@@ -527,11 +514,7 @@ def test_ppo_gdpo_reports_the_raw_weighted_sum(tiny_llama_dir, chat_prompts_file
                {"source": spec("curriculum"), "name": "curriculum", "weight": 0.5}]  # fmt: skip
     ppo.run(
         run_config(
-            "ppo",
-            tiny_llama_dir,
-            chat_prompts_file,
-            out,
-            **{"reward.source": rewards, "reward.aggregation": "gdpo"},
+            "ppo", tiny_llama_dir, chat_prompts_file, out, **{"reward.source": rewards, "reward.aggregation": "gdpo"}
         )
     )
     for row in read_jsonl(out / "metrics.jsonl"):

@@ -17,11 +17,7 @@ def rows(n: int, nan_steps: range = range(0), spike: int | None = None) -> list[
     """Steps 1..n of a quiet run; policy/loss is NaN (critical) at ``nan_steps``, grad/norm spikes (info) at
     ``spike``."""
     return [
-        {
-            "step": s,
-            "policy/loss": math.nan if s in nan_steps else 0.1,
-            "grad/norm": 50.0 if s == spike else 1.0,
-        }
+        {"step": s, "policy/loss": math.nan if s in nan_steps else 0.1, "grad/norm": 50.0 if s == spike else 1.0}
         for s in range(1, n + 1)
     ]
 

@@ -27,12 +27,7 @@ SRC = Path(rundir.__file__).resolve().parents[2]
 
 
 def sft_config(out: Path, **overrides: object):
-    values = {
-        "model.name": "some/model",
-        "data.train": "train.jsonl",
-        "output_dir": str(out),
-        "run.progress": False,
-    }
+    values = {"model.name": "some/model", "data.train": "train.jsonl", "output_dir": str(out), "run.progress": False}
     return config_from_dict("sft", nested(values | overrides))
 
 
@@ -172,8 +167,7 @@ def test_resume_of_another_command_is_refused(tmp_path):
     out.mkdir()
     finished_run(out, sft_config(out))
     rm = config_from_dict(
-        "rm",
-        nested({"model.name": "m", "data.train": "train.jsonl", "output_dir": str(out), "run.resume": True}),
+        "rm", nested({"model.name": "m", "data.train": "train.jsonl", "output_dir": str(out), "run.resume": True})
     )
     with pytest.raises(ConfigError, match=r"in command: sft → rm"):
         claim(rm)

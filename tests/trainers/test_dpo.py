@@ -21,14 +21,7 @@ from rlhf.models.sharding import adapters, load_lm
 from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import dpo
 from rlhf.trainers.sft import Batcher
-from runs import (
-    assert_rows_match,
-    assert_same_checkpoint,
-    comparable,
-    counting,
-    dies_after_checkpoint,
-    metric_rows,
-)
+from runs import assert_rows_match, assert_same_checkpoint, comparable, counting, dies_after_checkpoint, metric_rows
 
 TRAIN_METRICS = ["train/loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                  "logps/chosen", "logps/rejected", "grad/norm", "lr"]  # fmt: skip

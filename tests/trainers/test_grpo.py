@@ -394,7 +394,6 @@ def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_d
     models = grpo.build_models(config, SINGLE)
     assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
     assert not grpo.on_policy(
-        dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)),
-        models,
+        dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)), models
     )
     assert grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1)), models)

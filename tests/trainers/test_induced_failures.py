@@ -27,12 +27,7 @@ from rlhf.trainers import grpo, ppo, sft
 from runs import metric_rows, train_rows
 
 LENGTH = test_ppo.reward("length_chars")  # pays 0.1 per character: longer is always better
-GENTLE = {
-    "ppo.steps": 25,
-    "sampling.max_new_tokens": 16,
-    "reward.source": LENGTH,
-    "optim.learning_rate": 1e-4,
-}
+GENTLE = {"ppo.steps": 25, "sampling.max_new_tokens": 16, "reward.source": LENGTH, "optim.learning_rate": 1e-4}
 """The gentle run: its learning rate is the one the failures are measured against."""
 LENGTH_AND_GOLD = [
     {"source": LENGTH, "name": "length", "weight": 1.0},
@@ -117,10 +112,7 @@ def test_the_length_failure_is_what_its_metrics_show(sft_policy, tmp_path):
 
 
 def test_stop_on_ends_the_run_at_the_finding_and_it_resumes(sft_policy, tmp_path, capsys):
-    overrides = FAILURES["no KL penalty against a proxy"][0] | {
-        "run.save_every": 0,
-        "doctor.stop_on": "warning",
-    }
+    overrides = FAILURES["no KL penalty against a proxy"][0] | {"run.save_every": 0, "doctor.stop_on": "warning"}
     out = tmp_path / "run"
     found = run_ppo(sft_policy, out, **overrides)
     first = min(episodes[0][0] for episodes in found.values())  # the first warning (nothing critical here)

@@ -105,8 +105,7 @@ def micro_steps(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("arch", "critic"),
-    [("llama", "shared"), ("llama", "separate"), ("gpt2", "shared"), ("qwen2", "separate")],
+    ("arch", "critic"), [("llama", "shared"), ("llama", "separate"), ("gpt2", "shared"), ("qwen2", "separate")]
 )
 def test_smoke_two_steps(tiny_model_dir_factory, prompts_file, tmp_path, ragged, micro_steps, arch, critic):
     policy = tiny_model_dir_factory(arch)
@@ -227,10 +226,7 @@ def test_kl_in_loss_uses_the_adapted_coefficient(tiny_llama_dir, prompts_file, t
     out = tmp_path / "run"
     ppo.run(
         make_config(
-            tiny_llama_dir,
-            prompts_file,
-            out,
-            **{"kl.add_to": "loss", "kl.control": "adaptive", "kl.coef": 0.1},
+            tiny_llama_dir, prompts_file, out, **{"kl.add_to": "loss", "kl.control": "adaptive", "kl.coef": 0.1}
         )
     )
     rows = train_rows(out)
@@ -294,9 +290,7 @@ def test_lora_reference_is_the_base_model_without_a_copy(tiny_llama_dir, monkeyp
     assert (policy_logprobs - expected).abs().max() > 1e-3  # the adapter is on outside reference.logprobs
 
 
-def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_the_float32_ones(
-    tiny_llama_dir,
-):
+def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_the_float32_ones(tiny_llama_dir):
     full = build_models(tiny_llama_dir, reward("constant_one"))
     half = build_models(tiny_llama_dir, reward("constant_one"), **{"model.reference_dtype": "bfloat16"})
     assert {p.dtype for p in half.reference.copy.parameters()} == {torch.bfloat16}
@@ -314,10 +308,7 @@ def test_a_bfloat16_reference_halves_the_copy_and_gives_float32_logprobs_near_th
 def test_reference_dtype_is_refused_with_lora(tiny_llama_dir):
     with pytest.raises(Exception, match="reference_dtype: with lora the reference is the policy's own base weights"):
         make_config(
-            tiny_llama_dir,
-            Path("p.jsonl"),
-            Path("out"),
-            **{"model.lora": LORA, "model.reference_dtype": "bfloat16"},
+            tiny_llama_dir, Path("p.jsonl"), Path("out"), **{"model.lora": LORA, "model.reference_dtype": "bfloat16"}
         )
 
 
@@ -543,10 +534,7 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     monkeypatch.setattr(ppo, "fuses_first_update", lambda config: False)
     unfused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "unfused", **fields))
     assert calls["no_grad_scores"] == 3  # one no-grad pass per step when the shortcut is off
-    files = [
-        "model.safetensors",
-        "value_head.safetensors" if critic == "shared" else "critic/model.safetensors",
-    ]
+    files = ["model.safetensors", "value_head.safetensors" if critic == "shared" else "critic/model.safetensors"]
     for name in files:
         assert max_abs_diff(load_file(fused / name), load_file(unfused / name)) == 0, name
     for a, b in zip(train_rows(tmp_path / "fused"), train_rows(tmp_path / "unfused"), strict=True):

@@ -30,14 +30,7 @@ from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.core.preference import bradley_terry_loss
 from rlhf.data import DataError
-from rlhf.models.reward import (
-    BIAS_KEY,
-    GAIN_KEY,
-    RewardScorer,
-    load_reward_model,
-    reward_normalization,
-    reward_scores,
-)
+from rlhf.models.reward import BIAS_KEY, GAIN_KEY, RewardScorer, load_reward_model, reward_normalization, reward_scores
 from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
 from rlhf.runlog.seeding import seed_everything
@@ -265,9 +258,7 @@ def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, t
 
     reward_model.run(
         dataclasses.replace(
-            config,
-            rm=dataclasses.replace(config.rm, use_margin=False),
-            output_dir=str(tmp_path / "no_margin"),
+            config, rm=dataclasses.replace(config.rm, use_margin=False), output_dir=str(tmp_path / "no_margin")
         )
     )
     (row,) = metric_rows(tmp_path / "no_margin")
@@ -389,8 +380,7 @@ def test_micro_batching_gives_the_same_gradient(tiny_llama_dir, data, tmp_path, 
         make_config(tiny_llama_dir, data, tmp_path / "whole", **fields), monkeypatch
     )
     micro, micro_grads, micro_initial = run_recording_gradients(
-        make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 4}, **fields),
-        monkeypatch,
+        make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 4}, **fields), monkeypatch
     )
     assert len(whole_grads) == len(micro_grads) == 1 and len(whole_grads[0]) > 0
     # the same start, the fresh head included

@@ -220,8 +220,7 @@ def test_micro_batching_gives_the_same_update(tiny_llama_dir, data_dir, tmp_path
         make_config(tiny_llama_dir, small, tmp_path / "whole", **fields), clipped_gradients
     )
     micro, micro_grads = run_recording_gradients(
-        make_config(tiny_llama_dir, small, tmp_path / "micro", **{"batch.micro_size": 4}, **fields),
-        clipped_gradients,
+        make_config(tiny_llama_dir, small, tmp_path / "micro", **{"batch.micro_size": 4}, **fields), clipped_gradients
     )
     # the accumulated gradient is the whole batch's: float32 sums over ≤ 10 examples of ≤ 64 tokens in
     # another grouping differ by a few ulp of the partial sums (|g| ≤ 1), far inside rtol 1e-5 / atol 1e-7
@@ -302,9 +301,7 @@ def test_packing_is_refused_for_a_model_that_lets_examples_see_each_other(tiny_l
 
 
 @pytest.mark.parametrize(
-    "variant",
-    [{}, {"model.lora": LORA, "sft.packing": True, "batch.micro_size": 4}],
-    ids=["full", "lora-packed-micro"],
+    "variant", [{}, {"model.lora": LORA, "sft.packing": True, "batch.micro_size": 4}], ids=["full", "lora-packed-micro"]
 )
 def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, data_dir, tmp_path, monkeypatch, variant):
     # 2 epochs of 8 steps; interrupted after the checkpoint of step 6 (mid-epoch), resumed to the end

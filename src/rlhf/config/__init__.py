@@ -45,14 +45,7 @@ from rlhf.config.commands import (
     config_class,
 )
 from rlhf.config.legacy import FLAT_KEYS
-from rlhf.config.loading import (
-    config_from_dict,
-    config_to_dict,
-    config_to_yaml,
-    flat_config,
-    load_config,
-    read_yaml,
-)
+from rlhf.config.loading import config_from_dict, config_to_dict, config_to_yaml, flat_config, load_config, read_yaml
 from rlhf.config.sections import (
     BatchSection,
     DataSection,

@@ -63,14 +63,7 @@ _POLICY_KEYS = (
         "micro_batch_tokens": "batch.micro_tokens",
     }
 )
-_ALGORITHM_KEYS = (
-    "steps",
-    "num_minibatches",
-    "clip_range",
-    "clip_range_high",
-    "entropy_coef",
-    "whiten_advantages",
-)
+_ALGORITHM_KEYS = ("steps", "num_minibatches", "clip_range", "clip_range_high", "entropy_coef", "whiten_advantages")
 _GRPO_KEYS = (
     "group_size",
     "estimator",
@@ -85,12 +78,7 @@ _GRPO_KEYS = (
 
 FLAT_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "sft": _TRAINING_KEYS
-    | {
-        "model": "model.name",
-        "max_length": "data.max_length",
-        "epochs": "sft.epochs",
-        "packing": "sft.packing",
-    },
+    | {"model": "model.name", "max_length": "data.max_length", "epochs": "sft.epochs", "packing": "sft.packing"},
     "rm": _TRAINING_KEYS
     | {
         "model": "model.name",

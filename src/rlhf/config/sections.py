@@ -28,12 +28,7 @@ from rlhf.config.base import (
     _yaml_flag,
     section,
 )
-from rlhf.core.choices import (
-    KLControl,
-    KLEstimator,
-    KLPlacement,
-    MissingEosPenalty,
-)
+from rlhf.core.choices import KLControl, KLEstimator, KLPlacement, MissingEosPenalty
 
 # ---------------------------------------------------------------------------------------------------------------
 # LoRA adapters and reward sources.
@@ -65,11 +60,7 @@ def _lora_from_text(text: str) -> LoRAConfig | None:
 
 OptionalLoRA = Annotated[
     LoRAConfig | None,
-    _flag(
-        "None|{r,alpha,dropout,target_modules}",
-        _lora_from_text,
-        lambda v: v is None or isinstance(v, LoRAConfig),
-    ),
+    _flag("None|{r,alpha,dropout,target_modules}", _lora_from_text, lambda v: v is None or isinstance(v, LoRAConfig)),
 ]
 
 

@@ -35,12 +35,7 @@ from rlhf.config.sections import (
     _check_divides,
     _check_sources,
 )
-from rlhf.core.choices import (
-    DPOLoss,
-    GroupEstimator,
-    LossAggregation,
-    ScoreConvention,
-)
+from rlhf.core.choices import DPOLoss, GroupEstimator, LossAggregation, ScoreConvention
 
 # ---------------------------------------------------------------------------------------------------------------
 # The trainers' own sections.

@@ -76,10 +76,7 @@ def pairwise_cohen(
         for y in names[i + 1 :]:
             shared = sorted(set(labels[x]) & set(labels[y]))
             if len(shared) >= min_overlap:
-                out[(x, y)] = (
-                    len(shared),
-                    cohen_kappa([labels[x][k] for k in shared], [labels[y][k] for k in shared]),
-                )
+                out[(x, y)] = (len(shared), cohen_kappa([labels[x][k] for k in shared], [labels[y][k] for k in shared]))
     return out
 
 

@@ -56,11 +56,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimat
 
 
 def kl_shaped_rewards(
-    scores: torch.Tensor,
-    kl: torch.Tensor,
-    kl_coef: float,
-    score_index: torch.Tensor,
-    mask: torch.Tensor | None = None,
+    scores: torch.Tensor, kl: torch.Tensor, kl_coef: float, score_index: torch.Tensor, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token rewards: a −β·KL penalty on every real token plus the sequence score on one token.
 

@@ -26,22 +26,14 @@ Denominator = int | float | torch.Tensor
 
 
 def _token_mean(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    num_tokens: Denominator,
-    num_seqs: Denominator,
-    max_len: Denominator,
+    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
 ) -> torch.Tensor:
     # Σ_{i,t} ℓ·m / N_tokens — every token of the global batch weighs the same.
     return masked_sum(per_token, mask) / num_tokens
 
 
 def _seq_mean_token_mean(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    num_tokens: Denominator,
-    num_seqs: Denominator,
-    max_len: Denominator,
+    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
 ) -> torch.Tensor:
     # Σ_i (Σ_t ℓ·m / |o_i|) / N_seqs. |o_i| is local to the sequence, so splitting by sequences is exact.
     # An empty row contributes 0 but still counts in N_seqs (TRL clamps |o_i| at 1).
@@ -50,22 +42,14 @@ def _seq_mean_token_mean(
 
 
 def _seq_mean_token_sum(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    num_tokens: Denominator,
-    num_seqs: Denominator,
-    max_len: Denominator,
+    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
 ) -> torch.Tensor:
     # Σ_{i,t} ℓ·m / N_seqs — longer sequences get proportionally more weight.
     return masked_sum(per_token, mask) / num_seqs
 
 
 def _seq_mean_token_sum_norm(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    num_tokens: Denominator,
-    num_seqs: Denominator,
-    max_len: Denominator,
+    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
 ) -> torch.Tensor:
     # Σ_{i,t} ℓ·m / (N_seqs · L_max): a constant normaliser, no length bias (Dr. GRPO).
     return masked_sum(per_token, mask) / (num_seqs * max_len)
@@ -211,11 +195,7 @@ def clipped_policy_loss(
 
 
 def clipped_value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float | None = 0.2,
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float | None = 0.2
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO value loss per token: ``½·max((V − R)², (V_clip − R)²)``, ``V_clip = clip(V, V_old ± ε_v)``.
 

@@ -19,10 +19,7 @@ def pairwise_accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Ten
 
 
 def bradley_terry_loss(
-    chosen: torch.Tensor,
-    rejected: torch.Tensor,
-    margin: torch.Tensor | None = None,
-    center_coef: float = 0.0,
+    chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None, center_coef: float = 0.0
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Pairwise Bradley-Terry loss ``−mean log σ(r_c − r_r − margin) + center_coef · mean((r_c + r_r)²)``.
 

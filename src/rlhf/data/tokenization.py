@@ -170,10 +170,7 @@ def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_g
 def _extend(ids: list[int], longer: list[int], what: str) -> list[int]:
     """The tokens ``longer`` adds after ``ids``, checking the prefix property of the chat template."""
     if longer[: len(ids)] != ids:
-        n = next(
-            (i for i, (a, b) in enumerate(zip(ids, longer, strict=False)) if a != b),
-            min(len(ids), len(longer)),
-        )
+        n = next((i for i, (a, b) in enumerate(zip(ids, longer, strict=False)) if a != b), min(len(ids), len(longer)))
         raise TemplateError(
             f"the chat template breaks the prefix property at {what}: the conversation rendered so far "
             f"({len(ids)} tokens) is not a prefix of the longer rendering (they differ from token {n}); a "
@@ -217,9 +214,7 @@ def _check_max(name: str, value: int | None) -> None:
 
 
 def tokenize_prompts(
-    examples: Sequence[PromptExample],
-    tokenizer: PreTrainedTokenizerBase,
-    max_prompt_length: int | None = None,
+    examples: Sequence[PromptExample], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None = None
 ) -> list[TokenizedPrompt]:
     """Prompt ids for generation: plain text encoded as is, chat rendered with the generation prompt.
 
@@ -278,9 +273,7 @@ def _chat_sft(tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: 
 
 
 def tokenize_sft(
-    examples: Sequence[SFTExample],
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int | None = None,
+    examples: Sequence[SFTExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None = None
 ) -> list[TokenizedSFT]:
     """(input_ids, labels) per example, loss on the response (plain) or on assistant turns (chat) only.
 

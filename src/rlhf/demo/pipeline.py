@@ -209,11 +209,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
         {
             "output_dir": str(out / "sft"),
             "model": {"name": str(paths["pretrain"])},
-            "data": {
-                "train": str(data / "sft.jsonl"),
-                "eval": str(data / "sft_eval.jsonl"),
-                "max_length": MAX_LENGTH,
-            },
+            "data": {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": MAX_LENGTH},
             "optim": {"learning_rate": 3e-3},
             "batch": {"size": 32},
             "run": run,
@@ -240,16 +236,9 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
         _config(
             out / "sample" / name,
             "sample",
-            {
-                **sample_common,
-                "prompts": str(data / prompts),
-                "output": str(out / "sample" / f"{name}.jsonl"),
-            },
+            {**sample_common, "prompts": str(data / prompts), "output": str(out / "sample" / f"{name}.jsonl")},
         )
-        for name, prompts in (
-            ("candidates", "sample_prompts.jsonl"),
-            ("eval_candidates", "rm_eval_prompts.jsonl"),
-        )
+        for name, prompts in (("candidates", "sample_prompts.jsonl"), ("eval_candidates", "rm_eval_prompts.jsonl"))
     ]
     from rlhf import sample as sample_runner
 
@@ -308,10 +297,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
             "model": {"name": str(paths["sft"])},
             "data": {"train": str(data / "prompts.jsonl"), "eval": str(data / "eval_prompts.jsonl")},
             "reward": {
-                "source": [
-                    {"source": str(paths["rm"]), "name": "rm"},
-                    {"source": GOLD, "name": "gold", "weight": 0.0},
-                ]
+                "source": [{"source": str(paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}]
             },
             "sampling": {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0},
             "kl": {"coef": kl_coef},
@@ -330,9 +316,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
     # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
     ppo_no_kl = _config(
-        out / "ppo_no_kl",
-        "ppo",
-        rl("ppo_no_kl", ppo_args[0], 0.0, ppo_args[2], **ppo_algorithm, critic="shared"),
+        out / "ppo_no_kl", "ppo", rl("ppo_no_kl", ppo_args[0], 0.0, ppo_args[2], **ppo_algorithm, critic="shared")
     )
     grpo = _config(
         out / "grpo",

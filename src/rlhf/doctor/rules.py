@@ -35,10 +35,7 @@ class History:
     """
 
     def __init__(
-        self,
-        rows: Sequence[Mapping[str, Any]],
-        config: Mapping[str, Any] | None = None,
-        end: int | None = None,
+        self, rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None, end: int | None = None
     ):
         self.rows = list(rows)
         self.config = config or {}
@@ -493,9 +490,7 @@ def over_optimisation(h: History) -> str | None:
     # sums of the step-to-step differences and of their squares
     smooth = h.prefix(f"mean{window}", truth, lambda v, i, out: statistics.fmean(v[max(0, i - window + 1) : i + 1]))
     peaks = h.prefix(
-        f"peak{window}",
-        truth,
-        lambda v, i, out: i if i == 0 or smooth[i] > smooth[int(out[i - 1])] else out[i - 1],
+        f"peak{window}", truth, lambda v, i, out: i if i == 0 or smooth[i] > smooth[int(out[i - 1])] else out[i - 1]
     )
     diff_sum = h.prefix("diff_sum", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + v[i] - v[i - 1])
     diff_sq = h.prefix("diff_sq", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + (v[i] - v[i - 1]) ** 2)

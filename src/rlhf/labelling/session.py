@@ -63,8 +63,7 @@ def now() -> str:
 def check_labeller(name: Any) -> str:
     if not isinstance(name, str) or not LABELLER.match(name.strip()):
         raise Refused(
-            400,
-            "a labeller's name is 1–40 letters, digits, spaces or . _ @ - (starting with a letter or digit)",
+            400, "a labeller's name is 1–40 letters, digits, spaces or . _ @ - (starting with a letter or digit)"
         )
     return name.strip()
 
@@ -222,10 +221,7 @@ class LabelSession:
             self.log.append(row)
             self._apply(row)
             undone = self.labels[latest]
-            self.leases[undone["pair"]][labeller] = (
-                time.monotonic() + self.lease_seconds,
-                secrets.token_urlsafe(12),
-            )
+            self.leases[undone["pair"]][labeller] = (time.monotonic() + self.lease_seconds, secrets.token_urlsafe(12))
             return undone
 
     def close(self) -> None:
@@ -263,23 +259,10 @@ class LabelSession:
 
 
 def _label_row(
-    pair: Pair,
-    labeller: str,
-    label: str,
-    label_id: str,
-    left: str,
-    seconds: float | None,
-    ratings: dict[str, str],
+    pair: Pair, labeller: str, label: str, label_id: str, left: str, seconds: float | None, ratings: dict[str, str]
 ) -> dict[str, Any]:
     """The line of the labels file for one label (`rlhf.data.labels` describes the fields)."""
-    meta = {
-        "pair": pair.id,
-        "id": label_id,
-        "labeller": labeller,
-        "source": "human",
-        "time": now(),
-        "seconds": seconds,
-    }
+    meta = {"pair": pair.id, "id": label_id, "labeller": labeller, "source": "human", "time": now(), "seconds": seconds}
     if label in ("tie", "skip"):
         row = {"kind": label, "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta, "left": left}
         return row | ({"ratings": ratings} if ratings else {})

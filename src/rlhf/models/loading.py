@@ -122,11 +122,7 @@ def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM")
 
     targets = lora_targets(model, lora.target_modules)
     config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=targets,
-        task_type=task_type,
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type=task_type
     )
     try:
         peft_model = get_peft_model(model, config)

@@ -148,11 +148,7 @@ def _train_bpe(texts: Iterable[str], vocab_size: int, specials: list[str], speci
 
 
 def train_tokenizer(
-    texts: Iterable[str],
-    vocab_size: int = 512,
-    *,
-    model_max_length: int = 512,
-    specials_last: bool = False,
+    texts: Iterable[str], vocab_size: int = 512, *, model_max_length: int = 512, specials_last: bool = False
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` and wrap it as a Hugging Face fast tokenizer.
 
@@ -463,12 +459,7 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "llama",
-            (
-                "<|begin_of_text|>",
-                "<|end_of_text|>",
-                "<|reserved_special_token_0|>",
-                "<|reserved_special_token_1|>",
-            ),
+            ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>"),
             eos="<|end_of_text|>",
             bos="<|begin_of_text|>",
             specials_last=True,
@@ -510,11 +501,7 @@ def train_family_tokenizer(
 
 
 def tiny_family_config(
-    family: str,
-    tokenizer: PreTrainedTokenizerBase,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    num_heads: int = 4,
+    family: str, tokenizer: PreTrainedTokenizerBase, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4
 ) -> PretrainedConfig:
     """A tiny config of ``family``'s architecture for ``tokenizer``: ``len(tokenizer) + spare_rows``
     embedding rows, its bos/eos ids (pad too, when the family's config names one), tied or untied embeddings

@@ -152,10 +152,7 @@ RESULT_ROWS = (
     ("gold/grpo_win_rate_vs_sft", "GRPO's win rate against SFT"),
     ("gold/dpo_mean", "gold score after DPO"),
     ("gold/dpo_win_rate_vs_sft", "DPO's win rate against SFT"),
-    (
-        "gold/best_of_n_mean",
-        "gold score of best-of-N (the SFT model's best of N samples under the reward model)",
-    ),
+    ("gold/best_of_n_mean", "gold score of best-of-N (the SFT model's best of N samples under the reward model)"),
     ("gold/best_of_n_win_rate_vs_sft", "best-of-N's win rate against SFT"),
     ("rm/sft_mean", "reward-model score of the SFT answers (the proxy)"),
     ("rm/ppo_mean", "reward-model score of the PPO answers"),
@@ -222,14 +219,7 @@ def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
                 bool(m.get("kl_is_bound")),
             )
         )
-    header = [
-        "method",
-        "gold score ± 95 % CI",
-        "win rate vs SFT [95 % CI]",
-        "KL to SFT",
-        "own wall time",
-        "needs",
-    ]
+    header = ["method", "gold score ± 95 % CI", "win rate vs SFT [95 % CI]", "KL to SFT", "own wall time", "needs"]
     chart = r.methods_chart(points, "gold score (held-out mean)", paths=[gold_path(ppo, "PPO over its steps")])
     return [
         "<h2>Methods on equal labels</h2>",

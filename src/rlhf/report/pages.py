@@ -219,12 +219,7 @@ class Chart:
 
 CHARTS = (
     Chart("Reward (training batch)", ("reward/mean",), "reward", "Combined reward of each step's rollouts."),
-    Chart(
-        "Held-out reward",
-        ("eval/reward/mean",),
-        "reward",
-        "Same sampler on the held-out prompts, every eval step.",
-    ),
+    Chart("Held-out reward", ("eval/reward/mean",), "reward", "Same sampler on the held-out prompts, every eval step."),
     Chart("KL to the reference", ("kl/mean",), "nats per sequence", "Σ log π/π_ref over the response, averaged."),
     Chart("KL coefficient β", ("kl/coef",), "β", "After each step's controller update (adaptive KL moves it)."),
     Chart("Entropy", ("policy/entropy",), "nats per token", "Falling entropy: the policy grows more certain."),
@@ -235,12 +230,7 @@ CHARTS = (
         "Tokens whose ratio left the clip range (the update was cut there).",
     ),
     Chart("Value loss", ("value/loss",), "loss", "Clipped value loss of the critic (ppo)."),
-    Chart(
-        "Response length",
-        ("response/length_mean",),
-        "tokens",
-        "Mean sampled response length, stop token included.",
-    ),
+    Chart("Response length", ("response/length_mean",), "tokens", "Mean sampled response length, stop token included."),
     Chart("Gradient norm", ("grad/norm",), "‖g‖ before clipping", "Mean over the step's updates."),
     Chart("|Advantage|", ("advantages/abs_mean",), "mean |A|", "After whitening / group normalisation."),
 )
@@ -432,16 +422,7 @@ def methods_chart(points: Sequence[MethodPoint], ylabel: str, paths: Sequence[Me
     for path in paths:
         if len(path.kls) < 2:
             continue
-        ax.plot(
-            path.kls,
-            path.scores,
-            "-",
-            color="#999999",
-            linewidth=1,
-            marker=".",
-            markersize=4,
-            label=path.label,
-        )
+        ax.plot(path.kls, path.scores, "-", color="#999999", linewidth=1, marker=".", markersize=4, label=path.label)
         for kl, score, step in zip(path.kls, path.scores, path.steps, strict=True):
             ax.annotate(str(step), (kl, score), fontsize=6, color="#777777", xytext=(2, 2), textcoords="offset points")
     for i, point in enumerate(drawn):
@@ -638,10 +619,7 @@ def gain_section(runs: Sequence[Run]) -> list[str]:
 def samples_section(run: Run, limit: int) -> list[str]:
     """Held-out prompts answered at the first and the last eval step, side by side with their rewards."""
     if not run.samples:
-        return [
-            "<h2>Held-out samples</h2>",
-            '<p class="muted">No samples/ in this run (run.eval_every: 0).</p>',
-        ]
+        return ["<h2>Held-out samples</h2>", '<p class="muted">No samples/ in this run (run.eval_every: 0).</p>']
     first, last = min(run.samples), max(run.samples)
     before = {row["prompt"]: row for row in run.samples[first]}
     rows = []

@@ -343,12 +343,7 @@ class LlamaDecoder:
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
             attended = F.scaled_dot_product_attention(
-                q,
-                keys[:, :, :end],
-                values[:, :, :end],
-                attn_mask=mask,
-                scale=layer.scaling,
-                enable_gqa=g != h,
+                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling, enable_gqa=g != h
             )
             x = x + layer.out(attended.transpose(1, 2).reshape(B, Q, h * d))
             gate, up = layer.gate_up(_rms_norm(x, layer.norm2)).chunk(2, dim=-1)

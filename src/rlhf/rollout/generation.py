@@ -99,11 +99,7 @@ def generate(
 
 
 def assemble(
-    prompt_ids: list[list[int]],
-    responses: list[list[int]],
-    tokenizer: Any,
-    stops: list[int],
-    device: torch.device,
+    prompt_ids: list[list[int]], responses: list[list[int]], tokenizer: Any, stops: list[int], device: torch.device
 ) -> Generated:
     """A `Generated` batch from unpadded prompt and response ids: prompts left-padded, responses right-padded
     to the longest one (at least one column)."""

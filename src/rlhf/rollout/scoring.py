@@ -69,11 +69,7 @@ class Scores:
         index = rows.tolist()
         extra = {key: [values[i] for i in index] for key, values in self.extra.items()}
         return dataclasses.replace(
-            self,
-            per_source=self.per_source[rows],
-            combined=self.combined[rows],
-            raw=self.raw[rows],
-            extra=extra,
+            self, per_source=self.per_source[rows], combined=self.combined[rows], raw=self.raw[rows], extra=extra
         )
 
 

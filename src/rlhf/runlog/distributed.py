@@ -257,11 +257,7 @@ def entry(run: F) -> F:
         with process_group(config.run.parallelism) as d:
             if d.is_main:
                 return run(config, *args, **kwargs)
-            with (
-                open(os.devnull, "w") as quiet,
-                contextlib.redirect_stdout(quiet),
-                contextlib.redirect_stderr(quiet),
-            ):
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 return run(config, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -106,10 +106,7 @@ class MetricsLogger:
             except json.JSONDecodeError as e:
                 if number < len(lines):
                     raise ValueError(f"{self.path}:{number}: not a JSON row ({e}); fix or remove it") from None
-                print(
-                    f"resume: dropping the torn last line {number} of {self.path}: {line[:60]!r}",
-                    file=sys.stderr,
-                )
+                print(f"resume: dropping the torn last line {number} of {self.path}: {line[:60]!r}", file=sys.stderr)
         return rows
 
     def log(self, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -195,20 +192,13 @@ def open_run(config: TrainingConfig, checkpoint: Path | None, start: int, d: Dis
         print(f"resuming from {checkpoint} (step {start})", file=sys.stderr)
     else:
         if config.run.resume:
-            print(
-                f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0",
-                file=sys.stderr,
-            )
+            print(f"resume: no checkpoint under {output_dir / 'checkpoints'}; starting from step 0", file=sys.stderr)
         clear_run(output_dir)
     write_run_config(output_dir, config)
     resume_step = start + 1 if checkpoint is not None else None
     recorded = config_to_dict(config)
     logger = MetricsLogger(
-        output_dir,
-        config.run.report_to,
-        resume_step=resume_step,
-        run_config=recorded,
-        run_name=config.run.name,
+        output_dir, config.run.report_to, resume_step=resume_step, run_config=recorded, run_name=config.run.name
     )
     doctor = getattr(config, "doctor", None)  # ppo and grpo
     if doctor is not None and doctor.alarms:

@@ -36,10 +36,7 @@ from rlhf.runlog.checkpoint import fsync_dir
 
 
 def save_sharded(
-    directory: str | Path,
-    models: dict[str, nn.Module],
-    optimizer: torch.optim.Optimizer,
-    extra: dict[str, Any],
+    directory: str | Path, models: dict[str, nn.Module], optimizer: torch.optim.Optimizer, extra: dict[str, Any]
 ) -> Path:
     """Save ``models``, ``optimizer`` and ``extra`` into ``directory`` (replaced if it exists); returns it.
 

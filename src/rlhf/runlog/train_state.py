@@ -33,12 +33,7 @@ class TrainState:
 
     @classmethod
     def create(
-        cls,
-        config: TrainingConfig,
-        params: list[nn.Parameter],
-        total_updates: int,
-        stream: Any,
-        device: torch.device,
+        cls, config: TrainingConfig, params: list[nn.Parameter], total_updates: int, stream: Any, device: torch.device
     ) -> TrainState:
         """AdamW and its schedule over ``total_updates`` optimizer steps (``config.optim``), generators seeded
         from ``config.run.seed``."""
@@ -113,12 +108,7 @@ def save_training(
 
 
 def restore_training(
-    saved: dict[str, Any],
-    d: Dist,
-    *,
-    modules: dict[str, nn.Module],
-    optimizer: torch.optim.Optimizer,
-    unsharded: Any,
+    saved: dict[str, Any], d: Dist, *, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer, unsharded: Any
 ) -> None:
     """Load the models and optimizer of a :func:`save_training` checkpoint: DCP shards at any number of ranks,
     sharded or not, or ``unsharded(saved)`` for a ``state.pt``. The caller restores the plain state."""

@@ -69,11 +69,7 @@ def run(config: DPOConfig) -> Path:
     # micro_batch_size counts pairs here: DPO builds each micro-batch itself (`sequence_logps`, chosen and
     # rejected in one `Batcher.padded` call), so the Batcher's own splitting is not used
     batches = Batcher(
-        config.effective_micro_batch_size,
-        False,
-        config.data.max_length,
-        int(tokenizer.eos_token_id),
-        d.device,
+        config.effective_micro_batch_size, False, config.data.max_length, int(tokenizer.eos_token_id), d.device
     )
     needs_reference = config.dpo.loss != DPOLoss.SIMPO
     reference = None

@@ -96,11 +96,7 @@ class GRPO:
             rollout, stats = make_rollout(self.config, self.models, sampled, self.inputs.d)
         with watch("train"):
             trained = grpo_update(
-                self.config,
-                self.models,
-                rollout,
-                state,
-                clipped=rl.clipped_objective(self.config, step, self.inputs.d),
+                self.config, self.models, rollout, state, clipped=rl.clipped_objective(self.config, step, self.inputs.d)
             )
         return stats | trained
 
@@ -146,18 +142,12 @@ def shaped_rewards(config: GRPOConfig, combined: torch.Tensor, generated: genera
     rewards = combined.float()
     if config.reward.missing_eos_penalty is not None:
         rewards = penalize_missing_eos(
-            rewards,
-            generated.has_stop.cpu(),
-            config.reward.missing_eos_mode,
-            config.reward.missing_eos_penalty,
+            rewards, generated.has_stop.cpu(), config.reward.missing_eos_mode, config.reward.missing_eos_penalty
         )
     if config.grpo.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1).cpu()
         rewards = rewards + dapo_overlong_penalty(
-            lengths,
-            config.sampling.max_new_tokens,
-            config.grpo.overlong_buffer,
-            config.grpo.overlong_penalty_factor,
+            lengths, config.sampling.max_new_tokens, config.grpo.overlong_buffer, config.grpo.overlong_penalty_factor
         )
     return rewards
 
@@ -260,10 +250,7 @@ def make_rollout(
     if config.grpo.overlong_buffer > 0:
         lengths = (generated.responses != generated.pad_token_id).sum(-1)
         penalty = dapo_overlong_penalty(
-            lengths,
-            config.sampling.max_new_tokens,
-            config.grpo.overlong_buffer,
-            config.grpo.overlong_penalty_factor,
+            lengths, config.sampling.max_new_tokens, config.grpo.overlong_buffer, config.grpo.overlong_penalty_factor
         )
         stats["reward/overlong_penalty_mean"] = penalty.mean().item()
     if ref is not None:

@@ -82,13 +82,7 @@ class PPO:
         config, d = self.config, self.inputs.d
         with watch("logprobs"):
             rollout, stats, first = make_rollout(
-                config,
-                self.models,
-                sampled.generated,
-                sampled.rewards,
-                self.kl_coef,
-                fuses_first_update(config),
-                d,
+                config, self.models, sampled.generated, sampled.rewards, self.kl_coef, fuses_first_update(config), d
             )
         with watch("train"):
             trained = ppo_update(
@@ -368,11 +362,7 @@ def micro_step(
         clipped=clipped,
     )
     vf, vf_stats = clipped_value_loss(
-        values,
-        rollout.values[rows, :t],
-        rollout.returns[rows, :t],
-        value_mask,
-        clip=config.ppo.value_clip_range,
+        values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
     )
     policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)

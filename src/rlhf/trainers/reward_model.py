@@ -248,12 +248,7 @@ def evaluate(
 
 
 def normalize(
-    config: RMConfig,
-    model: nn.Module,
-    tokenizer: Any,
-    device: torch.device,
-    out: Path,
-    d: Dist = distributed.SINGLE,
+    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path, d: Dist = distributed.SINGLE
 ) -> tuple[float, float]:
     """Phase 7 (checklist item 19): sample ``normalize.samples`` responses from ``normalize.policy``, score
     them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
@@ -301,12 +296,7 @@ def normalize(
         return gain, bias
     with rundir.atomic_open(out / NORMALIZATION_FILE) as f:
         for prompt, completion, score in zip(texts, completions, scores, strict=True):
-            row = {
-                "prompt": prompt,
-                "completion": completion,
-                "score": score,
-                "normalized": gain * score + bias,
-            }
+            row = {"prompt": prompt, "completion": completion, "score": score, "normalized": gain * score + bias}
             f.write(json.dumps(row) + "\n")
     print(
         f"rm: normalised on {len(scores)} responses of {config.normalize.policy}: raw mean "

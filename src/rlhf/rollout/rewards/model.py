@@ -189,14 +189,7 @@ class RewardModelReward:
             model = loader(build) if loader is not None else build("cpu")
         except Exception as error:
             raise RewardError(f"reward model {spec!r}: cannot load: {type(error).__name__}: {error}") from error
-        return cls(
-            model,
-            tokenizer,
-            name=name,
-            policy_tokenizer=policy_tokenizer,
-            device=device,
-            batch_size=batch_size,
-        )
+        return cls(model, tokenizer, name=name, policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size)
 
     def __repr__(self) -> str:
         return f"RewardModelReward({self.name!r}, {type(self.model).__name__}, shares_policy_tokenizer={self.shares_policy_tokenizer})"
