@@ -156,8 +156,12 @@ def test_a_template_of_ones_own(pairs, tmp_path):
     )
     stub = StubJudge()
     judged(stub, pairs, tmp_path / "judge.jsonl", "--judge.llm.template", str(template), "--judge.llm.system", "")
-    messages = stub.requests[0]["body"]["messages"]
-    assert len(messages) == 1 and messages[0]["content"].startswith("Judge this.\n[The user's request]\nIs 0 fine?")
+    # the requests arrive concurrently, in any order: each has the template's text and no system message
+    asked = [request["body"]["messages"] for request in stub.requests]
+    assert all(len(messages) == 1 for messages in asked)
+    assert any(
+        m[0]["content"].startswith("Judge this.\n[The user's request]\nIs 0 fine?\n\n[Answer A]\n") for m in asked
+    )
     template.write_text("no placeholders")
     with pytest.raises(ConfigError, match=r"does not contain \{prompt\}, \{answer_a\}, \{answer_b\}"):
         judged(StubJudge(), pairs, tmp_path / "judge2.jsonl", "--judge.llm.template", str(template))
