@@ -231,18 +231,10 @@ class LabelConfig(CommandConfig):
 
 
 COMMANDS: dict[str, type[CommandConfig]] = {
-    "sft": SFTConfig,
-    "rm": RMConfig,
-    "dpo": DPOConfig,
-    "ppo": PPOConfig,
-    "grpo": GRPOConfig,
-    "sample": SampleConfig,
-    "eval": EvalConfig,
-    "demo": DemoConfig,
-    "report": ReportConfig,
-    "label": LabelConfig,
+    "sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
+    "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
     "doctor": DoctorConfig,
-}
+}  # fmt: skip
 """Command name → its config class."""
 
 

@@ -17,57 +17,27 @@ from rlhf.report import pages as r
 
 # (stage, what it does, why it is there) — the order of `rlhf.demo.pipeline.STAGES`
 STAGE_NOTES = (
-    (
-        "pretrain",
-        "BPE tokenizer + tiny Llama, next-token loss on text of every quality",
-        "a base LM that can write, but has no reason to prefer good answers",
-    ),
-    (
-        "sft",
-        "fine-tune on demonstrations (mixed quality, as crowd data is)",
-        "puts the model in the answer format; becomes the frozen reference",
-    ),
-    (
-        "sample",
-        "k answers per prompt from the SFT model, temperature 1",
-        "the comparisons must be about what this policy actually writes",
-    ),
-    (
-        "label",
-        "gold judge compares pairs with Bradley–Terry noise",
-        "stands in for human raters; the only place the gold rule is used for training data",
-    ),
-    (
-        "rm",
-        "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
-        "a learned, imperfect proxy of the raters, cheap to query",
-    ),
-    (
-        "dpo",
-        "DPO from the SFT model on the same labelled pairs",
-        "the offline alternative: the same labels, no reward model, no sampling",
-    ),
-    (
-        "ppo",
-        "PPO against the reward model, KL penalty to the SFT model",
-        "climbs the proxy while the KL leash keeps it near text the proxy understands",
-    ),
-    (
-        "ppo_no_kl",
-        "the same PPO with β = 0: no KL penalty",
-        "shows what the leash prevents: far from the reference the gold score falls while the proxy does not",
-    ),
-    (
-        "grpo",
-        "GRPO against the same reward model: G answers per prompt, no critic",
-        "the critic-free alternative, same reward, same leash",
-    ),
-    (
-        "eval",
-        "held-out prompts, gold judge decides best-of-N, DPO, PPO, GRPO vs SFT",
-        "the truth the proxy was meant to track, and what each method bought for its KL and time",
-    ),
-)
+    ("pretrain", "BPE tokenizer + tiny Llama, next-token loss on text of every quality",
+     "a base LM that can write, but has no reason to prefer good answers"),
+    ("sft", "fine-tune on demonstrations (mixed quality, as crowd data is)",
+     "puts the model in the answer format; becomes the frozen reference"),
+    ("sample", "k answers per prompt from the SFT model, temperature 1",
+     "the comparisons must be about what this policy actually writes"),
+    ("label", "gold judge compares pairs with Bradley–Terry noise",
+     "stands in for human raters; the only place the gold rule is used for training data"),
+    ("rm", "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
+     "a learned, imperfect proxy of the raters, cheap to query"),
+    ("dpo", "DPO from the SFT model on the same labelled pairs",
+     "the offline alternative: the same labels, no reward model, no sampling"),
+    ("ppo", "PPO against the reward model, KL penalty to the SFT model",
+     "climbs the proxy while the KL leash keeps it near text the proxy understands"),
+    ("ppo_no_kl", "the same PPO with β = 0: no KL penalty",
+     "shows what the leash prevents: far from the reference the gold score falls while the proxy does not"),
+    ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
+     "the critic-free alternative, same reward, same leash"),
+    ("eval", "held-out prompts, gold judge decides best-of-N, DPO, PPO, GRPO vs SFT",
+     "the truth the proxy was meant to track, and what each method bought for its KL and time"),
+)  # fmt: skip
 
 
 def demo_report(out: Path, max_samples: int = 12) -> str:
