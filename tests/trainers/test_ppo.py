@@ -28,7 +28,7 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
-from rlhf.runlog.distributed import SINGLE
+from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import ppo, rl, update
 from runs import (
     assert_rows_match,
@@ -614,3 +614,16 @@ def test_reward_rises_on_a_toy_task(tiny_llama_dir, prompts_file, tmp_path):
     assert last > first + 0.3, (first, last, rewards)
     assert all(math.isfinite(row["kl/mean"]) for row in rows)
     assert rows[-1]["kl/mean"] > 0  # the policy did move away from the reference
+
+
+def test_final_is_written_by_rank_0_alone(tiny_llama_dir, tmp_path):
+    """Under DDP every rank holds the whole policy and value function; only rank 0 writes final/ (another writer
+    would race it for the directory)."""
+    models = build_models(tiny_llama_dir, reward("constant_one"))
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    rl.write_final(models, tokenizer, tmp_path / "final", Dist(rank=1, world_size=2, parallelism="ddp"))
+    assert not (tmp_path / "final").exists()
+    rl.write_final(models, tokenizer, tmp_path / "final", SINGLE)
+    assert {"model.safetensors", "value_head.safetensors", "tokenizer.json"} <= {
+        p.name for p in (tmp_path / "final").iterdir()
+    }

@@ -26,6 +26,7 @@ from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import IGNORE_INDEX, load_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.tiny import toy_corpus
+from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import sft
 from runs import (
     assert_rows_match,
@@ -370,3 +371,18 @@ def test_cli_runs_sft_from_a_yaml_file(tiny_llama_dir, data_dir, tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
     written = yaml.safe_load((out / "config.yaml").read_text())
     assert written["sft"] == {"epochs": 1, "packing": True}
+
+
+def test_final_is_written_by_rank_0_alone(tiny_llama_dir, data_dir, tmp_path):
+    """Under DDP every rank holds the whole model; a second writer would race rank 0 for final/ (a torchrun run
+    once ended with a final/ of tokenizer files only). Here rank 1 of a 2-rank DDP run writes nothing."""
+    config = make_config(tiny_llama_dir, data_dir / "train.jsonl", tmp_path / "run")
+    (tmp_path / "run").mkdir()  # the run's claim made it
+    model, tokenizer = load_causal_lm(str(tiny_llama_dir)), load_tokenizer(str(tiny_llama_dir))
+    rank_1 = Dist(rank=1, world_size=2, parallelism="ddp")
+    assert sft.write_final(config, model, tokenizer, rank_1) == tmp_path / "run" / "final"
+    assert not (tmp_path / "run" / "final").exists()
+    sft.write_final(config, model, tokenizer, SINGLE)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in (tmp_path / "run" / "final").iterdir()
+    }

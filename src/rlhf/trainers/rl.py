@@ -236,10 +236,7 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             if stop:
                 break
     logger.close()
-    final = models.unsharded()
-    if final is not None:  # rank 0
-        with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
-            save_final(*final, tokenizer=inputs.tokenizer, out=staging)
+    write_final(models, inputs.tokenizer, out / "final", d)
     return out / "final"
 
 
@@ -489,6 +486,16 @@ def doctor_stops(config: PolicyGradientConfig, logger: MetricsLogger | NoLogger,
             file=sys.stderr,
         )
     return event is not None
+
+
+def write_final(models: Models, tokenizer: Any, final: Path, d: Dist) -> None:
+    """``final/``, written by rank 0 alone through a staging directory (a crash keeps the previous final/). Every
+    rank calls it: sharded weights are gathered with every rank taking part; replicated ones (one process, DDP)
+    are already whole on rank 0, and a second writer would race it for the directory."""
+    plain = models.unsharded()
+    if plain is not None and d.is_main:
+        with rundir.staged(final) as staging:
+            save_final(*plain, tokenizer=tokenizer, out=staging)
 
 
 def save_final(policy: nn.Module, value: nn.Module | None, *, tokenizer: Any, out: Path) -> Path:

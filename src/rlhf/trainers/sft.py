@@ -286,11 +286,12 @@ def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: in
 
 def write_final(config: SFTConfig, model: nn.Module, tokenizer: Any, d: Dist) -> Path:
     """``output_dir/final`` of a trained causal LM (sft, dpo): gathered from the shards when sharded, written by
-    rank 0 through a staging directory (a crash keeps the previous final/); returns its path on every rank."""
+    rank 0 alone through a staging directory (a crash keeps the previous final/; under DDP another rank writing
+    too would race it for the directory); returns its path on every rank."""
     final = Path(config.output_dir) / "final"
     shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
     plain_model = unsharded(model, shell, d)
-    if plain_model is not None:  # rank 0
+    if plain_model is not None and d.is_main:
         with rundir.staged(final) as staging:
             save_final(plain_model, tokenizer, config.model.name, staging)
     return final
