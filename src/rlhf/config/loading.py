@@ -171,16 +171,7 @@ def load_config(command: str, path: str | Path | None = None, overrides: Sequenc
     return _build(cls, config_to_dict(parsed), f"{command}: ")  # the merged config, checked once
 
 
-_BOOLEAN_WORDS = {
-    "true": True,
-    "yes": True,
-    "on": True,
-    "1": True,
-    "false": False,
-    "no": False,
-    "off": False,
-    "0": False,
-}
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def _boolean_paths(cls: type, prefix: str = "") -> set[str]:
@@ -202,13 +193,13 @@ def _boolean_values(cls: type, args: Sequence[str]) -> list[str]:
         arg = args[i]
         name, eq, text = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         name = name.replace("-", "_")
-        if name in booleans and not eq and i + 1 < len(args) and args[i + 1].lower() in _BOOLEAN_WORDS:
+        if name in booleans and not eq and i + 1 < len(args) and args[i + 1].lower() in _TRUE + _FALSE:
             text, eq, i = args[i + 1], "=", i + 1
         if name in booleans and eq:
-            if text.lower() not in _BOOLEAN_WORDS:
+            if text.lower() not in _TRUE + _FALSE:
                 raise ConfigError(f"{cls.COMMAND}: --{name}={text!r}: expected true or false")
             section, _, field = name.rpartition(".")
-            arg = f"--{name}" if _BOOLEAN_WORDS[text.lower()] else f"--{section}{'.' if section else ''}no_{field}"
+            arg = f"--{name}" if text.lower() in _TRUE else f"--{section}{'.' if section else ''}no_{field}"
         out.append(arg)
         i += 1
     return out
