@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from rlhf.config import PolicyGradientConfig
+from rlhf.config.sections import PolicyModel
 from rlhf.data import held_out, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.data.tokenization import stop_token_ids
@@ -107,7 +108,7 @@ class Models:
 
     def __init__(
         self,
-        model: Any,
+        model: PolicyModel,
         d: Dist,
         *,
         reference: bool,
