@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf.config import ConfigError, TrainingConfig
+from rlhf.config import ConfigError, OptimSection, TrainingConfig
 from rlhf.optim import build_optimizer
 from rlhf.runlog.checkpoint import checkpoint_path, save_checkpoint
 from rlhf.runlog.distributed import Dist
@@ -33,12 +33,18 @@ class TrainState:
 
     @classmethod
     def create(
-        cls, config: TrainingConfig, params: list[nn.Parameter], total_updates: int, stream: Any, device: torch.device
+        cls,
+        params: list[nn.Parameter],
+        *,
+        optim: OptimSection,
+        seed: int,
+        total_updates: int,
+        stream: Any,
+        device: torch.device,
     ) -> TrainState:
-        """AdamW and its schedule over ``total_updates`` optimizer steps (``config.optim``), generators seeded
-        from ``config.run.seed``."""
-        optimizer, scheduler = build_optimizer(params, config.optim, total_updates)
-        seed = config.run.seed
+        """AdamW and its schedule (``optim``) over ``total_updates`` optimizer steps; generators seeded from
+        ``seed`` (``run.seed``)."""
+        optimizer, scheduler = build_optimizer(params, optim, total_updates)
         generators = {"sampling": torch.Generator(device).manual_seed(seed), "shuffle": torch.Generator()}
         generators["shuffle"].manual_seed(seed + 1)
         return cls(optimizer, scheduler, stream, generators)

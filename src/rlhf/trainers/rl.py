@@ -195,7 +195,10 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     models = algorithm.models
     stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
     total = config.steps * algorithm.updates_per_step
-    state = TrainState.create(config, models.trainable.parameters(), total, stream, d.device)
+    params = models.trainable.parameters()
+    state = TrainState.create(
+        params, optim=config.optim, seed=config.run.seed, total_updates=total, stream=stream, device=d.device
+    )
     checkpoint, saved = state.resume(config, models, d)
     algorithm.load_state_dict(saved)
     start = saved.get("step", 0)

@@ -72,7 +72,10 @@ def train(config: TrainingConfig, task: Task, order: EpochOrder, epochs: int, d:
     to ``metrics.jsonl`` under ``config.output_dir``."""
     out, total = Path(config.output_dir), epochs * order.steps_per_epoch
     d.check_batch(config.COMMAND, config.batch.size)
-    state = TrainState.create(config, task.trainable.parameters(), total, order, d.device)
+    params = task.trainable.parameters()
+    state = TrainState.create(
+        params, optim=config.optim, seed=config.run.seed, total_updates=total, stream=order, device=d.device
+    )
     checkpoint, saved = state.resume(config, task.model, d)
     start = saved.get("step", 0)
     logger = open_run(config, checkpoint, start, d)
