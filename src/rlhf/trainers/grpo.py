@@ -1,4 +1,5 @@
-"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++) with DAPO options; read `run` top to bottom.
+"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++) with DAPO options: the algorithm `GRPO` inside the
+RL loop of `rlhf.trainers.rl`, read top to bottom from `GRPO`.
 
 One iteration: (1) sample G = ``group_size`` responses for each of ``batch_size`` prompts → (2) score them,
 combine the rewards (weighted sum, or GDPO within each group), add the missing-EOS and DAPO overlong
@@ -7,8 +8,8 @@ penalties; with ``dynamic_sampling`` drop the groups whose rewards are all equal
 pass (the policy's part skipped when `on_policy`) → (4) group-relative advantages from ``rlhf.core.group`` →
 (5) ``num_iterations`` passes × minibatches × micro-batches of the clipped per-token loss (+ β·KL in the
 loss), one optimizer step per minibatch → (6) metrics → (7) held-out samples, log, checkpoint. All math is
-in ``rlhf.core``; each phase is one call. The rollout engine, reward sources, held-out evaluation, metrics,
-checkpoints and resume are ppo's.
+in ``rlhf.core``; each phase is one call. The loop (held-out evaluation, metrics, checkpoints, resume) is
+ppo's: `rlhf.trainers.rl`.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - the loss mask covers the response up to and including the first stop token (item 44); with

@@ -1,11 +1,12 @@
-"""PPO for RLHF (Ziegler et al. 2019; Stiennon et al. 2020; Ouyang et al. 2022), read top to bottom in `run`.
+"""PPO for RLHF (Ziegler et al. 2019; Stiennon et al. 2020; Ouyang et al. 2022): the algorithm `PPO` inside the RL
+loop of `rlhf.trainers.rl` (`rl.train` runs the iterations; this file is read top to bottom from `PPO`).
 
 One iteration: (1) roll out the policy → (2) score the responses → (3) reference log-probs, then
 old log-probs and values (a no-grad pass, or with one minibatch in one micro-batch the first update's
 own forward, detached: :func:`fuses_first_update`) → (4) per-token KL-shaped rewards → (5) GAE advantages and returns, whitening
 → (6) K epochs × minibatches × micro-batches of clipped policy + clipped value loss (+ entropy bonus),
-gradient clipping, one optimizer step per minibatch → (7) KL controller → (8) metrics → (9) held-out
-samples, log (the training doctor reads each row: `rlhf.runlog.health`), checkpoint.
+gradient clipping, one optimizer step per minibatch → (7) KL controller → (8)-(9) the loop's: metrics,
+held-out samples, log (the training doctor reads each row: `rlhf.runlog.health`), checkpoint.
 All math is in ``rlhf.core``; each phase below is one call.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
