@@ -246,17 +246,19 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
     labels = stage("label", lambda: label(out / "sample", out / "label", config.seed))
     # 5. reward model from the pretrained LM; it only ever sees the labels
+    labelled = out / "label"
+    pairs = {
+        "train": str(labelled / "preferences.jsonl"),
+        "eval": str(labelled / "eval_preferences.jsonl"),
+        "max_length": MAX_LENGTH,
+    }
     rm = _config(
         out / "rm",
         "rm",
         {
             "output_dir": str(out / "rm"),
             "model": {"name": str(paths["pretrain"])},
-            "data": {
-                "train": str(out / "label" / "preferences.jsonl"),
-                "eval": str(out / "label" / "eval_preferences.jsonl"),
-                "max_length": MAX_LENGTH,
-            },
+            "data": pairs,
             "optim": {"learning_rate": 1e-3},
             "batch": {"size": 32},
             "run": run,
@@ -273,11 +275,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
         {
             "output_dir": str(out / "dpo"),
             "model": {"name": str(paths["sft"])},
-            "data": {
-                "train": str(out / "label" / "preferences.jsonl"),
-                "eval": str(out / "label" / "eval_preferences.jsonl"),
-                "max_length": MAX_LENGTH,
-            },
+            "data": pairs,
             "optim": {"learning_rate": preset.dpo_learning_rate},
             "batch": {"size": 32},
             "run": run,
