@@ -288,15 +288,8 @@ def tiny_causal_lm(
     dtype (float32), in train mode (as ``from_config`` returns it), and ``save_pretrained``/``from_pretrained`` round-trippable.
     See :func:`tiny_config` for sizes, ``dropout`` and the differences between architectures.
     """
-    config = tiny_config(
-        arch,
-        tokenizer,
-        hidden_size,
-        num_layers,
-        num_heads,
-        dropout=dropout,
-        max_position_embeddings=max_position_embeddings,
-    )
+    sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads}
+    config = tiny_config(arch, tokenizer, **sizes, dropout=dropout, max_position_embeddings=max_position_embeddings)
     return _seeded(AutoModelForCausalLM.from_config, config, seed)
 
 
@@ -317,15 +310,9 @@ def tiny_reward_model(
     transformers at the rightmost non-pad token of each row. Same arguments and guarantees as
     :func:`tiny_causal_lm`.
     """
+    sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads}
     config = tiny_config(
-        arch,
-        tokenizer,
-        hidden_size,
-        num_layers,
-        num_heads,
-        dropout=dropout,
-        max_position_embeddings=max_position_embeddings,
-        num_labels=1,
+        arch, tokenizer, **sizes, dropout=dropout, max_position_embeddings=max_position_embeddings, num_labels=1
     )
     return _seeded(AutoModelForSequenceClassification.from_config, config, seed)
 
