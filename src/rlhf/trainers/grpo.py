@@ -72,7 +72,7 @@ class Rollout(rl.Rollout):
     mask: torch.Tensor
 
 
-class GRPO:
+class GRPO(rl.Algorithm):
     """The GRPO family inside the RL loop (`rlhf.trainers.rl.train`): groups of responses per prompt (with dynamic
     sampling, more rounds), then the rollout's pass and the clipped per-token updates."""
 
@@ -100,15 +100,6 @@ class GRPO:
                 self.config, self.models, rollout, state, clipped=rl.clipped_objective(self.config, step, self.inputs.d)
             )
         return stats | trained
-
-    def after_step(self, stats: dict[str, float]) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        pass
 
 
 def build_models(config: GRPOConfig, d: Dist) -> rl.Models:

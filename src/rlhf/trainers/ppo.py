@@ -63,7 +63,7 @@ class Rollout(rl.Rollout):
     value_mask: torch.Tensor
 
 
-class PPO:
+class PPO(rl.Algorithm):
     """PPO inside the RL loop (`rlhf.trainers.rl.train`): one response per prompt, the rollout's passes and the
     clipped updates, then the KL controller; β is part of the checkpoint."""
 

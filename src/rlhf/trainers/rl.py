@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -164,8 +164,9 @@ class Models:
         return (policy, value) if policy is not None else None
 
 
-class Algorithm(Protocol):
-    """What PPO and GRPO supply to :func:`train`."""
+class Algorithm:
+    """What PPO and GRPO supply to :func:`train`: their models, how they sample and what they learn; an algorithm
+    with state of its own (PPO's β) also overrides the after-step and the checkpoint methods."""
 
     models: Models
     updates_per_step: int
@@ -173,17 +174,22 @@ class Algorithm(Protocol):
 
     def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
         """Phases 1-2: sample responses to the next prompts and score them."""
+        raise NotImplementedError
 
     def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
         """The rollout's passes and the update (timed as ``logprobs`` and ``train``); their stats."""
+        raise NotImplementedError
 
     def after_step(self, stats: dict[str, float]) -> dict[str, float]:
         """After the update (or its skip), with the step's stats so far: what to add to the row."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """The algorithm's own state in a checkpoint (PPO: β)."""
+        """The algorithm's own state in a checkpoint."""
+        return {}
 
-    def load_state_dict(self, saved: dict[str, Any]) -> None: ...
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` from a checkpoint's entries."""
 
 
 def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]) -> Path:
