@@ -3,27 +3,15 @@ parameters do not move, the value function's do — then the policy trains; each
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import test_ppo
 import torch
 from safetensors.torch import load_file
 
-from rlhf.models.tiny import toy_corpus
 from rlhf.trainers import ppo
 from runs import max_abs_diff, train_rows
 
-
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """40 prompts of 3-4 words from the toy language (36 train, 4 held out)."""
-    path = tmp_path_factory.mktemp("warmup_prompts") / "prompts.jsonl"
-    lines = toy_corpus(40, seed=5)
-    path.write_text("".join(json.dumps({"prompt": " ".join(line.split()[: 3 + i % 2])}) + "\n"
-                            for i, line in enumerate(lines)))  # fmt: skip
-    return path
+prompts_file = test_ppo.prompts_file  # the same 40 toy prompts (36 train, 4 held out), one file per module
 
 
 def snapshots(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, dict[str, torch.Tensor]]]:
