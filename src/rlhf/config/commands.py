@@ -1,11 +1,11 @@
 """The other commands' configs (sample, eval, demo, report, doctor, label) and the table of every command."""
 
 import difflib
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from rlhf.config.base import ConfigError, Count, NonNegativeInt, Positive, Preset, Text, _defaults, section
+from rlhf.config.base import ConfigError, Count, NonNegativeInt, Positive, Text, _defaults, section
 from rlhf.config.sections import (
     BestOfSection,
     JudgeSection,
@@ -20,10 +20,8 @@ from rlhf.config.training import CommandConfig, DPOConfig, GRPOConfig, PPOConfig
 
 
 @section
-class SampleConfig(CommandConfig):
+class SampleConfig(CommandConfig, command="sample"):
     """Sample num_samples completions per prompt and write them as candidates, pairs for labelling, judge-labelled preferences (for `rlhf rm`) or best-of-N demonstrations (for `rlhf sft`)."""
-
-    COMMAND: ClassVar[str] = "sample"
 
     model: ModelSection
     """The model to sample from."""
@@ -52,36 +50,34 @@ class SampleConfig(CommandConfig):
     progress: bool = True
     """Show a progress bar on the console."""
 
-    def _check(self, where: str) -> None:
+    def _check(self) -> None:
         if self.mode in ("pairs", "preferences") and self.num_samples < 2:
             raise ConfigError(
-                f"{where}num_samples={self.num_samples} is out of range; it must be ≥ 2 with mode='{self.mode}' "
+                f"num_samples={self.num_samples} is out of range; it must be ≥ 2 with mode='{self.mode}' "
                 "(a pair needs two)"
             )
         if self.mode in ("preferences", "best_of_n") and self.judge.source is None:
             raise ConfigError(
-                f"{where}mode='{self.mode}' needs a judge to rank the samples; set judge.source to a reward-model "
+                f"mode='{self.mode}' needs a judge to rank the samples; set judge.source to a reward-model "
                 "directory, file.py:function, module:function, URL or a list of {source, weight, name} "
                 "(or use mode='pairs' to label pairs by hand)"
             )
         if self.mode == "pairs" and self.judge.source is not None:
             raise ConfigError(
-                f"{where}judge is not used by mode='pairs' (pairs are written for human labelling); use "
+                "judge is not used by mode='pairs' (pairs are written for human labelling); use "
                 "mode='preferences' to let the judge pick chosen and rejected, or leave judge.source unset"
             )
-        _check_sources(where, "judge", self.judge, pairwise=True)
+        _check_sources("judge", self.judge, pairwise=True)
         if llm_judge(self.judge.source) is not None and self.mode != "preferences":
             raise ConfigError(
-                f"{where}judge.source={self.judge.source!r} is an LLM judge, which compares pairs: it labels "
+                f"judge.source={self.judge.source!r} is an LLM judge, which compares pairs: it labels "
                 f"mode='preferences' only (mode='{self.mode}' needs a score per answer)"
             )
 
 
 @section
-class EvalConfig(CommandConfig):
+class EvalConfig(CommandConfig, command="eval"):
     """Generate on held-out prompts and score the completions with a reward; with a baseline, also the policy's win rate against it under a judge."""
-
-    COMMAND: ClassVar[str] = "eval"
 
     model: ModelSection
     """The model to evaluate (e.g. a run's final/)."""
@@ -114,34 +110,32 @@ class EvalConfig(CommandConfig):
     progress: bool = True
     """Show a progress bar on the console."""
 
-    def _check(self, where: str) -> None:
-        _check_sources(where, "reward", self.reward)
+    def _check(self) -> None:
+        _check_sources("reward", self.reward)
         if self.judge.source is not None and self.baseline is None:
             raise ConfigError(
-                f"{where}judge decides the win rate against baseline, which is not set; set baseline "
+                "judge decides the win rate against baseline, which is not set; set baseline "
                 "(model B) or leave judge.source unset"
             )
-        _check_sources(where, "judge", self.judge)
-        _check_sources(where, "best_of", self.best_of)
+        _check_sources("judge", self.judge)
+        _check_sources("best_of", self.best_of)
         if self.reference is not None and self.best_of.n > 1:
             raise ConfigError(
-                f"{where}reference measures the KL of the policy's own samples, and a best-of-{self.best_of.n} "
+                f"reference measures the KL of the policy's own samples, and a best-of-{self.best_of.n} "
                 "answer is not one (its KL from the sampled model is at most log n − (n−1)/n, reported as "
                 "kl/best_of_n_bound); drop reference or set best_of.n to 1"
             )
         if self.output is not None and self.output == self.samples_output:
-            raise ConfigError(f"{where}output and samples_output are both {self.output!r}; give them different files")
+            raise ConfigError(f"output and samples_output are both {self.output!r}; give them different files")
 
 
 @section
-class DemoConfig(CommandConfig):
+class DemoConfig(CommandConfig, command="demo"):
     """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model and DPO → PPO (and PPO without its KL penalty, to show what the penalty prevents) and GRPO → SFT, best-of-N, DPO, PPO and GRPO compared on the same held-out prompts under the gold judge → report.html."""
-
-    COMMAND: ClassVar[str] = "demo"
 
     output_dir: Text = "runs/demo"
     """Directory for the demo: one run directory per stage, summary.json."""
-    preset: Preset = "small"
+    preset: Literal["tiny", "small"] = "small"
     """Size of the demo (sizes in rlhf.demo.pipeline.PRESETS): tiny (seconds; a smoke test of every stage) or small (a few CPU minutes; every method beats SFT under the gold judge)."""
     steps: Count | None = None
     """Iterations of both PPO and GRPO; None = the preset's own."""
@@ -154,10 +148,8 @@ class DemoConfig(CommandConfig):
 
 
 @section
-class ReportConfig(CommandConfig):
+class ReportConfig(CommandConfig, command="report"):
     """A self-contained HTML report of a ppo/grpo run, or of an rlhf demo directory: training curves, reward against KL, held-out answers, the config. `rlhf report RUN_DIR` is short for --run_dir RUN_DIR."""
-
-    COMMAND: ClassVar[str] = "report"
 
     run_dir: Text
     """The output_dir of a ppo or grpo run (config.yaml, metrics.jsonl, samples/), or of rlhf demo."""
@@ -168,10 +160,8 @@ class ReportConfig(CommandConfig):
 
 
 @section
-class DoctorConfig(CommandConfig):
+class DoctorConfig(CommandConfig, command="doctor"):
     """The training doctor: replay its rules over a run's metrics (finished, crashed or running) and print a verdict — healthy, or each finding with its steps, evidence and the fix to try. Exit code 0 healthy, 1 warnings, 2 critical. `rlhf doctor RUN_DIR` is short for --run_dir RUN_DIR."""
-
-    COMMAND: ClassVar[str] = "doctor"
 
     run_dir: Text
     """The output_dir of an sft, rm, dpo, ppo or grpo run (config.yaml, metrics.jsonl), or a directory of runs such as rlhf demo's."""
@@ -180,10 +170,8 @@ class DoctorConfig(CommandConfig):
 
 
 @section
-class LabelConfig(CommandConfig):
+class LabelConfig(CommandConfig, command="label"):
     """Label pairs: in the browser (a local web page, one or several people), or with an LLM judge; or print the statistics of labels files. `rlhf label PAIRS.jsonl --out PREFS.jsonl` is short for --pairs PAIRS.jsonl --out PREFS.jsonl."""
-
-    COMMAND: ClassVar[str] = "label"
 
     pairs: Text | None = None
     """The pairs to label: what `rlhf sample` writes with mode pairs ({prompt, a, b}) or candidates ({prompt, completions}: every pair of them)."""
@@ -208,24 +196,22 @@ class LabelConfig(CommandConfig):
     judge: SampleJudgeSection = _defaults(SampleJudgeSection)
     """Label the pairs with an LLM judge (source openai:URL#MODEL) instead of the web page."""
 
-    def _check(self, where: str) -> None:
+    def _check(self) -> None:
         if self.stats:
             if self.pairs is not None or self.judge.source is not None:
-                raise ConfigError(
-                    f"{where}stats prints the statistics of labels files; leave pairs and judge.source unset"
-                )
+                raise ConfigError("stats prints the statistics of labels files; leave pairs and judge.source unset")
             return
         if self.pairs is None or self.out is None:
             missing = " and ".join(name for name in ("pairs", "out") if getattr(self, name) is None)
             raise ConfigError(
-                f"{where}{missing} not set: `rlhf label PAIRS.jsonl --out PREFS.jsonl` labels pairs, "
+                f"{missing} not set: `rlhf label PAIRS.jsonl --out PREFS.jsonl` labels pairs, "
                 "`rlhf label --stats PREFS.jsonl` prints statistics"
             )
         if self.judge.source is not None:
-            _check_sources(where, "judge", self.judge, pairwise=True)
+            _check_sources("judge", self.judge, pairwise=True)
             if llm_judge(self.judge.source) is None:
                 raise ConfigError(
-                    f"{where}judge.source={self.judge.source!r}: labelling pairs takes an LLM judge "
+                    f"judge.source={self.judge.source!r}: labelling pairs takes an LLM judge "
                     "(openai:URL#MODEL); to rank answers with a reward model use `rlhf sample --mode preferences`"
                 )
 
@@ -235,7 +221,6 @@ COMMANDS: dict[str, type[CommandConfig]] = {
     "sample": SampleConfig, "eval": EvalConfig, "demo": DemoConfig, "report": ReportConfig, "label": LabelConfig,
     "doctor": DoctorConfig,
 }  # fmt: skip
-"""Command name → its config class."""
 
 
 def config_class(command: str) -> type[CommandConfig]:

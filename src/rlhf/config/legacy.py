@@ -9,10 +9,6 @@ from typing import Any
 
 from rlhf.config.base import ConfigError, _merge
 
-# ---------------------------------------------------------------------------------------------------------------
-# The flat keys of version 0.1, read for one more release: old key → new dotted path, per command.
-# ---------------------------------------------------------------------------------------------------------------
-
 _TRAINING_KEYS = {
     "seed": "run.seed", "train_data": "data.train", "eval_data": "data.eval",
     "learning_rate": "optim.learning_rate", "lr_scheduler": "optim.scheduler", "warmup_steps": "optim.warmup_steps",
@@ -60,19 +56,15 @@ FLAT_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
 read whiten_rewards; a run directory of 0.1 still records it)."""
 
 
-def _is_section(cls: type, name: str) -> bool:
-    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
-    return field is not None and dataclasses.is_dataclass(field.type)
-
-
 def _migrate(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
     """`data` with every flat key of version 0.1 moved to its section; one warning names the moves."""
     moves = FLAT_KEYS.get(cls.COMMAND, {})
+    sections = {f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.type)}
     nested: dict[str, Any] = {}
     moved = []
     for key, value in data.items():
         # a key that is both old and new (`model`, `reward`, `lora` …) is old only when its value is not a mapping
-        if key not in moves or (_is_section(cls, key) and isinstance(value, Mapping)):
+        if key not in moves or (key in sections and isinstance(value, Mapping)):
             nested[key] = _merge(nested.get(key, {}), value) if isinstance(value, Mapping) else value
             continue
         targets = (moves[key],) if isinstance(moves[key], str) else moves[key]
@@ -80,13 +72,7 @@ def _migrate(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
         for target in targets:
             head, name = target.split(".")
             nested.setdefault(head, {})[name] = value
-    if moved:
-        warnings.warn(
-            f"{where}flat keys of rlhf 0.1, read for one more release; write them in their sections: "
-            + ", ".join(moved),
-            FutureWarning,
-            stacklevel=4,
-        )
+    _warn(f"{where}flat keys of rlhf 0.1, read for one more release; write them in their sections: ", moved, 4)
     return nested
 
 
@@ -98,20 +84,22 @@ def _flag_moves(cls: type, args: Sequence[str]) -> list[str]:
         name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         name = name.replace("-", "_")
         negated = name.startswith("no_") and name[3:] in moves
-        key = name[3:] if negated else name
-        target = moves.get(key)
+        target = moves.get(name[3:] if negated else name)
         if target is None:  # a section is never a bare flag, so `--reward X` can only be the old form
             out.append(arg)
             continue
         if not target:
             raise ConfigError(f"{cls.COMMAND}: --{name} had no effect in rlhf 0.1 and is no longer a flag; drop it")
         head, field = (target if isinstance(target, str) else target[0]).split(".")
-        out.append(f"--{head}.{'no_' if negated else ''}{field}{eq}{value}")
-        moved.append(f"--{name} → {out[-1].partition('=')[0]}")
-    if moved:
-        warnings.warn(
-            f"{cls.COMMAND}: flat flags of rlhf 0.1, read for one more release; write: " + ", ".join(moved),
-            FutureWarning,
-            stacklevel=3,
-        )
+        new = f"--{head}.{'no_' if negated else ''}{field}"
+        out.append(new + eq + value)
+        moved.append(f"--{name} → {new}")
+    _warn(f"{cls.COMMAND}: flat flags of rlhf 0.1, read for one more release; write: ", moved, 3)
     return out
+
+
+def _warn(text: str, moved: list[str], stacklevel: int) -> None:
+    """One FutureWarning naming the moves, `stacklevel` counted from the caller (the user's call of load_config or
+    config_from_dict)."""
+    if moved:
+        warnings.warn(text + ", ".join(moved), FutureWarning, stacklevel=stacklevel + 1)

@@ -6,37 +6,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Discriminator, Field, Tag
 
 from rlhf.config.base import (
     ConfigError,
     Count,
-    DType,
-    LRScheduler,
     NonNegative,
     NonNegativeInt,
-    Parallelism,
     Positive,
-    RewardAggregation,
-    Sink,
     Text,
     _defaults,
     _flag,
-    _is_null,
-    _Section,
-    _validate,
     _yaml_flag,
     section,
 )
 from rlhf.core.choices import KLControl, KLEstimator, KLPlacement, MissingEosPenalty
 
-# ---------------------------------------------------------------------------------------------------------------
-# LoRA adapters and reward sources.
-# ---------------------------------------------------------------------------------------------------------------
+DType = Literal["float32", "bfloat16", "float16"]
 
 
 @section
-class LoRAConfig(_Section):
+class LoRAConfig:
     """LoRA adapters (peft) instead of full fine-tuning. YAML: a mapping under ``model.lora``."""
 
     r: Count = 8
@@ -49,18 +39,8 @@ class LoRAConfig(_Section):
     """Module names to adapt; None = peft's default for the architecture, or every linear layer of the decoder (not the output head) where peft has none (e.g. Phi-3); ['all-linear'] = every linear layer except the output head. Names that match no module are refused, listing the model's linear layers."""
 
 
-def _lora_from_text(text: str) -> LoRAConfig | None:
-    if _is_null(text):
-        return None
-    value = _yaml_flag(text, "--model.lora")
-    if not isinstance(value, Mapping):
-        raise ValueError(f"--model.lora: expected a mapping like '{{r: 16, alpha: 32}}' or null, got {text!r}")
-    return _validate(LoRAConfig, value, "--model.lora: ")
-
-
 OptionalLoRA = Annotated[
-    LoRAConfig | None,
-    _flag("None|{r,alpha,dropout,target_modules}", _lora_from_text, lambda v: v is None or isinstance(v, LoRAConfig)),
+    LoRAConfig | None, _flag("None|{r,alpha,dropout,target_modules}", _yaml_flag, LoRAConfig, optional=True)
 ]
 
 
@@ -84,7 +64,7 @@ Source = Annotated[Text, AfterValidator(_source)]
 
 
 @section
-class RewardSpec(_Section):
+class RewardSpec:
     """One entry of a reward list: a source, its weight in the combination, and the name it is logged under."""
 
     source: Source
@@ -109,35 +89,27 @@ def _reward_shape(value: Any) -> Any:
 
 
 def _sources_from_text(text: str) -> Any:
+    """A source, or in YAML a list of {source, weight, name} or one of them."""
     if not text.lstrip().startswith(("[", "{")):
         return text
-    value = _yaml_flag(text, "reward source")
-    return _validate(RewardSources, [value] if isinstance(value, Mapping) else value, "reward source: ")
+    value = _yaml_flag(text)
+    return [value] if isinstance(value, Mapping) else value
 
 
 RewardSources = Annotated[
-    Source | tuple[RewardSpec, ...],
+    Annotated[Source, Tag("str")] | Annotated[tuple[RewardSpec, ...], Tag("list")],
+    Discriminator(lambda value: "str" if isinstance(value, str) else "list"),  # pydantic checks only that branch
     BeforeValidator(_reward_shape),
-    _flag("SOURCE|[{source,weight,name},...]", _sources_from_text, lambda v: isinstance(v, str | tuple)),
+    _flag("SOURCE|[{source,weight,name},...]", _sources_from_text, str | tuple),
 ]
 OptionalRewardSources = Annotated[
     RewardSources | None,
-    _flag(
-        "SOURCE|[{source,weight,name},...]|None",
-        lambda t: None if _is_null(t) else _sources_from_text(t),
-        lambda v: v is None or isinstance(v, str | tuple),
-    ),
+    _flag("SOURCE|[{source,weight,name},...]|None", _sources_from_text, str | tuple, optional=True),
 ]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Sections shared by the commands. A section whose defaults differ between commands gets them from the
-# command's field (`_defaults`); YAML then overrides single keys of those defaults, not the whole section.
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @section
-class ModelSection(_Section):
+class ModelSection:
     """The model a command loads."""
 
     name: Text
@@ -173,7 +145,7 @@ class PolicyModel(TrainModel):
 
 
 @section
-class DataSection(_Section):
+class DataSection:
     """Training and held-out data: a JSONL, JSON or Parquet file, or a `datasets` directory."""
 
     train: Text
@@ -191,7 +163,7 @@ class TextData(DataSection):
 
 
 @section
-class SamplingSection(_Section):
+class SamplingSection:
     """How responses are generated."""
 
     max_prompt_length: Count = 512
@@ -209,12 +181,12 @@ class SamplingSection(_Section):
 
 
 @section
-class JudgeSection(_Section):
+class JudgeSection:
     """A reward source that scores or compares responses, and how a list of them is combined."""
 
     source: OptionalRewardSources = None
     """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML); None = none."""
-    aggregation: RewardAggregation = "sum"
+    aggregation: Literal["sum", "gdpo"] = "sum"
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
 
 
@@ -228,29 +200,23 @@ class BestOfSection(JudgeSection):
     """Picks the best of n: a reward-model directory, file.py:function, module:function, URL or a list of {source, weight, name}; None = reward.source."""
 
 
-LLM_JUDGE_PREFIX = "openai:"
-
-
 def llm_judge(source: Any) -> tuple[str, str] | None:
     """(chat-completions URL, model) of an LLM judge source ``openai:URL#MODEL``; None for any other source.
-
-    URL is the API's base (``http://host:8000/v1``; ``/chat/completions`` is added) or the full endpoint.
-    """
-    if not isinstance(source, str) or not source.startswith(LLM_JUDGE_PREFIX):
+    URL is the API's base (``http://host:8000/v1``; ``/chat/completions`` is added) or the full endpoint."""
+    if not isinstance(source, str) or not source.startswith("openai:"):
         return None
-    url, _, model = source[len(LLM_JUDGE_PREFIX) :].partition("#")
+    url, _, model = source.removeprefix("openai:").partition("#")
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname or not model.strip():
         raise ConfigError(
             f"LLM judge {source!r} must look like openai:http://host:port/v1#model-name (an OpenAI-compatible "
             "chat-completions server and the model it serves)"
         )
-    url = url.rstrip("/")
-    return (url if url.endswith("/chat/completions") else url + "/chat/completions"), model.strip()
+    return url.rstrip("/").removesuffix("/chat/completions") + "/chat/completions", model.strip()
 
 
 @section
-class LLMJudgeSection(_Section):
+class LLMJudgeSection:
     """How an LLM judge (a judge source openai:URL#MODEL) is asked, over any OpenAI-compatible chat-completions API."""
 
     template: Text | None = None
@@ -288,12 +254,12 @@ class SampleJudgeSection(JudgeSection):
 
 
 @section
-class RewardSection(_Section):
+class RewardSection:
     """The reward: one source or a weighted list, and how a list is combined."""
 
     source: RewardSources
     """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML, e.g. --reward.source '[{source: rewards.py:f, weight: 2}]')."""
-    aggregation: RewardAggregation = "sum"
+    aggregation: Literal["sum", "gdpo"] = "sum"
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
 
 
@@ -308,7 +274,7 @@ class PolicyReward(RewardSection):
 
 
 @section
-class KLSection(_Section):
+class KLSection:
     """The KL penalty against the frozen reference policy."""
 
     coef: NonNegative = 0.05
@@ -328,12 +294,12 @@ class KLSection(_Section):
 
 
 @section
-class OptimSection(_Section):
+class OptimSection:
     """AdamW and its learning-rate schedule."""
 
     learning_rate: Positive = 1e-5
     """Peak learning rate."""
-    scheduler: LRScheduler = "linear"
+    scheduler: Literal["constant", "linear", "cosine"] = "linear"
     """Schedule after warm-up: constant, linear decay to 0, or cosine decay to 0."""
     warmup_steps: NonNegativeInt = 0
     """Optimizer steps of linear warm-up from 0 to learning_rate."""
@@ -344,7 +310,7 @@ class OptimSection(_Section):
 
 
 @section
-class BatchSection(_Section):
+class BatchSection:
     """How many examples make an optimizer step, and how many go through one forward/backward pass."""
 
     size: Count = 32
@@ -366,7 +332,7 @@ class PolicyBatch(BatchSection):
 
 
 @section
-class DoctorSection(_Section):
+class DoctorSection:
     """Live alarms: the training doctor's rules read every logged step (README "Training doctor")."""
 
     alarms: bool = True
@@ -376,7 +342,7 @@ class DoctorSection(_Section):
 
 
 @section
-class RunSection(_Section):
+class RunSection:
     """Seeding, logging, checkpoints, resuming and how torchrun ranks share the work."""
 
     seed: NonNegativeInt = 0
@@ -387,7 +353,7 @@ class RunSection(_Section):
     """Write a resumable checkpoint every this many optimizer steps (iterations for ppo/grpo); 0 = only the final model."""
     log_every: Count = 1
     """Log metrics every this many steps."""
-    report_to: tuple[Sink, ...] = ("jsonl",)
+    report_to: tuple[Literal["jsonl", "tensorboard", "wandb", "trackio"], ...] = ("jsonl",)
     """Metric sinks; jsonl writes output_dir/metrics.jsonl."""
     name: Text | None = None
     """Run name for tensorboard / wandb / trackio; None = the name of output_dir."""
@@ -397,62 +363,50 @@ class RunSection(_Section):
     """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
     progress: bool = True
     """Show a progress bar on the console."""
-    parallelism: Parallelism = "auto"
+    parallelism: Literal["auto", "none", "ddp", "fsdp"] = "auto"
     """How the ranks of a torchrun launch share the work (batch sizes stay global): ddp = every rank holds the models and trains on its share of each batch, gradients are averaged; fsdp = FSDP2, parameters, gradients and optimizer state sharded per decoder layer; auto = ddp under torchrun, one process otherwise; none = refuse torchrun."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Rules that span fields, checked once on the final config. Each raises ConfigError naming the fields.
-# ---------------------------------------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> str:
-    found = [d for d in range(1, n + 1) if n % d == 0]
-    return ", ".join(str(d) for d in found[:12]) + (", …" if len(found) > 12 else "")
-
-
-def _check_divides(where: str, name: str, value: int | None, total: int, total_text: str) -> None:
+def _check_divides(name: str, value: int | None, total: int, total_text: str) -> None:
     """`value` (field `name`; None = unset) must divide `total` (described by `total_text`)."""
     if value is not None and total % value != 0:
-        raise ConfigError(
-            f"{where}{name}={value} does not divide {total_text}; choose a divisor of {total} ({_divisors(total)})"
-        )
+        divisors = [str(d) for d in range(1, total + 1) if total % d == 0]
+        shown = ", ".join(divisors[:12]) + (", …" if len(divisors) > 12 else "")
+        raise ConfigError(f"{name}={value} does not divide {total_text}; choose a divisor of {total} ({shown})")
 
 
-def _check_sources(where: str, name: str, scorer: Any, pairwise: bool = False) -> None:
+def _check_sources(name: str, scorer: Any, pairwise: bool = False) -> None:
     """A reward list has unique names; gdpo needs a list; an LLM judge only where pairs are compared."""
     if scorer.source is None:
         return
-    sources = [scorer.source] if isinstance(scorer.source, str) else [spec.source for spec in scorer.source]
-    for source in sources:
+    single = isinstance(scorer.source, str)
+    for source in [scorer.source] if single else [spec.source for spec in scorer.source]:
         try:
             is_llm = llm_judge(source) is not None
         except ConfigError as error:
-            raise ConfigError(f"{where}{name}.source: {error}") from None
-        if is_llm and (not pairwise or not isinstance(scorer.source, str)):
-            raise ConfigError(
-                f"{where}{name}.source={source!r} is an LLM judge, which compares two answers; "
-                + (
-                    "give it alone, not in a list"
-                    if pairwise
-                    else "here each answer needs a score of its own: use "
-                    "it with `rlhf sample --mode preferences` or `rlhf label --judge.source`"
-                )
+            raise ConfigError(f"{name}.source: {error}") from None
+        if is_llm and not (pairwise and single):
+            fix = (
+                "give it alone, not in a list"
+                if pairwise
+                else "here each answer needs a score of its own: use it with `rlhf sample --mode preferences` or "
+                "`rlhf label --judge.source`"
             )
-    if isinstance(scorer.source, str):
-        if scorer.aggregation == "gdpo":
+            raise ConfigError(f"{name}.source={source!r} is an LLM judge, which compares two answers; {fix}")
+    if single and scorer.aggregation == "gdpo":
+        raise ConfigError(
+            f"{name}.aggregation='gdpo' combines several rewards but {name}.source is a single source; give "
+            f"{name}.source as a list of {{source, weight, name}} or use aggregation='sum'"
+        )
+    if not single and not scorer.source:
+        raise ConfigError(f"{name}.source is an empty list; give at least one {{source, weight, name}}")
+    names = [] if single else [spec.name for spec in scorer.source]
+    for i, spec_name in enumerate(names):
+        if spec_name in names[:i]:
             raise ConfigError(
-                f"{where}{name}.aggregation='gdpo' combines several rewards but {name}.source is a single "
-                f"source; give {name}.source as a list of {{source, weight, name}} or use aggregation='sum'"
-            )
-        return
-    if not scorer.source:
-        raise ConfigError(f"{where}{name}.source is an empty list; give at least one {{source, weight, name}}")
-    seen: dict[str, int] = {}
-    for i, spec in enumerate(scorer.source):
-        if spec.name in seen:
-            raise ConfigError(
-                f"{where}{name}.source[{i}].name={spec.name!r} is already used by {name}.source[{seen[spec.name]}]; "
+                f"{name}.source[{i}].name={spec_name!r} is already used by {name}.source[{names.index(spec_name)}]; "
                 "give each reward a distinct `name`"
             )
-        seen[spec.name] = i

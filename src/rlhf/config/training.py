@@ -1,24 +1,12 @@
 """The training commands' configs: the base of every command config, sft, rm and dpo, and the policy-gradient
 family (ppo, grpo) with each trainer's own section."""
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
+import pydantic
 from pydantic import Field
 
-from rlhf.config.base import (
-    _DEFER_CHECKS,
-    _ESTIMATOR_SCALING,
-    ConfigError,
-    Count,
-    Critic,
-    NonNegative,
-    NonNegativeInt,
-    Positive,
-    Text,
-    _defaults,
-    _Section,
-    section,
-)
+from rlhf.config.base import ConfigError, Count, NonNegative, NonNegativeInt, Positive, Text, _defaults, section
 from rlhf.config.sections import (
     BatchSection,
     DataSection,
@@ -37,13 +25,12 @@ from rlhf.config.sections import (
 )
 from rlhf.core.choices import DPOLoss, GroupEstimator, LossAggregation, ScoreConvention
 
-# ---------------------------------------------------------------------------------------------------------------
-# The trainers' own sections.
-# ---------------------------------------------------------------------------------------------------------------
+# How each estimator scales its advantages when `scale_rewards` is "auto".
+_ESTIMATOR_SCALING = {"grpo": "group", "dr_grpo": "none", "rloo": "none", "reinforce_pp": "batch"}
 
 
 @section
-class SFTSection(_Section):
+class SFTSection:
     """Supervised fine-tuning on demonstrations."""
 
     epochs: Count = 3
@@ -53,7 +40,7 @@ class SFTSection(_Section):
 
 
 @section
-class RMSection(_Section):
+class RMSection:
     """The Bradley–Terry reward model."""
 
     epochs: Count = 1
@@ -65,7 +52,7 @@ class RMSection(_Section):
 
 
 @section
-class DPOSection(_Section):
+class DPOSection:
     """Direct preference optimisation: the loss and its strength (formulas in docs/dpo.md)."""
 
     epochs: Count = 1
@@ -81,7 +68,7 @@ class DPOSection(_Section):
 
 
 @section
-class NormalizeSection(_Section):
+class NormalizeSection:
     """Reward normalisation after training: gain and bias so the policy's responses score mean 0, std 1."""
 
     policy: Text | None = None
@@ -97,7 +84,7 @@ class NormalizeSection(_Section):
 
 
 @section
-class PolicyGradientSection(_Section):
+class PolicyGradientSection:
     """The outer loop and the clipped surrogate shared by ppo and grpo."""
 
     steps: Count = 500
@@ -124,7 +111,7 @@ class PPOSection(PolicyGradientSection):
     """Passes over each rollout batch."""
     whiten_rewards: bool = False
     """Rescale the per-token rewards of the batch to unit variance (mean kept) before GAE."""
-    critic: Critic = "auto"
+    critic: Literal["auto", "shared", "separate"] = "auto"
     """Value function: a zero-initialised head on the policy's trunk (shared: one forward gives log-probs and values, no second model), or a separate model (separate: initialised from the reward model when the reward is a model that reads the policy's tokens, else from the policy); auto = separate when such a reward model can start it, else shared. Over 10 runs of the demo (docs/ppo_study.md) the critic started from the reward model gave a higher gold score at a lower KL than the shared head, which starts knowing nothing; it costs a second model's memory and its forward and backward in every update."""
     vf_coef: Positive = 0.1
     """Weight of the value loss in the total loss (the critic only learns through it)."""
@@ -164,23 +151,28 @@ class GRPOSection(PolicyGradientSection):
     """Leave completions cut at max_new_tokens (no stop token) out of the loss (DAPO); they still count in the group statistics."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command configs.
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @section
-class CommandConfig(_Section):
+class CommandConfig:
     """Base of every command config: after pydantic's field checks, `_check` runs the cross-field rules."""
 
     COMMAND: ClassVar[str] = ""
 
-    def __post_init__(self) -> None:
-        if not _DEFER_CHECKS.get():
-            self._check(f"{self.COMMAND}: ")
+    def __init_subclass__(cls, command: str = "", **kwargs: Any) -> None:
+        """`class SFTConfig(TrainingConfig, command="sft")` sets `COMMAND`, the command's name."""
+        super().__init_subclass__(**kwargs)
+        cls.COMMAND = command or cls.COMMAND
 
-    def _check(self, where: str) -> None:
-        """Rules that span fields; `where` prefixes every message."""
+    @pydantic.model_validator(mode="after")
+    def _run_check(self, info: pydantic.ValidationInfo) -> Self:
+        if (info.context or {}).get("check", True):  # tyro's default, built from the YAML, waits for the flags
+            try:
+                self._check()
+            except ConfigError as e:
+                raise ConfigError(f"{self.COMMAND}: {e}") from None
+        return self
+
+    def _check(self) -> None:
+        """Rules that span fields; each raises ConfigError naming the fields (the command's name is added)."""
 
 
 @section
@@ -200,13 +192,13 @@ class TrainingConfig(CommandConfig):
     run: RunSection = _defaults(RunSection)
     """Seed, logging, checkpoints, resuming, parallelism."""
 
-    def _check(self, where: str) -> None:
+    def _check(self) -> None:
         if self.run.resume and self.run.overwrite:
             raise ConfigError(
-                f"{where}run.resume and run.overwrite are both set; resume continues the run in output_dir, "
+                "run.resume and run.overwrite are both set; resume continues the run in output_dir, "
                 "overwrite replaces it — choose one"
             )
-        _check_divides(where, "batch.micro_size", self.batch.micro_size, self.minibatch_size, self._minibatch_text)
+        _check_divides("batch.micro_size", self.batch.micro_size, self.minibatch_size, self._minibatch_text)
 
     @property
     def minibatch_size(self) -> int:
@@ -214,8 +206,12 @@ class TrainingConfig(CommandConfig):
         return self.batch.size
 
     @property
-    def _minibatch_text(self) -> str:
+    def _sequences_text(self) -> str:
         return f"batch.size={self.batch.size}"
+
+    @property
+    def _minibatch_text(self) -> str:
+        return self._sequences_text  # without minibatches the batch is the minibatch
 
     @property
     def effective_micro_batch_size(self) -> int:
@@ -229,10 +225,8 @@ class TrainingConfig(CommandConfig):
 
 
 @section
-class SFTConfig(TrainingConfig):
+class SFTConfig(TrainingConfig, command="sft"):
     """Supervised fine-tuning: next-token loss on the response (assistant) tokens only."""
-
-    COMMAND: ClassVar[str] = "sft"
 
     data: TextData
     """Demonstrations ({"prompt", "response"} or {"messages"} rows)."""
@@ -243,10 +237,8 @@ class SFTConfig(TrainingConfig):
 
 
 @section
-class RMConfig(TrainingConfig):
+class RMConfig(TrainingConfig, command="rm"):
     """Bradley–Terry reward model on preference pairs: loss −log σ(r_chosen − r_rejected [− margin])."""
-
-    COMMAND: ClassVar[str] = "rm"
 
     model: TrainModel
     """The model to start from (a causal LM gets a fresh one-output score head)."""
@@ -257,20 +249,18 @@ class RMConfig(TrainingConfig):
     normalize: NormalizeSection = _defaults(NormalizeSection)
     """Reward normalisation after training."""
 
-    def _check(self, where: str) -> None:
-        super()._check(where)
+    def _check(self) -> None:
+        super()._check()
         if self.normalize.prompts is not None and self.normalize.policy is None:
             raise ConfigError(
-                f"{where}normalize.prompts is set but normalize.policy is None; set normalize.policy to the "
+                "normalize.prompts is set but normalize.policy is None; set normalize.policy to the "
                 "model whose responses the normalisation samples, or drop normalize.prompts"
             )
 
 
 @section
-class DPOConfig(TrainingConfig):
+class DPOConfig(TrainingConfig, command="dpo"):
     """Direct preference optimisation of a causal LM on preference pairs, against its own starting point as the reference: DPO, conservative DPO, robust DPO, IPO or SimPO."""
-
-    COMMAND: ClassVar[str] = "dpo"
 
     model: TrainModel
     """The policy to train (usually the SFT model); its log-probs before training are the reference's."""
@@ -279,11 +269,11 @@ class DPOConfig(TrainingConfig):
     dpo: DPOSection = _defaults(DPOSection)
     """The loss."""
 
-    def _check(self, where: str) -> None:
-        super()._check(where)
+    def _check(self) -> None:
+        super()._check()
         if self.dpo.label_smoothing > 0 and self.dpo.loss == DPOLoss.IPO:
             raise ConfigError(
-                f"{where}dpo.label_smoothing={self.dpo.label_smoothing} has no meaning for dpo.loss='ipo'; "
+                f"dpo.label_smoothing={self.dpo.label_smoothing} has no meaning for dpo.loss='ipo'; "
                 "use loss sigmoid or robust for noisy labels, or set label_smoothing: 0"
             )
 
@@ -322,8 +312,7 @@ class PolicyGradientConfig(TrainingConfig):
     @property
     def clip_range_upper(self) -> float:
         """ε_high: clip_range_high, or clip_range when it is None."""
-        high = self.algorithm.clip_range_high
-        return self.algorithm.clip_range if high is None else high
+        return self.algorithm.clip_range_high or self.algorithm.clip_range  # clip_range_high is None or > 0
 
     @property
     def num_sequences(self) -> int:
@@ -335,32 +324,27 @@ class PolicyGradientConfig(TrainingConfig):
         """Sequences per optimizer step: the iteration's sequences / num_minibatches."""
         return self.num_sequences // self.algorithm.num_minibatches
 
-    def _check(self, where: str) -> None:
-        _check_sources(where, "reward", self.reward)
+    def _check(self) -> None:
+        _check_sources("reward", self.reward)
         if self.kl.control == "adaptive" and self.kl.coef == 0:
             raise ConfigError(
-                f"{where}kl.control='adaptive' scales kl.coef, which is 0 so it would stay 0; "
+                "kl.control='adaptive' scales kl.coef, which is 0 so it would stay 0; "
                 "set kl.coef > 0 (e.g. 0.15) or use kl.control='fixed'"
             )
         if self.kl.reference_ema is not None and (self.kl.coef == 0 or self.model.lora is not None):
             why = (
                 "kl.coef is 0, so there is no reference"
                 if self.kl.coef == 0
-                else (
-                    "with model.lora the reference is the policy's own base weights (the adapter switched off), not a copy"
-                )
+                else "with model.lora the reference is the policy's own base weights (the adapter switched off), "
+                "not a copy"
             )
             raise ConfigError(
-                f"{where}kl.reference_ema moves the reference towards the policy, but {why}; "
+                f"kl.reference_ema moves the reference towards the policy, but {why}; "
                 "drop kl.reference_ema, or train without lora and with kl.coef > 0"
             )
         name = f"{self.COMMAND}.num_minibatches"
-        _check_divides(where, name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
-        super()._check(where)
-
-    @property
-    def _sequences_text(self) -> str:
-        return f"batch.size={self.batch.size}"
+        _check_divides(name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
+        super()._check()
 
     @property
     def _minibatch_text(self) -> str:
@@ -371,10 +355,8 @@ class PolicyGradientConfig(TrainingConfig):
 
 
 @section
-class PPOConfig(PolicyGradientConfig):
+class PPOConfig(PolicyGradientConfig, command="ppo"):
     """PPO with a learned critic: per-token KL-shaped rewards, GAE advantages, clipped policy and value losses."""
-
-    COMMAND: ClassVar[str] = "ppo"
 
     optim: OptimSection = _defaults(OptimSection, learning_rate=3e-6)
     """AdamW and its schedule (policy and critic)."""
@@ -383,10 +365,8 @@ class PPOConfig(PolicyGradientConfig):
 
 
 @section
-class GRPOConfig(PolicyGradientConfig):
+class GRPOConfig(PolicyGradientConfig, command="grpo"):
     """The critic-free GRPO family: G samples per prompt, group-relative advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), the clipped per-token loss, optional DAPO overlong shaping and dynamic sampling."""
-
-    COMMAND: ClassVar[str] = "grpo"
 
     optim: OptimSection = _defaults(OptimSection, learning_rate=1e-6)
     """AdamW and its schedule."""
@@ -417,16 +397,16 @@ class GRPOConfig(PolicyGradientConfig):
             f"grpo.group_size={self.grpo.group_size})"
         )
 
-    def _check(self, where: str) -> None:
+    def _check(self) -> None:
         if self.grpo.estimator != "grpo" and self.grpo.scale_rewards != "auto":
             raise ConfigError(
-                f"{where}grpo.scale_rewards={self.grpo.scale_rewards!r} applies to grpo.estimator='grpo' only; "
+                f"grpo.scale_rewards={self.grpo.scale_rewards!r} applies to grpo.estimator='grpo' only; "
                 f"estimator={str(self.grpo.estimator)!r} scales by {_ESTIMATOR_SCALING[self.grpo.estimator]!r} "
                 "itself, so leave scale_rewards='auto'"
             )
         if self.grpo.overlong_buffer >= self.sampling.max_new_tokens:
             raise ConfigError(
-                f"{where}grpo.overlong_buffer={self.grpo.overlong_buffer} must be below "
+                f"grpo.overlong_buffer={self.grpo.overlong_buffer} must be below "
                 f"sampling.max_new_tokens={self.sampling.max_new_tokens}"
             )
-        super()._check(where)
+        super()._check()
