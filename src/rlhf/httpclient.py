@@ -1,8 +1,6 @@
-"""POST with retries, for the services ``rlhf`` calls over HTTP (a reward server, an LLM judge); standard library only.
-
-A timeout, a refused connection, HTTP 408/429 and 5xx are retried with exponential backoff; another HTTP error
-is final at once. `HttpFailure` says what happened at every try.
-"""
+"""POST with retries, for the services ``rlhf`` calls over HTTP (a reward server, an LLM judge); standard library
+only. A timeout, a refused connection, HTTP 408/429 and 5xx are retried with exponential backoff; another HTTP
+error is final at once. `HttpFailure` says what happened at every try."""
 
 from __future__ import annotations
 
@@ -24,10 +22,8 @@ class HttpFailure(Exception):
 
 
 def post(url: str, data: bytes, headers: Mapping[str, str], timeout: float, tries: int, backoff: float) -> bytes:
-    """The reply body of POSTing ``data`` to ``url``, trying up to ``tries`` times; `HttpFailure` otherwise.
-
-    Sleeps ``backoff`` seconds before the second try, doubled before each further one.
-    """
+    """The reply body of POSTing ``data`` to ``url``, trying up to ``tries`` times (``backoff`` seconds before
+    the second try, doubled before each further one); `HttpFailure` otherwise."""
     failures = []
     for attempt in range(tries):
         if attempt:
@@ -45,14 +41,10 @@ def post(url: str, data: bytes, headers: Mapping[str, str], timeout: float, trie
             if error.code < 500 and error.code not in RETRIED_STATUS:
                 raise HttpFailure(f"refused the request: {detail}", final=True) from error
             failures.append(detail)
-        except TimeoutError as error:  # a read timeout (socket.timeout is TimeoutError)
-            failures.append(f"no reply within {timeout:g} s ({error})")
-        except urllib.error.URLError as error:
-            reason = error.reason
-            if isinstance(reason, TimeoutError):
-                failures.append(f"no reply within {timeout:g} s ({reason})")
-            else:
-                failures.append(f"cannot connect: {reason}")
+        except (TimeoutError, urllib.error.URLError) as error:  # a read timeout (socket.timeout), or no connection
+            reason = error.reason if isinstance(error, urllib.error.URLError) else error
+            timed_out = isinstance(reason, TimeoutError)
+            failures.append(f"no reply within {timeout:g} s ({reason})" if timed_out else f"cannot connect: {reason}")
         except OSError as error:  # connection reset mid-reply and the like
             failures.append(f"{type(error).__name__}: {error}")
     attempts = "; ".join(f"try {i + 1}: {failure}" for i, failure in enumerate(failures))
@@ -61,6 +53,5 @@ def post(url: str, data: bytes, headers: Mapping[str, str], timeout: float, trie
 
 def cut(body: bytes | str) -> str:
     """A reply body shortened for an error message, quoted."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    text = text.strip()
-    return repr(text[:EXCERPT] + "…") if len(text) > EXCERPT else repr(text)
+    text = (body.decode("utf-8", "replace") if isinstance(body, bytes) else body).strip()
+    return repr(text[:EXCERPT] + "…" if len(text) > EXCERPT else text)

@@ -1,13 +1,6 @@
-"""``rlhf doctor RUN_DIR``: read a run's ``metrics.jsonl`` and ``config.yaml`` — finished, crashed or still
-running — replay the rules over it and print a verdict: healthy, or each finding with the steps where it held,
-the evidence and the fix to try. ``--json`` prints the same for tools.
-
-Any run of ``rlhf`` can be read (sft, rm, dpo, ppo, grpo: each rule looks only at the metrics it knows), and
-so can a directory of runs, such as the output of ``rlhf demo``: each run in it is diagnosed in turn.
-
-Exit codes: 0 healthy (info findings only, or nothing logged yet), 1 at least one warning, 2 at least one
-critical finding. A path that is not a run is refused like any bad input of the command line (``error: …``
-on stderr, exit 2, nothing on stdout).
+"""``rlhf doctor RUN_DIR``: read a run's ``metrics.jsonl`` and ``config.yaml`` (or those of each run in a
+directory of runs), replay the rules over it and print the verdict; ``--json`` prints the same for tools. What
+it reads, the verdict and the exit codes (`EXIT_CODES`): the README's 'Training doctor'.
 
 Reading is forgiving on purpose — the doctor is what a user reaches for when a run went wrong: a torn last
 line (the process died mid-write, or the run is writing it right now) and unreadable lines are skipped with a
@@ -56,8 +49,7 @@ class Checkup:
     def status(self) -> str:
         if not self.record.rows:
             return "no_data"
-        worst = max((SEVERITIES.index(f.rule.severity) for f in self.findings), default=-1)
-        return SEVERITIES[worst] if worst >= 0 else "healthy"
+        return max((f.rule.severity for f in self.findings), key=SEVERITIES.index, default="healthy")
 
     def to_dict(self) -> dict[str, Any]:
         steps = [row["step"] for row in self.record.rows]
@@ -103,33 +95,28 @@ def read_run(path: Path) -> RunRecord:
     try:
         config = yaml.safe_load(config_text)
     except yaml.YAMLError as e:
-        config, notes = (
-            None,
-            [
-                f"config.yaml is not readable YAML ({' '.join(str(e).split())}): rules that read "
-                "config limits (max_new_tokens, kl.target, monitors) are skipped"
-            ],
+        config = None
+        notes.append(
+            f"config.yaml is not readable YAML ({' '.join(str(e).split())}): rules that read "
+            "config limits (max_new_tokens, kl.target, monitors) are skipped"
         )
     metrics = path / "metrics.jsonl"
+    # the text after the last newline is a line still being (or never) finished: kept when it is a complete row
     lines = metrics.read_bytes().decode("utf-8", errors="replace").split("\n")
-    torn = lines.pop() if lines else ""  # the text after the last newline: a line still being (or never) finished
     rows = []
     for number, line in enumerate(lines, 1):
-        if line.strip():
-            row = _row(line)
-            if row is None:
-                notes.append(f"{metrics}:{number}: not a metrics row, skipped: {line[:60]!r}")
-            else:
-                rows.append(row)
-    if torn.strip():
-        row = _row(torn)  # a complete row whose newline is all that is missing is kept
-        if row is None:
+        if not line.strip():
+            continue
+        row = _row(line)
+        if row is not None:
+            rows.append(row)
+        elif number == len(lines):
             notes.append(
-                f"{metrics}:{len(lines) + 1}: the last line is incomplete (the run died while writing "
+                f"{metrics}:{number}: the last line is incomplete (the run died while writing "
                 f"it, or is writing it now), skipped"
             )
         else:
-            rows.append(row)
+            notes.append(f"{metrics}:{number}: not a metrics row, skipped: {line[:60]!r}")
     return RunRecord(path, command, config if isinstance(config, dict) else {}, rows, notes)
 
 
@@ -143,21 +130,11 @@ def _row(line: str) -> dict[str, Any] | None:
 
 
 def examine(path: str | Path) -> list[Checkup]:
-    """The doctor's verdict on the run in ``path``, or on each run inside it."""
-    checkups = []
-    for run_dir in run_dirs(Path(path)):
-        record = read_run(run_dir)
-        checkups.append(Checkup(record, diagnose(History(record.rows, record.config))))
-    return checkups
+    records = [read_run(run_dir) for run_dir in run_dirs(Path(path))]
+    return [Checkup(record, diagnose(History(record.rows, record.config))) for record in records]
 
 
-def exit_code(checkups: list[Checkup]) -> int:
-    return max((EXIT_CODES[c.status] for c in checkups), default=0)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # The verdict as text
-# ---------------------------------------------------------------------------------------------------------------
 
 WIDTH = 100
 
@@ -174,31 +151,18 @@ def _render_one(checkup: Checkup) -> str:
     record, findings = checkup.record, checkup.findings
     steps = [row["step"] for row in record.rows]
     span = f"{len(steps)} rows, steps {min(steps)}–{max(steps)}" if steps else "no rows"
-    head = f"{record.path} (rlhf {record.command}, {span})"
-    lines = [head, *(f"  note: {note}" for note in record.notes)]
+    lines = [f"{record.path} (rlhf {record.command}, {span})", *(f"  note: {note}" for note in record.notes)]
     if checkup.status == "no_data":
         lines.append("  no step logged yet: nothing to diagnose")
-        return "\n".join(lines)
-    if not findings:
+    elif not findings:
         lines.append(f"  healthy: none of the {len(RULES)} rules fired")
-        return "\n".join(lines)
-    lines.append("  " + count_text(findings))
-    for finding in findings:
-        lines += _render_finding(finding)
+    else:
+        lines.append("  " + count_text(findings))
+        for f in findings:
+            lines.append(f"  [{f.rule.severity}] {f.rule.name}: {f.rule.diagnosis}")
+            for label, text in (("steps", f.steps_text), ("evidence", f.last), ("try", f.rule.fix)):
+                lines += textwrap.wrap(text, WIDTH, initial_indent=f"      {label:<9}", subsequent_indent=" " * 15)
     return "\n".join(lines)
-
-
-def _render_finding(finding: Finding) -> list[str]:
-    rule = finding.rule
-    wrap = lambda label, text: textwrap.wrap(  # noqa: E731
-        text, WIDTH, initial_indent=f"      {label:<9}", subsequent_indent=" " * 15
-    )
-    return [
-        f"  [{rule.severity}] {rule.name}: {rule.diagnosis}",
-        *wrap("steps", finding.steps_text),
-        *wrap("evidence", finding.last),
-        *wrap("try", rule.fix),
-    ]
 
 
 class Request(Protocol):
@@ -211,7 +175,7 @@ class Request(Protocol):
 def run(config: Request) -> int:
     """`rlhf doctor`: print the verdict (text or JSON) on stdout; returns the exit code."""
     checkups = examine(config.run_dir)
-    code = exit_code(checkups)
+    code = max((EXIT_CODES[c.status] for c in checkups), default=0)
     if config.json:
         worst = max((c.status for c in checkups), key=STATUSES.index)
         print(json.dumps({"status": worst, "exit_code": code, "runs": [c.to_dict() for c in checkups]}, indent=2))

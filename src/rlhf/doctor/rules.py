@@ -3,21 +3,18 @@ failures and name the fix to try. No model code, no torch: a rule reads ``metric
 config, for limits such as ``max_new_tokens``) and nothing else.
 
 A rule's ``check(history)`` looks at the history *up to its last row* and returns the evidence (a sentence with
-the numbers) when the failure shows there, else None. `Watch` follows the rules row by row and says when each
-finding starts and clears; it serves a finished run (`diagnose` replays the rows through one) and a live one
-(the trainer hands it each row it logs), so a finding starts and clears at the same steps in both. A row that
-holds none of a rule's metrics (an evaluation-only row, say) leaves that rule as it was. Checks look back over
-a few rows only and most require the condition for several steps in a row (``patience``) to start, and
-``Rule.hold`` quiet rows to clear, so a noisy metric does not make an alarm flap.
-
-Every threshold below is a default with its reason in the rule's ``threshold`` and ``reason`` text, which the
-README lists; the values were checked to stay silent on the healthy runs of the demo (tests/doctor/fixtures).
+the numbers) when the failure shows there, else None. `Watch` follows the rules row by row for a finished run
+(`diagnose` replays the rows through one) and a live one (the trainer hands it each row it logs) alike, so a
+finding starts and clears at the same steps in both; a row without any of a rule's metrics leaves that rule as
+it was. Each threshold's reason is in its rule's texts; the table of rules, and why most wait several rows to
+start and to clear (``Rule.hold``): the README's 'Training doctor'.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -28,60 +25,40 @@ SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 
 
 class History:
-    """A run's metric rows (each with ``step``) and its config, with fast per-metric series.
+    """A run's metric rows (each with ``step``) and its config, with per-metric series parsed once and kept, so
+    following a run of N rows costs O(N · window) per rule, not O(N²)."""
 
-    ``upto(n)`` is the history of the first ``n`` rows, sharing the parsed series (no copy), so replaying a
-    run of N steps costs O(N · window) per rule, not O(N²).
-    """
-
-    def __init__(
-        self, rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None, end: int | None = None
-    ):
+    def __init__(self, rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None):
         self.rows = list(rows)
         self.config = config or {}
-        self.end = len(self.rows) if end is None else end
-        self._series: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        self._series: dict[str, tuple[list[int], list[float]]] = {}
         self._prefixes: dict[tuple[str, str], list[float]] = {}
-
-    def upto(self, end: int) -> History:
-        view = History([], self.config, end)
-        # the same rows, parsed series and prefix statistics; only the end moves
-        view.rows, view._series, view._prefixes = self.rows, self._series, self._prefixes
-        return view
 
     def append(self, row: Mapping[str, Any]) -> None:
         """One more row at the end (a live run's newest step); the parsed series grow with it."""
-        index = len(self.rows)
         self.rows.append(row)
-        for key, (indices, steps, values) in self._series.items():
-            if _finite(row.get(key)):
-                indices.append(index)
-                steps.append(int(row.get("step", index + 1)))
-                values.append(float(row[key]))
-        self.end = len(self.rows)
+        for key in self._series:
+            self._parse(key, len(self.rows) - 1)
 
     @property
     def step(self) -> int:
-        """The step of the last row (0 for an empty history)."""
-        return int(self.rows[self.end - 1].get("step", 0)) if self.end else 0
+        return int(self.rows[-1].get("step", 0)) if self.rows else 0
 
     def last_row(self) -> Mapping[str, Any]:
-        return self.rows[self.end - 1] if self.end else {}
+        return self.rows[-1] if self.rows else {}
 
     def values(self, key: str) -> list[float]:
-        """The finite values of ``key`` up to the last row, in order."""
-        indices, _, values = self._parsed(key)
-        return values[: bisect.bisect_left(indices, self.end)]
+        """The finite values of ``key``, in order (the history's own list: read it, do not change it)."""
+        return self._parsed(key)[1]
 
     def steps(self, key: str) -> list[int]:
-        indices, steps, _ = self._parsed(key)
-        return steps[: bisect.bisect_left(indices, self.end)]
+        return self._parsed(key)[0]
 
     def prefix(self, name: str, key: str, fn: Callable[[list[float], int, list[float]], float]) -> list[float]:
         """A statistic of ``key``'s values at each position i, ``fn(values, i, out)`` from ``values[: i + 1]`` and
         the earlier ``out``; computed once per position and kept, so a check over the whole history (a running
-        peak, a running minimum) costs O(1) per new row instead of O(rows). Index it below ``len(values(key))``."""
-        values = self._parsed(key)[2]
+        peak, a running minimum) costs O(1) per new row instead of O(rows)."""
+        values = self.values(key)
         out = self._prefixes.setdefault((name, key), [])
         for i in range(len(out), len(values)):
             out.append(fn(values, i, out))
@@ -101,17 +78,20 @@ class History:
             node = node[part]
         return node
 
-    def _parsed(self, key: str) -> tuple[list[int], list[int], list[float]]:
+    def _parsed(self, key: str) -> tuple[list[int], list[float]]:
         if key not in self._series:
-            indices, steps, values = [], [], []
-            for i, row in enumerate(self.rows):
-                value = row.get(key)
-                if _finite(value):
-                    indices.append(i)
-                    steps.append(int(row.get("step", i + 1)))
-                    values.append(float(value))
-            self._series[key] = (indices, steps, values)
+            self._series[key] = ([], [])
+            for i in range(len(self.rows)):
+                self._parse(key, i)
         return self._series[key]
+
+    def _parse(self, key: str, i: int) -> None:
+        """Row ``i`` into ``key``'s series (steps, values) when it holds a finite ``key``."""
+        value = self.rows[i].get(key)
+        if _finite(value):
+            steps, values = self._series[key]
+            steps.append(int(self.rows[i].get("step", i + 1)))
+            values.append(float(value))
 
 
 def _finite(value: Any) -> bool:
@@ -205,11 +185,9 @@ class Event:
 
 class Watch:
     """The rules followed row by row: `observe` takes the next logged row and returns the findings that start
-    or clear there; `holding` is what holds now, `findings()` everything that held so far.
-
-    A finding starts at the first row where its check fires and clears once the check has been silent for
-    ``rule.hold`` rows in a row; its episodes span from a start to the last row where the check fired.
-    """
+    or clear there; `holding` is what holds now, `findings()` everything that held so far. A finding starts at
+    the first row where its check fires and clears once the check has been silent for ``rule.hold`` rows in a
+    row; its episodes span from a start to the last row where the check fired."""
 
     def __init__(self, config: Mapping[str, Any] | None = None, rules: Sequence[Rule] | None = None):
         self.history = History([], config)
@@ -267,18 +245,34 @@ def diagnose(history: History, rules: Sequence[Rule] | None = None) -> list[Find
     """Every rule replayed over the history, row by row (as a live `Watch` sees it): the findings, most severe
     first."""
     watch = Watch(history.config, rules)
-    for row in history.rows[: history.end]:
+    for row in history.rows:
         watch.observe(row)
     return watch.findings()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Helpers of the checks
-# ---------------------------------------------------------------------------------------------------------------
+# The rules: each check (evidence or None) under the texts of its rule, in the order of the README's table
+
+Check = Callable[[History], str | None]
+_RULES: list[Rule] = []
+
+
+def _rule(severity: Severity, metrics: tuple[str, ...], **texts: Any) -> Callable[[Check], Check]:
+    """Add the decorated check to RULES as the rule of its name, with ``texts`` (threshold, reason, diagnosis,
+    fix) and ``hold``; ``@critical(metrics, …)``, ``@warning(…)`` and ``@info(…)`` give the severity."""
+
+    def add(check: Check) -> Check:
+        _RULES.append(Rule(check.__name__, severity, metrics, check=check, **texts))
+        return check
+
+    return add
+
+
+critical = functools.partial(_rule, "critical")
+warning = functools.partial(_rule, "warning")
+info = functools.partial(_rule, "info")
 
 
 def _tail(values: Sequence[float], n: int) -> list[float] | None:
-    """The last ``n`` values, or None when there are fewer."""
     return list(values[-n:]) if len(values) >= n else None
 
 
@@ -287,20 +281,24 @@ def _start(values: Sequence[float], n: int = 3) -> float:
     return statistics.median(values[:n])
 
 
-def _all_above(h: History, key: str, limit: float, patience: int) -> list[float] | None:
-    last = _tail(h.values(key), patience)
-    if last is None or h.current(key) is None:  # the last row must hold the metric: it is about now
-        return None
-    return last if all(v > limit for v in last) else None
+def _each(h: History, key: str, n: int, holds: Callable[[float], bool]) -> list[float] | None:
+    """The last ``n`` values of ``key`` when each ``holds`` and the last row holds the metric (it is about now)."""
+    last = _tail(h.values(key), n)
+    return last if last and h.current(key) is not None and all(map(holds, last)) else None
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# The checks, one per rule (evidence or None)
-# ---------------------------------------------------------------------------------------------------------------
 
 NON_FINITE_KEYS = ("policy/loss", "value/loss", "train/loss", "grad/norm", "reward/mean", "kl/mean")
 
 
+@critical(
+    NON_FINITE_KEYS,
+    threshold="any of them NaN or ±inf",
+    reason="a non-finite loss or gradient poisons every weight it touches",
+    diagnosis="a loss, gradient norm, reward or KL is not a finite number",
+    fix="lower optim.learning_rate, keep optim.max_grad_norm set, check the reward function for inf/NaN, and "
+    "use float32 (model.dtype) if it happened in half precision",
+    hold=1,
+)
 def non_finite(h: History) -> str | None:
     row = h.last_row()
     bad = [key for key in NON_FINITE_KEYS if key in row and not _finite(row[key])]
@@ -309,18 +307,34 @@ def non_finite(h: History) -> str | None:
     return f"{', '.join(f'{k} = {row[k]}' for k in bad)} at step {h.step}" if bad else None
 
 
-def first_ratio(h: History) -> str | None:
+@critical(
+    ("policy/first_ratio_max_dev",),
+    threshold="> 1e-3",
+    reason="before the first update the policy is the one that sampled: the ratio must be exactly 1",
+    diagnosis="the log-probs of the update do not match those of the rollout — a bug, not a tuning problem",
+    fix="check dropout (must be off), sampling.temperature versus the scoring temperature, padding and "
+    "position ids; report it with the run's config",
+    hold=1,
+)
+def first_ratio_not_one(h: History) -> str | None:
     dev = h.current("policy/first_ratio_max_dev")
-    return (
-        f"max |ratio − 1| on the first minibatch = {dev:.3g} at step {h.step} (must be 0)"
-        if dev and dev > 1e-3
-        else None
-    )
+    if dev and dev > 1e-3:
+        return f"max |ratio − 1| on the first minibatch = {dev:.3g} at step {h.step} (must be 0)"
+    return None
 
 
+@critical(
+    ("kl/mean",),
+    threshold="> 3× the largest of the previous (up to) 3 steps, and up by > 2 nats",
+    reason="the KL grows smoothly (at most ~1.5× a step in healthy runs); tripling in one step means one update "
+    "moved the policy far",
+    diagnosis="the KL to the reference jumped in one step: the policy moved far in a single update",
+    fix="lower optim.learning_rate or ppo.epochs / grpo.num_iterations, raise kl.coef, or let the adaptive "
+    "controller hold it (kl.control: adaptive, kl.target)",
+    hold=1,
+)
 def kl_blowup(h: History) -> str | None:
-    kls = h.values("kl/mean")
-    now = h.current("kl/mean")
+    kls, now = h.values("kl/mean"), h.current("kl/mean")
     if now is None or len(kls) < 2:  # from the second row: a first update that wrecks the policy shows at step 2
         return None
     before = max(kls[-4:-1])  # the largest of the (up to) 3 steps before: steady growth never triples in one step
@@ -329,14 +343,31 @@ def kl_blowup(h: History) -> str | None:
     return None
 
 
+@warning(
+    ("kl/mean", "kl/coef"),
+    threshold="> 2 × kl.target for 5 steps (adaptive control)",
+    reason="the adaptive controller moves β by at most 20 % per batch·horizon; twice the target for 5 steps is "
+    "more than it is catching up",
+    diagnosis="the KL stays far above the target the controller is steering to",
+    fix="raise kl.coef (the starting β) or lower kl.horizon so β reacts faster; lower optim.learning_rate",
+    hold=7,
+)
 def kl_above_target(h: History) -> str | None:
     target = h.setting("kl", "target")
     if h.setting("kl", "control") != "adaptive" or not _finite(target):
         return None
-    last = _all_above(h, "kl/mean", 2 * target, 5)
+    last = _each(h, "kl/mean", 5, lambda v: v > 2 * target)
     return f"kl/mean {last[-1]:.3g} > 2 × kl.target {target:g} for the last 5 steps" if last else None
 
 
+@warning(
+    ("policy/entropy",),
+    threshold="< 10 % of its start, or < 0.05 nats per token",
+    reason="a policy this certain stops exploring: every sample is the same answer",
+    diagnosis="the policy's entropy collapsed: it samples nearly the same tokens every time",
+    fix="raise the entropy bonus (ppo.entropy_coef / grpo.entropy_coef), raise kl.coef, lower "
+    "optim.learning_rate, or sample at a higher sampling.temperature",
+)
 def entropy_collapse(h: History) -> str | None:
     values = h.values("policy/entropy")
     if len(values) < 6 or h.current("policy/entropy") is None:
@@ -347,15 +378,30 @@ def entropy_collapse(h: History) -> str | None:
     return None
 
 
+@warning(
+    ("value/explained_variance",),
+    threshold="< 0 for 10 steps after step 10",
+    reason="explained variance < 0 means predicting the mean return would be better than the critic",
+    diagnosis="the critic predicts the returns worse than a constant: GAE advantages are mostly noise",
+    fix="raise ppo.vf_coef or optim.learning_rate for the critic, use ppo.critic: separate (initialised from the "
+    "reward model), or turn on ppo.whiten_rewards",
+    hold=12,
+)
 def critic_worse_than_mean(h: History) -> str | None:
     if h.step <= 10:
         return None  # the value head starts at 0: a young critic predicts worse than the mean
-    last = _tail(h.values("value/explained_variance"), 10)
-    if last is None or h.current("value/explained_variance") is None or not all(v < 0 for v in last):
-        return None
-    return f"value/explained_variance < 0 for the last 10 steps (now {last[-1]:.3g})"
+    last = _each(h, "value/explained_variance", 10, lambda v: v < 0)
+    return f"value/explained_variance < 0 for the last 10 steps (now {last[-1]:.3g})" if last else None
 
 
+@warning(
+    ("value/loss",),
+    threshold="median of 5 steps > 5× its lowest, and rising",
+    reason="a value loss that climbs back up means the critic is diverging from the returns",
+    diagnosis="the critic is diverging: its loss keeps rising",
+    fix="lower optim.learning_rate, lower ppo.vf_coef, keep ppo.value_clip_range at 0.2, or whiten rewards "
+    "(ppo.whiten_rewards)",
+)
 def value_loss_rising(h: History) -> str | None:
     values = h.values("value/loss")
     if len(values) < 15 or h.current("value/loss") is None:
@@ -373,89 +419,147 @@ def value_loss_rising(h: History) -> str | None:
     return None
 
 
+@warning(
+    ("value/clipfrac",),
+    threshold="> 0.9 for 5 steps",
+    reason="when nearly every value is clipped the critic can hardly move",
+    diagnosis="almost every value prediction is clipped: the critic is stuck far from the returns",
+    fix="raise ppo.value_clip_range, or rescale the rewards (ppo.whiten_rewards, a normalised reward model)",
+    hold=7,
+)
 def value_clip_saturated(h: History) -> str | None:
-    last = _all_above(h, "value/clipfrac", 0.9, 5)
+    last = _each(h, "value/clipfrac", 5, lambda v: v > 0.9)
     return f"value/clipfrac {last[-1]:.2f} (> 0.9 for the last 5 steps)" if last else None
 
 
+@warning(
+    ("policy/clipfrac",),
+    threshold="> 0.3 for 5 steps",
+    reason="PPO's clip is a brake; hitting it on a third of the tokens means each update tries to go too far",
+    diagnosis="the updates are too large: the clip cuts a large share of the tokens",
+    fix="lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches",
+    hold=7,
+)
 def clipfrac_high(h: History) -> str | None:
-    last = _all_above(h, "policy/clipfrac", 0.3, 5)
+    last = _each(h, "policy/clipfrac", 5, lambda v: v > 0.3)
     return f"policy/clipfrac {last[-1]:.2f} (> 0.3 for the last 5 steps)" if last else None
 
 
+@warning(
+    ("policy/approx_kl",),
+    threshold="> 0.1 for 3 steps",
+    reason="per-update KL of 0.01–0.05 is typical; above 0.1 the old log-probs no longer describe the policy",
+    diagnosis="each update moves the policy far from the one that sampled the batch",
+    fix="lower optim.learning_rate or ppo.epochs / grpo.num_iterations; raise num_minibatches",
+    hold=5,
+)
 def approx_kl_high(h: History) -> str | None:
-    last = _all_above(h, "policy/approx_kl", 0.1, 3)
+    last = _each(h, "policy/approx_kl", 3, lambda v: v > 0.1)
     return f"policy/approx_kl {last[-1]:.3g} (> 0.1 for the last 3 steps)" if last else None
 
 
-def _updates_per_rollout(h: History) -> int:
-    """Optimizer steps per sampled batch from the config (1: the ratio is 1 by construction)."""
+@warning(
+    ("policy/clipfrac", "policy/approx_kl"),
+    threshold="clipfrac < 1e-4 and approx-KL < 1e-8 for 10 steps (several updates per rollout)",
+    reason="with several updates per rollout the later ones must see a moved policy",
+    diagnosis="the policy does not change between updates: nothing is being learnt",
+    fix="raise optim.learning_rate, check that the rewards vary (reward/std) and that the advantages are not 0 "
+    "(advantages/abs_mean)",
+    hold=12,
+)
+def nothing_moves(h: History) -> str | None:
+    # optimizer steps per sampled batch; with one the ratio is exactly 1: clipfrac and approx-KL are 0 by design
     ppo, grpo = h.setting("ppo"), h.setting("grpo")
     section = ppo if isinstance(ppo, Mapping) else grpo if isinstance(grpo, Mapping) else {}
     passes = section.get("epochs", section.get("num_iterations", 1))
-    return int(passes) * int(section.get("num_minibatches", 1))
-
-
-def nothing_moves(h: History) -> str | None:
-    if _updates_per_rollout(h) <= 1:
-        return None  # one update per rollout: the ratio is exactly 1, clipfrac and approx-KL are 0 by design
-    clip, kl = _tail(h.values("policy/clipfrac"), 10), _tail(h.values("policy/approx_kl"), 10)
-    if clip is None or kl is None or h.current("policy/approx_kl") is None:
+    if int(passes) * int(section.get("num_minibatches", 1)) <= 1:
         return None
-    if max(clip) < 1e-4 and max(kl) < 1e-8:
+    clip, kl = _tail(h.values("policy/clipfrac"), 10), _each(h, "policy/approx_kl", 10, lambda v: v < 1e-8)
+    if clip and kl and max(clip) < 1e-4:
         return f"policy/clipfrac ≤ {max(clip):.2g} and policy/approx_kl ≤ {max(kl):.2g} for the last 10 steps"
     return None
 
 
-def _drift(h: History, key: str) -> tuple[float, list[float]] | None:
-    """(where ``key`` started, its last 5 values) once it has 8 values and the last row holds it, else None: what
-    the rules about a metric drifting away from its start compare."""
+def _drift(h: History, key: str) -> tuple[float, list[float]]:
+    """(where ``key`` started, its last 5 values) once it has 8 values and the last row holds it, else (nan, []):
+    what the rules about a metric drifting away from its start compare."""
     values = h.values(key)
     if len(values) < 8 or h.current(key) is None:
-        return None
+        return math.nan, []
     return _start(values), values[-5:]
 
 
+@warning(
+    ("response/length_mean",),
+    threshold="mean of the last 5 steps ≥ 93 % of max_new_tokens, from < 80 %",
+    reason="responses that all run to the limit usually game a reward that pays for length",
+    diagnosis="the responses grow to max_new_tokens: the reward may be paying for length",
+    fix="add a length penalty or a missing-EOS penalty (reward.missing_eos_penalty), raise kl.coef, or check the "
+    "reward model's bias for long answers",
+    hold=7,
+)
 def length_to_max(h: History) -> str | None:
     limit = h.setting("sampling", "max_new_tokens")
-    drift = _drift(h, "response/length_mean")
-    if not _finite(limit) or drift is None:
-        return None
-    start, last = drift
+    start, last = _drift(h, "response/length_mean")
     # the mean, not every step: on a small batch one answer that still ends early pulls a step below the limit
-    if start < 0.8 * limit and statistics.fmean(last) >= 0.93 * limit:
+    if _finite(limit) and last and start < 0.8 * limit and statistics.fmean(last) >= 0.93 * limit:
         return f"response/length_mean {last[-1]:.3g} of max_new_tokens {limit}, started at {start:.3g}"
     return None
 
 
+@warning(
+    ("response/length_mean",),
+    threshold="≤ 1.5 tokens for 5 steps, from > 3",
+    reason="an empty answer that scores well means the reward favours saying nothing",
+    diagnosis="the responses shrank to (almost) nothing",
+    fix="check the reward for short or empty answers (a floor, a missing-EOS penalty that is too large), raise kl.coef",
+    hold=7,
+)
 def length_to_one(h: History) -> str | None:
-    drift = _drift(h, "response/length_mean")
-    if drift is None:
-        return None
-    start, last = drift
-    if start > 3 and all(v <= 1.5 for v in last):
+    start, last = _drift(h, "response/length_mean")
+    if last and start > 3 and all(v <= 1.5 for v in last):
         return f"response/length_mean {last[-1]:.3g} tokens, started at {start:.3g}"
     return None
 
 
+@warning(
+    ("response/eos_rate",),
+    threshold="< half its start (and < 0.5) for 5 steps",
+    reason="a policy that stops ending its answers is usually being paid for length, or cut at the limit",
+    diagnosis="the end-of-sequence token stopped appearing",
+    fix="set reward.missing_eos_penalty, raise kl.coef, or raise sampling.max_new_tokens if answers are cut",
+    hold=7,
+)
 def eos_vanishing(h: History) -> str | None:
-    drift = _drift(h, "response/eos_rate")
-    if drift is None:
-        return None
-    start, last = drift
-    if start >= 0.5 and all(v < min(0.5, 0.5 * start) for v in last):
+    start, last = _drift(h, "response/eos_rate")
+    if last and start >= 0.5 and all(v < min(0.5, 0.5 * start) for v in last):
         return f"response/eos_rate {last[-1]:.2f} (under half its start, {start:.2f}, for the last 5 steps)"
     return None
 
 
+@warning(
+    ("reward/zero_std_groups",),
+    threshold="≥ 90 % of the groups for 5 steps",
+    reason="GRPO learns from differences within a group; equal rewards give zero advantages",
+    diagnosis="almost every group's samples score the same: there is no learning signal",
+    fix="raise grpo.group_size or sampling.temperature, use a finer-grained reward, or turn on grpo.dynamic_sampling",
+    hold=7,
+)
 def no_group_signal(h: History) -> str | None:
-    last = _all_above(h, "reward/zero_std_groups", 0.9 - 1e-9, 5)
+    last = _each(h, "reward/zero_std_groups", 5, lambda v: v > 0.9 - 1e-9)
     return f"{last[-1]:.0%} of the groups had equal rewards for each of the last 5 steps" if last else None
 
 
+@info(
+    ("grad/norm",),
+    threshold="> 10× the median of the previous 20 steps",
+    reason="an isolated spike is clipped by optim.max_grad_norm; repeated ones precede divergence",
+    diagnosis="the gradient norm spiked",
+    fix="keep optim.max_grad_norm set (1.0); if spikes repeat, lower optim.learning_rate",
+    hold=1,
+)
 def grad_spike(h: History) -> str | None:
-    norms = h.values("grad/norm")
-    now = h.current("grad/norm")
+    norms, now = h.values("grad/norm"), h.current("grad/norm")
     if now is None or len(norms) < 11:
         return None
     median = statistics.median(norms[-21:-1])
@@ -472,10 +576,17 @@ def _monitors(h: History) -> list[str]:
     return [str(s["name"]) for s in source if isinstance(s, Mapping) and s.get("weight") == 0 and "name" in s]
 
 
+@warning(
+    ("reward/mean", "eval/reward/mean", "reward/<monitor>/mean"),
+    threshold="the truth (smoothed) gave back > ½ of its gain over the start, by > 2× its noise, while the proxy "
+    "stayed at or above its level at the truth's best",
+    reason="Gao et al. (2022): past some KL, a proxy reward keeps rising while the true score falls",
+    diagnosis="reward hacking: the optimised reward keeps rising while the held-out (or monitor) reward falls",
+    fix="raise kl.coef or use kl.control: adaptive with a kl.target, stop earlier (use the checkpoint at the "
+    "best held-out step), or improve the reward model with more labels",
+)
 def over_optimisation(h: History) -> str | None:
-    """The truth (a monitor reward, held-out or on the training batches, else the held-out reward) gave back
-    more than half of what it had gained — by more than its noise — while the optimised reward kept at or
-    above where it was at the truth's best."""
+    """The truth: a monitor reward (held-out or on the training batches), else the held-out reward."""
     monitors = _monitors(h)
     candidates = [(f"eval/reward/{m}/mean", 2) for m in monitors] + [(f"reward/{m}/mean", 5) for m in monitors]
     candidates += [("eval/reward/mean", 2)]
@@ -522,6 +633,14 @@ def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
     return statistics.fmean(h.values(key)[lo:hi]) if hi > lo else None
 
 
+@warning(
+    ("rewards/accuracies", "train/accuracy"),
+    threshold="|mean of 10 steps − 0.5| < 0.05 after step 20",
+    reason="a preference model (or DPO policy) at 50 % has learnt nothing from the pairs",
+    diagnosis="preference accuracy stays at chance",
+    fix="check the labels (chosen and rejected not swapped, not random), raise optim.learning_rate, or for dpo "
+    "raise dpo.beta",
+)
 def accuracy_at_chance(h: History) -> str | None:
     key = next((k for k in ("rewards/accuracies", "train/accuracy") if h.values(k)), None)
     if key is None or h.step < 20 or h.current(key) is None:
@@ -532,6 +651,13 @@ def accuracy_at_chance(h: History) -> str | None:
     return None
 
 
+@warning(
+    ("eval/loss", "train/loss"),
+    threshold="3 rises in a row while train/loss falls",
+    reason="the model fits the training set better and the held-out set worse: overfitting",
+    diagnosis="the held-out loss rises while the training loss falls (overfitting)",
+    fix="train fewer epochs, lower optim.learning_rate, add data or use the checkpoint before the rise",
+)
 def eval_loss_rising(h: History) -> str | None:
     evals, train = h.values("eval/loss"), h.values("train/loss")
     if len(evals) < 4 or len(train) < 10:  # the last evaluation stands until the next one
@@ -543,227 +669,5 @@ def eval_loss_rising(h: History) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The rule set
-# ---------------------------------------------------------------------------------------------------------------
-
-RULES: tuple[Rule, ...] = (
-    Rule(
-        name="non_finite",
-        severity="critical",
-        metrics=NON_FINITE_KEYS,
-        threshold="any of them NaN or ±inf",
-        reason="a non-finite loss or gradient poisons every weight it touches",
-        diagnosis="a loss, gradient norm, reward or KL is not a finite number",
-        fix="lower optim.learning_rate, keep optim.max_grad_norm set, check the reward function for inf/NaN, and "
-        "use float32 (model.dtype) if it happened in half precision",
-        check=non_finite,
-        hold=1,
-    ),
-    Rule(
-        name="first_ratio_not_one",
-        severity="critical",
-        metrics=("policy/first_ratio_max_dev",),
-        threshold="> 1e-3",
-        reason="before the first update the policy is the one that sampled: the ratio must be exactly 1",
-        diagnosis="the log-probs of the update do not match those of the rollout — a bug, not a tuning problem",
-        fix="check dropout (must be off), sampling.temperature versus the scoring temperature, padding and "
-        "position ids; report it with the run's config",
-        check=first_ratio,
-        hold=1,
-    ),
-    Rule(
-        name="kl_blowup",
-        severity="critical",
-        metrics=("kl/mean",),
-        threshold="> 3× the largest of the previous (up to) 3 steps, and up by > 2 nats",
-        reason="the KL grows smoothly (at most ~1.5× a step in healthy runs); tripling in one step means one update "
-        "moved the policy far",
-        diagnosis="the KL to the reference jumped in one step: the policy moved far in a single update",
-        fix="lower optim.learning_rate or ppo.epochs / grpo.num_iterations, raise kl.coef, or let the adaptive "
-        "controller hold it (kl.control: adaptive, kl.target)",
-        check=kl_blowup,
-        hold=1,
-    ),
-    Rule(
-        name="kl_above_target",
-        severity="warning",
-        metrics=("kl/mean", "kl/coef"),
-        threshold="> 2 × kl.target for 5 steps (adaptive control)",
-        reason="the adaptive controller moves β by at most 20 % per batch·horizon; twice the target for 5 steps is "
-        "more than it is catching up",
-        diagnosis="the KL stays far above the target the controller is steering to",
-        fix="raise kl.coef (the starting β) or lower kl.horizon so β reacts faster; lower optim.learning_rate",
-        check=kl_above_target,
-        hold=7,
-    ),
-    Rule(
-        name="entropy_collapse",
-        severity="warning",
-        metrics=("policy/entropy",),
-        threshold="< 10 % of its start, or < 0.05 nats per token",
-        reason="a policy this certain stops exploring: every sample is the same answer",
-        diagnosis="the policy's entropy collapsed: it samples nearly the same tokens every time",
-        fix="raise the entropy bonus (ppo.entropy_coef / grpo.entropy_coef), raise kl.coef, lower "
-        "optim.learning_rate, or sample at a higher sampling.temperature",
-        check=entropy_collapse,
-    ),
-    Rule(
-        name="critic_worse_than_mean",
-        severity="warning",
-        metrics=("value/explained_variance",),
-        threshold="< 0 for 10 steps after step 10",
-        reason="explained variance < 0 means predicting the mean return would be better than the critic",
-        diagnosis="the critic predicts the returns worse than a constant: GAE advantages are mostly noise",
-        fix="raise ppo.vf_coef or optim.learning_rate for the critic, use ppo.critic: separate (initialised from the "
-        "reward model), or turn on ppo.whiten_rewards",
-        check=critic_worse_than_mean,
-        hold=12,
-    ),
-    Rule(
-        name="value_loss_rising",
-        severity="warning",
-        metrics=("value/loss",),
-        threshold="median of 5 steps > 5× its lowest, and rising",
-        reason="a value loss that climbs back up means the critic is diverging from the returns",
-        diagnosis="the critic is diverging: its loss keeps rising",
-        fix="lower optim.learning_rate, lower ppo.vf_coef, keep ppo.value_clip_range at 0.2, or whiten rewards "
-        "(ppo.whiten_rewards)",
-        check=value_loss_rising,
-    ),
-    Rule(
-        name="value_clip_saturated",
-        severity="warning",
-        metrics=("value/clipfrac",),
-        threshold="> 0.9 for 5 steps",
-        reason="when nearly every value is clipped the critic can hardly move",
-        diagnosis="almost every value prediction is clipped: the critic is stuck far from the returns",
-        fix="raise ppo.value_clip_range, or rescale the rewards (ppo.whiten_rewards, a normalised reward model)",
-        check=value_clip_saturated,
-        hold=7,
-    ),
-    Rule(
-        name="clipfrac_high",
-        severity="warning",
-        metrics=("policy/clipfrac",),
-        threshold="> 0.3 for 5 steps",
-        reason="PPO's clip is a brake; hitting it on a third of the tokens means each update tries to go too far",
-        diagnosis="the updates are too large: the clip cuts a large share of the tokens",
-        fix="lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches",
-        check=clipfrac_high,
-        hold=7,
-    ),
-    Rule(
-        name="approx_kl_high",
-        severity="warning",
-        metrics=("policy/approx_kl",),
-        threshold="> 0.1 for 3 steps",
-        reason="per-update KL of 0.01–0.05 is typical; above 0.1 the old log-probs no longer describe the policy",
-        diagnosis="each update moves the policy far from the one that sampled the batch",
-        fix="lower optim.learning_rate or ppo.epochs / grpo.num_iterations; raise num_minibatches",
-        check=approx_kl_high,
-        hold=5,
-    ),
-    Rule(
-        name="nothing_moves",
-        severity="warning",
-        metrics=("policy/clipfrac", "policy/approx_kl"),
-        threshold="clipfrac < 1e-4 and approx-KL < 1e-8 for 10 steps (several updates per rollout)",
-        reason="with several updates per rollout the later ones must see a moved policy",
-        diagnosis="the policy does not change between updates: nothing is being learnt",
-        fix="raise optim.learning_rate, check that the rewards vary (reward/std) and that the advantages are not 0 "
-        "(advantages/abs_mean)",
-        check=nothing_moves,
-        hold=12,
-    ),
-    Rule(
-        name="length_to_max",
-        severity="warning",
-        metrics=("response/length_mean",),
-        threshold="mean of the last 5 steps ≥ 93 % of max_new_tokens, from < 80 %",
-        reason="responses that all run to the limit usually game a reward that pays for length",
-        diagnosis="the responses grow to max_new_tokens: the reward may be paying for length",
-        fix="add a length penalty or a missing-EOS penalty (reward.missing_eos_penalty), raise kl.coef, or check the "
-        "reward model's bias for long answers",
-        check=length_to_max,
-        hold=7,
-    ),
-    Rule(
-        name="length_to_one",
-        severity="warning",
-        metrics=("response/length_mean",),
-        threshold="≤ 1.5 tokens for 5 steps, from > 3",
-        reason="an empty answer that scores well means the reward favours saying nothing",
-        diagnosis="the responses shrank to (almost) nothing",
-        fix="check the reward for short or empty answers (a floor, a missing-EOS penalty that is too large), raise kl.coef",
-        check=length_to_one,
-        hold=7,
-    ),
-    Rule(
-        name="eos_vanishing",
-        severity="warning",
-        metrics=("response/eos_rate",),
-        threshold="< half its start (and < 0.5) for 5 steps",
-        reason="a policy that stops ending its answers is usually being paid for length, or cut at the limit",
-        diagnosis="the end-of-sequence token stopped appearing",
-        fix="set reward.missing_eos_penalty, raise kl.coef, or raise sampling.max_new_tokens if answers are cut",
-        check=eos_vanishing,
-        hold=7,
-    ),
-    Rule(
-        name="no_group_signal",
-        severity="warning",
-        metrics=("reward/zero_std_groups",),
-        threshold="≥ 90 % of the groups for 5 steps",
-        reason="GRPO learns from differences within a group; equal rewards give zero advantages",
-        diagnosis="almost every group's samples score the same: there is no learning signal",
-        fix="raise grpo.group_size or sampling.temperature, use a finer-grained reward, or turn on grpo.dynamic_sampling",
-        check=no_group_signal,
-        hold=7,
-    ),
-    Rule(
-        name="grad_spike",
-        severity="info",
-        metrics=("grad/norm",),
-        threshold="> 10× the median of the previous 20 steps",
-        reason="an isolated spike is clipped by optim.max_grad_norm; repeated ones precede divergence",
-        diagnosis="the gradient norm spiked",
-        fix="keep optim.max_grad_norm set (1.0); if spikes repeat, lower optim.learning_rate",
-        check=grad_spike,
-        hold=1,
-    ),
-    Rule(
-        name="over_optimisation",
-        severity="warning",
-        metrics=("reward/mean", "eval/reward/mean", "reward/<monitor>/mean"),
-        threshold="the truth (smoothed) gave back > ½ of its gain over the start, by > 2× its noise, while the proxy "
-        "stayed at or above its level at the truth's best",
-        reason="Gao et al. (2022): past some KL, a proxy reward keeps rising while the true score falls",
-        diagnosis="reward hacking: the optimised reward keeps rising while the held-out (or monitor) reward falls",
-        fix="raise kl.coef or use kl.control: adaptive with a kl.target, stop earlier (use the checkpoint at the "
-        "best held-out step), or improve the reward model with more labels",
-        check=over_optimisation,
-    ),
-    Rule(
-        name="accuracy_at_chance",
-        severity="warning",
-        metrics=("rewards/accuracies", "train/accuracy"),
-        threshold="|mean of 10 steps − 0.5| < 0.05 after step 20",
-        reason="a preference model (or DPO policy) at 50 % has learnt nothing from the pairs",
-        diagnosis="preference accuracy stays at chance",
-        fix="check the labels (chosen and rejected not swapped, not random), raise optim.learning_rate, or for dpo "
-        "raise dpo.beta",
-        check=accuracy_at_chance,
-    ),
-    Rule(
-        name="eval_loss_rising",
-        severity="warning",
-        metrics=("eval/loss", "train/loss"),
-        threshold="3 rises in a row while train/loss falls",
-        reason="the model fits the training set better and the held-out set worse: overfitting",
-        diagnosis="the held-out loss rises while the training loss falls (overfitting)",
-        fix="train fewer epochs, lower optim.learning_rate, add data or use the checkpoint before the rise",
-        check=eval_loss_rising,
-    ),
-)
-"""Every rule, in the order they are listed (the README's table)."""
+RULES: tuple[Rule, ...] = tuple(_RULES)
+"""Every rule, in the order they are defined (the README's table)."""
