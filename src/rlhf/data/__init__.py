@@ -10,8 +10,7 @@ before any training starts, and raises one `DataError` listing every problem fou
     batch = next(stream)
     input_ids, attention_mask = left_pad(batch.input_ids, require_pad_token_id(tokenizer))
 
-Formats: JSONL, JSON, Parquet, or a ``datasets`` directory (`read_records`). Shapes per kind: see
-`rlhf.data.records`. Conventions for special tokens and truncation: see `rlhf.data.tokenization`.
+Formats: `read_records`; shapes per kind: `rlhf.data.records`; special tokens and truncation: `rlhf.data.tokenization`.
 """
 
 from __future__ import annotations
@@ -57,24 +56,11 @@ if TYPE_CHECKING:
         right_pad,
     )
 
-_COLLATE = frozenset(
-    {
-        "PreferenceBatch",
-        "SFTBatch",
-        "collate_preferences",
-        "collate_sft",
-        "left_pad",
-        "pad_sequences",
-        "position_ids_from_mask",
-        "right_pad",
-    }
-)
-"""Names from `rlhf.data.collate`, imported on first use: it needs torch, and reading or checking a data file
-(``rlhf label``, ``rlhf.data.labels``) must not wait for torch to load."""
-
 
 def __getattr__(name: str) -> object:
-    if name in _COLLATE:
+    # Only the names of `rlhf.data.collate` are listed in __all__ without being imported above: that module needs
+    # torch, imported on first use so that reading or checking a data file (``rlhf label``) need not wait for it.
+    if name in __all__:
         from rlhf.data import collate
 
         return getattr(collate, name)
@@ -101,11 +87,8 @@ def read_sft(path: PathLike) -> list[SFTExample]:
 
 
 def read_preferences(path: PathLike) -> list[PreferenceExample]:
-    """Read and validate a preferences file (no tokenizer needed): raises `DataError` with ``file:line``.
-
-    A labels file (``rlhf label``, an LLM judge: `rlhf.data.labels`) gives its live preferences: ties, skips and
-    retracted labels are left out, and stderr says how many.
-    """
+    """Read and validate a preferences file (no tokenizer needed): raises `DataError` with ``file:line``. A labels
+    file (`rlhf.data.labels`) gives its live preferences, and stderr says how many labels were left out."""
     records = read_records(path)
     if is_label_file(records):
         records, counts = live_preferences(records)
@@ -152,20 +135,13 @@ def load_preferences(
     model_max_length: int | None = None,
     join_text: bool = False,
 ) -> list[TokenizedPreference]:
-    """Read, validate and tokenise comparisons for the reward model (eos appended to each response).
-
-    ``model_max_length`` (the model's positions) turns prompts that leave no room for a response, and pairs
-    longer than it, into ``file:line`` errors; ``join_text`` encodes ``prompt + response`` as one text for
-    encoder reward models. See `tokenize_preferences`.
+    """Read, validate and tokenise comparisons for the reward model (eos appended to each response);
+    ``model_max_length`` (the model's positions) and ``join_text`` (encoder reward models): see `tokenize_preferences`.
     """
     require_pad_token_id(tokenizer)
+    examples = read_preferences(path)
     return tokenize_preferences(
-        read_preferences(path),
-        tokenizer,
-        max_length,
-        max_prompt_length,
-        model_max_length=model_max_length,
-        join_text=join_text,
+        examples, tokenizer, max_length, max_prompt_length, model_max_length=model_max_length, join_text=join_text
     )
 
 

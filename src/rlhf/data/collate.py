@@ -1,15 +1,10 @@
 """Collation of token id lists into padded tensors.
 
-Notation: ``B`` sequences in the batch, ``L`` the longest sequence's length.
-
-- Prompts for generation are padded on the **left** (`left_pad`), so every prompt ends at column ``L-1``
-  and generated tokens line up in the columns after it (checklist item 2).
-- Training and scoring sequences (SFT, reward model) are padded on the **right** (`right_pad`), labels with
-  `IGNORE_INDEX`.
-- Pass `position_ids_from_mask` to every training/scoring forward of a left-padded batch (not to
-  ``generate()``, which computes its own): the first real token gets position 0 whatever the padding.
-
-Padding uses the tokenizer's pad id, which must differ from eos (`require_pad_token_id`, checklist item 1).
+``B`` sequences in the batch, ``L`` the longest one's length. Prompts for generation are padded on the **left**
+(`left_pad`), so every prompt ends at column ``L-1`` and generated tokens line up after it (checklist item 2);
+pass `position_ids_from_mask` to every training/scoring forward of a left-padded batch (not to ``generate()``,
+which computes its own). Training and scoring sequences (SFT, reward model) are padded on the **right**
+(`right_pad`), labels with `IGNORE_INDEX`. The pad id must differ from eos (`require_pad_token_id`, item 1).
 """
 
 from __future__ import annotations
@@ -32,12 +27,8 @@ def pad_sequences(seqs: Sequence[Sequence[int]], value: int, side: Literal["left
     length = max(len(s) for s in seqs)
     out = torch.full((len(seqs), length), value, dtype=torch.long)
     for i, s in enumerate(seqs):
-        if len(s):
-            row = torch.as_tensor(list(s), dtype=torch.long)
-            if side == "left":
-                out[i, length - len(s) :] = row
-            else:
-                out[i, : len(s)] = row
+        start = length - len(s) if side == "left" else 0
+        out[i, start : start + len(s)] = torch.as_tensor(list(s), dtype=torch.long)
     return out
 
 
@@ -57,19 +48,9 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids (B, L) int64 counting real tokens only: the first real token of each row gets 0.
-
-    ``(cumsum(mask) - 1).clamp(min=0)`` replaces the loop (the reference in tests/data)::
-
-        for b in range(B):
-            seen = 0
-            for t in range(L):
-                seen += mask[b, t]
-                pos[b, t] = max(seen - 1, 0)
-
-    On real tokens this equals the exclusive cumsum ``cumsum(mask) - mask`` (checklist item 2); left padding
-    gets 0 and right padding repeats the last position — valid indices, masked anyway.
-    """
+    """Position ids (B, L) int64 counting real tokens only, the first real token of each row at 0 (checklist item
+    2; a loop over the tokens is the reference in tests/data). Left padding gets 0 and right padding repeats the
+    last position: valid indices, masked anyway."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 

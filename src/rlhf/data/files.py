@@ -1,16 +1,10 @@
 """Reading data files into located records: JSONL, JSON, Parquet, and `datasets` directories.
 
-Every record remembers where it came from (``Record.where``), so that a later validation or tokenisation
-problem can be reported as ``file:line: what is wrong`` — the user opens the file at that line and fixes it.
-
-Locations:
-- JSONL: ``train.jsonl:12`` — the 1-based line number (blank lines are skipped but still counted);
-- JSON: ``train.json:12`` — the 1-based line where the object starts;
-- Parquet and ``datasets`` directories: ``train.parquet:row 5`` — the 0-based row index, as in
-  ``table.slice(5, 1)`` or ``dataset[5]``.
-
-In the columnar formats a null cell is the only way to say "this row has no such field", so null values
-are dropped from those records (a row with ``prompt = null`` reads as a record without ``"prompt"``).
+Every record remembers where it came from (``Record.where``), so that a later problem is reported as
+``file:line: what is wrong``: ``train.jsonl:12`` (JSONL: the 1-based line, blank lines counted; JSON: the line
+where the object starts) or ``train.parquet:row 5`` (Parquet and ``datasets``: the 0-based row, as ``dataset[5]``).
+In the columnar formats a null cell is the only way to say "this row has no such field", so null values are
+dropped from those records.
 """
 
 from __future__ import annotations
@@ -18,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,31 +21,22 @@ from typing import Any
 MAX_PROBLEMS = 20
 """How many problems a `DataError` lists before summarising the rest as "... and N more"."""
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-JSON_SUFFIXES = (".json",)
-PARQUET_SUFFIXES = (".parquet",)
-
 
 class DataError(ValueError):
-    """One or more problems in a data file, each as ``file:line: what is wrong``.
-
-    Raised once per file with every problem found (the first `MAX_PROBLEMS` listed), so the user can fix
-    them all in one go rather than one per run. ``problems`` holds the listed lines; ``count`` the total.
-    """
+    """Every problem found in a data file, each as ``file:line: what is wrong``: raised once, so the user can fix
+    them all in one go rather than one per run. ``problems`` holds the first `MAX_PROBLEMS`; ``count`` the total."""
 
     def __init__(self, problems: list[str], count: int | None = None):
         self.problems = list(problems[:MAX_PROBLEMS])
         self.count = len(problems) if count is None else count
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        if self.count == 1 and self.problems:
-            return self.problems[0]
-        lines = [f"{self.count} problems in the data (fix them and run again):"]
-        lines += [f"  {p}" for p in self.problems]
+        lines = [f"{self.count} problems in the data (fix them and run again):", *(f"  {p}" for p in self.problems)]
         if self.count > len(self.problems):
             lines.append(f"  ... and {self.count - len(self.problems)} more")
-        return "\n".join(lines)
+        super().__init__(self.problems[0] if self.count == 1 and self.problems else "\n".join(lines))
+
+
+class Problem(Exception):
+    """One problem with one record or example: the message, without its location (`ProblemList.at` adds it)."""
 
 
 class ProblemList:
@@ -64,6 +51,14 @@ class ProblemList:
         if len(self.listed) < MAX_PROBLEMS:
             self.listed.append(problem)
 
+    @contextmanager
+    def at(self, where: str) -> Iterator[None]:
+        """Adds a `Problem` raised in the block as ``where: problem``, and goes on after the block."""
+        try:
+            yield
+        except Problem as e:
+            self.add(f"{where}: {e}")
+
     def raise_if_any(self) -> None:
         if self.count:
             raise DataError(self.listed, self.count)
@@ -75,36 +70,6 @@ class Record:
 
     data: dict[str, Any]
     where: str
-
-
-def read_records(path: str | os.PathLike[str]) -> list[Record]:
-    """Read every record of a data file; the format is chosen by the suffix (or by being a directory).
-
-    Supported: ``.jsonl`` (one object per line), ``.json`` (a list of objects, or ``{"data": [...]}``),
-    ``.parquet`` (via pyarrow), and a directory written by ``datasets``' ``save_to_disk`` (a
-    ``DatasetDict`` contributes its ``"train"`` split). Raises `DataError` on unreadable content (invalid
-    JSON, a non-object item) and on an empty file; `FileNotFoundError` when the path does not exist.
-    """
-    p = Path(path)
-    name = str(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{name}: no such file or directory")
-    if p.is_dir():
-        records = _read_datasets_dir(p, name)
-    elif p.suffix.lower() in JSONL_SUFFIXES:
-        records = _read_jsonl(p, name)
-    elif p.suffix.lower() in JSON_SUFFIXES:
-        records = _read_json(p, name)
-    elif p.suffix.lower() in PARQUET_SUFFIXES:
-        records = _read_parquet(p, name)
-    else:
-        supported = ", ".join(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)
-        raise DataError(
-            [f"{name}: unsupported file type {p.suffix!r}; use one of {supported}, or a `datasets` directory"]
-        )
-    if not records:
-        raise DataError([f"{name}: the file holds no records"])
-    return records
 
 
 def _type_name(value: Any) -> str:
@@ -135,25 +100,32 @@ def _read_text(p: Path, name: str) -> str:
     raise AssertionError("unreachable: the whole file failed to decode but no line did")
 
 
-def _read_jsonl(p: Path, name: str) -> list[Record]:
+def _objects(located: Iterable[tuple[str, Any]]) -> list[Record]:
+    """Records of (where, parsed JSON) pairs; a `DataError` for every value that is not an object, or that
+    is the `json.JSONDecodeError` of an invalid line."""
     records: list[Record] = []
     problems = ProblemList()
-    with io.StringIO(_read_text(p, name), newline=None) as f:  # universal newlines, as open() would
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{name}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                problems.add(f"{where}: invalid JSON: {e.msg} (column {e.colno})")
-                continue
-            if not isinstance(obj, dict):
-                problems.add(f"{where}: expected a JSON object {{...}}, got {_type_name(obj)}")
-                continue
+    for where, obj in located:
+        if isinstance(obj, json.JSONDecodeError):
+            problems.add(f"{where}: invalid JSON: {obj.msg} (column {obj.colno})")
+        elif not isinstance(obj, dict):
+            problems.add(f"{where}: expected a JSON object {{...}}, got {_type_name(obj)}")
+        else:
             records.append(Record(obj, where))
     problems.raise_if_any()
     return records
+
+
+def _parse_line(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        return e
+
+
+def _read_jsonl(p: Path, name: str) -> list[Record]:
+    lines = enumerate(io.StringIO(_read_text(p, name), newline=None), start=1)  # universal newlines, as open()
+    return _objects((f"{name}:{lineno}", _parse_line(line)) for lineno, line in lines if line.strip())
 
 
 def _read_json(p: Path, name: str) -> list[Record]:
@@ -168,71 +140,51 @@ def _read_json(p: Path, name: str) -> list[Record]:
         items = top
     else:
         raise DataError([f'{name}:1: expected a JSON list of objects or {{"data": [...]}}, got {_type_name(top)}'])
-    lines = _item_lines(text, want_data_key=isinstance(top, dict))
-    if len(lines) != len(items):  # the scanner disagreed (should not happen): fall back to item numbers
-        lines = None
-    records: list[Record] = []
-    problems = ProblemList()
-    for i, obj in enumerate(items):
-        where = f"{name}:{lines[i]}" if lines else f"{name}:item {i}"
-        if not isinstance(obj, dict):
-            problems.add(f"{where}: expected a JSON object {{...}}, got {_type_name(obj)}")
-            continue
-        records.append(Record(obj, where))
-    problems.raise_if_any()
-    return records
+    wheres = [f"{name}:{line}" for line in _item_lines(text, want_data_key=isinstance(top, dict))]
+    if len(wheres) != len(items):  # the scanner disagreed (should not happen): fall back to item numbers
+        wheres = [f"{name}:item {i}" for i in range(len(items))]
+    return _objects(zip(wheres, items, strict=True))
 
 
-def _item_lines(text: str, want_data_key: bool) -> list[int] | None:
+def _item_lines(text: str, want_data_key: bool) -> list[int]:
     """1-based line on which each item of the record list starts, by walking the (valid) JSON text.
 
     ``json`` gives no positions for parsed values, so we walk the top level with ``raw_decode``: for a list,
-    each element; for an object, the elements of its ``"data"`` member.
+    each element; for an object, the elements of its ``"data"`` member. Empty if the walk fails.
     """
     decoder = json.JSONDecoder()
-    ws = " \t\n\r"
 
     def skip(i: int) -> int:
-        while i < len(text) and text[i] in ws:
-            i += 1
-        return i
+        return json.decoder.WHITESPACE.match(text, i).end()
 
-    def walk_list(i: int) -> list[int]:  # text[i] == "["
-        starts: list[int] = []
+    def members(i: int) -> list[tuple[Any, int]]:
+        """(key, start) of each member of the list (key None) or object that starts at ``text[i]``."""
+        out: list[tuple[Any, int]] = []
+        close = "]" if text[i] == "[" else "}"
         i = skip(i + 1)
-        if text[i] == "]":
-            return starts
-        while True:
-            starts.append(i)
-            _, i = decoder.raw_decode(text, i)
-            i = skip(i)
-            if text[i] == "]":
-                return starts
-            i = skip(i + 1)  # past ","
-
-    i = skip(0)
-    try:
-        if not want_data_key:
-            starts = walk_list(i)
-        else:
-            starts = []
-            i = skip(i + 1)  # past "{"
-            while text[i] != "}":
+        while text[i] != close:
+            key = None
+            if close == "}":
                 key, i = decoder.raw_decode(text, i)
                 i = skip(skip(i) + 1)  # past ":"
-                if key == "data" and text[i] == "[":
-                    starts = walk_list(i)  # the last "data" wins, as in json.loads
-                _, i = decoder.raw_decode(text, i)
-                i = skip(i)
-                if text[i] == ",":
-                    i = skip(i + 1)
+            out.append((key, i))
+            _, i = decoder.raw_decode(text, i)
+            i = skip(i)
+            if text[i] == ",":
+                i = skip(i + 1)
+        return out
+
+    try:
+        starts = members(skip(0))
+        if want_data_key:  # the last "data" wins, as in json.loads
+            starts = members([s for key, s in starts if key == "data"][-1])
     except (ValueError, IndexError):
-        return None
-    return [text.count("\n", 0, s) + 1 for s in starts]
+        return []
+    return [text.count("\n", 0, s) + 1 for _, s in starts]
 
 
-def _drop_nulls(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if v is not None}
+def _rows(rows: list[dict[str, Any]], name: str) -> list[Record]:
+    return [Record({k: v for k, v in row.items() if v is not None}, f"{name}:row {i}") for i, row in enumerate(rows)]
 
 
 def _read_parquet(p: Path, name: str) -> list[Record]:
@@ -242,7 +194,7 @@ def _read_parquet(p: Path, name: str) -> list[Record]:
         table = pq.read_table(p)
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError) for a broken file
         raise DataError([f"{name}: cannot read Parquet: {e}"]) from e
-    return [Record(_drop_nulls(row), f"{name}:row {i}") for i, row in enumerate(table.to_pylist())]
+    return _rows(table.to_pylist(), name)
 
 
 def _read_datasets_dir(p: Path, name: str) -> list[Record]:
@@ -259,4 +211,27 @@ def _read_datasets_dir(p: Path, name: str) -> list[Record]:
             splits = ", ".join(sorted(ds.keys())) or "none"
             raise DataError([f'{name}: a DatasetDict without a "train" split (splits: {splits})'])
         ds = ds["train"]
-    return [Record(_drop_nulls(row), f"{name}:row {i}") for i, row in enumerate(ds.to_list())]
+    return _rows(ds.to_list(), name)
+
+
+READERS = {".jsonl": _read_jsonl, ".ndjson": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+"""The file formats by (lower-case) suffix."""
+
+
+def read_records(path: str | os.PathLike[str]) -> list[Record]:
+    """Every record of a data file, the format chosen by the suffix (`READERS`; ``.json``: a list of objects or
+    ``{"data": [...]}``) or by being a ``save_to_disk`` directory (a ``DatasetDict`` gives its ``"train"`` split).
+    `DataError` on unreadable content or an empty file; `FileNotFoundError` when the path does not exist."""
+    p = Path(path)
+    name = str(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{name}: no such file or directory")
+    reader = _read_datasets_dir if p.is_dir() else READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DataError(
+            [f"{name}: unsupported file type {p.suffix!r}; use one of {', '.join(READERS)}, or a `datasets` directory"]
+        )
+    records = reader(p, name)
+    if not records:
+        raise DataError([f"{name}: the file holds no records"])
+    return records

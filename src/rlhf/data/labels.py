@@ -1,20 +1,7 @@
 """The labels file: what ``rlhf label`` (a person in the browser) and the LLM judge write, and ``rlhf rm`` reads.
 
-One JSON object per line, appended and never rewritten; ``"kind"`` says what a line is:
-
-==============  ==============================================================================================
-``session``     the first line of a file ``rlhf label`` started: the pairs file it labels and its SHA-256, so a
-                restart on a changed pairs file is refused
-``preference``  a decision: ``prompt``, ``chosen``, ``rejected`` (exactly a row of a preferences file) with
-                ``id`` (of this label), ``pair`` (see `pair_id`), ``labeller``, ``source`` (``human`` or the
-                judge), ``time`` (UTC, ISO 8601), and, for a person, ``left`` (``chosen``/``rejected``: the
-                answer shown on the left), ``seconds`` (time to decide) and ``ratings`` (optional per-answer
-                ``good``/``okay``/``bad``)
-``tie``         no preference: ``prompt``, ``a``, ``b`` and the same metadata (``left`` is ``a``/``b``)
-``skip``        the labeller passed; same fields as a tie
-``retraction``  an undo: ``retracts`` is the ``id`` of the label it takes back
-==============  ==============================================================================================
-
+One JSON object per line, appended and never rewritten; ``"kind"`` says what a line is (``session``,
+``preference``, ``tie``, ``skip``, ``retraction``; each kind's fields: docs/labelling.md, "The labels file").
 Ties, skips and retracted labels never reach a reward model: `live_preferences` keeps the preference rows
 that no retraction took back. A file without ``"kind"`` keys is a plain preferences file and is read as is.
 """
@@ -29,7 +16,6 @@ from typing import Any
 
 from rlhf.data.files import Record
 
-KINDS = ("session", "preference", "tie", "skip", "retraction")
 LABELS = ("a", "b", "tie", "skip")
 """What a labeller can answer for a pair: answer a is better, answer b is better, tie, skip."""
 RATINGS = ("good", "okay", "bad")
@@ -81,25 +67,20 @@ def live_labels(records: Sequence[Record]) -> list[Record]:
 
 
 def live_preferences(records: Sequence[Record]) -> tuple[list[Record], LabelCounts]:
-    """The preference rows of a labels file that no retraction took back, and what was left out.
-
-    Rows with an unknown ``kind`` are kept for the preference validation to report (``file:line``), rather than
-    dropped silently.
-    """
+    """The preference rows of a labels file that no retraction took back, and what was left out; rows of an
+    unknown ``kind`` are kept for the preference validation to report (``file:line``), not dropped silently."""
     gone = retracted_ids(records)
     counts = LabelCounts()
     kept: list[Record] = []
     for r in records:
         kind = r.data.get("kind")
-        if kind == "preference" and str(r.data.get("id")) in gone:
+        if kind in ("preference", "tie", "skip") and str(r.data.get("id")) in gone:
             counts.retracted += 1
-        elif kind in ("preference", None) or kind not in KINDS:
+        elif kind == "tie":
+            counts.ties += 1
+        elif kind == "skip":
+            counts.skips += 1
+        elif kind not in ("session", "retraction"):  # a preference, a plain row, or an unknown kind
             kept.append(r)
             counts.preferences += kind == "preference"
-        elif kind == "tie" and str(r.data.get("id")) not in gone:
-            counts.ties += 1
-        elif kind == "skip" and str(r.data.get("id")) not in gone:
-            counts.skips += 1
-        elif kind in ("tie", "skip"):
-            counts.retracted += 1
     return kept, counts

@@ -1,16 +1,15 @@
-"""The orders data is read in, exactly resumable: the prompt stream of RL (PPO, GRPO) — seeded shuffled
-batches, epoch after epoch — and the epochs of SFT and RM (`EpochOrder`).
+"""The orders data is read in, exactly resumable: the prompt stream of RL (PPO, GRPO) and the epochs of SFT and
+RM (`EpochOrder`).
 
-In the prompt stream, epoch ``e`` visits every prompt once, in an order that depends only on ``(seed, e)``;
-batches run across the epoch boundary (the last batch of an epoch is completed from the start of the next), so
-no prompt is ever skipped and any batch size works, larger than the dataset included (a batch that straddles two epochs
-may then hold the same prompt twice). The position is ``(epoch, index)``;
-`PromptStream.state_dict` saves it with the seed, and a stream loaded from that state yields exactly the
-batches the original would have yielded next.
+In the prompt stream epoch ``e`` visits every prompt once, in an order fixed by ``(seed, e)``; batches run across
+the epoch boundary, so no prompt is ever skipped and any batch size works (one larger than the dataset may hold a
+prompt twice). `PromptStream.state_dict` saves the position ``(epoch, index)`` with the seed, and a stream loaded
+from it yields exactly the batches the original would have yielded next.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from array import array
@@ -25,15 +24,9 @@ from rlhf.data.tokenization import TokenizedPrompt
 
 @dataclass(frozen=True)
 class PromptBatch:
-    """``B`` prompts for one RL iteration.
-
-    - ``texts``: the prompts as reward functions receive them (``prompts=texts``);
-    - ``input_ids``: unpadded prompt ids (`left_pad` them for generation);
-    - ``columns``: the dataset's extra columns as keyword lists, ``reward(..., **columns)`` (a prompt without
-      a column has ``None`` there);
-    - ``messages``: the conversation of chat prompts (``None`` for plain ones);
-    - ``indices``: each prompt's position in the dataset.
-    """
+    """``B`` prompts for one RL iteration: ``texts`` as reward functions receive them, unpadded ``input_ids``
+    (`left_pad` them for generation), the extra ``columns`` as keyword lists for ``reward(..., **columns)`` (None
+    where a prompt lacks one), chat ``messages`` (None for plain prompts), each prompt's index in the dataset."""
 
     texts: list[str]
     input_ids: list[list[int]]
@@ -64,13 +57,17 @@ class PromptBatch:
         if len(self) % world_size:
             raise ValueError(f"a batch of {len(self)} prompts does not split evenly over {world_size} ranks")
         rows = slice(rank, None, world_size)
-        return PromptBatch(
-            texts=self.texts[rows],
-            input_ids=self.input_ids[rows],
-            columns={k: v[rows] for k, v in self.columns.items()},
-            messages=self.messages[rows],
-            indices=self.indices[rows],
-        )
+        columns = {k: v[rows] for k, v in self.columns.items()}
+        return PromptBatch(self.texts[rows], self.input_ids[rows], columns, self.messages[rows], self.indices[rows])
+
+
+@functools.lru_cache(maxsize=2)  # a batch may straddle two epochs
+def _permutation(n: int, key: str) -> tuple[int, ...]:
+    """``range(n)`` shuffled from the string ``key``. `random` hashes a string seed with SHA-512: stable across
+    runs, platforms and PYTHONHASHSEED, and (seed, epoch) pairs never collide as seed + epoch would."""
+    order = list(range(n))
+    random.Random(key).shuffle(order)
+    return tuple(order)
 
 
 def _fingerprint(prompts: Sequence[TokenizedPrompt]) -> str:
@@ -82,16 +79,7 @@ def _fingerprint(prompts: Sequence[TokenizedPrompt]) -> str:
 
 
 class PromptStream:
-    """An endless iterator of `PromptBatch` of ``batch_size`` prompts, shuffled per epoch from ``seed``.
-
-    ::
-
-        stream = PromptStream(prompts, batch_size=8, seed=0)
-        batch = next(stream)
-        state = stream.state_dict()          # saved with the checkpoint
-        resumed = PromptStream(prompts, batch_size=8)
-        resumed.load_state_dict(state)       # next(resumed) == next(stream)
-    """
+    """An endless iterator of `PromptBatch` of ``batch_size`` prompts, shuffled per epoch from ``seed``."""
 
     def __init__(self, prompts: Sequence[TokenizedPrompt], batch_size: int, seed: int = 0, shuffle: bool = True):
         if not prompts:
@@ -105,32 +93,20 @@ class PromptStream:
         self.epoch = 0
         self.index = 0  # next position in this epoch's order
         self._fingerprint = _fingerprint(prompts)
-        self._order_epoch = -1
-        self._order: list[int] = []
 
-    def order(self, epoch: int) -> list[int]:
+    def order(self, epoch: int) -> Sequence[int]:
         """The visiting order of epoch ``epoch``: a permutation of ``range(len(prompts))``."""
-        if epoch != self._order_epoch:
-            order = list(range(len(self.prompts)))
-            if self.shuffle:
-                # A string seed is hashed with SHA-512 by `random`: stable across runs, platforms and
-                # PYTHONHASHSEED, and (seed, epoch) pairs never collide as seed + epoch would.
-                random.Random(f"rlhf.prompts:{self.seed}:{epoch}").shuffle(order)
-            self._order_epoch, self._order = epoch, order
-        return self._order
+        n = len(self.prompts)
+        return _permutation(n, f"rlhf.prompts:{self.seed}:{epoch}") if self.shuffle else range(n)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         return self
 
     def __next__(self) -> PromptBatch:
-        indices: list[int] = []
-        while len(indices) < self.batch_size:
-            order = self.order(self.epoch)
-            take = order[self.index : self.index + self.batch_size - len(indices)]
-            indices += take
-            self.index += len(take)
-            if self.index == len(order):
-                self.epoch, self.index = self.epoch + 1, 0
+        n = len(self.prompts)
+        start = self.epoch * n + self.index  # prompts taken so far, over all epochs
+        indices = [self.order(i // n)[i % n] for i in range(start, start + self.batch_size)]
+        self.epoch, self.index = divmod(start + self.batch_size, n)
         return PromptBatch.of(self.prompts, indices)
 
     def state_dict(self) -> dict[str, Any]:
@@ -156,33 +132,27 @@ class PromptStream:
             raise ValueError(f"invalid prompt stream position: epoch {state['epoch']}, index {state['index']}")
         self.seed, self.shuffle = state["seed"], state["shuffle"]
         self.epoch, self.index = state["epoch"], state["index"]
-        self._order_epoch = -1
 
 
 T = TypeVar("T")
 
 
 def held_out(items: Sequence[T], n: int, seed: int = 0) -> tuple[list[T], list[T]]:
-    """Split ``items`` into (train, held-out) with ``n`` held out — e.g. eval prompts when no eval_data is given.
-
-    Deterministic for a given ``seed`` and disjoint; both parts keep the original order.
-    """
+    """Split ``items`` into (train, held-out) with ``n`` held out — e.g. eval prompts when no eval_data is given;
+    deterministic for a given ``seed`` and disjoint, both parts in the original order."""
     if not 0 <= n < len(items):
         raise ValueError(f"cannot hold out {n} of {len(items)} items and keep some for training")
-    order = list(range(len(items)))
-    random.Random(f"rlhf.held_out:{seed}").shuffle(order)
-    held = set(order[:n])
+    held = set(_permutation(len(items), f"rlhf.held_out:{seed}")[:n])
     return [x for i, x in enumerate(items) if i not in held], [x for i, x in enumerate(items) if i in held]
 
 
 class EpochOrder:
     """Which examples each optimizer step of SFT and RM trains on, epoch after epoch, exactly resumable.
 
-    Epoch ``e`` visits all N examples once, in an order fixed by ``(name, seed, e)``, in consecutive batches
-    of ``batch_size``; unlike `PromptStream` an epoch's last batch holds the remainder, so an epoch is
-    ``steps_per_epoch = ceil(N / batch_size)`` steps and step s (from 1) is batch ``(s−1) mod S`` of epoch
-    ``(s−1) div S``. ``fingerprint`` names the data: a checkpoint's state is refused on other data, another
-    seed or another batch size, where the same position would mean other examples.
+    Epoch ``e`` visits all N examples once, in an order fixed by ``(name, seed, e)``; unlike `PromptStream` an
+    epoch's last batch holds the remainder, so an epoch is ``steps_per_epoch = ceil(N / batch_size)`` steps.
+    ``fingerprint`` names the data: a state saved on other data, seed or batch size is refused, since the same
+    position would mean other examples.
     """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, fingerprint: str, name: str):
@@ -192,7 +162,6 @@ class EpochOrder:
         self.fingerprint, self.name = fingerprint, name
         self.steps_per_epoch = -(-num_examples // batch_size)
         self.steps = 0  # batches taken so far
-        self._epoch, self._order = -1, []
 
     def __iter__(self) -> Iterator[list[int]]:
         return self
@@ -200,12 +169,9 @@ class EpochOrder:
     def __next__(self) -> list[int]:
         """The example indices of the next step."""
         epoch, index = divmod(self.steps, self.steps_per_epoch)
-        if epoch != self._epoch:
-            self._order = list(range(self.num_examples))
-            random.Random(f"rlhf.{self.name}:{self.seed}:{epoch}").shuffle(self._order)  # stable, as above
-            self._epoch = epoch
         self.steps += 1
-        return self._order[index * self.batch_size : (index + 1) * self.batch_size]
+        order = _permutation(self.num_examples, f"rlhf.{self.name}:{self.seed}:{epoch}")
+        return list(order[index * self.batch_size : (index + 1) * self.batch_size])
 
     def state_dict(self) -> dict[str, Any]:
         return {

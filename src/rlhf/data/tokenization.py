@@ -2,32 +2,29 @@
 
 Conventions (``docs/ppo_checklist.md`` items 1, 2, 21):
 
-- **Plain text** is encoded the way the tokenizer encodes a single text with special tokens (so a Llama
-  tokenizer puts its ``<s>`` in front and GPT-2 adds nothing) — except that a special token the tokenizer
-  would *append* (an eos, say) is left out of prompts: the response comes after the prompt. Responses are
-  encoded without special tokens, separately from the prompt (so the prompt/response boundary is where
-  generation puts it), then ``eos_token_id`` is appended.
-- **Chat** examples go through ``tokenizer.apply_chat_template``; the template writes its own special
-  tokens, and its own end of turn closes each assistant message.
-- **Truncation**: prompts lose tokens on the *left* (the end of a prompt, nearest the response, matters
-  most; a leading bos is kept); responses lose tokens on the *right*. Each tokenised example says whether it
-  was truncated, for the caller to count and log.
+- **Plain text** is encoded as the tokenizer encodes a single text with special tokens (Llama's ``<s>`` in
+  front, nothing for GPT-2), except that a special token it would *append* (an eos) is left out of prompts: the
+  response comes after. Responses are encoded without special tokens, apart from the prompt (so the boundary is
+  where generation puts it), then ``eos_token_id`` is appended.
+- **Chat** examples go through ``tokenizer.apply_chat_template``, whose own end of turn closes each assistant
+  message.
+- **Truncation**: prompts lose tokens on the *left* (the end, nearest the response, matters most; a leading bos
+  is kept), responses on the *right*; each tokenised example says whether it was truncated.
 
-Multi-turn SFT labels are found by rendering the conversation incrementally: for each assistant message,
-``messages[:i]`` with the generation prompt, then ``messages[:i+1]``; the tokens the second rendering adds are
-that turn's tokens (its content and end of turn). This needs the *prefix property* — every shorter rendering
-tokenises to a prefix of the longer one — which is checked, with a clear error for a template that breaks it
-(e.g. one that rewrites earlier turns).
+Multi-turn SFT labels come from rendering the conversation incrementally: for each assistant message,
+``messages[:i]`` with the generation prompt, then ``messages[:i+1]``; the tokens the second adds are that turn's
+(its content and end of turn). This needs the *prefix property* (every shorter rendering tokenises to a prefix
+of the longer one), checked with a clear error for a template that breaks it (one that rewrites earlier turns).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlhf.config import ConfigError
-from rlhf.data.files import DataError, ProblemList
+from rlhf.data.files import DataError, Problem, ProblemList
 from rlhf.data.records import Message, PreferenceExample, PromptExample, SFTExample
 
 if TYPE_CHECKING:
@@ -82,15 +79,6 @@ class TokenizedPreference:
     truncated: bool = False
 
 
-class TemplateError(Exception):
-    """Internal: a chat template misbehaved on one example (message without location)."""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Pad token (checklist item 1)
-# ----------------------------------------------------------------------------------------------------------
-
-
 def require_pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The tokenizer's pad id, refusing a tokenizer without a pad token or whose pad token is its eos.
 
@@ -126,11 +114,6 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, pad_token: str = DEFAUL
     return True
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Encoding helpers
-# ----------------------------------------------------------------------------------------------------------
-
-
 def _eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token: responses must end with one (checklist item 21)")
@@ -139,9 +122,8 @@ def _eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The special tokens the tokenizer puts *before* a single text (e.g. Llama's bos), found by probing."""
-    probe = "a"
-    bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
-    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
     for k in range(len(full) - len(bare) + 1):
         if full[k : k + len(bare)] == bare:
             return list(full[:k])
@@ -154,13 +136,24 @@ def _encode_batch(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> l
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
+def _encode_plain(
+    tokenizer: PreTrainedTokenizerBase, examples: Sequence[Any], answers: Sequence[str], eos: int
+) -> Iterator[tuple[list[int], ...]]:
+    """Per plain example, its prompt ids (the tokenizer's leading special tokens + the text) and the ids of each
+    of its ``answers`` + ``[eos]``, encoded in a batch per field."""
+    prefix = special_prefix(tokenizer)
+    prompts = [prefix + ids for ids in _encode_batch(tokenizer, [ex.prompt for ex in examples])]
+    fields = [_encode_batch(tokenizer, [getattr(ex, key) for ex in examples]) for key in answers]
+    return zip(prompts, *([[*ids, eos] for ids in field] for field in fields), strict=True)
+
+
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> str:
-    """The chat template's text for ``messages`` (raises `TemplateError` on a template failure)."""
+    """The chat template's text for ``messages`` (raises `Problem` on a template failure)."""
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     # Jinja raises its own types (TemplateError, UndefinedError) and templates raise_exception anything.
     except Exception as e:
-        raise TemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
+        raise Problem(f"the chat template failed: {type(e).__name__}: {e}") from e
 
 
 def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> list[int]:
@@ -171,7 +164,7 @@ def _extend(ids: list[int], longer: list[int], what: str) -> list[int]:
     """The tokens ``longer`` adds after ``ids``, checking the prefix property of the chat template."""
     if longer[: len(ids)] != ids:
         n = next((i for i, (a, b) in enumerate(zip(ids, longer, strict=False)) if a != b), min(len(ids), len(longer)))
-        raise TemplateError(
+        raise Problem(
             f"the chat template breaks the prefix property at {what}: the conversation rendered so far "
             f"({len(ids)} tokens) is not a prefix of the longer rendering (they differ from token {n}); a "
             "template that rewrites earlier turns cannot mark the assistant tokens incrementally — use a "
@@ -182,10 +175,7 @@ def _extend(ids: list[int], longer: list[int], what: str) -> list[int]:
 
 def _through_last(ids: list[int], token: int) -> int:
     """Length of ``ids`` up to and including the last ``token`` (``len(ids)`` if absent)."""
-    for i in range(len(ids) - 1, -1, -1):
-        if ids[i] == token:
-            return i + 1
-    return len(ids)
+    return len(ids) - ids[::-1].index(token) if token in ids else len(ids)
 
 
 def truncate_left(ids: list[int], max_length: int | None, keep_first: int | None = None) -> tuple[list[int], bool]:
@@ -197,10 +187,11 @@ def truncate_left(ids: list[int], max_length: int | None, keep_first: int | None
     return ids[len(ids) - max_length :], True
 
 
-def _check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
-    if getattr(tokenizer, "chat_template", None) is None:
+def _check_chat_template(tokenizer: PreTrainedTokenizerBase, chat: Sequence[Any]) -> None:
+    """A `DataError` at the first of the ``chat`` examples if the tokenizer has no chat template."""
+    if chat and getattr(tokenizer, "chat_template", None) is None:
         problem = "chat messages need a chat template, but the tokenizer has none (set tokenizer.chat_template)"
-        raise DataError([f"{where}: {problem}"])
+        raise DataError([f"{chat[0].where}: {problem}"])
 
 
 def _check_max(name: str, value: int | None) -> None:
@@ -208,44 +199,27 @@ def _check_max(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive number of tokens or None, got {value}")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Per kind
-# ----------------------------------------------------------------------------------------------------------
-
-
 def tokenize_prompts(
     examples: Sequence[PromptExample], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None = None
 ) -> list[TokenizedPrompt]:
-    """Prompt ids for generation: plain text encoded as is, chat rendered with the generation prompt.
-
-    Prompts longer than ``max_prompt_length`` keep their last tokens (see `truncate_left`) and are marked
-    ``truncated``. Raises `DataError` (``file:line``) when the chat template fails on an example.
-    """
+    """Prompt ids for generation (chat rendered with the generation prompt); longer than ``max_prompt_length``,
+    a prompt keeps its last tokens (`truncate_left`). `DataError` (``file:line``) when the chat template fails."""
     _check_max("max_prompt_length", max_prompt_length)
+    _check_chat_template(tokenizer, [ex for ex in examples if ex.messages is not None])
     problems = ProblemList()
-    texts: list[str | None] = []
+    texts: list[str] = []
     for ex in examples:
-        if ex.messages is None:
-            texts.append(ex.prompt)
-            continue
-        _check_chat_template(tokenizer, ex.where)
-        try:
-            texts.append(render_chat(tokenizer, ex.messages, add_generation_prompt=True))
-        except TemplateError as e:
-            problems.add(f"{ex.where}: {e}")
-            texts.append(None)
+        with problems.at(ex.where):
+            texts.append(
+                ex.prompt if ex.messages is None else render_chat(tokenizer, ex.messages, add_generation_prompt=True)
+            )
     problems.raise_if_any()
-    plain = [i for i, ex in enumerate(examples) if ex.messages is None]
-    chat = [i for i, ex in enumerate(examples) if ex.messages is not None]
-    ids: list[list[int]] = [[] for _ in examples]
-    prefix = special_prefix(tokenizer) if plain else []
-    for i, row in zip(plain, _encode_batch(tokenizer, [texts[i] for i in plain]), strict=True):
-        ids[i] = prefix + row
-    for i, row in zip(chat, _encode_batch(tokenizer, [texts[i] for i in chat]), strict=True):
-        ids[i] = row
+    prefix = special_prefix(tokenizer)
     out = []
-    for ex, text, row in zip(examples, texts, ids, strict=True):
-        row, truncated = truncate_left(row, max_prompt_length, keep_first=tokenizer.bos_token_id)
+    for ex, text, row in zip(examples, texts, _encode_batch(tokenizer, texts), strict=True):
+        row, truncated = truncate_left(
+            prefix + row if ex.messages is None else row, max_prompt_length, keep_first=tokenizer.bos_token_id
+        )
         out.append(TokenizedPrompt(ex.where, text, row, dict(ex.columns), ex.messages, truncated))
     return out
 
@@ -275,57 +249,33 @@ def _chat_sft(tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: 
 def tokenize_sft(
     examples: Sequence[SFTExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None = None
 ) -> list[TokenizedSFT]:
-    """(input_ids, labels) per example, loss on the response (plain) or on assistant turns (chat) only.
-
-    Plain: ``prompt ids + response ids + [eos]``, labels `IGNORE_INDEX` on the prompt. Chat: the rendered
-    conversation, labels on each assistant turn's tokens (its end of turn included). Sequences longer than
-    ``max_length`` lose tokens on the right. Raises `DataError` (``file:line``) for a template failure or a
-    broken prefix property, and for an example left with no trained token after truncation.
-    """
+    """(input_ids, labels) per example, loss on the response and its eos (plain) or on each assistant turn and its
+    end of turn (chat) only; longer than ``max_length``, a sequence loses its end. `DataError` (``file:line``) for
+    a template failure, a broken prefix property, or an example left with no trained token once cut."""
     _check_max("max_length", max_length)
     eos = _eos_id(tokenizer)
+    _check_chat_template(tokenizer, [ex for ex in examples if ex.messages is not None])
     problems = ProblemList()
-    plain = [ex for ex in examples if ex.messages is None]
-    prefix = special_prefix(tokenizer) if plain else []
-    plain_prompts = iter(_encode_batch(tokenizer, [ex.prompt for ex in plain]))
-    plain_responses = iter(_encode_batch(tokenizer, [ex.response for ex in plain]))
+    plain = _encode_plain(tokenizer, [ex for ex in examples if ex.messages is None], ("response",), eos)
     out = []
     for ex in examples:
-        if ex.messages is None:
-            prompt, response = prefix + next(plain_prompts), [*next(plain_responses), eos]
-            ids, labels = prompt + response, [IGNORE_INDEX] * len(prompt) + response
-        else:
-            _check_chat_template(tokenizer, ex.where)
-            try:
+        with problems.at(ex.where):
+            if ex.messages is None:
+                prompt, response = next(plain)
+                ids, labels = prompt + response, [IGNORE_INDEX] * len(prompt) + response
+            else:
                 ids, labels = _chat_sft(tokenizer, ex.messages, eos)
-            except TemplateError as e:
-                problems.add(f"{ex.where}: {e}")
-                continue
-        truncated = max_length is not None and len(ids) > max_length
-        if truncated:
-            ids, labels = ids[:max_length], labels[:max_length]
-            if all(label == IGNORE_INDEX for label in labels):
-                problems.add(
-                    f"{ex.where}: nothing left to train on after truncating to data.max_length={max_length} "
-                    "(the response starts after it); shorten the prompt or raise data.max_length"
-                )
-                continue
-        out.append(TokenizedSFT(ex.where, ids, labels, truncated))
+            truncated = max_length is not None and len(ids) > max_length
+            if truncated:
+                ids, labels = ids[:max_length], labels[:max_length]
+                if all(label == IGNORE_INDEX for label in labels):
+                    raise Problem(
+                        f"nothing left to train on after truncating to data.max_length={max_length} "
+                        "(the response starts after it); shorten the prompt or raise data.max_length"
+                    )
+            out.append(TokenizedSFT(ex.where, ids, labels, truncated))
     problems.raise_if_any()
     return out
-
-
-def _chat_answer(
-    tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], ex: PreferenceExample, key: str
-) -> list[int]:
-    assert isinstance(ex.prompt, list)
-    answer = getattr(ex, key)
-    full = _chat_ids(tokenizer, [*ex.prompt, *answer], add_generation_prompt=False)
-    ids = _extend(prompt_ids, full, f'"{key}"')
-    eos = _eos_id(tokenizer)
-    # Score on an eos hidden state (checklist item 21): cut what the template writes after the last eos,
-    # or append one when its end of turn is some other token.
-    return ids[: _through_last(ids, eos)] if eos in ids else [*ids, eos]
 
 
 def tokenize_preferences(
@@ -339,22 +289,17 @@ def tokenize_preferences(
 ) -> list[TokenizedPreference]:
     """Prompt, chosen and rejected ids per comparison, each response ending with eos (checklist item 21).
 
-    Plain: the prompt as in `tokenize_prompts`, each response encoded alone + ``[eos]``. Chat: the prompt
-    rendered with the generation prompt; each answer is what ``prompt + answer`` adds to it, through its
-    last eos (eos appended when the template ends turns with another token). Prompts longer than
-    ``max_prompt_length`` keep their end; then responses are cut on the right so that prompt + response fits
-    ``max_length``.
+    Plain and chat as the module docstring says; a chat answer is what ``prompt + answer`` adds to the rendered
+    prompt, through its last eos (eos appended when the template ends turns with another token). Prompts longer
+    than ``max_prompt_length`` keep their end; then responses are cut on the right to fit ``max_length``.
 
-    ``join_text=True`` (encoder reward models, e.g. BERT): ``prompt + response`` is encoded as one text with
-    the tokenizer's own special tokens (``[CLS] … [SEP]``; chat: the conversation rendered by the template)
-    and no eos is appended — the same tokens ``RewardModelReward`` scores. A sequence longer than
-    ``max_length`` is cut by the tokenizer (which keeps its closing special token); ``max_prompt_length``
-    does not apply.
+    ``join_text=True`` (encoder reward models, e.g. BERT): ``prompt + response`` is one text with the tokenizer's
+    own special tokens (``[CLS] … [SEP]``) and no eos — the tokens ``RewardModelReward`` scores; the tokenizer
+    cuts it to ``max_length``, keeping its closing special token; ``max_prompt_length`` does not apply.
 
-    ``model_max_length`` is how many tokens the model reads: a prompt that leaves no room for a response
-    within it, or a prompt + response longer than it (after the cuts above), is an error, as is a pair whose
-    two sides encode to the same tokens. Raises one `DataError` listing every problem as ``file:line``
-    (template failures included).
+    ``model_max_length`` (the positions the model reads): a prompt that leaves no room for a response, or a
+    prompt + response longer than it, is an error, as is a pair whose two sides encode to the same tokens; one
+    `DataError` lists every problem as ``file:line``.
     """
     _check_max("max_length", max_length)
     _check_max("max_prompt_length", max_prompt_length)
@@ -366,37 +311,44 @@ def tokenize_preferences(
         encoded = _split_preferences(examples, tokenizer, max_length, max_prompt_length, problems)
     out = []
     for item in encoded:
-        problem = _preference_problem(item, model_max_length, max_length, join_text)
-        if problem:
-            problems.add(f"{item.where}: {problem}")
-            continue
-        out.append(item)
+        with problems.at(item.where):
+            _check_preference(item, model_max_length, max_length, join_text)
+            out.append(item)
     problems.raise_if_any()
     return out
 
 
-def _preference_problem(
+def _check_preference(
     ex: TokenizedPreference, model_max_length: int | None, max_length: int | None, joined: bool
-) -> str | None:
-    """What makes a tokenised comparison unusable (message without the location), or None."""
+) -> None:
+    """Raises `Problem` for a tokenised comparison that cannot be used."""
     if model_max_length is not None:
         limit = f"the model's {model_max_length} positions"
         if not joined and len(ex.prompt_ids) >= model_max_length:
-            return (
+            raise Problem(
                 f"the prompt takes {len(ex.prompt_ids)} tokens, leaving no room for a response within {limit}; "
                 "shorten it"
             )
         for key, ids in (("chosen", ex.chosen_ids), ("rejected", ex.rejected_ids)):
             n = len(ex.prompt_ids) + len(ids)
             if n > model_max_length:
-                return (
+                raise Problem(
                     f'prompt + "{key}" takes {n} tokens, more than {limit}; shorten it, or set '
                     f"max_length ≤ {model_max_length} to cut long responses"
                 )
     if ex.chosen_ids == ex.rejected_ids:
         cut = f" once cut to data.max_length={max_length}; raise data.max_length" if ex.truncated else ""
-        return f'"chosen" and "rejected" encode to the same tokens{cut}: the pair cannot be learned from'
-    return None
+        raise Problem(f'"chosen" and "rejected" encode to the same tokens{cut}: the pair cannot be learned from')
+
+
+def _chat_answer(
+    tokenizer: PreTrainedTokenizerBase, ex: PreferenceExample, prompt_ids: list[int], key: str, eos: int
+) -> list[int]:
+    full = _chat_ids(tokenizer, [*ex.prompt, *getattr(ex, key)], add_generation_prompt=False)
+    ids = _extend(prompt_ids, full, f'"{key}"')
+    # Score on an eos hidden state (checklist item 21): cut what the template writes after the last eos,
+    # or append one when its end of turn is some other token.
+    return ids[: _through_last(ids, eos)] if eos in ids else [*ids, eos]
 
 
 def _split_preferences(
@@ -408,38 +360,28 @@ def _split_preferences(
 ) -> list[TokenizedPreference]:
     """Decoder encoding (see `tokenize_preferences`); an example with a problem is added to ``problems``."""
     eos = _eos_id(tokenizer)
-    plain = [ex for ex in examples if not ex.is_chat]
-    prefix = special_prefix(tokenizer) if plain else []
-    plain_ids = [
-        iter(_encode_batch(tokenizer, [getattr(ex, k) for ex in plain])) for k in ("prompt", "chosen", "rejected")
-    ]
+    _check_chat_template(tokenizer, [ex for ex in examples if ex.is_chat])
+    plain = _encode_plain(tokenizer, [ex for ex in examples if not ex.is_chat], ("chosen", "rejected"), eos)
     out: list[TokenizedPreference] = []
     for ex in examples:
-        if not ex.is_chat:
-            prompt, chosen, rejected = (next(it) for it in plain_ids)
-            prompt, chosen, rejected = prefix + prompt, [*chosen, eos], [*rejected, eos]
-        else:
-            _check_chat_template(tokenizer, ex.where)
-            try:
-                assert isinstance(ex.prompt, list)
+        with problems.at(ex.where):
+            if not ex.is_chat:
+                prompt, chosen, rejected = next(plain)
+            else:
                 prompt = _chat_ids(tokenizer, ex.prompt, add_generation_prompt=True)
-                chosen = _chat_answer(tokenizer, prompt, ex, "chosen")
-                rejected = _chat_answer(tokenizer, prompt, ex, "rejected")
-            except TemplateError as e:
-                problems.add(f"{ex.where}: {e}")
-                continue
-        prompt, truncated = truncate_left(prompt, max_prompt_length, keep_first=tokenizer.bos_token_id)
-        if max_length is not None:
-            room = max_length - len(prompt)
-            if room < 1:
-                problems.add(
-                    f"{ex.where}: the prompt takes {len(prompt)} tokens, leaving no room for a response within "
-                    f"max_length={max_length}; set max_prompt_length below max_length"
-                )
-                continue
-            truncated = truncated or len(chosen) > room or len(rejected) > room
-            chosen, rejected = chosen[:room], rejected[:room]
-        out.append(TokenizedPreference(ex.where, prompt, chosen, rejected, ex.margin, truncated))
+                chosen = _chat_answer(tokenizer, ex, prompt, "chosen", eos)
+                rejected = _chat_answer(tokenizer, ex, prompt, "rejected", eos)
+            prompt, truncated = truncate_left(prompt, max_prompt_length, keep_first=tokenizer.bos_token_id)
+            if max_length is not None:
+                room = max_length - len(prompt)
+                if room < 1:
+                    raise Problem(
+                        f"the prompt takes {len(prompt)} tokens, leaving no room for a response within "
+                        f"max_length={max_length}; set max_prompt_length below max_length"
+                    )
+                truncated = truncated or len(chosen) > room or len(rejected) > room
+                chosen, rejected = chosen[:room], rejected[:room]
+            out.append(TokenizedPreference(ex.where, prompt, chosen, rejected, ex.margin, truncated))
     return out
 
 
@@ -450,25 +392,20 @@ def _joined_preferences(
     problems: ProblemList,
 ) -> list[TokenizedPreference]:
     """Encoder encoding (see `tokenize_preferences`); an example with a problem is added to ``problems``."""
-    texts: list[tuple[PreferenceExample, tuple[str, str]]] = []
+    _check_chat_template(tokenizer, [ex for ex in examples if ex.is_chat])
+    pairs: list[tuple[PreferenceExample, list[str]]] = []
     for ex in examples:
+        answers = (ex.chosen, ex.rejected)
         if not ex.is_chat:
-            assert isinstance(ex.prompt, str) and isinstance(ex.chosen, str) and isinstance(ex.rejected, str)
-            texts.append((ex, (ex.prompt + ex.chosen, ex.prompt + ex.rejected)))
+            pairs.append((ex, [ex.prompt + answer for answer in answers]))
             continue
-        _check_chat_template(tokenizer, ex.where)
-        assert isinstance(ex.prompt, list) and isinstance(ex.chosen, list) and isinstance(ex.rejected, list)
-        try:
-            chosen = render_chat(tokenizer, [*ex.prompt, *ex.chosen], add_generation_prompt=False)
-            rejected = render_chat(tokenizer, [*ex.prompt, *ex.rejected], add_generation_prompt=False)
-            texts.append((ex, (chosen, rejected)))
-        except TemplateError as e:
-            problems.add(f"{ex.where}: {e}")
-    flat = [text for _, pair in texts for text in pair]
-    full = iter(list(ids) for ids in tokenizer(flat)["input_ids"]) if flat else iter([])
+        with problems.at(ex.where):
+            pairs.append((ex, [render_chat(tokenizer, [*ex.prompt, *a], add_generation_prompt=False) for a in answers]))
+    flat = [text for _, pair in pairs for text in pair]
+    rows = iter(tokenizer(flat)["input_ids"] if flat else [])
     out: list[TokenizedPreference] = []
-    for ex, pair in texts:
-        chosen, rejected = next(full), next(full)
+    for ex, pair in pairs:
+        chosen, rejected = list(next(rows)), list(next(rows))
         truncated = max_length is not None and max(len(chosen), len(rejected)) > max_length
         if truncated:
             chosen, rejected = (
@@ -492,20 +429,12 @@ def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
     ids = tokenizer.encode(stop_token, add_special_tokens=False)
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
+        candidates = ("\n", ".", "\n\n", "</s>", "<|im_end|>")  # some single tokens to suggest
+        examples = [repr(t) for t in candidates if len(tokenizer.encode(t, add_special_tokens=False)) == 1]
         raise ConfigError(
             f"sampling.stop={stop_token!r} is {len(ids)} tokens for the policy's tokenizer "
             f"({', '.join(f'{i}={p!r}' for i, p in zip(ids, pieces, strict=True)) or 'none'}); it must be exactly "
             f"one token: 'eos' (the tokenizer's {tokenizer.eos_token!r}) or a text that is one token, such as "
-            f"{_one_token_example(tokenizer)}"
+            f"{' or '.join(examples[:3]) or 'a special token of the tokenizer'}"
         )
     return sorted({int(eos), int(ids[0])})
-
-
-def _one_token_example(tokenizer: Any) -> str:
-    """A few stop texts that are single tokens for this tokenizer, for the error message."""
-    found = [
-        repr(t)
-        for t in ("\n", ".", "\n\n", "</s>", "<|im_end|>")
-        if len(tokenizer.encode(t, add_special_tokens=False)) == 1
-    ]
-    return " or ".join(found[:3]) or "a special token of the tokenizer"

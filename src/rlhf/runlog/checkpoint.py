@@ -29,9 +29,7 @@ def checkpoint_path(output_dir: str | Path, step: int) -> Path:
 
 def save_checkpoint(output_dir: str | Path, step: int, state: dict[str, Any], keep_last: int | None = None) -> Path:
     """Write ``state`` (any ``torch.save``-able dict) as the checkpoint of ``step``; returns its directory.
-
-    ``keep_last`` deletes all but the newest ``keep_last`` checkpoints afterwards (None keeps all).
-    """
+    ``keep_last`` deletes all but the newest ``keep_last`` checkpoints afterwards (None keeps all)."""
     final = checkpoint_path(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,12 +68,10 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint directory written by :func:`save_checkpoint`; of a sharded one, its plain state (step,
-    schedule, data position, RNG, KL coefficient) with ``"sharded": <the directory>``: the models and the
-    optimizer are then read into the sharded models (`rlhf.runlog.sharded_checkpoint.load_sharded`).
+    """Load a checkpoint directory of :func:`save_checkpoint`; of a sharded one, its plain state with ``"sharded":
+    <the directory>``, for `rlhf.runlog.sharded_checkpoint.load_sharded` to read the models and the optimizer.
 
-    ``weights_only=False`` because the state holds Python's RNG state and other plain objects; only load
-    checkpoints you wrote yourself.
+    ``weights_only=False``: the state holds Python's RNG state and other plain objects; load only your own.
     """
     path = Path(path)
     if not (path / STATE_FILE).is_file() and (path / SHARDED_FILE).is_file():

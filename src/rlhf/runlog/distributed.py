@@ -1,19 +1,10 @@
 """One process, or many under ``torchrun``: the process group, this rank's device, and the reductions trainers use.
 
-Every trainer runs inside :func:`process_group` (through the :func:`entry` decorator): under ``torchrun``
-(``WORLD_SIZE`` in the environment) it joins the process group — gloo on CPU, NCCL on CUDA, the device from
-``LOCAL_RANK`` — and always destroys it on the way out, error or not; run directly it is one process and no
-group. The trainers talk to the other ranks only through the :class:`Dist` it yields, whose reductions are
-identities for one process, so a single-process run takes exactly the code path of rank 0 of one.
-
-Why results do not depend on the number of ranks (docs/scaling.md): every batch stays global — each rank
-trains on a strided share of it (:meth:`Dist.shard`) and every normaliser (token counts, whitening moments,
-group statistics, metric means) is reduced over all ranks before use — so N ranks compute the sums one
-process would, only in another order.
-
-Errors: a rank that raises leaves the group; ``torchrun`` then stops the other ranks of its node, and a peer
-blocked in a collective sees the closed connection (gloo) or hits the collective timeout
-(``RLHF_DIST_TIMEOUT_S``, default 1800 s: rank 0 may be writing a large final/ alone) instead of hanging for ever.
+Every trainer runs inside :func:`process_group` (through :func:`entry`) and talks to the other ranks only through
+the :class:`Dist` it yields, whose reductions are identities for one process: a single-process run takes exactly
+the code path of rank 0 of one. Results do not depend on the number of ranks because every batch stays global
+(each rank trains on a strided share, :meth:`Dist.shard`) and every normaliser is reduced over all ranks before
+use; docs/scaling.md explains this, and how a failing rank stops the others (``RLHF_DIST_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -25,13 +16,12 @@ import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from rlhf.config import TrainingConfig
+from rlhf.config import ConfigError, TrainingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,11 +34,8 @@ DEFAULT_TIMEOUT_S = 1800
 
 @dataclass(frozen=True)
 class Dist:
-    """This process's place in the run: ``rank`` of ``world_size``, its ``device``, and the reductions.
-
-    ``parallelism``: ``"none"`` (one process), ``"ddp"`` (replicated models, gradients all-reduced) or
-    ``"fsdp"`` (FSDP2-sharded models).
-    """
+    """This process's place in the run: ``rank`` of ``world_size``, its ``device``, and the reductions;
+    ``parallelism``: ``"none"`` (one process), ``"ddp"`` (replicated models) or ``"fsdp"`` (FSDP2-sharded)."""
 
     rank: int = 0
     world_size: int = 1
@@ -68,8 +55,6 @@ class Dist:
     def check_batch(self, command: str, size: int) -> None:
         """Refuse a global batch (``batch.size``, all ranks together) that leaves some rank without a row."""
         if size < self.world_size:
-            from rlhf.config import ConfigError
-
             raise ConfigError(
                 f"{command}: batch.size={size} is global (all ranks together) and gives no rows to some of the "
                 f"{self.world_size} ranks; use a batch.size of at least {self.world_size} or fewer processes"
@@ -88,12 +73,9 @@ class Dist:
         return init_device_mesh(self.device.type, (self.world_size,))
 
     def shard(self, n: int, unit: int = 1) -> list[int]:
-        """This rank's rows of a global batch of ``n`` rows, in runs of ``unit`` rows that stay together (the
-        ``G`` samples of one GRPO prompt): units ``rank, rank + world_size, …`` (strided).
-
-        Strided rather than in blocks so that any contiguous part of the global batch (a minibatch) is spread
-        evenly over the ranks.
-        """
+        """This rank's rows of a global batch of ``n`` rows, in runs of ``unit`` rows that stay together (the ``G``
+        samples of one GRPO prompt): units ``rank, rank + world_size, …``, strided so that any contiguous part of
+        the batch (a minibatch) is spread evenly over the ranks."""
         return [
             row
             for first in range(self.rank * unit, n, self.world_size * unit)
@@ -108,10 +90,8 @@ class Dist:
         """The global batch of ``n`` rows from every rank's rows of it (:meth:`shard`), back in row order."""
         if not self.distributed:
             return list(local)
-        parts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(parts, list(local))
         out: list[Any] = [None] * n
-        for rank, part in enumerate(parts):
+        for rank, part in enumerate(self.gather([list(local)])):
             rows = Dist(rank, self.world_size).shard(n, unit)
             if len(rows) != len(part):
                 raise RuntimeError(f"rank {rank} sent {len(part)} rows, its shard of {n} has {len(rows)}")
@@ -121,18 +101,17 @@ class Dist:
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``tensor`` over ranks (a new tensor; float64 sums stay float64)."""
-        if not self.distributed:
-            return tensor.clone()
-        out = tensor.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out
+        return self._all_reduce(tensor, dist.ReduceOp.SUM)
 
     def max(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise maximum of ``tensor`` over ranks."""
+        return self._all_reduce(tensor, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
         if not self.distributed:
             return tensor.clone()
         out = tensor.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        dist.all_reduce(out, op=op)
         return out
 
     def sum_values(self, values: dict[str, float]) -> dict[str, float]:
@@ -176,21 +155,11 @@ def device_for_run() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def launched_by_torchrun() -> bool:
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
-
-
-def _backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 def _device(local_rank: int) -> torch.device:
     """GPU ``LOCAL_RANK`` when there are GPUs (each rank of a node its own), else the CPU."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     if local_rank >= torch.cuda.device_count():
-        from rlhf.config import ConfigError
-
         raise ConfigError(
             f"local rank {local_rank} needs GPU {local_rank}, but this machine has {torch.cuda.device_count()}; "
             "start at most one process per GPU (--nproc_per_node), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
@@ -209,48 +178,42 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
     refuse ``torchrun``. A group someone else already set up (a notebook, a test) is used and left alone.
     """
     global _current
-    if not launched_by_torchrun() and not dist.is_initialized():
-        _current = Dist(device=_device(0) if torch.cuda.is_available() else torch.device("cpu"))
-        try:
-            yield _current
-        finally:
-            _current = SINGLE
-        return
-    if parallelism == "none":
-        from rlhf.config import ConfigError
-
+    group = ("WORLD_SIZE" in os.environ and "RANK" in os.environ) or dist.is_initialized()  # torchrun sets both
+    owned = group and not dist.is_initialized()
+    if not group:
+        _current = Dist(device=_device(0))
+    elif parallelism == "none":
         raise ConfigError("parallelism: none, but the run was launched by torchrun; set parallelism: ddp or fsdp")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = _device(local_rank)
-    owned = not dist.is_initialized()
-    if owned:
-        timeout = datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
-        dist.init_process_group(_backend(device), timeout=timeout)
-    strategy = "ddp" if parallelism == "auto" else parallelism
-    _current = Dist(dist.get_rank(), dist.get_world_size(), local_rank, device, strategy)
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = _device(local_rank)
+        if owned:
+            timeout = datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+        strategy = "ddp" if parallelism == "auto" else parallelism
+        _current = Dist(dist.get_rank(), dist.get_world_size(), local_rank, device, strategy)
     try:
         yield _current
     except BaseException:
         # Leave at once: a collective now would wait for peers that may be waiting for us. torchrun stops them
         # when this process exits — so make sure it does: if reporting the error gets stuck (a print was seen to
         # block for ever in a rank whose peer sat in a collective), a C-level watchdog ends the process.
-        faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True)
-        _current = SINGLE
+        if group:
+            faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True)
         raise
     else:
-        dist.barrier()  # nobody tears the group down while a peer is still in its last collective
-        _current = SINGLE
+        if group:
+            dist.barrier()  # nobody tears the group down while a peer is still in its last collective
     finally:
+        _current = SINGLE
         if owned and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def entry(run: F) -> F:
-    """Decorate a trainer's ``run(config)``: it runs inside :func:`process_group` (``config.run.parallelism``).
-
-    Ranks other than 0 run with stdout and stderr silenced — their warnings and progress would repeat rank
-    0's — until an error leaves ``run``: it is then reported on the restored stderr like rank 0's.
-    """
+    """Decorate a trainer's ``run(config)``: it runs inside :func:`process_group` (``config.run.parallelism``),
+    ranks other than 0 with stdout and stderr silenced (they would repeat rank 0's) until an error leaves ``run``:
+    it is then reported on the restored stderr like rank 0's."""
 
     @functools.wraps(run)
     def wrapper(config: TrainingConfig, *args: Any, **kwargs: Any) -> Any:

@@ -73,18 +73,7 @@ def _set_aside_torn_tail(path: Path, fd: int) -> None:
     """A last line without its newline was cut by a crash mid-write: never acknowledged, so it is moved to
     ``<path>.torn-<n>`` (kept for inspection, never deleted) and the file is cut back to its last newline."""
     size = os.fstat(fd).st_size
-    if size == 0:
-        return
-    tail_start = size
-    chunk = 4096
-    while tail_start > 0:  # find the last newline from the end
-        start = max(0, tail_start - chunk)
-        data = os.pread(fd, tail_start - start, start)
-        at = data.rfind(b"\n")
-        if at >= 0:
-            tail_start = start + at + 1
-            break
-        tail_start = start
+    tail_start = os.pread(fd, size, 0).rfind(b"\n") + 1  # the callers read the whole file next anyway
     if tail_start == size:
         return
     torn = os.pread(fd, size - tail_start, tail_start)

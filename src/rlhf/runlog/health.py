@@ -1,14 +1,10 @@
 """Live alarms: the training doctor (`rlhf.doctor.rules`) watching a ppo/grpo run as it logs.
 
-Every metrics row the run logs goes through a `rlhf.doctor.rules.Watch`, the same one ``rlhf doctor`` replays
-afterwards, so a finding starts and clears at the same steps live and after the fact. Each start and each clear
-is said once (on the console, above the progress bar) and appended to ``output_dir/doctor.jsonl`` (one JSON
-event per line, fsynced); the findings that hold now stay on show under the progress bar. With
-``doctor.stop_on`` the run stops at the step where a finding that severe starts (`HealthLog.stop`).
-
-A resumed run replays the rows it kept through the watch first (without saying anything again), so it
-remembers what held before the interruption, and drops the events of the steps it will run again, as
-``metrics.jsonl`` drops their rows.
+Every logged row goes through a `rlhf.doctor.rules.Watch`, the same one ``rlhf doctor`` replays afterwards, so a
+finding starts and clears at the same steps live and after the fact (what users see: the README's "Training
+doctor"). Events are appended to ``output_dir/doctor.jsonl``, fsynced. A resumed run replays the rows it kept
+through the watch first, silently, and drops the events of the steps it will run again, as ``metrics.jsonl``
+drops their rows.
 """
 
 from __future__ import annotations

@@ -4,35 +4,24 @@ stopwatch, and :func:`open_run`, which opens a run's metrics, fresh or resumed."
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlhf.config import TrainingConfig, config_to_dict
+from rlhf.runlog.distributed import Dist
 from rlhf.runlog.health import HealthLog
 from rlhf.runlog.rundir import atomic_open, clear_run, write_run_config
 
-if TYPE_CHECKING:
-    from rlhf.runlog.distributed import Dist
-
-
-def _plain(value: Any) -> Any:
-    """Tensors and numpy scalars → Python numbers; non-finite floats stay floats (JSON allows NaN via Python)."""
-    if hasattr(value, "item"):
-        value = value.item()
-    return value
-
 
 class Stopwatch:
-    """Where a step's wall time goes: ``with watch("train"): ...`` adds the block's seconds to ``train``.
-
-    ``metrics()`` gives ``time/<phase>_s`` for every phase named at creation (0 when it did not run) or timed
-    since, and ``time/step_s``, the seconds since the watch was made.
-    """
+    """Where a step's wall time goes: ``with watch("train"): ...`` adds the block's seconds to ``train``;
+    ``metrics()`` gives ``time/<phase>_s`` of every phase named or timed and ``time/step_s`` (since creation)."""
 
     def __init__(self, *phases: str):
         self.start = time.perf_counter()
@@ -66,9 +55,8 @@ class NoLogger:
 class MetricsLogger:
     """Writes one JSON object per step to ``output_dir/metrics.jsonl`` and forwards to optional sinks.
 
-    ``append=True`` (resume) keeps earlier lines but drops any with ``step`` ≥ the resume step, so a run that
-    died after logging but before checkpointing does not leave duplicate steps; ``kept`` holds those lines.
-    ``health``: the training doctor's live alarms (`rlhf.runlog.health`), shown every row once it is logged.
+    ``resume_step`` keeps the earlier rows (``kept``) but drops any with ``step`` ≥ it, so a run that died after
+    logging but before checkpointing leaves no duplicate steps. ``health``: the doctor's live alarms, fed every row.
     """
 
     health: HealthLog | None = None
@@ -88,11 +76,9 @@ class MetricsLogger:
         with atomic_open(self.path) as f:
             f.writelines(json.dumps(row, allow_nan=True) + "\n" for row in self.kept)
         self._file = self.path.open("a")
-        self._sinks: list[Any] = []
-        for name in report_to:
-            if name == "jsonl":
-                continue
-            self._sinks.append(_open_sink(name, Path(output_dir), run_config or {}, run_name))
+        self._sinks = [
+            _open_sink(name, Path(output_dir), run_config or {}, run_name) for name in report_to if name != "jsonl"
+        ]
 
     def _rows(self) -> list[dict[str, Any]]:
         """The logged rows; a torn last line (the process died mid-write) is dropped, saying so on stderr."""
@@ -110,7 +96,8 @@ class MetricsLogger:
         return rows
 
     def log(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        row = {key: _plain(value) for key, value in metrics.items()}
+        # tensors and numpy scalars → Python numbers; non-finite floats stay floats (JSON allows NaN via Python)
+        row = {key: value.item() if hasattr(value, "item") else value for key, value in metrics.items()}
         self._file.write(json.dumps(row, allow_nan=True) + "\n")
         self._file.flush()
         step = int(row.get("step", 0))
@@ -125,9 +112,7 @@ class MetricsLogger:
         if self.health is not None:
             self.health.close()
         for sink in self._sinks:
-            close = getattr(sink, "close", None)
-            if close:
-                close()
+            sink.close()
 
 
 class _TensorBoard:
@@ -150,8 +135,6 @@ class _WandbLike:
     """W&B and trackio share the ``init(...)`` / ``log(dict, step=)`` / ``finish()`` interface."""
 
     def __init__(self, module_name: str, name: str, config: dict[str, Any]):
-        import importlib
-
         self.module = importlib.import_module(module_name)
         self.module.init(project="rlhf", name=name, config=config)
 
@@ -177,14 +160,10 @@ def _open_sink(name: str, output_dir: Path, config: dict[str, Any], run_name: st
 
 
 def open_run(config: TrainingConfig, checkpoint: Path | None, start: int, d: Dist) -> MetricsLogger | NoLogger:
-    """Say whether the run resumes, write ``config.yaml`` and open ``metrics.jsonl``
-    (a :class:`MetricsLogger`, with the doctor's live alarms when ``config.doctor.alarms``).
-
-    Resuming from ``checkpoint`` (at step ``start``) keeps the metric rows before ``start + 1``. Otherwise
-    the previous run's files are deleted first (``--run.overwrite``, or a resume with nothing to resume), so no
-    stale checkpoint or sample survives; `rlhf.runlog.rundir.claim` has already refused a run nobody asked to replace.
-    Under ``torchrun`` rank 0 alone does this (the others get a `NoLogger`).
-    """
+    """Rank 0 (the others get a `NoLogger`): say whether the run resumes, write ``config.yaml`` and open
+    ``metrics.jsonl``, with the doctor's live alarms when ``config.doctor.alarms``. Resuming from ``checkpoint``
+    (step ``start``) keeps the metric rows before ``start + 1``; otherwise the previous run's files are deleted
+    first, so nothing stale survives (`rlhf.runlog.rundir.claim` has refused a run nobody asked to replace)."""
     output_dir = Path(config.output_dir)
     if not d.is_main:
         return NoLogger()

@@ -1,22 +1,11 @@
 """The run directory belongs to one run at a time, and a finished run is never replaced without being asked.
 
-Every training command (sft, rm, ppo, grpo) runs inside :func:`claims_output_dir`: before any model loads it
-
-1. checks that ``output_dir`` is (or can become) a writable directory;
-2. takes an exclusive ``fcntl.flock`` on ``output_dir/.rlhf.lock`` for the whole run (the kernel drops it
-   when the process dies, so a killed run never leaves a stale lock); a second run is refused, naming the
-   holder's pid;
-3. refuses a directory that already holds a run (any of :data:`RUN_ENTRIES`) unless the config says
-   ``resume`` (continue it) or ``overwrite`` (replace it); files that are not rlhf's own are never counted
-   nor removed, so a run directory may hold the user's own YAML files (the demo writes ``sft.yaml`` there);
-4. on ``resume``, compares the config with the run's recorded ``config.yaml`` and refuses any change outside
-   :data:`SAFE_ON_RESUME`, listing each field as ``old → new``.
-
-The old run is removed (:func:`clear_run`) only once the new one has loaded its models and is about to write,
-so an ``--overwrite`` run that fails at start-up leaves the old run as it was.
-
-Files rewritten during a run go through :func:`atomic_open` / :func:`staged` (a temp file or directory in the
-same directory, fsynced, renamed into place, the directory fsynced): a crash leaves the old or the new
+Every training command runs inside :func:`claims_output_dir`, which does all of :func:`claim` before any model
+loads; what users see of it is the README's "Run directory". The lock is an ``fcntl.flock``, which the kernel
+drops when the process dies: a killed run never leaves a stale lock. The old run is removed (:func:`clear_run`)
+only once the new one has loaded its models, so an ``--overwrite`` run that fails at start-up leaves it as it
+was. Files rewritten during a run go through :func:`atomic_open` / :func:`staged` (a temp file or directory in
+the same directory, fsynced, renamed into place, the directory fsynced): a crash leaves the old or the new
 version, never a torn one.
 """
 
@@ -36,6 +25,7 @@ from typing import IO, Any, TypeVar
 import yaml
 
 from rlhf.config import CommandConfig, ConfigError, TrainingConfig, config_to_yaml
+from rlhf.runlog import distributed
 from rlhf.runlog.checkpoint import fsync_dir, list_checkpoints, load_checkpoint
 
 LOCK_FILE = ".rlhf.lock"
@@ -56,50 +46,29 @@ RUN_ENTRIES = (
 exactly these (and nothing else, so ``output_dir: .`` never loses the user's own files)."""
 
 SAFE_ON_RESUME = frozenset(
-    {
-        "ppo.steps",
-        "grpo.steps",
-        "sft.epochs",
-        "rm.epochs",
-        "run.resume",
-        "run.overwrite",
-        "run.eval_every",
-        "run.save_every",
-        "run.log_every",
-        "run.progress",
-        "run.report_to",
-        "run.name",
-        "run.parallelism",
-        "batch.micro_size",
-        "batch.micro_tokens",
-        "model.compile",
-        "doctor.alarms",
-        "doctor.stop_on",
-    }
+    # how long it runs, and whether it continues or replaces
+    {"ppo.steps", "grpo.steps", "sft.epochs", "rm.epochs", "run.resume", "run.overwrite"}
+    # how often it logs, evaluates and saves, where metrics and the doctor's alarms go
+    | {"run.eval_every", "run.save_every", "run.log_every", "run.progress", "run.report_to", "run.name"}
+    | {"doctor.alarms", "doctor.stop_on"}
+    # how the work is split into passes (the same math)
+    | {"run.parallelism", "batch.micro_size", "batch.micro_tokens", "model.compile"}
 )
-"""Fields that may differ between a run and its ``--resume``: how long it runs, how often it logs, evaluates
-and saves, where metrics go, and how the work is split into passes (the same math). Any other change would
-silently make the resumed run a different one, so it is refused."""
+"""Fields that may differ between a run and its ``--resume``. Any other change would silently make the resumed
+run a different one, so it is refused."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-# --------------------------------------------------------------------------------------------------------------
 # Claiming output_dir: usable, locked, not someone else's finished run
-# --------------------------------------------------------------------------------------------------------------
-
-
 def claims_output_dir(run: F) -> F:
     """Decorate a trainer's ``run(config)``: claim ``config.output_dir`` (:func:`claim`) for the whole call."""
 
     @functools.wraps(run)
     def wrapper(config: CommandConfig, *args: Any, **kwargs: Any) -> Any:
-        from rlhf.runlog import distributed
-
         d = distributed.current()
         if not d.is_main:  # under torchrun rank 0 claims the directory; the others hear whether it could
-            refused = d.broadcast(None)
-            if refused:
+            if refused := d.broadcast(None):
                 raise ConfigError(refused)
             return run(config, *args, **kwargs)
         with contextlib.ExitStack() as stack:
@@ -116,41 +85,34 @@ def claims_output_dir(run: F) -> F:
 
 @contextlib.contextmanager
 def claim(config: CommandConfig, field: str = "output_dir", entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
-    """Usable directory, lock, refusal of existing work, resume check — everything before any work starts.
-
-    ``entries``: the names whose presence means "a run is here" (the demo has its own).
-    """
+    """Usable directory, lock, refusal of existing work, resume check — everything before any work starts;
+    ``entries``: the names whose presence means "a run is here" (the demo has its own)."""
     out = Path(getattr(config, field))
     where = f"{config.COMMAND}: "
     created = not out.exists()
     ensure_directory(out, where + field)
-    with lock(out, where + field), _removed_if_unused(out, created):
-        remove_leftovers(out, entries)
-        found = existing_run(out, entries)
-        settings = getattr(config, "run", config)  # a trainer's run section, or the demo's own fields
-        resume, overwrite = getattr(settings, "resume", False), settings.overwrite
-        if found and not (resume or overwrite):
-            flag = "--run." if settings is not config else "--"
-            resume_hint = f"pass {flag}resume to continue it or " if hasattr(settings, "resume") else "pass "
-            raise ConfigError(
-                f"{where}{field} {str(out)!r} already holds a run ({', '.join(found)}); {resume_hint}"
-                f"{flag}overwrite to replace it, or choose another output_dir"
-            )
-        if resume and found:
-            check_resumable(out, config, where)
-        yield out
-
-
-@contextlib.contextmanager
-def _removed_if_unused(out: Path, created: bool) -> Iterator[None]:
-    """A run that fails before writing anything (bad data, a missing model) leaves no directory it created."""
-    try:
-        yield
-    except BaseException:
-        if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
-            (out / LOCK_FILE).unlink()
-            out.rmdir()
-        raise
+    with lock(out, where + field):
+        try:
+            remove_leftovers(out, entries)
+            found = [name for name in entries if (out / name).exists()]
+            settings = getattr(config, "run", config)  # a trainer's run section, or the demo's own fields
+            resume, overwrite = getattr(settings, "resume", False), settings.overwrite
+            if found and not (resume or overwrite):
+                flag = "--run." if settings is not config else "--"
+                resume_hint = f"pass {flag}resume to continue it or " if hasattr(settings, "resume") else "pass "
+                raise ConfigError(
+                    f"{where}{field} {str(out)!r} already holds a run ({', '.join(found)}); {resume_hint}"
+                    f"{flag}overwrite to replace it, or choose another output_dir"
+                )
+            if resume and found:
+                check_resumable(out, config, where)
+            yield out
+        except BaseException:
+            # a run that fails before writing anything (bad data, a missing model) leaves no directory it created
+            if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
+                (out / LOCK_FILE).unlink()
+                out.rmdir()
+            raise
 
 
 def ensure_directory(path: Path, name: str) -> None:
@@ -191,16 +153,9 @@ def lock(directory: Path, name: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def existing_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> list[str]:
-    """The rlhf ``entries`` present in ``out``; empty when no run has written there."""
-    return [name for name in entries if (out / name).exists()]
-
-
 def remove_leftovers(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
-    """Delete the temp files and directories of a killed run (``.<entry>.*.tmp``, see :func:`atomic_open`).
-
-    Only called with the lock held: nobody else can be writing them.
-    """
+    """Delete the temp files and directories of a killed run (``.<entry>.*.tmp``, see :func:`atomic_open`); only
+    called with the lock held, so nobody else can be writing them."""
     for name in entries:
         for path in out.glob(f".{name}.*.tmp"):
             if path.is_dir() and not path.is_symlink():
@@ -221,12 +176,9 @@ def clear_run(out: Path, entries: tuple[str, ...] = RUN_ENTRIES) -> None:
 
 
 def check_outputs(config: CommandConfig, outputs: dict[str, str | Path | None]) -> None:
-    """Before any work: each output file (field name → path; None = not written) is refused if it exists and
-    ``config.overwrite`` is off, or if it is a directory or its directory cannot be written.
-
-    The file itself is written later through :func:`atomic_open` with ``replace=config.overwrite``, which
-    also refuses to replace a file another process wrote in the meantime.
-    """
+    """Before any work: refuse each output file (field name → path; None = not written) that exists unless
+    ``config.overwrite``, is a directory, or has a directory that cannot be written. It is written later through
+    :func:`atomic_open` with ``replace=config.overwrite``, which refuses a file another process wrote meanwhile."""
     where = f"{config.COMMAND}: "
     for field, path in outputs.items():
         if path is None:
@@ -241,11 +193,7 @@ def check_outputs(config: CommandConfig, outputs: dict[str, str | Path | None]) 
         ensure_directory(path.parent, f"{where}{field}'s directory")
 
 
-# --------------------------------------------------------------------------------------------------------------
 # Resume: the same config, a checkpoint that loads
-# --------------------------------------------------------------------------------------------------------------
-
-
 def check_resumable(out: Path, config: CommandConfig, where: str) -> None:
     """Refuse a resume that cannot continue: a finished run without checkpoints, or a changed config."""
     if not list_checkpoints(out):
@@ -307,11 +255,7 @@ def load_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[st
     """
     if not config.run.resume:
         return None, None
-    from rlhf.runlog import distributed
-
     d = distributed.current()
-    if not d.distributed:
-        return _pick_resume_checkpoint(config)
     # rank 0 picks the checkpoint (loading it), every other rank loads that one (output_dir is shared storage)
     chosen, state = _pick_resume_checkpoint(config) if d.is_main else (None, None)
     chosen = d.broadcast(chosen)
@@ -340,11 +284,7 @@ def _pick_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[s
     return None, None
 
 
-# --------------------------------------------------------------------------------------------------------------
 # Atomic writes
-# --------------------------------------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", replace: bool = True) -> Iterator[IO[Any]]:
     """Write ``path`` through a temp file in its directory, renamed into place when the block succeeds.
@@ -356,8 +296,7 @@ def atomic_open(path: str | Path, mode: str = "w", replace: bool = True) -> Iter
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        encoding = None if "b" in mode else "utf-8"
-        with os.fdopen(fd, mode, encoding=encoding) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -375,14 +314,12 @@ def _publish_new(tmp: str, path: Path) -> None:
     """Rename ``tmp`` to ``path`` unless ``path`` exists: a hard link is the atomic "create, never replace"."""
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        raise ConfigError(f"{str(path)!r} was written by another process meanwhile; left as it is") from None
-    except OSError:  # a filesystem without hard links: check, then rename (a narrow race, not a torn file)
-        if path.exists():
+    except OSError as e:  # FileExistsError; or no hard links here: check, then rename (a narrow race, not a torn file)
+        if isinstance(e, FileExistsError) or path.exists():
             raise ConfigError(f"{str(path)!r} was written by another process meanwhile; left as it is") from None
         os.replace(tmp, path)
-        return
-    os.unlink(tmp)
+    else:
+        os.unlink(tmp)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -392,12 +329,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 @contextlib.contextmanager
 def staged(target: Path) -> Iterator[Path]:
-    """``with staged(out / "final") as tmp: save(tmp)`` — ``save`` writes ``tmp / "final"``, which then
-    replaces ``out / "final"`` whole: a crash while saving leaves the previous ``final/`` (or none).
-
-    The old directory is moved aside before the new one is renamed in, then deleted; rename cannot replace
-    a non-empty directory in one step.
-    """
+    """``with staged(out / "final") as tmp: save(tmp)`` — ``save`` writes ``tmp / "final"``, which then replaces
+    ``out / "final"`` whole: a crash while saving leaves the previous ``final/`` (or none). The old directory is
+    moved aside first (rename cannot replace a non-empty directory), then deleted."""
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
         yield staging

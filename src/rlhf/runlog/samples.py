@@ -33,9 +33,9 @@ def sample_rows(step: int, prompts: list[str], completions: list[str], scores: A
     return rows
 
 
-def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+def _write_rows(path: Path, step: int, prompts: list[str], completions: list[str], scores: Any) -> Path:
     with atomic_open(path) as f:
-        for row in rows:
+        for row in sample_rows(step, prompts, completions, scores):
             # default=str: a log_extra value JSON cannot hold is written as its text rather than losing the file
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return path
@@ -43,18 +43,14 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def write_samples(output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any) -> Path:
     """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
-    path = output_dir / "samples" / f"step_{step:06d}.jsonl"
-    return _write_rows(path, sample_rows(step, prompts, completions, scores))
+    return _write_rows(output_dir / "samples" / f"step_{step:06d}.jsonl", step, prompts, completions, scores)
 
 
 def write_completions(
     output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
 ) -> Path | None:
-    """``completions/step_NNNNNN.jsonl``: the step's training samples (rows as in ``samples/``), written only
-    when a reward function logged columns with ``log_extra`` — TRL's completions table
-    (``completions/completions_NNNNN.parquet``, the last batch's prompts, completions, rewards and extra
-    columns at each logging step). None when there is nothing to write."""
+    """``completions/step_NNNNNN.jsonl``: the step's training samples (rows as in ``samples/``, TRL's completions
+    table); None, and nothing written, unless a reward function logged columns with ``log_extra``."""
     if not scores.extra:
         return None
-    path = output_dir / "completions" / f"step_{step:06d}.jsonl"
-    return _write_rows(path, sample_rows(step, prompts, completions, scores))
+    return _write_rows(output_dir / "completions" / f"step_{step:06d}.jsonl", step, prompts, completions, scores)

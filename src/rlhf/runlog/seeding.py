@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import platform
 import random
 from typing import Any
 
@@ -24,24 +27,14 @@ def seed_everything(seed: int, rank: int = 0) -> int:
 
 
 def environment() -> dict[str, Any]:
-    """What a run's floating-point results depend on besides its seed and inputs (saved with the demo's summary).
-
-    The same seed gives the same run on one machine, but the last bits of float32 sums depend on the kernels
-    that compute them: torch picks them by the CPU's instruction set (``cpu_capability``, which
-    ``ATEN_CPU_CAPABILITY`` can lower), the BLAS picks its own code path by CPU, and reductions split by the
-    number of threads. RL training amplifies those bits into another trajectory (docs/reproducibility.md).
-    """
-    import os
-    import platform
-
+    """What a run's floating-point results depend on besides its seed and inputs (saved with the demo's summary):
+    the CPU and its kernel level, threads and library versions pick the kernels, whose last bits RL training
+    amplifies into another trajectory (docs/reproducibility.md)."""
     import transformers
 
     cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     return {
         "cpu": cpu,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

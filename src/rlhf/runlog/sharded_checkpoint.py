@@ -1,18 +1,11 @@
 """Checkpoints of sharded (FSDP2) training: every rank writes its own shards, any world size reads them back.
 
 Why ``torch.distributed.checkpoint`` (DCP) rather than :mod:`rlhf.runlog.checkpoint`'s single ``state.pt``:
-gathering a model and its optimizer state onto one rank to write one file would need a full copy there.
-DCP writes each rank's shards with metadata saying where they sit in the full tensors, so a later run
-loads them at any world size (2 ranks → 1 process or the reverse), resharding as it reads.
-
-Layout of ``directory``: DCP's files (``.metadata`` and one ``.distcp`` file per rank) with the models'
-and optimizer's state, and ``extra.pt``: plain picklable state written by rank 0 (step, RNG states, data
-position, KL coefficient). Atomic like :func:`rlhf.runlog.checkpoint.save_checkpoint`: everything is
-written into ``directory.tmp``, which rank 0 renames into place only after every rank has finished, so an
-interrupted save never looks complete.
-
-The models are saved under their names as one ``nn.ModuleDict``, so one optimizer may span several of
-them (a policy and its critic) and its state is keyed by the parameters' names, not their order.
+gathering a model and its optimizer state onto one rank would need a full copy there; DCP's shards load at any
+world size, resharding as they are read. ``directory`` holds DCP's files and ``extra.pt`` (rank 0's plain state),
+written into ``directory.tmp`` and renamed into place only once every rank has finished (docs/scaling.md,
+"Checkpoints and resume"). The models are saved under their names as one ``nn.ModuleDict``, so one optimizer may
+span several of them (a policy and its critic) and its state is keyed by the parameters' names, not their order.
 """
 
 from __future__ import annotations
