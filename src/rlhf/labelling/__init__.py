@@ -11,6 +11,7 @@ The labels file format is `rlhf.data.labels`; ``rlhf rm`` reads it directly. Not
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -22,10 +23,12 @@ from rlhf.config import LabelConfig, llm_judge
 def run(config: LabelConfig) -> dict[str, Any]:
     """Print statistics (``stats``), label with an LLM judge (``judge.source``), or serve the labelling page."""
     from rlhf.labelling.pairs import read_pairs
-    from rlhf.labelling.stats import print_stats
+    from rlhf.labelling.stats import format_stats, label_stats
 
     if config.stats:
-        return print_stats(config.stats, config.json)
+        stats = label_stats(config.stats)
+        print(json.dumps(stats, indent=2) if config.json else format_stats(stats))
+        return stats
     assert config.pairs is not None and config.out is not None  # checked by LabelConfig
     pairs = read_pairs(config.pairs)
     if llm_judge(config.judge.source) is not None:
@@ -49,10 +52,8 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
         sock = bind(config.host, config.port)
         port = sock.getsockname()[1]
         app = make_app(session, token, loopback_only=loopback, ratings=config.ratings)
-        shown_host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
-        url = f"http://{shown_host if ':' not in shown_host else f'[{shown_host}]'}:{port}/"
-        if token:
-            url += f"?token={token}"
+        host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/" + (f"?token={token}" if token else "")
         done, total = session.overall()
         print(
             f"label: {len(pairs.pairs)} pairs from {pairs.path} ({pairs.identical} with the same text twice and "
@@ -68,7 +69,7 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
             )
         print(f"label: open {url}  (Ctrl-C stops; a restart continues where everyone was)", file=sys.stderr)
         print(url, flush=True)  # on stdout alone, for scripts
-        server = uvicorn.Server(
+        uvicorn.Server(
             uvicorn.Config(
                 app,
                 log_level="warning",
@@ -77,8 +78,7 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
                 timeout_graceful_shutdown=2,
                 h11_max_incomplete_event_size=16 * 1024,
             )
-        )
-        server.run(sockets=[sock])
+        ).run(sockets=[sock])
         done, total = session.overall()
         print(f"label: stopped; {done} / {total} labelled, in {config.out}", file=sys.stderr)
         return {"done": done, "total": total}

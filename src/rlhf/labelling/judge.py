@@ -1,21 +1,9 @@
 """An LLM judge over any OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, a hosted API).
 
-Source ``openai:URL#MODEL`` (``judge.source``); how it is asked is ``judge.llm`` (`rlhf.config.LLMJudgeSection`).
-
-For each pair the judge is shown the prompt and the two answers as "A" and "B" (the template, replaceable) and
-answers ``A``, ``B`` or ``tie``. With ``both_orders`` (default) it is asked again with the answers swapped, and a
-pair whose two verdicts disagree is recorded as a **tie**: an LLM judge prefers the first answer more often than
-chance, and asking both ways keeps that bias out of the labels. A reply with no verdict in it is asked again (up
-to ``tries``) and, failing that, recorded as a **skip** with the reply as its ``reason``.
-
-Every reply is appended to a cache (``judge.llm.cache``, fsynced as it arrives) keyed by the SHA-256 of the
-request, so a run that was interrupted — or failed on an unreachable server — asks only what it has not asked yet.
-Requests go out ``concurrency`` at a time; a timeout, refused connection, 408/429/5xx or a reply that is not the
-API's JSON is retried with exponential backoff; another HTTP error stops at once, naming the URL.
-
-The rows written are labels file rows (`rlhf.data.labels`) with ``source`` and ``labeller`` ``openai:MODEL`` and the
-two raw verdicts under ``judge`` — the format people's labels have, so the two mix and can be compared
-(``rlhf label --stats``).
+Source ``openai:URL#MODEL`` (``judge.source``), asked as ``judge.llm`` says (`rlhf.config.LLMJudgeSection`). What it
+is asked, why both orders (an LLM judge prefers the first answer more often than chance), what is retried, the
+request-keyed cache that makes a rerun ask only what is missing, and the labels-file rows it writes:
+docs/labelling.md ("The LLM judge").
 """
 
 from __future__ import annotations
@@ -67,8 +55,7 @@ class JudgeError(Exception):
 def parse_verdict(text: str) -> str | None:
     """``A``, ``B`` or ``tie`` from a reply: ``[[A]]`` anywhere, or the reply starting with A / B / tie (``"B."``,
     ``"Answer A"``, ``"tie — both fine"``); None when it says neither."""
-    marked = _MARKED.search(text)
-    found = marked or _VERDICT.match(text.strip())
+    found = _MARKED.search(text) or _VERDICT.match(text.strip())
     if found is None:
         return None
     word = found.group(1).lower()
@@ -115,19 +102,17 @@ class LLMJudge:
     def judge(self, pairs: Sequence[Pair]) -> list[dict[str, Any]]:
         """One labels-file row per pair (a preference, a tie, or a skip when the judge gave no verdict)."""
         start = time.perf_counter()
-        orders = [
-            (pair, swapped) for pair in pairs for swapped in ((False, True) if self.settings.both_orders else (False,))
-        ]
+        orders = (False, True) if self.settings.both_orders else (False,)  # swapped?
         with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
-            futures = [pool.submit(self.ask, pair, swapped) for pair, swapped in orders]
+            futures = [pool.submit(self.ask, pair, swapped) for pair in pairs for swapped in orders]
             try:
                 replies = [future.result() for future in futures]
             except BaseException:  # stop asking: what was answered is in the cache for the next run
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
-        per_pair = len(orders) // max(len(pairs), 1)
         self.seconds += time.perf_counter() - start
-        return [self.row(pair, replies[i * per_pair : (i + 1) * per_pair]) for i, pair in enumerate(pairs)]
+        n = len(orders)
+        return [self.row(pair, replies[i * n : (i + 1) * n]) for i, pair in enumerate(pairs)]
 
     def ask(self, pair: Pair, swapped: bool) -> str:
         """The judge's reply to one order of a pair (from the cache when it was asked before)."""
@@ -135,12 +120,10 @@ class LLMJudge:
         user = self.template
         for placeholder, text in zip(PLACEHOLDERS, (render_prompt(pair.prompt), first, second), strict=True):
             user = user.replace(placeholder, text)
-        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
-            {"role": "user", "content": user}
-        ]
+        system = [{"role": "system", "content": self.system}] if self.system else []
         body = {
             "model": self.model,
-            "messages": messages,
+            "messages": [*system, {"role": "user", "content": user}],
             "temperature": self.settings.temperature,
             "max_tokens": self.settings.max_tokens,
         }
@@ -165,33 +148,17 @@ class LLMJudge:
             "id": hashlib.sha256(f"{self.source}\0{pair.id}".encode()).hexdigest()[:16],
             "labeller": self.source,
             "source": self.source,
-            "judge": {"ab": in_ab[0], **({"ba": in_ab[1]} if len(in_ab) > 1 else {})},
+            "judge": dict(zip(("ab", "ba"), in_ab, strict=False)),  # ba: when asked in both orders
         }
         if any(v is None for v in in_ab):
             reason = next(reply for reply, v in zip(replies, in_ab, strict=True) if v is None)
-            return {
-                "kind": "skip",
-                "prompt": pair.prompt,
-                "a": pair.a,
-                "b": pair.b,
-                **meta,
-                "reason": f"no verdict in the judge's reply {cut(reason)}",
-            }
-        if len(set(in_ab)) > 1 or in_ab[0] == "tie":  # the orders disagree: position decided it, not the answers
-            return {"kind": "tie", "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta}
-        winner = in_ab[0]
-        chosen, rejected = (pair.a, pair.b) if winner == "a" else (pair.b, pair.a)
-        if isinstance(pair.prompt, list):
-            chosen, rejected = (
-                [{"role": "assistant", "content": chosen}],
-                [{"role": "assistant", "content": rejected}],
-            )
-        return {"kind": "preference", "prompt": pair.prompt, "chosen": chosen, "rejected": rejected, **meta}
+            return pair.label_row("skip", **meta, reason=f"no verdict in the judge's reply {cut(reason)}")
+        # orders that disagree make a tie: position decided it, not the answers
+        return pair.label_row("tie" if len(set(in_ab)) > 1 else in_ab[0], **meta)
 
     def _content(self, data: bytes) -> str:
-        """The reply's message text. Every failure is one try: an unreachable or failing server (408/429/5xx), a
-        reply that is not the API's JSON, a reply with no verdict; after ``tries``, a reply with no verdict is
-        returned (the pair becomes a skip) and anything else raises `JudgeError`."""
+        """The reply's message text, each failure one try (docs/labelling.md, "Failures"): after ``tries`` a reply
+        with no verdict is returned (the pair becomes a skip), anything else raises `JudgeError` naming the URL."""
         settings, problems, answered = self.settings, [], None
         for attempt in range(settings.tries):
             if attempt:
@@ -223,8 +190,8 @@ def _as_answer(verdict: str | None, swapped: bool) -> str | None:
     """A verdict about positions (A = shown first) as one about answers (a, b, tie)."""
     if verdict in (None, "tie"):
         return verdict
-    first_won = verdict == "A"
-    return ("b" if first_won else "a") if swapped else ("a" if first_won else "b")
+    first, second = ("b", "a") if swapped else ("a", "b")
+    return first if verdict == "A" else second
 
 
 def _template(path: str | None) -> str:
@@ -243,13 +210,12 @@ def _template(path: str | None) -> str:
 
 
 def _read_cache(path: Path) -> dict[str, str]:
-    if not path.exists() or path.stat().st_size == 0:
-        return {}
-    cache = {}
-    for record in read_records(path):
-        if isinstance(record.data.get("key"), str) and isinstance(record.data.get("content"), str):
-            cache[record.data["key"]] = record.data["content"]
-    return cache
+    rows = [r.data for r in read_records(path)] if path.exists() and path.stat().st_size else []
+    return {
+        row["key"]: row["content"]
+        for row in rows
+        if isinstance(row.get("key"), str) and isinstance(row.get("content"), str)
+    }
 
 
 def cache_path_for(settings: LLMJudgeSection, output: str | Path) -> Path:

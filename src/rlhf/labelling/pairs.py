@@ -1,14 +1,5 @@
-"""The pairs to label: read from what ``rlhf sample`` writes, each with its content id.
-
-Accepted rows (JSONL, JSON, Parquet or a ``datasets`` directory):
-
-- ``{"prompt", "a", "b"}`` — ``rlhf sample --mode pairs``: one pair;
-- ``{"prompt", "completions": [k answers]}`` — ``rlhf sample --mode candidates``: every pair of its distinct
-  answers, k·(k−1)/2 of them (InstructGPT's labellers ranked k answers; every pair of a ranking is a label).
-
-``prompt`` is a string or a chat message list (``{"messages"}`` rows are read as the prompt too); other keys
-are ignored. Answers that are the same text make no pair; the same pair twice in a file is labelled once.
-"""
+"""The pairs to label, read from what ``rlhf sample --mode pairs`` or ``--mode candidates`` (every pair of a row's
+k answers) writes, each with its content id; the rows accepted: docs/labelling.md ("The pairs")."""
 
 from __future__ import annotations
 
@@ -33,6 +24,16 @@ class Pair:
     a: str
     b: str
     where: str
+
+    def label_row(self, label: str, **meta: Any) -> dict[str, Any]:
+        """The labels-file row (`rlhf.data.labels`) of this pair labelled ``label`` (a, b, tie or skip), ending with
+        ``meta``; a chat prompt's answers as assistant messages, as `rlhf sample` writes them."""
+        if label in ("tie", "skip"):
+            return {"kind": label, "prompt": self.prompt, "a": self.a, "b": self.b, **meta}
+        chosen, rejected = (self.a, self.b) if label == "a" else (self.b, self.a)
+        if isinstance(self.prompt, list):
+            chosen, rejected = [{"role": "assistant", "content": chosen}], [{"role": "assistant", "content": rejected}]
+        return {"kind": "preference", "prompt": self.prompt, "chosen": chosen, "rejected": rejected, **meta}
 
 
 @dataclass(frozen=True)

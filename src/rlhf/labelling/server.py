@@ -1,21 +1,10 @@
 """The labelling web server: one page, a small JSON API, and the checks that make it safe to open to a network.
 
-Routes::
-
-    GET  /                      the page (a name form first, when no ?labeller= is given)
-    GET  /api/next?labeller=X   the pair to show X now, or {"done": true}; with X's progress
-    POST /api/label             {"labeller", "pair", "label": a|b|tie|skip, "id", "left", "seconds", "ratings"}
-    POST /api/undo              {"labeller", "id"}: retract X's latest label
-    GET  /static/…              the page's script and style sheet
-
+The routes and the safety checks (token, loopback host, JSON bodies of at most `MAX_BODY` bytes, a 4xx with a
+one-line reason for bad input) are described for users in docs/labelling.md ("The API", "Safe by default").
 A label is answered ``{"saved": true, …}`` only after its line is fsynced (`LabelSession.label`). Every answer
 is built from data, never from markup: the page inserts texts with ``textContent``, so model output that
-looks like HTML shows as text, and the Content-Security-Policy allows no inline script besides.
-
-Safety: an access token, when set (always when bound to a non-loopback address), is required on every request —
-as ``?token=`` (the page then keeps it in a cookie), the ``X-Label-Token`` header or that cookie. Bound to
-loopback, requests must name a loopback host (no DNS rebinding). Posts must be JSON (which a cross-site form
-cannot send) and at most `MAX_BODY` bytes; bad input gets a 4xx with a one-line reason, never a 500.
+looks like HTML shows as text.
 """
 
 from __future__ import annotations
@@ -37,7 +26,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rlhf.labelling.session import LabelSession, Refused, Served, check_labeller
+from rlhf.data.labels import RATINGS
+from rlhf.labelling.session import LabelSession, Refused, check_labeller
 
 MAX_BODY = 64 * 1024
 """Largest request body, in bytes (a label is a few hundred)."""
@@ -89,20 +79,14 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
         progress = await run_in_threadpool(session.progress, labeller)
         if served is None:
             return JSONResponse({"done": True, "progress": progress})
-        return JSONResponse({"done": False, "pair": _pair_json(served), "progress": progress})
+        pair = served.pair
+        shown = dict(id=pair.id, prompt=pair.prompt, a=pair.a, b=pair.b, left=served.left, label_id=served.label_id)
+        return JSONResponse({"done": False, "pair": shown, "progress": progress})
 
     async def label(request: Request) -> Response:
         body = await read_json(request)
-        row = await run_in_threadpool(
-            session.label,
-            body.get("labeller"),
-            body.get("pair"),
-            body.get("label"),
-            body.get("id"),
-            body.get("left"),
-            body.get("seconds"),
-            body.get("ratings"),
-        )
+        fields = ("labeller", "pair", "label", "id", "left", "seconds", "ratings")  # LabelSession.label's arguments
+        row = await run_in_threadpool(session.label, *(body.get(field) for field in fields))
         progress = await run_in_threadpool(session.progress, row["labeller"])
         return JSONResponse({"saved": True, "id": row["id"], "kind": row["kind"], "progress": progress})
 
@@ -150,18 +134,6 @@ async def read_json(request: Request) -> dict[str, Any]:
     return body
 
 
-def _pair_json(served: Served) -> dict[str, Any]:
-    pair = served.pair
-    return {
-        "id": pair.id,
-        "prompt": pair.prompt,
-        "a": pair.a,
-        "b": pair.b,
-        "left": served.left,
-        "label_id": served.label_id,
-    }
-
-
 class Guard:
     """ASGI middleware: the access token, the Host header (loopback binding) and the security headers."""
 
@@ -173,21 +145,19 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        if self.loopback_only and _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
-            await _send(
-                PlainTextResponse("unknown host: this server answers to 127.0.0.1 and localhost", 421),
-                scope,
-                receive,
-                send,
-            )
-            return
         from_query = request.query_params.get("token")
-        if self.token is not None:
+        refusal = None
+        if self.loopback_only and _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+            refusal = PlainTextResponse("unknown host: this server answers to 127.0.0.1 and localhost", 421)
+        elif self.token is not None:
             given = from_query or request.headers.get("x-label-token") or request.cookies.get(TOKEN_COOKIE) or ""
             if not secrets.compare_digest(given.encode(), self.token.encode()):
                 message = "this labelling server needs its access token: open the URL `rlhf label` printed (…?token=…)"
-                await _send(PlainTextResponse(message, 401), scope, receive, send)
-                return
+                refusal = PlainTextResponse(message, 401)
+        if refusal is not None:
+            refusal.headers.update(SECURITY_HEADERS)
+            await refusal(scope, receive, send)
+            return
 
         async def send_with_headers(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -206,12 +176,6 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host.split("]")[0] + "]"
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-async def _send(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
-    for key, value in SECURITY_HEADERS.items():
-        response.headers[key] = value
-    await response(scope, receive, send)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -247,25 +211,20 @@ NAME_PAGE = """<!doctype html>
 </body></html>
 """
 
-RATINGS = (("good", "👍"), ("okay", "😐"), ("bad", "👎"))
-
-
-def answer_box(side: str, n: int) -> str:
-    """The markup of one answer: its heading, the box its text goes in, its rating buttons."""
-    buttons = "".join(
-        f'<button type="button" data-rating="{word}" title="{word}">{icon}<span class="word">{word}</span></button>'
-        for word, icon in RATINGS
-    )
-    return f"""    <article class="answer" id="{side}" aria-label="answer {n}">
+RATING_BUTTONS = "".join(
+    f'<button type="button" data-rating="{word}" title="{word}">{icon}<span class="word">{word}</span></button>'
+    for word, icon in zip(RATINGS, ("👍", "😐", "👎"), strict=True)
+)
+ANSWERS = "".join(  # each answer: its heading, the box its text goes in, its rating buttons
+    f"""    <article class="answer" id="{side}" aria-label="answer {n}">
       <h2>Answer {n}</h2><div class="text"></div>
       <div class="rating" data-side="{side}" role="group" aria-label="rate answer {n}">
-        {buttons}
+        {RATING_BUTTONS}
       </div>
     </article>
 """
-
-
-ANSWERS = answer_box("left", 1) + answer_box("right", 2)
+    for side, n in (("left", 1), ("right", 2))
+)
 
 LABEL_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">

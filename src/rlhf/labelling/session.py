@@ -1,15 +1,9 @@
 """A labelling session: which pair each labeller sees next, and every label appended to disk before it counts.
 
-The labels file (`rlhf.data.labels`) is the only state: the session replays it on start, so a restart after a
-crash resumes where every labeller was. Each change — a label, an undo — goes through one lock: the line is
-appended and fsynced (`rlhf.runlog.durable.AppendLog`), then the in-memory state follows, then the caller may
-acknowledge. Two labellers at once are serialised by the lock; the same label sent twice (a retry after a lost
-reply) is recognised by its id and saved once.
-
-Serving: pairs go out in file order. A pair is *leased* to the labeller it is shown to (for ``lease_seconds``),
-so that with ``labels_per_pair`` = 1 two labellers are not shown the same pair at once; a pair is served
-until it has ``labels_per_pair`` decisions (a skip is not one) and never to a labeller who already labelled
-or skipped it. Which answer shows on the left is a coin flip per (pair, labeller), the same on a reload.
+The labels file (`rlhf.data.labels`) is the only state, replayed on start. Each change (a label, an undo) goes
+through one lock: the line is appended and fsynced (`rlhf.runlog.durable.AppendLog`), then the in-memory state
+follows, then the caller may acknowledge. A label sent twice (a retry after a lost reply) is saved once, by its id.
+How pairs are served, leased and placed left or right: docs/labelling.md ("Several labellers", "The page").
 """
 
 from __future__ import annotations
@@ -69,14 +63,8 @@ def check_labeller(name: Any) -> str:
 
 
 class LabelSession:
-    """The state of labelling ``pairs`` into ``out``; see the module docstring.
-
-    Args:
-        pairs: the pairs file, read.
-        out: the labels file; created with a ``session`` line, or replayed when it exists.
-        labels_per_pair: how many labellers decide each pair.
-        lease_seconds: how long a shown pair is kept for its labeller before another may get it.
-    """
+    """The state of labelling ``pairs`` into the labels file ``out`` (created with a ``session`` line, or replayed);
+    ``lease_seconds``: how long a shown pair is kept for its labeller before another may get it."""
 
     def __init__(self, pairs: PairFile, out: str | Path, labels_per_pair: int = 1, lease_seconds: float = 600.0):
         self.pairs = pairs.pairs
@@ -95,8 +83,7 @@ class LabelSession:
         except AlreadyOpen:
             raise ConfigError(f"{out} is being labelled by another `rlhf label` process; stop that one first") from None
         try:
-            records = _existing(self.out)
-            _check_session_line(records, pairs, self.out)
+            records = _existing(self.out, pairs)
         except BaseException:
             self.log.close()
             raise
@@ -114,8 +101,6 @@ class LabelSession:
         for record in records:
             self._apply(record.data)
 
-    # ----- reading the state -------------------------------------------------------------------------------
-
     def decisions(self, pair_id: str) -> int:
         """Live labels of a pair that decide it (a, b or tie; skips do not count)."""
         return sum(self.labels[i]["kind"] != "skip" for i in self.done_by[pair_id].values())
@@ -131,19 +116,16 @@ class LabelSession:
     def progress(self, labeller: str) -> dict[str, Any]:
         """Overall "done / total" and the labeller's own labels, skips, seconds per label and latest label."""
         with self._lock:
-            done = self._done()
             mine = [self.labels[i] for i in self.history.get(labeller, [])]
             seconds = [row["seconds"] for row in mine if row.get("seconds") is not None]
             return {
-                "done": done,
+                "done": self._done(),
                 "total": len(self.pairs) * self.labels_per_pair,
                 "mine": len(mine),
                 "skipped": sum(row["kind"] == "skip" for row in mine),
                 "seconds_per_label": sum(seconds) / len(seconds) if seconds else None,
                 "last": mine[-1]["id"] if mine else None,
             }
-
-    # ----- changing it ---------------------------------------------------------------------------------------
 
     def next(self, labeller: str) -> Served | None:
         """The pair to show ``labeller`` now (the one already leased to them, if any); None when none is left."""
@@ -227,8 +209,6 @@ class LabelSession:
     def close(self) -> None:
         self.log.close()
 
-    # ----- internals -------------------------------------------------------------------------------------------
-
     def _pair(self, pair_id: Any) -> Pair:
         pair = self.by_id.get(pair_id) if isinstance(pair_id, str) else None
         if pair is None:
@@ -261,29 +241,14 @@ class LabelSession:
 def _label_row(
     pair: Pair, labeller: str, label: str, label_id: str, left: str, seconds: float | None, ratings: dict[str, str]
 ) -> dict[str, Any]:
-    """The line of the labels file for one label (`rlhf.data.labels` describes the fields)."""
-    meta = {"pair": pair.id, "id": label_id, "labeller": labeller, "source": "human", "time": now(), "seconds": seconds}
-    if label in ("tie", "skip"):
-        row = {"kind": label, "prompt": pair.prompt, "a": pair.a, "b": pair.b, **meta, "left": left}
-        return row | ({"ratings": ratings} if ratings else {})
+    """The line of the labels file for one label; ``left`` and the ratings' sides as chosen/rejected when decided."""
     other = "b" if label == "a" else "a"
-    texts = {"a": pair.a, "b": pair.b}
-    if isinstance(pair.prompt, list):  # chat prompt: answers as assistant messages, as `rlhf sample` writes them
-        chosen: Any = [{"role": "assistant", "content": texts[label]}]
-        rejected: Any = [{"role": "assistant", "content": texts[other]}]
-    else:
-        chosen, rejected = texts[label], texts[other]
-    row = {
-        "kind": "preference",
-        "prompt": pair.prompt,
-        "chosen": chosen,
-        "rejected": rejected,
-        **meta,
-        "left": "chosen" if left == label else "rejected",
-    }
+    side = {"a": "a", "b": "b"} if label in ("tie", "skip") else {label: "chosen", other: "rejected"}
+    meta = {"pair": pair.id, "id": label_id, "labeller": labeller, "source": "human", "time": now(), "seconds": seconds}
+    meta["left"] = side[left]
     if ratings:
-        row["ratings"] = {("chosen" if side == label else "rejected"): value for side, value in ratings.items()}
-    return row
+        meta["ratings"] = {side[s]: value for s, value in ratings.items()}
+    return pair.label_row(label, **meta)
 
 
 def _check_seconds(seconds: Any) -> float | None:
@@ -305,22 +270,19 @@ def _check_ratings(ratings: Any) -> dict[str, str]:
     return dict(ratings)
 
 
-def _existing(out: Path) -> list:
-    """The labels file's records (none when it does not exist or is empty)."""
+def _existing(out: Path, pairs: PairFile) -> list:
+    """The labels file's records (none when it does not exist or is empty); an existing one must have been
+    started by ``rlhf label`` on this very pairs file."""
     if not out.exists() or out.stat().st_size == 0:
         return []
     try:
-        return read_records(out)
+        records = read_records(out)
     except DataError as error:
         if "holds no records" in str(error):
             return []
         raise ConfigError(f"--out {out} exists but is not a labels file this command can continue: {error}") from None
-
-
-def _check_session_line(records: list, pairs: PairFile, out: Path) -> None:
-    """An existing labels file must have been started by ``rlhf label`` on this very pairs file."""
     if not records:
-        return
+        return records
     first = records[0].data
     if first.get("kind") != "session":
         raise ConfigError(
@@ -333,3 +295,4 @@ def _check_session_line(records: list, pairs: PairFile, out: Path) -> None:
             f"now, {str(first.get('pairs_sha256'))[:12]}… then, for {first.get('pairs')}); labels refer to the "
             "pairs they were given for: restore that file, or label the new one into a new --out file"
         )
+    return records

@@ -1,20 +1,12 @@
 """``rlhf label --stats PREFS.jsonl [MORE.jsonl …]``: what the labels say about the labellers.
 
-Reads one or more labels files (people's, a judge's, or both: a pair's id is the same in each, so a judge can
-be measured against people) and reports, over the live labels (retracted ones left out):
-
-- per labeller: labels, preferences, ties, skips, seconds per label;
-- tie and skip rates;
-- position bias: how often the answer shown on the left won, with a 95 % Wilson interval (0.5 = no bias; only
-  labels that record the side shown, i.e. people's);
-- agreement where pairs overlap: percent agreement, Fleiss' kappa over every pair decided by two or more
-  labellers, and Cohen's kappa for each two labellers with shared pairs (`rlhf.core.agreement`). A decision is
-  which of the two texts won, or a tie; skips are not decisions.
+Over the live labels of one or more labels files (a pair's id is the same in each, so a judge can be measured
+against people): counts per labeller, tie and skip rates, position bias (only labels that record the side shown)
+and agreement (`rlhf.core.agreement`), as docs/labelling.md ("Statistics") describes them.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +29,7 @@ def label_stats(paths: Sequence[str]) -> dict[str, Any]:
     per: dict[str, Counter[str]] = defaultdict(Counter)
     seconds: dict[str, list[float]] = defaultdict(list)
     decisions: dict[str, dict[str, str]] = defaultdict(dict)  # labeller → pair → decision
-    left_wins = Counter[str]()
+    left_won: dict[str, list[bool]] = defaultdict(list)  # labeller → whether the left answer won, per decision
     for row in rows:
         who, kind = str(row.get("labeller", row.get("source", "?"))), row["kind"]
         per[who][kind] += 1
@@ -46,10 +38,7 @@ def label_stats(paths: Sequence[str]) -> dict[str, Any]:
         if kind != "skip":
             decisions[who][str(row.get("pair"))] = decision(row)
         if kind == "preference" and row.get("left") in ("chosen", "rejected"):
-            left_wins["shown"] += 1
-            left_wins["won"] += row["left"] == "chosen"
-            left_wins[f"{who}/shown"] += 1
-            left_wins[f"{who}/won"] += row["left"] == "chosen"
+            left_won[who].append(row["left"] == "chosen")
     labellers = {
         who: {
             "labels": sum(counts.values()),
@@ -57,13 +46,11 @@ def label_stats(paths: Sequence[str]) -> dict[str, Any]:
             "ties": counts["tie"],
             "skips": counts["skip"],
             "seconds_per_label": sum(seconds[who]) / len(seconds[who]) if seconds[who] else None,
-            "left_wins": _share(left_wins[f"{who}/won"], left_wins[f"{who}/shown"]),
+            "left_wins": _share(left_won[who]),
         }
         for who, counts in sorted(per.items())
     }
-    total = Counter[str]()
-    for counts in per.values():
-        total.update(counts)
+    total = sum(per.values(), Counter[str]())
     n = sum(total.values())
     items = defaultdict(list)
     for by_pair in decisions.values():
@@ -78,7 +65,7 @@ def label_stats(paths: Sequence[str]) -> dict[str, Any]:
         "labellers": labellers,
         "tie_rate": total["tie"] / n if n else None,
         "skip_rate": total["skip"] / n if n else None,
-        "position_bias": _share(left_wins["won"], left_wins["shown"]),
+        "position_bias": _share([won for wins in left_won.values() for won in wins]),
         "agreement": {
             "pairs": len(overlapping),
             "percent": percent_agreement(overlapping),
@@ -105,11 +92,11 @@ def _text(answer: Any) -> str:
     return str(answer)
 
 
-def _share(won: int, shown: int) -> dict[str, Any] | None:
-    if not shown:
+def _share(won: list[bool]) -> dict[str, Any] | None:
+    if not won:
         return None
-    low, high = wilson_interval(won, shown)  # type: ignore[misc]
-    return {"rate": won / shown, "n": shown, "ci95": [low, high]}
+    low, high = wilson_interval(sum(won), len(won))  # type: ignore[misc]
+    return {"rate": sum(won) / len(won), "n": len(won), "ci95": [low, high]}
 
 
 def format_stats(stats: dict[str, Any]) -> str:
@@ -154,9 +141,3 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "undefined (every label the same)" if value is None else f"{value:.3f}"
-
-
-def print_stats(paths: Sequence[str], as_json: bool) -> dict[str, Any]:
-    stats = label_stats(paths)
-    print(json.dumps(stats, indent=2) if as_json else format_stats(stats))
-    return stats

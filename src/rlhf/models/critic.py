@@ -21,8 +21,7 @@ class Critic(nn.Module):
 
     def __init__(self, trunk: nn.Module, head: ValueHead):
         super().__init__()
-        self.trunk = trunk
-        self.head = head
+        self.trunk, self.head = trunk, head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
         """(B, L) → values (B, T) at the states before each of the last T tokens (checklist item 9)."""

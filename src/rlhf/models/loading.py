@@ -1,24 +1,17 @@
 """Loading models the ordinary way (``from_pretrained`` on a hub id or a directory) and preparing them for RL.
 
-Every model that is scored is put through :func:`disable_dropout` (checklist item 7).
-
-**Pad token** (checklist item 1). Masks are built from ``ids != pad_token_id``, so the pad id must never be
-the EOS id. A tokenizer without a pad token, or whose pad token is its EOS (GPT-2, Pythia, Llama-2/3 base,
-Mistral, Phi-3), gets a new ``<|pad|>`` token (:func:`load_tokenizer`); its id is ``len(tokenizer)`` before
-the addition. Every model loaded here is then made able to embed that id (:func:`align_pad_token`): a model
-whose embedding matrix has spare rows beyond the tokenizer (Pythia, Qwen2, Phi-3) already can, and is not
-changed; one without (GPT-2, Llama-3) gets one more row, set to the mean of the existing rows (Hewitt's
-initialisation: the new token's logit is the mean logit, so it takes little probability mass and the
-distribution barely moves; no random numbers, so the policy and its reference agree exactly). The pad id is
-written to ``config.pad_token_id`` and ``generation_config.pad_token_id``, so a saved ``final/`` — model,
-config and tokenizer — works with plain ``transformers`` (a padded batch ``generate``, a reward model's
-pooled score) and loads back into rlhf unchanged. Pad ids are still replaced by 0 before every forward and
-padded positions are masked: what a pad position holds never matters.
+Every model that is scored is put through :func:`disable_dropout` (checklist item 7). The pad token (checklist
+item 1; README, "Models and tokenizers"): a tokenizer without one, or whose pad is its EOS, gets a new
+``<|pad|>`` (:func:`load_tokenizer`), and :func:`align_pad_token` makes every model loaded here embed it and
+name it in its config and generation config, so a saved ``final/`` works with plain ``transformers`` and loads
+back unchanged. What a pad position holds never matters: pad ids become 0 before every forward and are masked.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -78,16 +71,14 @@ def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
     """Make ``model`` embed ``tokenizer``'s pad id and record it in its config; returns the pad id.
 
     The tokenizer must have a pad token distinct from EOS (:func:`~rlhf.data.tokenization.ensure_pad_token`).
-    The embedding matrix grows only when the pad id lies beyond it (see the module docstring).
+    The embedding matrix grows only when the pad id lies beyond it: spare rows (Pythia, Qwen2, Phi-3) are used.
     """
     pad = require_pad_token_id(tokenizer)
-    rows = model.get_input_embeddings().num_embeddings
-    if pad >= rows:
+    if pad >= model.get_input_embeddings().num_embeddings:
         grow_embeddings(model, pad + 1)
     model.config.pad_token_id = pad
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        generation_config.pad_token_id = pad
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = pad
     return pad
 
 
@@ -95,13 +86,13 @@ def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
 def grow_embeddings(model: nn.Module, rows: int) -> None:
     """Resize the input (and output) embeddings to ``rows`` rows; each new row is the mean of the old ones.
 
-    The mean rather than transformers' ``mean_resizing`` draw: the same numbers without random numbers or
-    the (H, H) covariance of the vocabulary (seconds for a 128k × 4096 matrix on a CPU).
+    Hewitt's initialisation: the new token's logit is the mean logit, so the distribution barely moves. The mean
+    rather than transformers' ``mean_resizing`` draw: no random numbers (the policy and its reference agree
+    exactly) and no (H, H) covariance of the vocabulary (seconds for a 128k × 4096 matrix on a CPU).
     """
     old = model.get_input_embeddings().num_embeddings
     model.resize_token_embeddings(rows, mean_resizing=False)
-    output = model.get_output_embeddings()
-    for layer in (model.get_input_embeddings(), output):
+    for layer in (model.get_input_embeddings(), model.get_output_embeddings()):
         if layer is not None:  # a tied output layer is the same tensor: setting it twice is harmless
             layer.weight[old:] = layer.weight[:old].float().mean(0).to(layer.weight.dtype)
             bias = getattr(layer, "bias", None)
@@ -110,13 +101,10 @@ def grow_embeddings(model: nn.Module, rows: int) -> None:
 
 
 def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM") -> nn.Module:
-    """Wrap ``model`` in LoRA adapters (peft). The base weights are frozen; only the adapters train.
-
-    ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head in full as well (and
-    ``all-linear`` leaves it out of the adapted layers). Targets: ``model.lora.target_modules`` when set (each entry
-    must name a module of the model); otherwise peft's default for the architecture, or, for one peft does
-    not list (Phi-3's fused ``qkv_proj``, say), every linear layer but the output layer (``all-linear``).
-    A value head is not part of ``model``: it trains in full beside the adapters.
+    """Wrap ``model`` in LoRA adapters (peft) on the layers :func:`lora_targets` names. The base weights are
+    frozen; only the adapters train. ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head
+    in full as well (and ``all-linear`` leaves it out of the adapted layers). A value head is not part of
+    ``model``: it trains in full beside the adapters.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -134,9 +122,8 @@ def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM")
 
 
 def lora_targets(model: nn.Module, target_modules: tuple[str, ...] | None) -> list[str] | str | None:
-    """What peft's ``target_modules`` gets: the configured names (checked), None (peft's default), or
-    ``"all-linear"`` when peft has no default for the model type. Raises ConfigError for a name matching no
-    module, listing the model's linear layers."""
+    """What peft's ``target_modules`` gets (the rule: README, "Models and tokenizers"): ``model.lora.target_modules``
+    when set, each entry naming a module of the model (else ConfigError); otherwise None or ``"all-linear"``."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     if target_modules is None:
@@ -149,18 +136,15 @@ def lora_targets(model: nn.Module, target_modules: tuple[str, ...] | None) -> li
     # peft's rule for a list: a module is targeted when its name is the entry or ends with "." + entry
     missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _is_linear(m)})
+        # what LoRA can adapt as a linear layer: nn.Linear or GPT-2's Conv1D (a transposed linear)
+        layers = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
+        linear = sorted({n.rsplit(".", 1)[-1] for n in layers})
         raise ConfigError(
             f"model.lora.target_modules: {', '.join(map(repr, missing))} match no module of this "
             f"{type(model).__name__}; its linear layers are {', '.join(linear)} (or use ['all-linear'], or "
             "null for the default)"
         )
     return targets
-
-
-def _is_linear(module: nn.Module) -> bool:
-    """A layer LoRA can adapt as a linear one: ``nn.Linear`` or GPT-2's ``Conv1D`` (a transposed linear)."""
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -180,8 +164,7 @@ def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor], what:
 def frozen_copy(model: nn.Module, dtype: str | torch.dtype | None = None) -> nn.Module:
     """A frozen, eval-mode deep copy (cast to ``dtype`` when given): the reference policy when there is no LoRA
     adapter to switch off."""
-    ref = copy.deepcopy(model).eval()
-    ref.requires_grad_(False)
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
     if dtype is not None:
         ref.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     return ref
@@ -190,13 +173,12 @@ def frozen_copy(model: nn.Module, dtype: str | torch.dtype | None = None) -> nn.
 def compile_blocks(model: nn.Module) -> int:
     """``torch.compile`` each transformer block of ``model`` in place, with dynamic shapes; returns how many.
 
-    The blocks are the largest ``nn.ModuleList`` of same-type modules (``model.layers`` in Llama, ``h`` in
-    GPT-2), LoRA-wrapped or not. Blocks rather than the whole model: the model's own forward (masks, caches,
-    the LM head) stays eager, every block shares one compiled graph, and response lengths that change from
-    step to step do not recompile. Inductor fuses each block's elementwise work (norms, rotary, SwiGLU,
-    their backward), which is what an update spends outside matrix products on CPU: on the benchmark's 3.4M
-    model the PPO updates took 9-10% less time at 32 and at 128 new tokens. The first forwards compile
-    (about 35 s on 2 cores, 8-10 s once inductor's on-disk cache is warm).
+    The blocks are the largest ``nn.ModuleList`` of same-type modules (``layers`` in Llama, ``h`` in GPT-2),
+    LoRA-wrapped or not. Blocks, not the whole model: the model's forward (masks, caches, LM head) stays eager,
+    the blocks share one graph, and response lengths that change do not recompile. Inductor fuses each block's
+    elementwise work (norms, rotary, SwiGLU, their backward), what an update spends outside matrix products on
+    CPU: 9-10% off the PPO updates of the benchmark's 3.4M model (32 and 128 new tokens). The first forwards
+    compile (about 35 s on 2 cores, 8-10 s with inductor's on-disk cache warm).
     """
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
     if not lists:
@@ -218,9 +200,6 @@ def compile_models(models: list[nn.Module | None], device: torch.device) -> None
 
 def check_compiler(device: torch.device) -> None:
     """``torch.compile`` on CPU builds C++ kernels: fail at start-up, not at the first forward, without one."""
-    import os
-    import shutil
-
     if device.type == "cpu" and not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")):
         raise RuntimeError(
             "compile: true needs a C++ compiler on CPU (torch.compile builds its kernels with it): "

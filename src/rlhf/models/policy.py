@@ -40,20 +40,24 @@ def disable_dropout(model: nn.Module) -> None:
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
     """Whether ``model.forward`` can project only the last positions onto the vocabulary."""
-    forward = model.forward
     try:
-        return "logits_to_keep" in inspect.signature(forward).parameters
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The ``transformers`` model inside a ``peft`` wrapper, or ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 def cache_keyword(model: nn.Module) -> str:
     """The name under which ``model.forward`` takes and returns its KV cache: ``cache`` in the transformers
     versions that renamed it (``past_key_values`` is deprecated there and goes in 5.40), else
     ``past_key_values``. A PEFT wrapper passes keywords through, so its base model's forward decides."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
-        return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        return "cache" if "cache" in inspect.signature(unwrap(model).forward).parameters else "past_key_values"
     except (TypeError, ValueError):
         return "past_key_values"
 
@@ -126,9 +130,7 @@ def score_response_tokens(
     logits = out.logits[:, -(T + 1) : -1]  # (B, T, V): positions C−1 … L−2
     # ids, not input_ids: a padded response position holds 0, which any vocabulary has, whatever the pad id
     logprobs = token_logprobs(logits, ids[:, -T:], temperature)
-    values = None
-    if value_head is not None:
-        values = value_head(out.hidden_states[-1][:, -(T + 1) : -1]).float()
+    values = None if value_head is None else value_head(out.hidden_states[-1][:, -(T + 1) : -1]).float()
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):

@@ -2,32 +2,22 @@
 
 Notation: B sequences, L tokens (right-padded), H hidden size.
 
-**Two kinds**, told apart the way every consumer tells them apart (:func:`decoder_parts`):
+**Two kinds**, told apart as every consumer tells them apart (:func:`decoder_parts`): a *decoder* (a causal LM
+loaded as ``AutoModelForSequenceClassification(num_labels=1)``: a ``score`` Linear(H, 1) on the causal trunk),
+whose score is read at the last real token of each right-padded row explicitly (checklist item 14), never
+through the pooled logits, which search for the pad token id (transformers#35909); an *encoder* (BERT-style:
+a ``classifier`` on its own pooled first token), whose forward is right as is with right padding.
 
-- *decoder*: a causal LM checkpoint (Llama, GPT-2, Qwen2, ...) loaded as
-  ``AutoModelForSequenceClassification(num_labels=1)``; transformers puts a ``score`` Linear(H, 1) on the
-  causal trunk. The score is read at the last real token of each right-padded row, explicitly
-  (checklist item 14), never through the pooled logits of ``*ForSequenceClassification``, which search for
-  the pad token id (transformers#35909).
-- *encoder*: a BERT-style classifier (``classifier`` head on its own pooled first token); its forward is
-  used as is, which is correct with right padding.
+**A fresh head** (one the checkpoint did not hold: a causal LM, a bare encoder, or a classifier with another
+number of labels) is re-initialised ``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15; OAI ``fc_layer``,
+N-details, N+); a head the checkpoint holds (continuing a reward model) is kept.
 
-**A fresh head** (one the checkpoint did not hold: a causal LM, a bare encoder, or a classifier with
-another number of labels) is re-initialised ``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15; OAI
-``fc_layer``, N-details, N+). A head the checkpoint holds (continuing a reward model) is kept.
-
-**Pad token.** The tokenizer gets a pad token distinct from eos when it lacks one, or has pad == eos
-(checklist item 1), and the model is made to embed it, as every model rlhf loads
-(:func:`rlhf.models.loading.align_pad_token`). ``model.config.pad_token_id`` is that id, never eos: plain
-``transformers`` pools a decoder's score at the last token that is not ``config.pad_token_id``, so a saved
-reward model scores a padded batch (left or right) at its last real token — the eos that ends every
-training sequence — as rlhf does. The tokenizer pads on the right.
-
-**Normalisation** (checklist item 19): ``reward = gain · score + bias``. The two numbers live in the model's
-``config.json`` as ``rlhf_reward_gain`` and ``rlhf_reward_bias`` (:data:`GAIN_KEY`, :data:`BIAS_KEY`), so
-they travel with the model; ``rlhf.rollout.rewards.RewardModelReward`` applies them, which makes every
-consumer (ppo, grpo, eval, sample) see normalised rewards. Plain ``transformers`` code that loads the
-directory gets the raw head output and must apply them itself. Absent keys mean gain 1, bias 0.
+**Pad token**: as for every model rlhf loads (``rlhf.models.loading``), the tokenizer padding on the right.
+``config.pad_token_id`` is never eos, so plain ``transformers`` pools a saved decoder's score at its last real
+token (the eos ending every training sequence), as rlhf does. **Normalisation** (checklist item 19):
+``reward = gain · score + bias``, stored in ``config.json`` (:data:`GAIN_KEY`, :data:`BIAS_KEY`; absent = 1
+and 0) so it travels with the model, applied by ``rlhf.rollout.rewards.RewardModelReward`` (docs/architecture.md,
+"Reward sources").
 """
 
 from __future__ import annotations
@@ -46,11 +36,6 @@ GAIN_KEY = "rlhf_reward_gain"
 """``config.json`` key of the normalisation gain (``reward = gain · score + bias``)."""
 BIAS_KEY = "rlhf_reward_bias"
 """``config.json`` key of the normalisation bias."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Normalisation stored in the model's config
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def reward_normalization(config: PretrainedConfig) -> tuple[float, float]:
@@ -76,25 +61,15 @@ def set_reward_normalization(config: PretrainedConfig, gain: float, bias: float)
 
 def clear_reward_normalization(config: PretrainedConfig) -> bool:
     """Remove a stored normalisation (it describes the head before training changed it); True if there was one."""
-    found = False
-    for key in (GAIN_KEY, BIAS_KEY):
-        if hasattr(config, key):
-            delattr(config, key)
-            found = True
-    return found
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Scoring
-# ---------------------------------------------------------------------------------------------------------------
+    found = [key for key in (GAIN_KEY, BIAS_KEY) if hasattr(config, key)]
+    for key in found:
+        delattr(config, key)
+    return bool(found)
 
 
 def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
-    """(trunk, score head) of a decoder reward model; ``None`` for an encoder classifier.
-
-    A decoder ``*ForSequenceClassification`` has a ``score`` head on its ``base_model_prefix`` trunk (Llama,
-    GPT-2, Qwen2, Mistral, ...); encoders (BERT, RoBERTa, DeBERTa) have a ``classifier`` on a pooled output.
-    """
+    """(trunk, ``score`` head) of a decoder reward model (the head sits on its ``base_model_prefix`` trunk); ``None``
+    for an encoder classifier (BERT, RoBERTa, DeBERTa: a ``classifier`` on a pooled output)."""
     trunk = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = getattr(model, "score", None)
     if isinstance(trunk, nn.Module) and isinstance(head, nn.Module):
@@ -115,28 +90,20 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     # Right padding: the real tokens sit at positions 0..n-1, as the default position ids assume; they are
     # passed explicitly anyway (checklist item 2).
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)[
-        0
-    ]  # (B, L, H)
+    out = trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    hidden = out[0]  # (B, L, H)
     last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
     # gather: for b in range(B): h[b] = hidden[b, last[b]]
     h = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
     return head(h)[:, 0]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Loading a model to train
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class TrainableRewardModel:
     """What :func:`load_reward_model` returns.
 
-    ``model``: ``*ForSequenceClassification`` with one output, dropout off, on the device (wrapped by peft
-    when LoRA is applied: use :attr:`hf_model` for scoring and saving). ``tokenizer``: right-padding, with a
-    distinct pad token. ``is_decoder``: see the module docstring. ``fresh_head``: the head was initialised
-    here (N(0, 1/sqrt(H+1))). ``max_positions``: how many tokens the model reads (None = unknown).
+    ``model``: ``*ForSequenceClassification`` with one output (wrapped by peft with LoRA: :attr:`hf_model` scores
+    and saves). ``fresh_head``: the head was initialised here. ``max_positions``: None = unknown.
     """
 
     model: nn.Module
@@ -148,8 +115,9 @@ class TrainableRewardModel:
     @property
     def hf_model(self) -> nn.Module:
         """The transformers model itself (inside a peft wrapper when there is one)."""
-        get = getattr(self.model, "get_base_model", None)
-        return get() if callable(get) else self.model
+        from rlhf.models.policy import unwrap
+
+        return unwrap(self.model)
 
 
 def init_reward_head(head: nn.Linear) -> None:
@@ -169,13 +137,10 @@ def max_positions(config: PretrainedConfig) -> int | None:
 def load_reward_model(
     name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu"
 ) -> TrainableRewardModel:
-    """A reward model to train from a causal LM, an encoder or a reward-model checkpoint (dir or hub id).
-
-    ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=1)``; a head missing from the
-    checkpoint (or of another size) is re-initialised (:func:`init_reward_head`). The tokenizer gets a
-    distinct pad token (embeddings resized when needed), pads on the right; ``config.pad_token_id`` is
-    set; dropout is disabled (checklist item 7); a normalisation stored by an earlier run is dropped.
-    ``device="meta"``: the architecture only, ``fresh_head`` False (:func:`~rlhf.models.loading.pretrained`).
+    """A reward model to train from a causal LM, an encoder or a reward-model checkpoint (dir or hub id), as the
+    module docstring says: one output, a head missing from the checkpoint (or of another size) re-initialised,
+    a distinct pad token, right padding, dropout off (checklist item 7), a normalisation stored by an earlier run
+    dropped. ``device="meta"``: the architecture only, ``fresh_head`` False (:func:`~rlhf.models.loading.pretrained`).
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -220,21 +185,6 @@ def load_reward_model(
         fresh_head=fresh,
         max_positions=max_positions(model.config),
     )
-
-
-__all__ = [
-    "BIAS_KEY",
-    "GAIN_KEY",
-    "TrainableRewardModel",
-    "clear_reward_normalization",
-    "decoder_parts",
-    "init_reward_head",
-    "load_reward_model",
-    "max_positions",
-    "reward_normalization",
-    "reward_scores",
-    "set_reward_normalization",
-]
 
 
 class RewardScorer(nn.Module):

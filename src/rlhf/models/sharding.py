@@ -1,26 +1,15 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for the models the trainers hold: shard, load, generate, save.
 
-Why each piece:
-
-* :func:`shard` wraps every decoder layer, then the root, so one all-gather brings in one layer at a time:
-  the peak is one layer's full weights plus every rank's 1/world slice of the rest.
-* :func:`load_sharded` never puts a full copy of a model on every rank: the model is built on the meta
-  device, sharded, and only rank 0 reads the checkpoint; the other ranks receive just their shards. Every
-  model a sharded run holds is loaded so: policy, reference, critic, the reward model ``rlhf rm`` trains and
-  the frozen reward models PPO and GRPO score with.
-* :func:`gathered` is for sampling and reward scoring: a rollout runs the model once per generated token,
-  and FSDP's own hooks would all-gather (and free) each layer on every one of those forwards. Inside the
-  block the weights are gathered once and stay gathered, as plain tensors, so
-  :func:`rlhf.rollout.decoder.build_decoder` packs them as it packs an unsharded model's; a reward model's
-  forwards may then differ in number between ranks.
-* :func:`full_state_dict` is the unsharded weights on rank 0, for ``save_pretrained`` of ``final/``.
+What it costs and saves, measured: docs/scaling.md, "FSDP2". Every model a sharded run holds is loaded by
+:func:`load_sharded`: policy, reference, critic, the reward model ``rlhf rm`` trains and the frozen reward
+models PPO and GRPO score with.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm
+from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_tokenizer
 from rlhf.runlog.distributed import Dist
 
 if TYPE_CHECKING:
@@ -38,12 +27,9 @@ if TYPE_CHECKING:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated transformer blocks of ``model`` (plain, peft-wrapped, causal LM or classifier), in order.
-
-    The blocks are the modules whose class ``model._no_split_modules`` names (transformers' own list of
-    blocks that must stay whole; peft forwards the attribute to the model it wraps), outermost ones only;
-    without that list, the children of the longest ``nn.ModuleList``.
-    """
+    """The repeated transformer blocks of ``model`` (plain, peft-wrapped, causal LM or classifier), in order: the
+    outermost modules whose class ``model._no_split_modules`` names (transformers' own list of blocks that must
+    stay whole; peft forwards it), or without that list the children of the longest ``nn.ModuleList``."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     blocks: list[nn.Module] = []
     inside: set[int] = set()  # ids of modules already covered by a block found above them
@@ -62,12 +48,11 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = None, root: bool = True) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``.
+    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``. One
+    all-gather then brings in one layer at a time: the peak is one layer's full weights plus 1/world of the rest.
     ``root=False``: the layers only — a wrapper whose forward runs the model is sharded as the root instead.
-
-    ``mixed_precision`` (default: on CUDA meshes): compute in bfloat16, reduce gradients in float32 (the
-    sharded parameters and the optimizer stay in their own dtype); otherwise all in the parameters' dtype. Frozen models (reference, reward) and LoRA models shard the same way: FSDP2 shards
-    frozen parameters too and reduce-scatters only the gradients that exist.
+    ``mixed_precision``: see :func:`_precision`. Frozen models (reference, reward) and LoRA models shard the same
+    way: FSDP2 shards frozen parameters too and reduce-scatters only the gradients that exist.
     """
     policy = _precision(mesh, mixed_precision)
     for layer in decoder_layers(model):
@@ -78,8 +63,9 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = 
 
 
 def _precision(mesh: DeviceMesh, mixed: bool | None = None) -> MixedPrecisionPolicy:
-    """bfloat16 compute with float32 gradient reduction on CUDA (or when ``mixed``); the parameters' dtype
-    otherwise (CPUs gain nothing from bfloat16 matmuls here, and float32 keeps runs comparable)."""
+    """bfloat16 compute with float32 gradient reduction on CUDA meshes (or when ``mixed``; the sharded parameters
+    and the optimizer stay in their own dtype); the parameters' dtype otherwise (CPUs gain nothing from bfloat16
+    matmuls here, and float32 keeps runs comparable)."""
     if mixed is None:
         mixed = mesh.device_type == "cuda"
     if mixed:
@@ -88,17 +74,13 @@ def _precision(mesh: DeviceMesh, mixed: bool | None = None) -> MixedPrecisionPol
 
 
 def load_sharded(build: Callable[[str | torch.device], nn.Module], mesh: DeviceMesh) -> nn.Module:
-    """A sharded model whose weights are ``build``'s, without a whole copy on every rank.
+    """A sharded model whose weights are ``build``'s, without a whole copy on every rank (docs/scaling.md).
 
     ``build(device)`` is an ordinary loader (``from_pretrained`` and whatever the trainer does after it);
     called with ``"meta"`` it must make the same architecture without reading any weights (see
-    :func:`~rlhf.models.loading.pretrained`). Every rank builds that empty model (no memory), shards it
-    (:func:`shard`) and allocates only its shards; rank 0 alone calls ``build("cpu")`` and broadcasts the
-    result tensor by tensor, each rank keeping its slice (:func:`materialize`).
-
-    Anything random in ``build`` (a fresh head, LoRA's initial adapters) is rank 0's draw on every rank, and
-    afterwards every rank's global random state is rank 0's — the state one process would be in after
-    loading the same models — so what the ranks draw next agrees with each other and with one process.
+    :func:`~rlhf.models.loading.pretrained`). Every rank shards that empty model; rank 0 alone calls
+    ``build("cpu")`` and :func:`materialize` hands each rank its slice and rank 0's random state (so a fresh
+    head's or LoRA's draws, and every later one, are what one process draws).
     """
     with torch.device("meta"):
         model = build("meta")
@@ -107,10 +89,8 @@ def load_sharded(build: Callable[[str | torch.device], nn.Module], mesh: DeviceM
 
 
 def materialize(model: nn.Module, full: nn.Module | None, mesh: DeviceMesh) -> nn.Module:
-    """Give a sharded ``model`` built on the meta device rank 0's ``full`` weights (None on the other ranks;
-    the same architecture, unsharded, on the CPU): each rank allocates its shards, rank 0 broadcasts tensor by
-    tensor, and the buffers no state dict holds are copied. Then every rank takes rank 0's global random state
-    (see :func:`load_sharded`). Returns ``model``."""
+    """Give a sharded ``model`` built on the meta device rank 0's ``full`` weights (None on the other ranks; the
+    same architecture, unsharded, on the CPU), broadcast tensor by tensor, and rank 0's global random state."""
     model.to_empty(device=mesh.device_type)
     set_model_state_dict(
         model,
@@ -131,9 +111,8 @@ def load_sharded_causal_lm(
     dtype: str = "float32",
     prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> nn.Module:
-    """The sharded equivalent of :func:`~rlhf.models.loading.load_causal_lm` (:func:`load_sharded`): the same
-    weights, the same pad row, dropout off. ``prepare`` (e.g. adding LoRA adapters) is applied before
-    sharding; the adapters' random initial weights are rank 0's on every rank."""
+    """:func:`~rlhf.models.loading.load_causal_lm` sharded (:func:`load_sharded`). ``prepare`` (e.g. adding LoRA
+    adapters) is applied before sharding; the adapters' random initial weights are rank 0's on every rank."""
 
     def build(device: str | torch.device) -> nn.Module:
         model = load_causal_lm(name_or_path, dtype, device, tokenizer=tokenizer)
@@ -165,13 +144,15 @@ def fsdp_modules(model: nn.Module) -> list[FSDPModule]:
 
 @contextmanager
 def gathered(model: nn.Module) -> Iterator[nn.Module]:
-    """All-gather the full weights of a sharded ``model`` once for the whole block, reshard after it.
+    """All-gather the full weights of a sharded ``model`` once for the whole block (a rollout, not each of its
+    per-token forwards; a reward model's scoring), reshard after it; costs one full copy on every rank meanwhile
+    (docs/scaling.md).
 
-    Inside, every parameter is a plain tensor holding the full weight, and forwards (any number: a whole
-    rollout) communicate nothing: each FSDP module is told not to reshard after its forward, so FSDP's
-    pre-forward finds its weights already gathered. On exit each module is resharded and gets back the
-    setting :func:`shard` gave it (layers reshard after forward; the root keeps its weights for backward).
-    Costs one full copy of the weights on every rank for the duration of the block.
+    Inside, every parameter is a plain tensor holding the full weight (``rollout.decoder`` packs it as an
+    unsharded model's), and forwards — any number, so they may differ between ranks — communicate nothing: each
+    FSDP module is told not to reshard after its forward, so FSDP's pre-forward finds its weights gathered. On
+    exit each module is resharded and gets back :func:`shard`'s setting (layers reshard after forward; the root
+    keeps its weights for backward).
     """
     modules = fsdp_modules(model)
     for module in modules:
@@ -206,12 +187,10 @@ def load_lm(
     """The trainers' causal LM: :func:`~rlhf.models.loading.load_causal_lm` on this rank's device, or, when
     the run shards its models (``parallelism: fsdp``), :func:`load_sharded_causal_lm`. ``prepare``: applied
     before sharding (LoRA adapters)."""
-    if not d.sharded:
-        model = load_causal_lm(name_or_path, dtype, d.device)
-        return prepare(model) if prepare is not None else model
-    from rlhf.models.loading import load_tokenizer
-
-    return load_sharded_causal_lm(name_or_path, d.mesh, load_tokenizer(name_or_path), dtype, prepare)
+    if d.sharded:
+        return load_sharded_causal_lm(name_or_path, d.mesh, load_tokenizer(name_or_path), dtype, prepare)
+    model = load_causal_lm(name_or_path, dtype, d.device)
+    return prepare(model) if prepare is not None else model
 
 
 def model_loader(d: Dist) -> Callable[[Callable[[str | torch.device], nn.Module]], nn.Module] | None:
@@ -228,14 +207,9 @@ def shard_small(module: nn.Module, d: Dist) -> nn.Module:
     return module
 
 
-@contextmanager
-def sampling(model: nn.Module, d: Dist) -> Iterator[nn.Module]:
+def sampling(model: nn.Module, d: Dist) -> AbstractContextManager[nn.Module]:
     """The weights ready for a rollout: :func:`gathered` when sharded, the model as it is otherwise."""
-    if not d.sharded:
-        yield model
-        return
-    with gathered(model):
-        yield model
+    return gathered(model) if d.sharded else nullcontext(model)
 
 
 def adapters(lora: LoRAConfig | None) -> Callable[[nn.Module], nn.Module] | None:
@@ -250,17 +224,14 @@ def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Mod
     reference, no copy). Sharded runs load the reference as a second sharded model (a copy of a sharded module
     is not one)."""
     name_or_path, dtype, lora = model.name, model.dtype, model.lora
-    prepare = adapters(lora)
     reference_dtype = getattr(model, "reference_dtype", None) or dtype
-    if not d.sharded:
-        policy = load_causal_lm(name_or_path, dtype, d.device)
-        frozen = frozen_copy(policy, reference_dtype) if reference and not lora else None
-        return (prepare(policy) if prepare else policy), frozen
-    frozen = None
-    if reference and not lora:
-        frozen = load_lm(name_or_path, reference_dtype, d).eval()
-        frozen.requires_grad_(False)
-    return load_lm(name_or_path, dtype, d, prepare), frozen
+    copy = reference and not lora
+    if d.sharded:
+        frozen = load_lm(name_or_path, reference_dtype, d).eval().requires_grad_(False) if copy else None
+        return load_lm(name_or_path, dtype, d, adapters(lora)), frozen
+    policy = load_causal_lm(name_or_path, dtype, d.device)
+    frozen = frozen_copy(policy, reference_dtype) if copy else None
+    return (apply_lora(policy, lora) if lora else policy), frozen
 
 
 def unsharded(model: nn.Module, build: Callable[[], nn.Module], d: Dist) -> nn.Module | None:

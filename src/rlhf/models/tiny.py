@@ -1,29 +1,12 @@
 """Tiny random-init models and locally trained tokenizers, for tests and ``rlhf demo`` — no downloads.
 
-Everything here is built offline in seconds: a byte-level BPE tokenizer trained with the ``tokenizers``
-library on :func:`toy_corpus` (or any texts), and causal LMs / reward models built from a ``transformers``
-config with random weights. The results are ordinary Hugging Face objects: save them with :func:`save_tiny`
-and load them back with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``AutoModelForSequenceClassification``
-exactly as a user would load a hub checkpoint. For encoder reward models there is a BERT classifier
-(:func:`tiny_bert_classifier`) with its own WordPiece tokenizer (:func:`train_wordpiece_tokenizer`).
-For the model families users bring (GPT-2, GPT-NeoX/Pythia, OPT, Qwen2, Gemma-2, Phi-3, Llama-3, see
-:data:`FAMILIES`) :func:`train_family_tokenizer` mimics each family's tokenizer quirks (no pad, pad = eos,
-bos = eos, bos added, chat template or none) and :func:`tiny_family_lm` builds a tiny model of its
-architecture (spare embedding rows where the real checkpoints have them); the conventions below are those of
-:func:`train_tokenizer` only.
-
-Tokenizer conventions (checklist items 1-2):
-
-* ``<|pad|>``, ``<|bos|>`` and ``<|eos|>`` are three distinct special tokens: pad is never eos, so masks
-  built from ``ids != pad_token_id`` never hide a real end-of-sequence.
-* Encoding plain text adds no special tokens (no automatic bos/eos, like GPT-2 and Qwen2); the chat
-  template writes ``<|bos|>`` itself and closes every assistant turn with ``<|eos|>``.
-* ``padding_side`` is ``"right"`` (the Hugging Face default). Code that generates from a batch of prompts
-  must pad on the left; it sets ``tokenizer.padding_side = "left"`` itself (or pads by hand).
-
-Chat format rendered by the template (``add_generation_prompt=True`` appends the final ``<|assistant|>\\n``)::
-
-    <|bos|><|system|>\\n{system}\\n<|user|>\\n{user}\\n<|assistant|>\\n{assistant}<|eos|><|user|>\\n...
+Built offline in seconds: byte-level BPE tokenizers trained with ``tokenizers`` on :func:`toy_corpus` (or
+any texts) and ``transformers`` models with random weights, ordinary Hugging Face objects that
+:func:`save_tiny` writes and ``AutoTokenizer`` / ``AutoModelFor...`` load back like a hub checkpoint. Besides
+the causal LMs and reward models of :data:`ARCHS` there are a BERT classifier with its own WordPiece tokenizer
+(encoder reward models) and, for the families users bring (:data:`FAMILIES`), tokenizers with each family's
+quirks and tiny models of its architecture. :func:`train_tokenizer`'s conventions (distinct pad/bos/eos, no
+special tokens added to plain text, right padding) and chat format: docs/architecture.md, "How the code is tested".
 """
 
 from __future__ import annotations
@@ -37,17 +20,14 @@ from typing import Any, Literal
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
-    BertConfig,
     BertForSequenceClassification,
-    GPT2Config,
-    LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
-    Qwen2Config,
 )
 
 Arch = Literal["llama", "gpt2", "qwen2"]
@@ -85,10 +65,6 @@ CHAT_TEMPLATE = (
 )
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Corpus and tokenizer
-# --------------------------------------------------------------------------------------------------------------
-
 _NOUNS = ["cat", "dog", "bird", "fish", "child", "cow", "robot", "farmer", "river", "tree", "book", "ball"]
 _ADJECTIVES = ["small", "big", "red", "blue", "happy", "quiet", "old", "young", "fast", "slow"]
 _VERBS = ["sees", "likes", "finds", "follows", "helps", "watches", "reads", "builds"]
@@ -110,21 +86,48 @@ def toy_corpus(n: int = 2000, seed: int = 0) -> list[str]:
         if kind == 0:
             adjective, noun, verb, other = (rng.choice(x) for x in (_ADJECTIVES, _NOUNS, _VERBS, _NOUNS))
             lines.append(f"the {adjective} {noun} {verb} a {other} {rng.choice(_PLACES)}.")
-        elif kind == 1:
-            a, b = rng.randrange(10), rng.randrange(10)
-            lines.append(f"{a} + {b} = {a + b}")
         elif kind == 2:
             k = rng.randint(1, 9)
             lines.append(f"count to {k}: " + " ".join(str(i) for i in range(1, k + 1)))
         else:
             a, b = rng.randrange(10), rng.randrange(10)
-            lines.append(f"what is {a} + {b}? {a + b}")
+            lines.append(f"{a} + {b} = {a + b}" if kind == 1 else f"what is {a} + {b}? {a + b}")
     return lines
 
 
-def _train_bpe(texts: Iterable[str], vocab_size: int, specials: list[str], specials_last: bool) -> Tokenizer:
-    """A byte-level BPE backend trained on ``texts``: ``specials`` at ids 0.. (or none yet when
-    ``specials_last``: the wrapper appends them after the trained vocabulary)."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 512, *, model_max_length: int = 512, specials_last: bool = False
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts``, wrapped as a Hugging Face fast tokenizer with the
+    conventions of docs/architecture.md ("How the code is tested") and the chat template :data:`CHAT_TEMPLATE`.
+
+    Any text round-trips whatever the corpus (the 256 byte symbols are always in the vocabulary).
+    ``vocab_size`` counts the special tokens and is an upper bound (training stops when the corpus has no more
+    pairs to merge: ``len(tokenizer)`` is the real size); ``model_max_length`` is also the tiny models' number of
+    positions; ``specials_last`` puts the special tokens after the trained vocabulary (bos and eos before pad, as
+    GPT-2 and Llama 3 do) instead of at ids 0..5, so two tokenizers that differ here disagree on every
+    special-token id (what tests of re-encoding between tokenizers rely on).
+    """
+    named = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN) if specials_last else (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
+    spec = Family(
+        "tiny",  # no model_type of its own: any of ARCHS
+        (*named, *ROLE_TOKENS.values()),
+        eos=EOS_TOKEN,
+        bos=BOS_TOKEN,
+        pad=PAD_TOKEN,
+        specials_last=specials_last,
+        chat_template=CHAT_TEMPLATE,
+    )
+    tokenizer = _train_bpe(spec, texts, vocab_size, model_max_length)
+    ids = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
+    if len(ids) != 3 or None in ids:  # checklist 1; cannot happen unless the token constants are edited
+        raise RuntimeError(f"pad, bos and eos must be three distinct tokens, got ids {ids}")
+    return tokenizer
+
+
+def _train_bpe(spec: Family, texts: Iterable[str], vocab_size: int, model_max_length: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts`` with ``spec``'s special tokens (at ids 0.., or after
+    the trained vocabulary when ``specials_last``), bos added when ``add_bos``, and its chat template."""
     backend = Tokenizer(models.BPE())
     # The same normaliser and pre-tokeniser as transformers' Qwen2Tokenizer, because AutoTokenizer always
     # loads a directory whose config.json says model_type "qwen2" as a Qwen2Tokenizer, rebuilt from our
@@ -137,131 +140,84 @@ def _train_bpe(texts: Iterable[str], vocab_size: int, specials: list[str], speci
         ]
     )
     backend.decoder = decoders.ByteLevel()
+    specials = list(spec.specials)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(specials) if specials_last else vocab_size,
-        special_tokens=[] if specials_last else specials,
+        vocab_size=vocab_size - len(specials) if spec.specials_last else vocab_size,
+        special_tokens=[] if spec.specials_last else specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     backend.train_from_iterator(texts, trainer=trainer)
-    return backend
+    backend.add_special_tokens(specials)  # when last: appended after the trained vocabulary
+    if spec.add_bos:
+        assert spec.bos is not None
+        bos = (spec.bos, backend.token_to_id(spec.bos))
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[bos]
+        )
+    # Byte-level BPE needs no unknown token: unk None is written as null in tokenizer_config.json, which stops
+    # Qwen2Tokenizer from adding its default unk "<|endoftext|>" when a qwen2 directory is loaded.
+    named = {"bos_token": spec.bos, "eos_token": spec.eos, "pad_token": spec.pad, "unk_token": spec.unk}
+    # `additional_special_tokens` is accepted by transformers 4.x and 5.x (5.x renames it `extra_special_tokens`)
+    extra = [t for t in spec.specials if t not in named.values()]
+    tokenizer = _wrap(backend, model_max_length, **named, additional_special_tokens=extra)
+    tokenizer.chat_template = spec.chat_template
+    return tokenizer
 
 
-def train_tokenizer(
-    texts: Iterable[str], vocab_size: int = 512, *, model_max_length: int = 512, specials_last: bool = False
-) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``texts`` and wrap it as a Hugging Face fast tokenizer.
-
-    Args:
-        texts: training text, e.g. :func:`toy_corpus`. Any text round-trips through encode/decode whatever
-            the corpus: the 256 byte symbols are always in the vocabulary.
-        vocab_size: total vocabulary size, special tokens included (an upper bound: training stops early
-            when the corpus has no more pairs to merge). Use ``len(tokenizer)`` for the real size.
-        model_max_length: longest sequence the tokenizer reports (``tokenizer.model_max_length``); the tiny
-            models use it as their number of positions.
-        specials_last: put the special tokens at the end of the vocabulary (as GPT-2 and Llama 3 do) instead
-            of at ids 0..5. Two tokenizers that differ here disagree on every special-token id, which
-            tests of re-encoding between tokenizers rely on.
-
-    Returns:
-        A ``PreTrainedTokenizerFast`` with distinct ``pad``/``bos``/``eos`` tokens, the chat template
-        :data:`CHAT_TEMPLATE`, ``padding_side="right"`` and no automatically added special tokens.
-    """
-    specials = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, *ROLE_TOKENS.values()]
-    backend = _train_bpe(texts, vocab_size, specials, specials_last)
-    # Special tokens not known to the trained model are appended at the end of the vocabulary when the
-    # wrapper registers them below; ones already trained in keep their ids 0..5.
-    tokenizer = PreTrainedTokenizerFast(
+def _wrap(backend: Tokenizer, model_max_length: int, **special_tokens: Any) -> PreTrainedTokenizerFast:
+    """``backend`` as a Hugging Face fast tokenizer padding on the right, as the hub's tokenizers do."""
+    return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        pad_token=PAD_TOKEN,
-        # Byte-level BPE has no unknown token. Saying so explicitly (null in tokenizer_config.json) stops
-        # Qwen2Tokenizer from adding its default unk "<|endoftext|>" when a qwen2 directory is loaded.
-        unk_token=None,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        # `additional_special_tokens` is accepted by transformers 4.x and 5.x (5.x renames it
-        # `extra_special_tokens` and converts the old name).
-        additional_special_tokens=list(ROLE_TOKENS.values()),
+        **special_tokens,
         model_max_length=model_max_length,
         padding_side="right",
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    ids = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
-    if len(ids) != 3 or None in ids:  # checklist 1; cannot happen unless the token constants are edited
-        raise RuntimeError(f"pad, bos and eos must be three distinct tokens, got ids {ids}")
-    return tokenizer
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------------------------
+_DROPOUT_FIELDS = {
+    "gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"),
+    "bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+}
+"""The config's dropout probabilities by ``model_type``; any other (llama, qwen2): ``attention_dropout``."""
 
 
-def tiny_config(
-    arch: Arch,
+def _config(
+    model_type: str,
     tokenizer: PreTrainedTokenizerBase,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    positions: int | None = None,
     dropout: float | None = None,
-    max_position_embeddings: int | None = None,
-    **overrides: object,
+    **fields: Any,
 ) -> PretrainedConfig:
-    """A small ``transformers`` config of the given architecture, sized and tokenised for ``tokenizer``.
-
-    ``vocab_size = len(tokenizer)``; ``pad/bos/eos_token_id`` come from the tokenizer; the number of
-    positions defaults to ``tokenizer.model_max_length``. Differences between the architectures are kept on
-    purpose so the library is tested against them: gpt2 has learned absolute positions, tied embeddings and
-    dropout 0.1 by default; llama has rotary positions, untied embeddings and no dropout; qwen2 adds
-    attention biases and grouped-query attention (``num_heads // 2`` key/value heads).
-
-    Args:
-        dropout: when given, every dropout probability of the config is set to it (gpt2: residual,
-            embedding, attention and summary dropout; llama/qwen2: attention dropout). ``None`` keeps the
-            architecture's defaults, so code that must disable dropout in RLHF is really exercised.
-        overrides: any further config fields, passed to the config class as is.
-    """
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
-    n_positions = max_position_embeddings or int(tokenizer.model_max_length)
-    fields = _size_fields(arch, hidden_size, num_layers, num_heads, n_positions)
-    fields |= {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if dropout is not None:
-        names = (
-            ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
-            if arch == "gpt2"
-            else ("attention_dropout",)
-        )
-        fields |= dict.fromkeys(names, dropout)
-    config_class = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    return config_class(**fields, **overrides)
-
-
-def _size_fields(model_type: str, hidden_size: int, num_layers: int, num_heads: int, positions: int) -> dict:
-    """The sizes of a tiny model under its architecture's own config names (MLP 4× wide; grouped-query
-    attention with half the heads where the family ships it)."""
+    """A tiny ``model_type`` config for ``tokenizer``: the sizes under the architecture's own names (MLP 4× wide;
+    grouped-query attention with half the heads where the family ships it), ``positions`` (default
+    ``tokenizer.model_max_length``), every dropout probability set to ``dropout`` when given, and the
+    tokenizer's vocabulary size and pad/bos/eos ids, which ``fields`` may override."""
+    positions = positions or int(tokenizer.model_max_length)
     if model_type == "gpt2":
-        return {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads, "n_positions": positions}
-    fields: dict[str, object] = {
-        "hidden_size": hidden_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "max_position_embeddings": positions,
-    }
-    if model_type == "opt":
-        fields |= {"ffn_dim": 4 * hidden_size, "word_embed_proj_dim": hidden_size}
+        sizes = {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads, "n_positions": positions}
     else:
-        fields["intermediate_size"] = 4 * hidden_size
-    if model_type in ("qwen2", "gemma2"):
-        fields["num_key_value_heads"] = max(1, num_heads // 2)
-    return fields
+        sizes = {
+            "hidden_size": hidden_size,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": num_heads,
+            "max_position_embeddings": positions,
+        }
+        if model_type == "opt":
+            sizes |= {"ffn_dim": 4 * hidden_size, "word_embed_proj_dim": hidden_size}
+        else:
+            sizes["intermediate_size"] = 4 * hidden_size
+        if model_type in ("qwen2", "gemma2"):
+            sizes["num_key_value_heads"] = max(1, num_heads // 2)
+    if dropout is not None:
+        sizes |= dict.fromkeys(_DROPOUT_FIELDS.get(model_type, ("attention_dropout",)), dropout)
+    tokens = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
+    tokens |= {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    return AutoConfig.for_model(model_type, **sizes, **(tokens | fields))
 
 
 def _seeded(build: Any, config: PretrainedConfig, seed: int) -> PreTrainedModel:
@@ -269,6 +225,12 @@ def _seeded(build: Any, config: PretrainedConfig, seed: int) -> PreTrainedModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build(config)
+
+
+def _arch(arch: str) -> str:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
+    return arch
 
 
 def tiny_causal_lm(
@@ -282,14 +244,18 @@ def tiny_causal_lm(
     dropout: float | None = None,
     max_position_embeddings: int | None = None,
 ) -> PreTrainedModel:
-    """A randomly initialised causal LM (``AutoModelForCausalLM``) of architecture ``arch`` for ``tokenizer``.
+    """A randomly initialised causal LM (``AutoModelForCausalLM``) of architecture ``arch`` for ``tokenizer``, in
+    torch's default dtype and in train mode (as ``from_config`` returns it).
 
-    The same ``seed`` gives the same weights; the global torch RNG is left as it was. The model is in torch's default
-    dtype (float32), in train mode (as ``from_config`` returns it), and ``save_pretrained``/``from_pretrained`` round-trippable.
-    See :func:`tiny_config` for sizes, ``dropout`` and the differences between architectures.
+    ``vocab_size = len(tokenizer)``, pad/bos/eos ids from it, positions default to ``tokenizer.model_max_length``.
+    The architectures differ on purpose so the library is tested against them: gpt2 has learned absolute
+    positions, tied embeddings and dropout 0.1 by default; llama rotary positions, untied embeddings and no
+    dropout; qwen2 adds attention biases and grouped-query attention (``num_heads // 2`` key/value heads).
+    ``dropout``, when given, sets every dropout probability of the config (gpt2: residual, embedding, attention
+    and summary; llama/qwen2: attention); ``None`` keeps the architecture's, so code that must disable dropout
+    in RLHF is really exercised. The same ``seed`` gives the same weights; the global torch RNG is left as it was.
     """
-    sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads}
-    config = tiny_config(arch, tokenizer, **sizes, dropout=dropout, max_position_embeddings=max_position_embeddings)
+    config = _config(_arch(arch), tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings, dropout)
     return _seeded(AutoModelForCausalLM.from_config, config, seed)
 
 
@@ -304,22 +270,12 @@ def tiny_reward_model(
     dropout: float | None = None,
     max_position_embeddings: int | None = None,
 ) -> PreTrainedModel:
-    """A randomly initialised reward model: ``AutoModelForSequenceClassification`` with one output.
-
-    ``num_labels=1`` and ``pad_token_id`` set, so the model returns logits of shape ``(B, 1)``, read by
-    transformers at the rightmost non-pad token of each row. Same arguments and guarantees as
-    :func:`tiny_causal_lm`.
-    """
-    sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads}
-    config = tiny_config(
-        arch, tokenizer, **sizes, dropout=dropout, max_position_embeddings=max_position_embeddings, num_labels=1
-    )
+    """A randomly initialised reward model: ``AutoModelForSequenceClassification`` with one output (logits
+    ``(B, 1)``, read by transformers at the rightmost non-pad token of each row); as :func:`tiny_causal_lm`."""
+    positions = max_position_embeddings
+    config = _config(_arch(arch), tokenizer, hidden_size, num_layers, num_heads, positions, dropout, num_labels=1)
     return _seeded(AutoModelForSequenceClassification.from_config, config, seed)
 
-
-# --------------------------------------------------------------------------------------------------------------
-# Model families: a tokenizer with each family's quirks and a tiny model of its architecture
-# --------------------------------------------------------------------------------------------------------------
 
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -348,16 +304,14 @@ PHI3_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Family:
-    """A model family's tokenizer and checkpoint layout, as :func:`train_family_tokenizer` and
-    :func:`tiny_family_lm` mimic it.
-
-    ``name`` is the ``config.model_type``; ``specials`` the special tokens in id order, at ids 0.. or
+    """A model family's tokenizer and checkpoint layout, as :func:`train_family_tokenizer` and :func:`tiny_family_lm`
+    mimic it. ``name`` is the ``config.model_type``; ``specials`` the special tokens in id order, at ids 0.. or
     (``specials_last``) after the trained vocabulary; ``eos``/``bos``/``pad``/``unk`` name some of them (None =
-    the tokenizer has none; the same token twice = shared, e.g. GPT-2's bos = eos); ``add_bos``: encoding a
-    text puts bos in front; ``chat_template``: None = a base model without one; ``spare_rows``: embedding
-    rows beyond ``len(tokenizer)`` (the real checkpoints round the vocabulary up); ``tied``: input and output
-    embeddings shared; ``pad_in_config``: the token the checkpoint's ``config.pad_token_id`` names (Phi-3:
-    its eos); ``quirks``: one line for people.
+    the tokenizer has none; the same token twice = shared, e.g. GPT-2's bos = eos); ``add_bos``: encoding a text
+    puts bos in front; ``chat_template``: None = a base model without one; ``spare_rows``: embedding rows beyond
+    ``len(tokenizer)`` (the real checkpoints round the vocabulary up); ``tied``: input and output embeddings
+    shared; ``pad_in_config``: the token the checkpoint's ``config.pad_token_id`` names (Phi-3: its eos);
+    ``quirks``: one line for people.
     """
 
     name: str
@@ -464,27 +418,7 @@ def train_family_tokenizer(
     """A byte-level BPE tokenizer trained on ``texts`` with the special tokens and quirks of ``family``
     (a key of :data:`FAMILIES`): which tokens exist, which of pad/bos/eos are missing or shared, whether
     bos is added in front of every text, the chat template. ``padding_side="right"``, as the hub's."""
-    spec = FAMILIES[family]
-    backend = _train_bpe(texts, vocab_size, list(spec.specials), spec.specials_last)
-    backend.add_special_tokens(list(spec.specials))  # when last: appended after the trained vocabulary
-    if spec.add_bos:
-        assert spec.bos is not None
-        bos = (spec.bos, backend.token_to_id(spec.bos))
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[bos]
-        )
-    named = {"bos_token": spec.bos, "eos_token": spec.eos, "pad_token": spec.pad, "unk_token": spec.unk}
-    extra = [t for t in spec.specials if t not in named.values()]
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        **named,
-        additional_special_tokens=extra,
-        model_max_length=model_max_length,
-        padding_side="right",
-        clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = spec.chat_template
-    return tokenizer
+    return _train_bpe(FAMILIES[family], texts, vocab_size, model_max_length)
 
 
 def tiny_family_config(
@@ -493,26 +427,17 @@ def tiny_family_config(
     """A tiny config of ``family``'s architecture for ``tokenizer``: ``len(tokenizer) + spare_rows``
     embedding rows, its bos/eos ids (pad too, when the family's config names one), tied or untied embeddings
     as the family ships, positions = ``tokenizer.model_max_length``."""
-    from transformers import AutoConfig
-
     spec = FAMILIES[family]
     head_dim = hidden_size // num_heads
-    n_positions = int(tokenizer.model_max_length)
-    fields = _size_fields(family, hidden_size, num_layers, num_heads, n_positions)
-    fields |= {
-        "vocab_size": len(tokenizer) + spec.spare_rows,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.convert_tokens_to_ids(spec.pad_in_config) if spec.pad_in_config else None,
-        "tie_word_embeddings": spec.tied,
-    }
+    pad = tokenizer.convert_tokens_to_ids(spec.pad_in_config) if spec.pad_in_config else None
+    fields = {"vocab_size": len(tokenizer) + spec.spare_rows, "pad_token_id": pad, "tie_word_embeddings": spec.tied}
     if family == "gpt_neox":
         fields["rotary_pct"] = 0.25
     if family == "gemma2":
         fields |= {"head_dim": head_dim, "query_pre_attn_scalar": head_dim}
     if family == "phi3":
-        fields |= {"original_max_position_embeddings": n_positions, "sliding_window": None}
-    return AutoConfig.for_model(family, **fields)
+        fields |= {"original_max_position_embeddings": int(tokenizer.model_max_length), "sliding_window": None}
+    return _config(family, tokenizer, hidden_size, num_layers, num_heads, **fields)
 
 
 def tiny_family_lm(
@@ -528,10 +453,6 @@ def tiny_family_lm(
     config = tiny_family_config(family, tokenizer, hidden_size, num_layers, num_heads)
     return _seeded(AutoModelForCausalLM.from_config, config, seed)
 
-
-# --------------------------------------------------------------------------------------------------------------
-# Encoders (BERT-style reward models with their own WordPiece tokenizer)
-# --------------------------------------------------------------------------------------------------------------
 
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Special tokens of :func:`train_wordpiece_tokenizer`, at ids 0..4 in this order (BERT's names)."""
@@ -549,7 +470,8 @@ def train_wordpiece_tokenizer(
     :data:`WORDPIECE_SPECIALS` (no bos/eos: an encoder reward model reads its pooled ``[CLS]``).
     ``vocab_size`` is an upper bound (training stops when the corpus has no more pairs to merge).
     """
-    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    pad, unk, cls, sep, mask = WORDPIECE_SPECIALS
+    backend = Tokenizer(models.WordPiece(unk_token=unk))
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
@@ -560,19 +482,8 @@ def train_wordpiece_tokenizer(
         show_progress=False,
     )
     backend.train_from_iterator(texts, trainer=trainer)
-    sep, cls = backend.token_to_id("[SEP]"), backend.token_to_id("[CLS]")
-    backend.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=model_max_length,
-        padding_side="right",
-        clean_up_tokenization_spaces=False,
-    )
+    backend.post_processor = processors.BertProcessing((sep, backend.token_to_id(sep)), (cls, backend.token_to_id(cls)))
+    return _wrap(backend, model_max_length, unk_token=unk, pad_token=pad, cls_token=cls, sep_token=sep, mask_token=mask)
 
 
 def tiny_bert_classifier(
@@ -586,61 +497,18 @@ def tiny_bert_classifier(
     dropout: float | None = None,
     max_position_embeddings: int | None = None,
 ) -> PreTrainedModel:
-    """A randomly initialised ``BertForSequenceClassification`` (one output by default) for ``tokenizer``.
-
-    ``vocab_size = len(tokenizer)``, ``pad_token_id`` from the tokenizer, positions default to
-    ``tokenizer.model_max_length``; BERT's dropout 0.1 unless ``dropout`` is given. The same ``seed`` gives
-    the same weights and the global torch RNG is left as it was.
-    """
-    fields: dict[str, object] = {}
-    if dropout is not None:
-        fields = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        intermediate_size=4 * hidden_size,
-        max_position_embeddings=max_position_embeddings or int(tokenizer.model_max_length),
-        pad_token_id=tokenizer.pad_token_id,
-        num_labels=num_labels,
-        **fields,
-    )
+    """A randomly initialised ``BertForSequenceClassification`` (one output by default) for ``tokenizer``, sized
+    and seeded as :func:`tiny_causal_lm`; BERT's dropout 0.1 unless ``dropout`` is given."""
+    positions = max_position_embeddings
+    config = _config("bert", tokenizer, hidden_size, num_layers, num_heads, positions, dropout, num_labels=num_labels)
     return _seeded(BertForSequenceClassification, config, seed)
 
 
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """``save_pretrained`` the model and the tokenizer into one directory (created if needed); returns it.
-
-    The directory then loads with ``AutoModelForCausalLM`` (or ``...ForSequenceClassification``) and
-    ``AutoTokenizer.from_pretrained(path)``, like any checkpoint.
-    """
+    """``save_pretrained`` the model and the tokenizer into one directory (created if needed), which then loads
+    like any checkpoint (``AutoModelFor...`` and ``AutoTokenizer.from_pretrained(path)``); returns it."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-__all__ = [
-    "ARCHS",
-    "CHATML_TEMPLATE",
-    "CHAT_TEMPLATE",
-    "FAMILIES",
-    "GEMMA_TEMPLATE",
-    "PHI3_TEMPLATE",
-    "WORDPIECE_SPECIALS",
-    "Family",
-    "Arch",
-    "save_tiny",
-    "tiny_bert_classifier",
-    "tiny_causal_lm",
-    "tiny_config",
-    "tiny_family_config",
-    "tiny_family_lm",
-    "tiny_reward_model",
-    "toy_corpus",
-    "train_family_tokenizer",
-    "train_tokenizer",
-    "train_wordpiece_tokenizer",
-]
