@@ -3,34 +3,28 @@
 Notation: B rows, C prompt columns (left-padded), S = C + max_new_tokens cache slots, H hidden size,
 h heads (g of them for keys/values), d head size, V vocab.
 
-Why: sampling a small model on CPU is bound by per-token overhead, not arithmetic. A ``transformers``
-forward for one new token walks every module, builds a fresh attention mask and grows the KV cache with
-``cat``; at batch 16 the matrix products themselves run at about half speed because ``F.linear`` on a
-16-row input is slower than a product with a contiguous transposed weight (measured 60 µs against 33 µs
-for 16×256×768 on 2 cores). This decoder runs the same arithmetic as the model's own forward with:
+Why: sampling a small model on CPU is bound by per-token overhead, not arithmetic. A ``transformers`` forward
+for one new token walks every module, builds a fresh attention mask and grows the KV cache with ``cat``, and
+``F.linear`` on 16 rows runs at about half the speed of a product with a contiguous transposed weight (60
+against 33 µs, 16×256×768 on 2 cores). Here:
 
-- the weights of each layer packed once per rollout (q|k|v into one product, gate|up into another), so a
-  decode step is four products per layer. On a CPU with oneDNN the packed weights are reordered into
-  oneDNN's blocked layout, the layout ``torch.compile`` uses for frozen CPU weights: a decode step streams
-  them about twice as fast as a product with a plain weight (measured 13.1 against 23.6 ms for the 13
-  products of a 25M-parameter decode step at 16 rows on 2 cores). Elsewhere (a GPU, half precision, a
-  build without oneDNN) they are transposed and contiguous, which ``torch.matmul`` reads fastest;
-- the packed weights of a model are kept between rollouts within :func:`reusing_packed` (and for good after
-  :func:`keep_packed`) while its parameters are unchanged, so a batch of prompts answered in several chunks,
-  or many batches of a frozen model, pack once; any in-place change of a parameter (an optimizer step, a
-  loaded state dict) bumps its version and the weights are packed again;
-- a batch that holds the same prompt several times (GRPO's groups, k samples per prompt) computes each
-  distinct prompt's prefill once and copies its keys and values to the rows that share it;
-- a cache of S slots allocated once and written in place, and one additive mask row per sequence that is
-  opened a column at a time;
-- rotary cos/sin for every slot computed once, by the model's own rotary module.
+- each layer's weights are packed once per rollout (q|k|v into one product, gate|up into another: four products
+  per layer and step), for fp32 on a CPU with oneDNN in its blocked layout (what ``torch.compile`` does for
+  frozen CPU weights; 13.1 against 23.6 ms for the 13 products of a 25M decode step, 16 rows, 2 cores), else
+  transposed and contiguous, which ``torch.matmul`` reads fastest;
+- packed weights are kept between rollouts within :func:`reusing_packed` (for good after :func:`keep_packed`)
+  while the parameters are unchanged; an in-place change (optimizer step, loaded state dict) bumps a
+  parameter's version, and they are packed again;
+- each distinct prompt of a batch (GRPO's groups) is prefilled once, its keys and values copied to its rows;
+- a cache of S slots is allocated once and written in place, with one additive mask row per sequence opened a
+  column at a time and rotary cos/sin for every slot computed once by the model's own rotary module.
 
-It covers ``LlamaForCausalLM`` and the models built the same way (``MistralForCausalLM`` and
-``Qwen2ForCausalLM``, with q/k/v biases) whose layers are plain ``nn.Linear`` or un-merged LoRA
-``peft`` layers (the adapter is folded into the packed weight, so LoRA costs nothing per token).
-Anything else — another architecture, a sliding window shorter than the sequence, length-dependent rotary
-scaling, quantised layers, DoRA — is refused by :func:`build_decoder`, and sampling falls back to the
-model's own forward. Tests check the logits against the model's forward at every step.
+It covers ``LlamaForCausalLM`` and the models built the same way (``MistralForCausalLM``, ``Qwen2ForCausalLM``
+with q/k/v biases) whose layers are plain ``nn.Linear`` or un-merged LoRA ``peft`` layers (the adapter is folded
+into the packed weight: LoRA costs nothing per token). Anything else — another architecture, a sliding window
+shorter than the sequence, length-dependent rotary scaling, quantised layers, DoRA — is refused by
+:func:`build_decoder`, and sampling falls back to the model's own forward. Tests check the logits against the
+model's forward at every step.
 """
 
 from __future__ import annotations
@@ -44,6 +38,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rlhf.data.collate import position_ids_from_mask
+from rlhf.models.policy import unwrap
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.model_type`` values whose decoder layer is: RMSNorm → attention (RoPE) → add → RMSNorm → SwiGLU → add."""
@@ -169,12 +166,6 @@ def _check(model: nn.Module, total_length: int) -> None:
         raise Unsupported("pretraining_tp > 1")
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The ``*ForCausalLM`` inside a ``peft`` wrapper (its LoRA layers are read by :func:`_linear`)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 class PackedWeights:
     """A model's weights as the decoder multiplies them (see the module docstring), with the modules it reads
     as they are (embedding, norms, rotary). ``rows``: the rows of a decode step, oneDNN's hint."""
@@ -243,20 +234,20 @@ def reusing_packed(model: nn.Module) -> Iterator[None]:
     they are freed when the last open block ends (unless :func:`keep_packed`). Use it around several rollouts
     of unchanged weights (a prompt batch sampled in chunks, GRPO's dynamic-sampling rounds); under FSDP2, only
     inside the block that gathers the weights."""
-    kept = _kept.setdefault(_unwrap(model), _Kept())
+    kept = _kept.setdefault(unwrap(model), _Kept())
     kept.holds += 1
     try:
         yield
     finally:
         kept.holds -= 1
         if kept.holds == 0 and not kept.forever:
-            _kept.pop(_unwrap(model), None)
+            _kept.pop(unwrap(model), None)
 
 
 def keep_packed(model: nn.Module) -> None:
     """Keep ``model``'s packed weights for as long as the model lives (a frozen model answering many batches):
     one more copy of its weights in memory, no packing per rollout."""
-    _kept.setdefault(_unwrap(model), _Kept()).forever = True
+    _kept.setdefault(unwrap(model), _Kept()).forever = True
 
 
 def packed_weights(model: nn.Module, rows: int) -> PackedWeights:
@@ -282,7 +273,7 @@ class LlamaDecoder:
     """
 
     def __init__(self, model: nn.Module, total_length: int, rows: int = 1):
-        model = _unwrap(model)
+        model = unwrap(model)
         _check(model, total_length)
         self.weights = packed_weights(model, rows)
         config = model.config
@@ -308,7 +299,7 @@ class LlamaDecoder:
         S, device = self.slots, prompt_ids.device
         dtype = self.weights.dtype
         real = prompt_mask.bool()
-        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        positions = position_ids_from_mask(prompt_mask)  # as the model's own forward gets them
         positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, S - C + 1, device=device)], dim=-1)
         cos, sin = self.weights.rotary(torch.empty(0, dtype=dtype, device=device), positions)
         self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, S, d)
@@ -323,8 +314,7 @@ class LlamaDecoder:
         visible = (causal & real[:, None, :]) | torch.eye(C, dtype=torch.bool, device=device)
         prefill_mask = torch.zeros(B, 1, C, C, dtype=dtype, device=device).masked_fill(~visible[:, None], float("-inf"))
         self.length = 0
-        inputs = prompt_ids.masked_fill(~real, 0)
-        return self._forward(inputs, prefill_mask)
+        return self._forward(prompt_ids.masked_fill(~real, 0), prefill_mask)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask[:, 0, 0, self.length] = 0.0

@@ -59,34 +59,27 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # drop a token when the mass *before* it already reaches top_p
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        probs = sorted_logits.softmax(-1)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p  # the mass *before* the token already reaches top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
+@dataclass
 class RowGenerators:
-    """One random stream per row, seeded by ``(seed, the row's index in the global batch)``.
+    """One random stream per row (:meth:`spawn`), seeded by ``(seed, the row's index in the global batch)``.
 
-    A row's draws then depend on nothing but its own index: not on which other rows share its batch, how the
-    batch is split into micro-batches or over ``torchrun`` ranks, nor on when the other rows stop. That is
-    what makes N ranks sample exactly the responses one process samples (docs/scaling.md). The cost is one
-    ``uniform_`` call per row and token instead of one per token: microseconds against a model forward.
+    A row's draws then depend on nothing but its index, not on the other rows or how the batch is split (so N
+    ranks sample exactly what one process samples: docs/scaling.md), for one ``uniform_`` call per row and
+    token instead of one per token: microseconds against a model forward.
     """
 
-    def __init__(self, seed: int, rows: Sequence[int], device: torch.device | str = "cpu"):
-        self.generators = [torch.Generator(device).manual_seed(row_seed(seed, row)) for row in rows]
-
-    def __len__(self) -> int:
-        return len(self.generators)
+    generators: list[torch.Generator]
 
     def __getitem__(self, rows: slice) -> RowGenerators:
         """The streams of some of the rows (the same generator objects: drawing advances them here too)."""
-        part = RowGenerators(0, [])
-        part.generators = self.generators[rows]
-        return part
+        return RowGenerators(self.generators[rows])
 
     def rand(self, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """(B, V) uniform [0, 1) numbers, row b from the b-th stream."""
@@ -101,7 +94,7 @@ class RowGenerators:
     def spawn(cls, generator: torch.Generator, rows: Sequence[int]) -> RowGenerators:
         """Row streams for one rollout: the seed is one draw from ``generator`` (every rank draws it alike)."""
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-        return cls(seed, rows, generator.device)
+        return cls([torch.Generator(generator.device).manual_seed(row_seed(seed, row)) for row in rows])
 
 
 def row_seed(seed: int, row: int) -> int:
@@ -138,14 +131,13 @@ def sample(
     generator: torch.Generator | RowGenerators | None = None,
     fast: bool = True,
 ) -> torch.Tensor:
-    """Sample responses for a left-padded batch of prompts.
+    """Responses (B, T) long, T ≤ max_new_tokens, sampled for a left-padded prompt batch (ids and mask: B, C).
 
-    prompt_ids, prompt_mask: (B, C), left-padded. Returns responses (B, T) long with T ≤ max_new_tokens:
-    each row keeps its first stop token and is ``pad_token_id`` after it (checklist item 4); a row that
-    never stops runs to max_new_tokens. The loop ends early once every row has stopped.
-    ``fast`` uses :class:`~rlhf.rollout.decoder.LlamaDecoder` when it covers the model (same logits, less
-    overhead per token); ``fast=False`` or any other model runs the model's own forward with its KV cache.
-    ``generator``: one stream for the batch, or :class:`RowGenerators` (one per row: the trainers' choice).
+    Each row keeps its first stop token and is ``pad_token_id`` after it (checklist item 4); a row that never
+    stops runs to max_new_tokens; the loop ends once every row has stopped. ``fast`` uses
+    :class:`~rlhf.rollout.decoder.LlamaDecoder` when it covers the model (same logits, less overhead per token),
+    else the model's own forward with its KV cache. ``generator``: one stream for the batch, or
+    :class:`RowGenerators` (one per row: the trainers' choice).
     """
     B, C = prompt_ids.shape
     device = prompt_ids.device
@@ -179,27 +171,21 @@ def _decode_steps(
     if decoder is not None:
         return lambda tokens: decoder.prefill(prompt_ids, prompt_mask) if tokens is None else decoder.step(tokens)
 
-    attention_mask = prompt_mask.long()
-    state = {"past": None, "mask": attention_mask, "positions": position_ids_from_mask(attention_mask)}
-    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    mask = prompt_mask.long()
     cache = cache_keyword(model)
+    inputs = {"attention_mask": mask, "position_ids": position_ids_from_mask(mask), "use_cache": True, cache: None}
+    if accepts_logits_to_keep(model):
+        inputs["logits_to_keep"] = 1
 
     def step(tokens: torch.Tensor | None) -> torch.Tensor:
         if tokens is None:
-            inputs = prompt_ids.masked_fill(attention_mask == 0, 0)
+            ids = prompt_ids.masked_fill(mask == 0, 0)
         else:  # the new token sits one past the row's last real position
-            inputs = tokens.unsqueeze(-1)
-            state["positions"] = state["positions"][:, -1:] + 1
-            state["mask"] = torch.cat([state["mask"], torch.ones_like(inputs)], dim=-1)
-        out = model(
-            input_ids=inputs,
-            attention_mask=state["mask"],
-            position_ids=state["positions"],
-            use_cache=True,
-            **{cache: state["past"]},
-            **extra,
-        )
-        state["past"] = getattr(out, cache)
+            ids = tokens.unsqueeze(-1)
+            inputs["position_ids"] = inputs["position_ids"][:, -1:] + 1
+            inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(ids)], dim=-1)
+        out = model(input_ids=ids, **inputs)
+        inputs[cache] = getattr(out, cache)
         return out.logits[:, -1]
 
     return step

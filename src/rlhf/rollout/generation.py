@@ -45,19 +45,8 @@ class Generated:
 
     def select(self, rows: torch.Tensor) -> Generated:
         """The batch of rows ``rows`` (1-D indices), in that order."""
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return t[rows.to(t.device)]
-
-        completions = [self.completions[i] for i in rows.tolist()]
-        return Generated(
-            take(self.query_responses),
-            take(self.attention_mask),
-            take(self.responses),
-            completions,
-            take(self.has_stop),
-            self.pad_token_id,
-        )
+        taken = {key: t[rows.to(t.device)] for key, t in vars(self).items() if isinstance(t, torch.Tensor)}
+        return dataclasses.replace(self, completions=[self.completions[i] for i in rows.tolist()], **taken)
 
 
 def generate(
@@ -74,16 +63,15 @@ def generate(
 ) -> Generated:
     """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
 
-    Under ``torchrun`` each rank samples its shard of the rows (whole prompts: ``d.shard(n, unit=repeat)``) and
-    the token ids are gathered, so every rank returns the whole batch. Row ``i`` draws from its own stream
-    (:class:`~rlhf.rollout.engine.RowGenerators`, seeded from one draw of ``generator``), so the responses do
-    not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
+    Under ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so
+    every rank returns the whole batch; each row draws from its own stream (``RowGenerators``), so the responses
+    do not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
     """
     pad = tokenizer.pad_token_id
-    n = len(batch) * repeat
-    rows = d.shard(n, unit=repeat)
+    all_prompts = repeat_each(batch.input_ids, repeat)
+    rows = d.shard(len(all_prompts), unit=repeat)
     noise = RowGenerators.spawn(generator, rows)
-    prompt_ids = [batch.input_ids[row // repeat] for row in rows]
+    prompt_ids = [all_prompts[row] for row in rows]
     responses: list[list[int]] = []
     step = max_rows or max(1, len(rows))
     # sharded weights are gathered once for the whole rollout, and packed once for all its chunks
@@ -94,8 +82,8 @@ def generate(
             sampled = sample(model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk])
             lengths = (sampled != pad).sum(-1).tolist()
             responses += [ids[:length] for ids, length in zip(sampled.tolist(), lengths, strict=True)]
-    responses = d.gather_rows(responses, n, unit=repeat)
-    return assemble([batch.input_ids[row // repeat] for row in range(n)], responses, tokenizer, stops, device)
+    responses = d.gather_rows(responses, len(all_prompts), unit=repeat)
+    return assemble(all_prompts, responses, tokenizer, stops, device)
 
 
 def assemble(

@@ -24,9 +24,8 @@ from rlhf.rollout.rewards import RewardContext, RewardError, RewardModelReward, 
 from rlhf.runlog.distributed import SINGLE, Dist
 
 MAX_UNSCORED_STEPS = 5
-"""Consecutive steps whose every sample no reward source could score (all ``None``) before the run stops:
-one such step is skipped with a warning (a multi-task batch can miss every reward by chance), five in a row
-mean the rewards do not fit the data."""
+"""Consecutive steps with no scored sample before the run stops: one can happen by chance (a multi-task batch
+missing every reward), five in a row mean the rewards do not fit the data."""
 
 
 def load_rewards(source: Any, tokenizer: Any, d: Dist) -> RewardSet:
@@ -39,20 +38,17 @@ def load_rewards(source: Any, tokenizer: Any, d: Dist) -> RewardSet:
 
 def reward_spec(reward: Any) -> Any:
     """The config's ``reward`` (a string or a tuple of RewardSpec dataclasses) as load_reward_set takes it."""
-    if isinstance(reward, str):
-        return reward
-    return [dataclasses.asdict(spec) for spec in reward]
+    return reward if isinstance(reward, str) else [dataclasses.asdict(spec) for spec in reward]
 
 
 @dataclasses.dataclass(frozen=True)
 class Scores:
     """Rewards of a batch of B samples from K sources.
 
-    ``per_source``: (B, K), NaN = unscored. ``raw``: (B,) the weighted sum of the scored sources — the user's
-    objective, what ``reward/mean`` reports; NaN when no source scored the sample. ``combined``: (B,) what
-    the advantages start from: ``raw`` itself, or with ``reward_aggregation: gdpo`` the GDPO-normalised
-    combination (``normalized`` is then True). ``metrics`` / ``extra``: what reward functions logged through
-    ``log_metric`` (``"<source>/<name>"`` → values) and ``log_extra`` (``"<source>/<column>"`` → B values).
+    ``per_source``: (B, K), NaN = unscored. ``raw``: (B,) the weighted sum of the scored sources (the user's
+    objective, ``reward/mean``), NaN when none scored the sample. ``combined``: (B,) what the advantages start
+    from: ``raw``, or with ``gdpo`` the GDPO-normalised combination (``normalized`` True). ``metrics`` /
+    ``extra``: as in :class:`~rlhf.rollout.rewards.RewardScores`.
     """
 
     per_source: torch.Tensor
@@ -84,15 +80,10 @@ def score(
     context: RewardContext | None = None,
     d: Dist = SINGLE,
 ) -> Scores:
-    """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows.
-
-    For PPO (one sample per prompt) GDPO's "group" is the whole batch: each reward is normalised over the
-    batch before the weighted sum, so rewards on different scales weigh as their weights say.
-    ``token_ids``: the policy's (query ⊕ response, mask), scored as they are by reward models that share the
-    policy's tokenizer (see ``RewardSet.score``). ``context``: chat prompts, completion ids and trainer state
-    for reward functions (:func:`reward_context`, :func:`make_trainer_state`).
-    Every argument is the whole batch; under ``torchrun`` each rank scores its shard (whole groups) and the
-    scores are gathered before they are combined, so every rank returns the whole batch's `Scores`.
+    """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows (PPO:
+    the whole batch, so rewards on different scales weigh as their weights say). ``token_ids``, ``context``:
+    ``RewardSet.score``'s. Every argument is the whole batch; under ``torchrun`` each rank scores its shard
+    (whole groups) and the scores are gathered before they are combined: every rank returns the whole batch's.
     """
     start = time.perf_counter()
     B = len(prompts)
@@ -139,22 +130,13 @@ def _gather_extra(extra: dict[str, list[Any]], B: int, group_size: int, d: Dist)
 def concat_scores(parts: list[Scores]) -> Scores:
     """The Scores of several batches as one (rows in order, times summed, logged metrics pooled; a ``log_extra``
     column missing from a part is None in its rows)."""
-    metrics: dict[str, list[float]] = {}
-    for part in parts:
-        for key, values in part.metrics.items():
-            metrics.setdefault(key, []).extend(values)
-    columns = list(dict.fromkeys(key for part in parts for key in part.extra))
+    keys = dict.fromkeys(key for part in parts for key in part.metrics)
+    metrics = {key: [v for part in parts for v in part.metrics.get(key, [])] for key in keys}
+    columns = dict.fromkeys(key for part in parts for key in part.extra)
     extra = {key: [v for part in parts for v in part.extra.get(key, [None] * len(part.raw))] for key in columns}
-    return Scores(
-        torch.cat([s.per_source for s in parts]),
-        torch.cat([s.combined for s in parts]),
-        parts[0].names,
-        sum(s.seconds for s in parts),
-        torch.cat([s.raw for s in parts]),
-        parts[0].normalized,
-        metrics,
-        extra,
-    )
+    rows = {key: torch.cat([getattr(part, key) for part in parts]) for key in ("per_source", "combined", "raw")}
+    seconds = sum(part.seconds for part in parts)
+    return dataclasses.replace(parts[0], **rows, seconds=seconds, metrics=metrics, extra=extra)
 
 
 def reward_context(
@@ -186,11 +168,9 @@ def _mean_std(values: torch.Tensor) -> tuple[float, float]:
 
 
 def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
-    """``reward/mean``, ``reward/std``: the weighted sum of the raw rewards over scored samples (the user's
-    objective, also under GDPO); ``reward/normalized_mean`` / ``_std``: GDPO's combination, with gdpo only;
-    ``reward/unscored``: samples no source scored (when > 0); ``reward/<name>/mean`` and ``/std`` per source
-    with several sources; ``reward/<source>/<metric>``: the step's mean of what a reward function logged with
-    ``log_metric(metric, value)`` (NaN values left out, as TRL does)."""
+    """The ``reward/*`` metrics of the README's "Metrics" table under ``prefix`` (``eval/reward``, ``judge``):
+    means and stds over the scored samples, the mean of each ``log_metric`` name (NaN values left out, as TRL
+    does), ``unscored`` only when > 0, per-source ones only with several sources."""
     out = dict(zip((f"{prefix}/mean", f"{prefix}/std"), _mean_std(scores.raw), strict=True))
     if scores.normalized:
         out[f"{prefix}/normalized_mean"], out[f"{prefix}/normalized_std"] = _mean_std(scores.combined)
@@ -206,12 +186,9 @@ def reward_metrics(scores: Scores, prefix: str = "reward") -> dict[str, float]:
 
 
 class UnscoredSteps:
-    """Watches for batches in which no sample could be scored (every reward ``None``).
-
-    Such a batch carries no learning signal: updating on it would still move the policy (Adam's momentum,
-    weight decay, the KL and entropy terms) on nothing. :meth:`skip` says whether to skip this step's update,
-    warning on stderr; after :data:`MAX_UNSCORED_STEPS` such steps in a row it raises a :class:`RewardError`.
-    """
+    """Watches for batches in which no sample could be scored (every reward ``None``): updating on one would still
+    move the policy (Adam's momentum, weight decay, the KL and entropy terms) on nothing. :meth:`skip` says
+    whether to skip this step's update, warning on stderr; :data:`MAX_UNSCORED_STEPS` in a row raise RewardError."""
 
     def __init__(self, limit: int = MAX_UNSCORED_STEPS):
         self.limit = limit

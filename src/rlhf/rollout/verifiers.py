@@ -1,27 +1,11 @@
-"""Built-in verifiable rewards, used by name as ``reward: rlhf.rollout.verifiers:<function>``.
+"""Built-in verifiable rewards, used by name as ``reward: rlhf.rollout.verifiers:<function>`` (README, "GRPO").
 
-Each follows the reward-function convention of ``rlhf.rollout.rewards.function`` (TRL's):
-``fn(prompts, completions, **columns) -> list[float | None]`` with one value per completion, where a
-column holds one value per completion and ``None`` means "cannot score this one" (NaN: advantage 0).
-A completion is a string, or for chat prompts TRL's ``[{"role": "assistant", "content": text}]``: both work.
-
-==================  =================================================================  ===================
-function            reward                                                             dataset column
-==================  =================================================================  ===================
-``exact_match``     1.0 when the completion's answer equals the reference, else 0.0;    ``answer``
-                    the answer is the content of the last ``\\boxed{...}``, else the
-                    last number; the reference's box or GSM8K ``#### x`` tail counts;
-                    None when the row has no ``answer``
-``format_regex``    1.0 when the whole completion matches the pattern, else 0.0         ``format_pattern``
-                    (default :data:`DEFAULT_FORMAT`, the R1 think/answer format)        (optional)
-``length_penalty``  −|len(completion) − target| / 1000 characters (target 0 unless      ``target_length``
-                    the row gives one)                                                  (optional)
-==================  =================================================================  ===================
-
-Another pattern for every row: write a one-line function in your own file,
-``def my_format(completions, **kw): return format_regex(completions, format_pattern=[P] * len(completions))``.
-Weighting and combining them is the ``reward:`` list's job: ``[{source: rlhf.rollout.verifiers:exact_match},
-{source: rlhf.rollout.verifiers:format_regex, weight: 0.1}]``.
+Each follows TRL's reward-function convention (``rlhf.rollout.rewards.function``): ``fn(prompts, completions,
+**columns) -> list[float | None]``, one value per completion, ``None`` = cannot score this one (NaN: advantage
+0). A completion is a string, or for chat prompts TRL's ``[{"role": "assistant", "content": text}]``: both
+work. The dataset column each function reads is its keyword parameter: ``exact_match`` ``answer``,
+``format_regex`` ``format_pattern`` (optional), ``length_penalty`` ``target_length`` (optional). Weighting
+them, and another pattern for every row: docs/architecture.md, "Reward sources".
 """
 
 from __future__ import annotations
@@ -95,8 +79,9 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
 
 
 def exact_match(completions: list[str], answer: Sequence[Any] | None = None, **columns: Any) -> list[float | None]:
-    """1.0 when the completion's answer (last ``\\boxed{}``, else last number) equals ``answer``, else 0.0;
-    None for a row without an answer (its column value is None, or the dataset has no ``answer`` column)."""
+    """1.0 when the completion's answer (last ``\\boxed{}``, else last number) equals ``answer`` (the reference's
+    box or GSM8K ``#### x`` tail when it has one), else 0.0; None for a row without an answer (its column value
+    is None, or the dataset has no ``answer`` column)."""
     if answer is None:
         return [None] * len(completions)
     return [

@@ -1,24 +1,12 @@
-"""The reward-source interface, its error type, and :func:`score_all`, which calls every source and checks
-what comes back.
+"""The reward-source interface, its error type, and :class:`RewardSet` / :func:`score_all`, which call every
+source and check what comes back. Notation: B samples (prompt, completion pairs), K reward sources.
 
-Notation: B samples (prompt, completion pairs), K reward sources.
-
-A *reward source* is any object with
-
-* ``name: str`` — the name its scores are logged under (``reward/<name>/mean``), and
-* ``score(prompts, completions, columns) -> list[float | None]`` — one score per sample, ``None`` meaning
-  "could not be scored" (kept as NaN in the score matrix, never silently turned into 0).
-
-A source with ``takes_context = True`` (:class:`~rlhf.rollout.rewards.function.FunctionReward`) is called as
-``score(prompts, completions, columns, context=RewardContext)`` instead: the context carries what TRL's
-``GRPOTrainer`` gives reward functions besides texts — the chat prompts, the completion token ids, the trainer
-state and the ``log_metric`` / ``log_extra`` callbacks. A source with ``is_async = True`` also has
-``score_async(...)`` (same arguments): every such source of a batch runs concurrently on one event loop, as
-TRL runs ``async def`` reward functions with ``asyncio.gather`` on a daemon-thread loop.
-
-The three built-in sources live in sibling modules: :class:`~rlhf.rollout.rewards.function.FunctionReward`,
-:class:`~rlhf.rollout.rewards.remote.HttpReward` and
-:class:`~rlhf.rollout.rewards.model.RewardModelReward` (which also offers a token fast path, ``score_ids``).
+A *reward source* has ``name: str`` (its scores are logged as ``reward/<name>/mean``) and ``score(prompts,
+completions, columns) -> list[float | None]``, ``None`` = could not be scored (NaN in the score matrix, never
+silently 0). With ``takes_context = True`` (:class:`~rlhf.rollout.rewards.function.FunctionReward`) ``score``
+also gets ``context=`` a :class:`RewardContext` and ``log=`` its ``(log_metric, log_extra)``, as TRL's
+``GRPOTrainer`` gives reward functions; with ``is_async = True`` it has ``score_async`` (same arguments), and a
+batch's async sources run concurrently on one event loop in a daemon thread, as TRL runs ``async def`` ones.
 """
 
 from __future__ import annotations
@@ -43,22 +31,15 @@ EXCERPT_CHARS = 80
 
 
 class RewardError(RuntimeError):
-    """A reward source could not be loaded, failed, or returned something unusable.
-
-    Messages name the source and, when one sample is at fault, its index in the batch and the first
-    :data:`EXCERPT_CHARS` characters of its completion.
-    """
-
-
-def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """``repr`` of the first ``limit`` characters of ``text`` (``…`` marks a cut), for error messages."""
-    text = str(text)
-    return repr(text[:limit] + "…") if len(text) > limit else repr(text)
+    """A reward source could not be loaded, failed, or returned something unusable. Messages name the source
+    and, when one sample is at fault, its index in the batch and the start of its completion."""
 
 
 def sample_error(source: str, index: int, completion: str, problem: str) -> RewardError:
     """A :class:`RewardError` about one sample: ``reward 'name', sample 3 (completion 'abc…'): problem``."""
-    return RewardError(f"reward {source!r}, sample {index} (completion {excerpt(completion)}): {problem}")
+    text = str(completion)
+    quoted = repr(text[:EXCERPT_CHARS] + "…") if len(text) > EXCERPT_CHARS else repr(text)
+    return RewardError(f"reward {source!r}, sample {index} (completion {quoted}): {problem}")
 
 
 @runtime_checkable
@@ -90,25 +71,16 @@ class RewardContext:
     """What TRL's ``GRPOTrainer._calculate_rewards`` passes to a reward function besides the prompt texts,
     completion texts and dataset columns; every list has one entry per sample (B).
 
-    ``messages``: the chat prompt of each sample (None for a plain-text prompt), or None for a batch without
-    chat prompts. ``completion_ids``: each completion's token ids, stop token included, no padding.
-    ``trainer_state``: a ``transformers.TrainerState`` (``global_step``, ``max_steps``, ``epoch``, …) or None.
+    ``messages``: each sample's chat prompt (None for a plain-text one), or None for a batch without any;
+    ``completion_ids``: as in the README's "Reward sources"; ``trainer_state``: a ``TrainerState`` or None.
     """
 
     messages: list[list[dict[str, Any]] | None] | None = None
     completion_ids: list[list[int]] | None = None
     trainer_state: Any = None
 
-    def row(self, i: int) -> RewardContext:
-        """The context of sample ``i`` alone (for re-scoring one sample to locate a failure)."""
-        return RewardContext(
-            messages=None if self.messages is None else [self.messages[i]],
-            completion_ids=None if self.completion_ids is None else [self.completion_ids[i]],
-            trainer_state=self.trainer_state,
-        )
-
     def select(self, rows: list[int]) -> RewardContext:
-        """The context of the samples ``rows``, in that order (a rank's shard of a batch)."""
+        """The context of the samples ``rows``, in that order (a rank's shard of a batch, one failing sample)."""
         return RewardContext(
             messages=None if self.messages is None else [self.messages[i] for i in rows],
             completion_ids=None if self.completion_ids is None else [self.completion_ids[i] for i in rows],
@@ -169,11 +141,9 @@ _RESERVED_METRICS = ("mean", "std")
 
 
 class RewardSet:
-    """K reward sources with their weights and unique names, scored together by :meth:`score`.
-
-    The weights are only stored and validated here: combining the columns (weighted sum, or GDPO) is the
-    trainer's job, with ``rlhf.core``, because GDPO needs the group structure of the batch.
-    """
+    """K reward sources with their weights and unique names, scored together by :meth:`score`. The weights are
+    only validated here: combining the columns (weighted sum, or GDPO, which needs the batch's groups) is
+    ``rlhf.rollout.scoring``'s job."""
 
     def __init__(self, sources: Sequence[RewardSource], weights: Sequence[float] | None = None):
         sources = list(sources)
@@ -224,17 +194,46 @@ class RewardSet:
         token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
         context: RewardContext | None = None,
     ) -> RewardScores:
-        """Score every sample with every source; see :func:`score_all`.
-
-        ``context``: chat prompts, completion ids and trainer state for sources that take them (reward
-        functions, in TRL's convention); None = plain-text prompts, no ids, no trainer state.
-
-        ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``, both (B, L). A reward model
-        that reads the policy's tokens (``shares_policy_tokenizer``) then scores exactly those tokens through
-        ``score_ids``: no decode and re-encode, which can split a sampled text into other, often more, tokens
-        (measured: 217 instead of 139 for 128 sampled tokens of the benchmark's model) and costs time.
+        """Score every sample with every source; see :func:`score_all` (``context`` None: plain-text prompts, no
+        completion ids, no trainer state). ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``,
+        both (B, L), which a reward model sharing the policy's tokenizer scores as they are (``score_ids``: no
+        decode and re-encode, docs/architecture.md, "Reward sources").
         """
-        return _score(self.sources, prompts, completions, columns, token_ids, context)
+        sources, prompts, completions = self.sources, list(prompts), list(completions)
+        batch = len(completions)
+        if len(prompts) != batch:
+            raise ValueError(f"got {len(prompts)} prompts for {batch} completions")
+        columns = {key: list(values) for key, values in (columns or {}).items()}
+        for key, values in columns.items():
+            if len(values) != batch:
+                raise ValueError(f"column {key!r} has {len(values)} values for {batch} completions")
+        context = context or RewardContext()
+        for what, values in (("messages", context.messages), ("completion_ids", context.completion_ids)):
+            if values is not None and len(values) != batch:
+                raise ValueError(f"context {what} has {len(values)} entries for {batch} completions")
+
+        log = RewardLog(batch)
+        scores = torch.full((batch, len(sources)), float("nan"), dtype=torch.float32)
+        seconds = [0.0] * len(sources)
+        concurrent = [k for k, source in enumerate(sources) if batch and getattr(source, "is_async", False)]
+        for k, source in enumerate(sources):
+            if not batch or k in concurrent:  # async sources run together after the others, as TRL does
+                continue
+            start = time.perf_counter()
+            if token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
+                scores[:, k] = _validate(source.name, source.score_ids(*token_ids).cpu(), completions)
+            else:
+                call = _arguments(source, prompts, completions, columns, context, log)
+                scores[:, k] = _validate(source.name, _call(source, call, source.score), completions)
+            seconds[k] = time.perf_counter() - start
+        if concurrent:
+            calls = [_arguments(sources[k], prompts, completions, columns, context, log) for k in concurrent]
+            results = run_coroutine(_gather([sources[k] for k in concurrent], calls))
+            for k, call, (result, elapsed) in zip(concurrent, calls, results, strict=True):
+                raw = _call(sources[k], call, functools.partial(_reraise, result))
+                scores[:, k] = _validate(sources[k].name, raw, completions)
+                seconds[k] = elapsed
+        return RewardScores(scores, list(self.names), seconds, log.metrics, log.extra)
 
 
 def score_all(
@@ -245,78 +244,18 @@ def score_all(
     columns: Mapping[str, Sequence] | None = None,
     context: RewardContext | None = None,
 ) -> RewardScores:
-    """Call every source on the batch and stack the validated scores into a (B, K) matrix.
+    """Call every source on the batch and stack the validated scores into a (B, K) :class:`RewardScores`.
 
-    Args:
-        sources: K reward sources with unique names.
-        weights: K weights, only validated here (finite, one per source); ``None`` = all 1.
-        prompts: B prompt texts (as the policy saw them, chat template applied).
-        completions: B completion texts (decoded without special tokens).
-        columns: extra dataset columns, each a list of B values, passed to every source.
-        context: :class:`RewardContext` of the batch, for sources that take one (reward functions).
-
-    Returns:
-        :class:`RewardScores` — ``scores`` (B, K) float32 with NaN where a source returned ``None``,
-        ``names`` (K,), per-source wall ``seconds`` (K,) and what the sources logged (``metrics``, ``extra``).
-
-    Raises:
-        RewardError: a source raised (the sample whose scoring fails on its own is located and named), or
-            returned a non-list, the wrong number of scores, a non-number, NaN or ±inf.
+    ``weights``: K, only validated here (``None`` = all 1); ``prompts``: B texts as the policy saw them (chat
+    template applied); ``completions``: B texts decoded without special tokens; ``columns``: extra dataset
+    columns, B values each. Raises :class:`RewardError` when a source raises (the sample whose scoring fails on
+    its own is located and named) or returns a non-list, the wrong number of scores, a non-number, NaN or ±inf.
     """
     return RewardSet(sources, weights).score(prompts, completions, columns, context=context)
 
 
-def _score(
-    sources: Sequence[RewardSource],
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    columns: Mapping[str, Sequence] | None,
-    token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
-    context: RewardContext | None = None,
-) -> RewardScores:
-    prompts, completions = list(prompts), list(completions)
-    batch = len(completions)
-    if len(prompts) != batch:
-        raise ValueError(f"got {len(prompts)} prompts for {batch} completions")
-    columns = {key: list(values) for key, values in (columns or {}).items()}
-    for key, values in columns.items():
-        if len(values) != batch:
-            raise ValueError(f"column {key!r} has {len(values)} values for {batch} completions")
-    context = context or RewardContext()
-    for what, values in (("messages", context.messages), ("completion_ids", context.completion_ids)):
-        if values is not None and len(values) != batch:
-            raise ValueError(f"context {what} has {len(values)} entries for {batch} completions")
-
-    log = RewardLog(batch)
-    scores = torch.full((batch, len(sources)), float("nan"), dtype=torch.float32)
-    seconds = [0.0] * len(sources)
-    concurrent = []  # async sources: run together after the others, as TRL does
-    for k, source in enumerate(sources):
-        if not batch:
-            continue
-        if getattr(source, "is_async", False):
-            concurrent.append(k)
-            continue
-        start = time.perf_counter()
-        if token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
-            scores[:, k] = _validate(source.name, source.score_ids(*token_ids).cpu(), completions)
-        else:
-            call = _arguments(source, prompts, completions, columns, context, log)
-            scores[:, k] = _validate(source.name, _call(source, call, source.score), completions)
-        seconds[k] = time.perf_counter() - start
-    if concurrent:
-        calls = [_arguments(sources[k], prompts, completions, columns, context, log) for k in concurrent]
-        results = run_coroutine(_gather([sources[k] for k in concurrent], calls))
-        for k, call, (result, elapsed) in zip(concurrent, calls, results, strict=True):
-            source = sources[k]
-            raw = _call(source, call, functools.partial(_reraise, result))
-            scores[:, k] = _validate(source.name, raw, completions)
-            seconds[k] = elapsed
-    return RewardScores(scores, [s.name for s in sources], seconds, log.metrics, log.extra)
-
-
 Call = tuple[tuple[list[str], list[str], dict[str, list]], dict[str, Any]]
-"""A source's ``score`` arguments: ``((prompts, completions, columns), {"context": …})``."""
+"""A source's ``score`` arguments: ``((prompts, completions, columns), {"context": …, "log": …})``."""
 
 
 def _arguments(
@@ -325,27 +264,20 @@ def _arguments(
     completions: list[str],
     columns: dict[str, list],
     context: RewardContext,
-    log: RewardLog | None,
+    log: RewardLog,
 ) -> Call:
     """Fresh copies of the batch for one source (a source that mutates its arguments must not change what the
     next one sees), with its context and logging callbacks when it takes them."""
     positional = (list(prompts), list(completions), {c: list(v) for c, v in columns.items()})
     if not getattr(source, "takes_context", False):
         return positional, {}
-    keywords: dict[str, Any] = {"context": context.copy()}
-    if log is not None:
-        keywords["log"] = log.callbacks(source.name)
-    return positional, keywords
+    return positional, {"context": context.copy(), "log": log.callbacks(source.name)}
 
 
 def _call(source: RewardSource, call: Call, run: Callable[..., Any]) -> Any:
-    """``run(*positional, **keywords)`` of ``call``; an exception that is not already a RewardError is traced to
-    a sample.
-
-    The batch is re-scored one sample at a time (through ``source.score``, an async source on the shared
-    loop, without logging) to find the first sample that fails on its own, so the error can name it (a user
-    function that chokes on one odd completion is the common case).
-    """
+    """``run(*positional, **keywords)`` of ``call``. Another exception than a RewardError is traced to a sample:
+    the batch is re-scored one sample at a time (``source.score``: an async one on the shared loop; no logging)
+    to find the first that fails on its own (a user function choking on one odd completion is the common case)."""
     try:
         return run(*call[0], **call[1])
     except RewardError:
@@ -355,7 +287,7 @@ def _call(source: RewardSource, call: Call, run: Callable[..., Any]) -> Any:
         for i, completion in enumerate(completions):
             single = {}
             if "context" in keywords:  # what this sample logs is thrown away: the batch fails anyway
-                single = {"context": keywords["context"].row(i), "log": RewardLog(1).callbacks(source.name)}
+                single = {"context": keywords["context"].select([i]), "log": RewardLog(1).callbacks(source.name)}
             try:
                 source.score([prompts[i]], [completion], {c: [v[i]] for c, v in columns.items()}, **single)
             except Exception as error:

@@ -1,28 +1,9 @@
 """Reward functions written in Python: ``path/to/file.py:function`` or ``package.module:function``.
 
-The function is called exactly the way TRL's ``GRPOTrainer._calculate_rewards`` calls its reward functions
-(trl/trainer/grpo_trainer.py, TRL 1.16), so users bring theirs unchanged::
-
-    def reward(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, **columns)
-        -> list[float | None]: ...
-
-- ``prompts``, ``completions``: plain-text prompts → strings; chat prompts (``{"messages": [...]}`` or a
-  message-list ``"prompt"``) → TRL's conversational form: each prompt is its message list and each completion
-  ``[{"role": "assistant", "content": text}]``. A batch with any chat prompt is conversational; its plain-text
-  prompts then read as one user message ``[{"role": "user", "content": text}]``.
-- ``completion_ids``: each completion's token ids, the stop token included, no padding (TRL: up to and
-  including the first EOS).
-- ``trainer_state``: a ``transformers.TrainerState`` — ``global_step`` (updates done), ``max_steps``,
-  ``epoch`` (fraction of the prompts seen), … (see ``rlhf.rollout.scoring.make_trainer_state``).
-- ``log_metric(name, value)``: one number per call, averaged over the step → ``reward/<source>/<name>`` in
-  ``metrics.jsonl`` (``eval/reward/…`` on held-out prompts). ``log_extra(column, values)``: one value per
-  sample → the sample rows' ``"extra"`` (see :class:`~rlhf.rollout.rewards.base.RewardLog`).
-- ``columns``: the extra dataset columns of the batch, each a list with one value per completion.
-- ``async def`` functions (and callable objects with an ``async def __call__``) are awaited; all async
-  functions of a batch run concurrently on one event loop, after the synchronous ones (as TRL does).
-
-A function without ``**kwargs`` receives only what it declares: ``def f(completions)`` gets just the
-completions, ``def f(completions, answer)`` the completions and the ``answer`` column.
+Called exactly the way TRL's ``GRPOTrainer._calculate_rewards`` calls its reward functions (TRL 1.16), so users
+bring theirs unchanged; the arguments and what they hold are the README's "Reward sources". ``async def``
+functions (and objects with an ``async def __call__``) of a batch run concurrently on one event loop, after
+the synchronous ones (as TRL does).
 """
 
 from __future__ import annotations
@@ -48,12 +29,9 @@ _SIGNATURE = (
 
 
 class FunctionReward:
-    """A Python callable used as a reward source.
-
-    Build one with :meth:`load` from a spec string, or directly from a callable. The signature is checked
-    once, here: the function must accept ``completions`` or ``completion_ids`` by keyword (or take
-    ``**kwargs``); it may not have positional-only parameters without defaults.
-    """
+    """A Python callable used as a reward source (from a spec string: :meth:`load`). Its signature is checked once,
+    here: it must accept ``completions`` or ``completion_ids`` by keyword (or take ``**kwargs``), and have no
+    positional-only parameters without defaults."""
 
     takes_context = True
     """`score` takes ``context`` and ``log`` (see rlhf.rollout.rewards.base)."""
@@ -90,11 +68,9 @@ class FunctionReward:
 
     @classmethod
     def load(cls, spec: str, *, name: str | None = None) -> FunctionReward:
-        """``path/to/file.py:function`` (relative to the current directory) or ``package.module:function``.
-
-        The attribute may be dotted (``module:Class.method``). Errors name the file or module, with the
-        original import error, or the callables the module does have.
-        """
+        """``path/to/file.py:function`` (relative to the current directory) or ``package.module:function``; the
+        attribute may be dotted (``module:Class.method``). Errors name the file or module, with the original
+        import error, or the callables the module does have."""
         target, sep, attribute = spec.rpartition(":")
         if not sep or not target or not attribute:
             raise RewardError(f"reward spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`")
@@ -125,16 +101,9 @@ class FunctionReward:
         result = self.function(**self.arguments(prompts, completions, columns, context, log))
         return run_coroutine(result) if inspect.isawaitable(result) else result
 
-    async def score_async(
-        self,
-        prompts: list[str],
-        completions: list[str],
-        columns: dict[str, list],
-        context: RewardContext | None = None,
-        log: tuple[Any, Any] | None = None,
-    ) -> list[float | None]:
-        """`score` for an ``async def`` function, awaited on the caller's loop (concurrently with others)."""
-        result = self.function(**self.arguments(prompts, completions, columns, context, log))
+    async def score_async(self, *args: Any, **kwargs: Any) -> list[float | None]:
+        """`score` (same arguments) for an ``async def`` function, awaited on the caller's loop (concurrently)."""
+        result = self.function(**self.arguments(*args, **kwargs))
         return await result if inspect.isawaitable(result) else result
 
     def arguments(
@@ -145,7 +114,7 @@ class FunctionReward:
         context: RewardContext | None = None,
         log: tuple[Any, Any] | None = None,
     ) -> dict[str, Any]:
-        """The keyword arguments of one call: TRL's (module docstring), filtered to what the function takes.
+        """The keyword arguments of one call: TRL's (:data:`_SIGNATURE`), filtered to what the function takes.
 
         A column named like a built-in argument does not replace it (in TRL it would replace
         ``trainer_state`` and the callbacks, and clash with ``prompts``/``completions``).

@@ -1,48 +1,9 @@
-"""A learned reward model: a ``transformers`` sequence-classification model with one output.
+"""A learned reward model as a reward source: a ``transformers`` sequence-classification model with one output.
 
-Notation: B samples, L tokens of ``prompt ⊕ completion``, H hidden size.
-
-How a sample is scored (checklist items 7, 14, 21; Part 3 §5):
-
-1. **Tokens.** ``prompt + completion`` is tokenised as one text with the reward model's *own* tokenizer
-   (its default special tokens, except that a text already starting with the bos token gets none added,
-   so a chat-rendered prompt does not get a second bos).
-2. **EOS appended.** If the tokens do not already end with the tokenizer's eos, it is appended — reward
-   models are trained on ``chosen/rejected + eos`` and read the score on that eos (TRL, N+); a completion
-   cut at ``max_new_tokens`` is scored the same way. ``append_eos=False`` turns this off.
-3. **Read at the last real token, explicitly.** Rows are right-padded and the model's trunk is run with the
-   attention mask; the hidden state at index ``mask.sum(-1) − 1`` goes through the model's ``score`` head.
-   We do not use the pooled logits of ``*ForSequenceClassification``: they look for the pad token id, which
-   breaks with left padding or pad == eos (transformers#35909). Scores therefore do not depend on padding
-   or on which other samples share the micro-batch (tested to 1e-5). Models without a ``score`` head
-   (encoder classifiers such as BERT/DeBERTa reward models, which pool the first token) fall back to the
-   model's own pooled output, which is correct for them with right padding.
-4. Sequences longer than the model's positions keep their *last* tokens (the completion and its eos);
-   a warning says so once.
-5. **Normalisation.** When the model's ``config.json`` holds ``rlhf_reward_gain`` and ``rlhf_reward_bias``
-   (written by ``rlhf rm`` with ``normalize_policy``, checklist item 19), every score is
-   ``gain · head + bias``, on both paths; without them the head's output is the score. ``gain`` and
-   ``bias`` are readable as attributes. See ``rlhf.models.reward``.
-
-**Pad token.** :meth:`RewardModelReward.load` gives the tokenizer the pad token the policy's gets (distinct
-from eos, ``rlhf.data.ensure_pad_token``) and the model a row for it (``rlhf.models.loading.align_pad_token``),
-so a reward model built on the policy's base model (GPT-2, Pythia, Llama-3: no pad) shares its vocabulary.
-
-The model is frozen: eval mode, every dropout probability 0, ``requires_grad=False``; forwards run under
-``torch.inference_mode`` in micro-batches of ``batch_size`` (longest first, to pad little).
-
-**Two paths.** :meth:`RewardModelReward.score` takes text — what the trainer must use when the policy's
-tokenizer differs from the reward model's (completions decoded without special tokens, re-encoded here).
-:meth:`RewardModelReward.score_ids` takes the policy's token ids directly and skips decode/re-encode; it is
-valid only when ``shares_policy_tokenizer`` (identical vocabularies, checked once at construction).
-
-**Chat prompts.** The trainer passes prompt *text* rendered with the policy's chat template. With a
-different tokenizer that text is re-tokenised as plain text by the reward model (a known limitation:
-the reward model sees the policy's chat format). When the batch has a ``messages`` column (the prompt
-conversation, a list of ``{"role", "content"}`` per sample), the tokenizers differ and the reward
-model's tokenizer has a chat template, the sample is instead rendered with the *reward model's*
-template as ``messages + [{"role": "assistant", "content": completion}]``; that template closes the
-turn itself, so no eos is appended.
+How a sample is scored (checklist items 7, 14, 19, 21: its own tokenizer, eos appended, read at the last real
+token, long sequences keep their last tokens, the stored normalisation), the pad token, the path for the
+policy's token ids and chat prompts: docs/architecture.md, "Reward sources". B samples, L tokens of
+``prompt ⊕ completion``.
 """
 
 from __future__ import annotations
@@ -55,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf.data.collate import right_pad
 from rlhf.rollout.rewards.base import RewardError
 
 ModelLoader = Callable[[Callable[[str], nn.Module]], nn.Module]
@@ -63,17 +25,10 @@ the model (see :meth:`RewardModelReward.load`)."""
 
 
 class RewardModelReward:
-    """A sequence-classification reward model with one output; see the module docstring.
+    """A sequence-classification reward model with one output, scoring as docs/architecture.md says.
 
-    Args:
-        model: a ``*ForSequenceClassification`` model with ``config.num_labels == 1``; it is put in eval
-            mode, its dropout disabled and its parameters frozen, in place.
-        tokenizer: the reward model's own tokenizer.
-        name: metric name.
-        policy_tokenizer: the policy's tokenizer, if known; sets ``shares_policy_tokenizer``.
-        device: where the forwards run.
-        batch_size: micro-batch size of the forwards.
-        append_eos: append the eos token to sequences that do not end with it.
+    ``model`` (``config.num_labels == 1``) is frozen in place; ``tokenizer`` is its own; the policy's, if known,
+    sets ``shares_policy_tokenizer``; ``append_eos``: append eos to sequences that do not end with it.
     """
 
     def __init__(
@@ -87,19 +42,14 @@ class RewardModelReward:
         batch_size: int = 16,
         append_eos: bool = True,
     ):
-        num_labels = getattr(getattr(model, "config", None), "num_labels", None)
-        if num_labels != 1:
-            raise RewardError(
-                f"reward model {name!r} has num_labels={num_labels}; a reward model needs exactly one output "
-                "(a causal LM or a multi-class classifier is not a reward model — train one with `rlhf rm`)"
-            )
+        _check_one_output(name, getattr(getattr(model, "config", None), "num_labels", None))
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         from rlhf.models.policy import disable_dropout  # lazily: function/HTTP sources need no models
-        from rlhf.models.reward import reward_normalization
+        from rlhf.models.reward import max_positions, reward_normalization
 
-        try:
-            gain, bias = reward_normalization(model.config)
+        try:  # scores are gain · head + bias: 1 and 0 unless the model's config stores a normalisation
+            self.gain, self.bias = reward_normalization(model.config)
         except ValueError as error:
             raise RewardError(f"reward model {name!r}: {error}") from error
 
@@ -113,13 +63,7 @@ class RewardModelReward:
         self.append_eos = append_eos
         self.eos_id: int | None = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        config = model.config
-        self.max_length: int | None = getattr(config, "max_position_embeddings", None) or getattr(
-            config, "n_positions", None
-        )
-        self.gain: float = gain
-        """Scores are ``gain · head + bias`` (1 and 0 unless the model's config stores a normalisation)."""
-        self.bias: float = bias
+        self.max_length = max_positions(model.config)
         self.shares_policy_tokenizer = policy_tokenizer is not None and (
             policy_tokenizer is tokenizer or policy_tokenizer.get_vocab() == tokenizer.get_vocab()
         )
@@ -141,13 +85,8 @@ class RewardModelReward:
         """Load model and tokenizer from a directory or a hub id; ``name`` defaults to its last path part.
 
         The configuration is read first, so a model with ``num_labels != 1`` is refused before its weights
-        are loaded. ``dtype`` is passed to ``from_pretrained`` when given. ``loader`` puts the weights in
-        memory: it gets ``build(device)`` (``from_pretrained`` and the pad row; ``"meta"`` builds the
-        architecture empty) and returns the model; default ``build("cpu")``. Sharded runs pass
-        ``rlhf.models.sharding.model_loader``, so each rank holds 1/world of a frozen reward model.
-
-        Long because each refusal (no such directory, not a one-output model, a tokenizer that cannot
-        re-encode the policy's text) is checked before the weights load, with its own message.
+        are loaded. ``dtype`` goes to ``from_pretrained`` when given; ``loader``: :data:`ModelLoader` (sharded
+        runs: ``rlhf.models.sharding.model_loader``), default ``build("cpu")``.
         """
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -168,18 +107,13 @@ class RewardModelReward:
             raise RewardError(
                 f"reward model {spec!r}: cannot read its config as a {where}: {type(error).__name__}: {error}"
             ) from error
-        if config.num_labels != 1:
-            raise RewardError(
-                f"reward model {spec!r} has num_labels={config.num_labels}; a reward model needs exactly one "
-                "output (a causal LM or a multi-class classifier is not a reward model — train one with `rlhf rm`)"
-            )
+        _check_one_output(spec, config.num_labels)
         kwargs = {} if dtype is None else {"dtype": dtype}
 
         def build(device: str) -> nn.Module:
             model = pretrained(AutoModelForSequenceClassification, source, device, **kwargs)
-            # The pad token the policy's tokenizer gets too (a model trained by `rlhf rm` has it already), so
-            # a reward model built on the policy's base still shares its vocabulary, and padding stays
-            # embeddable.
+            # the pad token the policy's tokenizer gets too (a model trained by `rlhf rm` has it already): a reward
+            # model built on the policy's base still shares its vocabulary, and padding stays embeddable
             align_pad_token(model, tokenizer)
             return model
 
@@ -194,10 +128,6 @@ class RewardModelReward:
     def __repr__(self) -> str:
         return f"RewardModelReward({self.name!r}, {type(self.model).__name__}, shares_policy_tokenizer={self.shares_policy_tokenizer})"
 
-    # ---------------------------------------------------------------------------------------------------------
-    # text path
-    # ---------------------------------------------------------------------------------------------------------
-
     def score(
         self, prompts: list[str], completions: list[str], columns: dict[str, list] | None = None
     ) -> list[float | None]:
@@ -207,17 +137,14 @@ class RewardModelReward:
     def encode(
         self, prompts: Sequence[str], completions: Sequence[str], columns: dict[str, list] | None = None
     ) -> list[list[int]]:
-        """The token ids this source scores for each sample (eos rule applied); see the module docstring."""
+        """The token ids this source scores for each sample (eos rule applied; chat prompts rendered with this
+        tokenizer's template when it has one and does not share the policy's)."""
         tokenizer = self.tokenizer
-        messages = (columns or {}).get("messages")
-        use_chat = (
-            messages is not None
-            and bool(getattr(tokenizer, "chat_template", None))
-            and not self.shares_policy_tokenizer
-        )
+        use_chat = bool(getattr(tokenizer, "chat_template", None)) and not self.shares_policy_tokenizer
+        messages = (columns or {}).get("messages") if use_chat else None
         rows = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            if use_chat and isinstance(messages[i], list) and messages[i]:
+            if messages is not None and isinstance(messages[i], list) and messages[i]:
                 conversation = [*messages[i], {"role": "assistant", "content": completion}]
                 text = tokenizer.apply_chat_template(conversation, tokenize=False)
                 rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
@@ -227,10 +154,6 @@ class RewardModelReward:
             ids = tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
             rows.append(self._with_eos(list(ids)))
         return rows
-
-    # ---------------------------------------------------------------------------------------------------------
-    # token fast path
-    # ---------------------------------------------------------------------------------------------------------
 
     def score_ids(self, query_response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, L) ids + (B, L) mask → (B,) float32 scores, on the ids' device.
@@ -249,10 +172,6 @@ class RewardModelReward:
         ids = query_response_ids.cpu()
         rows = [self._with_eos(row[keep].tolist()) for row, keep in zip(ids, mask, strict=True)]
         return self._score_rows(rows).to(query_response_ids.device)
-
-    # ---------------------------------------------------------------------------------------------------------
-    # shared
-    # ---------------------------------------------------------------------------------------------------------
 
     def _with_eos(self, ids: list[int]) -> list[int]:
         if self.append_eos and self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
@@ -273,24 +192,23 @@ class RewardModelReward:
                 )
                 self._warned_truncation = True
             rows = [row[-self.max_length :] for row in rows]
-        # Longest first, so each micro-batch pads little. Padding does not change scores (see _forward).
+        from rlhf.models.reward import reward_scores  # the same reading `rlhf rm` trains through
+
+        # Longest first, so each micro-batch pads little; padding does not change scores (reward_scores).
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
         scores = torch.empty(len(rows), dtype=torch.float32)
         with torch.inference_mode():
             for start in range(0, len(rows), self.batch_size):
                 chunk = order[start : start + self.batch_size]
-                width = len(rows[chunk[0]])
-                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for j, i in enumerate(chunk):  # right padding
-                    ids[j, : len(rows[i])] = torch.tensor(rows[i])
-                    mask[j, : len(rows[i])] = 1
-                scores[chunk] = self._forward(ids.to(self.device), mask.to(self.device)).float().cpu()
+                ids, mask = right_pad([rows[i] for i in chunk], self.pad_id)
+                scores[chunk] = reward_scores(self.model, ids.to(self.device), mask.to(self.device)).float().cpu()
         # a new normal tensor, usable outside inference mode; gain 1, bias 0 leave every bit as it was
         return scores * self.gain + self.bias
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, L) right-padded ids and mask → (B,) raw scores read at each row's last real token."""
-        from rlhf.models.reward import reward_scores  # the same reading `rlhf rm` trains through
 
-        return reward_scores(self.model, ids, mask)
+def _check_one_output(name: str, num_labels: Any) -> None:
+    if num_labels != 1:
+        raise RewardError(
+            f"reward model {name!r} has num_labels={num_labels}; a reward model needs exactly one output "
+            "(a causal LM or a multi-class classifier is not a reward model — train one with `rlhf rm`)"
+        )
