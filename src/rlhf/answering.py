@@ -1,5 +1,6 @@
 """Answering prompts outside training, shared by ``rlhf sample`` and ``rlhf eval``: a model that answers
-batches of prompts with the rollout engine, the batches, and the numbers and JSON values both report."""
+batches of prompts with the rollout engine, the batches, their scoring, and the numbers and JSON values both
+report."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from rlhf.config import EvalConfig, SampleConfig
 from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt, stop_token_ids
 from rlhf.models.loading import load_causal_lm
-from rlhf.rollout import generation
+from rlhf.rollout import generation, scoring
 from rlhf.rollout.decoder import keep_packed
 from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.rewards import RewardSet, load_reward_set
 
 
 def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
@@ -50,23 +52,53 @@ class Sampler:
 
 
 def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[PromptBatch]:
-    """The prompts in file order, ``batch_size`` at a time (the last batch may be smaller)."""
     return [
         PromptBatch.of(prompts, range(start, min(len(prompts), start + batch_size)))
         for start in range(0, len(prompts), batch_size)
     ]
 
 
-def response_lengths(generated: generation.Generated) -> torch.Tensor:
-    """(B,) tokens of each response, the stop token included, on the CPU."""
-    return (generated.responses != generated.pad_token_id).sum(-1).cpu()
+def load_rewards(source: Any, tokenizer: Any, device: torch.device) -> RewardSet:
+    """The reward set of a config's ``source`` field (a string or a list of RewardSpec)."""
+    return load_reward_set(scoring.reward_spec(source), policy_tokenizer=tokenizer, device=str(device))
 
 
-def response_metrics(lengths: Sequence[torch.Tensor], stopped: Sequence[torch.Tensor]) -> dict[str, float]:
+def score_groups(
+    rewards: RewardSet,
+    batch: PromptBatch,
+    completions: list[str],
+    aggregation: str,
+    repeat: int = 1,
+    generated: generation.Generated | None = None,
+    token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> scoring.Scores:
+    """``rewards``' scores of ``completions``, ``repeat`` consecutive ones per prompt of ``batch`` scored as one
+    group (GDPO normalises within it), each with its prompt's columns; reward functions get the completion
+    ids of ``generated`` (if any) and a fresh ``trainer_state`` (step 0 of 0)."""
+    return scoring.score(
+        rewards,
+        generation.repeat_each(batch.texts, repeat),
+        completions,
+        {name: generation.repeat_each(values, repeat) for name, values in batch.columns.items()},
+        aggregation,
+        group_size=repeat,
+        token_ids=token_ids,
+        context=scoring.reward_context(batch, generated, repeat, scoring.make_trainer_state()),
+    )
+
+
+def response_stats(generated: generation.Generated) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) tokens of each response, the stop token included, and (B,) whether it ended with the stop token;
+    on the CPU."""
+    return (generated.responses != generated.pad_token_id).sum(-1).cpu(), generated.has_stop.cpu()
+
+
+def response_metrics(stats: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
     """``response/length_mean`` (tokens) and ``response/eos_rate`` (share that ended with the stop token) over
-    the per-batch `response_lengths` and ``has_stop`` tensors."""
-    if not lengths:
+    the per-batch `response_stats`."""
+    if not stats:
         return {"response/length_mean": math.nan, "response/eos_rate": math.nan}
+    lengths, stopped = zip(*stats, strict=True)
     return {
         "response/length_mean": torch.cat(lengths).float().mean().item(),
         "response/eos_rate": torch.cat(stopped).float().mean().item(),

@@ -1,16 +1,10 @@
 """`rlhf <command> --config FILE.yaml [--<section>.<field> <value> ...]` — the command line.
 
-Each command has one config class (`rlhf.config`); its fields come from the class defaults, then the YAML
-file, then the flags (last wins), and the merged config is checked before any work starts. The command's
-module is imported only then, so ``import rlhf.cli`` (and ``rlhf --help``) never loads torch.
-
-Exit codes: 0 success (and ``--help``); 2 a refused command line, config, model path, data file or reward
-(``error: …`` on stderr naming the field or ``file:line``, no traceback); 1 an internal error — a bug, not
-the input: one line with the exception and where it was raised, and a pointer to ``--debug``; 130 Ctrl-C.
-`rlhf doctor` answers with its exit code (`VERDICT_COMMANDS`): 0 healthy, 1 warnings, 2 critical.
-``--debug`` (anywhere on the line) lets any error raise with its full traceback; ``--verbose`` lets the
-libraries (transformers, huggingface_hub, datasets, torch) print their progress bars and warnings, which
-are kept off the console otherwise.
+The merged config (`rlhf.config`) is checked before any work starts and the command's module is imported only
+then, so ``import rlhf.cli`` (and ``rlhf --help``) never loads torch. Exit codes: 0 success (and ``--help``);
+2 a refused input (``error: …`` naming the field or ``file:line``, no traceback); 1 an internal error (a bug:
+one line, ``--debug`` for the traceback); 130 Ctrl-C; `rlhf doctor` returns its verdict's (`VERDICT_COMMANDS`).
+What users see, with ``--debug`` and ``--verbose``: the README's 'Errors, --debug and --verbose'.
 """
 
 import difflib
@@ -70,24 +64,16 @@ def split_config_flag(args: Sequence[str]) -> tuple[str | None, list[str]]:
     """(the --config path or None, the remaining flags); accepts ``--config PATH`` and ``--config=PATH``."""
     path: str | None = None
     rest: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--config" or arg.startswith("--config="):
-            if path is not None:
-                raise ConfigError("--config is given twice; pass one YAML file")
-            if arg == "--config":
-                if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                    raise ConfigError("--config needs a YAML file: --config FILE.yaml")
-                path = args[i + 1]
-                i += 1
-            else:
-                path = arg.split("=", 1)[1]
-            if not path:
-                raise ConfigError("--config needs a YAML file: --config FILE.yaml")
-        else:
+    words = iter(args)
+    for arg in words:
+        if arg != "--config" and not arg.startswith("--config="):
             rest.append(arg)
-        i += 1
+            continue
+        if path is not None:
+            raise ConfigError("--config is given twice; pass one YAML file")
+        path = arg.split("=", 1)[1] if "=" in arg else next(words, "")
+        if not path or (arg == "--config" and path.startswith("--")):
+            raise ConfigError("--config needs a YAML file: --config FILE.yaml")
     return path, rest
 
 
@@ -127,22 +113,16 @@ def _exit_code(exit: SystemExit) -> int:
 
 
 VERDICT_COMMANDS = ("doctor",)
-"""Commands whose exit code is their answer (`rlhf doctor`: 0 healthy, 1 warnings, 2 critical), returned by
-their ``run``; every other command exits 0 when it succeeds."""
-
-GLOBAL_FLAGS = ("--debug", "--verbose")
-"""Flags of `rlhf` itself, accepted anywhere on the line (they are not config fields)."""
+"""Commands whose ``run`` returns their exit code; every other command exits 0 when it succeeds."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `rlhf` with `argv` (default: sys.argv[1:]); returns the exit code.
-
-    Long on purpose: every way a command can fail becomes its one-line message and exit code here, in one
-    place, so each branch is a case a user meets rather than a step of a procedure.
-    """
+    """Run `rlhf` with `argv` (default: sys.argv[1:]); returns the exit code. Long on purpose: every way a
+    command can fail becomes its one-line message and exit code here, in one place, so each branch is a case a
+    user meets rather than a step of a procedure."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug, verbose = "--debug" in args, "--verbose" in args
-    args = [arg for arg in args if arg not in GLOBAL_FLAGS]
+    args = [arg for arg in args if arg not in ("--debug", "--verbose")]  # flags of `rlhf` itself, not config fields
     if not args:
         print(usage(), file=sys.stderr)
         return 2
@@ -153,10 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlhf {__version__}")
         return 0
     command, rest = args[0], args[1:]
-    if command in ("report", "doctor") and rest and not rest[0].startswith("-"):
-        rest = ["--run_dir", rest[0], *rest[1:]]  # `rlhf report RUN_DIR`: the one positional argument
-    if command == "label" and rest and not rest[0].startswith("-"):
-        rest = ["--pairs", rest[0], *rest[1:]]  # `rlhf label PAIRS.jsonl --out …`
+    positional = {"report": "--run_dir", "doctor": "--run_dir", "label": "--pairs"}.get(command)
+    if positional and rest and not rest[0].startswith("-"):  # `rlhf report RUN_DIR`, `rlhf label PAIRS.jsonl …`
+        rest = [positional, *rest]
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -181,10 +160,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = _run(command, config, verbose)
     except NotBuiltError as e:
         return _error(f"rlhf {command}: this command's trainer is not part of this build yet (no module {e})")
-    except ConfigError as e:  # a problem found once the run looked at its inputs (e.g. an unusable model)
-        if debug:
-            raise
-        return _error(str(e))
     except KeyboardInterrupt:
         if debug:
             raise
@@ -193,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if debug:
             raise
+        if isinstance(e, ConfigError):  # a problem found once the run looked at its inputs (e.g. an unusable model)
+            return _error(str(e))
         if not _is_input_error(e):
             return _internal_error(command, e)
         # data and reward errors list file:line / source and sample, one per line: keep the lines
@@ -235,14 +212,12 @@ def _is_input_error(error: Exception) -> bool:
 
 
 def exit_process(code: int) -> None:
-    """End the process with ``code``. A ``torchrun`` rank ends with ``os._exit`` once its output is flushed.
-
-    Why: a sharded (FSDP2) run creates a ``DeviceMesh``, which keeps gloo's worker threads alive past
-    ``destroy_process_group``; when Python then finalises, it ends those threads with ``pthread_exit`` and the
-    process aborts ("terminate called without an active exception", SIGABRT) — a finished run reported as a
-    failed launch, a few times in a hundred. Everything the run wrote is closed and fsynced by then; ``os._exit``
-    skips only the interpreter's and libraries' teardown.
-    """
+    """End the process with ``code``. A ``torchrun`` rank ends with ``os._exit`` once its output is flushed. Why: a
+    sharded (FSDP2) run creates a ``DeviceMesh``, which keeps gloo's worker threads alive past
+    ``destroy_process_group``; when Python then finalises, it ends those threads with ``pthread_exit`` and the process
+    aborts ("terminate called without an active exception", SIGABRT) — a finished run reported as a failed launch, a few
+    times in a hundred. Everything the run wrote is closed and fsynced by then; ``os._exit`` skips only the
+    interpreter's and libraries' teardown."""
     import os
 
     if "WORLD_SIZE" not in os.environ:

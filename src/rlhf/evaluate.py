@@ -1,46 +1,6 @@
 """`rlhf eval`: a model's completions on held-out prompts scored by a reward; optionally its win rate against a
-baseline under a judge.
-
-One pass: (1) load the policy's tokenizer, the prompts and the reward → (2) the policy answers every prompt
-(one completion each, the rollout engine seeded with ``seed``; with ``best_of.n`` > 1 the best of n samples
-under ``best_of.source``), the reward scores each answer and, with ``reference``, each answer's KL from that
-model is measured →
-(3) with ``baseline``: model B answers the same prompts from the same seed and is scored the same way →
-(4) the judge (``judge``, or the reward) scores both answers to each prompt; the higher score wins, equal
-scores tie → (5) results as one JSON object to ``output`` (or stdout), per-prompt rows to ``samples_output``.
-
-Results (flat keys, the metric names of ``metrics.jsonl``; NaN is written as null):
-
-- ``policy``, ``eval_data``, ``num_prompts``, ``seed``;
-- ``reward/mean``, ``reward/std`` (over scored completions), ``reward/<name>/mean`` for every reward source,
-  ``reward/unscored`` when some completion could not be scored; ``response/length_mean`` (tokens, the stop
-  token included) and ``response/eos_rate`` (fraction that ended with the stop token);
-- with ``reference``: ``kl/mean``, ``kl/std`` — per answer Σ_t log π(y_t) − log π_ref(y_t) over its tokens
-  (stop token included) at the sampling temperature, a Monte-Carlo estimate of KL(π ‖ π_ref) per answer;
-- with ``best_of.n`` > 1: ``best_of/n``, ``best_of/selector_mean`` (the selector's score of the kept answers),
-  ``best_of/selector_sample_mean`` (of all n samples) and ``kl/best_of_n_bound`` = log n − (n−1)/n, the
-  KL of best-of-n answers from the model that sampled them (exact when the selector never ties, an upper bound
-  otherwise; Stiennon et al. 2020, Beirami et al. 2024);
-- with a baseline: ``baseline`` and the same numbers for it under ``baseline/…``; ``win_rate`` = (wins +
-  ties / 2) / compared, with ``wins``, ``losses``, ``ties`` and ``compared`` (prompts where the judge scored
-  both answers; ``unscored`` = the others);
-- ``time/policy_s``, ``time/baseline_s``, ``time/judge_s``, ``time/total_s``.
-
-Per-prompt rows: ``{"prompt", "completion", "reward"}`` (+ ``"kl"`` with a reference, ``"rewards": {name: score}`` with several
-sources, ``"extra"`` with what reward functions logged through ``log_extra``); with a baseline also ``"baseline_completion"``, ``"baseline_reward"`` (+ ``"baseline_rewards"``),
-``"judge_policy"``, ``"judge_baseline"`` and ``"outcome"`` (``"win"`` | ``"loss"`` | ``"tie"`` | null when
-the judge could not score both answers).
-
-Conventions: the policy and the baseline each sample from a generator seeded with ``seed``, so a model
-compared with itself writes identical answers and ties on every prompt (win rate exactly 0.5). The judge
-sees each pair together: the policy's and the baseline's answers are scored as a group of two, which is
-what ``reward_aggregation: gdpo`` normalises within (with ``sum`` each answer is scored on its own). Both
-answers are judged against the prompt text as the policy's tokenizer renders it; a baseline with another
-tokenizer reads the prompts through its own. ``reward/mean`` and each row's ``reward`` are the weighted sum
-of the raw rewards, also with ``gdpo`` (whose normalised combination is ``reward/normalized_mean``, ≈ 0 by
-construction); the win rate compares the judge's combination (with ``gdpo``: normalised within each pair).
-Reward functions get ``trainer_state`` as a fresh ``transformers.TrainerState`` (step 0 of 0, as TRL's
-before training) and, for the judge's pairs, no ``completion_ids``.
+baseline under a judge. The pass (the numbered steps of `run`), the result keys, the rows and the conventions:
+docs/sample_and_eval.md.
 """
 
 from __future__ import annotations
@@ -62,8 +22,8 @@ from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
-from rlhf.rollout import generation, scoring
-from rlhf.rollout.rewards import RewardSet, load_reward_set
+from rlhf.rollout import scoring
+from rlhf.rollout.rewards import RewardSet
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.progress import BatchProgress
 from rlhf.runlog.seeding import seed_everything
@@ -81,11 +41,8 @@ class Answers:
 
 
 def run(config: EvalConfig) -> dict[str, Any]:
-    """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results.
-
-    Its phases (load, sample and score the policy, the baseline, the judge, write) read top to bottom as
-    the command's steps; split up, each part would need most of the others' state.
-    """
+    """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results. One
+    function: its steps read top to bottom, and split up each part would need most of the others' state."""
     from rlhf.inputs import check_inputs
 
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
@@ -96,8 +53,8 @@ def run(config: EvalConfig) -> dict[str, Any]:
     # 1. prompts (through the policy's tokenizer) and the reward
     tokenizer = load_tokenizer(config.model.name)
     prompts = _prompts(config, tokenizer)
-    rewards = load_reward_set(scoring.reward_spec(config.reward.source), policy_tokenizer=tokenizer, device=str(device))
-    selector = best_of_selector(config, rewards, tokenizer, device)
+    rewards = answering.load_rewards(config.reward.source, tokenizer, device)
+    selector = _or_reward(config.best_of, rewards, tokenizer, device) if config.best_of.n > 1 else None
     reference = reference_model(config, tokenizer, device)
     # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
     policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy", selector, reference)
@@ -123,15 +80,10 @@ def run(config: EvalConfig) -> dict[str, Any]:
         baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device, "baseline")
         # 4. the judge compares the two answers to each prompt
         t0 = time.perf_counter()
-        judge = rewards
-        if config.judge.source is not None:
-            spec = scoring.reward_spec(config.judge.source)
-            judge = load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
+        judge = _or_reward(config.judge, rewards, tokenizer, device)
         a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
-        outcome = win_rate(a, b)
-        results |= {"baseline": config.baseline}
-        results |= {f"baseline/{key}": value for key, value in baseline.metrics.items()}
-        results |= outcome
+        results["baseline"] = config.baseline
+        results |= {f"baseline/{key}": value for key, value in baseline.metrics.items()} | win_rate(a, b)
         for i, row in enumerate(rows):
             row["baseline_completion"] = baseline.completions[i]
             row |= {f"baseline_{key}": value for key, value in _reward_fields(baseline.scores, i).items()}
@@ -170,8 +122,7 @@ def answer(
     sampler = answering.Sampler(model, tokenizer, config, device)
     n = config.best_of.n if selector is not None else 1
     completions: list[str] = []
-    lengths: list[torch.Tensor] = []
-    stopped: list[torch.Tensor] = []
+    responses = []  # per batch: `response_stats` of the kept answers
     scores_all: list[scoring.Scores] = []
     kls: list[torch.Tensor] = []
     picked: list[tuple[torch.Tensor, torch.Tensor]] = []  # per batch: (kept answers', all samples') selector scores
@@ -183,17 +134,15 @@ def answer(
                 picked.append(selected)
             if reference is not None:
                 kls.append(answer_kl(sampler.model, reference, generated, config.sampling.temperature))
-            context = scoring.reward_context(batch, generated, trainer_state=scoring.make_trainer_state())
-            scores = scoring.score(
-                rewards, batch.texts, generated.completions, batch.columns, config.reward.aggregation, context=context
+            scores = answering.score_groups(
+                rewards, batch, generated.completions, config.reward.aggregation, 1, generated
             )
-            completions += generated.completions
-            lengths.append(answering.response_lengths(generated))
-            stopped.append(generated.has_stop.cpu())
             scores_all.append(scores)
+            completions += generated.completions
+            responses.append(answering.response_stats(generated))
             bar.advance(len(batch), f"reward {torch.cat([s.raw for s in scores_all]).nanmean():.3g}")
     scores = scoring.concat_scores(scores_all) if scores_all else _no_scores(rewards)
-    metrics = reward_metrics(scores) | answering.response_metrics(lengths, stopped)
+    metrics = reward_metrics(scores) | answering.response_metrics(responses)
     kl = torch.cat(kls) if kls else None
     if kl is not None:
         metrics |= {"kl/mean": kl.mean().item(), "kl/std": kl.std().item() if len(kl) > 1 else math.nan}
@@ -202,15 +151,9 @@ def answer(
     return Answers(completions, scores, metrics, time.perf_counter() - start, kl)
 
 
-def best_of_selector(config: EvalConfig, rewards: RewardSet, tokenizer: Any, device: torch.device) -> RewardSet | None:
-    """The reward set that picks the best of ``best_of.n`` samples (``reward`` when ``best_of.source`` is None);
-    None for one sample."""
-    if config.best_of.n == 1:
-        return None
-    if config.best_of.source is None:
-        return rewards
-    spec = scoring.reward_spec(config.best_of.source)
-    return load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device))
+def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, device: torch.device) -> RewardSet:
+    """The reward set of a judge's or best-of-N selector's ``source``, or ``rewards`` when it has none."""
+    return rewards if section.source is None else answering.load_rewards(section.source, tokenizer, device)
 
 
 def best_of(
@@ -219,17 +162,8 @@ def best_of(
     """The selector's best of each prompt's ``n`` consecutive samples (unscored ones lose; ties and all
     unscored: the earliest), and (the kept answers' selector scores (B,), all samples' (B·n,))."""
     aggregation = config.best_of.aggregation if config.best_of.source is not None else config.reward.aggregation
-    columns = {name: generation.repeat_each(values, n) for name, values in batch.columns.items()}
-    context = scoring.reward_context(batch, generated, n, scoring.make_trainer_state())
-    scores = scoring.score(
-        selector,
-        generation.repeat_each(batch.texts, n),
-        generated.completions,
-        columns,
-        aggregation,
-        group_size=n,
-        token_ids=generated.token_ids,
-        context=context,
+    scores = answering.score_groups(
+        selector, batch, generated.completions, aggregation, n, generated, token_ids=generated.token_ids
     )
     combined = scores.combined.view(-1, n)
     best = combined.nan_to_num(nan=-math.inf).argmax(-1)  # argmax returns the first of equal maxima
@@ -287,21 +221,14 @@ def reward_metrics(scores: scoring.Scores, prefix: str = "reward") -> dict[str, 
 def judge_pairs(
     judge: RewardSet, prompts: list[TokenizedPrompt], a: list[str], b: list[str], config: EvalConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The judge's combined scores (N,), (N,) of answers ``a`` and ``b``; NaN = unscored.
-
-    Rows are interleaved a₀ b₀ a₁ b₁ … and scored as groups of two (GDPO normalises within the pair), in
-    chunks of ``batch_size`` prompts.
-    """
+    """The judge's combined scores (N,), (N,) of answers ``a`` and ``b``; NaN = unscored. Rows are interleaved
+    a₀ b₀ a₁ b₁ … and scored as groups of two (GDPO normalises within the pair), ``batch_size`` prompts at a time."""
     combined = []
     aggregation = (config.judge if config.judge.source is not None else config.reward).aggregation
     for batch in answering.prompt_batches(prompts, config.batch_size):
-        texts = [t for t in batch.texts for _ in range(2)]
         answers = [x for i in batch.indices for x in (a[i], b[i])]
-        columns = {name: [v for v in values for _ in range(2)] for name, values in batch.columns.items()}
         # no completion ids: the two answers may come from models with different tokenizers
-        context = scoring.reward_context(batch, repeat=2, trainer_state=scoring.make_trainer_state())
-        scores = scoring.score(judge, texts, answers, columns, aggregation, group_size=2, context=context)
-        combined.append(scores.combined)
+        combined.append(answering.score_groups(judge, batch, answers, aggregation, 2).combined)
     pairs = torch.cat(combined).view(-1, 2) if combined else torch.empty(0, 2)
     return pairs[:, 0], pairs[:, 1]
 

@@ -1,17 +1,11 @@
 """Pre-flight checks of a command's model inputs, before any weights are loaded.
 
-`rlhf.cli` calls :func:`check_inputs` with the checked config just before the command runs, so a model path
+Each command's ``run`` calls :func:`check_inputs` with its checked config before anything loads, so a model path
 that cannot work fails in a second, with one message naming the config field, the path and what would be
-valid — not after minutes of loading, nor as a transformers traceback ("Repo id must be in the form…").
-
-A local directory is read as far as needed without loading weights: ``config.json`` (and whether the model
-type has the head the field needs), a tokenizer file, and the header of each ``.safetensors`` file (a
-truncated or garbage file is caught here). A string that is not an existing path and reads as a hub id
-(``name`` or ``org/name``) goes through the ordinary ``AutoConfig.from_pretrained``, so the hub, its cache
-and offline mode behave as usual; if that fails, the message names the field. Reward and judge sources that
-are Python functions are imported here too (as the run would), so a missing file or function names its field.
-
-The ``sampling.stop`` text is checked against the policy's tokenizer (:func:`rlhf.data.tokenization.stop_token_ids`).
+valid — not after minutes of loading, nor as a transformers traceback ("Repo id must be in the form…"). What
+is read of a model directory or hub id: the README's 'Errors, --debug and --verbose'. Reward and judge sources
+that are Python functions are imported here too (as the run would), so a missing file or function names its
+field; the ``sampling.stop`` text is checked against the policy's tokenizer (`stop_token_ids`).
 """
 
 from __future__ import annotations
@@ -65,43 +59,35 @@ VALID_MODEL = (
 
 def check_inputs(config: CommandConfig) -> None:
     """Every model path and reward source of ``config`` (any command), then its stop token; ConfigError."""
-    try:
-        _check_inputs(config)
-    except ConfigError as e:
-        raise ConfigError(f"{config.COMMAND}: {e}") from None
-
-
-def _check_inputs(config: CommandConfig) -> None:
     command = config.COMMAND
-    for field, kind in MODEL_FIELDS.get(command, ()):
-        value = operator.attrgetter(field)(config)
-        if value is not None:
-            check_model(field, value, kind)
-    for field in REWARD_FIELDS.get(command, ()):
-        for where, source in reward_sources(field, operator.attrgetter(field)(config)):
-            check_reward_source(where, source)
-    if hasattr(config, "sampling") and config.sampling.stop != "eos":
-        check_stop_token(config.model.name, config.sampling.stop)
+    try:
+        for field, kind in MODEL_FIELDS.get(command, ()):
+            value = operator.attrgetter(field)(config)
+            if value is not None:
+                check_model(field, value, kind)
+        for field in REWARD_FIELDS.get(command, ()):
+            for where, source in reward_sources(field, operator.attrgetter(field)(config)):
+                check_reward_source(where, source)
+        if hasattr(config, "sampling") and config.sampling.stop != "eos":
+            check_stop_token(config.model.name, config.sampling.stop)
+    except ConfigError as e:
+        raise ConfigError(f"{command}: {e}") from None
 
 
 def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
     """(field name for messages, source) of a reward value: ``reward.source``, or ``reward.source[1].source``."""
-    if value is None:
-        return
     if isinstance(value, str):
         yield field, value
-        return
-    for i, spec in enumerate(value):
-        yield f"{field}[{i}].source", spec.source if isinstance(spec, RewardSpec) else str(spec)
+    elif value is not None:
+        for i, spec in enumerate(value):
+            yield f"{field}[{i}].source", spec.source if isinstance(spec, RewardSpec) else str(spec)
 
 
 def check_reward_source(field: str, source: str) -> None:
     """A reward-model source is checked as a model; ``file.py:function`` / ``module:function`` is imported."""
     spec = source.strip()
-    if llm_judge(spec) is not None:
-        return  # an LLM judge is only reachable or not when asked: its own errors name the URL
-    if spec.lower().startswith(("http://", "https://")):
-        return  # an HTTP reward is only reachable or not when scoring: the rewards' own errors say so
+    if llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
+        return  # an LLM judge or HTTP reward is only reachable or not when asked: its own errors name the URL
     if Path(spec).expanduser().is_dir() or ":" not in spec:  # the same dispatch as load_reward_source
         check_model(field, spec, REWARD_MODEL)
         return
@@ -124,21 +110,17 @@ def check_model(field: str, spec: str, kind: str) -> None:
         _check_model_dir(where, path, kind)
     elif path.exists():
         raise ConfigError(f"{where} is a file; expected {VALID_MODEL}")
-    elif HUB_ID.match(spec) and not spec.startswith("."):
-        _check_hub_id(where, spec, path, kind)
-    else:
+    elif not HUB_ID.match(spec) or spec.startswith("."):
         raise ConfigError(f"{where}: no such directory ({path.resolve()}); expected {VALID_MODEL}")
-
-
-def _check_hub_id(where: str, spec: str, path: Path, kind: str) -> None:
-    try:
-        config = _load_config(where, spec)
-    except ConfigError as e:
-        raise ConfigError(
-            f"{where}: no local directory {path.resolve()}, and as a hub id {str(e).removeprefix(where + ': ')} "
-            f"(expected {VALID_MODEL})"
-        ) from None
-    _check_kind(where, config.to_dict(), kind)
+    else:
+        try:
+            config = _load_config(where, spec)
+        except ConfigError as e:
+            raise ConfigError(
+                f"{where}: no local directory {path.resolve()}, and as a hub id {str(e).removeprefix(where + ': ')} "
+                f"(expected {VALID_MODEL})"
+            ) from None
+        _check_kind(where, config.to_dict(), kind)
 
 
 def _load_config(where: str, source: str) -> Any:
@@ -185,15 +167,12 @@ def _read_config(where: str, path: Path) -> dict[str, Any]:
 
 def _check_kind(where: str, config: dict[str, Any], kind: str) -> None:
     """The model type has the head ``kind`` needs (transformers' auto mappings); a reward model one output."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-    )
+    from transformers.models.auto import modeling_auto
 
     model_type = config.get("model_type")
     architectures = config.get("architectures") or []
     if kind == CAUSAL_LM:
-        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        if model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             raise ConfigError(f"{where}: a {model_type!r} model has no causal-LM head; expected {kind}")
         if architectures and all("ForSequenceClassification" in a for a in architectures):
             raise ConfigError(
@@ -201,7 +180,7 @@ def _check_kind(where: str, config: dict[str, Any], kind: str) -> None:
                 f"expected {kind} (e.g. …ForCausalLM): its language-model head would start random"
             )
         return
-    if model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+    if model_type not in modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
         raise ConfigError(
             f"{where}: a {model_type!r} model cannot have a sequence-classification head; expected {kind}"
         )
@@ -229,29 +208,26 @@ def _safetensors_files(where: str, path: Path, weights: list[str]) -> list[Path]
 
 
 def _check_safetensors(where: str, file: Path) -> None:
-    """The header of a safetensors file parses and its tensors fit in the file (not truncated, not garbage).
-
-    Layout: an 8-byte little-endian header size N, N bytes of JSON {name: {dtype, shape, data_offsets}},
-    then the data; the largest end offset must be the size of the data.
-    """
+    """The header of a safetensors file parses and its tensors fit in the file (not truncated, not garbage). Layout: an
+    8-byte little-endian header size N, N bytes of JSON {name: {dtype, shape, data_offsets}}, then the data; the largest
+    end offset must be the size of the data."""
     size = file.stat().st_size
-    problem = None
+
+    def corrupt(problem: str) -> ConfigError:
+        return ConfigError(f"{where}: {file} is corrupt ({problem}); save or download the model again")
+
     with file.open("rb") as f:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
         if n is None or n > size - 8:
-            problem = "its header is cut off or it is not a safetensors file"
-        else:
-            try:
-                header = json.loads(f.read(n))
-                end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-            except (ValueError, KeyError, TypeError, IndexError):
-                problem = "its header is not valid safetensors JSON"
-            else:
-                if 8 + n + end > size:
-                    problem = f"it is truncated: {size} bytes, its header describes {8 + n + end}"
-    if problem:
-        raise ConfigError(f"{where}: {file} is corrupt ({problem}); save or download the model again")
+            raise corrupt("its header is cut off or it is not a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise corrupt("its header is not valid safetensors JSON") from None
+    if 8 + n + end > size:
+        raise corrupt(f"it is truncated: {size} bytes, its header describes {8 + n + end}")
 
 
 def check_stop_token(policy: str, stop_token: str) -> None:

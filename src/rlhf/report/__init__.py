@@ -1,18 +1,9 @@
 """``rlhf report RUN_DIR``: one self-contained HTML page about a ppo or grpo run (or a whole ``rlhf demo``).
 
 The page reads only what the run wrote — ``config.yaml``, ``metrics.jsonl`` and ``samples/step_*.jsonl`` —
-and embeds every plot as a PNG data URI, so the file can be mailed or attached to an issue as it is.
-
-Sections: headline numbers; training curves (reward, each reward source, KL, entropy, clip fraction, value
-loss, response length, gradient norm, |advantage|, where the step's time went); reward gained against KL
-(`reward_gain`); held-out answers at the first and the last eval step; the config. A demo directory gets
-its own page (`rlhf.report.demo`), built from the same pieces (`rlhf.report.pages`).
-
-Reading the reward-vs-KL plot: each reward source's batch mean is drawn as its gain over step 1 in units of
-step 1's standard deviation, against √KL to the reference. Sources with weight 0 in the reward list are
-*monitors* (logged, never optimised): when the optimised proxy keeps rising while a monitor that stands for
-the truth flattens or falls, the policy is exploiting the proxy — reward over-optimisation, which the KL
-penalty exists to limit.
+and embeds every plot as a PNG data URI, so the file can be mailed or attached to an issue as it is. Its
+sections: the README (after the demo's results); how to read the reward-against-KL plot: `gain_chart`'s
+caption. The pieces: `rlhf.report.pages`; the demo's page, built from them: `rlhf.report.demo`.
 """
 
 from __future__ import annotations
@@ -25,22 +16,17 @@ from rlhf.report.demo import demo_report
 from rlhf.report.pages import load_run, run_report
 
 
-def is_demo_dir(path: Path) -> bool:
-    return (path / "summary.json").is_file() and (path / "ppo" / "metrics.jsonl").is_file()
-
-
 def build(run_dir: str | Path, max_samples: int = 12) -> str:
     """The report's HTML for a ppo/grpo run directory, or for an ``rlhf demo`` output directory."""
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory: pass the output_dir of a ppo/grpo run or of rlhf demo")
-    if is_demo_dir(path):
+    if (path / "summary.json").is_file() and (path / "ppo" / "metrics.jsonl").is_file():  # an rlhf demo
         return demo_report(path, max_samples)
     return run_report(load_run(path), max_samples)
 
 
 def write(run_dir: str | Path, output: str | Path | None = None, max_samples: int = 12) -> Path:
-    """Build the report and write it (default ``RUN_DIR/report.html``); returns the path."""
     target = Path(output) if output is not None else Path(run_dir) / "report.html"
     text = build(run_dir, max_samples)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,5 @@
-"""The demo's ``report.html``: the pipeline, its numbers, the methods compared on equal labels (SFT, best-of-N,
-DPO, PPO, GRPO: one table, one plot), PPO and GRPO curves, proxy against gold as KL grows, the same held-out
-prompts answered by every method, and every stage's config.
-
-Everything is read from the demo directory (``summary.json`` and the stages' own files), so ``rlhf report
-runs/demo`` rebuilds the same page.
+"""The demo's ``report.html`` (its sections: the README, after the demo's results), read from the demo directory
+alone (``summary.json`` and the stages' own files), so ``rlhf report runs/demo`` rebuilds the same page.
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ STAGE_NOTES = (
 
 
 def demo_report(out: Path, max_samples: int = 12) -> str:
-    """The demo page for the output directory ``out`` (see the module docstring)."""
     summary = json.loads((out / "summary.json").read_text())
     runs = [r.load_run(out / "ppo", "PPO"), r.load_run(out / "grpo", "GRPO")]
     if (out / "ppo_no_kl" / "metrics.jsonl").is_file():
@@ -64,14 +59,12 @@ def demo_report(out: Path, max_samples: int = 12) -> str:
 
 def _pipeline(out: Path, summary: dict[str, Any]) -> list[str]:
     numbers = _stage_numbers(out, summary)
-    boxes = []
-    for name, what, _ in STAGE_NOTES:
-        seconds = summary.get(f"time/{name}_s")
-        boxes.append(
-            f'<div class="stage"><b>{r.esc(name)}</b>{r.esc(what)}<br>'
-            f'<span class="muted">{numbers.get(name, "")}{" · " if numbers.get(name) else ""}'
-            f"{r.fmt_seconds(seconds)}</span></div>"
-        )
+    boxes = [
+        f'<div class="stage"><b>{r.esc(name)}</b>{r.esc(what)}<br>'
+        f'<span class="muted">{numbers.get(name, "")}{" · " if numbers.get(name) else ""}'
+        f"{r.fmt_seconds(summary.get(f'time/{name}_s'))}</span></div>"
+        for name, what, _ in STAGE_NOTES
+    ]
     why = "".join(f"<li><b>{r.esc(name)}</b>: {r.esc(reason)}</li>" for name, _, reason in STAGE_NOTES)
     return [
         "<h2>Pipeline</h2>",
@@ -83,25 +76,17 @@ def _pipeline(out: Path, summary: dict[str, Any]) -> list[str]:
 def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
     """One line of numbers per stage, from its files."""
     numbers: dict[str, str] = {}
-    pretrain = [row["train/loss"] for row in _rows(out / "pretrain" / "metrics.jsonl") if "train/loss" in row]
-    if pretrain:
+    if pretrain := _logged(out, "pretrain", "train/loss"):
         numbers["pretrain"] = "loss {} → {}".format(*map(r.fmt, r.first_last(pretrain)))
-    sft = [row["eval/loss"] for row in _rows(out / "sft" / "metrics.jsonl") if "eval/loss" in row]
-    if sft:
+    if sft := _logged(out, "sft", "eval/loss"):
         numbers["sft"] = f"eval loss {r.fmt(sft[0])} → {r.fmt(sft[-1])}"
-    candidates = _rows(out / "sample" / "candidates.jsonl")
-    if candidates:
+    if candidates := _rows(out / "sample" / "candidates.jsonl"):
         numbers["sample"] = f"{len(candidates)} prompts × {len(candidates[0]['completions'])}"
     if "label/train_pairs" in summary:
         agreement = summary.get("label/train_gold_agreement", float("nan"))
         numbers["label"] = f"{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement, 3)}% agree with gold"
     numbers["rm"] = f"held-out accuracy {r.fmt(summary.get('rm/accuracy'))}"
-    dpo = [
-        row["eval/rewards/accuracies"]
-        for row in _rows(out / "dpo" / "metrics.jsonl")
-        if "eval/rewards/accuracies" in row
-    ]
-    if dpo:
+    if dpo := _logged(out, "dpo", "eval/rewards/accuracies"):
         numbers["dpo"] = f"held-out accuracy {r.fmt(dpo[-1])}"
     numbers["ppo"] = f"reward {r.fmt(summary.get('ppo/reward_first'))} → {r.fmt(summary.get('ppo/reward_last'))}"
     if "ppo_no_kl/kl_last" in summary:
@@ -158,16 +143,9 @@ def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
     rows, points = [], []
     for name, m in methods.items():
         label = METHOD_LABELS.get(name, name) + (f" (N = {m['n']})" if "n" in m else "")
-        interval = m.get("win_rate_ci95")
-        win = (
-            "— (the baseline)"
-            if m.get("win_rate") is None
-            else (
-                f"{_fixed(m['win_rate'])} [{_fixed(interval[0])}, {_fixed(interval[1])}]"
-                if interval
-                else _fixed(m["win_rate"])
-            )
-        )
+        win = "— (the baseline)" if m.get("win_rate") is None else _fixed(m["win_rate"])
+        if m.get("win_rate") is not None and (interval := m.get("win_rate_ci95")):
+            win += f" [{_fixed(interval[0])}, {_fixed(interval[1])}]"
         kl = ("≤ " if m.get("kl_is_bound") else "") + _fixed(m.get("kl"))
         cost = r.fmt_seconds(m.get("seconds")) + (f", {m['samples']} samples" if "samples" in m else "")
         rows.append(
@@ -180,15 +158,8 @@ def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
                 r.td(r.esc(m.get("needs", ""))),
             ]
         )
-        points.append(
-            r.MethodPoint(
-                label,
-                _number(m.get("kl")),
-                _number(m.get("gold_mean")),
-                _number(m.get("gold_ci95")),
-                bool(m.get("kl_is_bound")),
-            )
-        )
+        kl_score_ci = (_number(m.get(key)) for key in ("kl", "gold_mean", "gold_ci95"))
+        points.append(r.MethodPoint(label, *kl_score_ci, bool(m.get("kl_is_bound"))))
     header = ["method", "gold score ± 95 % CI", "win rate vs SFT [95 % CI]", "KL to SFT", "own wall time", "needs"]
     chart = r.methods_chart(points, "gold score (held-out mean)", paths=[gold_path(ppo, "PPO over its steps")])
     return [
@@ -231,25 +202,19 @@ def _fixed(value: Any) -> str:
 def _answers(out: Path, limit: int) -> list[str]:
     """The same held-out prompts answered by SFT (the eval baseline) and by each method that was evaluated, with
     gold and proxy scores."""
-    columns = {
-        name: {row["prompt"]: row for row in _rows(out / "eval" / f"{name}_samples.jsonl")}
-        for name in METHOD_LABELS
-        if name != "sft"
-    }
-    columns = {name: rows for name, rows in columns.items() if rows}
+    columns = {name: _rows(out / "eval" / f"{name}_samples.jsonl") for name in METHOD_LABELS if name != "sft"}
+    columns = {name: {row["prompt"]: row for row in rows} for name, rows in columns.items() if rows}
     if not columns:
         return []
     first = next(iter(columns.values()))
-    rows = []
-    for prompt, row in list(first.items())[:limit]:
-        cells = [
+    rows = [
+        [
             r.td(f'<span class="answer">{r.esc(prompt)}</span>'),
-            _answer_cell(row.get("baseline_completion"), row.get("baseline_rewards")),
+            _answer_cell(row, "baseline_"),  # SFT's answer, in every method's file
+            *(_answer_cell(answers.get(prompt, {})) for answers in columns.values()),
         ]
-        for answers in columns.values():
-            other = answers.get(prompt, {})
-            cells.append(_answer_cell(other.get("completion"), other.get("rewards")))
-        rows.append(cells)
+        for prompt, row in list(first.items())[:limit]
+    ]
     names = ["SFT", *(METHOD_LABELS[name] for name in columns)]
     return [
         f"<h2>Held-out answers: {', '.join(names)}</h2>",
@@ -259,27 +224,30 @@ def _answers(out: Path, limit: int) -> list[str]:
     ]
 
 
-def _answer_cell(text: str | None, scores: dict[str, float] | None) -> str:
+def _answer_cell(row: dict[str, Any], prefix: str = "") -> str:
+    """The answer in ``row`` (its ``{prefix}completion``) with its gold and proxy scores."""
+    text, scores = row.get(f"{prefix}completion"), row.get(f"{prefix}rewards") or {}
     if text is None:
         return r.td("—")
-    scores = scores or {}
     line = " · ".join(f"{name} {r.fmt(scores.get(name))}" for name in ("gold", "rm") if name in scores)
     return r.td(f'<span class="answer">{r.esc(text)}</span><br><span class="muted">{line}</span>')
 
 
 def _configs(out: Path, summary: dict[str, Any]) -> list[str]:
-    blocks = [r.config_block("summary.json", json.dumps(summary, indent=2))]
-    for path in sorted(out.glob("*/*.yaml")) + sorted(out.glob("*/*/*.yaml")):
-        if path.name == "config.yaml":  # the runs' resolved copy of the stage config shown here
-            continue
-        blocks.append(r.config_block(str(path.relative_to(out)), path.read_text()))
+    # the stage configs (a run's config.yaml is its resolved copy of the one shown here)
+    files = [p for p in sorted(out.glob("*/*.yaml")) + sorted(out.glob("*/*/*.yaml")) if p.name != "config.yaml"]
     return [
         "<h2>Configs</h2>",
         '<p class="muted">Each stage ran `rlhf &lt;command&gt; --config` on these.</p>',
-        *blocks,
+        r.config_block("summary.json", json.dumps(summary, indent=2)),
+        *(r.config_block(str(path.relative_to(out)), path.read_text()) for path in files),
     ]
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a stage's JSONL file, none when the stage did not write it."""
     return r.read_jsonl(path) if path.is_file() else []
+
+
+def _logged(out: Path, stage: str, key: str) -> list[Any]:
+    return [row[key] for row in _rows(out / stage / "metrics.jsonl") if key in row]

@@ -8,8 +8,10 @@ import dataclasses
 import functools
 import html
 import io
+import itertools
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,7 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#7f7f7f"}
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Reading a run
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +44,8 @@ class Run:
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the rows that logged ``key`` with a finite value."""
-        steps, values = [], []
-        for row in self.rows:
-            value = row.get(key)
-            if isinstance(value, int | float) and math.isfinite(value):
-                steps.append(int(row["step"]))
-                values.append(float(value))
-        return steps, values
+        rows = _finite_rows(self.rows, key)
+        return [int(row["step"]) for row in rows], [float(row[key]) for row in rows]
 
     def has(self, key: str) -> bool:
         return bool(self.series(key)[0])
@@ -85,6 +80,10 @@ class Run:
         return {str(entry["name"]): float(entry.get("weight", 1.0)) for entry in reward}
 
 
+def _finite_rows(rows: Iterable[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
+    return [row for row in rows if all(isinstance(row.get(k), int | float) and math.isfinite(row[k]) for k in keys)]
+
+
 def load_run(path: str | Path, label: str | None = None) -> Run:
     """Read a ppo/grpo output directory; FileNotFoundError / ConfigError say what is missing or wrong."""
     path = Path(path)
@@ -114,19 +113,14 @@ def _command_of(config_text: str) -> str:
     return "unknown"
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Math of the plots (pure)
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def rolling_mean(values: Sequence[float], window: int) -> list[float]:
     """Centred moving average (shorter windows at the ends), so noisy per-step metrics show their trend."""
     half = window // 2
-    out = []
-    for i in range(len(values)):
-        part = values[max(0, i - half) : i + half + 1]
-        out.append(sum(part) / len(part))
-    return out
+    parts = [values[max(0, i - half) : i + half + 1] for i in range(len(values))]
+    return [sum(part) / len(part) for part in parts]
 
 
 def smoothing_window(n: int) -> int:
@@ -136,21 +130,16 @@ def smoothing_window(n: int) -> int:
 
 
 def reward_gain(means: Sequence[float], first_std: float) -> list[float]:
-    """Gain of a reward's batch mean over the first step's, in units of the first step's std.
-
-    ``(m_t − m_1) / s_1``: sources with different scales (a reward model's logits, a 0–10 judge) become
-    comparable — one unit is "one standard deviation of the initial policy's answers". A zero or missing
-    std falls back to 1 (the gain is then in the reward's own units).
-    """
+    """Gain of a reward's batch mean over the first step's, ``(m_t − m_1) / s_1``: sources with different scales
+    (a reward model's logits, a 0–10 judge) become comparable — one unit is "one standard deviation of the
+    initial policy's answers". A zero or missing std falls back to 1 (the gain is then in the reward's units)."""
     scale = first_std if math.isfinite(first_std) and first_std > 0 else 1.0
     return [(m - means[0]) / scale for m in means]
 
 
 def binned_means(xs: Sequence[float], ys: Sequence[float], bins: int) -> tuple[list[float], list[float]]:
     """Sort the points by x, cut them into ``bins`` groups of (nearly) equal count, return each group's means.
-
-    The first ``len % bins`` groups take one extra point; empty groups (fewer points than bins) are skipped.
-    """
+    The first ``len % bins`` groups take one extra point; empty groups (fewer points than bins) are skipped."""
     points = sorted(zip(xs, ys, strict=True))
     size, extra = divmod(len(points), bins)
     bx, by, start = [], [], 0
@@ -169,9 +158,7 @@ def first_last(values: Sequence[float], k: int = 5) -> tuple[float, float]:
     return sum(values[:k]) / k, sum(values[-k:]) / k
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Plots
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
@@ -187,14 +174,12 @@ def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     return fig, ax
 
 
-def _png(fig: Any) -> str:
+def _figure_html(fig: Any, alt: str, caption: str) -> str:
+    """The figure as an embedded PNG (a data URI: the page needs no other file), with its caption."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _img(fig: Any, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(fig)}">'
+    png = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<figure><img alt="{esc(alt)}" src="data:image/png;base64,{png}"><figcaption>{esc(caption)}</figcaption></figure>'
 
 
 def _plot_trend(ax: Any, xs: Sequence[float], ys: Sequence[float], label: str, color: str, **style: Any) -> None:
@@ -239,34 +224,25 @@ CHARTS = (
 def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
     """The chart for the runs that logged one of its keys, or None when none did."""
     drawn = [(run, next(key for key in chart.keys if run.has(key))) for run in runs if any(map(run.has, chart.keys))]
-    if not drawn or _constant([run.series(key)[1] for run, key in drawn]):
-        return None  # e.g. a fixed β: nothing to see
+    if not drawn or all(len(set(run.series(key)[1])) <= 1 for run, key in drawn):
+        return None  # every run's values are one number (a fixed β, a length always at max_new_tokens): flat lines
     fig, ax = _figure(chart.title, "step", chart.ylabel)
-    for i, (run, key) in enumerate(drawn):
-        steps, values = run.series(key)
-        _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
-        if run.clipped_from is not None:  # the end of the vanilla policy-gradient warm-up
+    for (run, key), color in zip(drawn, itertools.cycle(COLORS)):
+        clipped = run.clipped_from
+        _plot_trend(ax, *run.series(key), run.label, color)
+        if clipped is not None:  # the end of the vanilla policy-gradient warm-up
             ax.axvline(
-                run.clipped_from,
-                color=COLORS[i % len(COLORS)],
-                linestyle=":",
-                linewidth=1.0,
-                label=f"{run.label}: clipped from step {run.clipped_from}",
+                clipped, color=color, linestyle=":", linewidth=1.0, label=f"{run.label}: clipped from step {clipped}"
             )
-    marked = _mark_findings(ax, [(run, key) for run, key in drawn], multiple=len(runs) > 1)
+    marked = _mark_findings(ax, drawn, multiple=len(runs) > 1)
     if len(runs) > 1 or marked or any(run.clipped_from is not None for run, _ in drawn):
         ax.legend(fontsize=7)
-    return _figure_block(_img(fig, chart.title), chart.caption)
+    return _figure_html(fig, chart.title, chart.caption)
 
 
 def _matches(metric: str, key: str) -> bool:
-    """A rule's metric names a key: itself, or a pattern such as ``reward/<monitor>/mean``."""
-    if "<" not in metric:
-        return metric == key
-    head, _, rest = metric.partition("<")
-    tail = rest.partition(">")[2]
-    name = key[len(head) : len(key) - len(tail)] if len(key) > len(head) + len(tail) else ""
-    return key.startswith(head) and key.endswith(tail) and name != "" and "/" not in name
+    """A rule's metric names a key: itself, or a pattern such as ``reward/<monitor>/mean`` (``<…>``: one name)."""
+    return re.fullmatch(re.sub(r"<[^>]*>", "[^/]+", re.escape(metric)), key) is not None
 
 
 def _mark_findings(ax: Any, drawn: Sequence[tuple[Run, str]], multiple: bool) -> bool:
@@ -284,46 +260,32 @@ def _mark_findings(ax: Any, drawn: Sequence[tuple[Run, str]], multiple: bool) ->
     return marked
 
 
-def _constant(series: Sequence[Sequence[float]]) -> bool:
-    """Every run's values are one number (a fixed β, a length always at max_new_tokens): a chart of flat lines."""
-    return all(len(set(values)) <= 1 for values in series)
-
-
 def source_charts(runs: Sequence[Run]) -> list[str]:
     """One chart per reward source of a reward list (``reward/<name>/mean``), all runs overlaid."""
-    names = list(dict.fromkeys(name for run in runs for name in run.reward_weights()))
     blocks = []
-    for name in names:
+    for name in dict.fromkeys(source for run in runs for source in run.reward_weights()):
         key = f"reward/{name}/mean"
         present = [run for run in runs if run.has(key)]
         if not present:
             continue
         title = f"Reward source '{name}'"
         fig, ax = _figure(title, "step", "batch mean")
-        for i, run in enumerate(present):
-            steps, values = run.series(key)
-            _plot_trend(ax, steps, values, run.label, COLORS[i % len(COLORS)])
+        for run, color in zip(present, itertools.cycle(COLORS)):
+            _plot_trend(ax, *run.series(key), run.label, color)
             eval_steps, eval_values = run.series(f"eval/reward/{name}/mean")
             if eval_steps:
-                ax.plot(
-                    eval_steps,
-                    eval_values,
-                    "o",
-                    color=COLORS[i % len(COLORS)],
-                    markersize=4,
-                    label=f"{run.label} (held-out)",
-                )
+                ax.plot(eval_steps, eval_values, "o", color=color, markersize=4, label=f"{run.label} (held-out)")
         _mark_findings(ax, [(run, key) for run in present], multiple=len(runs) > 1)
         ax.legend(fontsize=7)
         weights = {run.reward_weights().get(name, 1.0) for run in present}
         role = "a monitor (weight 0): logged, never optimised" if weights == {0.0} else "optimised"
-        blocks.append(_figure_block(_img(fig, title), f"Batch mean (line) and held-out mean (dots); {role}."))
+        blocks.append(_figure_html(fig, title, f"Batch mean (line) and held-out mean (dots); {role}."))
     return blocks
 
 
 def time_charts(runs: Sequence[Run]) -> list[str]:
     """Where each step's time went, as stacked areas: one chart per run."""
-    parts = ("time/rollout_s", "time/score_s", "time/logprobs_s", "time/train_s")
+    parts = ("rollout", "score", "logprobs", "train")  # time/<part>_s
     blocks = []
     for run in runs:
         rows = [row for row in run.rows if "time/step_s" in row]
@@ -331,43 +293,36 @@ def time_charts(runs: Sequence[Run]) -> list[str]:
             continue
         title = f"Seconds per step — {run.label}"
         fig, ax = _figure(title, "step", "seconds")
-        stacks = [[float(row.get(key, 0.0)) for row in rows] for key in parts]
-        ax.stackplot(
-            [int(row["step"]) for row in rows],
-            stacks,
-            colors=COLORS[: len(parts)],
-            alpha=0.8,
-            labels=[p.removeprefix("time/").removesuffix("_s") for p in parts],
-        )
+        stacks = [[float(row.get(f"time/{part}_s", 0.0)) for row in rows] for part in parts]
+        ax.stackplot([int(row["step"]) for row in rows], stacks, colors=COLORS[: len(parts)], alpha=0.8, labels=parts)
         ax.legend(fontsize=7, loc="upper right")
         caption = (
             "Rollout (sampling), score (rewards), logprobs (reference and old log-probs; in PPO with one "
             "micro-batch, the first update's forward), train (the updates)."
         )
-        blocks.append(_figure_block(_img(fig, title), caption))
+        blocks.append(_figure_html(fig, title, caption))
     return blocks
 
 
 def gain_chart(runs: Sequence[Run]) -> str | None:
-    """Every reward source's gain (`reward_gain`) against KL to the reference, all runs on one plot.
-
-    Steps are points; the line joins the means of equal-count KL bins (`binned_means`), so it reads as a
-    function of KL even when KL goes up and down during the run.
-    """
+    """Every reward source's gain (`reward_gain`) against KL to the reference, all runs on one plot. Steps are
+    points; the line joins the means of equal-count KL bins (`binned_means`), so it reads as a function of KL
+    even when KL goes up and down during the run."""
     fig, ax = _figure(
         "Reward gained as the policy moves away from the reference",
         "√KL to the reference (√nats)",
         "gain over step 1 (step-1 std)",
     )
     drawn = 0
-    for i, run in enumerate(runs):
-        color = COLORS[i % len(COLORS)]
+    for run, color in zip(runs, itertools.cycle(COLORS)):
         for name, weight in (run.reward_weights() or {"": 1.0}).items():
             prefix = f"reward/{name}" if name else "reward"
-            _, kls, means, first_std = _aligned(run, "kl/mean", f"{prefix}/mean", f"{prefix}/std")
+            rows = _finite_rows(run.rows, "kl/mean", f"{prefix}/mean")  # the steps that logged both
+            kls = [float(row["kl/mean"]) for row in rows]
             if len(kls) < 2 or max(kls) <= 0:
                 continue
-            gains = reward_gain(means, first_std)
+            first_std = float(rows[0].get(f"{prefix}/std", math.nan) or math.nan)
+            gains = reward_gain([float(row[f"{prefix}/mean"]) for row in rows], first_std)
             monitor = weight == 0
             kls = [math.sqrt(max(kl, 0.0)) for kl in kls]  # √KL spreads small and large KL (Gao et al., 2022)
             ax.plot(kls, gains, "x" if monitor else ".", color=color, alpha=0.3, markersize=4)
@@ -385,7 +340,7 @@ def gain_chart(runs: Sequence[Run]) -> str | None:
         "that keeps climbing while the monitor stalls or falls is being over-optimised — the failure the KL "
         "penalty is there to hold back."
     )
-    return _figure_block(_img(fig, "Reward against KL"), caption)
+    return _figure_html(fig, "Reward against KL", caption)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,8 +380,7 @@ def methods_chart(points: Sequence[MethodPoint], ylabel: str, paths: Sequence[Me
         ax.plot(path.kls, path.scores, "-", color="#999999", linewidth=1, marker=".", markersize=4, label=path.label)
         for kl, score, step in zip(path.kls, path.scores, path.steps, strict=True):
             ax.annotate(str(step), (kl, score), fontsize=6, color="#777777", xytext=(2, 2), textcoords="offset points")
-    for i, point in enumerate(drawn):
-        color = COLORS[i % len(COLORS)]
+    for point, color in zip(drawn, itertools.cycle(COLORS)):
         ci = point.ci95 if math.isfinite(point.ci95) else 0.0
         ax.errorbar(
             [point.kl],
@@ -444,34 +398,17 @@ def methods_chart(points: Sequence[MethodPoint], ylabel: str, paths: Sequence[Me
         "Each method's mean score on the held-out prompts with its 95 % interval, against the KL of its "
         "answers from the reference. Up is better; right is further from the model the labels were "
         "collected on. A hollow marker's KL is an upper bound (best-of-N)."
-        + (
+    )
+    if any(len(p.kls) >= 2 for p in paths):
+        caption += (
             " The grey line is PPO's path: its held-out score at each evaluation (the step beside each dot) "
             "against its KL then — the curve of Gao et al. (2022), which turns down once the policy "
             "over-optimises the reward model."
-            if any(len(p.kls) >= 2 for p in paths)
-            else ""
         )
-    )
-    return _figure_block(_img(fig, "Methods compared"), caption)
+    return _figure_html(fig, "Methods compared", caption)
 
 
-def _aligned(run: Run, x_key: str, y_key: str, std_key: str) -> tuple[list[int], list[float], list[float], float]:
-    """Steps where both keys are finite, their values, and the std of ``y`` at the first such step."""
-    steps, xs, ys, first_std = [], [], [], math.nan
-    for row in run.rows:
-        x, y = row.get(x_key), row.get(y_key)
-        if isinstance(x, int | float) and isinstance(y, int | float) and math.isfinite(x) and math.isfinite(y):
-            if not steps:
-                first_std = float(row.get(std_key, math.nan) or math.nan)
-            steps.append(int(row["step"]))
-            xs.append(float(x))
-            ys.append(float(y))
-    return steps, xs, ys, first_std
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # HTML
-# ---------------------------------------------------------------------------------------------------------------
 
 CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2em auto; max-width: 1180px;
@@ -504,9 +441,9 @@ def esc(value: Any) -> str:
 
 def fmt(value: Any, digits: int = 3) -> str:
     """A number for a table cell: 3 significant digits, '—' for missing or NaN."""
-    if isinstance(value, bool) or value is None:
-        return "—" if value is None else str(value)
-    if isinstance(value, int):
+    if value is None:
+        return "—"
+    if isinstance(value, int):  # and bool
         return str(value)
     if isinstance(value, float):
         return "—" if not math.isfinite(value) else f"{value:.{digits}g}"
@@ -524,10 +461,6 @@ def page(title: str, body: Iterable[str]) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
-
-
-def _figure_block(content: str, caption: str) -> str:
-    return f"<figure>{content}<figcaption>{esc(caption)}</figcaption></figure>"
 
 
 def cards(items: Sequence[tuple[str, str]]) -> str:
@@ -565,31 +498,25 @@ def headline(run: Run) -> str:
             items.append((name, f"{fmt(start)} → {fmt(end)}"))
     if run.clipped_from is not None:
         items.append(("objective", f"vanilla PG to step {run.clipped_from - 1}, clipped from {run.clipped_from}"))
-    items.append(("health", verdict(run.findings)))
+    items.append(("health", count_text(run.findings) or "healthy"))
     return cards(items)
-
-
-def verdict(findings: Sequence[Finding]) -> str:
-    """``healthy``, or the findings counted by severity (``1 critical, 2 warnings``)."""
-    return count_text(findings) or "healthy"
 
 
 def health_section(runs: Sequence[Run]) -> list[str]:
     """What the training doctor finds in each run (as ``rlhf doctor``): the rule, when it held, the evidence at
     the last of those steps and the fix to try; the steps are shaded on the curves of the rule's metrics."""
-    rows = []
-    for run in runs:
-        for f in run.findings:
-            rows.append(
-                [
-                    td(esc(run.label)),
-                    td(f'<span class="sev-{f.rule.severity}">{f.rule.severity}</span>'),
-                    td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"),
-                    td(esc(f.steps_text)),
-                    td(esc(f.last)),
-                    td(esc(f.rule.fix)),
-                ]
-            )
+    rows = [
+        [
+            td(esc(run.label)),
+            td(f'<span class="sev-{f.rule.severity}">{f.rule.severity}</span>'),
+            td(f"<code>{esc(f.rule.name)}</code><br>{esc(f.rule.diagnosis)}"),
+            td(esc(f.steps_text)),
+            td(esc(f.last)),
+            td(esc(f.rule.fix)),
+        ]
+        for run in runs
+        for f in run.findings
+    ]
     intro = (
         f'<p class="muted">The training doctor\'s {len(RULES)} rules replayed over the metrics, as '
         "<code>rlhf doctor RUN_DIR</code> and the live alarms (doctor.jsonl) read them; the steps where a finding "
@@ -611,9 +538,7 @@ def curves_section(runs: Sequence[Run]) -> list[str]:
 
 def gain_section(runs: Sequence[Run]) -> list[str]:
     block = gain_chart(runs)
-    if block is None:
-        return []
-    return ["<h2>Reward against KL</h2>", '<div class="grid">', block, "</div>"]
+    return [] if block is None else ["<h2>Reward against KL</h2>", '<div class="grid">', block, "</div>"]
 
 
 def samples_section(run: Run, limit: int) -> list[str]:
@@ -622,18 +547,17 @@ def samples_section(run: Run, limit: int) -> list[str]:
         return ["<h2>Held-out samples</h2>", '<p class="muted">No samples/ in this run (run.eval_every: 0).</p>']
     first, last = min(run.samples), max(run.samples)
     before = {row["prompt"]: row for row in run.samples[first]}
-    rows = []
-    for row in run.samples[last][:limit]:
-        old = before.get(row["prompt"], {})
-        rows.append(
-            [
-                td(f'<span class="answer">{esc(row["prompt"])}</span>'),
-                td(f'<span class="answer">{esc(old.get("completion", ""))}</span>'),
-                td(_scores(old), "num"),
-                td(f'<span class="answer">{esc(row["completion"])}</span>'),
-                td(_scores(row), "num"),
-            ]
-        )
+    rows = [
+        [
+            td(f'<span class="answer">{esc(row["prompt"])}</span>'),
+            td(f'<span class="answer">{esc(old.get("completion", ""))}</span>'),
+            td(_scores(old), "num"),
+            td(f'<span class="answer">{esc(row["completion"])}</span>'),
+            td(_scores(row), "num"),
+        ]
+        for row in run.samples[last][:limit]
+        for old in [before.get(row["prompt"], {})]
+    ]
     header = ["prompt", f"step {first}", "reward", f"step {last}", "reward"]
     return [f"<h2>Held-out samples (step {first} and step {last})</h2>", table(header, rows)]
 
