@@ -13,6 +13,11 @@ RETRIED_STATUS = frozenset({408, 429})
 EXCERPT = 200
 
 
+class ServiceError(Exception):
+    """A service called over HTTP (an LLM judge, a reward server) gave no usable answer: down, slow or answering
+    errors. The user's environment, not a bug: the message names the URL and what each try got (exit 2)."""
+
+
 class HttpFailure(Exception):
     """The request failed for good; ``final`` is True when the server refused it (retrying cannot help)."""
 

@@ -188,6 +188,19 @@ def test_bad_judge_specs_are_refused_before_anything_runs(pairs, tmp_path, capsy
     assert code == 2 and "it labels mode='preferences' only" in capsys.readouterr().err
 
 
+def test_a_judge_whose_server_is_down_is_the_users_environment_not_a_bug(pairs, tmp_path, capsys):
+    server, url = serve(StubJudge())
+    server.shutdown()  # the port was ours a moment ago and nothing listens there now
+    server.server_close()
+    flags = ["--judge.source", f"openai:{url}#m", "--judge.llm.tries", "2", "--judge.llm.backoff", "0"]
+    code = cli.main(["label", str(pairs), "--out", str(tmp_path / "x.jsonl"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "internal error" not in err and "bug" not in err
+    assert f"LLM judge {url}/chat/completions failed after 2 tries" in err
+    assert "try 1: cannot connect" in err and "try 2: cannot connect" in err
+
+
 def test_a_cache_cut_by_a_crash_is_read_without_its_torn_line(pairs, tmp_path, capsys):
     out = tmp_path / "judge.jsonl"
     first = StubJudge()

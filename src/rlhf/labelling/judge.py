@@ -22,7 +22,7 @@ from typing import Any
 
 from rlhf.config import ConfigError, LLMJudgeSection, SampleJudgeSection, llm_judge
 from rlhf.data.files import read_records
-from rlhf.httpclient import HttpFailure, cut, post
+from rlhf.httpclient import HttpFailure, ServiceError, cut, post
 from rlhf.labelling.pairs import Pair, PairFile
 from rlhf.runlog.durable import AlreadyOpen, AppendLog
 
@@ -48,7 +48,7 @@ PAIRS_PER_CHUNK = 64
 """Pairs judged before their rows are appended to the labels file (``rlhf label --judge.source``)."""
 
 
-class JudgeError(Exception):
+class JudgeError(ServiceError):
     """The judge could not be asked (unreachable, refusing, or answering with something that is not the API's)."""
 
 
