@@ -8,10 +8,9 @@ against the truth:
 - **responses** by quality class (`QUALITIES`): helpful (on-topic tips, polite, the right length, a proper
   ending), vague (polite but says nothing), off_topic (tips for another topic), rude (insults), rambling
   (fillers, far too long, never finishes).
-- **the gold judge** `gold_score` — the sum of five visible terms (see its docstring). The reward model never
-  sees it: it learns only from the pairs `gold_label` labels, with Bradley–Terry noise, like a human rater.
-- `gold` — the judge as a reward function (``fn(prompts, completions, **columns) -> list[float]``), so
-  ``rlhf eval --judge rlhf.demo.task:gold`` (or ppo's ``reward``) can use it.
+- **the gold judge** `gold_score` — the sum of five visible terms (`gold_terms`); `gold` is the judge as a reward
+  function. The reward model never sees it: it learns only from the pairs `gold_label` labels, with
+  Bradley–Terry noise, like a human rater.
 
 Pure Python (no torch): cheap to import from the reward loader and from tests.
 """
@@ -87,11 +86,7 @@ _WORD = re.compile(r"[a-z']+")
 _KEYWORD_TOPIC = {word: topic for topic, words in TOPICS.items() for word in words}
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Prompts and responses
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def prompts() -> list[str]:
     """Every prompt of the task, in a fixed order: len(TOPICS)·len(QUESTION_FORMS)·len(OPENINGS) = 240."""
     return [
@@ -112,29 +107,24 @@ def split_prompts(seed: int, eval_fraction: float = 0.2) -> tuple[list[str], lis
 
 def topic_of(prompt: str) -> str | None:
     """The topic a prompt asks about (the first topic phrase in it), or None."""
-    text = prompt.lower()
-    return next((topic for topic in TOPICS if topic in text), None)
+    return next((topic for topic in TOPICS if topic in prompt.lower()), None)
 
 
-def _tips(rng: random.Random, topic: str, n: int) -> list[str]:
-    words = list(TOPICS[topic])
-    tips = []
-    for _ in range(n):
-        a, b = rng.sample(words, 2)
-        tips.append(rng.choice(TIP_FORMS).format(a=a, b=b))
-    return tips
+def _tip(rng: random.Random, topic: str) -> str:
+    a, b = rng.sample(list(TOPICS[topic]), 2)
+    return rng.choice(TIP_FORMS).format(a=a, b=b)
 
 
 def response(prompt: str, quality: Quality, rng: random.Random) -> str:
     """One response of class `quality` to `prompt` (with a leading space, as it follows ``A:``)."""
     topic = topic_of(prompt) or rng.choice(list(TOPICS))
     if quality == "helpful":
-        text = f"{rng.choice(POLITE_OPENERS)}{'. '.join(_tips(rng, topic, 1))}. {rng.choice(POLITE_CLOSERS)}"
+        text = f"{rng.choice(POLITE_OPENERS)}{_tip(rng, topic)}. {rng.choice(POLITE_CLOSERS)}"
     elif quality == "vague":
         text = rng.choice(VAGUE)
     elif quality == "off_topic":
         other = rng.choice([t for t in TOPICS if t != topic])
-        text = f"{'. '.join(_tips(rng, other, 2))}."
+        text = f"{_tip(rng, other)}. {_tip(rng, other)}."
     elif quality == "rude":
         text = rng.choice(RUDE)
     elif quality == "rambling":
@@ -150,8 +140,7 @@ def demonstrations(
     prompts_: Sequence[str], mix: dict[Quality, float], n: int, rng: random.Random
 ) -> list[dict[str, Any]]:
     """`n` rows {prompt, response, quality}: prompts drawn uniformly, qualities drawn with weights `mix`."""
-    qualities = list(mix)
-    weights = [mix[q] for q in qualities]
+    qualities, weights = list(mix), list(mix.values())
     rows = []
     for _ in range(n):
         prompt = rng.choice(list(prompts_))
@@ -160,11 +149,7 @@ def demonstrations(
     return rows
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The gold judge
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def gold_terms(prompt: str, response_: str) -> dict[str, float]:
     """The five terms of `gold_score`, by name (for reading why a response scored what it did)."""
     words = _WORD.findall(response_.lower())
@@ -187,10 +172,8 @@ def gold_terms(prompt: str, response_: str) -> dict[str, float]:
 
 
 def gold_score(prompt: str, response_: str) -> float:
-    """The gold judge: the sum of `gold_terms` (relevance, politeness, length, repetition, ending).
-
-    Roughly in [−7, 3]; a helpful answer near the target length scores about 2.5–3.
-    """
+    """The gold judge: the sum of `gold_terms` (relevance, politeness, length, repetition, ending). Roughly in
+    [−7, 3]; a helpful answer near the target length scores about 2.5–3."""
     return sum(gold_terms(prompt, response_).values())
 
 
@@ -200,12 +183,9 @@ def preference_probability(score_a: float, score_b: float, temperature: float = 
 
 
 def gold_label(pair: tuple[str, str, str], rng: random.Random, temperature: float = BT_TEMPERATURE) -> dict[str, Any]:
-    """A rater's label of `pair` = (prompt, a, b): {prompt, chosen, rejected, gold_margin}.
-
-    a is chosen with probability σ((gold(a) − gold(b)) / temperature), so close pairs are labelled almost at
-    random and clear ones almost always right. ``gold_margin`` is gold(chosen) − gold(rejected) (negative when
-    the noise flipped the label); it is for analysis only — `rlhf rm` reads a column named "margin", not this.
-    """
+    """A rater's label of `pair` = (prompt, a, b): {prompt, chosen, rejected, gold_margin}, a chosen with probability
+    σ((gold(a) − gold(b)) / temperature): close pairs almost at random, clear ones almost always right.
+    ``gold_margin`` (negative when the noise flipped the label) is for analysis only: `rlhf rm` reads "margin"."""
     prompt, a, b = pair
     score_a, score_b = gold_score(prompt, a), gold_score(prompt, b)
     a_wins = rng.random() < preference_probability(score_a, score_b, temperature)
@@ -215,7 +195,8 @@ def gold_label(pair: tuple[str, str, str], rng: random.Random, temperature: floa
 
 
 def gold(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """The gold judge as a reward function (``rlhf.demo.task:gold``): one `gold_score` per completion."""
+    """The gold judge as a reward function (``rlhf.demo.task:gold``, for ``rlhf eval --judge`` or as a trainer's
+    reward): one `gold_score` per completion."""
     return [gold_score(p, c) for p, c in zip(prompts, completions, strict=True)]
 
 

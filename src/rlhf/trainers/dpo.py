@@ -1,18 +1,11 @@
 """Direct preference optimisation (`rlhf dpo`): the policy learns from preference pairs without a reward model.
 
-`run` reads top to bottom: (1) the pairs, read, validated and tokenised whole (``prompt + response + eos``, as
-``rlhf rm`` does; a labels file of ``rlhf label`` gives its live preferences) → (2) the policy → (3) the
-reference log-probs of every pair, computed once with the policy *before* training: the reference is the
-starting point, so no second model is held (under LoRA the starting point is the base model, the adapters
-being zero at first) → (4) the epoch loop SFT and RM share (`rlhf.trainers.supervised`): per step, this rank's
-share of the pairs in micro-batches, chosen and rejected in one right-padded forward, the summed log-probs of
-the response tokens, the loss of `rlhf.core.dpo` → (5) ``final/`` (LoRA merged), which loads in transformers.
-
-The micro-batches' mean losses are weighted by their share of the step's pairs, so accumulation gives the
-gradient of the step's mean (docs/architecture.md, conventions). Metrics, named as other libraries name them:
-``train/loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies`` (the
-implicit rewards β·(log π − log π_ref) of `rlhf.core.dpo`), ``logps/chosen``, ``logps/rejected`` (mean summed
-log-probs of the responses under the policy), and ``eval/`` versions of all of them.
+`run` reads top to bottom: (1) the pairs, tokenised whole (``prompt + response + eos``, as ``rlhf rm`` does) →
+(2) the policy → (3) the reference log-probs of every pair, computed once with the policy *before* training (why:
+docs/dpo.md, "The reference") → (4) the epoch loop SFT, RM and DPO share (`rlhf.trainers.supervised`): per step,
+this rank's pairs in micro-batches (`rlhf.trainers.supervised.pair_step`), chosen and rejected in one
+right-padded forward, the loss of `rlhf.core.dpo` → (5) ``final/`` (LoRA merged). The metrics (named as other
+libraries name them): docs/dpo.md, "Metrics".
 """
 
 from __future__ import annotations
@@ -28,14 +21,13 @@ import torch
 from rlhf.config import DPOConfig
 from rlhf.core.dpo import DPOLoss, dpo_loss
 from rlhf.data import TokenizedPreference, TokenizedSFT, load_preferences
-from rlhf.data.stream import EpochOrder, fingerprint_of
+from rlhf.data.stream import fingerprint_of
 from rlhf.data.tokenization import IGNORE_INDEX
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.sharding import adapters, gathered, load_lm
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import supervised, update
+from rlhf.trainers import supervised
 from rlhf.trainers.sft import Batcher, token_losses, write_final
 from rlhf.trainers.update import Trainable
 
@@ -55,11 +47,7 @@ METRICS = (
 @rundir.claims_output_dir
 def run(config: DPOConfig) -> Path:
     """Train ``config.model.name`` on the preference pairs of ``config.data.train``; returns ``final/``."""
-    from rlhf.inputs import check_inputs
-
-    check_inputs(config)  # every model path before anything loads
-    d = distributed.current()
-    seed_everything(config.run.seed)
+    d = supervised.start(config)
     # 1. every pair, before any step
     tokenizer = load_tokenizer(config.model.name)
     train = load_preferences(config.data.train, tokenizer, config.data.max_length)
@@ -71,46 +59,37 @@ def run(config: DPOConfig) -> Path:
     batches = Batcher(
         config.effective_micro_batch_size, False, config.data.max_length, int(tokenizer.eos_token_id), d.device
     )
-    needs_reference = config.dpo.loss != DPOLoss.SIMPO
     reference = None
-    if needs_reference:
+    if config.dpo.loss != DPOLoss.SIMPO:
         # sharded: one all-gather for the whole pass, and every module resharded after it — a root left gathered
         # would hand the optimizer its gathered copies instead of the sharded parameters
         with gathered(model):
             reference = reference_logps(model, train + held_out, batches)
     print(
         f"dpo: {len(train)} training pairs, {len(held_out)} held out; loss {config.dpo.loss}, β {config.dpo.beta}; "
-        + ("reference log-probs computed from the starting policy" if needs_reference else "no reference (simpo)"),
+        + ("no reference (simpo)" if reference is None else "reference log-probs computed from the starting policy"),
         file=sys.stderr,
     )
-    ref_train = None if reference is None else reference[: len(train)]
-    ref_held = None if reference is None else reference[len(train) :]
+    ref_train, ref_held = (None, None) if reference is None else (reference[: len(train)], reference[len(train) :])
     # 4. the epoch loop: micro-batched DPO loss, AdamW, evaluation, checkpoints
     trainable = Trainable(model, d)
-    loss_of = functools.partial(pair_loss, config)
     task = supervised.Task(
         trainable,
         supervised.OneModel("model", model, model),
-        step=functools.partial(train_step, loss_of, trainable, train, ref_train, batches),
-        evaluate=functools.partial(evaluate, loss_of, model, held_out, ref_held, batches, d) if held_out else None,
-        tokens=lambda rows: sum(
-            2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids) for i in rows
-        ),
+        step=functools.partial(train_step, config, trainable, train, ref_train, batches),
+        evaluate=functools.partial(evaluate, config, model, held_out, ref_held, batches, d) if held_out else None,
+        tokens=functools.partial(supervised.pair_tokens, train),
     )
     fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
-    order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "dpo")
-    supervised.train(config, task, order, config.dpo.epochs, d)
+    supervised.train(config, task, len(train), fingerprint, config.dpo.epochs, d)
     # 5. final/, LoRA merged
     return write_final(config, model, tokenizer, d)
 
 
 def sides(pairs: Sequence[TokenizedPreference]) -> list[TokenizedSFT]:
     """Each pair's chosen sequences, then its rejected ones: ``prompt + response``, labels on the response only."""
-
-    def side(pair: TokenizedPreference, response: list[int]) -> TokenizedSFT:
-        return TokenizedSFT(pair.where, pair.prompt_ids + response, [IGNORE_INDEX] * len(pair.prompt_ids) + response)
-
-    return [side(p, p.chosen_ids) for p in pairs] + [side(p, p.rejected_ids) for p in pairs]
+    responses = [(p, p.chosen_ids) for p in pairs] + [(p, p.rejected_ids) for p in pairs]
+    return [TokenizedSFT(p.where, p.prompt_ids + r, [IGNORE_INDEX] * len(p.prompt_ids) + r) for p, r in responses]
 
 
 def sequence_logps(
@@ -125,11 +104,8 @@ def sequence_logps(
 
 @torch.no_grad()
 def reference_logps(model: torch.nn.Module, pairs: Sequence[TokenizedPreference], batches: Batcher) -> torch.Tensor:
-    """Summed log-probs ``(n, 2)`` (chosen, rejected) of every pair under ``model`` as it is now — the reference.
-
-    Every rank computes all of them in the same order (sharded runs need every rank in every forward; the caller
-    gathers a sharded model around the pass).
-    """
+    """Summed log-probs ``(n, 2)`` (chosen, rejected) of every pair under ``model`` as it is now: the reference.
+    Every rank computes all of them (sharded, every rank is in every forward; the caller gathers the model)."""
     model.eval()
     out = []
     size = batches.micro_batch_size
@@ -164,7 +140,7 @@ def pair_loss(
         rejected_lengths=lengths[b:],
         simpo_gamma=config.dpo.simpo_gamma,
     )
-    values = {
+    return loss, {
         "loss": loss.item(),
         "rewards/chosen": stats["rewards_chosen"].item(),
         "rewards/rejected": stats["rewards_rejected"].item(),
@@ -173,37 +149,30 @@ def pair_loss(
         "logps/chosen": logps[:b].mean().item(),
         "logps/rejected": logps[b:].mean().item(),
     }
-    return loss, values
 
 
 def train_step(
-    loss_of: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+    config: DPOConfig,
     trainable: Trainable,
     pairs: Sequence[TokenizedPreference],
     reference: torch.Tensor | None,
     batches: Batcher,
     indices: list[int],
 ) -> dict[str, float]:
-    """Backward of the mean loss over the step's pairs ``indices`` (this rank's share, in micro-batches of
-    ``batch.micro_size`` pairs); returns the step's stats over all ranks."""
-    rows = torch.tensor(indices)
-    n, d = len(rows), trainable.d
-    size = batches.micro_batch_size
+    """Backward of the mean loss over the step's pairs ``indices`` (`rlhf.trainers.supervised.pair_step`, in
+    micro-batches of ``batch.micro_size`` pairs); returns the step's stats over all ranks."""
 
-    def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        chosen = [pairs[i] for i in micro]
-        loss, values = loss_of(trainable.forward, chosen, None if reference is None else reference[micro], batches)
-        share = len(micro) / n  # micro-batch mean × its share = its part of the step's mean
-        return loss * share, {("train/loss" if key == "loss" else key): value * share for key, value in values.items()}
+    def micro_loss(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        ref = None if reference is None else reference[micro]
+        loss, values = pair_loss(config, trainable.forward, [pairs[i] for i in micro], ref, batches)
+        return loss, {("train/loss" if key == "loss" else key): value for key, value in values.items()}
 
-    mine = rows[d.rank :: d.world_size]
-    stats = update.accumulate(trainable, list(mine.split(size)), lambda: rows[:1], micro_step)
-    return update.reduce_stats(stats, d)
+    return supervised.pair_step(trainable, indices, batches.micro_batch_size, micro_loss)
 
 
 @torch.no_grad()
 def evaluate(
-    loss_of: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+    config: DPOConfig,
     model: torch.nn.Module,
     pairs: Sequence[TokenizedPreference],
     reference: torch.Tensor | None,
@@ -213,11 +182,9 @@ def evaluate(
     """The `METRICS` over all held-out pairs as ``eval/<name>`` (each rank scores its share; sums over ranks)."""
     model.eval()
     totals = {f"eval/{key}": 0.0 for key in METRICS}
-    size = batches.micro_batch_size
-    mine = list(range(d.rank, len(pairs), d.world_size))
-    micro_batches = [mine[start : start + size] for start in range(0, len(mine), size)]
-    for micro, real, _ in update.evenly(micro_batches, lambda: [0], d):
-        _, values = loss_of(model, [pairs[i] for i in micro], None if reference is None else reference[micro], batches)
+    for micro, real, _ in supervised.held_out_batches(len(pairs), batches.micro_batch_size, d):
+        ref = None if reference is None else reference[micro]
+        _, values = pair_loss(config, model, [pairs[i] for i in micro], ref, batches)
         if real:
             for key, value in values.items():
                 totals[f"eval/{key}"] += value * len(micro) / len(pairs)

@@ -1,12 +1,9 @@
 """Reward-model training (`rlhf rm`): a Bradley–Terry model on preference pairs, read top to bottom in `run`.
 
-(1) Load the model and *all* the data — validated and tokenised whole, so a malformed row stops the command
-with ``file:line`` before any step → (2) evaluate once before training → per optimizer step: (3) this step's
-pairs from the epoch's shuffled order → (4) micro-batches: chosen and rejected in one forward, the reward
-read at the last real token, Bradley–Terry loss → (5) clip, AdamW step, schedule → (6) metrics, evaluation
-every ``eval_every`` steps and at the end of each epoch, checkpoint → after training: (7) optional reward
-normalisation → (8) ``final/``.
-All math is in ``rlhf.core.preference``; each phase below is one call.
+(1) Load the model and *all* the data (a malformed row stops the command with ``file:line`` before any step) →
+(2)-(6) the loop SFT, RM and DPO share (`rlhf.trainers.supervised`), each step's pairs in micro-batches, chosen
+and rejected in one forward → (7) optional reward normalisation → (8) ``final/``. All math is in
+``rlhf.core.preference``.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - input = prompt ⊕ response + eos, the reward read at the last real token (items 14, 21), right padding;
@@ -17,12 +14,9 @@ Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - loss ``−log σ(r_c − r_r − margin)`` (margin when ``use_margin`` and the data has one, else 0) plus
   ``center_rewards_coefficient · mean((r_c + r_r)²)`` (item 16, TRL); accuracy is strict, ``r_c > r_r``
   (item 17);
-- each micro-batch's mean loss is weighted by its share of the step's pairs, so accumulation gives exactly
-  the gradient of the step's mean (docs/architecture.md, conventions); the last step of an epoch may hold fewer pairs;
-- normalisation (item 19, OAI "after training" only): ``gain = 1/σ_D``, ``bias = −gain·μ_D`` over the
-  raw scores of ``normalize_samples`` responses the ``normalize_policy`` samples, population std (OAI);
-  stored in ``final/config.json`` (``rlhf_reward_gain``, ``rlhf_reward_bias``) and applied by every
-  consumer through ``RewardModelReward``.
+- normalisation (item 19, OAI "after training" only): ``gain = 1/σ_D``, ``bias = −gain·μ_D`` over the raw
+  scores of ``normalize.samples`` responses of ``normalize.policy``, population std (OAI); how consumers apply
+  it: docs/architecture.md, "Reward sources".
 Deviations from the references: several epochs are allowed (OAI/N+ train one); the schedule is the shared
 ``lr_scheduler`` (``linear`` = OAI's anneal to 0); no "before training" normalisation (OAI sets one so that
 the untrained head matches the label scale — irrelevant for comparisons).
@@ -54,7 +48,7 @@ from rlhf.data import (
     read_prompts,
     tokenize_prompts,
 )
-from rlhf.data.stream import EpochOrder, PromptBatch, fingerprint_of
+from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora
 from rlhf.models.reward import (
@@ -68,9 +62,8 @@ from rlhf.models.reward import (
 from rlhf.models.sharding import materialize, shard, shard_small, unsharded
 from rlhf.rollout import generation
 from rlhf.runlog import distributed, rundir
-from rlhf.runlog.distributed import Dist
-from rlhf.runlog.seeding import seed_everything
-from rlhf.trainers import supervised, update
+from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.trainers import supervised
 from rlhf.trainers.update import Trainable
 
 NORMALIZATION_FILE = "normalization.jsonl"
@@ -81,12 +74,7 @@ NORMALIZATION_FILE = "normalization.jsonl"
 @rundir.claims_output_dir
 def run(config: RMConfig) -> Path:
     """Train a reward model on ``config.data.train``; returns the ``final/`` directory."""
-    from rlhf.inputs import check_inputs
-
-    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
-    out = Path(config.output_dir)
-    d = distributed.current()
-    seed_everything(config.run.seed)
+    out, d = Path(config.output_dir), supervised.start(config)
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
     rm, scorer = load_scorer(config, d)
     train, held_out = load_pairs(config, rm)
@@ -96,14 +84,11 @@ def run(config: RMConfig) -> Path:
         trainable,
         supervised.OneModel("scorer", scorer, rm.model),
         step=functools.partial(train_step, config, rm, trainable, train),
-        evaluate=functools.partial(evaluate, config, scorer, rm, held_out, d.device, d) if held_out else None,
-        tokens=lambda rows: sum(
-            2 * len(train[i].prompt_ids) + len(train[i].chosen_ids) + len(train[i].rejected_ids) for i in rows
-        ),
+        evaluate=functools.partial(evaluate, config, scorer, rm, held_out, d) if held_out else None,
+        tokens=functools.partial(supervised.pair_tokens, train),
     )
     fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
-    order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "rm")
-    supervised.train(config, task, order, config.rm.epochs, d)
+    supervised.train(config, task, len(train), fingerprint, config.rm.epochs, d)
     # sharded: rank 0 alone continues, with a whole copy in a fresh model of the same build (the others are done)
     whole = [rm]
 
@@ -117,7 +102,7 @@ def run(config: RMConfig) -> Path:
     model = peft_or_hf.merge_and_unload() if hasattr(peft_or_hf, "merge_and_unload") else peft_or_hf
     # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
     if config.normalize.policy:
-        normalize(config, model, rm.tokenizer, d.device, out, distributed.SINGLE if d.sharded else d)
+        normalize(config, model, rm.tokenizer, d.device, out, SINGLE if d.sharded else d)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
     if d.is_main:
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
@@ -153,10 +138,8 @@ def load_scorer(config: RMConfig, d: Dist) -> tuple[TrainableRewardModel, Reward
 
 def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:
     """Training and held-out pairs, each file read, validated and tokenised whole (``DataError``: file:line).
-
     Decoders: ``prompt ids + response ids + eos``, responses cut to ``max_length``; encoders: the one text
-    ``prompt + response`` with the tokenizer's specials. A pair longer than the model's positions is an error.
-    """
+    ``prompt + response`` with the tokenizer's specials. A pair longer than the model's positions is an error."""
     kwargs = {"model_max_length": rm.max_positions, "join_text": not rm.is_decoder}
     train = load_preferences(config.data.train, rm.tokenizer, config.data.max_length, **kwargs)
     held_out = (
@@ -196,68 +179,54 @@ def train_step(
     pairs: list[TokenizedPreference],
     indices: list[int],
 ) -> dict[str, float]:
-    """Phase 4: backward of the mean loss over the step's pairs ``indices`` (this rank's share of them, in
-    micro-batches); returns the step's train stats over all ranks."""
-    rows = torch.tensor(indices)
-    n, pad = len(rows), rm.tokenizer.pad_token_id
+    """Phase 4: backward of the mean loss over the step's pairs ``indices`` (`rlhf.trainers.supervised.pair_step`);
+    returns the step's train stats over all ranks."""
+
+    def loss_of(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, stats = pair_loss(config, trainable.forward, rm, [pairs[i] for i in micro], trainable.d.device)
+        return loss, {f"train/{key}": value for key, value in stats.items()}
+
+    return supervised.pair_step(trainable, indices, config.effective_micro_batch_size, loss_of)
+
+
+def pair_loss(
+    config: RMConfig, scorer: Callable[..., torch.Tensor], rm: TrainableRewardModel, pairs: list, device: torch.device
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The Bradley–Terry loss of ``pairs`` (their mean) and its ``loss``, ``accuracy`` (strict, r_c > r_r) and
+    ``reward_margin`` (mean r_c − r_r)."""
+    chosen, rejected, margin = pair_rewards(scorer, pairs, rm.tokenizer.pad_token_id, device)
     center = config.rm.center_rewards_coefficient or 0.0
-    d, device = trainable.d, trainable.d.device
-
-    def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        chosen, rejected, margin = pair_rewards(trainable.forward, [pairs[i] for i in micro], pad, device)
-        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
-        share = len(micro) / n  # micro-batch mean × its share = its part of the step's mean
-        return loss * share, {
-            "train/loss": loss.item() * share,
-            "train/accuracy": stats["accuracy"].item() * share,
-            "train/reward_margin": stats["margin_mean"].item() * share,
-        }
-
-    mine = rows[d.rank :: d.world_size]
-    micro_batches = list(mine.split(config.effective_micro_batch_size))
-    stats = update.accumulate(trainable, micro_batches, lambda: rows[:1], micro_step)
-    return update.reduce_stats(stats, d)
+    loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
+    return loss, {
+        "loss": loss.item(),
+        "accuracy": stats["accuracy"].item(),
+        "reward_margin": stats["margin_mean"].item(),
+    }
 
 
 @torch.no_grad()
 def evaluate(
-    config: RMConfig,
-    scorer: nn.Module,
-    rm: TrainableRewardModel,
-    pairs: list[TokenizedPreference],
-    device: torch.device,
-    d: Dist = distributed.SINGLE,
+    config: RMConfig, scorer: nn.Module, rm: TrainableRewardModel, pairs: list[TokenizedPreference], d: Dist = SINGLE
 ) -> dict[str, float]:
     """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs (each rank scores
     its share; the sums are added over ranks)."""
-    center = config.rm.center_rewards_coefficient or 0.0
     totals = {"eval/loss": 0.0, "eval/accuracy": 0.0, "eval/reward_margin": 0.0}
-    size = config.effective_micro_batch_size
-    mine = list(range(d.rank, len(pairs), d.world_size))
-    micro_batches = [mine[start : start + size] for start in range(0, len(mine), size)]
-    for micro, real, _ in update.evenly(micro_batches, lambda: [0], d):
-        chosen, rejected, margin = pair_rewards(scorer, [pairs[i] for i in micro], rm.tokenizer.pad_token_id, device)
-        if not real:
-            continue
-        loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
+    for micro, real, _ in supervised.held_out_batches(len(pairs), config.effective_micro_batch_size, d):
+        _, stats = pair_loss(config, scorer, rm, [pairs[i] for i in micro], d.device)
         share = len(micro) / len(pairs)
-        totals["eval/loss"] += loss.item() * share
-        totals["eval/accuracy"] += stats["accuracy"].item() * share
-        totals["eval/reward_margin"] += stats["margin_mean"].item() * share
+        if real:
+            for key, value in stats.items():
+                totals[f"eval/{key}"] += value * share
     return d.sum_values(totals)
 
 
 def normalize(
-    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path, d: Dist = distributed.SINGLE
+    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path, d: Dist = SINGLE
 ) -> tuple[float, float]:
-    """Phase 7 (checklist item 19): sample ``normalize.samples`` responses from ``normalize.policy``, score
-    them with the trained model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0), and
-    store ``gain = 1/σ``, ``bias = −μ/σ`` (population std, OAI) in ``model.config``. Writes
-    ``normalization.jsonl`` (rank 0); returns (gain, bias). Under torchrun each rank samples and scores its
-    share of the responses.
-
-    Sampling, scoring and storing stay together: they are one measurement, read in order.
-    """
+    """Phase 7 (checklist item 19): score ``normalize.samples`` responses of ``normalize.policy`` with the trained
+    model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0) and store gain and bias in
+    ``model.config``; writes ``normalization.jsonl`` (rank 0); returns (gain, bias). Each rank scores its share.
+    Sampling, scoring and storing stay together: they are one measurement, read in order."""
     from rlhf.models.loading import load_causal_lm, load_tokenizer
     from rlhf.rollout.engine import SamplingParams
     from rlhf.rollout.rewards import RewardModelReward

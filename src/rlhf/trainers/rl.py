@@ -1,23 +1,17 @@
 """The loop PPO and GRPO share, as `rlhf.trainers.supervised` is sft's, rm's and dpo's: the algorithm supplies its
-models, how it samples, what it learns from a scored batch and what it adds after each step.
-
-Set-up: every input checked, the seeds set, the tokenizer, the prompts (training and held-out), the reward
-sources → the algorithm builds its `Models` → optimizer, schedule, prompt stream and random generators
-(`rlhf.runlog.train_state.TrainState`), resumed from ``--run.resume``'s checkpoint → the held-out answers of
-step 0. Per step: (1) sample and score (``Algorithm.sample``) → (2) learn from the scored batch
-(``Algorithm.learn``: the rollout's passes and the update; skipped when no sample could be scored) → (3) a
-moving reference follows the policy (``kl.reference_ema``) → (4) the algorithm's after-step (PPO's KL
-controller) → (5) the metrics row, completions, held-out answers when due, the log (the training doctor reads
-each row) → (6) the doctor may stop the run → (7) the checkpoint when due. At the end: ``final/``.
+models, how it samples, what it learns from a scored batch and what it adds after each step (`Algorithm`). The
+phases of a step are numbered in `train`; the same step function by function: docs/architecture.md, "One PPO
+step".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +20,9 @@ from torch import nn
 
 from rlhf.config import PolicyGradientConfig
 from rlhf.config.sections import PolicyModel
+from rlhf.core.logprobs import INVALID_LOGPROB
+from rlhf.core.masked import masked_sum
+from rlhf.core.sequences import ResponseMasks, penalize_missing_eos, response_masks
 from rlhf.data import held_out, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.data.tokenization import stop_token_ids
@@ -35,13 +32,12 @@ from rlhf.models.sharding import load_policy, unsharded
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardSet
-from rlhf.runlog import distributed, rundir, samples
+from rlhf.runlog import rundir, samples
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch, open_run
 from rlhf.runlog.progress import StepProgress
-from rlhf.runlog.seeding import seed_everything
 from rlhf.runlog.train_state import TrainState
-from rlhf.trainers import update
+from rlhf.trainers import supervised, update
 
 MAX_HELD_OUT = 32
 """Held-out prompts answered at every eval step: the first ones of ``data.eval``, or a slice of ``data.train``."""
@@ -74,10 +70,9 @@ class Sampled:
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    """What an update needs about one sampled batch, on the training device: ``query_responses`` and
-    ``attention_mask`` (B, C+T) long; ``logprobs`` and ``ref_logprobs`` (B, T) float32 at the sampling temperature,
-    INVALID_LOGPROB at padding (None: taken from the training forward, or no reference); ``advantages`` (B, T)
-    float32. Each algorithm adds its own fields."""
+    """What an update needs about one sampled batch, on the training device: ``query_responses``, ``attention_mask``
+    (B, C+T) long; ``logprobs``, ``ref_logprobs`` (B, T) float32 at the sampling temperature, INVALID_LOGPROB at
+    padding (None: taken from the training forward, or no reference); ``advantages`` (B, T) float32."""
 
     query_responses: torch.Tensor
     attention_mask: torch.Tensor
@@ -89,11 +84,17 @@ class Rollout:
     def response_length(self) -> int:
         return self.advantages.shape[1]
 
+    def micro_inputs(self, micro: update.MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``query_responses`` and ``attention_mask`` of ``micro``: its rows, its own columns only (the cut ones are
+        padding, outside every mask)."""
+        cols = micro.columns(self.query_responses.shape[1] - self.response_length)
+        return self.query_responses[micro.rows, cols], self.attention_mask[micro.rows, cols]
+
 
 @dataclasses.dataclass(frozen=True)
 class ValueFunction:
-    """PPO's value function: a ``head`` on the policy's trunk, or a separate ``critic`` (``load``: builds it on a
-    device, for the unsharded copy of ``final/``)."""
+    """PPO's value function: a ``head`` on the policy's trunk, or a separate ``critic``; ``load()`` builds a fresh
+    one (on the CPU), the shell of the unsharded copy for ``final/``."""
 
     head: ValueHead | None = None
     critic: nn.Module | None = None
@@ -101,10 +102,9 @@ class ValueFunction:
 
 
 class Models:
-    """What an RL run trains and scores against: the policy, its reference (`Reference`; None without a KL
-    penalty in GRPO), PPO's value function, and `Trainable`, the policy and value function as the ranks train
-    them. The checkpoint holds what changes: the policy's trained weights, the value function and a moving
-    reference."""
+    """What an RL run trains and scores against: the policy, its reference (None without a KL penalty in GRPO),
+    PPO's value function, and `Trainable`, policy and value function as the ranks train them. The checkpoint
+    holds what changes: the policy's trained weights, the value function and a moving reference."""
 
     def __init__(
         self,
@@ -150,18 +150,6 @@ class Models:
                 load_trainable_state(module, state[name], "policy weights")
             else:
                 module.load_state_dict(state[name])
-
-    def unsharded(self) -> tuple[nn.Module, nn.Module | None] | None:
-        """(policy, value function or None) as plain modules for ``final/``: themselves, or when sharded, full
-        copies on rank 0 (None elsewhere). Every rank must call it."""
-        d = self.d
-        policy = unsharded(self.policy, lambda: load_policy(self.model, SINGLE, reference=False)[0], d)
-        value = None
-        if self.value.head is not None:
-            value = unsharded(self.value.head, lambda: ValueHead(self.value.head.linear.in_features), d)
-        elif self.value.critic is not None:
-            value = unsharded(self.value.critic, self.value.load, d)
-        return (policy, value) if policy is not None else None
 
 
 class Algorithm:
@@ -209,10 +197,10 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     algorithm.load_state_dict(saved)
     start = saved.get("step", 0)
     logger = open_run(config, checkpoint, start, d)
-    evaluate_start(config, inputs, models.policy, logger, stream, start)
+    if start == 0 and inputs.eval_prompts:  # step 0 (a resumed run has its row): every curve's own starting point
+        logger.log({"step": 0, **evaluate(config, inputs, models.policy, 0, stream)})
     unscored = scoring.UnscoredSteps()
-    shown = config.run.progress and d.is_main
-    with StepProgress(config.steps, start, enabled=shown, health=logger.health) as progress:
+    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
         for step in range(start + 1, config.steps + 1):
             watch = Stopwatch("rollout", "logprobs", "train")
             trainer_state = make_trainer_state(config, step - 1, stream)
@@ -227,18 +215,17 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             stats = sampled.stats | learned
             stats |= algorithm.after_step(stats)  # 4. e.g. PPO's β for the next step
             metrics = step_metrics(step, sampled, state.scheduler.get_last_lr()[0], watch, stats)
-            trainer_state = make_trainer_state(config, step, stream)
-            # 5. completions, held-out answers and the row, when due
-            end_step(
-                config,
-                inputs,
-                models.policy,
-                logger,
-                step=step,
-                metrics=metrics,
-                trainer_state=trainer_state,
-                sampled=sampled,
-            )
+            # 5. when due: the completions (rank 0), the held-out answers (every run.eval_every steps and at the last,
+            # in this step's row), the row (every run.log_every steps)
+            logging = step % config.run.log_every == 0 or step == config.steps
+            if d.is_main and logging:
+                samples.write_completions(out, step, sampled.prompts, sampled.generated.completions, sampled.scores)
+            every = config.run.eval_every
+            evaluating = bool(inputs.eval_prompts) and ((every > 0 and step % every == 0) or step == config.steps)
+            if evaluating:
+                metrics |= evaluate(config, inputs, models.policy, step, stream)
+            if evaluating or logging:
+                logger.log(metrics)
             progress.update(step, metrics)
             stop = doctor_stops(config, logger, d)  # 6. doctor.stop_on: a finding that severe started
             if stop or (config.run.save_every and step % config.run.save_every == 0):  # 7.
@@ -251,14 +238,9 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
 
 
 def load_inputs(config: PolicyGradientConfig) -> Inputs:
-    """Check every input (model paths, reward sources, stop token) before anything loads, seed every generator,
-    then the policy's tokenizer, the stop token ids, the training and held-out prompts, the reward sources and
-    the sampling settings."""
-    from rlhf.inputs import check_inputs
-
-    check_inputs(config)
-    d = distributed.current()
-    seed_everything(config.run.seed)
+    """After `rlhf.trainers.supervised.start` (every input checked, the seeds set): the policy's tokenizer, the stop
+    token ids, the training and held-out prompts, the reward sources and the sampling settings."""
+    d = supervised.start(config)
     tokenizer = load_tokenizer(config.model.name)
     train_prompts, eval_prompts = prompts(config, tokenizer)
     sampling = SamplingParams.of(config.sampling)
@@ -268,10 +250,8 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
 
 
 def make_trainer_state(config: PolicyGradientConfig, steps_done: int, stream: PromptStream) -> Any:
-    """What reward functions get as ``trainer_state`` (`rlhf.rollout.scoring.make_trainer_state`): ``global_step``,
-    the iterations completed (0 while the first batch is scored); ``max_steps``; ``epoch``, the passes over the
-    training prompts so far (fractional, from the stream's position); ``logging_steps`` / ``eval_steps`` /
-    ``save_steps`` from ``run``; ``train_batch_size``, the completions per step."""
+    """What reward functions get as ``trainer_state`` (`rlhf.rollout.scoring.make_trainer_state`; for users: the
+    README's "Reward sources"); ``train_batch_size`` counts completions, ``epoch`` is fractional."""
     run, epochs = config.run, math.ceil(config.steps * stream.batch_size / len(stream.prompts))
     return scoring.make_trainer_state(
         epoch=stream.epoch + stream.index / len(stream.prompts),
@@ -290,10 +270,7 @@ def prompts(config: PolicyGradientConfig, tokenizer: Any) -> tuple[list, list]:
     train = load_prompts(config.data.train, tokenizer, config.sampling.max_prompt_length)
     if config.data.eval:
         return train, load_prompts(config.data.eval, tokenizer, config.sampling.max_prompt_length)[:MAX_HELD_OUT]
-    n = min(MAX_HELD_OUT, len(train) // 10)
-    if n == 0:
-        return train, []
-    return held_out(train, n, seed=config.run.seed)
+    return held_out(train, min(MAX_HELD_OUT, len(train) // 10), seed=config.run.seed)
 
 
 def sample_and_score(
@@ -308,9 +285,8 @@ def sample_and_score(
     max_rows: int | None = None,
 ) -> Sampled:
     """Answer ``batch`` with ``policy`` (``repeat`` answers per prompt, consecutive rows; at most ``max_rows`` in
-    one forward) and score the answers (GDPO within each prompt's ``repeat`` rows). Under torchrun each rank
-    samples and scores its share of the prompts; every rank returns the whole batch. The rewards learnt from are
-    the combined scores."""
+    one forward) and score the answers (GDPO within each prompt's ``repeat`` rows); ``rewards``: the combined
+    scores. Each rank samples and scores its share of the prompts; every rank returns the whole batch."""
     d = inputs.d
     generated = generation.generate(
         policy,
@@ -348,6 +324,60 @@ def micro_plan(config: PolicyGradientConfig, mask: torch.Tensor, T: int) -> Call
     return lambda rows: update.plan_micro_batches(rows, mask, T, size, budget)
 
 
+def first_pass(
+    config: PolicyGradientConfig, generated: generation.Generated, unit: int, d: Dist
+) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], int, bool]]:
+    """(rows, (ids, mask), T', real) of this rank's micro-batches of the first pass of :func:`update_passes`, ids and
+    mask cut to their columns: the rollout's no-grad passes run exactly these forwards. Under FSDP (every forward a
+    collective) filler passes (``real`` False: drop the output) even out the count."""
+    ids, mask = generated.query_responses, generated.attention_mask
+    (B, L), T = ids.shape, generated.responses.shape[1]
+    plan = micro_plan(config, mask, T)
+    micro_batches = []
+    for minibatch in torch.arange(B).split(config.minibatch_size):
+        micro_batches += update.own_micro_batches(minibatch, unit, plan, d)
+    passes = ((micro, True, None) for micro in micro_batches)
+    if d.sharded:
+        passes = update.evenly(micro_batches, lambda: plan(update.own_row(B, unit, d))[0], d)
+    for micro, real, _ in passes:
+        cols = micro.columns(L - T)
+        yield micro.rows, (ids[micro.rows, cols], mask[micro.rows, cols]), micro.response_length, real
+
+
+def response_logprobs(
+    generated: generation.Generated, *logprobs: torch.Tensor | None
+) -> tuple[ResponseMasks, list[torch.Tensor | None]]:
+    """The responses' masks, and each of ``logprobs`` (B, T) with INVALID_LOGPROB at padding (the columns a
+    micro-batch cut too), on both sides of every ratio and KL: KL = 0 and ratio = 1 there (checklist item 13)."""
+    masks = response_masks(generated.responses, pad_token_id=generated.pad_token_id)
+    return masks, [None if x is None else x.masked_fill(masks.padding_mask, INVALID_LOGPROB) for x in logprobs]
+
+
+def missing_eos_penalized(config: PolicyGradientConfig, scores: torch.Tensor, has_stop: torch.Tensor) -> torch.Tensor:
+    """``scores`` (B,) with ``reward.missing_eos_penalty`` applied to the responses that did not stop (when set)."""
+    reward = config.reward
+    if reward.missing_eos_penalty is None:
+        return scores
+    return penalize_missing_eos(scores, has_stop, reward.missing_eos_mode, reward.missing_eos_penalty)
+
+
+def kl_stats(
+    logprobs: torch.Tensor, ref: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, scored: torch.Tensor
+) -> dict[str, float]:
+    """``kl/mean``: per-sequence Σ (log π − log π_ref) over ``mask``, averaged over the scored sequences (the name
+    users know it by; NaN when none was); ``kl/estimator_mean``: the same of the estimator's per-token ``kl``."""
+    return {
+        "kl/mean": masked_sum(logprobs - ref, mask, dim=-1)[scored].mean().item(),
+        "kl/estimator_mean": masked_sum(kl, mask, dim=-1)[scored].mean().item(),
+    }
+
+
+def ratio_dev_max(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |π/π_old − 1| over ``mask``: exactly 0 in the first minibatch (checklist item 34)."""
+    with torch.no_grad():
+        return (logprobs - old_logprobs).exp().sub(1).abs().masked_fill(~mask, 0).max().item()
+
+
 def update_passes(
     config: PolicyGradientConfig,
     models: Models,
@@ -360,24 +390,42 @@ def update_passes(
     held: Sequence[nn.Parameter] = (),
     first: ScoredTokens | None = None,
 ) -> dict[str, float]:
-    """``passes`` passes over ``rollout`` (`rlhf.trainers.update.update_passes`): minibatches of
-    ``config.minibatch_size`` rows (``unit`` rows share a rank), one optimizer step each, in the micro-batches of
-    :func:`micro_plan`; ``step(micro, minibatch)`` is the algorithm's loss of one micro-batch."""
-    return update.update_passes(
-        passes=passes,
-        num_rows=rollout.query_responses.shape[0],
-        minibatch_size=config.minibatch_size,
-        shuffle=state.generators["shuffle"],
-        unit=unit,
-        plan=micro_plan(config, rollout.attention_mask, rollout.response_length),
-        step=step,
-        trainable=models.trainable,
-        optimizer=state.optimizer,
-        scheduler=state.scheduler,
-        max_grad_norm=config.optim.max_grad_norm,
-        held=held,
-        first=first,
-    )
+    """``passes`` passes over ``rollout`` (the first in the rollout's order, later ones shuffled) in minibatches of
+    ``config.minibatch_size`` rows, one optimizer step each, in the micro-batches of :func:`micro_plan`.
+    ``step(micro, minibatch)``: a micro-batch's loss and stats, normalised by the minibatch's global denominators;
+    ``unit``: rows that share a rank (a GRPO group); ``held``: parameters whose gradients are dropped before each
+    step (AdamW leaves them and their state alone); ``first``: the first micro-batch's forward, already run
+    (`rlhf.trainers.ppo.fuses_first_update`). Returns the per-update means over all ranks, ``grad/norm`` and
+    ``policy/first_ratio_max_dev`` (exactly 0: the policy has not moved yet; checklist item 34)."""
+    trainable, d = models.trainable, models.d
+    num_rows, size = rollout.query_responses.shape[0], config.minibatch_size
+    plan = micro_plan(config, rollout.attention_mask, rollout.response_length)
+    totals: dict[str, float] = {}
+    norms, first_dev = 0.0, -math.inf
+    for p in range(passes):
+        order = torch.arange(num_rows) if p == 0 else torch.randperm(num_rows, generator=state.generators["shuffle"])
+        for k, minibatch in enumerate(order.split(size)):
+            state.optimizer.zero_grad(set_to_none=True)
+            micro_batches = update.own_micro_batches(minibatch, unit, plan, d)
+            fused = first is not None and p == k == 0
+            if fused and len(micro_batches) != 1:
+                raise RuntimeError(f"a fused first forward needs one micro-batch, not {len(micro_batches)}")
+            micro_step = functools.partial(step, minibatch=minibatch, **({"forward": first} if fused else {}))
+            stats = update.accumulate(
+                trainable, micro_batches, lambda: plan(update.own_row(num_rows, unit, d))[0], micro_step
+            )
+            dev = stats.pop("ratio_dev_max", -math.inf)
+            if p == k == 0:
+                first_dev = dev
+            update.merge(totals, stats)
+            for param in held:
+                param.grad = None
+            norms += update.optimizer_step(trainable, state.optimizer, state.scheduler, config.optim.max_grad_norm)
+    updates = passes * math.ceil(num_rows / size)
+    result = {key: value / updates for key, value in update.reduce_stats(totals, d).items()}
+    result["grad/norm"] = norms / updates  # the same on every rank
+    result["policy/first_ratio_max_dev"] = update.reduce_stats({"first_max": first_dev}, d)["first_max"]
+    return result
 
 
 def in_warmup(step: int, steps: int, d: Dist, during: str, after: str) -> bool:
@@ -393,84 +441,28 @@ def clipped_objective(config: PolicyGradientConfig, step: int, d: Dist = SINGLE)
     (the first ``warmup_pg_steps`` steps)."""
     warmup = config.algorithm.warmup_pg_steps
     during = f"use the vanilla policy-gradient loss (warmup_pg_steps={warmup})"
-    return not in_warmup(
-        step, warmup, d, during, "the vanilla policy-gradient warm-up is over; the clipped objective takes over"
-    )
+    after = "the vanilla policy-gradient warm-up is over; the clipped objective takes over"
+    return not in_warmup(step, warmup, d, during, after)
 
 
 def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats: dict[str, float]) -> dict:
     """The training row of one step: ``step``, ``reward/*``, the step's ``stats``, ``response/*``, ``lr``,
     ``time/*`` (scoring's own seconds as ``time/score_s``) and ``throughput/tokens_per_s``."""
     metrics = {"step": step, **scoring.reward_metrics(sampled.scores), **stats}
-    metrics.update(generation.response_metrics(sampled.generated))
-    times = watch.metrics()
-    metrics.update(
-        {
-            "lr": lr,
-            **times,
-            "time/score_s": sampled.scores.seconds,
-            "throughput/tokens_per_s": metrics["response/tokens"] / times["time/step_s"],
-        }
-    )
-    return metrics
-
-
-def end_step(
-    config: PolicyGradientConfig,
-    inputs: Inputs,
-    policy: nn.Module,
-    logger: MetricsLogger | NoLogger,
-    *,
-    step: int,
-    metrics: dict[str, Any],
-    trainer_state: Any,
-    sampled: Sampled,
-) -> None:
-    """After the update: this step's completions to ``completions/`` (rank 0, when due), then the held-out
-    answers when due (every ``run.eval_every`` steps and at the last, ``eval/reward/*`` in this step's row), then
-    the row when due (every ``log_every``)."""
-    out, d = Path(config.output_dir), inputs.d
-    logging = step % config.run.log_every == 0 or step == config.steps
-    if d.is_main and logging:
-        samples.write_completions(out, step, sampled.prompts, sampled.generated.completions, sampled.scores)
-    evaluating = bool(inputs.eval_prompts) and (
-        (config.run.eval_every > 0 and step % config.run.eval_every == 0) or step == config.steps
-    )
-    if evaluating:
-        start = time.perf_counter()
-        metrics.update(evaluate(config, inputs, policy, step, trainer_state))
-        metrics["time/eval_s"] = time.perf_counter() - start
-    if evaluating or logging:
-        logger.log(metrics)
-
-
-def evaluate_start(
-    config: PolicyGradientConfig,
-    inputs: Inputs,
-    policy: nn.Module,
-    logger: MetricsLogger | NoLogger,
-    stream: Any,
-    start: int,
-) -> None:
-    """Step 0 of a fresh run: the policy's held-out answers before its first update, logged as the row ``{"step":
-    0, "eval/reward/*"}`` (and ``samples/step_000000.jsonl``), so every run's curves start from its own starting
-    point. A resumed run already has that row. Sampling uses the evaluation's own generator: training's
-    trajectory is the same with or without it."""
-    if start > 0 or not inputs.eval_prompts:
-        return
-    t0 = time.perf_counter()
-    trainer_state = make_trainer_state(config, 0, stream)
-    metrics = evaluate(config, inputs, policy, 0, trainer_state)
-    logger.log({"step": 0, **metrics, "time/eval_s": time.perf_counter() - t0})
+    metrics |= generation.response_metrics(sampled.generated)
+    times = watch.metrics() | {"time/score_s": sampled.scores.seconds}
+    return metrics | {"lr": lr, **times, "throughput/tokens_per_s": metrics["response/tokens"] / times["time/step_s"]}
 
 
 @torch.no_grad()
 def evaluate(
-    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, step: int, trainer_state: Any
+    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, step: int, stream: PromptStream
 ) -> dict[str, float]:
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
-    ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*``. Each rank answers and scores its
-    share; the rows are gathered. ``trainer_state``: what reward functions get as ``trainer_state``."""
+    ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*`` and ``time/eval_s``. Each rank answers and
+    scores its share. Its own generator leaves training's trajectory the same with or without it."""
+    t0 = time.perf_counter()
+    trainer_state = make_trainer_state(config, step, stream)
     generator = torch.Generator(inputs.d.device).manual_seed(config.run.seed + 2)
     batch = PromptBatch.of(inputs.eval_prompts, range(len(inputs.eval_prompts)))
     answered = sample_and_score(
@@ -479,7 +471,7 @@ def evaluate(
     if inputs.d.is_main:
         completions = answered.generated.completions
         samples.write_samples(Path(config.output_dir), step, batch.texts, completions, answered.scores)
-    return scoring.reward_metrics(answered.scores, prefix="eval/reward")
+    return scoring.reward_metrics(answered.scores, prefix="eval/reward") | {"time/eval_s": time.perf_counter() - t0}
 
 
 def doctor_stops(config: PolicyGradientConfig, logger: MetricsLogger | NoLogger, d: Dist = SINGLE) -> bool:
@@ -499,27 +491,24 @@ def doctor_stops(config: PolicyGradientConfig, logger: MetricsLogger | NoLogger,
 
 
 def write_final(models: Models, tokenizer: Any, final: Path, d: Dist) -> None:
-    """``final/``, written by rank 0 alone through a staging directory (a crash keeps the previous final/). Every
-    rank calls it: sharded weights are gathered with every rank taking part; replicated ones (one process, DDP)
-    are already whole on rank 0, and a second writer would race it for the directory."""
-    plain = models.unsharded()
-    if plain is not None and d.is_main:
-        with rundir.staged(final) as staging:
-            save_final(*plain, tokenizer=tokenizer, out=staging)
-
-
-def save_final(policy: nn.Module, value: nn.Module | None, *, tokenizer: Any, out: Path) -> Path:
-    """``out/final``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer; PPO's value function beside
-    it (``value_head.safetensors``, or the separate critic under ``critic/``)."""
+    """``final/``: a plain ``save_pretrained`` policy (LoRA merged in) + tokenizer, and PPO's value function beside it
+    (``value_head.safetensors``, or the separate critic under ``critic/``). Every rank calls it (sharded weights
+    are gathered by all); rank 0 alone writes, through a staging directory (a crash keeps the previous final/)."""
     from safetensors.torch import save_file
 
-    final = out / "final"
+    # plain modules: themselves, or when sharded, full copies on rank 0 (None elsewhere)
+    policy = unsharded(models.policy, lambda: load_policy(models.model, SINGLE, reference=False)[0], d)
+    value = models.value_module()
+    value = unsharded(value, models.value.load, d) if value is not None else None
+    if policy is None or not d.is_main:
+        return
     policy = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") else policy
-    policy.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    if isinstance(value, ValueHead):
-        save_file({k: v.contiguous() for k, v in value.state_dict().items()}, final / "value_head.safetensors")
-    elif value is not None:
-        value.trunk.save_pretrained(final / "critic")
-        save_file(dict(value.head.state_dict()), final / "critic" / "value_head.safetensors")
-    return final
+    with rundir.staged(final) as staging:
+        out = staging / "final"
+        policy.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        if isinstance(value, ValueHead):
+            save_file({k: v.contiguous() for k, v in value.state_dict().items()}, out / "value_head.safetensors")
+        elif value is not None:
+            value.trunk.save_pretrained(out / "critic")
+            save_file(dict(value.head.state_dict()), out / "critic" / "value_head.safetensors")

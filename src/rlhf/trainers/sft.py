@@ -1,26 +1,20 @@
 """Supervised fine-tuning (SFT): next-token cross-entropy on the response / assistant tokens, read in `run`.
 
-`run` loads the data and the model, then trains in the loop SFT and RM share (`rlhf.trainers.supervised`:
-epochs of shuffled batches, evaluation, checkpoints, resume). This module supplies one step: the step's
-examples → micro-batches of ``micro_batch_size`` examples, right-padded or packed into rows of ``max_length``
-tokens → forward + backward of each micro-batch's summed token loss divided by the label tokens of the
-WHOLE batch, so that accumulation gives exactly the batch's gradient (docs/architecture.md) — and
-``eval/loss``.
+`run` loads the data and the model, then trains in the loop SFT, RM and DPO share (`rlhf.trainers.supervised`).
+This module supplies one step — micro-batches of ``micro_batch_size`` examples, right-padded or packed into rows
+of ``max_length`` tokens, each one's summed token loss divided by the label tokens of the WHOLE batch, so that
+accumulation gives exactly the batch's gradient — and ``eval/loss``. Its metrics: the README, "The pipeline by
+hand".
 
 Conventions:
 - labels are `IGNORE_INDEX` on prompt, user/system and padding tokens (`rlhf.data.tokenize_sft`); the logits
   at position t predict token t+1, so the loss is ``Σ_t −log p(x_{t+1} | x_≤t) · [label_{t+1} ≠ −100] / N``,
   N = the labelled tokens of the optimizer batch (TRL SFTTrainer's token mean with ``num_items_in_batch``);
 - an epoch is ``ceil(len(train) / batch_size)`` steps; its last batch holds the remainder;
-- packing (``packing: true``) concatenates each micro-batch's examples into rows (first-fit decreasing) with
-  ``position_ids`` restarting at 0 for every example and no 2-D attention mask: transformers (5.x) then
+- packing passes ``position_ids`` restarting at 0 for every example and no 2-D attention mask: transformers (5.x)
   builds a block-diagonal causal mask from the restarts (``masking_utils.find_packed_sequence_indices``, for
-  eager, sdpa and flex attention; flash attention reads the same boundaries from ``position_ids``), so the
-  loss and gradient are the unpacked batch's and only padding is saved. A probe at start-up refuses a model
-  that lets packed examples see each other (`check_packing`);
-- metrics.jsonl: a row at step 0 with ``eval/loss``, then per step ``step``, ``epoch`` (fractional),
-  ``train/loss``, ``grad/norm`` (before clipping), ``lr`` (the step's own), ``time/step_s``,
-  ``throughput/tokens_per_s`` (non-padding tokens), and on eval steps ``eval/loss`` and ``time/eval_s``.
+  eager, sdpa and flex; flash attention reads the same boundaries), so the loss and gradient are the unpacked
+  batch's; `check_packing` refuses a model that lets packed examples see each other.
 
 Deviations from TRL's SFTTrainer: dropout is off (`load_causal_lm`, LoRA dropout included) rather than the
 model's own, so that packing, micro-batching and resuming reproduce a run exactly (modern causal LMs —
@@ -32,9 +26,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -43,12 +36,11 @@ from rlhf.config import ConfigError, SFTConfig
 from rlhf.core.logprobs import selective_log_softmax
 from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
-from rlhf.data.stream import EpochOrder, fingerprint_of
+from rlhf.data.stream import fingerprint_of
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.sharding import adapters, load_lm, unsharded
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import supervised, update
 from rlhf.trainers.update import Trainable
 
@@ -60,11 +52,7 @@ HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) 
 @rundir.claims_output_dir
 def run(config: SFTConfig) -> Path:
     """Fine-tune ``config.model.name`` on ``config.data.train``; returns the ``final/`` directory."""
-    from rlhf.inputs import check_inputs
-
-    check_inputs(config)  # every model path, reward source and stop_token, before anything loads
-    d = distributed.current()
-    seed_everything(config.run.seed)
+    d = supervised.start(config)
     tokenizer = load_tokenizer(config.model.name)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
@@ -81,8 +69,7 @@ def run(config: SFTConfig) -> Path:
         tokens=lambda rows: sum(len(train[i].input_ids) for i in rows),
     )
     fingerprint = fingerprint_of((e.input_ids, e.labels) for e in train)
-    order = EpochOrder(len(train), config.batch.size, config.run.seed, fingerprint, "sft")
-    supervised.train(config, task, order, config.sft.epochs, d)
+    supervised.train(config, task, len(train), fingerprint, config.sft.epochs, d)
     return write_final(config, model, tokenizer, d)
 
 
@@ -100,14 +87,9 @@ def train_step(
         micro_loss = aggregate(per_token, mask, "token-mean", num_tokens=num_tokens)
         return micro_loss, {"train/loss": micro_loss.item()}
 
-    filler = functools.partial(batches.one, batch[0])  # a rank whose share is empty runs it at weight 0
-    stats = update.accumulate(trainable, batches(batch[d.rank :: d.world_size]), filler, micro_step)
+    mine = batches(batch[d.rank :: d.world_size])  # a rank with none runs the first example, at weight 0
+    stats = update.accumulate(trainable, mine, lambda: batches(batch[:1])[0], micro_step)
     return {"train/loss": update.reduce_stats(stats, d).get("train/loss", 0.0)}
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Data: examples, their order, micro-batches
-# --------------------------------------------------------------------------------------------------------------
 
 
 def _examples(config: SFTConfig, tokenizer: Any) -> tuple[list[TokenizedSFT], list[TokenizedSFT]]:
@@ -117,10 +99,7 @@ def _examples(config: SFTConfig, tokenizer: Any) -> tuple[list[TokenizedSFT], li
         raise ConfigError(f"sft: data.train {config.data.train!r} holds no examples")
     if config.data.eval:
         return train, load_sft(config.data.eval, tokenizer, config.data.max_length)
-    n = min(MAX_HELD_OUT, len(train) // HELD_OUT_FRACTION)
-    if n == 0:
-        return train, []
-    return held_out(train, n, seed=config.run.seed)
+    return held_out(train, min(MAX_HELD_OUT, len(train) // HELD_OUT_FRACTION), seed=config.run.seed)
 
 
 def label_tokens(example: TokenizedSFT) -> int:
@@ -128,13 +107,10 @@ def label_tokens(example: TokenizedSFT) -> int:
     return sum(label != IGNORE_INDEX for label in example.labels[1:])
 
 
-@dataclass(frozen=True)
-class Rows:
-    """One forward pass: ``input_ids``, ``position_ids``, ``labels`` (R, L) int64 on the device.
-
-    ``attention_mask`` (R, L) int64 for right-padded rows; None for packed rows, where ``position_ids``
-    restarting at 0 mark each example's start (and the trailing padding is one more block of its own).
-    """
+class Rows(NamedTuple):
+    """One forward pass: ``input_ids``, ``position_ids``, ``labels`` (R, L) int64 on the device; ``attention_mask``
+    (R, L) int64 for right-padded rows, None for packed rows, where ``position_ids`` restarting at 0 mark each
+    example's start (and the trailing padding is one more block of its own)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -143,7 +119,8 @@ class Rows:
 
 
 class Batcher:
-    """``batcher(examples)`` → the `Rows` of each micro-batch of ``micro_batch_size`` examples."""
+    """``batcher(examples)`` → the `Rows` of each micro-batch of ``micro_batch_size`` examples (packed: into rows of
+    ≤ ``max_length`` tokens, `pack`)."""
 
     def __init__(self, micro_batch_size: int, packing: bool, max_length: int, filler: int, device: Any):
         self.micro_batch_size, self.packing, self.max_length = micro_batch_size, packing, max_length
@@ -151,12 +128,7 @@ class Batcher:
 
     def __call__(self, examples: Sequence[TokenizedSFT]) -> list[Rows]:
         micro = [examples[i : i + self.micro_batch_size] for i in range(0, len(examples), self.micro_batch_size)]
-        make = self.packed if self.packing else self.padded
-        return [make(m) for m in micro]
-
-    def one(self, example: TokenizedSFT) -> Rows:
-        """The rows of ``example`` alone (the filler pass of a rank with nothing else to do)."""
-        return self([example])[0]
+        return [self.rows_of(pack(m, self.max_length)) if self.packing else self.padded(m) for m in micro]
 
     def padded(self, examples: Sequence[TokenizedSFT]) -> Rows:
         """Right-padded rows, one example each (padding ids replaced by ``filler``, labels `IGNORE_INDEX`)."""
@@ -164,16 +136,10 @@ class Batcher:
         position_ids = position_ids_from_mask(batch.attention_mask)
         return self._to_device(Rows(batch.input_ids, position_ids, batch.labels, batch.attention_mask))
 
-    def packed(self, examples: Sequence[TokenizedSFT]) -> Rows:
-        """The examples packed into rows of ≤ ``max_length`` tokens (`pack`)."""
-        return self.rows_of(pack(examples, self.max_length))
-
     def rows_of(self, bins: Sequence[Sequence[TokenizedSFT]]) -> Rows:
-        """One row per bin: its examples concatenated, positions restarting at 0, right-padded with a block.
-
-        Each example's first label becomes `IGNORE_INDEX`: in a packed row the previous example's last logit
-        would otherwise be trained to predict it, which nothing predicts unpacked.
-        """
+        """One row per bin: its examples concatenated, positions restarting at 0, right-padded with a block. Each
+        example's first label becomes `IGNORE_INDEX`: in a packed row the previous example's last logit would
+        otherwise be trained to predict it, which nothing predicts unpacked."""
         ids = [[t for e in b for t in e.input_ids] for b in bins]
         labels = [[t for e in b for t in [IGNORE_INDEX, *e.labels[1:]]] for b in bins]
         positions = [[p for e in b for p in range(len(e.input_ids))] for b in bins]
@@ -186,13 +152,7 @@ class Batcher:
         return self._to_device(Rows(torch.tensor(ids), torch.tensor(positions), torch.tensor(labels), None))
 
     def _to_device(self, rows: Rows) -> Rows:
-        mask = rows.attention_mask
-        return Rows(
-            rows.input_ids.to(self.device),
-            rows.position_ids.to(self.device),
-            rows.labels.to(self.device),
-            None if mask is None else mask.to(self.device),
-        )
+        return Rows(*(None if t is None else t.to(self.device) for t in rows))
 
 
 def pack(examples: Sequence[TokenizedSFT], capacity: int) -> list[list[TokenizedSFT]]:
@@ -210,16 +170,9 @@ def pack(examples: Sequence[TokenizedSFT], capacity: int) -> list[list[Tokenized
     return bins
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Loss, evaluation, the packing probe
-# --------------------------------------------------------------------------------------------------------------
-
-
 def token_losses(model: Callable[..., Any], rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token cross-entropy ``(R, L−1)`` float32 and its mask ``(R, L−1)`` bool (label ≠ `IGNORE_INDEX`).
-
-    ``loss[r, t] = −log p(x_{t+1} | x_≤t)``: the logits at t are scored against the label at t+1.
-    """
+    """Per-token cross-entropy ``(R, L−1)`` float32 and its mask ``(R, L−1)`` bool (label ≠ `IGNORE_INDEX`):
+    ``loss[r, t] = −log p(x_{t+1} | x_≤t)``, the logits at t scored against the label at t+1."""
     logits = model(
         input_ids=rows.input_ids,
         attention_mask=rows.attention_mask,
@@ -242,8 +195,7 @@ def evaluate(
     model.eval()
     num_tokens = sum(label_tokens(e) for e in examples)
     total = 0.0
-    filler = functools.partial(batches.one, examples[0])
-    for rows, real, _ in update.evenly(batches(examples[d.rank :: d.world_size]), filler, d):
+    for rows, real, _ in update.evenly(batches(examples[d.rank :: d.world_size]), lambda: batches(examples[:1])[0], d):
         per_token, mask = token_losses(model, rows)
         total += aggregate(per_token, mask, "token-mean", num_tokens=num_tokens).item() if real else 0.0
     model.train()
@@ -252,12 +204,9 @@ def evaluate(
 
 @torch.no_grad()
 def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: int, device: Any) -> None:
-    """Refuse packing for a model that does not keep packed examples apart (attention or positions leak).
-
-    Two examples are scored on every token, each alone and both packed in one row; they must agree to
-    float rounding. A leak changes the second example's log-probs by far more (≈0.2-0.5 nats on the tiny
-    random models, whose predictions are nearly flat).
-    """
+    """Refuse packing for a model that does not keep packed examples apart: two examples scored on every token,
+    each alone and both packed in one row, must agree to float rounding. A leak of attention or positions changes
+    the second one's log-probs by far more (≈0.2-0.5 nats on the tiny random models, nearly flat)."""
     a, b = (examples[0], examples[1]) if len(examples) > 1 else (examples[0], examples[0])
     a, b = (TokenizedSFT(e.where, e.input_ids, list(e.input_ids)) for e in (a, b))  # train on every token
     batcher = Batcher(1, False, 0, filler, device)
@@ -279,34 +228,22 @@ def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: in
         )
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Model state: checkpoints and final/
-# --------------------------------------------------------------------------------------------------------------
-
-
 def write_final(config: SFTConfig, model: nn.Module, tokenizer: Any, d: Dist) -> Path:
-    """``output_dir/final`` of a trained causal LM (sft, dpo): gathered from the shards when sharded, written by
-    rank 0 alone through a staging directory (a crash keeps the previous final/; under DDP another rank writing
-    too would race it for the directory); returns its path on every rank."""
-    final = Path(config.output_dir) / "final"
-    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
-    plain_model = unsharded(model, shell, d)
-    if plain_model is not None and d.is_main:
-        with rundir.staged(final) as staging:
-            save_final(plain_model, tokenizer, config.model.name, staging)
-    return final
-
-
-def save_final(model: nn.Module, tokenizer: Any, source: str, out: Path) -> Path:
-    """``final/``: ``save_pretrained`` (LoRA merged in) + tokenizer, with the source model's dropout settings."""
+    """``output_dir/final`` of a trained causal LM (sft, dpo): ``save_pretrained`` (LoRA merged in) + tokenizer, with
+    the source model's dropout settings. Gathered when sharded; written by rank 0 alone (another would race it)
+    through a staging directory (a crash keeps the previous final/); returns its path on every rank."""
     from transformers import AutoConfig
 
-    final = out / "final"
+    final = Path(config.output_dir) / "final"
+    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
+    model = unsharded(model, shell, d)
+    if model is None or not d.is_main:
+        return final
     model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-    original = AutoConfig.from_pretrained(source)
-    for key, value in vars(original).items():  # load_causal_lm zeroed them; restore what the user had
+    for key, value in vars(AutoConfig.from_pretrained(config.model.name)).items():  # load_causal_lm zeroed them
         if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
-            setattr(model.config, key, value)
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
+            setattr(model.config, key, value)  # restore what the user had
+    with rundir.staged(final) as staging:
+        model.save_pretrained(staging / "final")
+        tokenizer.save_pretrained(staging / "final")
     return final

@@ -1,29 +1,15 @@
 """The update engine: micro-batch plans, micro-batched forward/backward, gradient synchronisation over ranks,
-the optimizer step.
-
-Every trainer takes its optimizer steps through here; PPO and GRPO share :func:`update_passes`, the loop of
-passes × minibatches × micro-batches, so the distributed part of an update is written once.
-
-How N ranks take the step one process takes (docs/scaling.md):
-
-- every rank holds the whole rollout's token ids and per-token tensors (they are small next to the models);
-  minibatches are cut from one global order (the same ``shuffle`` generator on every rank) and each rank
-  runs forward/backward on its own rows of each minibatch (:meth:`Dist.owns`);
-- each loss is divided by the *global* denominators of its minibatch (token or sequence counts over all
-  ranks), so the gradients of all micro-batches of all ranks add up to the minibatch's gradient;
-  ``DistributedDataParallel`` and FSDP2 *average* gradients over ranks, so each loss is also multiplied by
-  ``world_size`` (:attr:`Trainable.grad_scale`);
-- a rank with fewer micro-batches than another runs zero-weighted passes over one of its rows until the
-  counts match (:func:`evenly`): DDP's synchronising backward and every FSDP2 forward are collectives that all
-  ranks must enter;
-- per-update statistics are summed (``*_max`` keys: maximised) over micro-batches and ranks.
+the optimizer step. Every trainer takes its optimizer steps through here (PPO and GRPO in
+`rlhf.trainers.rl.update_passes`), so the distributed part of an update is written once. How N ranks take the
+step one process takes (global minibatches, global denominators, filler passes): docs/scaling.md, "The result
+does not depend on the number of processes"; per-update statistics are summed (``*_max`` keys: maximised) over
+micro-batches and ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -42,12 +28,9 @@ Step = Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
 
 class Trainable:
     """The trained module as the ranks train it: itself (one process), inside ``DistributedDataParallel``, or
-    FSDP2-sharded in place (``parallelism: fsdp``; sharding happens where the model loads, and every backward
-    reduce-scatters its gradients, so accumulation needs no switch).
-
+    FSDP2-sharded in place where the model loads (every backward reduce-scatters, so accumulation needs no switch).
     ``module`` is the plain module (no-grad passes, generation, saving); ``forward`` runs a training forward
-    through the wrapper that synchronises gradients.
-    """
+    through the wrapper that synchronises gradients."""
 
     def __init__(self, module: nn.Module, d: Dist):
         self.module, self.d = module, d
@@ -74,11 +57,11 @@ class Trainable:
             # FSDP2 swaps a gathered module's parameters for the full tensors until it reshards (the root does
             # not reshard after a forward outside autograd): an optimizer built on those would never update
             # the real weights
-            if all(isinstance(p, DTensor) for p in params):
-                return params
-            raise RuntimeError(
-                "an FSDP module is still gathered: reshard it (models.sharding.gathered) before taking its parameters"
-            )
+            if not all(isinstance(p, DTensor) for p in params):
+                raise RuntimeError(
+                    "an FSDP module is still gathered: reshard it (models.sharding.gathered) before taking its "
+                    "parameters"
+                )
         return params
 
     @property
@@ -167,92 +150,11 @@ def own_micro_batches(
     return plan(mine) if len(mine) else []
 
 
-def first_pass(
-    num_rows: int, minibatch_size: int, unit: int, plan: Callable[[torch.Tensor], list[Any]], d: Dist
-) -> Iterator[tuple[Any, bool]]:
-    """(micro-batch, real) for this rank's micro-batches of the first pass of :func:`update_passes`, in its
-    order: the rollout's no-grad passes run exactly these forwards, so the first update's ratio is exactly 1.
-    Under FSDP, where every forward is a collective, passes over a filler (``real`` False: run it, drop its
-    output) even out the count over ranks."""
-    micro_batches = []
-    for minibatch in torch.arange(num_rows).split(minibatch_size):
-        micro_batches += own_micro_batches(minibatch, unit, plan, d)
-    if not d.sharded:
-        yield from ((micro, True) for micro in micro_batches)
-        return
-    for micro, real, _ in evenly(micro_batches, lambda: plan(own_row(num_rows, unit, d))[0], d):
-        yield micro, real
-
-
-def update_passes(
-    *,
-    passes: int,
-    num_rows: int,
-    minibatch_size: int,
-    shuffle: torch.Generator,
-    unit: int,
-    plan: Callable[[torch.Tensor], list[Any]],
-    step: Callable[[Any, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
-    trainable: Trainable,
-    optimizer: Any,
-    scheduler: Any,
-    max_grad_norm: float | None,
-    held: Sequence[nn.Parameter] = (),
-    first: Any = None,
-) -> dict[str, float]:
-    """``passes`` passes over a rollout of ``num_rows`` rows, each cut into minibatches of ``minibatch_size``
-    (one optimizer step each); the first pass keeps the rollout's order, later ones are shuffled.
-
-    ``plan(rows)``: the micro-batches of some of this rank's rows (global row indices); ``step(micro,
-    minibatch)``: a micro-batch's loss and stats, normalised by the minibatch's global denominators; ``unit``:
-    rows that share a rank (the group of a GRPO prompt); ``held``: parameters that must not move in these
-    updates (their gradients are dropped before each step, so AdamW leaves them and their state alone);
-    ``first``: the forward of the very first micro-batch, already run (PPO's rollout pass fused with the first
-    update: :func:`rlhf.trainers.ppo.fuses_first_update`), given to its step as ``forward``; the first minibatch is
-    then one micro-batch on each rank. Returns the per-update means over all ranks, the
-    gradient norm (``grad/norm``) and ``policy/first_ratio_max_dev`` — the largest |ratio − 1| of the first
-    minibatch, which must be exactly 0 (the policy has not moved yet; docs/ppo_checklist.md item 34).
-    """
-    d = trainable.d
-    totals: dict[str, float] = {}
-    norms, first_dev = 0.0, -math.inf
-
-    def filler() -> Any:
-        return plan(own_row(num_rows, unit, d))[0]
-
-    for p in range(passes):
-        order = torch.arange(num_rows) if p == 0 else torch.randperm(num_rows, generator=shuffle)
-        for k, minibatch in enumerate(order.split(minibatch_size)):
-            optimizer.zero_grad(set_to_none=True)
-            micro_batches = own_micro_batches(minibatch, unit, plan, d)
-            micro_step = functools.partial(step, minibatch=minibatch)
-            if first is not None and p == 0 and k == 0:
-                if len(micro_batches) != 1:
-                    raise RuntimeError(f"a fused first forward needs one micro-batch, not {len(micro_batches)}")
-                micro_step = functools.partial(step, minibatch=minibatch, forward=first)
-            stats = accumulate(trainable, micro_batches, filler, micro_step)
-            dev = stats.pop("ratio_dev_max", -math.inf)
-            if p == 0 and k == 0:
-                first_dev = dev
-            merge(totals, stats)
-            for param in held:
-                param.grad = None
-            norms += optimizer_step(trainable, optimizer, scheduler, max_grad_norm)  # the same on every rank
-    updates = passes * math.ceil(num_rows / minibatch_size)
-    result = {key: value / updates for key, value in reduce_stats(totals, d).items()}
-    result["grad/norm"] = norms / updates
-    result["policy/first_ratio_max_dev"] = reduce_stats({"first_max": first_dev}, d)["first_max"]
-    return result
-
-
 @dataclasses.dataclass(frozen=True)
 class MicroBatch:
-    """The rows of one forward/backward pass and the only columns of ``query ⊕ response`` they need.
-
-    rows: (b,) row indices. first_column: the first of the C query columns where one of the rows has a
-    real token (left padding before it is cut). response_length: T' ≤ T response columns kept — the
-    longest response + 1, for the value read one past the stop token (right padding after it is cut).
-    """
+    """The rows of one forward/backward pass, (b,) indices, and the only columns of ``query ⊕ response`` they need:
+    from ``first_column``, the first of the C query columns where a row has a real token, and ``response_length``
+    T' ≤ T response columns, the longest response + 1 (for the value read one past the stop token)."""
 
     rows: torch.Tensor
     first_column: int
@@ -266,16 +168,11 @@ class MicroBatch:
 def plan_micro_batches(
     rows: torch.Tensor, attention_mask: torch.Tensor, T: int, max_rows: int, max_tokens: int | None
 ) -> list[MicroBatch]:
-    """Split the ``rows`` of one minibatch into micro-batches with their padding cut.
-
-    ``attention_mask``: (B, C+T) of the whole batch, query left-padded, response right-padded. A micro-batch
-    holds at most ``max_rows`` rows and, with ``max_tokens``, at most that many tokens once padded to its
-    own longest row (rows × kept columns). With a token budget the rows are first sorted longest first, so
-    rows of similar length share a micro-batch and pad little; a row longer than the budget alone gets a
-    micro-batch of its own. Without one, the rows keep their order in consecutive chunks of ``max_rows``.
-    Every row lands in exactly one micro-batch; the plan depends only on the lengths, so the rollout's
-    no-grad pass and the first epoch, planned alike, run exactly the same forwards.
-    """
+    """Split the ``rows`` of one minibatch into micro-batches with their padding cut (``attention_mask``: (B, C+T),
+    query left-padded, response right-padded): at most ``max_rows`` rows and, with ``max_tokens``, that many tokens
+    once padded to its own longest row; with a token budget the rows go longest first (similar lengths pad little;
+    a row over the budget goes alone). The plan depends only on the lengths, so the rollout's no-grad pass and the
+    first epoch, planned alike, run exactly the same forwards."""
     C = attention_mask.shape[1] - T
     query = attention_mask[rows, :C].sum(-1).tolist()
     needed = (attention_mask[rows, C:].sum(-1) + 1).clamp(max=T).tolist()  # response columns a row needs
@@ -289,11 +186,10 @@ def plan_micro_batches(
         group = plans[-1] if plans else []
         full = len(group) >= max_rows or (max_tokens is not None and (len(group) + 1) * grown > max_tokens)
         if not group or full:
-            plans.append([i])
-            widest_query, widest_response = query[i], needed[i]
-        else:
-            group.append(i)
-            widest_query, widest_response = max(widest_query, query[i]), max(widest_response, needed[i])
+            group, widest_query, widest_response = [], 0, 0
+            plans.append(group)
+        group.append(i)
+        widest_query, widest_response = max(widest_query, query[i]), max(widest_response, needed[i])
     return [
         MicroBatch(
             rows=rows[torch.tensor(group)],
