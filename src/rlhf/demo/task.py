@@ -198,21 +198,3 @@ def gold(prompts: list[str], completions: list[str], **columns: Any) -> list[flo
     """The gold judge as a reward function (``rlhf.demo.task:gold``, for ``rlhf eval --judge`` or as a trainer's
     reward): one `gold_score` per completion."""
     return [gold_score(p, c) for p, c in zip(prompts, completions, strict=True)]
-
-
-__all__ = [
-    "BT_TEMPERATURE",
-    "QUALITIES",
-    "TOPICS",
-    "Quality",
-    "demonstrations",
-    "gold",
-    "gold_label",
-    "gold_score",
-    "gold_terms",
-    "preference_probability",
-    "prompts",
-    "response",
-    "split_prompts",
-    "topic_of",
-]

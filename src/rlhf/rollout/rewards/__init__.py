@@ -90,20 +90,3 @@ def load_reward_set(
         sources.append(load_reward_source(entry["source"], name=entry.get("name"), **model))
         weights.append(float(weight))
     return RewardSet(sources, weights)
-
-
-__all__ = [
-    "FunctionReward",
-    "HttpReward",
-    "ModelLoader",
-    "RewardContext",
-    "RewardError",
-    "RewardLog",
-    "RewardModelReward",
-    "RewardScores",
-    "RewardSet",
-    "RewardSource",
-    "load_reward_set",
-    "load_reward_source",
-    "score_all",
-]
