@@ -110,7 +110,7 @@ def _section_type(tp: Any) -> Any:
 def _message(cls: type, error: Any) -> str:
     kind, loc = error["type"], error["loc"]
     unknown = kind in ("unexpected_keyword_argument", "extra_forbidden")
-    path, holder = "", cls
+    path, holder, names = "", cls, {}
     for i, part in enumerate(loc):  # the dotted path; `names` ends as the fields of the class holding its last key
         names = {f.name: f.type for f in dataclasses.fields(holder)} if holder else {}
         if isinstance(part, int):
