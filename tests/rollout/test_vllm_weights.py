@@ -1,4 +1,4 @@
-"""The weights `VLLMEngine.sync` hands to vLLM (no vLLM needed here: tests/vllm runs the engine itself)."""
+"""The weights `VLLMEngine.sync` hands to vLLM (no vLLM needed here: tests/vllm_engine runs the engine itself)."""
 
 from __future__ import annotations
 

@@ -4,19 +4,9 @@ Shapes: every input is ``(B,)``, one number per preference pair. ``policy_*`` an
 log-probabilities of the chosen / rejected response tokens (prompt excluded) under the policy being trained and
 under the frozen reference; ``*_lengths`` count those response tokens.
 
-With the log-ratios ``ρ_c = log π(y_c|x) − log π_ref(y_c|x)`` and ``ρ_r`` likewise:
-
-============  =================================================================================================
-``sigmoid``   DPO (Rafailov et al. 2023): ``z = β(ρ_c − ρ_r)``, loss ``−(1−ε)·log σ(z) − ε·log σ(−z)``; ε is
-              ``label_smoothing``, the assumed rate of flipped labels (conservative DPO, cDPO); ε = 0 is DPO
-``robust``    Chowdhury et al. 2024: ``(−(1−ε)·log σ(z) + ε·log σ(−z)) / (1 − 2ε)``, an unbiased estimate of the
-              clean-label loss under flip rate ε < ½
-``ipo``       IPO (Azar et al. 2023): ``(h − 1/(2β))²`` with ``h = ρ_c/|y_c| − ρ_r/|y_r|``, the log-ratios
-              normalised by response length (as TRL computes it); a squared loss whose target keeps the
-              policy a bounded distance from the reference
-``simpo``     SimPO (Meng et al. 2024), no reference: ``z = β(log π(y_c)/|y_c| − log π(y_r)/|y_r|) − γ``, loss
-              ``−(1−ε)·log σ(z) − ε·log σ(−z)``
-============  =================================================================================================
+With the log-ratios ``ρ_c = log π(y_c|x) − log π_ref(y_c|x)`` and ``ρ_r`` likewise, the four losses (``sigmoid``:
+DPO and cDPO, ``robust``, ``ipo``, ``simpo``), their formulas and papers are docs/dpo.md's table, "The losses";
+each branch of `dpo_loss` below is one of its rows.
 
 The implicit rewards reported are ``β·ρ`` (``simpo``: ``β·log π(y)/|y|``); ``accuracy`` is the fraction of pairs
 whose chosen reward is strictly higher. Losses are means over the B pairs.

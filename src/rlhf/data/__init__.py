@@ -56,11 +56,22 @@ if TYPE_CHECKING:
         right_pad,
     )
 
+_COLLATE = {
+    "PreferenceBatch",
+    "SFTBatch",
+    "collate_preferences",
+    "collate_sft",
+    "left_pad",
+    "pad_sequences",
+    "position_ids_from_mask",
+    "right_pad",
+}
+
 
 def __getattr__(name: str) -> object:
-    # Only the names of `rlhf.data.collate` are listed in __all__ without being imported above: that module needs
-    # torch, imported on first use so that reading or checking a data file (``rlhf label``) need not wait for it.
-    if name in __all__:
+    # `rlhf.data.collate` needs torch: imported on first use, so that reading or checking a data file (``rlhf label``)
+    # need not wait for it
+    if name in _COLLATE:
         from rlhf.data import collate
 
         return getattr(collate, name)
@@ -143,42 +154,3 @@ def load_preferences(
     return tokenize_preferences(
         examples, tokenizer, max_length, max_prompt_length, model_max_length=model_max_length, join_text=join_text
     )
-
-
-__all__ = [
-    "IGNORE_INDEX",
-    "DataError",
-    "PreferenceBatch",
-    "PreferenceExample",
-    "PromptBatch",
-    "PromptExample",
-    "PromptStream",
-    "Record",
-    "SFTBatch",
-    "SFTExample",
-    "TokenizedPreference",
-    "TokenizedPrompt",
-    "TokenizedSFT",
-    "collate_preferences",
-    "collate_sft",
-    "ensure_pad_token",
-    "held_out",
-    "left_pad",
-    "load_preferences",
-    "load_prompts",
-    "load_sft",
-    "pad_sequences",
-    "position_ids_from_mask",
-    "read_preferences",
-    "read_prompts",
-    "read_records",
-    "read_sft",
-    "require_pad_token_id",
-    "right_pad",
-    "tokenize_preferences",
-    "tokenize_prompts",
-    "tokenize_sft",
-    "validate_preferences",
-    "validate_prompts",
-    "validate_sft",
-]

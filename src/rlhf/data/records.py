@@ -2,17 +2,8 @@
 
 Each ``validate_*`` function checks every record before any training starts and raises one `DataError` listing
 every problem as ``file:line: what is wrong`` (e.g. ``prefs.jsonl:3: missing "rejected" (keys present: prompt,
-chosen)``). The shapes are the README's "Data files", and beyond what it says:
-
-- prompts: ``"prompt"`` may be a message list (TRL's conversational prompt-only form); every other key is a
-  *column*, passed to reward functions as keyword lists (``reward(prompts=..., completions=..., **columns)``);
-- sft: ``"messages"`` needs an assistant message that is not the first (there must be something to answer);
-- preferences: ``chosen`` and ``rejected`` must differ; in the chat form (TRL's conversational preference
-  format) they are message lists, with the prompt explicit (``"prompt"``: messages, or a string read as one user
-  message) or implicit (the messages ``chosen`` and ``rejected`` share at the start).
-
-Roles are ``system``, ``user`` and ``assistant``; ``content`` is a string; a message's other keys are kept (a chat
-template may use them).
+chosen)``). The shapes, chat forms and roles: the README's "Data files". A prompt's keys other than its text are
+*columns*, passed to reward functions as keyword lists.
 """
 
 from __future__ import annotations

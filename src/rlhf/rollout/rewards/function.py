@@ -85,20 +85,10 @@ class FunctionReward:
             raise RewardError(f"reward {spec!r}: {attribute!r} is a {type(obj).__name__}, not a callable")
         return cls(obj, name=name or attribute.rsplit(".", 1)[-1], spec=spec)
 
-    def score(
-        self,
-        prompts: list[str],
-        completions: list[str],
-        columns: dict[str, list],
-        context: RewardContext | None = None,
-        log: tuple[Any, Any] | None = None,
-    ) -> list[float | None]:
-        """Call the function with the keyword arguments it can take (an async one runs on the shared loop).
-
-        ``context``: chat prompts, completion ids, trainer state (None: plain prompts and nothing else);
-        ``log``: the ``(log_metric, log_extra)`` callbacks (None: calls are accepted and dropped).
-        """
-        result = self.function(**self.arguments(prompts, completions, columns, context, log))
+    def score(self, *args: Any, **kwargs: Any) -> list[float | None]:
+        """Call the function with the keyword arguments it can take (:meth:`arguments`: ``prompts, completions,
+        columns, context, log``); an async one runs on the shared loop."""
+        result = self.function(**self.arguments(*args, **kwargs))
         return run_coroutine(result) if inspect.isawaitable(result) else result
 
     async def score_async(self, *args: Any, **kwargs: Any) -> list[float | None]:
@@ -115,10 +105,10 @@ class FunctionReward:
         log: tuple[Any, Any] | None = None,
     ) -> dict[str, Any]:
         """The keyword arguments of one call: TRL's (:data:`_SIGNATURE`), filtered to what the function takes.
-
-        A column named like a built-in argument does not replace it (in TRL it would replace
-        ``trainer_state`` and the callbacks, and clash with ``prompts``/``completions``).
-        """
+        ``context``: chat prompts, completion ids, trainer state (None: plain prompts and nothing else); ``log``: the
+        ``(log_metric, log_extra)`` callbacks (None: calls are accepted and dropped). A column named like a built-in
+        argument does not replace it (in TRL it would replace ``trainer_state`` and the callbacks, and clash with
+        ``prompts``/``completions``)."""
         context = context or RewardContext()
         log_metric, log_extra = log or RewardLog(len(completions)).callbacks(self.name)
         if context.messages is not None and any(m is not None for m in context.messages):
