@@ -23,7 +23,7 @@ import torch
 from rlhf.data import left_pad
 from rlhf.models.loading import frozen_copy, load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
-from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
+from rlhf.rollout.engine import RowGenerators, SamplingParams, row_seeds, sample
 
 
 def forward_seconds(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, T: int, repeats: int = 3) -> float:
@@ -44,8 +44,8 @@ def measure(size: str, assets: dict) -> dict:
     query, query_mask = left_pad(
         [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts], tokenizer.pad_token_id
     )
-    responses = sample(policy, query, query_mask, SamplingParams(32, 1.0), [], tokenizer.pad_token_id,
-                       RowGenerators(0, range(len(prompts))))  # fmt: skip
+    noise = RowGenerators.of(row_seeds(torch.Generator().manual_seed(0), range(len(prompts))), torch.device("cpu"))
+    responses, _ = sample(policy, query, query_mask, SamplingParams(32, 1.0), [], tokenizer.pad_token_id, noise)
     ids = torch.cat([query, responses], 1)
     mask = torch.cat([query_mask, torch.ones_like(responses)], 1)
     T = responses.shape[1]

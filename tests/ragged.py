@@ -35,6 +35,7 @@ def ragged(generate: Callable[..., Any]) -> Callable[..., Any]:
             responses=responses,
             completions=tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True),
             has_stop=torch.isin(responses, torch.tensor(stops, device=responses.device)).any(-1),
+            sampler_logprobs=None,  # the forced stop tokens were not sampled
         )
 
     return generate_ragged

@@ -49,6 +49,11 @@ def test_readme_names_every_ppo_field_and_metric():
         "time/train_s",
         "time/step_s",
         "throughput/tokens_per_s",
+        "rollout/logprob_diff_mean",
+        "rollout/logprob_diff_max",
+        "rollout/logprob_diff_frac",
+        "rollout/is_weight_mean",
+        "rollout/is_capped_frac",
     ]
     for name in documented_metrics:
         assert f"`{name}`" in readme, f"README does not list the metric {name}"

@@ -27,9 +27,9 @@ def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
 
 
 class Sampler:
-    """One model answering prompt batches with the rollout engine: left-padded prompts, a torch.Generator
-    seeded once with ``config.seed`` (the same prompts in the same batches give the same completions),
-    responses cut at the stop token. ``seconds`` accumulates the time spent generating."""
+    """One model answering prompt batches with the engine of ``config.sampling``: left-padded prompts, a
+    torch.Generator seeded once with ``config.seed`` (the same prompts in the same batches give the same
+    completions), responses cut at the stop token. ``seconds`` accumulates the time spent generating."""
 
     def __init__(self, model: str, tokenizer: Any, config: SampleConfig | EvalConfig, device: torch.device):
         self.model = load_causal_lm(model, config.model.dtype, device)  # dropout off
@@ -39,13 +39,24 @@ class Sampler:
         self.stops = stop_token_ids(tokenizer, config.sampling.stop)
         self.params = SamplingParams.of(config.sampling)
         self.generator = torch.Generator(device).manual_seed(config.seed)
+        self.engine = generation.open_engine(config.sampling, model, dtype=config.model.dtype, seed=config.seed)
+        if not isinstance(self.engine, str):
+            self.engine.sync(self.model)  # a server may hold other weights; vLLM's dtype may round them otherwise
         self.seconds = 0.0
 
     def __call__(self, batch: PromptBatch, repeat: int = 1) -> generation.Generated:
         """``repeat`` completions per prompt of ``batch``, in consecutive rows."""
         start = time.perf_counter()
         generated = generation.generate(
-            self.model, self.tokenizer, batch, self.params, self.stops, self.generator, self.device, repeat
+            self.model,
+            self.tokenizer,
+            batch,
+            self.params,
+            self.stops,
+            self.generator,
+            self.device,
+            repeat,
+            engine=self.engine,
         )
         self.seconds += time.perf_counter() - start
         return generated

@@ -1,6 +1,6 @@
-"""POST with retries, for the services ``rlhf`` calls over HTTP (a reward server, an LLM judge); standard library
-only. A timeout, a refused connection, HTTP 408/429 and 5xx are retried with exponential backoff; another HTTP
-error is final at once. `HttpFailure` says what happened at every try."""
+"""HTTP requests with retries, for the services ``rlhf`` calls (a reward server, an LLM judge, a vLLM server);
+standard library only. A timeout, a refused connection, HTTP 408/429 and 5xx are retried with exponential backoff;
+another HTTP error is final at once. `HttpFailure` says what happened at every try."""
 
 from __future__ import annotations
 
@@ -29,11 +29,18 @@ class HttpFailure(Exception):
 def post(url: str, data: bytes, headers: Mapping[str, str], timeout: float, tries: int, backoff: float) -> bytes:
     """The reply body of POSTing ``data`` to ``url``, trying up to ``tries`` times (``backoff`` seconds before
     the second try, doubled before each further one); `HttpFailure` otherwise."""
+    return send("POST", url, data, headers, timeout, tries, backoff)
+
+
+def send(
+    method: str, url: str, data: bytes | None, headers: Mapping[str, str], timeout: float, tries: int, backoff: float
+) -> bytes:
+    """The reply body of a ``method`` request (``GET``, ``POST``…) to ``url``, tried as `post` tries."""
     failures = []
     for attempt in range(tries):
         if attempt:
             time.sleep(backoff * 2 ** (attempt - 1))
-        request = urllib.request.Request(url, data=data, headers=dict(headers), method="POST")
+        request = urllib.request.Request(url, data=data, headers=dict(headers), method=method)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.read()

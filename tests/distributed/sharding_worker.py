@@ -185,7 +185,7 @@ def task_gather(mesh: DeviceMesh, small: str) -> dict:
     def run(m: nn.Module, tokens: int, fast: bool) -> torch.Tensor:
         params = SamplingParams(max_new_tokens=tokens)
         generator = torch.Generator().manual_seed(7)
-        return sample(m, ids, mask, params, [], tokenizer.pad_token_id, generator, fast=fast)
+        return sample(m, ids, mask, params, [], tokenizer.pad_token_id, generator, engine="lean" if fast else "hf")[0]
 
     results: dict = {"gathered_equal": {}, "all_gathers": {}, "plain_inside": {}, "sharded_after": {}}
     for fast in (True, False):

@@ -63,6 +63,7 @@ def healthy(s, rng):
         "policy/approx_kl": rng.uniform(0.001, 0.03), "response/length_mean": 15 + rng.gauss(0, 2),
         "response/eos_rate": 0.8 + rng.uniform(-0.1, 0.1), "grad/norm": 0.5 + rng.uniform(0, 0.5),
         "policy/loss": rng.gauss(0, 0.1), "policy/first_ratio_max_dev": 0.0,
+        "rollout/logprob_diff_mean": 0.02 + 0.005 * math.sin(s),  # no draw: the other metrics keep their noise
     }  # fmt: skip
 
 
@@ -99,6 +100,7 @@ FAILURES = {
     "non_finite": (setter("policy/loss", lambda s, r: math.nan if s == 50 else None), 50),
     "first_ratio_not_one": (setter("policy/first_ratio_max_dev", lambda s, r: 0.3 if s >= 41 else None), 41),
     "kl_blowup": (setter("kl/mean", lambda s, r: 40.0 if s == 45 else None), 45),
+    "mismatch_growing": (setter("rollout/logprob_diff_mean", lambda s, r: 0.025 * 1.1 ** (s - 40) if s > 40 else None), 41),
     "kl_above_target": (setter("kl/mean", lambda s, r: 4.0 + 0.5 * (s - 40) if s > 40 else None), 60),
     "entropy_collapse": (setter("policy/entropy", lambda s, r: 0.5 * 0.8 ** (s - 40) if s > 40 else None), 41),
     "critic_worse_than_mean": (setter("value/explained_variance", lambda s, r: -0.3 if s >= 41 else None), 50),

@@ -189,11 +189,13 @@ def test_sampling_with_and_without_the_decoder_gives_the_same_tokens(layout):
     model = model_for(LAYOUTS[layout])
     ids, mask = left_padded([0, 4, 2, 6, 1, 0], length=8)
     params = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.95)
-    unstopped = sample(model, ids, mask, params, [], 0, torch.Generator().manual_seed(5))
+    unstopped, _ = sample(model, ids, mask, params, [], 0, torch.Generator().manual_seed(5))
     stop = int(unstopped[0, 4])  # row 0 stops at its 5th token, the others where they happen to sample it
-    fast = sample(model, ids, mask, params, [stop], 0, torch.Generator().manual_seed(5))
-    slow = sample(model, ids, mask, params, [stop], 0, torch.Generator().manual_seed(5), fast=False)
+    fast, fast_logprobs = sample(model, ids, mask, params, [stop], 0, torch.Generator().manual_seed(5), engine="lean")
+    slow, slow_logprobs = sample(model, ids, mask, params, [stop], 0, torch.Generator().manual_seed(5), engine="hf")
     assert torch.equal(fast, slow)
+    # the same logits from two computations: float32 rounding apart (softmax of ~400 logits; 1e-5 is 100 ulps)
+    torch.testing.assert_close(fast_logprobs, slow_logprobs, rtol=0, atol=1e-5)
     assert fast.shape[1] > 5 and int(fast[0, 4]) == stop and int(fast[0, 5]) == 0  # stops and padding covered
 
 

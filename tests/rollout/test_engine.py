@@ -6,6 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlhf.config import ConfigError
+from rlhf.data.collate import position_ids_from_mask
 from rlhf.rollout.engine import SamplingParams, filter_logits, sample
 
 
@@ -22,7 +24,7 @@ def _batch(tokenizer, texts):
 
 def test_greedy_matches_transformers_generate(model, tokenizer):
     ids, mask = _batch(tokenizer, ["one two three", "count to"])
-    ours = sample(model, ids, mask, SamplingParams(max_new_tokens=6, top_k=1), [], tokenizer.pad_token_id)
+    ours, _ = sample(model, ids, mask, SamplingParams(max_new_tokens=6, top_k=1), [], tokenizer.pad_token_id)
     theirs = model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -38,10 +40,10 @@ def test_stop_token_kept_and_rest_padded(model, tokenizer):
     ids, mask = _batch(tokenizer, ["a b c", "hello there friend"] * 4)
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
-    unstopped = sample(model, ids, mask, params, [], tokenizer.pad_token_id, generator=gen)
+    unstopped, _ = sample(model, ids, mask, params, [], tokenizer.pad_token_id, generator=gen)
     stop = int(unstopped[0, 2])  # a token we know row 0 samples third, under the same seed
     gen = torch.Generator().manual_seed(0)
-    out = sample(model, ids, mask, params, [stop], tokenizer.pad_token_id, generator=gen)
+    out, _ = sample(model, ids, mask, params, [stop], tokenizer.pad_token_id, generator=gen)
     assert int(out[0, 2]) == stop and bool((out[0, 3:] == tokenizer.pad_token_id).all())
     for row in out:
         hits = (row == stop).nonzero()
@@ -57,7 +59,7 @@ def test_same_generator_state_same_samples(model, tokenizer):
     params = SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.9)
     a = sample(model, ids, mask, params, [tokenizer.eos_token_id], 0, torch.Generator().manual_seed(3))
     b = sample(model, ids, mask, params, [tokenizer.eos_token_id], 0, torch.Generator().manual_seed(3))
-    assert torch.equal(a, b)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_filter_logits_top_k_and_top_p():
@@ -76,3 +78,31 @@ def test_sampling_params_validation():
         SamplingParams(max_new_tokens=4, temperature=0.0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(max_new_tokens=4, top_p=0.0)
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.8)])
+def test_logprobs_are_those_of_the_distribution_drawn_from(model, tokenizer, top_k, top_p):
+    """The engine's log-probs equal log softmax of the filtered, tempered logits of one full forward over prompt ⊕
+    response (vLLM's ``processed_logprobs``), the pad token excluded as the engine excludes it."""
+    ids, mask = _batch(tokenizer, ["one two three", "count to", "a"])
+    params = SamplingParams(max_new_tokens=7, temperature=0.7, top_k=top_k, top_p=top_p)
+    pad = tokenizer.pad_token_id
+    out, logprobs = sample(model, ids, mask, params, [tokenizer.eos_token_id], pad, torch.Generator().manual_seed(1))
+    full = torch.cat([ids, out], 1)
+    full_mask = torch.cat([mask, (out != pad).long()], 1)
+    with torch.no_grad():
+        logits = model(full, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)).logits
+    logits = logits[:, ids.shape[1] - 1 : -1].float() / params.temperature
+    logits[..., pad] = float("-inf")
+    rows = [filter_logits(logits[:, t], top_k, top_p).log_softmax(-1) for t in range(out.shape[1])]
+    expected = torch.stack(rows, 1).gather(-1, out[..., None]).squeeze(-1).masked_fill(out == pad, 0.0)
+    # one forward against a KV-cached decode of the same logits: float32 rounding of ~400-way softmaxes (1e-5 ≈ 100
+    # ulps of a log-prob of magnitude ~6)
+    torch.testing.assert_close(logprobs, expected, rtol=0, atol=1e-5)
+    assert bool((logprobs[out == pad] == 0).all())
+
+
+def test_the_lean_engine_refuses_a_model_it_does_not_cover(model, tokenizer):
+    ids, mask = _batch(tokenizer, ["one two"])
+    with pytest.raises(ConfigError, match="lean decoder does not cover GPT2LMHeadModel; use auto or hf"):
+        sample(model, ids, mask, SamplingParams(max_new_tokens=2), [], tokenizer.pad_token_id, engine="lean")

@@ -40,7 +40,7 @@ def main(out_dir: str) -> None:
     greedy = SamplingParams(max_new_tokens=10, top_k=1)
     theirs, _ = engine.sample(prompts, greedy, [], pad, seeds=[0] * len(prompts))
     ids, mask = left_pad(prompts, pad)
-    ours = sample(policy, ids, mask, greedy, [], pad).tolist()
+    ours = sample(policy, ids, mask, greedy, [], pad)[0].tolist()
     params = SamplingParams(max_new_tokens=16, temperature=1.0)
     seeds = [11, 12, 13, 14]
     sampled, logprobs = engine.sample(prompts, params, [eos], pad, seeds)

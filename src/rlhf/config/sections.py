@@ -163,6 +163,18 @@ class TextData(DataSection):
 
 
 @section
+class VLLMSection:
+    """vLLM as the engine (``sampling.engine: vllm``; the ``vllm`` extra): docs/vllm.md."""
+
+    url: Text | None = None
+    """A running vLLM server (e.g. http://127.0.0.1:8000; started as docs/vllm.md says): generation goes over its API and the policy's weights are pushed to it after every update. None = colocate: a vLLM engine inside this process (per rank under torchrun)."""
+    memory_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.3
+    """Colocate: the share of the device's memory vLLM takes for its weights and KV cache (its gpu_memory_utilization; on a CPU build, of the machine's memory); the trainer's models need the rest."""
+    timeout: Positive = 300.0
+    """Server: seconds to wait for one reply (a generation or a weight push) before retrying; after 3 failed tries the run stops (exit 2) naming the URL and each try."""
+
+
+@section
 class SamplingSection:
     """How responses are generated."""
 
@@ -178,6 +190,22 @@ class SamplingSection:
     """Nucleus sampling: sample from the smallest set of tokens with this much probability; 1.0 = off."""
     stop: Annotated[str, Field(min_length=1)] = "eos"
     """What ends a response: 'eos' (the tokenizer's end-of-sequence token) or a literal text such as '\\n'."""
+    engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
+    """What samples: lean = rlhf's own decoder (Llama-family layouts: Llama, Qwen2, Mistral, SmolLM; refused for others), hf = the model's own forward with its KV cache, auto = lean where it covers the model, else hf; vllm = vLLM (sampling.vllm; the vllm extra). All draw from the same distribution; the trainer's log-probs of the samples against the engine's: rollout/logprob_diff_*."""
+    vllm: VLLMSection = _defaults(VLLMSection)
+    """With engine vllm: in this process or a server."""
+
+
+@section
+class PolicySampling(SamplingSection):
+    """How ppo and grpo sample, and how they correct for an engine that samples from a slightly different distribution than the trainer computes."""
+
+    is_correction: Literal["none", "token", "sequence"] = "none"
+    """Truncated importance sampling against the sampler/trainer mismatch (TRL's vllm_importance_sampling_correction, verl's rollout correction): each token's policy loss is weighted by π_trainer/π_sampler of its token (token) or of its whole response (sequence), capped at is_cap. none = no weight (with rlhf's own engines the mismatch is float rounding)."""
+    is_cap: Annotated[float, Field(ge=1)] = 3.0
+    """The cap C of the importance weights (TRL's vllm_importance_sampling_cap)."""
+    is_mode: Literal["truncate", "mask"] = "truncate"
+    """What happens above the cap: truncate = the weight is C; mask = the weight is 0 (the token or sequence is left out)."""
 
 
 @section

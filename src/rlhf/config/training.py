@@ -16,8 +16,8 @@ from rlhf.config.sections import (
     PolicyBatch,
     PolicyModel,
     PolicyReward,
+    PolicySampling,
     RunSection,
-    SamplingSection,
     TextData,
     TrainModel,
     _check_divides,
@@ -288,7 +288,7 @@ class PolicyGradientConfig(TrainingConfig):
     """Prompts ({"prompt"} or {"messages"} rows; other keys are columns, passed to the reward); eval = held-out prompts sampled into output_dir/samples/."""
     reward: PolicyReward
     """The reward and the missing-EOS penalty."""
-    sampling: SamplingSection = _defaults(SamplingSection, max_new_tokens=64, temperature=0.7)
+    sampling: PolicySampling = _defaults(PolicySampling, max_new_tokens=64, temperature=0.7)
     """Response generation."""
     kl: KLSection = _defaults(KLSection)
     """The KL penalty against the reference."""
@@ -370,7 +370,7 @@ class GRPOConfig(PolicyGradientConfig, command="grpo"):
 
     optim: OptimSection = _defaults(OptimSection, learning_rate=1e-6)
     """AdamW and its schedule."""
-    sampling: SamplingSection = _defaults(SamplingSection, max_new_tokens=256)
+    sampling: PolicySampling = _defaults(PolicySampling, max_new_tokens=256)
     """Response generation."""
     kl: KLSection = _defaults(KLSection, coef=0.0, estimator="k3", add_to="loss")
     """The KL penalty against the reference; coef 0 = no penalty and no reference model."""

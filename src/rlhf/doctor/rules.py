@@ -323,6 +323,27 @@ def first_ratio_not_one(h: History) -> str | None:
     return None
 
 
+@warning(
+    ("rollout/logprob_diff_mean",),
+    threshold="mean of the last 3 steps > 0.05 nats per token and > 3× where it started (median of the first 3)",
+    reason="the engine that samples and the trainer compute the same policy; rounding keeps them a steady small "
+    "distance apart, so a gap that grows means the engine's weights or numerics drift from the trainer's, and "
+    "every update is off-policy by that much",
+    diagnosis="the sampler's log-probs drift away from the trainer's: each rollout is more off-policy than the last",
+    fix="with sampling.engine vllm: check that the weights reach it (a server's version, docs/vllm.md), sample in "
+    "the trainer's dtype (model.dtype), and turn on sampling.is_correction: token; with rlhf's own engines it is a "
+    "bug: report it with the run's config",
+)
+def mismatch_growing(h: History) -> str | None:
+    values = h.values("rollout/logprob_diff_mean")
+    if len(values) < 6 or h.current("rollout/logprob_diff_mean") is None:
+        return None
+    start, now = _start(values), statistics.fmean(values[-3:])
+    if now > 0.05 and now > 3 * start:
+        return f"rollout/logprob_diff_mean {now:.3g} nats per token (mean of the last 3 steps), started at {start:.3g}"
+    return None
+
+
 @critical(
     ("kl/mean",),
     threshold="> 3× the largest of the previous (up to) 3 steps, and up by > 2 nats",

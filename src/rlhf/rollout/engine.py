@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf.config import ConfigError
 from rlhf.data.collate import position_ids_from_mask
-from rlhf.models.policy import accepts_logits_to_keep, cache_keyword
+from rlhf.models.policy import accepts_logits_to_keep, cache_keyword, unwrap
 from rlhf.rollout.decoder import build_decoder
 
 
@@ -68,7 +69,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 @dataclass
 class RowGenerators:
-    """One random stream per row (:meth:`spawn`), seeded by ``(seed, the row's index in the global batch)``.
+    """One random stream per row (:meth:`of` :func:`row_seeds`), seeded by ``(seed, the row's index in the global batch)``.
 
     A row's draws then depend on nothing but its index, not on the other rows or how the batch is split (so N
     ranks sample exactly what one process samples: docs/scaling.md), for one ``uniform_`` call per row and
@@ -91,10 +92,16 @@ class RowGenerators:
         return out
 
     @classmethod
-    def spawn(cls, generator: torch.Generator, rows: Sequence[int]) -> RowGenerators:
-        """Row streams for one rollout: the seed is one draw from ``generator`` (every rank draws it alike)."""
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-        return cls([torch.Generator(generator.device).manual_seed(row_seed(seed, row)) for row in rows])
+    def of(cls, seeds: Sequence[int], device: torch.device) -> RowGenerators:
+        """One stream per seed of :func:`row_seeds`."""
+        return cls([torch.Generator(device).manual_seed(seed) for seed in seeds])
+
+
+def row_seeds(generator: torch.Generator, rows: Sequence[int]) -> list[int]:
+    """The seeds of ``rows``' streams for one rollout, from one draw of ``generator`` (every rank draws it alike): our
+    engines' `RowGenerators`, vLLM's per-request seeds."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return [row_seed(seed, row) for row in rows]
 
 
 def row_seed(seed: int, row: int) -> int:
@@ -120,6 +127,11 @@ def draw(probs: torch.Tensor, generator: torch.Generator | RowGenerators | None 
     return (probs / race).argmax(-1)
 
 
+LOCAL_ENGINES = ("auto", "lean", "hf")
+"""rlhf's own engines (``sampling.engine``): ``lean`` the decoder of `rlhf.rollout.decoder`, ``hf`` the model's own
+forward with its KV cache, ``auto`` the lean one where it covers the model, else ``hf``."""
+
+
 @torch.inference_mode()
 def sample(
     model: nn.Module,
@@ -129,30 +141,33 @@ def sample(
     stop_token_ids: list[int],
     pad_token_id: int,
     generator: torch.Generator | RowGenerators | None = None,
-    fast: bool = True,
-) -> torch.Tensor:
-    """Responses (B, T) long, T ≤ max_new_tokens, sampled for a left-padded prompt batch (ids and mask: B, C).
+    engine: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Responses (B, T) long, T ≤ max_new_tokens, sampled for a left-padded prompt batch (ids and mask: B, C), and
+    each token's log-prob (B, T) float32 under the distribution it was drawn from (after temperature, top-k and
+    top-p, as vLLM's ``processed_logprobs``; 0 after the stop).
 
     Each row keeps its first stop token and is ``pad_token_id`` after it (checklist item 4); a row that never
-    stops runs to max_new_tokens; the loop ends once every row has stopped. ``fast`` uses
-    :class:`~rlhf.rollout.decoder.LlamaDecoder` when it covers the model (same logits, less overhead per token),
-    else the model's own forward with its KV cache. ``generator``: one stream for the batch, or
-    :class:`RowGenerators` (one per row: the trainers' choice).
+    stops runs to max_new_tokens; the loop ends once every row has stopped. ``engine``: one of `LOCAL_ENGINES`.
+    ``generator``: one stream for the batch, or :class:`RowGenerators` (one per row: the trainers' choice).
     """
     B, C = prompt_ids.shape
     device = prompt_ids.device
     stops = torch.tensor(stop_token_ids, device=device)
-    step = _decode_steps(model, prompt_ids, prompt_mask, C + params.max_new_tokens, fast)
+    step = _decode_steps(model, prompt_ids, prompt_mask, C + params.max_new_tokens, engine)
     logits = step(None)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     columns: list[torch.Tensor] = []
+    logprobs: list[torch.Tensor] = []
     for _ in range(params.max_new_tokens):
         logits = logits.float() / params.temperature
         # PAD marks "no token" everywhere downstream; a sampled PAD would silently end the response.
         # A pad token added to the tokenizer after training may lie beyond the vocabulary: nothing to mask.
         if pad_token_id < logits.shape[-1]:
             logits[:, pad_token_id] = float("-inf")
-        token = draw(filter_logits(logits, params.top_k, params.top_p).softmax(-1), generator)
+        probs = filter_logits(logits, params.top_k, params.top_p).softmax(-1)
+        token = draw(probs, generator)
+        logprobs.append(probs.gather(-1, token[:, None]).squeeze(-1).log().masked_fill(finished, 0.0))
         token = token.masked_fill(finished, pad_token_id)
         columns.append(token)
         finished |= torch.isin(token, stops)
@@ -160,14 +175,19 @@ def sample(
             break
         # a finished row keeps feeding token 0 (its output is never read), so every row advances together
         logits = step(token.masked_fill(finished, 0))
-    return torch.stack(columns, dim=-1)
+    return torch.stack(columns, dim=-1), torch.stack(logprobs, dim=-1)
 
 
 def _decode_steps(
-    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, total_length: int, fast: bool
+    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, total_length: int, engine: str
 ) -> Callable[[torch.Tensor | None], torch.Tensor]:
     """``step(None)`` scores the prompt, ``step(tokens)`` appends a (B,) column; each returns (B, V) logits."""
-    decoder = build_decoder(model, total_length, rows=len(prompt_ids)) if fast else None
+    if engine not in LOCAL_ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(LOCAL_ENGINES)}, got {engine!r}")
+    decoder = build_decoder(model, total_length, rows=len(prompt_ids)) if engine != "hf" else None
+    if decoder is None and engine == "lean":
+        name = type(unwrap(model)).__name__
+        raise ConfigError(f"sampling.engine lean: the lean decoder does not cover {name}; use auto or hf")
     if decoder is not None:
         return lambda tokens: decoder.prefill(prompt_ids, prompt_mask) if tokens is None else decoder.step(tokens)
 

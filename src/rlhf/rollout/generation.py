@@ -7,7 +7,8 @@ Notation: B sequences, C prompt columns, T response columns.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from rlhf.data import left_pad
 from rlhf.data.stream import PromptBatch
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout.decoder import reusing_packed
-from rlhf.rollout.engine import RowGenerators, SamplingParams, sample
+from rlhf.rollout.engine import RowGenerators, SamplingParams, row_seeds, sample
 from rlhf.runlog.distributed import SINGLE, Dist
 
 
@@ -30,6 +31,9 @@ class Generated:
     completions: list[str]
     has_stop: torch.Tensor  # (B,) bool: the response ended with a stop token (not cut at max_new_tokens)
     pad_token_id: int
+    sampler_logprobs: torch.Tensor | None = None
+    """(B, T) float32: each response token's log-prob under the distribution the engine drew it from (0 at padding);
+    None when unknown (responses not sampled as they stand)."""
 
     @property
     def token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,6 +53,42 @@ class Generated:
         return dataclasses.replace(self, completions=[self.completions[i] for i in rows.tolist()], **taken)
 
 
+class Engine(Protocol):
+    """A sampler outside the policy module (vLLM: `rlhf.rollout.vllm_engine`, `rlhf.rollout.vllm_server`): it holds
+    its own copy of the weights, refreshed by :meth:`sync`."""
+
+    version: int
+    shared: bool
+    """True: one engine that every rank samples from (a server), whose weights rank 0 alone pushes."""
+
+    def sync(self, policy: nn.Module) -> None: ...
+
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        stops: Sequence[int],
+        pad_token_id: int,
+        seeds: Sequence[int],
+    ) -> tuple[list[list[int]], list[list[float]]]: ...
+
+
+def open_engine(sampling: Any, model: str, *, dtype: str, seed: int) -> str | Engine:
+    """The engine a config's ``sampling`` section names: one of ours by name, or a vLLM engine over ``model`` (a hub
+    id or directory: its architecture and tokenizer; the weights follow the policy through ``sync``)."""
+    if sampling.engine != "vllm":
+        return sampling.engine
+    vllm = sampling.vllm
+    if vllm.url is not None:
+        from rlhf.rollout.vllm_server import VLLMServer
+
+        return VLLMServer(vllm.url, timeout=vllm.timeout)
+    from rlhf.rollout.vllm_engine import VLLMEngine
+
+    max_model_len = sampling.max_prompt_length + sampling.max_new_tokens
+    return VLLMEngine(model, dtype=dtype, memory_fraction=vllm.memory_fraction, max_model_len=max_model_len, seed=seed)
+
+
 def generate(
     model: nn.Module,
     tokenizer: Any,
@@ -60,43 +100,88 @@ def generate(
     repeat: int = 1,
     d: Dist = SINGLE,
     max_rows: int | None = None,
+    engine: str | Engine = "auto",
 ) -> Generated:
     """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
 
     Under ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so
-    every rank returns the whole batch; each row draws from its own stream (``RowGenerators``), so the responses
+    every rank returns the whole batch; each row draws from its own stream (seeded by `row_seeds`), so the responses
     do not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
+    ``engine``: one of our own (`rlhf.rollout.engine.LOCAL_ENGINES`) sampling ``model``, or an `Engine`.
     """
-    pad = tokenizer.pad_token_id
     all_prompts = repeat_each(batch.input_ids, repeat)
     rows = d.shard(len(all_prompts), unit=repeat)
-    noise = RowGenerators.spawn(generator, rows)
+    seeds = row_seeds(generator, rows)
     prompt_ids = [all_prompts[row] for row in rows]
-    responses: list[list[int]] = []
-    step = max_rows or max(1, len(rows))
+    if isinstance(engine, str):
+        sampled = _sample_locally(
+            model,
+            prompt_ids,
+            params,
+            stops,
+            tokenizer.pad_token_id,
+            seeds,
+            device,
+            d=d,
+            max_rows=max_rows,
+            engine=engine,
+        )
+    else:
+        sampled = list(zip(*engine.sample(prompt_ids, params, stops, tokenizer.pad_token_id, seeds), strict=True))
+    responses, logprobs = zip(*d.gather_rows(sampled, len(all_prompts), unit=repeat), strict=True)
+    return assemble(all_prompts, list(responses), tokenizer, stops, device, logprobs=list(logprobs))
+
+
+def _sample_locally(
+    model: nn.Module,
+    prompt_ids: list[list[int]],
+    params: SamplingParams,
+    stops: list[int],
+    pad: int,
+    seeds: list[int],
+    device: torch.device,
+    *,
+    d: Dist,
+    max_rows: int | None,
+    engine: str,
+) -> list[tuple[list[int], list[float]]]:
+    """(response ids, their log-probs) of each prompt, sampled by one of our engines, ``max_rows`` rows at a time."""
+    noise = RowGenerators.of(seeds, device)
+    out = []
+    step = max_rows or max(1, len(prompt_ids))
     # sharded weights are gathered once for the whole rollout, and packed once for all its chunks
     with sampling_weights(model, d), reusing_packed(model):
-        for start in range(0, len(rows), step):
+        for start in range(0, len(prompt_ids), step):
             chunk = slice(start, start + step)
             query, query_mask = left_pad(prompt_ids[chunk], pad)
-            sampled = sample(model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk])
-            lengths = (sampled != pad).sum(-1).tolist()
-            responses += [ids[:length] for ids, length in zip(sampled.tolist(), lengths, strict=True)]
-    responses = d.gather_rows(responses, len(all_prompts), unit=repeat)
-    return assemble(all_prompts, responses, tokenizer, stops, device)
+            ids, logprobs = sample(
+                model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk], engine=engine
+            )
+            lengths = (ids != pad).sum(-1).tolist()
+            for row, row_logprobs, n in zip(ids.tolist(), logprobs.tolist(), lengths, strict=True):
+                out.append((row[:n], row_logprobs[:n]))
+    return out
 
 
 def assemble(
-    prompt_ids: list[list[int]], responses: list[list[int]], tokenizer: Any, stops: list[int], device: torch.device
+    prompt_ids: list[list[int]],
+    responses: list[list[int]],
+    tokenizer: Any,
+    stops: list[int],
+    device: torch.device,
+    logprobs: list[list[float]] | None = None,
 ) -> Generated:
-    """A `Generated` batch from unpadded prompt and response ids: prompts left-padded, responses right-padded
-    to the longest one (at least one column)."""
+    """A `Generated` batch from unpadded prompt and response ids (and the sampler's log-probs of them, if known):
+    prompts left-padded, responses right-padded to the longest one (at least one column)."""
     pad = tokenizer.pad_token_id
     query, query_mask = left_pad(prompt_ids, pad)
     T = max(1, max(map(len, responses), default=1))
     response = torch.full((len(responses), T), pad, dtype=torch.long)
+    sampler = torch.zeros(len(responses), T) if logprobs is not None else None
     for i, ids in enumerate(responses):
         response[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        if sampler is not None:
+            sampler[i, : len(ids)] = torch.tensor(logprobs[i], dtype=torch.float32)
     query, query_mask, response = query.to(device), query_mask.to(device), response.to(device)
     response_mask = (response != pad).long()
     has_stop = torch.isin(response, torch.tensor(stops, device=device)).any(-1)
@@ -107,6 +192,7 @@ def assemble(
         completions=tokenizer.batch_decode(response.tolist(), skip_special_tokens=True),
         has_stop=has_stop,
         pad_token_id=pad,
+        sampler_logprobs=sampler.to(device) if sampler is not None else None,
     )
 
 

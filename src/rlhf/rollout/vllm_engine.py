@@ -9,12 +9,14 @@ of its samples against the trainer's 1e-6 apart, 1.4 with stale weights after an
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from rlhf.config import ConfigError
 from rlhf.rollout.engine import SamplingParams
 
 
@@ -22,6 +24,9 @@ class VLLMEngine:
     """A `vllm.LLM` over the policy saved at ``model_dir`` (its architecture and tokenizer; the weights follow the
     policy through :meth:`sync`). ``memory_fraction``: vLLM's ``gpu_memory_utilization``, the share of the device's
     memory it takes for weights and KV cache (on the CPU build, of the machine's memory)."""
+
+    shared = False
+    """Each rank's own engine."""
 
     def __init__(
         self,
@@ -33,8 +38,20 @@ class VLLMEngine:
         seed: int = 0,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights as tensors
-        import vllm
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the run's own output
+        try:
+            import vllm
+        except ImportError as error:
+            raise ConfigError(
+                f"sampling.engine vllm needs vLLM in this environment ({error}): pip install 'rlhf-kit[vllm]' on a GPU "
+                "machine; for its CPU build, `make vllm-venv` (docs/vllm.md)"
+            ) from error
 
+        if max_model_len is not None:  # vLLM refuses a length beyond the model's positions; prompts never reach it
+            from transformers import AutoConfig
+
+            positions = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
+            max_model_len = min(max_model_len, positions or max_model_len)
         self.llm = vllm.LLM(
             model=model_dir,
             dtype=dtype,
@@ -44,6 +61,8 @@ class VLLMEngine:
             enforce_eager=True,
             logprobs_mode="processed_logprobs",  # after temperature, top-k and top-p: what the tokens were drawn from
         )
+        # every reload warns that rotary embeddings "failed to load": they hold no weights (vLLM keeps its own table)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.version = 0
         """How many times :meth:`sync` has loaded the policy's weights."""
 

@@ -94,7 +94,8 @@ class GRPO(rl.Algorithm):
 def build_models(config: GRPOConfig, d: Dist) -> rl.Models:
     """The policy and, when ``kl.coef > 0``, its reference; with ``kl.coef: 0`` no reference at all (not even a
     frozen copy in memory)."""
-    return rl.Models(config.model, d, reference=config.kl.coef > 0, ema=config.kl.reference_ema)
+    reference = config.kl.coef > 0
+    return rl.Models(config.model, d, reference=reference, ema=config.kl.reference_ema, engine=rl.open_engine(config))
 
 
 @distributed.entry
@@ -110,7 +111,7 @@ def sample_groups(
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), and as ``rewards``
     the combined score (B,) with the missing-EOS and DAPO overlong penalties (NaN stays NaN)."""
     G = config.grpo.group_size
-    sampled = rl.sample_and_score(config, inputs, models.policy, batch, generator, trainer_state, repeat=G)
+    sampled = rl.sample_and_score(config, inputs, models, batch, generator, trainer_state, repeat=G)
     generated = sampled.generated
     rewards = rl.missing_eos_penalized(config, sampled.scores.combined.float(), generated.has_stop.cpu())
     if config.grpo.overlong_buffer > 0:
@@ -209,7 +210,18 @@ def make_rollout(
         stats["reward/overlong_penalty_mean"] = penalty.mean().item()
     if ref is not None:
         stats |= rl.kl_stats(logprobs, ref, kl, loss_mask, scored)  # over the loss tokens
-    return Rollout(ids, mask, logprobs, ref, advantages, mask=loss_mask), stats
+    if logprobs is not None:  # else measured by the update's forward (`micro_step`)
+        stats |= rl.mismatch_stats(logprobs, generated.sampler_logprobs, loss_mask)
+    rollout = Rollout(
+        query_responses=ids,
+        attention_mask=mask,
+        logprobs=logprobs,
+        ref_logprobs=ref,
+        advantages=advantages,
+        sampler_logprobs=generated.sampler_logprobs,
+        mask=loss_mask,
+    )
+    return rollout, stats
 
 
 def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
@@ -265,6 +277,8 @@ def micro_step(
         kl_coef=config.kl.coef,
         clipped=clipped,
     )
+    sampler = rollout.sampler_at(micro)
+    pg, is_stats = rl.corrected(config, pg, old_logprobs, sampler, loss_mask)
     policy_loss = aggregate(pg, loss_mask, config.grpo.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens
@@ -278,6 +292,9 @@ def micro_step(
     for name in names:
         key = "kl/loss_mean" if name == "kl" else name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
+    if rollout.logprobs is None:  # on-policy: this forward's own log-probs are the trainer's side of the mismatch
+        is_stats |= rl.mismatch_stats(old_logprobs, sampler, loss_mask)
+    stats |= {key: value if key.endswith("_max") else value * share for key, value in is_stats.items()}
     return policy_loss - config.grpo.entropy_coef * entropy_mean, stats
 
 
@@ -296,13 +313,14 @@ def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
     pad = parts[0].generated.pad_token_id
     T = max(p.generated.responses.shape[1] for p in parts)
     C = max(p.generated.query_responses.shape[1] - p.generated.responses.shape[1] for p in parts)
-    queries, query_masks, responses = [], [], []
+    queries, query_masks, responses, logprobs = [], [], [], []
     for p in parts:
         g = p.generated
-        c = g.query_responses.shape[1] - g.responses.shape[1]
+        c, t = g.query_responses.shape[1] - g.responses.shape[1], g.responses.shape[1]
         queries.append(F.pad(g.query_responses[:, :c], (C - c, 0), value=pad))
         query_masks.append(F.pad(g.attention_mask[:, :c], (C - c, 0), value=0))
-        responses.append(F.pad(g.responses, (0, T - g.responses.shape[1]), value=pad))
+        responses.append(F.pad(g.responses, (0, T - t), value=pad))
+        logprobs.append(None if g.sampler_logprobs is None else F.pad(g.sampler_logprobs, (0, T - t)))
     response = torch.cat(responses)
     generated = generation.Generated(
         query_responses=torch.cat([torch.cat(queries), response], dim=1),
@@ -311,6 +329,7 @@ def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
         completions=[c for p in parts for c in p.generated.completions],
         has_stop=torch.cat([p.generated.has_stop for p in parts]),
         pad_token_id=pad,
+        sampler_logprobs=None if any(x is None for x in logprobs) else torch.cat(logprobs),
     )
     scores = scoring.concat_scores([p.scores for p in parts])
     prompts = [text for p in parts for text in p.prompts]

@@ -67,7 +67,7 @@ class PPO(rl.Algorithm):
 
     def sample(self, stream: Any, generator: torch.Generator, trainer_state: Any) -> rl.Sampled:
         """Phases 1-2: roll out the current policy, one response per prompt, and score the finished responses."""
-        return rl.sample_and_score(self.config, self.inputs, self.models.policy, next(stream), generator, trainer_state)
+        return rl.sample_and_score(self.config, self.inputs, self.models, next(stream), generator, trainer_state)
 
     def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
         """Phases 3-6: old/ref log-probs and values, KL-shaped rewards, GAE and whitening; K epochs of clipped
@@ -100,7 +100,8 @@ class PPO(rl.Algorithm):
 def build_models(config: PPOConfig, rewards: Any, d: Dist) -> rl.Models:
     """The policy, its reference (frozen, or moving with ``kl.reference_ema``) and the value function."""
     value = functools.partial(value_function, config, rewards, d)
-    return rl.Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value)
+    engine = rl.open_engine(config)
+    return rl.Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value, engine=engine)
 
 
 def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) -> rl.ValueFunction:
@@ -214,13 +215,25 @@ def make_rollout(
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
     stats = {
         **rl.kl_stats(logprobs, ref_logprobs, kl, policy_mask, scored),
+        **rl.mismatch_stats(logprobs, generated.sampler_logprobs, policy_mask),
         "reward/non_score_mean": non_score.sum(-1)[scored].mean().item(),
         "reward/score_mean": score[scored].mean().item(),
         "advantages/abs_mean": masked_mean(advantages.abs(), policy_mask).item(),
         "value/mean": masked_mean(values, value_mask).item(),
         "returns/mean": masked_mean(returns, value_mask).item(),
     }
-    rollout = Rollout(ids, mask, logprobs, ref_logprobs, advantages, values, returns, policy_mask, value_mask)
+    rollout = Rollout(
+        query_responses=ids,
+        attention_mask=mask,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        advantages=advantages,
+        sampler_logprobs=generated.sampler_logprobs,
+        values=values,
+        returns=returns,
+        policy_mask=policy_mask,
+        value_mask=value_mask,
+    )
     return rollout, stats, first
 
 
@@ -285,6 +298,7 @@ def micro_step(
         kl_coef=kl_coef,
         clipped=clipped,
     )
+    pg, is_stats = rl.corrected(config, pg, rollout.logprobs[rows, :t], rollout.sampler_at(micro), policy_mask)
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
     )
@@ -306,4 +320,5 @@ def micro_step(
         "policy/loss": policy_loss.item(),
         "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
         "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
+        **{key: value * share_p for key, value in is_stats.items()},
     }

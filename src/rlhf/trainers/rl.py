@@ -21,7 +21,8 @@ from torch import nn
 from rlhf.config import PolicyGradientConfig
 from rlhf.config.sections import PolicyModel
 from rlhf.core.logprobs import INVALID_LOGPROB
-from rlhf.core.masked import masked_sum
+from rlhf.core.masked import masked_mean, masked_sum
+from rlhf.core.mismatch import importance_weights, logprob_mismatch
 from rlhf.core.sequences import ResponseMasks, penalize_missing_eos, response_masks
 from rlhf.data import held_out, load_prompts
 from rlhf.data.stream import PromptBatch, PromptStream
@@ -29,6 +30,7 @@ from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import compile_models, load_tokenizer, load_trainable_state, trainable_state
 from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
 from rlhf.models.sharding import load_policy, unsharded
+from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import RewardSet
@@ -72,13 +74,15 @@ class Sampled:
 class Rollout:
     """What an update needs about one sampled batch, on the training device: ``query_responses``, ``attention_mask``
     (B, C+T) long; ``logprobs``, ``ref_logprobs`` (B, T) float32 at the sampling temperature, INVALID_LOGPROB at
-    padding (None: taken from the training forward, or no reference); ``advantages`` (B, T) float32."""
+    padding (None: taken from the training forward, or no reference); ``advantages`` (B, T) float32;
+    ``sampler_logprobs`` (B, T) the engine's own log-probs of its tokens (`Generated.sampler_logprobs`)."""
 
     query_responses: torch.Tensor
     attention_mask: torch.Tensor
     logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     advantages: torch.Tensor
+    sampler_logprobs: torch.Tensor | None
 
     @property
     def response_length(self) -> int:
@@ -89,6 +93,11 @@ class Rollout:
         padding, outside every mask)."""
         cols = micro.columns(self.query_responses.shape[1] - self.response_length)
         return self.query_responses[micro.rows, cols], self.attention_mask[micro.rows, cols]
+
+    def sampler_at(self, micro: update.MicroBatch) -> torch.Tensor | None:
+        """``sampler_logprobs`` of ``micro``'s rows and response columns."""
+        logprobs = self.sampler_logprobs
+        return None if logprobs is None else logprobs[micro.rows, : micro.response_length]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +112,9 @@ class ValueFunction:
 
 class Models:
     """What an RL run trains and scores against: the policy, its reference (None without a KL penalty in GRPO),
-    PPO's value function, and `Trainable`, policy and value function as the ranks train them. The checkpoint
-    holds what changes: the policy's trained weights, the value function and a moving reference."""
+    PPO's value function, `Trainable`, policy and value function as the ranks train them, and the ``engine`` that
+    samples (one of ours by name, or vLLM holding its own copy of the policy's weights). The checkpoint holds what
+    changes: the policy's trained weights, the value function and a moving reference."""
 
     def __init__(
         self,
@@ -114,8 +124,9 @@ class Models:
         reference: bool,
         ema: float | None = None,
         value: Callable[[nn.Module], ValueFunction] | None = None,
+        engine: str | generation.Engine = "auto",
     ):
-        self.model, self.d = model, d
+        self.model, self.d, self.engine = model, d, engine
         self.policy, copy = load_policy(model, d, reference)
         self.reference = Reference(self.policy, copy, ema) if reference else None
         self.value = value(self.policy) if value is not None else ValueFunction()
@@ -127,6 +138,18 @@ class Models:
         """The rollout's forward without gradients, on the plain module (no collective); a training forward is
         ``trainable.forward`` (through the gradient-synchronising wrapper under torchrun)."""
         return self.trainable.module(ids, mask, T, temperature)
+
+    def sync_engine(self) -> None:
+        """Give an engine with its own weights (vLLM) the policy's current ones; ours sample the policy itself. A
+        server all ranks share gets them from rank 0, and the others expect what rank 0 pushed."""
+        engine = self.engine
+        if isinstance(engine, str):
+            return
+        with sampling_weights(self.policy, self.d) as policy:  # sharded: every rank gathers the full weights
+            if not engine.shared or self.d.is_main:
+                engine.sync(policy)
+        if engine.shared and self.d.distributed:  # a collective: no rank samples before the push is done
+            engine.client, engine.version = self.d.broadcast((engine.client, engine.version))
 
     def value_module(self) -> nn.Module | None:
         return self.value.head if self.value.head is not None else self.value.critic
@@ -195,10 +218,11 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     )
     checkpoint, saved = state.resume(config, models, d)
     algorithm.load_state_dict(saved)
+    models.sync_engine()  # the policy as trained so far: adapters, a resumed checkpoint
     start = saved.get("step", 0)
     logger = open_run(config, checkpoint, start, d)
     if start == 0 and inputs.eval_prompts:  # step 0 (a resumed run has its row): every curve's own starting point
-        logger.log({"step": 0, **evaluate(config, inputs, models.policy, 0, stream)})
+        logger.log({"step": 0, **evaluate(config, inputs, models, 0, stream)})
     unscored = scoring.UnscoredSteps()
     with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
         for step in range(start + 1, config.steps + 1):
@@ -210,6 +234,7 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             learned = {}
             if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else nothing to learn: no update
                 learned = algorithm.learn(step, sampled, state, watch)  # 2. rollout passes and update
+                models.sync_engine()  # vLLM samples the updated policy from the next rollout (and eval) on
                 if models.reference is not None:
                     models.reference.follow()  # 3. kl.reference_ema: the anchor moves after each update
             stats = sampled.stats | learned
@@ -223,7 +248,7 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             every = config.run.eval_every
             evaluating = bool(inputs.eval_prompts) and ((every > 0 and step % every == 0) or step == config.steps)
             if evaluating:
-                metrics |= evaluate(config, inputs, models.policy, step, stream)
+                metrics |= evaluate(config, inputs, models, step, stream)
             if evaluating or logging:
                 logger.log(metrics)
             progress.update(step, metrics)
@@ -235,6 +260,11 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     logger.close()
     write_final(models, inputs.tokenizer, out / "final", d)
     return out / "final"
+
+
+def open_engine(config: PolicyGradientConfig) -> str | generation.Engine:
+    """The run's sampling engine (``sampling.engine``): `rlhf.rollout.generation.open_engine`."""
+    return generation.open_engine(config.sampling, config.model.name, dtype=config.model.dtype, seed=config.run.seed)
 
 
 def load_inputs(config: PolicyGradientConfig) -> Inputs:
@@ -276,7 +306,7 @@ def prompts(config: PolicyGradientConfig, tokenizer: Any) -> tuple[list, list]:
 def sample_and_score(
     config: PolicyGradientConfig,
     inputs: Inputs,
-    policy: nn.Module,
+    models: Models,
     batch: PromptBatch,
     generator: torch.Generator,
     trainer_state: Any,
@@ -284,12 +314,12 @@ def sample_and_score(
     repeat: int = 1,
     max_rows: int | None = None,
 ) -> Sampled:
-    """Answer ``batch`` with ``policy`` (``repeat`` answers per prompt, consecutive rows; at most ``max_rows`` in
+    """Answer ``batch`` with the policy through ``models.engine`` (``repeat`` answers per prompt, consecutive rows; at most ``max_rows`` in
     one forward) and score the answers (GDPO within each prompt's ``repeat`` rows); ``rewards``: the combined
     scores. Each rank samples and scores its share of the prompts; every rank returns the whole batch."""
     d = inputs.d
     generated = generation.generate(
-        policy,
+        models.policy,
         inputs.tokenizer,
         batch,
         inputs.sampling,
@@ -299,6 +329,7 @@ def sample_and_score(
         repeat=repeat,
         d=d,
         max_rows=max_rows,
+        engine=models.engine,
     )
     prompts = generation.repeat_each(batch.texts, repeat)
     columns = {name: generation.repeat_each(values, repeat) for name, values in batch.columns.items()}
@@ -370,6 +401,48 @@ def kl_stats(
         "kl/mean": masked_sum(logprobs - ref, mask, dim=-1)[scored].mean().item(),
         "kl/estimator_mean": masked_sum(kl, mask, dim=-1)[scored].mean().item(),
     }
+
+
+MISMATCH_THRESHOLD = 0.5
+"""``rollout/logprob_diff_frac``: the share of tokens whose |log π_trainer − log π_sampler| exceeds this (a
+probability off by a factor e^0.5 ≈ 1.65)."""
+
+
+def mismatch_stats(trainer: torch.Tensor, sampler: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
+    """``rollout/logprob_diff_mean``, ``_max`` and ``_frac`` of the trainer's log-probs of the sampled tokens against
+    the engine's, over ``mask`` (`rlhf.core.mismatch.logprob_mismatch`); none when the engine's are unknown."""
+    if sampler is None:
+        return {}
+    mean, largest, above = logprob_mismatch(trainer.detach(), sampler, mask, MISMATCH_THRESHOLD)
+    return {
+        "rollout/logprob_diff_mean": mean.item(),
+        "rollout/logprob_diff_max": largest.item(),
+        "rollout/logprob_diff_frac": above.item(),
+    }
+
+
+def corrected(
+    config: PolicyGradientConfig,
+    loss: torch.Tensor,
+    old: torch.Tensor,
+    sampler: torch.Tensor | None,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The per-token policy ``loss`` weighted by the truncated importance weights π_old/π_sampler of
+    ``sampling.is_correction`` (`rlhf.core.mismatch.importance_weights`), with ``rollout/is_weight_mean`` and
+    ``rollout/is_capped_frac`` over ``mask`` (token means: callers scale them by their share); as is with ``none``."""
+    s = config.sampling
+    if s.is_correction == "none":
+        return loss, {}
+    if sampler is None:
+        raise RuntimeError("sampling.is_correction needs the engine's log-probs of the rollout, and it has none")
+    weights = importance_weights(old, sampler, mask, level=s.is_correction, cap=s.is_cap, mode=s.is_mode)
+    capped = weights >= s.is_cap if s.is_mode == "truncate" else weights == 0
+    stats = {
+        "rollout/is_weight_mean": masked_mean(weights, mask),
+        "rollout/is_capped_frac": masked_mean(capped.float(), mask),
+    }
+    return loss * weights, {key: value.item() for key, value in stats.items()}
 
 
 def ratio_dev_max(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
@@ -456,7 +529,7 @@ def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats
 
 @torch.no_grad()
 def evaluate(
-    config: PolicyGradientConfig, inputs: Inputs, policy: nn.Module, step: int, stream: PromptStream
+    config: PolicyGradientConfig, inputs: Inputs, models: Models, step: int, stream: PromptStream
 ) -> dict[str, float]:
     """Answer the held-out prompts (same sampler, a fixed seed so steps are comparable), write them to
     ``samples/step_NNNNNN.jsonl`` (rank 0) and return ``eval/reward/*`` and ``time/eval_s``. Each rank answers and
@@ -466,7 +539,7 @@ def evaluate(
     generator = torch.Generator(inputs.d.device).manual_seed(config.run.seed + 2)
     batch = PromptBatch.of(inputs.eval_prompts, range(len(inputs.eval_prompts)))
     answered = sample_and_score(
-        config, inputs, policy, batch, generator, trainer_state, max_rows=config.effective_micro_batch_size
+        config, inputs, models, batch, generator, trainer_state, max_rows=config.effective_micro_batch_size
     )
     if inputs.d.is_main:
         completions = answered.generated.completions
