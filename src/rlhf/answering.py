@@ -61,6 +61,11 @@ class Sampler:
         self.seconds += time.perf_counter() - start
         return generated
 
+    def close(self) -> None:
+        """Release the engine (a colocated vLLM's memory) once the model has answered everything."""
+        if not isinstance(self.engine, str):
+            self.engine.close()
+
 
 def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[PromptBatch]:
     return [

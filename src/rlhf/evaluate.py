@@ -141,6 +141,7 @@ def answer(
             completions += generated.completions
             responses.append(answering.response_stats(generated))
             bar.advance(len(batch), f"reward {torch.cat([s.raw for s in scores_all]).nanmean():.3g}")
+    sampler.close()  # the baseline's engine comes next
     scores = scoring.concat_scores(scores_all) if scores_all else _no_scores(rewards)
     metrics = reward_metrics(scores) | answering.response_metrics(responses)
     kl = torch.cat(kls) if kls else None

@@ -220,8 +220,8 @@ def test_sampling_logits_match_a_full_forward(family_dir, family):
     batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     tokens = torch.randint(10, 200, (len(PROMPTS), 4), generator=torch.Generator().manual_seed(0))
-    for fast in (True, False):
-        step = _decode_steps(model, ids, mask, ids.shape[1] + tokens.shape[1], fast)
+    for engine in ("auto", "hf"):  # auto: the lean decoder where it covers the family
+        step = _decode_steps(model, ids, mask, ids.shape[1] + tokens.shape[1], engine)
         got = [step(None)] + [step(tokens[:, t]) for t in range(tokens.shape[1] - 1)]
         for t, logits in enumerate(got):
             full_ids = torch.cat([ids, tokens[:, :t]], dim=1)

@@ -67,10 +67,11 @@ class Server:
                 time.sleep(0.5)
         self.fail(f"no answer on /health within {STARTUP:g} s")
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it (``SIGKILL``: at once, as a crash or an out-of-memory kill would)."""
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
+        os.killpg(self.process.pid, sig)
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -200,6 +201,48 @@ def test_weights_the_server_lost_or_another_client_replaced_are_stale(server, ti
         fresh.sample(rows, PARAMS, [eos], pad, SEEDS)
 
 
+def test_grpo_on_the_server_stops_cleanly_when_it_dies_and_resumes_once_it_is_back(server, tiny, tmp_path):
+    """`rlhf grpo` sampling from the server (the trainer in this environment, vLLM in the server's): killed under the
+    run, the server ends it with exit 2 naming the URL (not an internal error); restarted, ``--run.resume`` on two
+    ranks pushes the checkpoint's weights to it (rank 0 alone) and the run finishes, every step sampled by the
+    trainer's weights (a resumed run that did not push would sample the server's startup checkpoint: stale)."""
+    prompts_file = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2])} for i, line in enumerate(toy_corpus(40, seed=5))]
+    prompts_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "rlhf", "grpo", "--model.name", str(tiny[0]), "--data.train", str(prompts_file)]
+    command += ["--output_dir", str(out), "--reward.source", f"{ROOT}/tests/trainers/ppo_rewards.py:digit_count"]
+    command += ["--grpo.steps", "10", "--batch.size", "4", "--grpo.group_size", "8", "--sampling.max_new_tokens", "8"]
+    command += ["--sampling.temperature", "1.0", "--optim.learning_rate", "2e-3", "--optim.scheduler", "constant"]
+    command += ["--sampling.engine", "vllm", "--sampling.vllm.url", server.url, "--sampling.vllm.timeout", "5"]
+    command += ["--run.save_every", "1", "--run.eval_every", "0", "--run.no_progress"]
+    if server.process is None or server.process.poll() is not None:  # run alone: the restart test stopped it
+        server.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    while not (out / "checkpoints" / "step_000002").exists() and run.poll() is None:
+        time.sleep(0.1)
+    server.stop(signal.SIGKILL)
+    _, stderr = run.communicate(timeout=600)
+    assert run.returncode == 2, stderr[-3000:]
+    assert server.url in stderr and "try 1:" in stderr and "internal error" not in stderr, stderr[-3000:]
+    server.start()
+    # resumed on two ranks: rank 0 alone pushes the weights, both sample their rows from the server
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
+    torchrun += ["--rdzv_endpoint", f"127.0.0.1:{port}", "-m", "rlhf", *command[3:], "--run.resume"]
+    resumed = subprocess.run(torchrun, capture_output=True, text=True, env=env, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [row for row in metrics if "reward/mean" in row]
+    assert [row["step"] for row in train] == list(range(1, 11))
+    # the weights the server sampled with were the trainer's, before and after the restart (float32: rounding
+    # plus the pad term, < 0.01 per token)
+    assert max(row["rollout/logprob_diff_max"] for row in train) < 0.05
+
+
 def test_a_server_gone_fails_fast_naming_the_url_and_each_try(server, tiny):
     _, tokenizer = tiny
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
@@ -213,40 +256,3 @@ def test_a_server_gone_fails_fast_naming_the_url_and_each_try(server, tiny):
         engine.sync(policy(tokenizer))
     with pytest.raises(ServiceError, match=rf"{server.url}, reading its configuration: failed after 2 tries"):
         VLLMServer(server.url, timeout=5, tries=2)
-
-
-def test_grpo_on_the_server_stops_cleanly_when_it_dies_and_resumes_once_it_is_back(server, tiny, tmp_path):
-    """`rlhf grpo` sampling from the server (the trainer in this environment, vLLM in the server's): killed under the
-    run, the server ends it with exit 2 naming the URL (not an internal error); restarted, ``--run.resume`` pushes
-    the checkpoint's weights to it and the run finishes, having learnt (reward ~0.05 → ~0.6 over the last 5 of 20 steps, measured)."""
-    prompts_file = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2])} for i, line in enumerate(toy_corpus(40, seed=5))]
-    prompts_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "rlhf", "grpo", "--model.name", str(tiny[0]), "--data.train", str(prompts_file)]
-    command += ["--output_dir", str(out), "--reward.source", f"{ROOT}/tests/trainers/ppo_rewards.py:digit_count"]
-    command += ["--grpo.steps", "20", "--batch.size", "4", "--grpo.group_size", "8", "--sampling.max_new_tokens", "8"]
-    command += ["--sampling.temperature", "1.0", "--optim.learning_rate", "2e-3", "--optim.scheduler", "constant"]
-    command += ["--sampling.engine", "vllm", "--sampling.vllm.url", server.url, "--sampling.vllm.timeout", "5"]
-    command += ["--run.save_every", "1", "--run.eval_every", "0", "--run.no_progress"]
-    if server.process is None or server.process.poll() is not None:
-        server.start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    while not (out / "checkpoints" / "step_000003").exists() and run.poll() is None:
-        time.sleep(0.2)
-    server.stop()
-    _, stderr = run.communicate(timeout=600)
-    assert run.returncode == 2, stderr[-3000:]
-    assert server.url in stderr and "try 1:" in stderr and "internal error" not in stderr, stderr[-3000:]
-    server.start()
-    resumed = subprocess.run([*command, "--run.resume"], capture_output=True, text=True, env=env, timeout=900)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [row for row in metrics if "reward/mean" in row]
-    assert [row["step"] for row in train] == list(range(1, 21))
-    # the weights the server sampled with were the trainer's, before and after the restart (float32: rounding
-    # plus the pad term, < 0.01 per token)
-    assert max(row["rollout/logprob_diff_max"] for row in train) < 0.05
-    first, last = (sum(row["reward/mean"] for row in part) / 5 for part in (train[:5], train[-5:]))
-    assert last > first + 0.3, (first, last)

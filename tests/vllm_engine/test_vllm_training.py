@@ -61,16 +61,23 @@ def rise(rows: list[dict]) -> tuple[float, float]:
     return sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
 
 
-def test_grpo_learns_with_vllm_sampling_and_sequence_level_correction(assets):
+GRPO = {"grpo.steps": 30, "batch.size": 4, "grpo.group_size": 8, "grpo.num_minibatches": 1, "sampling.temperature": 1.0, "sampling.is_correction": "sequence"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def grpo_rows(assets) -> list[dict]:
+    return train(assets, "grpo", "grpo", **GRPO)
+
+
+def test_grpo_learns_with_vllm_sampling_and_sequence_level_correction(grpo_rows):
     """Observed (vLLM 0.32 CPU build, float32): mean reward of the first 5 steps 0.05, of the last 5 0.93 after 30;
     the mismatch is log(1 − p_pad) (the engines never draw PAD, the trainer's softmax keeps it): 4e-3 per token at
     random init, shrinking as the policy learns to put no mass there."""
-    out = train(assets, "grpo", "grpo", **{"grpo.steps": 30, "batch.size": 4, "grpo.group_size": 8, "grpo.num_minibatches": 1, "sampling.temperature": 1.0, "sampling.is_correction": "sequence"})  # fmt: skip
-    first, last = rise(out)
+    first, last = rise(grpo_rows)
     assert last > first + 0.3, (first, last)
     # float32 on both sides: the trainer and vLLM agree to rounding plus the PAD term (< 0.01 per token here)
-    assert max(row["rollout/logprob_diff_max"] for row in out) < 0.05
-    assert all(0.9 < row["rollout/is_weight_mean"] <= 1.0 + 1e-3 for row in out)
+    assert max(row["rollout/logprob_diff_max"] for row in grpo_rows) < 0.05
+    assert all(0.9 < row["rollout/is_weight_mean"] <= 1.0 + 1e-3 for row in grpo_rows)
 
 
 def test_ppo_learns_with_vllm_sampling_and_token_level_correction(assets):
@@ -82,32 +89,38 @@ def test_ppo_learns_with_vllm_sampling_and_token_level_correction(assets):
     assert all(row["policy/first_ratio_max_dev"] == 0 for row in out)
 
 
-def test_a_resumed_run_samples_from_the_checkpoints_weights(assets):
-    """2 steps, then a resume to 4, against 4 in one go: the engine must take the resumed policy's weights (vLLM
-    loads the initial ones from model.name), else steps 3-4 sample another policy's tokens."""
-    fields = {"grpo.steps": 4, "batch.size": 2, "grpo.group_size": 4, "run.save_every": 2}
-    whole = train(assets, "grpo", "whole", **fields)
-    train(assets, "grpo", "parts", **{**fields, "grpo.steps": 2})
-    resumed = train(assets, "grpo", "parts", **{**fields, "run.resume": True})
-    assert len(resumed) == len(whole) == 4
-    for a, b in zip(whole, resumed, strict=True):
-        assert a["reward/mean"] == b["reward/mean"] and a["response/tokens"] == b["response/tokens"]
-    # the held-out answers of the last step: sampled by vLLM after the last update
-    texts = [(assets / run / "samples" / "step_000004.jsonl").read_text() for run in ("whole", "parts")]
-    assert texts[0] == texts[1]
-
-
-def test_two_ranks_sample_what_one_process_samples(assets):
-    """Each rank holds its own colocated engine and samples its share of the rows with the rows' own seeds."""
-    fields = {"grpo.steps": 1, "batch.size": 4, "grpo.group_size": 2}
-    one = train(assets, "grpo", "one", **fields)
+def test_two_ranks_sample_what_one_process_samples(assets, grpo_rows):
+    """Each rank holds its own colocated engine and samples its share of the rows with the rows' own seeds: the first
+    step of the GRPO run above, and its held-out answers before training, again on two ranks. (A resumed run's
+    engine taking the checkpoint's weights: test_vllm_server.py, whose resume goes through the same sync.)"""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torchrun = [str(Path(vllm_python()).with_name("torchrun")), "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
     torchrun += ["--rdzv_endpoint", f"127.0.0.1:{port}"]
-    two = train(assets, "grpo", "two", launcher=torchrun, **fields)
-    assert one[0]["reward/mean"] == two[0]["reward/mean"] and one[0]["response/tokens"] == two[0]["response/tokens"]
-    # the held-out answers before training, each rank answering its share
-    texts = [(assets / run / "samples" / "step_000000.jsonl").read_text() for run in ("one", "two")]
+    (two,) = train(assets, "grpo", "two", launcher=torchrun, **{**GRPO, "grpo.steps": 1})
+    one = grpo_rows[0]
+    assert one["reward/mean"] == two["reward/mean"] and one["response/tokens"] == two["response/tokens"]
+    texts = [(assets / run / "samples" / "step_000000.jsonl").read_text() for run in ("grpo", "two")]
     assert texts[0] == texts[1]
+
+
+def test_sample_and_eval_answer_on_vllm(assets):
+    """Greedy answers (vLLM's greedy tokens are the lean decoder's: test_vllm_engine.py): `rlhf sample` and `rlhf eval`
+    give the same ones, and eval with a baseline runs two engines one after the other in its process (the first gives
+    its memory back)."""
+    flags = ["--sampling.top_k=1", "--sampling.max_new_tokens=8", "--sampling.vllm.memory_fraction=0.1"]
+    flags += ["--sampling.engine=vllm", "--model.name=policy"]
+    sample = ["sample", "--prompts=prompts.jsonl", "--output=sampled.jsonl", "--num_samples=2"]
+    run([vllm_python(), "-m", "rlhf", *sample, *flags], assets)
+    evaluate = ["eval", "--eval_data=prompts.jsonl", "--baseline=policy", f"--reward.source={REWARD}:length_chars"]
+    evaluate += ["--output=eval.json", "--samples_output=answers.jsonl"]
+    run([vllm_python(), "-m", "rlhf", *evaluate, *flags], assets)
+    sampled = [json.loads(line) for line in (assets / "sampled.jsonl").read_text().splitlines()]
+    answers = [json.loads(line) for line in (assets / "answers.jsonl").read_text().splitlines()]
+    assert len(sampled) == len(answers) == 40
+    for row, answer in zip(sampled, answers, strict=True):
+        assert (
+            row["completions"] == [answer["completion"]] * 2 and answer["baseline_completion"] == answer["completion"]
+        )
+    assert json.loads((assets / "eval.json").read_text())["ties"] == 40  # the baseline is the policy

@@ -63,6 +63,8 @@ class Engine(Protocol):
 
     def sync(self, policy: nn.Module) -> None: ...
 
+    def close(self) -> None: ...
+
     def sample(
         self,
         prompts: Sequence[Sequence[int]],

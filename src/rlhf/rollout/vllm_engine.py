@@ -9,6 +9,7 @@ of its samples against the trainer's 1e-6 apart, 1.4 with stale weights after an
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Sequence
@@ -71,6 +72,13 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": plain_weights(policy)})
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
         self.version += 1
+
+    def close(self) -> None:
+        """Stop the engine and give its memory back: a second engine in the process (``rlhf eval``'s baseline) would
+        otherwise find the first one's KV cache taken (vLLM sizes its cache by what the process already holds)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
 
     def sample(
         self,

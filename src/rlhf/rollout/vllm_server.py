@@ -125,6 +125,9 @@ class VLLMServer:
             )
         self.version = version
 
+    def close(self) -> None:
+        """Nothing to release: each request opens its own connection, and the server keeps running."""
+
     def sample(
         self,
         prompts: Sequence[Sequence[int]],
