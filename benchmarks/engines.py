@@ -8,7 +8,8 @@ rlhf's lean decoder, the model's own forward (hf) and vLLM's CPU build (colocate
 Every run is ``rlhf grpo`` in its own process with the vLLM virtualenv's Python (the same torch 2.13 CPU build as
 .venv, so the three engines run on the same kernels): ``batch.size`` 8 prompts × 4 samples, 64 new tokens at
 temperature 1, the length-penalty reward, one update per step. Times are medians over the steps after the first two
-(vLLM's first steps warm its caches). Writes results/engines.json and prints the table.
+(vLLM's first steps warm its caches). Writes results/engines.json (the sizes not measured this time are kept) and
+prints the table.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def measure(python: str, size: str, assets: dict, steps: int) -> list[dict]:
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| policy | engine | s/step | rollout s/step | rollout vs lean | \\|Δ log p\\| mean | \\|Δ log p\\| max |",
+        "| policy | engine | s/step | rollout s/step | rollout time / lean's | \\|Δ log p\\| mean | \\|Δ log p\\| max |",
         "|---|---|---|---|---|---|---|",
     ]
     lean = {r["size"]: r["rollout_s"] for r in results if r["engine"] == "lean"}
@@ -99,8 +100,13 @@ def main() -> None:
     sizes = args.sizes.split(",")
     assets = bench.build_assets(set(sizes))
     results = [row for size in sizes for row in measure(args.python, size, assets, args.steps)]
+    path = bench.RESULTS / "engines.json"
+    kept = [row for row in json.loads(path.read_text()) if row["size"] not in sizes] if path.exists() else []
+    results = sorted(
+        kept + results, key=lambda row: (list(bench.SIZES).index(row["size"]), ENGINES.index(row["engine"]))
+    )
     bench.RESULTS.mkdir(parents=True, exist_ok=True)
-    (bench.RESULTS / "engines.json").write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
 
 

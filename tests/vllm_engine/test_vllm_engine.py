@@ -61,3 +61,10 @@ def test_sync_gives_vllm_the_trainers_weights(measured):
 def test_sync_gives_vllm_a_lora_policys_merged_weights(measured):
     # the same float32 bound as above; these adapters move the log-probs by ~0.9, so a sync that dropped them fails
     assert measured["gap_lora"] < 1e-4 and measured["version"] == 2
+
+
+def test_sleep_mode_where_vllm_has_one_and_a_clear_refusal_elsewhere(measured):
+    if "sleep_refused" in measured:  # the CPU build
+        assert "sampling.vllm.sleep: vLLM's sleep mode needs a CUDA, ROCm or XPU device" in measured["sleep_refused"]
+    else:  # the rollout's engine slept through the update, and the sync that woke it loaded the policy's weights
+        assert measured["slept"] and measured["gap_after_sleep"] < 1e-4

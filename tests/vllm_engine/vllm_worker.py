@@ -79,7 +79,30 @@ def main(out_dir: str) -> None:
         "gap_lora": gap_lora,
         "version": engine.version,
     }
+    engine.close()
+    result |= sleep_mode(out_dir, lora.merge_and_unload(), prompts, params, eos, pad, seeds)
     print(json.dumps(result))
+
+
+def sleep_mode(out_dir, policy, prompts, params, eos, pad, seeds) -> dict:
+    """Where vLLM has a sleep mode (CUDA, ROCm, XPU): the trainer's log-probs of what a sleeping engine samples once
+    synced. Elsewhere (the CPU build): the refusal."""
+    from vllm.platforms import current_platform
+
+    from rlhf.config import ConfigError
+
+    if not current_platform.is_sleep_mode_available():
+        try:
+            VLLMEngine(out_dir, dtype="float32", memory_fraction=0.2, max_model_len=128, sleep=True)
+        except ConfigError as error:
+            return {"sleep_refused": str(error)}
+        return {"sleep_refused": None}
+    engine = VLLMEngine(out_dir, dtype="float32", memory_fraction=0.2, max_model_len=128, sleep=True)
+    engine.sample(prompts, params, [eos], pad, seeds)  # asleep afterwards
+    asleep = engine.llm.llm_engine.is_sleeping()
+    engine.sync(policy)  # woken, then the policy's weights loaded
+    ids, logprobs = engine.sample(prompts, params, [eos], pad, seeds)
+    return {"slept": asleep, "gap_after_sleep": trainer_gap(policy, prompts, ids, logprobs, pad)}
 
 
 if __name__ == "__main__":

@@ -170,6 +170,8 @@ class VLLMSection:
     """A running vLLM server (e.g. http://127.0.0.1:8000; started as docs/vllm.md says): generation goes over its API and the policy's weights are pushed to it after every update. None = colocate: a vLLM engine inside this process (per rank under torchrun)."""
     memory_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.3
     """Colocate: the share of the device's memory vLLM takes for its weights and KV cache (its gpu_memory_utilization; on a CPU build, of the machine's memory); the trainer's models need the rest."""
+    sleep: bool = False
+    """Colocate on a GPU: between rollouts vLLM's weights wait in CPU memory and its KV cache is freed (its sleep mode), so the update has the device to itself, at the cost of copying the weights back for each rollout. CUDA, ROCm and XPU only (refused elsewhere)."""
     timeout: Positive = 300.0
     """Server: seconds to wait for one reply (a generation or a weight push) before retrying; after 3 failed tries the run stops (exit 2) naming the URL and each try."""
 

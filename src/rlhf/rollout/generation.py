@@ -88,7 +88,14 @@ def open_engine(sampling: Any, model: str, *, dtype: str, seed: int) -> str | En
     from rlhf.rollout.vllm_engine import VLLMEngine
 
     max_model_len = sampling.max_prompt_length + sampling.max_new_tokens
-    return VLLMEngine(model, dtype=dtype, memory_fraction=vllm.memory_fraction, max_model_len=max_model_len, seed=seed)
+    return VLLMEngine(
+        model,
+        dtype=dtype,
+        memory_fraction=vllm.memory_fraction,
+        max_model_len=max_model_len,
+        seed=seed,
+        sleep=vllm.sleep,
+    )
 
 
 def generate(

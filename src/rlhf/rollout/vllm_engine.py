@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +25,9 @@ from rlhf.rollout.engine import SamplingParams
 class VLLMEngine:
     """A `vllm.LLM` over the policy saved at ``model_dir`` (its architecture and tokenizer; the weights follow the
     policy through :meth:`sync`). ``memory_fraction``: vLLM's ``gpu_memory_utilization``, the share of the device's
-    memory it takes for weights and KV cache (on the CPU build, of the machine's memory)."""
+    memory it takes for weights and KV cache (on the CPU build, of the machine's memory). ``sleep``: between
+    rollouts its weights wait in CPU memory and its KV cache is freed (vLLM's sleep mode, level 1), so the update has
+    the device to itself; CUDA, ROCm and XPU only."""
 
     shared = False
     """Each rank's own engine."""
@@ -37,6 +40,7 @@ class VLLMEngine:
         memory_fraction: float = 0.3,
         max_model_len: int | None = None,
         seed: int = 0,
+        sleep: bool = False,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights as tensors
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the run's own output
@@ -48,6 +52,13 @@ class VLLMEngine:
                 "machine; for its CPU build, `make vllm-venv` (docs/vllm.md)"
             ) from error
 
+        from vllm.platforms import current_platform
+
+        if sleep and not current_platform.is_sleep_mode_available():
+            raise ConfigError(
+                f"sampling.vllm.sleep: vLLM's sleep mode needs a CUDA, ROCm or XPU device; this is "
+                f"{current_platform.device_name!r}"
+            )
         if max_model_len is not None:  # vLLM refuses a length beyond the model's positions; prompts never reach it
             from transformers import AutoConfig
 
@@ -61,7 +72,9 @@ class VLLMEngine:
             seed=seed,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",  # after temperature, top-k and top-p: what the tokens were drawn from
+            enable_sleep_mode=sleep,
         )
+        self.sleeps = sleep
         # every reload warns that rotary embeddings "failed to load": they hold no weights (vLLM keeps its own table)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.version = 0
@@ -69,9 +82,14 @@ class VLLMEngine:
 
     def sync(self, policy: nn.Module) -> None:
         """Load ``policy``'s current weights into vLLM (a LoRA policy: its base weights with the adapters added)."""
+        self._wake()  # the weights must be on the device to be overwritten; the rollout that follows needs them there
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": plain_weights(policy)})
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
         self.version += 1
+
+    def _wake(self) -> None:
+        if self.sleeps and self.llm.llm_engine.is_sleeping():
+            self.llm.wake_up()
 
     def close(self) -> None:
         """Stop the engine and give its memory back: a second engine in the process (``rlhf eval``'s baseline) would
@@ -93,28 +111,32 @@ class VLLMEngine:
         (PAD means "no token" downstream), as with the other engines."""
         import vllm
 
-        requests = [
-            vllm.SamplingParams(
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-                stop_token_ids=list(stops),
-                ignore_eos=True,  # the run's stop tokens decide, as with the other engines
-                seed=seed,
-                logprobs=0,  # the sampled token's own log-prob only
-                detokenize=False,
-                logit_bias={pad_token_id: -1e4},
-            )
-            for seed in seeds
-        ]
+        requests = [vllm.SamplingParams(**request(params, stops, pad_token_id), seed=seed) for seed in seeds]
+        self._wake()
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False)
+        if self.sleeps:  # level 1: the weights go to CPU memory (the next sync overwrites them), the KV cache is freed
+            self.llm.sleep(level=1)
         ids = [list(out.outputs[0].token_ids) for out in outputs]
         logprobs = [
             [step[token].logprob for step, token in zip(out.outputs[0].logprobs, row, strict=True)]
             for out, row in zip(outputs, ids, strict=True)
         ]
         return ids, logprobs
+
+
+def request(params: SamplingParams, stops: Sequence[int], pad_token_id: int) -> dict[str, Any]:
+    """vLLM's sampling parameters (its ``SamplingParams`` fields, all but the seed) that draw as rlhf's engines do."""
+    return {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "stop_token_ids": list(stops),
+        "ignore_eos": True,  # the run's stop tokens decide
+        "logprobs": 0,  # the sampled token's own log-prob only
+        "detokenize": False,
+        "logit_bias": {pad_token_id: -1e4},  # PAD means "no token" downstream: never drawn
+    }
 
 
 def plain_weights(policy: nn.Module) -> list[tuple[str, torch.Tensor]]:

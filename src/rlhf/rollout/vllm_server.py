@@ -26,7 +26,7 @@ from torch import nn
 
 from rlhf.httpclient import HttpFailure, ServiceError, cut, send
 from rlhf.rollout.engine import SamplingParams
-from rlhf.rollout.vllm_engine import plain_weights
+from rlhf.rollout.vllm_engine import plain_weights, request
 
 BACKOFF = 1.0
 """Seconds before a request's second try, doubled before each further one."""
@@ -136,24 +136,12 @@ class VLLMServer:
         pad_token_id: int,
         seeds: Sequence[int],
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Each prompt's response token ids (ending with its first stop token, if any) and their log-probs under the
-        distribution vLLM drew them from; row i draws from its own seed ``seeds[i]``. The pad token is never drawn
-        (PAD means "no token" downstream), as with the other engines. `ServiceError` if any token was sampled by
-        other weights than the last :meth:`sync` pushed (before any: the server's startup checkpoint)."""
+        """As `VLLMEngine.sample`; `ServiceError` if any token was sampled by other weights than the last :meth:`sync`
+        pushed (before any: the server's startup checkpoint)."""
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts, {len(seeds)} seeds")
-        sampling = {
-            "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_k": params.top_k,
-            "top_p": params.top_p,
-            "stop_token_ids": list(stops),
-            "ignore_eos": True,  # the run's stop tokens decide, as with the other engines
-            "logprobs": 0,  # the sampled token's own log-prob only
-            "detokenize": False,
-            # this endpoint takes vLLM's SamplingParams as they are: no ±100 clamp as in the OpenAI ones
-            "logit_bias": {str(pad_token_id): -1e4},
-        }
+        # this endpoint takes vLLM's SamplingParams as they are (the OpenAI ones clamp logit_bias to ±100)
+        sampling = request(params, stops, pad_token_id)
         bodies = [
             {"token_ids": list(prompt), "sampling_params": sampling | {"seed": seed}}
             for prompt, seed in zip(prompts, seeds, strict=True)
