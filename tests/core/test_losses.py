@@ -222,6 +222,19 @@ def test_dual_clip_hand_computed():
     close(logp.grad, [[0.0, 1.1, 0.0]])
 
 
+def test_importance_weights_scale_the_surrogate_not_the_kl_term():
+    # 2-E's tokens with w = [1, 2, 0.5, 0, 3] (the sampler/trainer correction) and a KL term: ℓ = w·max(pg1, pg2) + β·k3
+    # surrogate [−1.2, 1.5, −0.35, 0.4, −2.2] · w = [−1.2, 3.0, −0.175, 0, −6.6]; with ref = logp, k3 = 0 → as is
+    weights = t([[1.0, 2.0, 0.5, 0.0, 3.0]])
+    per_token, _ = e_loss(is_weights=weights)
+    close(per_token, [[-1.2, 3.0, -0.175, 0.0, -6.6]])
+    # ref − logp = −log ρ; k3 = exp(−log ρ) + log ρ − 1 = 1/ρ + log ρ − 1, added unweighted (TRL's order)
+    logp = torch.log(E_RATIO)
+    with_kl, _ = e_loss(is_weights=weights, ref_logp=torch.zeros_like(logp), kl_coef=0.5)
+    k3 = 1 / E_RATIO + logp - 1
+    close(with_kl, t([[-1.2, 3.0, -0.175, 0.0, -6.6]]) + 0.5 * k3)
+
+
 def test_dual_clip_must_exceed_one():
     with pytest.raises(ValueError, match="dual_clip"):
         e_loss(dual_clip=1.0)

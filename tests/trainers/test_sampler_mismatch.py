@@ -1,5 +1,5 @@
 """The sampler/trainer mismatch in ppo and grpo with rlhf's own engines: measured every step, the same whichever pass
-supplies the trainer's side, and the importance-sampling correction applied to the policy loss (`rl.corrected`).
+supplies the trainer's side, and the importance-sampling correction's weights (`rl.is_weights`).
 vLLM's side of the same: tests/vllm_engine/test_vllm_training.py."""
 
 from __future__ import annotations
@@ -17,31 +17,29 @@ from runs import train_rows
 MISMATCH = ["rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/logprob_diff_frac"]
 
 
-def test_the_correction_weights_the_loss_by_the_capped_ratio(tiny_llama_dir, prompts_file, tmp_path):  # noqa: F811
+def test_the_correction_weights_are_the_capped_ratios(tiny_llama_dir, prompts_file, tmp_path):  # noqa: F811
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"sampling.is_correction": "token", "sampling.is_cap": 2.0})  # fmt: skip
-    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     old = torch.log(torch.tensor([[0.5, 0.5, 0.9], [0.2, 0.1, 0.3]]))
     sampler = torch.log(torch.tensor([[0.5, 0.2, 0.3], [0.4, 0.1, 0.9]]))  # ratios 1, 2.5, 3 | 0.5, 1, 1/3
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    weighted, stats = rl.corrected(config, loss, old, sampler, mask)
-    # token level, truncated at 2: weights 1, 2, 2 | 0.5, 1, and 1 at padding (its difference counts as 0)
-    expected = torch.tensor([[1.0, 4.0, 6.0], [2.0, 5.0, 6.0]])
-    torch.testing.assert_close(weighted, expected)
+    weights, stats = rl.is_weights(config, old, sampler, mask)
+    # token level, truncated at 2: 1, 2, 2 | 0.5, 1, and 1 at padding (its difference counts as 0)
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 2.0, 2.0], [0.5, 1.0, 1.0]]))
     assert stats["rollout/is_weight_mean"] == pytest.approx((1 + 2 + 2 + 0.5 + 1) / 5)
     assert stats["rollout/is_capped_frac"] == pytest.approx(2 / 5)
     sampling = dataclasses.replace(config.sampling, is_correction="sequence", is_mode="mask")
-    weighted, stats = rl.corrected(dataclasses.replace(config, sampling=sampling), loss, old, sampler, mask)
+    weights, stats = rl.is_weights(dataclasses.replace(config, sampling=sampling), old, sampler, mask)
     # sequence level: row 0's ratio 1·2.5·3 = 7.5 > 2 → masked; row 1's 0.5·1 = 0.5 (its padding does not count)
-    torch.testing.assert_close(weighted, torch.tensor([[0.0, 0.0, 0.0], [2.0, 2.5, 3.0]]))
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.5, 0.5]]))
     assert stats["rollout/is_capped_frac"] == pytest.approx(3 / 5)
     sampling = dataclasses.replace(config.sampling, is_correction="none")
-    assert rl.corrected(dataclasses.replace(config, sampling=sampling), loss, old, None, mask) == (loss, {})
+    assert rl.is_weights(dataclasses.replace(config, sampling=sampling), old, None, mask) == (None, {})
 
 
 def test_the_correction_needs_the_engines_logprobs(tiny_llama_dir, prompts_file, tmp_path):  # noqa: F811
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"sampling.is_correction": "token"})
     with pytest.raises(RuntimeError, match="needs the engine's log-probs"):
-        rl.corrected(config, torch.ones(1, 2), torch.zeros(1, 2), None, torch.ones(1, 2, dtype=torch.bool))
+        rl.is_weights(config, torch.zeros(1, 2), None, torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_grpo_measures_the_mismatch_alike_on_policy_and_with_the_old_logprob_pass(

@@ -122,14 +122,18 @@ def clipped_policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     clipped: bool = True,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate per token, optionally asymmetric (clip-higher), dual-clipped, and with a KL term.
+    """PPO clipped surrogate per token, optionally asymmetric (clip-higher), dual-clipped, importance-weighted and
+    with a KL term.
 
     ``ρ = exp(logp − old_logp)``;  ``pg1 = −A·ρ``;  ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``;
     ``ℓ = max(pg1, pg2)``  (= −min(ρA, clip(ρ)A), TRL's ``coef_1``/``coef_2`` form);
     dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games", c > 1): for A < 0,
     ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl
     ``compute_policy_loss`` clip_ratio_c);
+    importance weights w (the sampler/trainer correction, `rlhf.core.mismatch.importance_weights`): ``ℓ = w·ℓ``,
+    before the KL term (TRL's order);
     KL in the loss (GRPO): ``ℓ += β · k3``, ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via
     ``rlhf.core.kl``; the only estimator TRL puts in the loss: grpo_trainer L3069-3076, L3120-3121). Its
     gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
@@ -146,6 +150,7 @@ def clipped_policy_loss(
             ρ = 1 (the first pass over a rollout) exactly REINFORCE with the advantages' baseline, on later
             passes the importance-weighted policy gradient. The stats are the same, so ``clipfrac`` tells
             how much the clip would have acted.
+        is_weights: optional ``(B, T)`` weights of the surrogate, without gradient.
 
     Returns:
         ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means
@@ -184,6 +189,8 @@ def clipped_policy_loss(
         with torch.no_grad():
             stats["clip_ratio/dual"] = masked_mean(((adv < 0) & (per_token > cap)).to(logp.dtype), mask)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     if ref_logp is not None:
         # k3 on inputs already neutralised: computed from raw padding, exp(garbage)·0 in the backward pass
         # would put NaN into the gradient even though the loss ignores those positions.

@@ -266,6 +266,8 @@ def micro_step(
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
+    sampler = rollout.sampler_at(micro)
+    weights, is_stats = rl.is_weights(config, old_logprobs, sampler, loss_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         old_logprobs,
@@ -276,9 +278,8 @@ def micro_step(
         ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None,
         kl_coef=config.kl.coef,
         clipped=clipped,
+        is_weights=weights,
     )
-    sampler = rollout.sampler_at(micro)
-    pg, is_stats = rl.corrected(config, pg, old_logprobs, sampler, loss_mask)
     policy_loss = aggregate(pg, loss_mask, config.grpo.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens

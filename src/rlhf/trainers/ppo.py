@@ -287,6 +287,7 @@ def micro_step(
         raise RuntimeError(f"the fused first forward covers {shapes}")
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
+    weights, is_stats = rl.is_weights(config, rollout.logprobs[rows, :t], rollout.sampler_at(micro), policy_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         rollout.logprobs[rows, :t],
@@ -297,8 +298,8 @@ def micro_step(
         ref_logp=ref,
         kl_coef=kl_coef,
         clipped=clipped,
+        is_weights=weights,
     )
-    pg, is_stats = rl.corrected(config, pg, rollout.logprobs[rows, :t], rollout.sampler_at(micro), policy_mask)
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
     )

@@ -421,19 +421,15 @@ def mismatch_stats(trainer: torch.Tensor, sampler: torch.Tensor | None, mask: to
     }
 
 
-def corrected(
-    config: PolicyGradientConfig,
-    loss: torch.Tensor,
-    old: torch.Tensor,
-    sampler: torch.Tensor | None,
-    mask: torch.Tensor,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The per-token policy ``loss`` weighted by the truncated importance weights π_old/π_sampler of
-    ``sampling.is_correction`` (`rlhf.core.mismatch.importance_weights`), with ``rollout/is_weight_mean`` and
-    ``rollout/is_capped_frac`` over ``mask`` (token means: callers scale them by their share); as is with ``none``."""
+def is_weights(
+    config: PolicyGradientConfig, old: torch.Tensor, sampler: torch.Tensor | None, mask: torch.Tensor
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The truncated importance weights π_old/π_sampler of ``sampling.is_correction`` for the policy loss
+    (`rlhf.core.mismatch.importance_weights`), with ``rollout/is_weight_mean`` and ``rollout/is_capped_frac`` over
+    ``mask`` (token means: callers scale them by their share); None with ``none``."""
     s = config.sampling
     if s.is_correction == "none":
-        return loss, {}
+        return None, {}
     if sampler is None:
         raise RuntimeError("sampling.is_correction needs the engine's log-probs of the rollout, and it has none")
     weights = importance_weights(old, sampler, mask, level=s.is_correction, cap=s.is_cap, mode=s.is_mode)
@@ -442,7 +438,7 @@ def corrected(
         "rollout/is_weight_mean": masked_mean(weights, mask),
         "rollout/is_capped_frac": masked_mean(capped.float(), mask),
     }
-    return loss * weights, {key: value.item() for key, value in stats.items()}
+    return weights, {key: value.item() for key, value in stats.items()}
 
 
 def ratio_dev_max(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
