@@ -311,6 +311,14 @@ IMPOSSIBLE = [
     ("eval", {"sampling.top_k": -1}, "eval: sampling.top_k=-1: input should be greater than or equal to 0"),
     ("eval", {"judge.source": "j.py:f"}, "judge decides the win rate against baseline, which is not set"),
     ("demo", {"steps": 0}, "demo: steps=0: input should be greater than or equal to 1"),
+    ("ppo", {"sampling.vllm.url": "http://h:8000"}, "sampling: vllm.url set, but engine is 'auto': set engine: vllm"),
+    ("sample", {"sampling.vllm.memory_fraction": 0.5}, "vllm.memory_fraction set, but engine is 'auto'"),
+    (
+        "grpo",
+        {"sampling.engine": "vllm", "sampling.vllm.url": "http://h:8000", "sampling.vllm.sleep": True},
+        "sampling: vllm.sleep is for a vLLM engine in this process; a server (vllm.url) manages its own",
+    ),
+    ("ppo", {"sampling.is_cap": 0.5}, "ppo: sampling.is_cap=0.5: input should be greater than or equal to 1"),
 ]
 
 

@@ -68,3 +68,8 @@ def test_sleep_mode_where_vllm_has_one_and_a_clear_refusal_elsewhere(measured):
         assert "sampling.vllm.sleep: vLLM's sleep mode needs a CUDA, ROCm or XPU device" in measured["sleep_refused"]
     else:  # the rollout's engine slept through the update, and the sync that woke it loaded the policy's weights
         assert measured["slept"] and measured["gap_after_sleep"] < 1e-4
+
+
+def test_vllm_refusing_to_start_is_a_config_error_naming_the_model(measured):
+    assert measured["start_refused"].startswith("sampling.engine vllm: vLLM could not start on ")
+    assert "int8" in measured["start_refused"] and "sampling.vllm.memory_fraction" in measured["start_refused"]

@@ -126,7 +126,9 @@ def _message(cls: type, error: Any) -> str:
     if kind in ("missing", "missing_keyword_argument"):
         return f"{path} is required; set it in the --config YAML file or pass --{path}"
     message = error["msg"].removeprefix("Value error, ")
-    return f"{path}={error.get('input')!r}: {message[:1].lower()}{message[1:]}"
+    value = error.get("input")  # a section's own rule (its __post_init__) gets the whole section: not worth quoting
+    where = f"{path}: " if isinstance(value, dict) else f"{path}={value!r}: "
+    return f"{where}{message[:1].lower()}{message[1:]}"
 
 
 def _validate(cls: Any, data: Any, where: str, check: bool = True) -> Any:

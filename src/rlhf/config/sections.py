@@ -197,6 +197,13 @@ class SamplingSection:
     vllm: VLLMSection = _defaults(VLLMSection)
     """With engine vllm: in this process or a server."""
 
+    def __post_init__(self) -> None:
+        changed = [f"vllm.{k}" for k, v in vars(self.vllm).items() if v != getattr(VLLMSection(), k)]
+        if changed and self.engine != "vllm":
+            raise ValueError(f"{', '.join(changed)} set, but engine is {self.engine!r}: set engine: vllm")
+        if self.vllm.url is not None and self.vllm.sleep:
+            raise ValueError("vllm.sleep is for a vLLM engine in this process; a server (vllm.url) manages its own")
+
 
 @section
 class PolicySampling(SamplingSection):

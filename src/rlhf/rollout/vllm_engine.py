@@ -64,16 +64,22 @@ class VLLMEngine:
 
             positions = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
             max_model_len = min(max_model_len, positions or max_model_len)
-        self.llm = vllm.LLM(
-            model=model_dir,
-            dtype=dtype,
-            gpu_memory_utilization=memory_fraction,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=True,
-            logprobs_mode="processed_logprobs",  # after temperature, top-k and top-p: what the tokens were drawn from
-            enable_sleep_mode=sleep,
-        )
+        try:
+            self.llm = vllm.LLM(
+                model=model_dir,
+                dtype=dtype,
+                gpu_memory_utilization=memory_fraction,
+                max_model_len=max_model_len,
+                seed=seed,
+                enforce_eager=True,
+                logprobs_mode="processed_logprobs",  # after temperature, top-k, top-p: what the tokens were drawn from
+                enable_sleep_mode=sleep,
+            )
+        except (ValueError, RuntimeError) as error:  # the model, the device or its memory: what the user can change
+            raise ConfigError(
+                f"sampling.engine vllm: vLLM could not start on {model_dir} ({' '.join(str(error).split())}); "
+                "sampling.vllm.memory_fraction sets its share of the device's memory"
+            ) from error
         self.sleeps = sleep
         # every reload warns that rotary embeddings "failed to load": they hold no weights (vLLM keeps its own table)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
