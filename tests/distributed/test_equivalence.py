@@ -47,11 +47,14 @@ def rl_config(command: str, policy: Path, prompts: Path, **overrides: object) ->
     ("critic", "parallelism"), [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")]
 )
 def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic, parallelism):
-    """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once)."""
+    """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once). With a
+    separate critic the two ranks also recompute their activations (model.gradient_checkpointing, policy and critic):
+    the same gradients as one process that keeps them."""
     config = rl_config("ppo", tiny_llama_dir, prompts, **{"batch.size": 8, "ppo.epochs": 2, "ppo.critic": critic,
                                                     "kl.control": "adaptive"})  # fmt: skip
     one_rows, one_grads = run("ppo", config, tmp_path / "one")
-    two_rows, two_grads = run("ppo", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
+    two = config | {"run.parallelism": parallelism, "model.gradient_checkpointing": critic == "separate"}
+    two_rows, two_grads = run("ppo", two, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     samples = sorted((tmp_path / "one" / "run" / "samples").iterdir())
@@ -143,13 +146,15 @@ def test_preference_trainers_two_ranks_equal_one_process(tiny_llama_dir, rm_data
 @pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
 def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path, lora):
     """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout; with LoRA the
-    adapters are added before sharding (rank 0's initial adapters on every rank) and only they train."""
+    adapters are added before sharding (rank 0's initial adapters on every rank) and only they train, and the ranks
+    recompute their activations in the backward pass (model.gradient_checkpointing)."""
     config = rl_config("grpo", tiny_llama_dir, prompts, **{
         "batch.size": 4, "grpo.group_size": 4, "grpo.num_iterations": 2, "kl.coef": 0.05, "batch.micro_size": 2,
         "model.lora": lora,
     })  # fmt: skip
     one_rows, one_grads = run("grpo", config, tmp_path / "one")
-    two_rows, two_grads = run("grpo", config | {"run.parallelism": "fsdp"}, tmp_path / "two", torchrun())
+    two = config | {"run.parallelism": "fsdp", "model.gradient_checkpointing": lora is not None}
+    two_rows, two_grads = run("grpo", two, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)

@@ -10,18 +10,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_reward_model import happy_pairs, write_jsonl
 from transformers import AutoModelForCausalLM
 
 from configs import nested
 from rlhf.config import ConfigError, LoRAConfig, config_from_dict
 from rlhf.data import load_preferences
-from rlhf.models.loading import load_tokenizer
-from rlhf.models.sharding import adapters, load_lm
+from rlhf.models.loading import apply_lora, load_tokenizer
+from rlhf.models.sharding import load_lm
 from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import dpo
 from rlhf.trainers.sft import Batcher
-from runs import assert_rows_match, assert_same_checkpoint, comparable, counting, dies_after_checkpoint, metric_rows
+from runs import (
+    assert_rows_match,
+    assert_same_checkpoint,
+    comparable,
+    counting,
+    dies_after_checkpoint,
+    max_abs_diff,
+    metric_rows,
+)
 
 TRAIN_METRICS = ["train/loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                  "logps/chosen", "logps/rejected", "grad/norm", "lr"]  # fmt: skip
@@ -97,7 +106,7 @@ def test_the_reference_of_a_lora_run_is_the_base_model(tiny_llama_dir, data):
     tokenizer = load_tokenizer(str(tiny_llama_dir))
     pairs = load_preferences(data["eval"], tokenizer, 64)
     batches = Batcher(8, False, 64, int(tokenizer.eos_token_id), torch.device("cpu"))
-    lora = load_lm(str(tiny_llama_dir), "float32", SINGLE, adapters(LoRAConfig(r=4, alpha=8)))
+    lora = apply_lora(load_lm(str(tiny_llama_dir), "float32", SINGLE), LoRAConfig(r=4, alpha=8))
     base = load_lm(str(tiny_llama_dir), "float32", SINGLE, None)
     # LoRA's B matrices start at 0: the adapted model computes the base model's function, up to float32
     # rounding of the extra (zero) terms
@@ -174,3 +183,10 @@ def test_a_lora_run_saves_a_plain_merged_model(tiny_llama_dir, data, tmp_path):
     final = dpo.run(make_config(tiny_llama_dir, data, tmp_path / "lora", **{"model.lora": {"r": 4, "alpha": 8}}))
     assert not (final / "adapter_config.json").exists()
     assert AutoModelForCausalLM.from_pretrained(final).config.model_type == "llama"
+
+
+def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data, tmp_path):
+    plain = dpo.run(make_config(tiny_llama_dir, data, tmp_path / "plain"))
+    recomputed = dpo.run(make_config(tiny_llama_dir, data, tmp_path / "ckpt", **{"model.gradient_checkpointing": True}))
+    # the backward pass replays the forward's own operations: the same floats, the same steps
+    assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0

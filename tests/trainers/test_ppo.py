@@ -519,7 +519,9 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, critic
 ):
     """One minibatch in one micro-batch: the first update's forward supplies the old log-probs and values
-    (detached), so the no-grad pass is skipped. Forcing the pass back on gives the same weights and metrics."""
+    (detached), so the no-grad pass is skipped. Forcing the pass back on gives the same weights and metrics — also when
+    the fused run recomputes its activations in the backward pass (model.gradient_checkpointing: the graph kept from
+    the rollout's phase is replayed in the update's backward)."""
     calls = {"no_grad_scores": 0}
     old_scores = rl.Models.old_scores
 
@@ -529,7 +531,8 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 
     monkeypatch.setattr(rl.Models, "old_scores", counting_old_scores)
     fields = {"ppo.steps": 3, "ppo.epochs": 2, "ppo.num_minibatches": 1, "ppo.critic": critic}
-    fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields))
+    checkpointing = {"model.gradient_checkpointing": True}
+    fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields, **checkpointing))
     assert calls["no_grad_scores"] == 0
     monkeypatch.setattr(ppo, "fuses_first_update", lambda config: False)
     unfused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "unfused", **fields))

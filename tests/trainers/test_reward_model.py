@@ -567,3 +567,11 @@ def test_reward_is_read_at_the_last_real_token_whatever_the_padding(tiny_llama_d
                 ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
             padded = reward_scores(rm.model, ids, mask).tolist()
         assert padded == pytest.approx(alone, abs=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data, tmp_path):
+    plain = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "plain"))
+    fields = {"model.gradient_checkpointing": True}
+    recomputed = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "ckpt", **fields))
+    # the backward pass replays the forward's own operations: the same floats, the same steps
+    assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0

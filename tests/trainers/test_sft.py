@@ -386,3 +386,16 @@ def test_final_is_written_by_rank_0_alone(tiny_llama_dir, data_dir, tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
         p.name for p in (tmp_path / "run" / "final").iterdir()
     }
+
+
+def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data_dir, tmp_path):
+    small = data_dir / "small.jsonl"
+    plain = sft.run(make_config(tiny_llama_dir, small, tmp_path / "plain"))
+    fields = {"model.gradient_checkpointing": True, "model.lora": {"r": 4, "alpha": 8}}
+    lora = sft.run(make_config(tiny_llama_dir, small, tmp_path / "lora", **fields))
+    recomputed = sft.run(
+        make_config(tiny_llama_dir, small, tmp_path / "ckpt", **{"model.gradient_checkpointing": True})
+    )
+    # the backward pass replays the forward's own operations: the same floats, the same steps
+    assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0
+    assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(lora / "model.safetensors")) > 0

@@ -124,6 +124,8 @@ class TrainModel(ModelSection):
 
     lora: OptionalLoRA = None
     """LoRA adapters instead of full fine-tuning: a mapping {r, alpha, dropout, target_modules} (on the command line as YAML, e.g. --model.lora '{r: 16, alpha: 32}'); None = full fine-tuning."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them from the forward (non-reentrant): the update's activation memory no longer grows with the number of layers, for about one more forward per backward. The same gradients. ppo: the separate critic too."""
 
 
 @section

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhf.models.loading import DTYPES, align_pad_token, load_tokenizer, pretrained
+from rlhf.models.loading import DTYPES, align_pad_token, checkpointed, load_tokenizer, pretrained
 from rlhf.models.policy import ValueHead, disable_dropout
 from rlhf.models.reward import reward_normalization
 
@@ -38,10 +38,15 @@ class Critic(nn.Module):
 
 
 def load_critic(
-    name_or_path: str, from_reward_model: bool, dtype: str = "float32", device: str | torch.device = "cpu"
+    name_or_path: str,
+    from_reward_model: bool,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    checkpointing: bool = False,
 ) -> Critic:
     """A :class:`Critic` from a reward-model directory (head copied) or from a causal-LM directory (zero head).
-    ``device="meta"``: the architecture only (:func:`pretrained`)."""
+    ``device="meta"``: the architecture only (:func:`pretrained`). ``checkpointing``: its trunk recomputes its
+    activations in the backward pass (`rlhf.models.loading.checkpointed`)."""
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     if from_reward_model:
@@ -63,4 +68,6 @@ def load_critic(
     align_pad_token(trunk, load_tokenizer(name_or_path))
     critic = Critic(trunk, head).to(device)
     disable_dropout(critic)
+    if checkpointing:
+        checkpointed(trunk)
     return critic

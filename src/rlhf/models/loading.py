@@ -19,7 +19,7 @@ from torch import nn
 
 from rlhf.config import ConfigError
 from rlhf.data.tokenization import ensure_pad_token, require_pad_token_id
-from rlhf.models.policy import disable_dropout
+from rlhf.models.policy import disable_dropout, unwrap
 
 if TYPE_CHECKING:
     from rlhf.config import LoRAConfig
@@ -119,6 +119,20 @@ def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM")
     # LoRA's own dropout would make the first PPO ratio ≠ 1, like any dropout (checklist item 7)
     disable_dropout(peft_model)
     return peft_model
+
+
+def checkpointed(model: nn.Module) -> nn.Module:
+    """``model`` (a ``transformers`` model, in a peft wrapper or not) with gradient checkpointing on, non-reentrant,
+    in training mode: ``transformers`` recomputes a layer only in training mode and with gradients on, so no-grad
+    passes (rollouts, reference, scoring) run as before. Dropout is off (:func:`disable_dropout`): training mode
+    changes nothing else."""
+    base = unwrap(model)
+    enable = getattr(base, "activation_checkpointing_enable", None)  # the name since transformers 5.2x
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
 
 
 def lora_targets(model: nn.Module, target_modules: tuple[str, ...] | None) -> list[str] | str | None:

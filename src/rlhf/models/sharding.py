@@ -19,11 +19,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from rlhf.models.loading import apply_lora, frozen_copy, load_causal_lm, load_tokenizer
+from rlhf.models.loading import apply_lora, checkpointed, frozen_copy, load_causal_lm, load_tokenizer
 from rlhf.runlog.distributed import Dist
 
 if TYPE_CHECKING:
-    from rlhf.config import LoRAConfig
+    from rlhf.config.sections import TrainModel
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -212,9 +212,18 @@ def sampling(model: nn.Module, d: Dist) -> AbstractContextManager[nn.Module]:
     return gathered(model) if d.sharded else nullcontext(model)
 
 
-def adapters(lora: LoRAConfig | None) -> Callable[[nn.Module], nn.Module] | None:
-    """What :func:`load_lm` applies before sharding: LoRA adapters, or nothing for full fine-tuning."""
-    return functools.partial(apply_lora, lora=lora) if lora else None
+def preparation(model: TrainModel) -> Callable[[nn.Module], nn.Module] | None:
+    """What :func:`load_lm` applies before sharding to a model that trains (a config's ``model`` section): its LoRA
+    adapters, then gradient checkpointing; None when neither."""
+    lora, checkpointing = model.lora, model.gradient_checkpointing
+    if not lora and not checkpointing:
+        return None
+
+    def prepare(module: nn.Module) -> nn.Module:
+        module = apply_lora(module, lora) if lora else module
+        return checkpointed(module) if checkpointing else module
+
+    return prepare
 
 
 def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
@@ -223,15 +232,15 @@ def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Mod
     when set — or None when not wanted, or with LoRA (the base model with the adapter switched off is the
     reference, no copy). Sharded runs load the reference as a second sharded model (a copy of a sharded module
     is not one)."""
-    name_or_path, dtype, lora = model.name, model.dtype, model.lora
+    name_or_path, dtype, prepare = model.name, model.dtype, preparation(model)
     reference_dtype = getattr(model, "reference_dtype", None) or dtype
-    copy = reference and not lora
+    copy = reference and not model.lora
     if d.sharded:
         frozen = load_lm(name_or_path, reference_dtype, d).eval().requires_grad_(False) if copy else None
-        return load_lm(name_or_path, dtype, d, adapters(lora)), frozen
+        return load_lm(name_or_path, dtype, d, prepare), frozen
     policy = load_causal_lm(name_or_path, dtype, d.device)
     frozen = frozen_copy(policy, reference_dtype) if copy else None
-    return (apply_lora(policy, lora) if lora else policy), frozen
+    return (prepare(policy) if prepare else policy), frozen
 
 
 def unsharded(model: nn.Module, build: Callable[[], nn.Module], d: Dist) -> nn.Module | None:

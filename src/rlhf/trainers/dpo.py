@@ -24,7 +24,7 @@ from rlhf.data import TokenizedPreference, TokenizedSFT, load_preferences
 from rlhf.data.stream import fingerprint_of
 from rlhf.data.tokenization import IGNORE_INDEX
 from rlhf.models.loading import load_tokenizer
-from rlhf.models.sharding import adapters, gathered, load_lm
+from rlhf.models.sharding import gathered, load_lm, preparation
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import supervised
@@ -53,7 +53,7 @@ def run(config: DPOConfig) -> Path:
     train = load_preferences(config.data.train, tokenizer, config.data.max_length)
     held_out = load_preferences(config.data.eval, tokenizer, config.data.max_length) if config.data.eval else []
     # 2. the policy; 3. the reference: the policy's own log-probs before any step
-    model = load_lm(config.model.name, config.model.dtype, d, adapters(config.model.lora))
+    model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model))
     # micro_batch_size counts pairs here: DPO builds each micro-batch itself (`sequence_logps`, chosen and
     # rejected in one `Batcher.padded` call), so the Batcher's own splitting is not used
     batches = Batcher(

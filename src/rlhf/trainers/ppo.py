@@ -122,7 +122,13 @@ def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) 
         hidden = policy.config.hidden_size
         return rl.ValueFunction(head=shard_small(ValueHead(hidden).to(d.device), d), load=lambda: ValueHead(hidden))
     source = rm.model.name_or_path if rm is not None else config.model.name
-    load = functools.partial(load_critic, source, from_reward_model=rm is not None, dtype=config.model.dtype)
+    load = functools.partial(
+        load_critic,
+        source,
+        from_reward_model=rm is not None,
+        dtype=config.model.dtype,
+        checkpointing=config.model.gradient_checkpointing,
+    )
     critic = load_sharded(lambda device: load(device=device), d.mesh) if d.sharded else load(device=d.device)
     return rl.ValueFunction(critic=critic, load=load)
 

@@ -50,7 +50,7 @@ from rlhf.data import (
 )
 from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
-from rlhf.models.loading import apply_lora
+from rlhf.models.loading import apply_lora, checkpointed
 from rlhf.models.reward import (
     RewardScorer,
     TrainableRewardModel,
@@ -112,10 +112,13 @@ def run(config: RMConfig) -> Path:
 
 
 def load_trainable_reward_model(config: RMConfig, device: str | torch.device) -> TrainableRewardModel:
-    """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters when asked."""
+    """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters and gradient
+    checkpointing when asked."""
     rm = load_reward_model(config.model.name, config.model.dtype, device)
     if config.model.lora:
         rm.model = apply_lora(rm.model, config.model.lora, task_type="SEQ_CLS")
+    if config.model.gradient_checkpointing:
+        rm.model = checkpointed(rm.model)
     return rm
 
 

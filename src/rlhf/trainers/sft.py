@@ -38,7 +38,7 @@ from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
 from rlhf.data.stream import fingerprint_of
 from rlhf.models.loading import load_tokenizer
-from rlhf.models.sharding import adapters, load_lm, unsharded
+from rlhf.models.sharding import load_lm, preparation, unsharded
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import supervised, update
@@ -56,7 +56,7 @@ def run(config: SFTConfig) -> Path:
     tokenizer = load_tokenizer(config.model.name)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
-    model = load_lm(config.model.name, config.model.dtype, d, adapters(config.model.lora))
+    model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model))
     if config.sft.packing:
         check_packing(model, train, filler, d.device)
     batches = Batcher(config.effective_micro_batch_size, config.sft.packing, config.data.max_length, filler, d.device)
@@ -235,7 +235,7 @@ def write_final(config: SFTConfig, model: nn.Module, tokenizer: Any, d: Dist) ->
     from transformers import AutoConfig
 
     final = Path(config.output_dir) / "final"
-    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, adapters(config.model.lora))
+    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, preparation(config.model))
     model = unsharded(model, shell, d)
     if model is None or not d.is_main:
         return final
