@@ -63,6 +63,7 @@ class Run:
     critic: str | None = None  # ours ppo only
     micro_batch_size: int | None = None  # ours: smaller micro-batches, the same update, less activation memory
     compile: bool = False  # ours: `compile: true` (torch.compile of the transformer blocks)
+    checkpointing: bool = False  # ours: `model.gradient_checkpointing` (activations recomputed in the backward)
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,18 @@ CASES = {
     "ppo32-25m": Case("ppo", "25m", 32, (
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run("rlhf ppo, critic: shared, checkpointing", "ours", "shared", checkpointing=True),
     ), PPO),
     # GPT-2-small-sized: seconds per step, so 6 steps per run (2 warm-up + 4 timed)
     "ppo32-110m": Case("ppo", "110m", 32, (
         Run("rlhf ppo, critic: shared", "ours", "shared"),
+        Run("rlhf ppo, critic: shared, checkpointing", "ours", "shared", checkpointing=True),
         Run("rlhf ppo, critic: separate", "ours", "separate"),
         Run(f"TRL {PEERS['trl-ppo']} PPOTrainer", "trl-ppo"),
     ), PPO, steps=6),
     "grpo-110m": Case("grpo", "110m", 32, (
         Run("rlhf grpo", "ours"),
+        Run("rlhf grpo, checkpointing", "ours", checkpointing=True),
         Run(f"TRL {PEERS['trl-grpo']} GRPOTrainer", "trl-grpo"),
     ), GRPO, steps=6),
 }  # fmt: skip
@@ -306,6 +310,7 @@ def ours_config(
     critic: str | None = None,
     micro_batch_size: int | None = None,
     compile: bool = False,
+    checkpointing: bool = False,
     parallelism: str = "auto",
 ) -> dict:
     """Our config for the shared settings `s` (the flat names TRL's side reads too), in rlhf's sections."""
@@ -316,7 +321,8 @@ def ours_config(
     else:
         algorithm = {"group_size": s["group_size"], "num_iterations": s["num_iterations"]}
     return {
-        "output_dir": str(out_dir), "model": {"name": models["policy"], "compile": compile},
+        "output_dir": str(out_dir), "model": {"name": models["policy"], "compile": compile,
+                                                   "gradient_checkpointing": checkpointing},
         "data": {"train": prompts}, "reward": {"source": models["reward"]},
         "sampling": {"max_new_tokens": s["max_new_tokens"], "temperature": s["temperature"]},
         "kl": {"coef": s["kl_coef"]}, "optim": {"learning_rate": s["learning_rate"]},
@@ -333,7 +339,8 @@ def run_spec(case: Case, run: Run, assets: dict, steps: int, out_dir: Path) -> d
     s = case.settings
     if run.side == "ours":
         config = ours_config(case.algo, models, assets["prompts"], out_dir, steps, {**s, "max_new_tokens": case.max_new_tokens},
-                             critic=run.critic, micro_batch_size=run.micro_batch_size, compile=run.compile)  # fmt: skip
+                             critic=run.critic, micro_batch_size=run.micro_batch_size, compile=run.compile,
+                             checkpointing=run.checkpointing)  # fmt: skip
         return {"algo": case.algo, "config": config}
     return {
         "algo": case.algo, "policy": models["policy"], "reward": models["reward"],
