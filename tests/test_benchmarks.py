@@ -232,9 +232,10 @@ def test_110m_cases_run_their_own_step_count(monkeypatch):
     assert run.SIZES["110m"] == {"hidden_size": 768, "num_layers": 12, "num_heads": 12}
     ppo, grpo = run.CASES["ppo32-110m"], run.CASES["grpo-110m"]
     assert (ppo.size, ppo.steps, ppo.settings, ppo.max_new_tokens) == ("110m", 6, run.PPO, 32)
-    assert [r.critic for r in ppo.runs] == ["shared", "separate", None] and ppo.runs[-1].side == "trl-ppo"
+    assert [r.critic for r in ppo.runs] == ["shared", "shared", "separate", None] and ppo.runs[-1].side == "trl-ppo"
+    assert [r.checkpointing for r in ppo.runs] == [False, True, False, False]
     assert (grpo.size, grpo.steps, grpo.settings) == ("110m", 6, run.GRPO)
-    assert [r.side for r in grpo.runs] == ["ours", "trl-grpo"]
+    assert [(r.side, r.checkpointing) for r in grpo.runs] == [("ours", False), ("ours", True), ("trl-grpo", False)]
     args = argparse.Namespace(steps=12, quick=False)
     assert run.case_steps(ppo, args) == 6 and run.case_steps(run.CASES["ppo32"], args) == 12
     quick = argparse.Namespace(steps=4, quick=True)
