@@ -2,8 +2,9 @@
 
     [torchrun ...] python child_scaling.py SPEC.json RESULT      # writes RESULT.rank<R>.json
 
-SPEC: {"algo", "threads", "config"}. Each rank writes its peak RSS; rank 0 also the median step time after
-the warm-up steps (from the run's metrics.jsonl).
+SPEC: {"algo", "threads", "config"}. Each rank writes its peak RSS and the peak the memory plan predicts for it
+(the plan of the trainer's own check at its start, `rlhf.planning.check`); rank 0 also the median step
+time after the warm-up steps (from the run's metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -28,9 +29,19 @@ def main() -> None:
 
     config = config_from_dict(spec["algo"], spec["config"])
     trainer = __import__(f"rlhf.trainers.{spec['algo']}", fromlist=["run"])
+    from rlhf import planning
+
+    plans, check = [], planning.check  # the plan the trainer's own check makes at its start
+
+    def recorded(*args, **kwargs):
+        plans.append(check(*args, **kwargs))
+        return plans[-1]
+
+    planning.check = recorded
     trainer.run(config)
+    planned = plans[0]
     rank = int(os.environ.get("RANK", 0))
-    report = {"peak_rss_mb": peak_rss_mb()}
+    report = {"peak_rss_mb": peak_rss_mb(), "planned_peak_mb": planned.peak / 2**20, "plan": planning.render(planned)}
     if rank == 0:
         rows = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
         times = [row["time/step_s"] for row in rows if "time/step_s" in row][WARMUP_STEPS:]

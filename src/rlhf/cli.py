@@ -12,6 +12,7 @@ import importlib
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -45,11 +46,13 @@ def usage() -> str:
         "usage: rlhf <command> --config FILE.yaml [--<section>.<field> <value> ...]",
         "       rlhf report RUN_DIR    |    rlhf doctor RUN_DIR [--json]",
         "       rlhf label PAIRS.jsonl --out PREFS.jsonl    |    rlhf label --stats PREFS.jsonl",
+        "       rlhf plan --config FILE.yaml [--world_size N] [--device_memory_gib G] [--command ppo] [flags]",
         "",
         "RLHF post-training for causal language models.",
         "",
         "commands:",
         *(f"  {name:<{width}}  {summary}" for name, (_, summary) in RUNNERS.items()),
+        f"  {'plan':<{width}}  a training config's predicted peak memory per rank, by phase and part (nothing loads)",
         "",
         "`rlhf <command> --help` lists every field of the command with its documentation and default.",
         "Fields come from the defaults, then the --config YAML file, then the flags (the last one wins).",
@@ -136,8 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     positional = {"report": "--run_dir", "doctor": "--run_dir", "label": "--pairs"}.get(command)
     if positional and rest and not rest[0].startswith("-"):  # `rlhf report RUN_DIR`, `rlhf label PAIRS.jsonl …`
         rest = [positional, *rest]
+    if command == "plan":
+        return _plan(rest, debug)
     if command not in COMMANDS:
-        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        close = difflib.get_close_matches(command, [*COMMANDS, "plan"], n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         return _error(f"unknown command '{command}'{hint} (commands: {', '.join(COMMANDS)}; see rlhf --help)")
     try:
@@ -176,6 +181,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: rlhf {command}: {e}", file=sys.stderr)
         return 2
     return result if command in VERDICT_COMMANDS else 0
+
+
+PLAN_FLAGS = {"--world_size": int, "--device_memory_gib": float, "--command": str}
+"""`rlhf plan`'s own flags (the others are the trainer config's)."""
+
+
+def _plan(args: list[str], debug: bool) -> int:
+    """`rlhf plan`: the memory plan of a trainer's config (`rlhf.planning.report`); exit 0 when it fits the budget,
+    3 when it does not, 2 for a refused input."""
+    own: dict[str, Any] = {}
+    rest: list[str] = []
+    words = iter(args)
+    try:
+        for arg in words:
+            name, _, value = arg.partition("=")
+            if name not in PLAN_FLAGS:
+                rest.append(arg)
+                continue
+            own[name] = PLAN_FLAGS[name](value or next(words))
+        path, overrides = split_config_flag(rest)
+        if path is None:
+            raise ConfigError("plan: --config FILE.yaml is required (a sft, rm, dpo, ppo or grpo config)")
+        command = own.get("--command") or _trainer_of(path)
+        if command not in ("sft", "rm", "dpo", "ppo", "grpo"):
+            raise ConfigError(f"plan: --command {command!r} is not a trainer; use sft, rm, dpo, ppo or grpo")
+        config = load_config(command, path, overrides)
+        from rlhf import planning
+
+        text, fits = planning.report(
+            config, world_size=own.get("--world_size", 1), device_memory_gib=own.get("--device_memory_gib")
+        )
+    except (ConfigError, ValueError, StopIteration) as e:
+        if debug:
+            raise
+        return _error(str(e) if not isinstance(e, StopIteration) else "plan: a flag is missing its value")
+    print(text)
+    return 0 if fits else 3
+
+
+def _trainer_of(path: str) -> str:
+    """The trainer a config file is for, from its own section; ConfigError asking for --command otherwise."""
+    import yaml
+
+    from rlhf.planning import command_of
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"plan: cannot read {path}: {e}") from None
+    command = command_of(set(data) if isinstance(data, dict) else set())
+    if command is None:
+        raise ConfigError(
+            f"plan: {path} has no ppo/grpo/dpo/rm/sft section to tell its trainer; add --command ppo (or …)"
+        )
+    return command
 
 
 def _run(command: str, config: CommandConfig, verbose: bool) -> Any:

@@ -86,11 +86,11 @@ def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
 def check_reward_source(field: str, source: str) -> None:
     """A reward-model source is checked as a model; ``file.py:function`` / ``module:function`` is imported."""
     spec = source.strip()
-    if llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
-        return  # an LLM judge or HTTP reward is only reachable or not when asked: its own errors name the URL
-    if Path(spec).expanduser().is_dir() or ":" not in spec:  # the same dispatch as load_reward_source
+    if is_reward_model(spec):
         check_model(field, spec, REWARD_MODEL)
         return
+    if llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
+        return  # an LLM judge or HTTP reward is only reachable or not when asked: its own errors name the URL
     from rlhf.rollout.rewards import FunctionReward, RewardError
 
     try:
@@ -100,6 +100,15 @@ def check_reward_source(field: str, source: str) -> None:
         for prefix in (f"reward {spec!r}: ", f"reward spec {spec!r}: "):  # the field says which reward
             message = message.removeprefix(prefix)
         raise ConfigError(f"{field}={spec!r}: {message}") from None
+
+
+def is_reward_model(source: str) -> bool:
+    """Whether a reward source is a reward model (a directory or a hub id) rather than a function, an HTTP
+    reward or an LLM judge: the same dispatch as `rlhf.rollout.rewards.load_reward_source`."""
+    spec = source.strip()
+    if llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
+        return False
+    return Path(spec).expanduser().is_dir() or ":" not in spec
 
 
 def check_model(field: str, spec: str, kind: str) -> None:

@@ -402,6 +402,10 @@ class RunSection:
     """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
     progress: bool = True
     """Show a progress bar on the console."""
+    memory_budget_gib: Positive | None = None
+    """Memory each rank may use (GiB) in the memory plan every trainer checks before it loads a weight (`rlhf plan`); None = what the device has: 90 % of a GPU's free memory, or of the machine's MemAvailable shared by the ranks on it."""
+    ignore_memory_plan: bool = False
+    """Start even when the memory plan predicts a peak over the budget (the refusal's plan is then only printed)."""
     parallelism: Literal["auto", "none", "ddp", "fsdp"] = "auto"
     """How the ranks of a torchrun launch share the work (batch sizes stay global): ddp = every rank holds the models and trains on its share of each batch, gradients are averaged; fsdp = FSDP2, parameters, gradients and optimizer state sharded per decoder layer; auto = ddp under torchrun, one process otherwise; none = refuse torchrun."""
 

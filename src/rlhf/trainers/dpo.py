@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rlhf import planning
 from rlhf.config import DPOConfig
 from rlhf.core.dpo import DPOLoss, dpo_loss
 from rlhf.data import TokenizedPreference, TokenizedSFT, load_preferences
@@ -52,6 +53,7 @@ def run(config: DPOConfig) -> Path:
     tokenizer = load_tokenizer(config.model.name)
     train = load_preferences(config.data.train, tokenizer, config.data.max_length)
     held_out = load_preferences(config.data.eval, tokenizer, config.data.max_length) if config.data.eval else []
+    planning.check(config, d, planning.sequence_positions(train + held_out))  # before any weights
     # 2. the policy; 3. the reference: the policy's own log-probs before any step
     model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model))
     # micro_batch_size counts pairs here: DPO builds each micro-batch itself (`sequence_logps`, chosen and

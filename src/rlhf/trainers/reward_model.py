@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf import planning
 from rlhf.config import RMConfig
 from rlhf.core.preference import bradley_terry_loss, normalization_gain_bias
 from rlhf.data import (
@@ -75,6 +76,7 @@ NORMALIZATION_FILE = "normalization.jsonl"
 def run(config: RMConfig) -> Path:
     """Train a reward model on ``config.data.train``; returns the ``final/`` directory."""
     out, d = Path(config.output_dir), supervised.start(config)
+    planning.check(config, d, config.data.max_length)  # before any weights: pairs are cut to data.max_length
     # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
     rm, scorer = load_scorer(config, d)
     train, held_out = load_pairs(config, rm)

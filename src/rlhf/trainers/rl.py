@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf import planning
 from rlhf.config import PolicyGradientConfig
 from rlhf.config.sections import PolicyModel
 from rlhf.core.logprobs import INVALID_LOGPROB
@@ -273,6 +274,7 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     d = supervised.start(config)
     tokenizer = load_tokenizer(config.model.name)
     train_prompts, eval_prompts = prompts(config, tokenizer)
+    planning.check(config, d, planning.prompt_positions(config, train_prompts + eval_prompts))  # before any weights
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
     rewards = scoring.load_rewards(config.reward.source, tokenizer, d)

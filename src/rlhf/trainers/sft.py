@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from rlhf import planning
 from rlhf.config import ConfigError, SFTConfig
 from rlhf.core.logprobs import selective_log_softmax
 from rlhf.core.losses import aggregate
@@ -56,6 +57,7 @@ def run(config: SFTConfig) -> Path:
     tokenizer = load_tokenizer(config.model.name)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
+    planning.check(config, d, planning.sequence_positions(train + eval_examples))  # before any weights
     model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model))
     if config.sft.packing:
         check_packing(model, train, filler, d.device)

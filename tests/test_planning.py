@@ -1,0 +1,161 @@
+"""`rlhf.planning` and `rlhf plan`: the plan's parts against hand counts on the tiny models, the cheapest fix,
+and the trainers' refusal before any weight loads (and going on with ``run.ignore_memory_plan``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from configs import nested
+from rlhf import cli, planning
+from rlhf.config import ConfigError, config_from_dict
+from rlhf.core.memory import GiB
+from rlhf.models import sharding
+from rlhf.runlog.distributed import SINGLE
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan_prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"count to {i}:"}) + "\n" for i in range(8)))
+    return path
+
+
+def ppo_values(policy: Path, reward: Path, prompts: Path, out: Path) -> dict:
+    return {
+        "model.name": str(policy), "reward.source": str(reward), "data.train": str(prompts),
+        "output_dir": str(out), "ppo.steps": 1, "batch.size": 4, "sampling.max_new_tokens": 6,
+        "run.eval_every": 0, "run.save_every": 0, "run.progress": False,
+    }  # fmt: skip
+
+
+def test_model_sizes_count_what_the_model_holds(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    sizes = planning.model_sizes(str(tiny_model_dir))
+    assert sizes.params == sum(p.numel() for p in model.parameters())
+    assert sizes.layers == model.config.num_hidden_layers and sizes.vocab == model.config.vocab_size
+    assert sizes.gated == (model.config.model_type != "gpt2")
+
+
+def test_lora_parameters_equal_peft_s(tiny_llama_dir):
+    from rlhf.config import LoRAConfig
+    from rlhf.models.loading import apply_lora, load_causal_lm
+
+    lora = LoRAConfig(r=4)
+    model = apply_lora(load_causal_lm(str(tiny_llama_dir), "float32", "cpu"), lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert planning.lora_params(str(tiny_llama_dir), lora) == trainable
+
+
+def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):
+    config = config_from_dict("ppo", nested(ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path)))
+    policy = planning.model_sizes(str(tiny_llama_dir))
+    reward = planning.model_sizes(str(tiny_reward_model_dir), reward=True)
+    predicted = planning.plan(config, positions=20, runtime=1000)
+    resident = predicted.resident
+    assert resident["runtime"] == 1000
+    assert resident["policy weights"] == resident["reference weights"] == policy.params * 4
+    assert resident["reward model weights"] == reward.params * 4
+    # critic auto with a reward model: separate, started from it; AdamW's two moments of policy + critic
+    assert resident["critic weights"] == reward.params * 4
+    assert resident["optimizer state"] == 2 * (policy.params + reward.params) * 4
+    assert predicted.phases["rollout"]["KV cache"] == 2 * policy.layers * policy.kv_heads * policy.head_dim * 4 * 20 * 4
+    assert predicted.phases["update"]["gradients"] == (policy.params + reward.params) * 4
+    # CPU: every phase keeps what the earlier ones added
+    assert predicted.total("update") == sum(resident.values()) + sum(sum(p.values()) for p in predicted.phases.values())
+    gpu = planning.plan(config, positions=20, runtime=1000, retains=False)
+    assert (
+        resident["workspace (CPU libraries)"] == planning.WORKSPACE and "workspace (CPU libraries)" not in gpu.resident
+    )
+    assert gpu.total("update") == sum(gpu.resident.values()) + sum(gpu.phases["update"].values())
+
+    # FSDP over 2 ranks halves what is sharded and adds the gathered policy and a gathered layer
+    fsdp = planning.plan(planning.with_flags(config, ("--run.parallelism=fsdp",)), world_size=2, positions=20)
+    assert fsdp.resident["policy weights"] == -(-policy.params * 4 // 2)
+    assert fsdp.resident["optimizer state"] == -(-2 * (policy.params + reward.params) * 4 // 2)
+    assert "gathered policy (fsdp)" in fsdp.phases["rollout"]
+    # checkpointing lowers the update's activations only
+    checkpointed = planning.plan(
+        planning.with_flags(config, ("--model.gradient_checkpointing=true",)), positions=20, runtime=1000
+    )
+    assert checkpointed.phases["update"]["activations"] < predicted.phases["update"]["activations"]
+    assert checkpointed.resident == predicted.resident
+
+
+def test_cheapest_fix_is_the_first_that_fits(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):
+    values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path) | {"batch.size": 16}
+    config = config_from_dict("ppo", nested(values))
+    full = planning.plan(config, positions=200)
+    halved = planning.plan(planning.with_flags(config, ("--batch.micro_size=8",)), positions=200)
+    assert halved.peak < full.peak
+    fix = planning.cheapest_fix(config, halved.peak, world_size=1, positions=200, runtime=0)
+    assert fix is not None and fix.flags == ("--batch.micro_size=8",)
+    assert planning.cheapest_fix(config, 1, world_size=1, positions=200, runtime=0) is None
+
+
+def test_a_run_over_budget_is_refused_before_any_weight_loads(
+    tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path, monkeypatch
+):
+    from rlhf.trainers import ppo
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a weight was loaded before the memory plan refused the run")
+
+    monkeypatch.setattr(sharding, "load_causal_lm", no_loading)
+    values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path / "run")
+    config = config_from_dict("ppo", nested(values | {"run.memory_budget_gib": 0.01}))
+    with pytest.raises(ConfigError, match="over the budget of 0.01 GiB.*cheapest change|No change within reach"):
+        ppo.run(config)
+
+
+def test_ignore_memory_plan_runs_anyway(tiny_llama_dir, prompts_file, tmp_path, capsys):
+    from rlhf.trainers import grpo
+
+    values = {
+        "model.name": str(tiny_llama_dir), "reward.source": f"{Path(__file__).parent / 'trainers' / 'ppo_rewards.py'}:length_chars",
+        "data.train": str(prompts_file), "output_dir": str(tmp_path / "run"), "grpo.steps": 1, "batch.size": 2,
+        "grpo.group_size": 2, "sampling.max_new_tokens": 4, "run.eval_every": 0, "run.save_every": 0,
+        "run.progress": False, "run.memory_budget_gib": 0.01, "run.ignore_memory_plan": True,
+    }  # fmt: skip
+    final = grpo.run(config_from_dict("grpo", nested(values)))
+    assert (final / "config.json").exists()
+    err = capsys.readouterr().err
+    assert "does NOT fit" in err and "going on anyway" in err and "peak per phase" in err
+
+
+def test_rlhf_plan_command(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path, capsys):
+    path = tmp_path / "ppo.yaml"
+    path.write_text(yaml.safe_dump(nested(ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path))))
+    assert cli.main(["plan", "--config", str(path)]) == 0  # the trainer read from the ppo section
+    out = capsys.readouterr().out
+    for part in ("policy weights", "reference weights", "optimizer state", "KV cache", "activations", "fits"):
+        assert part in out
+    assert "--model.gradient_checkpointing=true" in out
+    # a tiny budget: exit 3, the cheapest change named; torchrun's world size shards the plan
+    assert cli.main(["plan", "--config", str(path), "--device_memory_gib", "0.001", "--world_size", "2"]) == 3
+    assert "does NOT fit" in capsys.readouterr().out
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump({"model": {"name": str(tiny_llama_dir)}}))
+    assert cli.main(["plan", "--config", str(bare)]) == 2
+    assert "--command" in capsys.readouterr().err
+
+
+def test_sft_plan_reads_the_longest_example(tiny_llama_dir, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "count:", "response": " 1" * n}) + "\n" for n in (3, 9, 5)))
+    config = config_from_dict("sft", {"model": {"name": str(tiny_llama_dir)}, "data": {"train": str(data)}, "output_dir": str(tmp_path / "o")})  # fmt: skip
+    from rlhf.data import load_sft
+    from rlhf.models.loading import load_tokenizer
+
+    longest = max(len(e.input_ids) for e in load_sft(str(data), load_tokenizer(str(tiny_llama_dir)), 1024))
+    assert planning.data_positions(config) == longest
+    predicted = planning.plan(config, positions=longest)
+    assert list(predicted.phases) == ["update"] and "logits" in predicted.phases["update"]
+    assert predicted.peak < GiB and SINGLE.world_size == 1
+    assert torch.device("cpu").type == "cpu"
