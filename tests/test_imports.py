@@ -18,12 +18,14 @@ LAYERS = {
     "data": 2, "runlog": 2,
     "models": 3, "labelling": 3,
     "rollout": 4,
-    "inputs": 5, "cli": 5, "__main__": 6,
-    "trainers": 6,
-    "answering": 7,
-    "sample": 8,
-    "evaluate": 9, "report": 9,
-    "demo": 10,
+    "inputs": 5,
+    "planning": 6,
+    "cli": 7, "__main__": 8,
+    "trainers": 7,
+    "answering": 8,
+    "sample": 9,
+    "evaluate": 10, "report": 10,
+    "demo": 11,
 }  # fmt: skip
 """Each part of ``rlhf`` (a subpackage or a top-level module) and its layer: a part may import parts of lower
 layers only, whether at the top of a file or inside a function. The map in docs/architecture.md."""

@@ -31,9 +31,8 @@ allocator's slack, other processes growing)."""
 
 WORKSPACE = 128 * 2**20
 """On CPU, what a process's libraries take at their first use beyond the imports: oneDNN's kernels and caches,
-OpenMP's and autograd's threads, glibc's arenas — a fixed allowance (measured by benchmarks/memory_plan.py)."""
-DISTRIBUTED_WORKSPACE = 64 * 2**20
-"""On CPU, what a torchrun rank adds to `WORKSPACE`: the process group (gloo's buffers and threads)."""
+OpenMP's and autograd's threads, glibc's arenas — a fixed allowance (measured by benchmarks/memory_plan.py; under
+torchrun the process group is already in the process's memory when the plan is made)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,7 @@ def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, 
     response for ppo/grpo); ``runtime`` bytes the process holds before any model (libraries: this process's RSS
     on CPU, 0 on a GPU); ``retains``: `Plan.retains` (CPU)."""
     layout = _Layout(config, world_size, positions)
-    workspace = (WORKSPACE + (DISTRIBUTED_WORKSPACE if world_size > 1 else 0)) if retains else 0
+    workspace = WORKSPACE if retains else 0
     resident = {
         "runtime": runtime,
         **({"workspace (CPU libraries)": workspace} if workspace else {}),
@@ -508,19 +507,17 @@ def sequence_positions(sequences: list) -> int:
 def data_positions(config: Any) -> int:
     """The longest row of ``config``'s data, tokenized as its trainer does; rm: ``data.max_length`` (its
     tokenization depends on the model, an encoder or a decoder, which is not loaded here)."""
-    from rlhf.data import load_preferences, load_sft
+    from rlhf.data import load_preferences, load_prompts, load_sft
     from rlhf.models.loading import load_tokenizer
 
     if config.COMMAND == "rm":
         return config.data.max_length
     tokenizer = load_tokenizer(config.model.name)
-    if config.COMMAND in ("ppo", "grpo"):
-        from rlhf.trainers.rl import prompts
-
-        train, held_out = prompts(config, tokenizer)
-        return prompt_positions(config, train + held_out)
-    load = load_sft if config.COMMAND == "sft" else load_preferences
     files = [config.data.train, *([config.data.eval] if config.data.eval else [])]
+    if config.COMMAND in ("ppo", "grpo"):  # every prompt the run may sample, held-out ones included
+        limit = config.sampling.max_prompt_length
+        return prompt_positions(config, [p for file in files for p in load_prompts(file, tokenizer, limit)])
+    load = load_sft if config.COMMAND == "sft" else load_preferences
     return sequence_positions([row for file in files for row in load(file, tokenizer, config.data.max_length)])
 
 
