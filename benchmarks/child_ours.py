@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from planned import record_plans
 from procmem import peak_rss_mb, status_mb
 
 OTHER = "other"
@@ -148,6 +149,7 @@ def main() -> None:
     after_import = peak_rss_mb()
     memory = PhaseMemory()
     memory.install()
+    plans = record_plans()
     trainer.run(config)
     peak = memory.finish()
     rows = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -162,6 +164,7 @@ def main() -> None:
         "peak_rss_mb": peak,
         "rss_after_import_mb": after_import,
         "rss_start_mb": memory.rss_start,
+        "planned_peak_mb": plans[0].peak / 2**20,
         "phase_peaks": phase_peaks,
         "phase_peaks_note": note,
         "threads": torch.get_num_threads(),

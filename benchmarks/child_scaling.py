@@ -15,6 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from planned import record_plans
 from procmem import peak_rss_mb
 
 WARMUP_STEPS = 2
@@ -29,19 +30,13 @@ def main() -> None:
 
     config = config_from_dict(spec["algo"], spec["config"])
     trainer = __import__(f"rlhf.trainers.{spec['algo']}", fromlist=["run"])
-    from rlhf import planning
+    from rlhf.planning import render
 
-    plans, check = [], planning.check  # the plan the trainer's own check makes at its start
-
-    def recorded(*args, **kwargs):
-        plans.append(check(*args, **kwargs))
-        return plans[-1]
-
-    planning.check = recorded
+    plans = record_plans()
     trainer.run(config)
     planned = plans[0]
     rank = int(os.environ.get("RANK", 0))
-    report = {"peak_rss_mb": peak_rss_mb(), "planned_peak_mb": planned.peak / 2**20, "plan": planning.render(planned)}
+    report = {"peak_rss_mb": peak_rss_mb(), "planned_peak_mb": planned.peak / 2**20, "plan": render(planned)}
     if rank == 0:
         rows = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
         times = [row["time/step_s"] for row in rows if "time/step_s" in row][WARMUP_STEPS:]

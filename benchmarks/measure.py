@@ -57,54 +57,6 @@ def step_flops(
     return {"generate": generate, "score": score, "train": train, "total": generate + score + train}
 
 
-MiB = 2**20
-"""Bytes per MB here (ru_maxrss and /proc report KiB; the tables' MB are MiB)."""
-
-
-def step_memory_mb(
-    *,
-    policy_params: int,
-    reward_params: int,
-    trainable_params: int,
-    sequences: int,
-    prompt_len: int,
-    response_len: int,
-    vocab_size: int,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
-    critic_params: int = 0,
-    reference: bool = True,
-    logit_positions: int | None = None,
-    bytes_per_value: int = 4,
-) -> dict[str, float]:
-    """Analytic memory of one step's main tensors in MB (fp32): what the models and the step must hold.
-
-    With B = ``sequences``, C = ``prompt_len``, T = ``response_len``, V = ``vocab_size``, 4 bytes a value:
-
-    - ``weights``: every model's parameters (all of them, embeddings included): the policy, a same-sized
-      reference when ``reference``, the reward model, a separate critic (``critic_params``);
-    - ``adam``: AdamW's two fp32 moments per trainable parameter (``trainable_params``: the policy, plus a
-      separate critic or a shared value head); ``grads``: one gradient per trainable parameter;
-    - ``logits``: one training forward's logits, B × P × V with P = ``logit_positions`` (default T + 1: ours
-      projects only the response positions; TRL's forwards project all C + T);
-    - ``kv_cache``: sampling's keys and values, 2 × layers × B × (C + T) × kv_heads × head_dim.
-
-    Left out: activations kept for the backward, the libraries, allocator slack — the measured peak RSS
-    holds them all, so the gap between the two is what this model does not count.
-    """
-    positions = response_len + 1 if logit_positions is None else logit_positions
-    values = {
-        "weights": policy_params * (1 + int(reference)) + reward_params + critic_params,
-        "adam": 2 * trainable_params,
-        "grads": trainable_params,
-        "logits": sequences * positions * vocab_size,
-        "kv_cache": 2 * num_layers * sequences * (prompt_len + response_len) * num_kv_heads * head_dim,
-    }
-    out = {name: count * bytes_per_value / MiB for name, count in values.items()}
-    return out | {"total": sum(out.values())}
-
-
 def median_after_warmup(values: list[float], warmup: int = WARMUP_STEPS) -> float:
     """Median of ``values`` without the first ``warmup`` (all of them if there are no more than that)."""
     if not values:

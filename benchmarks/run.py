@@ -377,12 +377,12 @@ def run_child(python: Path, script: str, spec: dict, folder: Path, threads: int,
 
 
 def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) -> dict:
-    """measure.summarize plus peak RSS, the analytic memory of the step's tensors and, for our runs, the
-    memory by phase, the FLOPs and the floor fraction."""
+    """measure.summarize plus peak RSS and, for our runs, the peak the trainer's memory plan predicted at its
+    start, the memory by phase, the FLOPs and the floor fraction."""
     summary = measure.summarize(raw["steps"], phase_peaks=raw.get("phase_peaks"))
     summary["peak_rss_mb"] = raw["peak_rss_mb"]
-    summary["memory_model_mb"] = memory_model(case, run, assets)
     if run.side == "ours":
+        summary["planned_peak_mb"] = raw.get("planned_peak_mb")
         summary["rss_start_mb"] = raw.get("rss_start_mb")
         if not raw.get("phase_peaks"):
             summary["phase_peaks_note"] = raw.get("phase_peaks_note")
@@ -403,25 +403,6 @@ def summarize_run(raw: dict, case: Case, run: Run, assets: dict, gflops: float) 
         summary["floor_s"] = flops["total"] / (gflops * 1e9)
         summary["floor_fraction"] = summary["floor_s"] / summary["s_per_step"]
     return summary
-
-
-def memory_model(case: Case, run: Run, assets: dict) -> dict:
-    """``measure.step_memory_mb`` for this run's layout: the critic starts from the reward model when it is
-    separate (ours ``critic: separate``, TRL's PPO) and is a value head (hidden + 1) when shared; a reference
-    when PPO or β > 0; TRL's PPO projects every position onto the vocabulary, ours and TRL's GRPO the
-    response positions."""
-    m, s = assets["models"][case.size], case.settings
-    separate = run.critic == "separate" or run.side == "trl-ppo"
-    critic = m["reward_params"] if separate else 0
-    head = m["hidden_size"] + 1 if case.algo == "ppo" and not separate else 0
-    return measure.step_memory_mb(
-        policy_params=m["policy_params"], reward_params=m["reward_params"], critic_params=critic,
-        trainable_params=m["policy_params"] + critic + head, reference=case.algo == "ppo" or s["kl_coef"] > 0,
-        sequences=sequences_per_step(case), prompt_len=assets["prompt_len"],
-        response_len=case.max_new_tokens, vocab_size=m["vocab_size"], num_layers=m["num_layers"],
-        num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
-        logit_positions=assets["prompt_len"] + case.max_new_tokens if run.side == "trl-ppo" else None,
-    )  # fmt: skip
 
 
 def skips_old_logprob_pass(case: Case, run: Run) -> bool:

@@ -87,27 +87,6 @@ def test_phase_peaks_median_over_timed_steps():
     assert "phase_peak_mb" not in measure.summarize(steps, phase_peaks=None)
 
 
-def test_step_memory_by_hand():
-    # policy 1000, reward 500, separate critic 500, a reference; trainable 1500 (policy + critic);
-    # B = 2, C = 3, T = 4, V = 10, 2 layers, 2 KV heads of 4 dims, fp32:
-    # weights 4·(1000 + 1000 + 500 + 500) = 12 000 B; adam 4·2·1500 = 12 000 B; grads 4·1500 = 6 000 B;
-    # logits 4·2·(4 + 1)·10 = 400 B; KV cache 4·2·2 layers·2·(3 + 4)·2·4 = 1 792 B; total 32 192 B
-    mib = 2**20
-    memory = measure.step_memory_mb(
-        policy_params=1000, reward_params=500, critic_params=500, trainable_params=1500, reference=True,
-        sequences=2, prompt_len=3, response_len=4, vocab_size=10, num_layers=2, num_kv_heads=2, head_dim=4,
-    )  # fmt: skip
-    assert memory == pytest.approx({"weights": 12_000 / mib, "adam": 12_000 / mib, "grads": 6_000 / mib,
-                                    "logits": 400 / mib, "kv_cache": 1_792 / mib, "total": 32_192 / mib})  # fmt: skip
-    # no critic, no reference (GRPO, β = 0), logits over every position (C + T = 7): 4·2·7·10 = 560 B
-    memory = measure.step_memory_mb(
-        policy_params=1000, reward_params=500, trainable_params=1000, reference=False, logit_positions=7,
-        sequences=2, prompt_len=3, response_len=4, vocab_size=10, num_layers=2, num_kv_heads=2, head_dim=4,
-    )  # fmt: skip
-    assert memory["weights"] * mib == pytest.approx(6_000) and memory["adam"] * mib == pytest.approx(8_000)
-    assert memory["logits"] * mib == pytest.approx(560)
-
-
 def test_median_over_repeats_and_spread_by_hand():
     # three repeats of one run: 0.46, 0.43, 0.444 s/step -> median 0.444 (the third), spread 0.43–0.46
     assert measure.spread([0.46, 0.43, 0.444]) == {"median": 0.444, "min": 0.43, "max": 0.46}
@@ -259,7 +238,7 @@ def _fake_raw(ours: bool, step_s: float) -> dict:
     steps = [s | {"generate_s": step_s / 2, "reward_s": 0.0, "score_s": 0.0, "train_s": step_s / 2, "gen_columns": 32}
              for s in steps]  # fmt: skip
     peaks = [{"rollout": 500.0 + step_s, "logprobs": 510.0, "train": 560.0}] * 4
-    return {"steps": steps, "peak_rss_mb": 600.0, "rss_start_mb": 400.0, "phase_peaks": peaks}
+    return {"steps": steps, "peak_rss_mb": 600.0, "rss_start_mb": 400.0, "phase_peaks": peaks, "planned_peak_mb": 610.0}
 
 
 def test_run_case_interleaves_repeats_and_renders_from_results(monkeypatch, tmp_path):
@@ -289,7 +268,8 @@ def test_run_case_interleaves_repeats_and_renders_from_results(monkeypatch, tmp_
     assert [r["raw"]["steps"][0]["step_s"] for r in ours["repeats"]] == [0.5, 0.4, 0.45]  # every repeat kept
     assert ours["summary"]["s_per_step"] == 0.45 and ours["summary"]["median_repeat"] == 2
     assert ours["summary"]["phase_peak_mb"] == {"rollout": 500.45, "logprobs": 510.0, "train": 560.0}
-    assert ours["summary"]["rss_start_mb"] == 400.0 and "total" in ours["summary"]["memory_model_mb"]
+    assert ours["summary"]["rss_start_mb"] == 400.0 and ours["summary"]["planned_peak_mb"] == 610.0
+    assert "planned_peak_mb" not in peer["summary"]
     assert ours["vs_peer"]["speed"] == pytest.approx(0.6 / 0.45)
     assert (ours["vs_peer"]["speed_min"], ours["vs_peer"]["speed_max"]) == (pytest.approx(1.2), pytest.approx(1.6))
 

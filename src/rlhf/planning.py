@@ -152,7 +152,7 @@ def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, 
         command=config.COMMAND,
         world_size=world_size,
         parallelism=layout.parallelism,
-        positions=positions,
+        positions=layout.positions,
         resident=resident,
         phases=phases,
         retains=retains,
@@ -165,6 +165,8 @@ class _Layout:
 
     def __init__(self, config: Any, world_size: int, positions: int):
         self.config, self.world, self.positions = config, world_size, positions
+        if config.COMMAND == "sft" and config.sft.packing:  # packed rows are filled to data.max_length
+            self.positions = config.data.max_length
         self.parallelism = parallelism(config, world_size)
         self.sharded = self.parallelism == "fsdp"
         self.notes: list[str] = []
@@ -417,13 +419,19 @@ def runtime_bytes(device: torch.device) -> int:
     return 0 if device.type == "cuda" else process_rss()
 
 
-def check(config: Any, d: Any, positions: int) -> Plan:
+def check(config: Any, d: Any, positions: int) -> Plan | None:
     """At a trainer's start (``d``: its `Dist`), before any weight loads: the plan against the budget, said in one
     line on stderr; when it does not fit, the plan and the cheapest change that fits, and ConfigError
-    (``run.ignore_memory_plan``: a warning, and the run goes on)."""
+    (``run.ignore_memory_plan``: a warning, and the run goes on). None when the plan cannot be made (a model
+    whose config the plan cannot read): said, and the run goes on."""
     runtime = runtime_bytes(d.device)
     retains = d.device.type != "cuda"
-    predicted = plan(config, world_size=d.world_size, positions=positions, runtime=runtime, retains=retains)
+    try:
+        predicted = plan(config, world_size=d.world_size, positions=positions, runtime=runtime, retains=retains)
+    except Exception as error:  # noqa: BLE001 - the plan advises; a model it cannot read must not stop a run
+        if d.is_main:
+            print(f"{config.COMMAND}: no memory plan ({type(error).__name__}: {error}); going on", file=sys.stderr)
+        return None
     limit, source = budget(config, d.device)
     fits = predicted.peak <= limit
     if d.is_main:
