@@ -9,6 +9,7 @@ change that fits. `rlhf plan --config FILE` prints the same. The derivation and 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -84,7 +85,7 @@ def model_sizes(name: str, reward: bool = False) -> Transformer:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
     inner = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
-    names = [name for name, _ in model.named_modules()]
+    module_names = [module_name for module_name, _ in model.named_modules()]
     return Transformer(
         layers=int(text.num_hidden_layers),
         hidden=hidden,
@@ -95,15 +96,23 @@ def model_sizes(name: str, reward: bool = False) -> Transformer:
         vocab=int(text.vocab_size),
         params=sum(p.numel() for p in model.parameters()),
         matmul_params=sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)),
-        gated=any(n.endswith("gate_proj") for n in names),
+        gated=any(n.endswith("gate_proj") for n in module_names),
     )
+
+
+@functools.cache
+def model_config(name: str) -> Any:
+    """``name``'s config.json (a hub id downloads this file only)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(name)
 
 
 def _meta_model(name: str, reward: bool) -> nn.Module:
     """The model ``name``'s config.json describes, built on the ``meta`` device: shapes without memory."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    config = AutoConfig.from_pretrained(name)
+    config = copy.deepcopy(model_config(name))
     if reward:
         config.num_labels = 1  # a reward model's one score
     auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
@@ -252,17 +261,15 @@ class _Layout:
             return {}
         from rlhf.rollout.decoder import SUPPORTED_MODEL_TYPES
 
-        if engine in ("auto", "lean") and self.model_type() in SUPPORTED_MODEL_TYPES:
+        if (
+            engine in ("auto", "lean")
+            and getattr(model_config(config.model.name), "model_type", None) in SUPPORTED_MODEL_TYPES
+        ):
             parts["packed weights (lean decoder)"] = memory.weights(policy.matmul_params, self.width)
         if self.sharded:
             full = memory.weights(policy.params, self.width)
             parts["gathered policy (fsdp)"] = full - self.share(full)
         return parts
-
-    def model_type(self) -> str | None:
-        from transformers import AutoConfig
-
-        return getattr(AutoConfig.from_pretrained(self.config.model.name), "model_type", None)
 
     def scoring(self) -> dict[str, int]:
         """The rollout's forwards without gradients (old log-probs, reference, values, rewards): the widest one."""
