@@ -165,8 +165,13 @@ def test_supervised_trainers_refuse_before_loading(command, tiny_llama_dir, tmp_
     def no_loading(*args, **kwargs):
         raise AssertionError("a weight was loaded before the memory plan refused the run")
 
+    shell = reward_model.load_reward_model
+
+    def architecture_only(name, dtype="float32", device="cpu"):  # rm tokenizes its pairs with an empty model
+        return shell(name, dtype, device) if str(device) == "meta" else no_loading()
+
     monkeypatch.setattr(sharding, "load_causal_lm", no_loading)
-    monkeypatch.setattr(reward_model, "load_reward_model", no_loading)
+    monkeypatch.setattr(reward_model, "load_reward_model", architecture_only)
     data = tmp_path / "data.jsonl"
     row = {"prompt": "count:", "response": " 1 2"} if command == "sft" else {"prompt": "count:", "chosen": " 1", "rejected": " 2"}  # fmt: skip
     data.write_text(json.dumps(row) + "\n")
@@ -175,3 +180,14 @@ def test_supervised_trainers_refuse_before_loading(command, tiny_llama_dir, tmp_
     trainer = {"sft": "rlhf.trainers.sft", "dpo": "rlhf.trainers.dpo", "rm": "rlhf.trainers.reward_model"}[command]
     with pytest.raises(ConfigError, match="over the budget of 0.01 GiB"):
         __import__(trainer, fromlist=["run"]).run(config_from_dict(command, values))
+
+
+def test_rm_plan_reads_pairs_as_the_model_does(tiny_llama_dir, tmp_path):
+    from rlhf.models.reward import load_reward_model, tokenize_pairs
+
+    data = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": "count:", "chosen": " 1" * n, "rejected": " 2"} for n in (2, 7)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = config_from_dict("rm", {"model": {"name": str(tiny_llama_dir)}, "data": {"train": str(data)}, "output_dir": str(tmp_path / "o")})  # fmt: skip
+    pairs = tokenize_pairs(str(data), load_reward_model(str(tiny_llama_dir)), 1024)
+    assert planning.data_positions(config) == max(len(p.prompt_ids) + len(p.chosen_ids) for p in pairs)

@@ -427,8 +427,8 @@ def runtime_bytes(device: torch.device) -> int:
 
 
 def check(config: Any, d: Any, positions: int) -> Plan | None:
-    """At a trainer's start (``d``: its `Dist`), before any weight loads: the plan against the budget, said in one
-    line on stderr; when it does not fit, the plan and the cheapest change that fits, and ConfigError
+    """At a trainer's start (``d``: its `Dist`), before any weight loads: the plan against the budget, silent when
+    it fits; when it does not, the plan on stderr and ConfigError naming the cheapest change that fits
     (``run.ignore_memory_plan``: a warning, and the run goes on). None when the plan cannot be made (a model
     whose config the plan cannot read): said, and the run goes on."""
     runtime = runtime_bytes(d.device)
@@ -440,23 +440,19 @@ def check(config: Any, d: Any, positions: int) -> Plan | None:
             print(f"{config.COMMAND}: no memory plan ({type(error).__name__}: {error}); going on", file=sys.stderr)
         return None
     limit, source = budget(config, d.device)
-    fits = predicted.peak <= limit
-    if d.is_main:
-        verdict = "fits" if fits else "does NOT fit"
-        print(
-            f"{config.COMMAND}: memory plan: peak {predicted.peak / GiB:.2f} GiB per rank ({predicted.peak_phase}), "
-            f"budget {limit / GiB:.2f} GiB ({source}): {verdict} (`rlhf plan` shows the parts)",
-            file=sys.stderr,
-        )
-    if fits:
+    if predicted.peak <= limit:  # silent: `rlhf plan` shows the plan of a run that fits
         return predicted
-    fix = cheapest_fix(config, limit, world_size=d.world_size, positions=positions, runtime=runtime, retains=retains)
     if d.is_main:
         print(render(predicted), file=sys.stderr)
     if config.run.ignore_memory_plan:
         if d.is_main:
-            print(f"{config.COMMAND}: run.ignore_memory_plan is set: going on anyway", file=sys.stderr)
+            print(
+                f"{config.COMMAND}: the memory plan's peak {predicted.peak / GiB:.2f} GiB per rank does NOT fit the "
+                f"budget of {limit / GiB:.2f} GiB ({source}); run.ignore_memory_plan is set: going on anyway",
+                file=sys.stderr,
+            )
         return predicted
+    fix = cheapest_fix(config, limit, world_size=d.world_size, positions=positions, runtime=runtime, retains=retains)
     raise ConfigError(refusal(predicted, limit, source, fix))
 
 
@@ -520,15 +516,18 @@ def sequence_positions(sequences: list) -> int:
 
 
 def data_positions(config: Any) -> int:
-    """The longest row of ``config``'s data, tokenized as its trainer does; rm: ``data.max_length`` (its
-    tokenization depends on the model, an encoder or a decoder, which is not loaded here)."""
+    """The longest row of ``config``'s data, tokenized as its trainer does (rm: as the model reads pairs, an
+    encoder or a decoder, from its architecture built on the ``meta`` device)."""
     from rlhf.data import load_preferences, load_prompts, load_sft
     from rlhf.models.loading import load_tokenizer
+    from rlhf.models.reward import load_reward_model, tokenize_pairs
 
-    if config.COMMAND == "rm":
-        return config.data.max_length
-    tokenizer = load_tokenizer(config.model.name)
     files = [config.data.train, *([config.data.eval] if config.data.eval else [])]
+    if config.COMMAND == "rm":
+        with torch.device("meta"):
+            shell = load_reward_model(config.model.name, config.model.dtype, "meta")
+        return sequence_positions([p for file in files for p in tokenize_pairs(file, shell, config.data.max_length)])
+    tokenizer = load_tokenizer(config.model.name)
     if config.COMMAND in ("ppo", "grpo"):  # every prompt the run may sample, held-out ones included
         limit = config.sampling.max_prompt_length
         return prompt_positions(config, [p for file in files for p in load_prompts(file, tokenizer, limit)])

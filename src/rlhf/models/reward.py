@@ -187,6 +187,16 @@ def load_reward_model(
     )
 
 
+def tokenize_pairs(path: str, rm: TrainableRewardModel, max_length: int) -> list[Any]:
+    """The preference pairs of ``path`` as ``rm`` reads them (``DataError``: file:line). Decoders: ``prompt ids +
+    response ids + eos``, responses cut to ``max_length``; encoders: the one text ``prompt + response`` with the
+    tokenizer's specials. A pair longer than the model's positions is an error."""
+    from rlhf.data import load_preferences
+
+    kwargs = {"model_max_length": rm.max_positions, "join_text": not rm.is_decoder}
+    return load_preferences(path, rm.tokenizer, max_length, **kwargs)
+
+
 class RewardScorer(nn.Module):
     """:func:`reward_scores` as a module, so that data parallelism (which must see the forward) can wrap it."""
 

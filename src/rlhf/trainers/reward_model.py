@@ -44,7 +44,6 @@ from rlhf.data import (
     TokenizedPreference,
     TokenizedPrompt,
     collate_preferences,
-    load_preferences,
     read_preferences,
     read_prompts,
     tokenize_prompts,
@@ -59,6 +58,7 @@ from rlhf.models.reward import (
     load_reward_model,
     max_positions,
     set_reward_normalization,
+    tokenize_pairs,
 )
 from rlhf.models.sharding import materialize, shard, shard_small, unsharded
 from rlhf.rollout import generation
@@ -76,10 +76,14 @@ NORMALIZATION_FILE = "normalization.jsonl"
 def run(config: RMConfig) -> Path:
     """Train a reward model on ``config.data.train``; returns the ``final/`` directory."""
     out, d = Path(config.output_dir), supervised.start(config)
-    planning.check(config, d, config.data.max_length)  # before any weights: pairs are cut to data.max_length
-    # 1. the model (fresh head N(0, 1/sqrt(H+1)) when it has none), then every pair, before any step
+    # 1. every pair, tokenized as the model reads them (its architecture and tokenizer: no weights yet), the
+    # memory plan, then the model (fresh head N(0, 1/sqrt(H+1)) when it has none)
+    with torch.device("meta"):
+        shell = load_reward_model(config.model.name, config.model.dtype, "meta")
+    train, held_out = load_pairs(config, shell)
+    planning.check(config, d, planning.sequence_positions(train + held_out))
     rm, scorer = load_scorer(config, d)
-    train, held_out = load_pairs(config, rm)
+    say_pairs(rm, train, held_out, config.data.max_length)
     # 2-6. evaluation before training, then the steps: micro-batched Bradley–Terry, AdamW, evaluation, checkpoints
     trainable = Trainable(scorer, d)
     task = supervised.Task(
@@ -142,23 +146,23 @@ def load_scorer(config: RMConfig, d: Dist) -> tuple[TrainableRewardModel, Reward
 
 
 def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:
-    """Training and held-out pairs, each file read, validated and tokenised whole (``DataError``: file:line).
-    Decoders: ``prompt ids + response ids + eos``, responses cut to ``max_length``; encoders: the one text
-    ``prompt + response`` with the tokenizer's specials. A pair longer than the model's positions is an error."""
-    kwargs = {"model_max_length": rm.max_positions, "join_text": not rm.is_decoder}
-    train = load_preferences(config.data.train, rm.tokenizer, config.data.max_length, **kwargs)
-    held_out = (
-        load_preferences(config.data.eval, rm.tokenizer, config.data.max_length, **kwargs) if config.data.eval else []
-    )
+    """Training and held-out pairs, each file read, validated and tokenised whole (``DataError``: file:line):
+    `rlhf.models.reward.tokenize_pairs`."""
+    train = tokenize_pairs(config.data.train, rm, config.data.max_length)
+    held_out = tokenize_pairs(config.data.eval, rm, config.data.max_length) if config.data.eval else []
+    return train, held_out
+
+
+def say_pairs(rm: TrainableRewardModel, train: list[TokenizedPreference], held_out: list, max_length: int) -> None:
+    """One line on stderr: the model's kind, its head's origin, the pairs and how many were cut."""
     kind = "decoder (score head on the causal trunk)" if rm.is_decoder else "encoder (its own classifier)"
     head = "fresh head N(0, 1/sqrt(H+1))" if rm.fresh_head else "head from the checkpoint"
     cut = sum(p.truncated for p in train)
     print(
-        f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to data.max_length={config.data.max_length}), "
+        f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to data.max_length={max_length}), "
         f"{len(held_out)} held out",
         file=sys.stderr,
     )
-    return train, held_out
 
 
 def pair_rewards(
