@@ -181,6 +181,7 @@ class _Layout:
         self.notes: list[str] = []
         model = config.model
         self.width = memory.DTYPE_BYTES[model.dtype]
+        self.reference_width = memory.DTYPE_BYTES[getattr(model, "reference_dtype", None) or model.dtype]
         self.rl = config.COMMAND in ("ppo", "grpo")
         self.policy = model_sizes(model.name, reward=config.COMMAND == "rm")
         self.trainable = (
@@ -212,9 +213,10 @@ class _Layout:
 
     def phases(self) -> dict[str, dict[str, int]]:
         """What each phase adds to the resident parts, in the order a step runs them."""
-        if not self.rl:
-            return {"update": self.update()}
-        return {"rollout": self.rollout(), "scoring": self.scoring(), "update": self.update()}
+        phases = {"update": self.update()}
+        if self.rl:
+            phases = {"rollout": self.rollout(), "scoring": self.scoring(), **phases}
+        return phases | ({"save": self.save()} if self.sharded else {})
 
     def resident(self) -> dict[str, int]:
         """Held for the whole run: every model's weights and the optimizer's moments."""
@@ -223,9 +225,8 @@ class _Layout:
         if config.model.lora:
             parts["policy weights"] += self.share(memory.weights(self.trainable, memory.FLOAT32))
         if self.rl:
-            reference_width = memory.DTYPE_BYTES[getattr(config.model, "reference_dtype", None) or config.model.dtype]
             if _reference_copy(config):
-                parts["reference weights"] = self.share(memory.weights(policy.params, reference_width))
+                parts["reference weights"] = self.share(memory.weights(policy.params, self.reference_width))
             for i, rm in enumerate(self.reward_models):
                 name = f"reward model {i + 1} weights" if i else "reward model weights"
                 parts[name] = self.share(memory.weights(rm.params, memory.FLOAT32))
@@ -267,9 +268,14 @@ class _Layout:
         ):
             parts["packed weights (lean decoder)"] = memory.weights(policy.matmul_params, self.width)
         if self.sharded:
-            full = memory.weights(policy.params, self.width)
-            parts["gathered policy (fsdp)"] = full - self.share(full)
+            parts["gathered policy (fsdp)"] = self.gathered(policy.params, self.width)
         return parts
+
+    def gathered(self, params: int, width: int) -> int:
+        """FSDP: what gathering a whole sharded model adds to a rank — the all-gather's output and the unsharded
+        parameters, two full copies while gathered (as measured on gloo), less the rank's own shard."""
+        full = memory.weights(params, width)
+        return 2 * full - self.share(full)
 
     def scoring(self) -> dict[str, int]:
         """The rollout's forwards without gradients (old log-probs, reference, values, rewards): the widest one."""
@@ -277,7 +283,18 @@ class _Layout:
         forwards = [memory.inference_workspace(policy, rows, self.positions, self.width)]
         forwards += [memory.inference_workspace(rm, rows, self.positions, memory.FLOAT32) for rm in self.reward_models]
         response = self.config.sampling.max_new_tokens + 1
-        return {"forward": max(forwards), "logits": memory.logits(rows, response, policy.vocab, copies=2)}
+        parts = {"forward": max(forwards), "logits": memory.logits(rows, response, policy.vocab, copies=2)}
+        if self.sharded:  # each frozen model is gathered whole for its scoring, one at a time
+            frozen = [memory.weights(rm.params, memory.FLOAT32) for rm in self.reward_models]
+            if _reference_copy(self.config):
+                frozen.append(memory.weights(policy.params, self.reference_width))
+            if frozen:
+                parts["gathered frozen model (fsdp)"] = max(2 * full - self.share(full) for full in frozen)
+        return parts
+
+    def save(self) -> dict[str, int]:
+        """FSDP: rank 0 writes final/ from the full state dict it gathers and the plain model it fills with it."""
+        return {"full policy on rank 0 (fsdp)": 2 * memory.weights(self.policy.params, self.width)}
 
     def update(self) -> dict[str, int]:
         """One micro-batch's forward and backward: activations, the vocabulary-wide tensors, the gradients."""
