@@ -36,6 +36,13 @@ OpenMP's and autograd's threads, glibc's arenas — a fixed allowance (measured 
 torchrun the process group is already in the process's memory when the plan is made)."""
 
 
+REUSED = frozenset(
+    {"gathered policy (fsdp)", "gathered frozen model (fsdp)", "gathered layer (fsdp)", "full policy on rank 0 (fsdp)"}
+)
+"""FSDP's gathers: each phase allocates whole-model (or whole-layer) buffers again in the blocks the last one
+freed, so on CPU they do not add up (`Plan.reused`)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """Predicted bytes per rank: ``resident`` parts (held all run: the libraries, weights, optimizer state) and
@@ -43,7 +50,9 @@ class Plan:
 
     ``retains``: on CPU the allocator keeps most of what a phase frees (glibc returns little of a fragmented
     heap to the system), so a phase's total is the resident parts plus what it and every earlier phase add; on a
-    GPU the caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own."""
+    GPU the caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
+    ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
+    once, the largest, rather than added up."""
 
     command: str
     world_size: int
@@ -52,12 +61,15 @@ class Plan:
     resident: dict[str, int]
     phases: dict[str, dict[str, int]]
     retains: bool = True
+    reused: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
 
     def total(self, phase: str) -> int:
         names = list(self.phases)
-        counted = names[: names.index(phase) + 1] if self.retains else [phase]
-        return sum(self.resident.values()) + sum(sum(self.phases[p].values()) for p in counted)
+        counted = [self.phases[p] for p in (names[: names.index(phase) + 1] if self.retains else [phase])]
+        added = [size for parts in counted for part, size in parts.items() if part not in self.reused]
+        reused = [size for parts in counted for part, size in parts.items() if part in self.reused]
+        return sum(self.resident.values()) + sum(added) + max(reused, default=0)
 
     @property
     def peak(self) -> int:
@@ -165,6 +177,7 @@ def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, 
         resident=resident,
         phases=phases,
         retains=retains,
+        reused=REUSED,
         notes=tuple(dict.fromkeys(layout.notes)),
     )
 
@@ -313,6 +326,8 @@ class _Layout:
             parts["critic activations"] = memory.activations(
                 self.critic, rows, self.positions, self.width, checkpointing=checkpointing
             )
+        if self.parallelism == "ddp":  # DDP's flat buckets the gradients are all-reduced through: another copy
+            parts["gradient buckets (ddp)"] = parts["gradients"]
         if self.sharded:  # FSDP gathers one layer's full weights at a time
             layer = memory.weights(policy.params // max(1, policy.layers), self.width)
             parts["gathered layer (fsdp)"] = layer
