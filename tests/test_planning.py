@@ -145,6 +145,7 @@ def test_rlhf_plan_command(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     # a tiny budget: exit 3, the cheapest change named; torchrun's world size shards the plan
     assert cli.main(["plan", "--config", str(path), "--device_memory_gib", "0.001", "--world_size", "2"]) == 3
     assert "does NOT fit" in capsys.readouterr().out
+    assert cli.main(["plan", "--help"]) == 0 and "--world_size" in capsys.readouterr().out
     bare = tmp_path / "bare.yaml"
     bare.write_text(yaml.safe_dump({"model": {"name": str(tiny_llama_dir)}}))
     assert cli.main(["plan", "--config", str(bare)]) == 2

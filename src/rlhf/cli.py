@@ -185,11 +185,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 PLAN_FLAGS = {"--world_size": int, "--device_memory_gib": float, "--command": str}
 """`rlhf plan`'s own flags (the others are the trainer config's)."""
+PLAN_USAGE = """usage: rlhf plan --config FILE.yaml [--world_size N] [--device_memory_gib G] [--command TRAINER] [flags]
+
+The memory plan of a sft, rm, dpo, ppo or grpo config, before anything loads: each rank's predicted peak by phase
+and part, what each change (micro_size, gradient checkpointing, a bfloat16 reference, FSDP, LoRA) would make it,
+and the cheapest that fits the budget. Exit 0 when it fits, 3 when it does not, 2 for a refused input.
+
+  --world_size N          ranks of the torchrun launch to plan for (default 1)
+  --device_memory_gib G   the budget per rank (default: run.memory_budget_gib, else what this machine has free)
+  --command TRAINER       the trainer, when the file has no ppo/grpo/dpo/rm/sft section to tell it
+  flags                   any field of the trainer's config, as `rlhf TRAINER` takes them (--batch.micro_size 4)"""
 
 
 def _plan(args: list[str], debug: bool) -> int:
     """`rlhf plan`: the memory plan of a trainer's config (`rlhf.planning.report`); exit 0 when it fits the budget,
     3 when it does not, 2 for a refused input."""
+    if any(arg in ("-h", "--help") for arg in args):
+        print(PLAN_USAGE)
+        return 0
     own: dict[str, Any] = {}
     rest: list[str] = []
     words = iter(args)
