@@ -199,3 +199,14 @@ def test_rm_plan_reads_pairs_as_the_model_does(tiny_llama_dir, tmp_path):
     config = config_from_dict("rm", {"model": {"name": str(tiny_llama_dir)}, "data": {"train": str(data)}, "output_dir": str(tmp_path / "o")})  # fmt: skip
     pairs = tokenize_pairs(str(data), load_reward_model(str(tiny_llama_dir)), 1024)
     assert planning.data_positions(config) == max(len(p.prompt_ids) + len(p.chosen_ids) for p in pairs)
+
+
+def test_candidates_cheapest_first(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):
+    values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path) | {"batch.size": 16}
+    order = list(planning.candidates(config_from_dict("ppo", nested(values)), world_size=1))
+    ckpt = "--model.gradient_checkpointing=true"
+    # micro-batches down to a quarter (4x the passes), then checkpointing (alone, then with them), …
+    assert order[:4] == [("--batch.micro_size=8",), ("--batch.micro_size=4",), (ckpt,), (ckpt, "--batch.micro_size=8")]
+    # … and 8x / 16x the passes only after every other single change
+    tiny_first = order.index(("--batch.micro_size=2",))
+    assert tiny_first > order.index(("--model.lora.r=8",)) and order.index(("--batch.micro_size=1",)) == tiny_first + 1
