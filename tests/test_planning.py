@@ -210,3 +210,13 @@ def test_candidates_cheapest_first(tiny_llama_dir, tiny_reward_model_dir, prompt
     # … and 8x / 16x the passes only after every other single change
     tiny_first = order.index(("--batch.micro_size=2",))
     assert tiny_first > order.index(("--model.lora.r=8",)) and order.index(("--batch.micro_size=1",)) == tiny_first + 1
+
+
+def test_a_model_directory_rewritten_in_place_is_read_again(tmp_path):
+    from rlhf.models.tiny import save_tiny, tiny_causal_lm, toy_corpus, train_tokenizer
+
+    tokenizer = train_tokenizer(toy_corpus(200), 300)
+    save_tiny(tiny_causal_lm("llama", tokenizer, num_layers=2), tokenizer, tmp_path / "m")
+    assert planning.model_sizes(str(tmp_path / "m")).layers == 2
+    save_tiny(tiny_causal_lm("llama", tokenizer, num_layers=3), tokenizer, tmp_path / "m")  # a demo run again
+    assert planning.model_sizes(str(tmp_path / "m")).layers == 3

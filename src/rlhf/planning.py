@@ -88,10 +88,22 @@ class Fix:
     plan: Plan
 
 
-@functools.cache
 def model_sizes(name: str, reward: bool = False) -> Transformer:
     """A model's sizes from its config.json: the model built on the ``meta`` device (no memory, no weights) to
-    count its parameters exactly, whatever the architecture."""
+    count its parameters exactly, whatever the architecture. Remembered while the file is unchanged (the cheapest
+    fix plans many variants of one run)."""
+    return _model_sizes(name, reward, _version(name))
+
+
+def _version(name: str) -> float | None:
+    """When a local model's config.json last changed (None for a hub id): a directory rewritten in place (a demo
+    run again) is read again."""
+    path = Path(name).expanduser() / "config.json"
+    return path.stat().st_mtime if path.is_file() else None
+
+
+@functools.cache
+def _model_sizes(name: str, reward: bool, version: float | None) -> Transformer:
     model = _meta_model(name, reward)
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -112,9 +124,13 @@ def model_sizes(name: str, reward: bool = False) -> Transformer:
     )
 
 
-@functools.cache
 def model_config(name: str) -> Any:
-    """``name``'s config.json (a hub id downloads this file only)."""
+    """``name``'s config.json (a hub id downloads this file only), remembered while the file is unchanged."""
+    return _model_config(name, _version(name))
+
+
+@functools.cache
+def _model_config(name: str, version: float | None) -> Any:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(name)
