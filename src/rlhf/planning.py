@@ -423,10 +423,11 @@ def with_flags(config: Any, flags: tuple[str, ...]) -> Any:
     changed = config
     for flag in flags:
         key, value = flag.removeprefix("--").split("=", 1)
-        section, name = key.rsplit(".", 1) if key.count(".") == 1 else key.split(".", 1)
-        if key == "model.lora.r":
-            changed = dataclasses.replace(changed, model=dataclasses.replace(changed.model, lora=LoRAConfig(r=8)))
+        if key == "model.lora.r":  # LoRA's defaults with that rank
+            lora = LoRAConfig(r=int(value))
+            changed = dataclasses.replace(changed, model=dataclasses.replace(changed.model, lora=lora))
             continue
+        section, name = key.split(".")  # every other change is one field of one section
         typed = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
         part = dataclasses.replace(getattr(changed, section), **{name: typed})
         changed = dataclasses.replace(changed, **{section: part})
