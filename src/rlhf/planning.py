@@ -218,8 +218,6 @@ class _Layout:
         )
         # LoRA's adapters and their moments are float32 whatever the base's dtype
         self.trainable_width = memory.FLOAT32 if model.lora else self.width
-        rows = config.minibatch_size // world_size if self.rl else config.batch.size // world_size
-        self.rows = max(1, rows)
         self.micro = self._micro_rows()
         self.reward_models = [model_sizes(name, reward=True) for name in reward_models(config)] if self.rl else []
         self.critic = self._critic()
@@ -229,7 +227,7 @@ class _Layout:
 
     def _micro_rows(self) -> int:
         """Rows of one forward/backward (per rank): micro_size, or what micro_tokens lets in."""
-        rows = min(self.rows, self.config.batch.micro_size or self.rows)
+        rows = _micro_rows_now(self.config, self.world)
         if self.config.COMMAND in ("rm", "dpo"):
             rows *= 2  # chosen and rejected go through the model together
         budget = getattr(self.config.batch, "micro_tokens", None)
@@ -367,7 +365,7 @@ def single_changes(config: Any, world_size: int) -> tuple[list[str], list[str]]:
 
 def _micro_rows_now(config: Any, world_size: int) -> int:
     """Rows of one forward/backward per rank as ``config`` stands (its micro_size, or the rank's whole minibatch)."""
-    rows = (config.minibatch_size if config.COMMAND in ("ppo", "grpo") else config.batch.size) // max(1, world_size)
+    rows = max(1, config.minibatch_size // world_size)  # minibatch_size is batch.size for sft, rm and dpo
     return min(rows, config.batch.micro_size or rows)
 
 
