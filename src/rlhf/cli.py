@@ -221,10 +221,12 @@ def _plan(args: list[str], debug: bool) -> int:
             raise ConfigError(f"plan: --command {command!r} is not a trainer; use sft, rm, dpo, ppo or grpo")
         config = load_config(command, path, overrides)
         from rlhf import planning
+        from rlhf.runlog.progress import quiet_libraries
 
-        text, fits = planning.report(
-            config, world_size=own.get("--world_size", 1), device_memory_gib=own.get("--device_memory_gib")
-        )
+        with quiet_libraries():  # peft's and transformers' warnings while the models are built empty
+            text, fits = planning.report(
+                config, world_size=own.get("--world_size", 1), device_memory_gib=own.get("--device_memory_gib")
+            )
     except (ConfigError, ValueError, StopIteration) as e:
         if debug:
             raise
