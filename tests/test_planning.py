@@ -220,3 +220,40 @@ def test_a_model_directory_rewritten_in_place_is_read_again(tmp_path):
     assert planning.model_sizes(str(tmp_path / "m")).layers == 2
     save_tiny(tiny_causal_lm("llama", tokenizer, num_layers=3), tokenizer, tmp_path / "m")  # a demo run again
     assert planning.model_sizes(str(tmp_path / "m")).layers == 3
+
+
+_FRAGMENTED_HEAP = """
+import torch
+from rlhf.runlog.distributed import SINGLE
+from rlhf.trainers import update
+
+def rss_mb():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+
+layer = torch.nn.Linear(4, 4)
+optimizer = torch.optim.AdamW(layer.parameters())
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+layer(torch.ones(1, 4)).sum().backward()
+blocks = [torch.ones(25_000) for _ in range(2_000)]  # 100 kB each: below glibc's mmap threshold, on the heap
+pinned = torch.ones(25_000)  # allocated last: the heap's top stays in use, so freeing alone returns nothing
+del blocks
+before = rss_mb()
+update.optimizer_step(update.Trainable(layer, SINGLE), optimizer, scheduler, max_grad_norm=1.0)
+print(before - rss_mb())
+"""
+
+
+def test_an_update_on_cpu_gives_the_freed_heap_back(tmp_path):
+    """The plan's CPU model needs RSS to follow the live tensors after each update (`update.release_freed_heap`):
+    200 MB freed below a live block leave RSS without the trim and leave it with."""
+    import subprocess
+    import sys
+
+    from rlhf.trainers import update
+
+    if update._malloc_trim() is None:
+        pytest.skip("no glibc malloc_trim here")
+    script = tmp_path / "heap.py"
+    script.write_text(_FRAGMENTED_HEAP)
+    released = float(subprocess.run([sys.executable, str(script)], check=True, capture_output=True, text=True).stdout)
+    assert released > 150  # of the 200 MB freed (the allocator may keep a few arenas' worth)

@@ -9,7 +9,9 @@ micro-batches and ranks.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -134,7 +136,30 @@ def optimizer_step(trainable: Trainable, optimizer: Any, scheduler: Any, max_gra
         norm = norm.full_tensor()
     optimizer.step()
     scheduler.step()
+    if not any(p.is_cuda for p in trainable.parameters()):
+        release_freed_heap()
     return float(norm)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; musl and macOS have none
+    except (AttributeError, OSError):
+        return None
+
+
+def release_freed_heap() -> None:
+    """Give the heap pages freed since the last update back to the system (glibc's ``malloc_trim``).
+
+    Why after every update on CPU: glibc keeps what a process frees in its heap, and the update's many tensors of
+    different sizes (under FSDP2: each layer gathered and freed twice per minibatch) leave holes it can neither
+    reuse whole nor return, so a PPO run's RSS crept ~300 MB past its live tensors over four epochs (25M, 2 ranks).
+    Trimmed, RSS follows what is alive and the memory plan (docs/memory.md) holds; a walk of the free lists
+    costs a few milliseconds a step."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def own_row(num_rows: int, unit: int, d: Dist) -> torch.Tensor:
