@@ -5,6 +5,7 @@
     python benchmarks/run.py --only ppo32,grpo    # some cases
     python benchmarks/run.py --update-readme README.md        # also put the table between the README markers
     python benchmarks/run.py --from-results --update-readme README.md   # re-render saved results, run nothing
+    python benchmarks/run.py --only grpo-110m --merge --steps 6     # re-run some cases, keep the others' results
 
 Run it with the Python that has rlhf installed. It builds tiny models offline into benchmarks/.work/,
 installs each TRL version into its own venv under benchmarks/.venvs/ (reused when the versions match),
@@ -466,11 +467,15 @@ def caption(results: dict) -> str:
             others.setdefault(case["steps"], []).append(case["name"])
     exceptions = "; ".join(f"{n} in {', '.join(names)}" for n, names in others.items())
     exceptions = f" ({exceptions})" if exceptions else ""
+    dates: dict[str, list[str]] = {}  # a merged table (--merge): each case's own date
+    for case in results["cases"]:
+        dates.setdefault(case.get("date", m["date"]), []).append(case["name"])
+    when = m["date"] if len(dates) == 1 else "; ".join(f"{d} ({', '.join(n)})" for d, n in sorted(dates.items()))
     return (
         f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, fp32 matmul peak "
         f"{m['peak_fp32_gflops']:.0f} GFLOP/s; {peers}; {mode}{results['steps']} steps per run{exceptions}, "
         f"a repeat's s/step the median of its steps after {measure.WARMUP_STEPS} warm-up; {repeats}; "
-        f"{m['date']}. `python benchmarks/run.py`; notes in benchmarks/README.md.{warning}"
+        f"{when}. `python benchmarks/run.py`; notes in benchmarks/README.md.{warning}"
     )
 
 
@@ -497,6 +502,23 @@ sampling, and in GRPO the reward model; "logprobs": the no-grad pass; "train": t
 one update; `ppo32-25m` as ppo32 with a 25M-parameter policy; `ppo32-110m` / `grpo-110m` as ppo32 / grpo
 with a 114M-parameter policy (GPT-2 small's shape), 6 steps per run.
 """
+
+
+def merged(old: dict, new: dict) -> dict:
+    """``old`` results with the cases of ``new`` put in place of their namesakes (in :data:`CASES` order); refused
+    unless both come from the same machine, threads, steps, repeats and peer versions, so one table compares like with
+    like (each case keeps its own date)."""
+    measure.check_results(old)
+    differ = [k for k in ("quick", "steps", "repeats") if old[k] != new[k]]
+    differ += [f"peers.{k}" for k, versions in new["peers"].items() if old["peers"].get(k) != versions]
+    differ += [f"machine.{k}" for k in ("cpu", "cores", "threads", "torch") if old["machine"][k] != new["machine"][k]]
+    if differ:
+        raise ValueError(f"results.json was measured with other {', '.join(differ)}")
+    for case in old["cases"]:
+        case.setdefault("date", old["machine"]["date"])
+    cases = {case["name"]: case for case in old["cases"]} | {case["name"]: case for case in new["cases"]}
+    order = {name: i for i, name in enumerate(CASES)}
+    return old | {"cases": sorted(cases.values(), key=lambda case: order.get(case["name"], len(order)))}
 
 
 def write_results(results: dict, update_readme: str | None) -> None:
@@ -534,7 +556,7 @@ def run_case(name: str, case: Case, assets: dict, peers: dict, args: argparse.Na
     """
     steps = case_steps(case, args)
     entry = {"name": name, "algo": case.algo, "size": case.size, "max_new_tokens": case.max_new_tokens,
-             "steps": steps, "settings": case.settings, "runs": [],
+             "steps": steps, "settings": case.settings, "runs": [], "date": machine_info(0, 0.0)["date"],
              "model": {k: v for k, v in assets["models"][case.size].items() if k in MODEL_KEYS}}  # fmt: skip
     repeats: list[list[dict]] = [[] for _ in case.runs]  # per run: one record per repeat
     for repeat in range(args.repeats):
@@ -587,7 +609,12 @@ def main() -> int:
     )
     parser.add_argument("--update-readme", metavar="FILE", help="put the table between the benchmark markers")
     parser.add_argument("--from-results", action="store_true", help="re-render results/results.json only")
+    parser.add_argument(
+        "--merge", action="store_true", help="with --only: replace those cases in results/results.json, keep the rest"
+    )
     args = parser.parse_args()
+    if args.merge and not args.only:
+        parser.error("--merge replaces the --only cases in results.json; name them with --only")
     if args.from_results:
         results = json.loads((RESULTS / "results.json").read_text())
         try:
@@ -619,6 +646,12 @@ def main() -> int:
         "peers": {f"trl-{PEERS[peer]}": versions for peer, (_, versions) in peers.items()},
         "cases": [run_case(name, CASES[name], assets, peers, args, gflops) for name in names],
     }
+    if args.merge:
+        try:
+            results = merged(json.loads((RESULTS / "results.json").read_text()), results)
+        except (OSError, ValueError) as error:
+            (RESULTS / "results.new.json").write_text(json.dumps(results, indent=1) + "\n")
+            parser.exit(2, f"{parser.prog}: --merge: {error}; this run is in {RESULTS / 'results.new.json'}\n")
     write_results(results, args.update_readme)
     return 1 if any("error" in run for case in results["cases"] for run in case["runs"]) else 0
 

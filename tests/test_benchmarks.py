@@ -293,3 +293,28 @@ def test_run_case_interleaves_repeats_and_renders_from_results(monkeypatch, tmp_
     with pytest.raises(SystemExit) as exit_info:
         run.main()
     assert exit_info.value.code == 2
+
+
+def test_merge_replaces_the_rerun_cases_and_keeps_the_rest(monkeypatch):
+    run = _run_module(monkeypatch)
+    machine = {"cpu": "CPU", "cores": 2, "threads": 2, "peak_fp32_gflops": 1.0, "torch": "2", "date": "day 1"}
+
+    def results(date: str, names: list[str], repeats: int = 3) -> dict:
+        return {"format": measure.RESULTS_FORMAT, "quick": False, "steps": 6, "repeats": repeats,
+                "machine": machine | {"date": date}, "peers": {"trl-1.16.0": {"trl": "1.16.0", "transformers": "5"}},
+                "cases": [{"name": n, "steps": 6, "runs": [], "tag": date} for n in names]}  # fmt: skip
+
+    old = results("day 1", ["ppo32", "grpo", "grpo-110m"])
+    new = results("day 2", ["grpo-110m", "ppo32-25m"])
+    for case in new["cases"]:
+        case["date"] = "day 2"
+    both = run.merged(old, new)
+    assert [(c["name"], c["tag"]) for c in both["cases"]] == [
+        ("ppo32", "day 1"),
+        ("grpo", "day 1"),
+        ("ppo32-25m", "day 2"),
+        ("grpo-110m", "day 2"),
+    ]  # CASES order; the re-run grpo-110m replaced, ppo32-25m added
+    assert "day 1 (ppo32, grpo); day 2 (ppo32-25m, grpo-110m)." in run.caption(both)
+    with pytest.raises(ValueError, match="other repeats"):
+        run.merged(old, results("day 2", ["grpo"], repeats=1))
