@@ -71,6 +71,22 @@ class LossAggregation(StrEnum):
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
+class PolicyObjective(StrEnum):
+    """What the policy loss does with the importance ratio ρ (`rlhf.core.losses.clipped_policy_loss`)."""
+
+    CLIP = "clip"  # PPO's clipped surrogate (Schulman et al. 2017): tokens past the clip pass no gradient
+    CISPO = "cispo"  # MiniMax-M1 (2025): the weight sg(min(ρ, 1 + ε_high)) on log π; every token passes gradient
+    SAPO = "sapo"  # Soft Adaptive Policy Optimization (2025): a sigmoid gate in place of the hard clip
+
+
+class ImportanceLevel(StrEnum):
+    """Where the ratio lives (TRL ``importance_sampling_level``): each token's own, or one per sequence (GSPO)."""
+
+    TOKEN = "token"  # ρ_t = π(y_t) / π_old(y_t)
+    SEQUENCE = "sequence"  # GSPO: s = exp(mean_t log ρ_t), one per sequence, its gradient through the mean
+    SEQUENCE_TOKEN = "sequence_token"  # GSPO-token: the value of s, the gradient of each token's own log π
+
+
 class MissingEosPenalty(StrEnum):
     """How a score is penalised when its response has no stop token (checklist item 5)."""
 

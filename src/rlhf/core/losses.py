@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlhf.core.choices import LossAggregation
+from rlhf.core.choices import ImportanceLevel, LossAggregation, PolicyObjective
 from rlhf.core.kl import KLEstimator, kl_estimate
 from rlhf.core.masked import masked_mean, masked_sum, masked_var
 
@@ -110,6 +110,77 @@ def _per_token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch
     return advantages.unsqueeze(-1).expand_as(like) if advantages.dim() == 1 else advantages
 
 
+def importance_log_ratio(
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: ImportanceLevel | str = "token"
+) -> torch.Tensor:
+    """``log ρ`` (B, T) at ``level`` (:class:`ImportanceLevel`), 0 at masked positions.
+
+    ``token``: ``log ρ_t = logp_t − old_t``. ``sequence`` (GSPO, Zheng et al. 2025, eq. 7): one ratio per sequence,
+    ``log s = Σ_t m_t (logp_t − old_t) / Σ_t m_t`` — the geometric mean of the token ratios, so its size does not
+    grow with the length — broadcast to the sequence's tokens; its gradient flows through the mean (TRL
+    ``importance_sampling_level: sequence``). ``sequence_token`` (GSPO-token, eq. 13): the same value,
+    ``log s_t = sg(log s) + logp_t − sg(logp_t)``, whose gradient is each token's own ∇log π_t (verl's ``gspo``); with
+    one advantage per sequence and ``seq-mean-token-mean`` both give GSPO's gradient. Inputs must already be 0 where
+    masked (as :func:`clipped_policy_loss` makes them); an empty row has ratio 1.
+    """
+    log_ratio = logp - old_logp
+    level = ImportanceLevel(level)
+    if level == ImportanceLevel.TOKEN:
+        return log_ratio
+    m = mask.to(log_ratio.dtype)
+    per_sequence = ((log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)).expand_as(logp)
+    if level == ImportanceLevel.SEQUENCE:
+        return per_sequence * m
+    return (per_sequence.detach() + logp - logp.detach()) * m
+
+
+def _clip_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # PPO: max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high)); a token past its side of the clip passes no gradient
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    with torch.no_grad():
+        below, above = (ratio < 1.0 - low) & (adv < 0), (ratio > 1.0 + high) & (adv > 0)
+        stats = _clip_stats(pg2 > pg1, below, above, mask, ratio.dtype)
+    return torch.maximum(pg1, pg2), stats
+
+
+def _cispo_surrogate(
+    ratio: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, high: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # CISPO: −sg(min(ρ, 1+ε_high))·A·log π — the weight is capped, the token's gradient A·w·∇log π never dropped
+    weight = torch.clamp(ratio, max=1.0 + high).detach()
+    with torch.no_grad():
+        capped = ratio > 1.0 + high
+        stats = _clip_stats(capped, torch.zeros_like(capped), capped & (adv > 0), mask, ratio.dtype)
+    return -weight * adv * logp, stats
+
+
+def _sapo_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, temperatures: tuple[float, float]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # SAPO: −(4/τ)·σ(τ(ρ−1))·A, τ = τ_pos for A > 0 else τ_neg. Its gradient is the plain −A·ρ·∇log π times the
+    # gate 4σ(1−σ) (1 at ρ = 1, falling smoothly as ρ leaves 1): a soft trust region instead of a hard clip.
+    tau = torch.where(adv > 0, ratio.new_tensor(temperatures[0]), ratio.new_tensor(temperatures[1]))
+    sig = torch.sigmoid(tau * (ratio - 1.0))
+    with torch.no_grad():
+        damped = 4.0 * sig * (1.0 - sig) < 0.5  # the gate passes less than half the gradient
+        stats = _clip_stats(damped, damped & (ratio < 1), damped & (ratio > 1), mask, ratio.dtype)
+    return -(4.0 / tau) * sig * adv, stats
+
+
+def _clip_stats(
+    clipped: torch.Tensor, low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    return {
+        "clipfrac": masked_mean(clipped.to(dtype), mask),
+        "clip_ratio/low": masked_mean(low.to(dtype), mask),
+        "clip_ratio/high": masked_mean(high.to(dtype), mask),
+        "clip_ratio/region": masked_mean((low | high).to(dtype), mask),
+    }
+
+
 def clipped_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -123,66 +194,75 @@ def clipped_policy_loss(
     kl_coef: float = 0.0,
     clipped: bool = True,
     is_weights: torch.Tensor | None = None,
+    objective: PolicyObjective | str = "clip",
+    importance_level: ImportanceLevel | str = "token",
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate per token, optionally asymmetric (clip-higher), dual-clipped, importance-weighted and
-    with a KL term.
+    """The policy's surrogate loss per token — PPO's clip, CISPO's clipped weight or SAPO's soft gate — on token or
+    sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term.
 
-    ``ρ = exp(logp − old_logp)``;  ``pg1 = −A·ρ``;  ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``;
-    ``ℓ = max(pg1, pg2)``  (= −min(ρA, clip(ρ)A), TRL's ``coef_1``/``coef_2`` form);
-    dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games", c > 1): for A < 0,
-    ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl
-    ``compute_policy_loss`` clip_ratio_c);
-    importance weights w (the sampler/trainer correction, `rlhf.core.mismatch.importance_weights`): ``ℓ = w·ℓ``,
-    before the KL term (TRL's order);
-    KL in the loss (GRPO): ``ℓ += β · k3``, ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via
-    ``rlhf.core.kl``; the only estimator TRL puts in the loss: grpo_trainer L3069-3076, L3120-3121). Its
-    gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
+    ``ρ = exp(log ρ)`` with ``log ρ`` from :func:`importance_log_ratio` at ``importance_level``. By ``objective``:
+
+    - ``clip``: ``pg1 = −A·ρ``; ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``; ``ℓ = max(pg1, pg2)`` (= −min(ρA,
+      clip(ρ)A), TRL's ``coef_1``/``coef_2`` form); dual clip (Ye et al. 2020, c > 1): for A < 0,
+      ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl clip_ratio_c).
+    - ``cispo`` (MiniMax-M1, Chen et al. 2025): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``; no lower bound (the paper
+      sets ε_low so large it never acts; TRL caps at ``epsilon_high`` = our 1 + ε_high). Its gradient
+      ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
+    - ``sapo`` (Gao et al. 2025): ``ℓ = −(4/τ)·σ(τ(ρ−1))·A``, τ = ``sapo_temperatures[0]`` for A > 0 else ``[1]``.
+
+    Then the weights w (the sampler correction, `rlhf.core.mismatch.importance_weights`, and the entropy and
+    off-policy masks): ``ℓ = w·ℓ``, before the KL term (TRL's order); KL in the loss (GRPO): ``ℓ += β · k3``,
+    ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via ``rlhf.core.kl``; TRL grpo_trainer
+    L3069-3076). Its gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
 
     Args:
         logp, old_logp: ``(B, T)`` log-probs of the sampled tokens under the current / rollout policy.
         advantages: ``(B, T)`` or ``(B,)``; treated as constants by the caller (detach them).
         mask: ``(B, T)``; the returned loss is exactly 0 at masked positions.
-        clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28.
-        dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0).
+        clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28; CISPO uses
+            ε_high only (ScaleRL and TRL recommend a cap of 5, ε_high = 4).
+        dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0); ``clip`` only.
         ref_logp, kl_coef: optional ``(B, T)`` reference-policy log-probs and β; no KL term when None.
-        clipped: False gives the vanilla policy-gradient loss ``ℓ = pg1 = −A·ρ`` (no clip, no dual clip; the KL
-            term as above), the warm-up objective of ``warmup_pg_steps``. Its gradient is ``−A·ρ·∇logp``: at
-            ρ = 1 (the first pass over a rollout) exactly REINFORCE with the advantages' baseline, on later
-            passes the importance-weighted policy gradient. The stats are the same, so ``clipfrac`` tells
-            how much the clip would have acted.
+        clipped: False gives the vanilla policy-gradient loss ``ℓ = −A·ρ`` whatever the objective (the KL term
+            as above), the warm-up objective of ``warmup_pg_steps``. Its gradient is ``−A·ρ·∇logp``: at ρ = 1 (the
+            first pass over a rollout) exactly REINFORCE with the advantages' baseline. The stats are the same,
+            so ``clipfrac`` tells how much the objective would have acted.
         is_weights: optional ``(B, T)`` weights of the surrogate, without gradient.
+        objective, importance_level: :class:`PolicyObjective`, :class:`ImportanceLevel`.
+        sapo_temperatures: (τ_pos, τ_neg), TRL's defaults (1.0, 1.05).
 
     Returns:
-        ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means
-        over this batch, detached: ``clipfrac`` = mean(pg2 > pg1) (OAI train_policy.py L355, TRL ppo_trainer
-        L852-854; CleanRL's |ρ−1| > ε differs, reference 2-E 0.4 vs 0.8), ``approx_kl`` = ½·mean((logp −
-        old_logp)²) (OAI L360, TRL L857), ``clip_ratio/low`` (ρ < 1−ε_low and A < 0), ``clip_ratio/high``
-        (ρ > 1+ε_high and A > 0), ``clip_ratio/region`` (either; TRL grpo_trainer), and when used
-        ``clip_ratio/dual`` (the −c·A cap is active) and ``kl`` (mean k3).
-        Vectors: reference 2-E, 2-K.
+        ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means over
+        this batch's tokens, detached. ``clipfrac``: the tokens whose gradient the objective drops or damps —
+        ``clip``: pg2 > pg1 (OAI train_policy.py L355, TRL ppo_trainer L852-854; CleanRL's |ρ−1| > ε differs,
+        reference 2-E 0.4 vs 0.8); ``cispo``: ρ > 1+ε_high (their weight capped; none is dropped); ``sapo``: the
+        gate 4σ(1−σ) below ½. ``clip_ratio/low`` / ``clip_ratio/high``: ``clip`` ρ < 1−ε_low with A < 0 / ρ >
+        1+ε_high with A > 0 (TRL grpo_trainer); ``cispo`` 0 / capped with A > 0 (TRL's ``cispo_clip_ratio``);
+        ``sapo`` damped with ρ < 1 / ρ > 1; ``clip_ratio/region`` either. Under a sequence level a sequence's
+        tokens share its ratio, so these count the tokens of the sequences concerned. ``approx_kl`` = ½·mean((logp
+        − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used ``clip_ratio/dual`` (the −c·A cap
+        is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K; tests/core/test_losses.py.
     """
+    objective = PolicyObjective(objective)
     eps_high = clip_low if clip_high is None else clip_high
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it caps the loss at -c*A for A < 0), got {dual_clip}")
+    if dual_clip is not None and (dual_clip <= 1.0 or objective != PolicyObjective.CLIP):
+        why = "caps the loss at -c*A for A < 0" if dual_clip <= 1.0 else f"is a cap of the clip, not of {objective}"
+        raise ValueError(f"dual_clip must be > 1 with objective 'clip' (it {why}), got {dual_clip}")
     logp = _neutral(logp, mask)
     old_logp = _neutral(old_logp, mask)
     adv = _neutral(_per_token_advantages(advantages, logp), mask)
 
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
-    pg1 = -adv * ratio
-    pg2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + eps_high)
-    per_token = torch.maximum(pg1, pg2) if clipped else pg1
+    ratio = torch.exp(importance_log_ratio(logp, old_logp, mask, importance_level))
+    if objective == PolicyObjective.CLIP:
+        surrogate, stats = _clip_surrogate(ratio, adv, mask, clip_low, eps_high)
+    elif objective == PolicyObjective.CISPO:
+        surrogate, stats = _cispo_surrogate(ratio, logp, adv, mask, eps_high)
+    else:
+        surrogate, stats = _sapo_surrogate(ratio, adv, mask, sapo_temperatures)
+    per_token = surrogate if clipped else -adv * ratio
     with torch.no_grad():
-        stats = {
-            "clipfrac": masked_mean((pg2 > pg1).to(logp.dtype), mask),
-            "approx_kl": 0.5 * masked_mean(log_ratio**2, mask),
-        }
-        low = (ratio < 1.0 - clip_low) & (adv < 0)
-        high = (ratio > 1.0 + eps_high) & (adv > 0)
-        stats["clip_ratio/low"] = masked_mean(low.to(logp.dtype), mask)
-        stats["clip_ratio/high"] = masked_mean(high.to(logp.dtype), mask)
-        stats["clip_ratio/region"] = masked_mean((low | high).to(logp.dtype), mask)
+        stats["approx_kl"] = 0.5 * masked_mean((logp - old_logp) ** 2, mask)
     if dual_clip is not None and clipped:
         # Without the cap, ρ → ∞ on A < 0 gives an unbounded loss (ρ is not clipped from above for A < 0).
         cap = -dual_clip * adv
@@ -199,6 +279,38 @@ def clipped_policy_loss(
             stats["kl"] = masked_mean(kl, mask)
         per_token = per_token + kl_coef * kl
     return _neutral(per_token, mask), stats
+
+
+def off_policy_mask(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (its eq. 9; TRL ``off_policy_mask_threshold``): ``(B, T)`` bool, False
+    on the tokens of a sequence whose policy has drifted from the one that sampled it — the mean over its tokens
+    of ``behaviour_logp − logp`` (a KL estimate, detached) above ``threshold`` — where the advantage is negative.
+    A drifted sample with a positive advantage still teaches; pushing down one the current policy would hardly
+    produce any more is what destabilises. ``behaviour_logp``: the sampler's log-probs when the engine reports
+    them, else the rollout's old ones. ``advantages`` (B,) or (B, T). False at masked positions."""
+    m = mask.to(logp.dtype)
+    drift = (_neutral(behaviour_logp, mask) - _neutral(logp.detach(), mask)) * m
+    mean_drift = drift.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+    adv = _per_token_advantages(advantages, logp)
+    return mask.bool() & ((adv >= 0) | (mean_drift <= threshold))
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The tokens of the highest entropy, ``(B, T)`` bool: those at or above the ``1 − quantile`` quantile (linear
+    interpolation, as ``torch.quantile``) of ``entropy`` over the masked tokens (Wang et al. 2025, "Beyond the
+    80/20 rule": training on the top 20 % "forking" tokens alone matches or beats all tokens; TRL
+    ``top_entropy_quantile``). ``quantile`` 1 keeps every token, 0 only the highest. A sort rather than
+    ``torch.quantile``, which refuses more than 2²⁴ elements."""
+    values = entropy[mask.bool()].sort().values
+    if values.numel() == 0:
+        return torch.zeros_like(mask, dtype=torch.bool)
+    position = (1.0 - quantile) * (values.numel() - 1)
+    lower = values[int(position)]
+    upper = values[min(int(position) + 1, values.numel() - 1)]
+    threshold = lower + (upper - lower) * (position - int(position))
+    return mask.bool() & (entropy >= threshold)
 
 
 def clipped_value_loss(
