@@ -498,11 +498,42 @@ def test_defaults_follow_the_references() -> None:
     )  # fmt: skip
     grpo = config_from_dict("grpo", REQUIRED["grpo"])
     assert (grpo.grpo.group_size, grpo.kl.coef, grpo.sampling.temperature, grpo.grpo.num_iterations) == (8, 0.0, 1.0, 1)
-    assert (grpo.grpo.scale_rewards, grpo.grpo.loss_aggregation, grpo.grpo.clip_range_high) == (
+    assert (grpo.grpo.scale_rewards, grpo.grpo.loss_type, grpo.loss_aggregation, grpo.grpo.clip_range_high) == (
         "auto",
+        "dapo",  # TRL's default: the clip, token-mean
         "token-mean",
         None,
     )
+    assert (grpo.grpo.importance_sampling_level, grpo.grpo.top_entropy_quantile) == ("token", 1.0)
+    assert (grpo.grpo.sapo_temperature_pos, grpo.grpo.sapo_temperature_neg) == (1.0, 1.05)  # TRL's
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "objective", "aggregation", "clip_high"),
+    [
+        ("dapo", "clip", "token-mean", 0.2),
+        ("bnpo", "clip", "token-mean", 0.2),
+        ("grpo", "clip", "seq-mean-token-mean", 0.2),
+        ("dr_grpo", "clip", "seq-mean-token-sum-norm", 0.2),
+        ("cispo", "cispo", "token-mean", 4.0),  # a cap of 5 unless clip_range_high says otherwise
+        ("sapo", "sapo", "seq-mean-token-mean", 0.2),
+    ],
+)
+def test_grpo_loss_types_translate_trls(loss_type, objective, aggregation, clip_high) -> None:
+    grpo = config_from_dict("grpo", REQUIRED["grpo"] | {"grpo": {"loss_type": loss_type}})
+    assert (grpo.policy_objective, grpo.loss_aggregation, grpo.clip_range_upper) == (objective, aggregation, clip_high)
+    explicit = config_from_dict(
+        "grpo", REQUIRED["grpo"] | {"grpo": {"loss_type": loss_type, "loss_aggregation": "seq-mean-token-sum"}}
+    )
+    assert explicit.loss_aggregation == "seq-mean-token-sum"  # verl's loss_agg_mode overrides
+    assert (
+        config_from_dict(
+            "grpo", REQUIRED["grpo"] | {"grpo": {"loss_type": loss_type, "clip_range_high": 0.28}}
+        ).clip_range_upper
+        == 0.28
+    )
+    ppo = config_from_dict("ppo", REQUIRED["ppo"] | {"ppo": {"loss_type": "cispo"}})
+    assert (ppo.policy_objective, ppo.loss_aggregation, ppo.clip_range_upper) == ("cispo", "token-mean", 4.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ def test_readme_names_every_ppo_field_and_metric():
         "policy/entropy",
         "policy/clipfrac",
         "policy/approx_kl",
+        "policy/entropy_masked_fraction",
+        "policy/off_policy_masked",
         "value/loss",
         "value/clipfrac",
         "value/explained_variance",

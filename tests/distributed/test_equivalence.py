@@ -78,15 +78,28 @@ def test_ppo_fsdp_with_a_reward_model_equals_one_process(tiny_llama_dir, tiny_re
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
-@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
-def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, lora):
-    """Also with LoRA: only the adapters train and synchronise; the reference is the adapter switched off."""
+GRPO_VARIANTS = {
+    "full": {},
+    "lora": {"model.lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+    "variants": {"grpo.loss_type": "cispo", "grpo.importance_sampling_level": "sequence_token",
+                 "grpo.top_entropy_quantile": 0.5, "grpo.off_policy_mask_threshold": 0.001},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(GRPO_VARIANTS))
+def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, variant):
+    """Also with LoRA (only the adapters train and synchronise; the reference is the adapter switched off), and with
+    the variants whose masks span the batch: the entropy mask is chosen over every rank's rows, the off-policy mask
+    (acting in the second iteration) per sequence, so neither depends on the number of ranks."""
     config = rl_config("grpo", tiny_llama_dir, prompts, **{
         "batch.size": 4, "grpo.group_size": 4, "grpo.num_iterations": 2, "kl.coef": 0.05, "batch.micro_size": 2,
-        "model.lora": lora,
-    })  # fmt: skip
+    } | GRPO_VARIANTS[variant])  # fmt: skip
     one_rows, one_grads = run("grpo", config, tmp_path / "one")
     two_rows, two_grads = run("grpo", config, tmp_path / "two", torchrun())
+    if variant == "variants":  # both masks acted
+        train = [row for row in one_rows if "policy/loss" in row]
+        assert all(row["policy/entropy_masked_fraction"] > 0.4 for row in train)
+        assert any(row["policy/off_policy_masked"] > 0 for row in train), train
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)

@@ -113,6 +113,7 @@ FAILURES = {
     "length_to_one": (setter("response/length_mean", lambda s, r: 1.0 if s >= 41 else None), 45),
     "eos_vanishing": (setter("response/eos_rate", lambda s, r: 0.05 if s >= 41 else None), 45),
     "grad_spike": (setter("grad/norm", lambda s, r: 40.0 if s == 60 else None), 60),
+    "off_policy_masked_high": (setter("policy/off_policy_masked", lambda s, r: 0.5 if s >= 41 else 0.02), 43),
     "over_optimisation": (lambda s, r: r.update({"reward/gold/mean": 1.6 - 0.05 * (s - 40) + r["reward/gold/mean"] - 0.04 * s,
                                                  "reward/mean": 2.0 + 0.05 * (s - 40)}) if s > 40 else None, 41),
 }  # fmt: skip
@@ -137,6 +138,14 @@ def test_no_group_signal_and_grpo_on_policy_updates():
     )
     found = fired(History(rows, grpo))
     assert found == {"no_group_signal": [(15, 30)]}  # on-policy: a zero clipfrac is by design, not "nothing moves"
+
+
+def test_no_clipfrac_alarm_under_cispo_where_no_gradient_is_cut():
+    # the same high clip fraction that names clipfrac_high under PPO's clip counts capped weights under CISPO
+    change = setter("policy/clipfrac", lambda s, r: 0.45 if s >= 41 else None)
+    assert "clipfrac_high" in fired(run(80, 1, change=change))
+    cispo = PPO_CONFIG | {"ppo": PPO_CONFIG["ppo"] | {"loss_type": "cispo"}}
+    assert fired(run(80, 1, config=cispo, change=change)) == {}
 
 
 def test_supervised_rules():

@@ -186,6 +186,10 @@ def test_metrics_samples_and_final_directory(tiny_llama_dir, prompts_file, tmp_p
         {"ppo.whiten_rewards": True},
         {"ppo.score_position": "eos"},
         {"batch.micro_size": 2, "kl.estimator": "k3"},
+        {"ppo.loss_type": "cispo"},
+        {"ppo.loss_type": "sapo", "ppo.importance_sampling_level": "sequence_token"},
+        {"ppo.importance_sampling_level": "sequence", "ppo.top_entropy_quantile": 0.2},
+        {"batch.micro_size": 2, "ppo.top_entropy_quantile": 0.2, "ppo.off_policy_mask_threshold": 1e-4},
     ],
     ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
 )
@@ -207,6 +211,10 @@ def test_variants_run(tiny_llama_dir, prompts_file, tmp_path, ragged, overrides)
             assert row["reward/score_mean"] == 1.0
         if overrides.get("kl.add_to") == "loss":
             assert row["reward/non_score_mean"] == 0.0  # no KL in the rewards
+        if "ppo.top_entropy_quantile" in overrides:  # from the fused first forward or the rollout's pass
+            assert row["policy/entropy_masked_fraction"] == pytest.approx(0.8, abs=0.1)
+    if "ppo.off_policy_mask_threshold" in overrides:  # 4 epochs: the later ones see a moved policy
+        assert any(row["policy/off_policy_masked"] > 0 for row in rows)
     coefs = [row["kl/coef"] for row in rows]
     if "kl.control" in overrides:
         assert coefs[0] != 0.05 and coefs[1] != coefs[0] and all(c > 0 for c in coefs)
@@ -466,13 +474,21 @@ def run_recording_gradients(config, clipped_gradients: list[torch.Tensor]) -> tu
     return final, list(clipped_gradients)
 
 
-@pytest.mark.parametrize("split", [{"batch.micro_size": 1}, {"batch.micro_tokens": 40}], ids=["rows", "tokens"])
+@pytest.mark.parametrize(
+    "split",
+    [{"batch.micro_size": 1}, {"batch.micro_tokens": 40}, {"batch.micro_size": 1, "ppo.top_entropy_quantile": 0.5}],
+    ids=["rows", "tokens", "rows-entropy-mask"],
+)
 def test_micro_batching_gives_the_same_update(
     tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, split, clipped_gradients, adam_steps
 ):
     # one optimizer step on one minibatch of 8 ragged responses: in one pass, or in 8 micro-batches of 1, or in
-    # micro-batches of at most 40 tokens (longest rows first), each cut to its own longest row
-    fields = {"ppo.steps": 1, "ppo.epochs": 1, "ppo.num_minibatches": 1}
+    # micro-batches of at most 40 tokens (longest rows first), each cut to its own longest row. With the entropy
+    # mask, the whole minibatch's entropies come from the fused first forward, the micro-batches' from the
+    # rollout's pass: the same tokens are chosen.
+    variant = {key: value for key, value in split.items() if key.startswith("ppo.")}
+    split = {key: value for key, value in split.items() if key.startswith("batch.")}
+    fields = {"ppo.steps": 1, "ppo.epochs": 1, "ppo.num_minibatches": 1} | variant
     whole, whole_grads = run_recording_gradients(
         make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields), clipped_gradients
     )

@@ -23,7 +23,17 @@ from rlhf.config.sections import (
     _check_divides,
     _check_sources,
 )
-from rlhf.core.choices import DPOLoss, GroupEstimator, LossAggregation, ScoreConvention
+from rlhf.core.choices import DPOLoss, GroupEstimator, ImportanceLevel, LossAggregation, ScoreConvention
+
+# TRL's GRPO `loss_type`: the aggregation each one reduces the per-token loss with (its objective: cispo and sapo
+# their own, the others PPO's clip); PPO's own loss types aggregate by token-mean.
+_LOSS_TYPE_AGGREGATION = {
+    "dapo": "token-mean", "bnpo": "token-mean", "cispo": "token-mean",
+    "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm", "ppo": "token-mean",
+}  # fmt: skip
+CISPO_CLIP_RANGE_HIGH = 4.0
+"""ε_high under ``loss_type: cispo`` when clip_range_high is unset: weights capped at 5 (ScaleRL's and TRL's advice)."""
 
 # How each estimator scales its advantages when `scale_rewards` is "auto".
 _ESTIMATOR_SCALING = {"grpo": "group", "dr_grpo": "none", "rloo": "none", "reinforce_pp": "batch"}
@@ -101,6 +111,16 @@ class PolicyGradientSection:
     """Normalise advantages to mean 0 and variance 1 over the batch's response tokens (grpo: again, after the group-relative ones)."""
     warmup_pg_steps: NonNegativeInt = 0
     """Vanilla policy-gradient warm-up: the first N steps use the unclipped loss −A·ratio (REINFORCE with the advantages' baseline; same rollouts, advantages, KL and logging), then the clipped surrogate takes over; 0 = clipped from the start. Logged as policy/clipped (0 or 1)."""
+    importance_sampling_level: ImportanceLevel = ImportanceLevel.TOKEN
+    """The ratio the objective clips (TRL's name): token (each token's own), sequence (GSPO: one per sequence, the geometric mean of its token ratios, clipped as a whole; the paper pairs it with the per-sequence mean, grpo.loss_type grpo, and a far tighter clip, clip_range 3e-4 / clip_range_high 4e-4), sequence_token (GSPO-token: the sequence's value, each token's own gradient, for per-token advantages)."""
+    sapo_temperature_pos: Positive = 1.0
+    """τ of SAPO's gate for tokens with a positive advantage (loss_type sapo; TRL's default)."""
+    sapo_temperature_neg: Positive = 1.05
+    """τ of SAPO's gate for tokens with a zero or negative advantage (loss_type sapo; a little steeper: negative updates are the ones that destabilise)."""
+    top_entropy_quantile: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """ρ of "Beyond the 80/20 rule" (Wang et al. 2025; TRL's name): the policy loss only on the share ρ of response tokens with the highest entropy under the policy that sampled them, chosen over the whole rollout batch (the KL term stays on every token); 0.2 is the paper's; 1 = every token. Under grpo with one update per rollout this costs the policy's no-grad pass it otherwise skips. Logged as policy/entropy_masked_fraction."""
+    off_policy_mask_threshold: Positive | None = None
+    """δ of DeepSeek-V3.2's off-policy sequence mask (TRL's name): a sequence whose mean per-token log π_behaviour − log π over its tokens exceeds δ leaves the loss on its negative-advantage tokens (the behaviour policy: the sampler's log-probs when the engine reports them, else the rollout's); e.g. 0.5; None = off. Logged as policy/off_policy_masked."""
 
 
 @section
@@ -109,6 +129,8 @@ class PPOSection(PolicyGradientSection):
 
     epochs: Count = 4
     """Passes over each rollout batch."""
+    loss_type: Literal["ppo", "cispo", "sapo"] = "ppo"
+    """The policy objective: ppo (the clipped surrogate), cispo (MiniMax-M1: the importance weight capped at 1 + clip_range_high, 5 unless set, and never a token's gradient dropped), sapo (a smooth gate, sapo_temperature_pos/neg, instead of the hard clip). Aggregated by token-mean."""
     whiten_rewards: bool = False
     """Rescale the per-token rewards of the batch to unit variance (mean kept) before GAE."""
     critic: Literal["auto", "shared", "separate"] = "auto"
@@ -137,8 +159,10 @@ class GRPOSection(PolicyGradientSection):
     """Advantage estimator: grpo (r − group mean, / group std), dr_grpo (r − group mean), rloo (leave-one-out baseline), reinforce_pp (r − group mean, / batch std)."""
     scale_rewards: Literal["auto", "group", "batch", "none"] = "auto"
     """Divisor of grpo's advantages: group std, batch std or none; auto = the estimator's own. Other estimators fix their own scaling, so only 'auto' is allowed with them."""
-    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
-    """Reduction of the per-token loss: token-mean (all tokens of the batch), seq-mean-token-mean (GRPO paper), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / max_new_tokens)."""
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo"] = "dapo"
+    """TRL's loss_type: the objective and its aggregation. dapo (the clip; token-mean over the minibatch's tokens on all ranks), bnpo (the same here: TRL's normalises by each device's micro-batch, ours by the minibatch), grpo (the clip; seq-mean-token-mean), dr_grpo (the clip; seq-mean-token-sum-norm), cispo (MiniMax-M1: the importance weight capped at 1 + clip_range_high, 5 unless set, every token's gradient kept; token-mean), sapo (a smooth gate, sapo_temperature_pos/neg, instead of the clip; seq-mean-token-mean)."""
+    loss_aggregation: LossAggregation | None = None
+    """Reduction of the per-token loss, overriding loss_type's (verl's loss_agg_mode): token-mean (all tokens of the minibatch), seq-mean-token-mean (GRPO paper), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / max_new_tokens); None = loss_type's."""
     num_iterations: Count = 1
     """μ, passes over each sampled batch (1 = on-policy: the ratio is exactly 1 and clipping never applies)."""
     overlong_buffer: NonNegativeInt = 0
@@ -311,8 +335,21 @@ class PolicyGradientConfig(TrainingConfig):
 
     @property
     def clip_range_upper(self) -> float:
-        """ε_high: clip_range_high, or clip_range when it is None."""
-        return self.algorithm.clip_range_high or self.algorithm.clip_range  # clip_range_high is None or > 0
+        """ε_high: clip_range_high, or when it is None clip_range (cispo: :data:`CISPO_CLIP_RANGE_HIGH`)."""
+        if self.algorithm.clip_range_high is not None:
+            return self.algorithm.clip_range_high
+        return CISPO_CLIP_RANGE_HIGH if self.algorithm.loss_type == "cispo" else self.algorithm.clip_range
+
+    @property
+    def policy_objective(self) -> str:
+        """The objective of the policy loss (`rlhf.core.choices.PolicyObjective`): cispo, sapo, else the clip."""
+        return self.algorithm.loss_type if self.algorithm.loss_type in ("cispo", "sapo") else "clip"
+
+    @property
+    def loss_aggregation(self) -> str:
+        """How the per-token policy loss is reduced: grpo.loss_aggregation when set, else the loss type's."""
+        explicit = getattr(self.algorithm, "loss_aggregation", None)
+        return str(explicit) if explicit is not None else _LOSS_TYPE_AGGREGATION[self.algorithm.loss_type]
 
     @property
     def num_sequences(self) -> int:

@@ -455,15 +455,34 @@ def value_clip_saturated(h: History) -> str | None:
 
 @warning(
     ("policy/clipfrac",),
-    threshold="> 0.3 for 5 steps",
+    threshold="> 0.3 for 5 steps (not under loss_type cispo, which cuts no gradient)",
     reason="PPO's clip is a brake; hitting it on a third of the tokens means each update tries to go too far",
     diagnosis="the updates are too large: the clip cuts a large share of the tokens",
     fix="lower optim.learning_rate, ppo.epochs / grpo.num_iterations, or raise num_minibatches",
     hold=7,
 )
 def clipfrac_high(h: History) -> str | None:
+    # CISPO caps a token's importance weight and keeps its gradient: its clipfrac counts capped weights, no
+    # gradient is cut, and ratios far past the cap show in approx_kl_high instead
+    if _algorithm(h).get("loss_type") == "cispo":
+        return None
     last = _each(h, "policy/clipfrac", 5, lambda v: v > 0.3)
     return f"policy/clipfrac {last[-1]:.2f} (> 0.3 for the last 5 steps)" if last else None
+
+
+@warning(
+    ("policy/off_policy_masked",),
+    threshold="> 0.3 for 3 steps",
+    reason="the off-policy mask is a guard for a few stale sequences; when it leaves out a third of the tokens the "
+    "later updates mostly learn from the positive half of the batch",
+    diagnosis="many sequences have drifted past off_policy_mask_threshold from the policy that sampled them",
+    fix="lower optim.learning_rate or num_iterations / ppo.epochs; if the sampler's log-probs differ from the "
+    "trainer's (rollout/logprob_diff_mean), raise off_policy_mask_threshold",
+    hold=5,
+)
+def off_policy_masked_high(h: History) -> str | None:
+    last = _each(h, "policy/off_policy_masked", 3, lambda v: v > 0.3)
+    return f"policy/off_policy_masked {last[-1]:.2f} (> 0.3 for the last 3 steps)" if last else None
 
 
 @warning(
@@ -490,8 +509,7 @@ def approx_kl_high(h: History) -> str | None:
 )
 def nothing_moves(h: History) -> str | None:
     # optimizer steps per sampled batch; with one the ratio is exactly 1: clipfrac and approx-KL are 0 by design
-    ppo, grpo = h.setting("ppo"), h.setting("grpo")
-    section = ppo if isinstance(ppo, Mapping) else grpo if isinstance(grpo, Mapping) else {}
+    section = _algorithm(h)
     passes = section.get("epochs", section.get("num_iterations", 1))
     if int(passes) * int(section.get("num_minibatches", 1)) <= 1:
         return None
@@ -499,6 +517,12 @@ def nothing_moves(h: History) -> str | None:
     if clip and kl and max(clip) < 1e-4:
         return f"policy/clipfrac ≤ {max(clip):.2g} and policy/approx_kl ≤ {max(kl):.2g} for the last 10 steps"
     return None
+
+
+def _algorithm(h: History) -> Mapping[str, Any]:
+    """The run's ``ppo`` or ``grpo`` section ({} for other runs)."""
+    ppo, grpo = h.setting("ppo"), h.setting("grpo")
+    return ppo if isinstance(ppo, Mapping) else grpo if isinstance(grpo, Mapping) else {}
 
 
 def _drift(h: History, key: str) -> tuple[float, list[float]]:

@@ -1,5 +1,5 @@
-"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++) with DAPO options: the algorithm `GRPO` inside the
-RL loop of `rlhf.trainers.rl`, read top to bottom from `GRPO`.
+"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++; the objectives of DAPO, GSPO, CISPO and SAPO) with
+DAPO's options: the algorithm `GRPO` inside the RL loop of `rlhf.trainers.rl`, read top to bottom from `GRPO`.
 
 One iteration: (1)-(2) G = ``group_size`` scored responses per prompt (`GRPO.sample`, with dynamic sampling
 `fill_batch`) → (3)-(4) old and reference log-probs, group-relative advantages (`make_rollout`) → (5)
@@ -11,8 +11,9 @@ Conventions (checklist numbers from ``docs/ppo_checklist.md``):
   ``mask_truncated_completions`` responses cut at ``max_new_tokens`` are left out of the loss (they still
   count in their group's mean and std); a sample no reward source could score (NaN) gets advantage 0 and is
   left out of the loss;
-- sequence advantages are broadcast to every token (item 41); the loss is reduced by ``loss_aggregation``
-  with the minibatch's global denominators, so micro-batching does not change the gradient (item 43);
+- sequence advantages are broadcast to every token (item 41); the loss is reduced by the aggregation of
+  ``loss_type`` (or ``loss_aggregation``) with the minibatch's global denominators, so micro-batching does not
+  change the gradient (item 43);
 - iteration 0 keeps the rollout's order and micro-batches: the first minibatch's ratio is exactly 1 (item 34;
   see also `on_policy`);
 - ``reward.aggregation: gdpo``: the estimator still runs on GDPO's normalised advantage, which is already
@@ -169,17 +170,20 @@ def make_rollout(
     B, T = generated.responses.shape
     logprobs = None if on_policy(config, models) else torch.zeros(B, T, device=ids.device)
     ref = torch.zeros(B, T, device=ids.device) if models.reference is not None else None
+    entropy = torch.zeros(B, T, device=ids.device) if config.grpo.top_entropy_quantile < 1 else None
     temperature = config.sampling.temperature
     for rows, inputs, t, real in rl.first_pass(config, generated, config.grpo.group_size, d):
         if logprobs is not None:
-            old = models.old_scores(*inputs, t, temperature).logprobs
+            old = models.old_scores(*inputs, t, temperature, entropy=entropy is not None)
             if real:
-                logprobs[rows, :t] = old
+                logprobs[rows, :t] = old.logprobs
+                if entropy is not None:
+                    entropy[rows, :t] = old.entropy
         if ref is not None:
             reference = models.reference.logprobs(*inputs, t, temperature)
             if real:
                 ref[rows, :t] = reference
-    logprobs, ref = (None if x is None else d.sum(x) for x in (logprobs, ref))
+    logprobs, ref, entropy = (None if x is None else d.sum(x) for x in (logprobs, ref, entropy))
     masks, (logprobs, ref) = rl.response_logprobs(generated, logprobs, ref)
     rewards = sampled.rewards.to(ids.device)
     scored = ~rewards.isnan()
@@ -212,6 +216,9 @@ def make_rollout(
         stats |= rl.kl_stats(logprobs, ref, kl, loss_mask, scored)  # over the loss tokens
     if logprobs is not None:  # else measured by the update's forward (`micro_step`)
         stats |= rl.mismatch_stats(logprobs, generated.sampler_logprobs, loss_mask)
+    keep = rl.entropy_keep(config, entropy, loss_mask)
+    if keep is not None:
+        stats["policy/entropy_masked_fraction"] = 1.0 - keep.sum().item() / max(int(loss_mask.sum()), 1)
     rollout = Rollout(
         query_responses=ids,
         attention_mask=mask,
@@ -219,6 +226,7 @@ def make_rollout(
         ref_logprobs=ref,
         advantages=advantages,
         sampler_logprobs=generated.sampler_logprobs,
+        entropy_keep=keep,
         mask=loss_mask,
     )
     return rollout, stats
@@ -227,8 +235,10 @@ def make_rollout(
 def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
     """One optimizer step per rollout and no reference: the policy has not moved when the loss is computed,
     so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
-    one policy forward less per step, the same update (TRL's GRPO does the same)."""
-    return config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1 and models.reference is None
+    one policy forward less per step, the same update (TRL's GRPO does the same). Not under
+    ``top_entropy_quantile``, whose mask is chosen from that pass's entropies before any update."""
+    one_update = config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1
+    return one_update and models.reference is None and config.grpo.top_entropy_quantile == 1
 
 
 def grpo_update(
@@ -266,21 +276,19 @@ def micro_step(
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
-    sampler = rollout.sampler_at(micro)
-    weights, is_stats = rl.is_weights(config, old_logprobs, sampler, loss_mask)
+    weights, is_stats = rl.surrogate_weights(config, rollout, micro, logprobs, old_logprobs, loss_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         old_logprobs,
         rollout.advantages[rows, :t],
         loss_mask,
-        clip_low=config.grpo.clip_range,
-        clip_high=config.clip_range_upper,
         ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None,
         kl_coef=config.kl.coef,
         clipped=clipped,
         is_weights=weights,
+        **rl.objective_options(config),
     )
-    policy_loss = aggregate(pg, loss_mask, config.grpo.loss_aggregation, **denominators)
+    policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
     share = (loss_mask.sum() / denominators["num_tokens"]).item()  # this micro-batch's share of the tokens
     stats = {
@@ -294,7 +302,7 @@ def micro_step(
         key = "kl/loss_mean" if name == "kl" else name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
     if rollout.logprobs is None:  # on-policy: this forward's own log-probs are the trainer's side of the mismatch
-        is_stats |= rl.mismatch_stats(old_logprobs, sampler, loss_mask)
+        is_stats |= rl.mismatch_stats(old_logprobs, rollout.sampler_at(micro), loss_mask)
     stats |= {key: value if key.endswith("_max") else value * share for key, value in is_stats.items()}
     return policy_loss - config.grpo.entropy_coef * entropy_mean, stats
 

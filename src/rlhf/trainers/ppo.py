@@ -187,22 +187,24 @@ def make_rollout(
     Each rank fills its own rows (`rl.first_pass`; summed over ranks); the rest runs on the whole batch."""
     ids, mask = generated.query_responses, generated.attention_mask
     B, T = generated.responses.shape
-    logprobs, values, ref_logprobs = (torch.zeros(B, T, device=ids.device) for _ in range(3))
-    temperature = config.sampling.temperature
+    logprobs, values, ref_logprobs, entropy = (torch.zeros(B, T, device=ids.device) for _ in range(4))
+    temperature, with_entropy = config.sampling.temperature, config.ppo.top_entropy_quantile < 1
     for rows, inputs, t, real in rl.first_pass(config, generated, 1, d):
         ref = models.reference.logprobs(*inputs, t, temperature)
-        old = None if fused else models.old_scores(*inputs, t, temperature)
+        old = None if fused else models.old_scores(*inputs, t, temperature, entropy=with_entropy)
         if real:
             ref_logprobs[rows, :t] = ref
             if old is not None:
                 logprobs[rows, :t], values[rows, :t] = old.logprobs, old.values
+                if with_entropy:
+                    entropy[rows, :t] = old.entropy
     first = None
     if fused:  # the first update's forward over this rank's rows of the rollout, graph kept
         own = torch.tensor(d.shard(B))
         with torch.enable_grad():
             first = training_forward(config, models, ids[own], mask[own], T)
-        logprobs[own], values[own] = first.logprobs.detach(), first.values.detach()
-    logprobs, values, ref_logprobs = d.sum(logprobs), d.sum(values), d.sum(ref_logprobs)
+        logprobs[own], values[own], entropy[own] = (x.detach() for x in first)
+    logprobs, values, ref_logprobs, entropy = (d.sum(x) for x in (logprobs, values, ref_logprobs, entropy))
     masks, (logprobs, ref_logprobs) = rl.response_logprobs(generated, logprobs, ref_logprobs)
     values = values.masked_fill(masks.padding_mask_p1, 0.0)
     scored = ~scores.isnan()
@@ -219,6 +221,7 @@ def make_rollout(
     advantages, returns = gae(rewards, values, gae_mask, config.ppo.gamma, config.ppo.lam)
     if config.ppo.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
+    keep = rl.entropy_keep(config, entropy if with_entropy else None, policy_mask)
     stats = {
         **rl.kl_stats(logprobs, ref_logprobs, kl, policy_mask, scored),
         **rl.mismatch_stats(logprobs, generated.sampler_logprobs, policy_mask),
@@ -228,6 +231,8 @@ def make_rollout(
         "value/mean": masked_mean(values, value_mask).item(),
         "returns/mean": masked_mean(returns, value_mask).item(),
     }
+    if keep is not None:
+        stats["policy/entropy_masked_fraction"] = 1.0 - keep.sum().item() / max(int(policy_mask.sum()), 1)
     rollout = Rollout(
         query_responses=ids,
         attention_mask=mask,
@@ -235,6 +240,7 @@ def make_rollout(
         ref_logprobs=ref_logprobs,
         advantages=advantages,
         sampler_logprobs=generated.sampler_logprobs,
+        entropy_keep=keep,
         values=values,
         returns=returns,
         policy_mask=policy_mask,
@@ -293,23 +299,23 @@ def micro_step(
         raise RuntimeError(f"the fused first forward covers {shapes}")
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
-    weights, is_stats = rl.is_weights(config, rollout.logprobs[rows, :t], rollout.sampler_at(micro), policy_mask)
+    old = rollout.logprobs[rows, :t]
+    weights, is_stats = rl.surrogate_weights(config, rollout, micro, logprobs, old, policy_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
-        rollout.logprobs[rows, :t],
+        old,
         rollout.advantages[rows, :t],
         policy_mask,
-        clip_low=config.ppo.clip_range,
-        clip_high=config.clip_range_upper,
         ref_logp=ref,
         kl_coef=kl_coef,
         clipped=clipped,
         is_weights=weights,
+        **rl.objective_options(config),
     )
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
     )
-    policy_loss = aggregate(pg, policy_mask, "token-mean", num_tokens=n_policy)
+    policy_loss = aggregate(pg, policy_mask, config.loss_aggregation, num_tokens=n_policy)
     value_loss = aggregate(vf, value_mask, "token-mean", num_tokens=n_value)
     entropy_mean = aggregate(entropy, policy_mask, "token-mean", num_tokens=n_policy)
     share_p = (policy_mask.sum() / n_policy).item()  # this micro-batch's share of the minibatch's tokens
@@ -318,7 +324,7 @@ def micro_step(
         "value/loss": value_loss.item(),
         "policy/entropy": entropy_mean.item(),
         "value/clipfrac": vf_stats["clipfrac"].item() * share_v,
-        "ratio_dev_max": rl.ratio_dev_max(logprobs, rollout.logprobs[rows, :t], policy_mask),
+        "ratio_dev_max": rl.ratio_dev_max(logprobs, old, policy_mask),
     }
     if frozen:
         return config.ppo.vf_coef * value_loss, stats

@@ -22,6 +22,7 @@ from rlhf import planning
 from rlhf.config import PolicyGradientConfig
 from rlhf.config.sections import PolicyModel
 from rlhf.core.logprobs import INVALID_LOGPROB
+from rlhf.core.losses import off_policy_mask, top_entropy_mask
 from rlhf.core.masked import masked_mean, masked_sum
 from rlhf.core.mismatch import importance_weights, logprob_mismatch
 from rlhf.core.sequences import ResponseMasks, penalize_missing_eos, response_masks
@@ -76,7 +77,8 @@ class Rollout:
     """What an update needs about one sampled batch, on the training device: ``query_responses``, ``attention_mask``
     (B, C+T) long; ``logprobs``, ``ref_logprobs`` (B, T) float32 at the sampling temperature, INVALID_LOGPROB at
     padding (None: taken from the training forward, or no reference); ``advantages`` (B, T) float32;
-    ``sampler_logprobs`` (B, T) the engine's own log-probs of its tokens (`Generated.sampler_logprobs`)."""
+    ``sampler_logprobs`` (B, T) the engine's own log-probs of its tokens (`Generated.sampler_logprobs`);
+    ``entropy_keep`` (B, T) bool, the tokens ``top_entropy_quantile`` trains the policy loss on (None: all)."""
 
     query_responses: torch.Tensor
     attention_mask: torch.Tensor
@@ -84,6 +86,7 @@ class Rollout:
     ref_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     sampler_logprobs: torch.Tensor | None
+    entropy_keep: torch.Tensor | None
 
     @property
     def response_length(self) -> int:
@@ -135,10 +138,12 @@ class Models:
             compile_models([self.policy, copy, self.value.critic], d.device)
         self.trainable = update.Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)
 
-    def old_scores(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> ScoredTokens:
+    def old_scores(
+        self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, entropy: bool = False
+    ) -> ScoredTokens:
         """The rollout's forward without gradients, on the plain module (no collective); a training forward is
         ``trainable.forward`` (through the gradient-synchronising wrapper under torchrun)."""
-        return self.trainable.module(ids, mask, T, temperature)
+        return self.trainable.module(ids, mask, T, temperature, entropy=entropy)
 
     def sync_engine(self) -> None:
         """Give an engine with its own weights (vLLM) the policy's current ones; ours sample the policy itself. A
@@ -441,6 +446,60 @@ def is_weights(
         "rollout/is_capped_frac": masked_mean(capped.float(), mask),
     }
     return weights, {key: value.item() for key, value in stats.items()}
+
+
+def objective_options(config: PolicyGradientConfig) -> dict[str, Any]:
+    """The policy objective's settings for `rlhf.core.losses.clipped_policy_loss` (clip, CISPO or SAPO; token or
+    sequence ratios)."""
+    section = config.algorithm
+    return {
+        "clip_low": section.clip_range,
+        "clip_high": config.clip_range_upper,
+        "objective": config.policy_objective,
+        "importance_level": section.importance_sampling_level,
+        "sapo_temperatures": (section.sapo_temperature_pos, section.sapo_temperature_neg),
+    }
+
+
+def entropy_keep(config: PolicyGradientConfig, entropy: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
+    """The tokens the policy loss trains on under ``top_entropy_quantile`` (`rlhf.core.losses.top_entropy_mask`):
+    chosen once per rollout from the sampling policy's entropies over the whole batch (every rank's rows), so
+    neither the micro-batching nor the number of ranks changes them; None when every token trains."""
+    quantile = config.algorithm.top_entropy_quantile
+    if quantile >= 1.0:
+        return None
+    if entropy is None:
+        raise RuntimeError("top_entropy_quantile needs the rollout's entropies, and the no-grad pass gave none")
+    return top_entropy_mask(entropy, mask, quantile)
+
+
+def surrogate_weights(
+    config: PolicyGradientConfig,
+    rollout: Rollout,
+    micro: update.MicroBatch,
+    logprobs: torch.Tensor,
+    old: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """What multiplies the policy's surrogate on ``micro``'s tokens: the sampler correction (:func:`is_weights`),
+    the entropy mask (``rollout.entropy_keep``) and the off-policy mask (``off_policy_mask_threshold``:
+    `rlhf.core.losses.off_policy_mask`, against the sampler's log-probs when known, else ``old``), with their
+    stats as token means over ``mask`` (``policy/off_policy_masked``: the share of tokens the mask left out);
+    None when none applies."""
+    rows, t = micro.rows, micro.response_length
+    sampler = rollout.sampler_at(micro)
+    weights, stats = is_weights(config, old, sampler, mask)
+    keep = None if rollout.entropy_keep is None else rollout.entropy_keep[rows, :t]
+    threshold = config.algorithm.off_policy_mask_threshold
+    if threshold is not None:
+        behaviour = sampler if sampler is not None else old
+        on_policy = off_policy_mask(logprobs, behaviour, rollout.advantages[rows, :t], mask, threshold)
+        stats["policy/off_policy_masked"] = masked_mean((~on_policy).float(), mask).item()
+        keep = on_policy if keep is None else keep & on_policy
+    if keep is None:
+        return weights, stats
+    keep = keep.to(logprobs.dtype)
+    return (keep if weights is None else weights * keep), stats
 
 
 def ratio_dev_max(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
