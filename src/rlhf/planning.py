@@ -43,14 +43,20 @@ REUSED = frozenset(
 freed, so on CPU they do not add up (`Plan.reused`)."""
 
 
+AFTER_UPDATE = frozenset({"save"})
+"""Phases that run after a step's last optimizer step: on CPU the trainer has just given the freed heap back
+(`rlhf.trainers.update.release_freed_heap`), so they start from the resident parts alone."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """Predicted bytes per rank: ``resident`` parts (held all run: the libraries, weights, optimizer state) and
     what each phase adds (``phases[phase][part]``, phases in the order a step runs them).
 
     ``retains``: on CPU the allocator keeps most of what a phase frees (glibc returns little of a fragmented
-    heap to the system), so a phase's total is the resident parts plus what it and every earlier phase add; on a
-    GPU the caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
+    heap to the system), so a phase's total is the resident parts plus what it and every earlier phase add — up
+    to the update, after whose optimizer steps the trainer trims the heap (:data:`AFTER_UPDATE`); on a GPU the
+    caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
     ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
     once, the largest, rather than added up."""
 
@@ -66,7 +72,8 @@ class Plan:
 
     def total(self, phase: str) -> int:
         names = list(self.phases)
-        counted = [self.phases[p] for p in (names[: names.index(phase) + 1] if self.retains else [phase])]
+        fresh = not self.retains or phase in AFTER_UPDATE
+        counted = [self.phases[p] for p in ([phase] if fresh else names[: names.index(phase) + 1])]
         added = [size for parts in counted for part, size in parts.items() if part not in self.reused]
         reused = [size for parts in counted for part, size in parts.items() if part in self.reused]
         return sum(self.resident.values()) + sum(added) + max(reused, default=0)
