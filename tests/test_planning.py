@@ -79,9 +79,10 @@ def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     assert fsdp.resident["optimizer state"] == -(-2 * (policy.params + reward.params) * 4 // 2)
     assert "gathered policy (fsdp)" in fsdp.phases["rollout"] and "full policy on rank 0 (fsdp)" in fsdp.phases["save"]
     # the gathers reuse one another's blocks: the largest counts, the other parts add up
-    parts = [(name, size) for name in ("rollout", "scoring", "update") for name, size in fsdp.phases[name].items()]
+    parts = [(name, size) for phase in ("rollout", "scoring", "update") for name, size in fsdp.phases[phase].items()]
     added = sum(size for name, size in parts if name not in planning.REUSED)
-    assert fsdp.total("update") == sum(fsdp.resident.values()) + added + max(s for n, s in parts if n in planning.REUSED)
+    gathered = max(size for name, size in parts if name in planning.REUSED)
+    assert fsdp.total("update") == sum(fsdp.resident.values()) + added + gathered
     # the save runs after the last update, whose optimizer step gave the freed heap back: the resident and its own
     assert fsdp.total("save") == sum(fsdp.resident.values()) + fsdp.phases["save"]["full policy on rank 0 (fsdp)"]
     # DDP all-reduces through flat buckets: a second copy of the gradients

@@ -16,12 +16,16 @@ from rlhf.core.losses import aggregate, clipped_policy_loss, importance_log_rati
 from vectors import F64, close, t
 
 # ---------------------------------------------------------------- GSPO: one ratio per sequence
-# rows: log ρ = [0.2, −0.1] (len 2), [0.3, 0.3, 0.6] (len 3), empty, [0.1, −0.1] (len 2); A = [1, 0.5, −1, −0.5]
-# log s = mean over the row: 0.05, 0.4, (empty: 0), 0 → s = 1.0512711, 1.4918247, 1, 1 (a row exactly at ratio 1)
-G_LOG_RATIO = t([[0.2, -0.1, 9.0], [0.3, 0.3, 0.6], [7.0, 7.0, 7.0], [0.1, -0.1, 5.0]])  # 9, 7, 5: padding
-G_MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0]], dtype=torch.bool)
-G_A = t([1.0, 0.5, -1.0, -0.5])
-S0, S1 = math.exp(0.05), math.exp(0.4)
+# rows: log ρ = [0.2, −0.1] (len 2), [0.3, 0.3, 0.6] (len 3), empty, [0.1, −0.1] (len 2), [−0.3, −0.3] (len 2);
+# A = [1, 0.5, −1, −0.5, −1]. log s = the row's mean: 0.05, 0.4, (empty: 0), 0, −0.3 →
+# s = 1.0512711, 1.4918247 (past 1 + ε_high = 1.2 with A > 0), 1, 1 (a row exactly at ratio 1), 0.7408182 (past
+# 1 − ε_low = 0.8 with A < 0)
+G_LOG_RATIO = t(
+    [[0.2, -0.1, 9.0], [0.3, 0.3, 0.6], [7.0, 7.0, 7.0], [0.1, -0.1, 5.0], [-0.3, -0.3, 3.0]]
+)  # 9, 7, 5, 3: padding
+G_MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+G_A = t([1.0, 0.5, -1.0, -0.5, -1.0])
+S0, S1, S4 = math.exp(0.05), math.exp(0.4), math.exp(-0.3)
 
 
 def g_loss(level, **kw):
@@ -33,24 +37,28 @@ def g_loss(level, **kw):
 @pytest.mark.parametrize("level", ["sequence", "sequence_token"])
 def test_gspo_sequence_ratio_clipped_per_sequence(level):
     logp, per_token, stats = g_loss(level)
-    close(torch.exp(importance_log_ratio(logp, torch.zeros_like(logp), G_MASK, level))[:, 0], [S0, S1, 1.0, 1.0])
-    # row 0: −A·s = −1.0512711 (inside the clip); row 1: s > 1.2 with A > 0 → −0.5·1.2 = −0.6 on each token;
-    # row 3: s = 1 → −A = 0.5; padding and the empty row 0
-    close(per_token, [[-S0, -S0, 0.0], [-0.6, -0.6, -0.6], [0.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
-    # seq-mean-token-mean (GSPO's own): (−1.0512711 − 0.6 + 0 + 0.5) / 4 = −0.2878178
-    close(aggregate(per_token, G_MASK, "seq-mean-token-mean"), (-S0 - 0.6 + 0.5) / 4)
-    close(stats["clipfrac"], 3 / 7)  # row 1's three tokens of the seven: a sequence is clipped whole
-    close(stats["clip_ratio/high"], 3 / 7)
-    close(stats["approx_kl"], 0.5 * (0.04 + 0.01 + 0.09 + 0.09 + 0.36 + 0.01 + 0.01) / 7)  # of the token ratios
+    ratios = torch.exp(importance_log_ratio(logp, torch.zeros_like(logp), G_MASK, level))[:, 0]
+    close(ratios, [S0, S1, 1.0, 1.0, S4])
+    # row 0: −A·s = −1.0512711 (inside the clip); row 1: −0.5·clip(s) = −0.5·1.2 = −0.6 on each token; row 3: s = 1
+    # → −A = 0.5; row 4: max(−A·s, −A·0.8) = max(0.7408182, 0.8) = 0.8; padding and the empty row 0
+    close(per_token, [[-S0, -S0, 0.0], [-0.6, -0.6, -0.6], [0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.8, 0.8, 0.0]])
+    # seq-mean-token-mean (GSPO's own): (−1.0512711 − 0.6 + 0 + 0.5 + 0.8) / 5 = −0.0702542
+    close(aggregate(per_token, G_MASK, "seq-mean-token-mean"), (-S0 - 0.6 + 0.5 + 0.8) / 5)
+    # a sequence is clipped whole: rows 1 (3 tokens, high) and 4 (2 tokens, low) of the 9 tokens
+    close(stats["clipfrac"], 5 / 9)
+    close(stats["clip_ratio/high"], 3 / 9)
+    close(stats["clip_ratio/low"], 2 / 9)
+    close(stats["approx_kl"], 0.5 * (0.04 + 0.01 + 0.09 + 0.09 + 0.36 + 0.01 + 0.01 + 0.09 + 0.09) / 9)  # token log ρ
 
 
 @pytest.mark.parametrize("level", ["sequence", "sequence_token"])
 def test_gspo_gradient_is_the_sequence_level_formula(level):
-    # GSPO's gradient of −A·s/N (N = 4 sequences): −A·s·(1/|y|)·Σ_t ∇log π_t / N, so each token of row 0 gets
-    # −1·1.0512711/2/4 = −0.1314089; the clipped row 1 none; row 3 (s = 1): +0.5/2/4 = 0.0625; padding none.
+    # GSPO's gradient of −A·s/N (N = 5 sequences): −A·s·(1/|y|)·Σ_t ∇log π_t / N, so each token of row 0 gets
+    # −1·1.0512711/2/5 = −0.1051271; the clipped rows 1 and 4 none; row 3 (s = 1): +0.5/2/5 = 0.05; padding none.
     logp, per_token, _ = g_loss(level)
     aggregate(per_token, G_MASK, "seq-mean-token-mean").backward()
-    close(logp.grad, [[-S0 / 8, -S0 / 8, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0625, 0.0625, 0.0]])
+    expected = [[-S0 / 10, -S0 / 10, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.05, 0.05, 0.0], [0.0, 0.0, 0.0]]
+    close(logp.grad, expected)
 
 
 def test_sequence_token_level_follows_each_tokens_own_advantage():
