@@ -187,24 +187,28 @@ def make_rollout(
     Each rank fills its own rows (`rl.first_pass`; summed over ranks); the rest runs on the whole batch."""
     ids, mask = generated.query_responses, generated.attention_mask
     B, T = generated.responses.shape
-    logprobs, values, ref_logprobs, entropy = (torch.zeros(B, T, device=ids.device) for _ in range(4))
-    temperature, with_entropy = config.sampling.temperature, config.ppo.top_entropy_quantile < 1
+    logprobs, values, ref_logprobs = (torch.zeros(B, T, device=ids.device) for _ in range(3))
+    entropy = torch.zeros(B, T, device=ids.device) if config.ppo.top_entropy_quantile < 1 else None  # its mask's
+    temperature = config.sampling.temperature
     for rows, inputs, t, real in rl.first_pass(config, generated, 1, d):
         ref = models.reference.logprobs(*inputs, t, temperature)
-        old = None if fused else models.old_scores(*inputs, t, temperature, entropy=with_entropy)
+        old = None if fused else models.old_scores(*inputs, t, temperature, entropy=entropy is not None)
         if real:
             ref_logprobs[rows, :t] = ref
             if old is not None:
                 logprobs[rows, :t], values[rows, :t] = old.logprobs, old.values
-                if with_entropy:
+                if entropy is not None:
                     entropy[rows, :t] = old.entropy
     first = None
     if fused:  # the first update's forward over this rank's rows of the rollout, graph kept
         own = torch.tensor(d.shard(B))
         with torch.enable_grad():
             first = training_forward(config, models, ids[own], mask[own], T)
-        logprobs[own], values[own], entropy[own] = (x.detach() for x in first)
-    logprobs, values, ref_logprobs, entropy = (d.sum(x) for x in (logprobs, values, ref_logprobs, entropy))
+        logprobs[own], values[own] = first.logprobs.detach(), first.values.detach()
+        if entropy is not None:
+            entropy[own] = first.entropy.detach()
+    logprobs, values, ref_logprobs = d.sum(logprobs), d.sum(values), d.sum(ref_logprobs)
+    entropy = None if entropy is None else d.sum(entropy)
     masks, (logprobs, ref_logprobs) = rl.response_logprobs(generated, logprobs, ref_logprobs)
     values = values.masked_fill(masks.padding_mask_p1, 0.0)
     scored = ~scores.isnan()
@@ -221,7 +225,7 @@ def make_rollout(
     advantages, returns = gae(rewards, values, gae_mask, config.ppo.gamma, config.ppo.lam)
     if config.ppo.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
-    keep = rl.entropy_keep(config, entropy if with_entropy else None, policy_mask)
+    keep = rl.entropy_keep(config, entropy, policy_mask)
     stats = {
         **rl.kl_stats(logprobs, ref_logprobs, kl, policy_mask, scored),
         **rl.mismatch_stats(logprobs, generated.sampler_logprobs, policy_mask),
