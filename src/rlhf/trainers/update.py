@@ -155,8 +155,9 @@ def release_freed_heap() -> None:
     Why after every update on CPU: glibc keeps what a process frees in its heap, and the update's many tensors of
     different sizes (under FSDP2: each layer gathered and freed twice per minibatch) leave holes it can neither
     reuse whole nor return, so a PPO run's RSS crept ~300 MB past its live tensors over four epochs (25M, 2 ranks).
-    Trimmed, RSS follows what is alive and the memory plan (docs/memory.md) holds; a walk of the free lists
-    costs a few milliseconds a step."""
+    Trimmed, RSS follows what is alive and the memory plan (docs/memory.md) holds. The cost: ~20 ms to hand back
+    200 MB of holes (2-core EPYC), and those pages are zeroed again on their next use — the 3-step PPO 25M FSDP2
+    run took 28 s trimmed against 29-30 s untrimmed, inside its noise."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
