@@ -439,9 +439,12 @@ def machine_info(threads: int, gflops: float) -> dict:
     return {
         "cpu": cpu, "cores": os.cpu_count(), "threads": threads,
         "peak_fp32_gflops": gflops, "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(), "date": utc_now(),
     }  # fmt: skip
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -556,7 +559,7 @@ def run_case(name: str, case: Case, assets: dict, peers: dict, args: argparse.Na
     """
     steps = case_steps(case, args)
     entry = {"name": name, "algo": case.algo, "size": case.size, "max_new_tokens": case.max_new_tokens,
-             "steps": steps, "settings": case.settings, "runs": [], "date": machine_info(0, 0.0)["date"],
+             "steps": steps, "settings": case.settings, "runs": [], "date": utc_now(),
              "model": {k: v for k, v in assets["models"][case.size].items() if k in MODEL_KEYS}}  # fmt: skip
     repeats: list[list[dict]] = [[] for _ in case.runs]  # per run: one record per repeat
     for repeat in range(args.repeats):
