@@ -115,10 +115,10 @@ def importance_log_ratio(
 ) -> torch.Tensor:
     """``log ρ`` (B, T) at ``level`` (:class:`ImportanceLevel`), 0 at masked positions.
 
-    ``token``: ``log ρ_t = logp_t − old_t``. ``sequence`` (GSPO, Zheng et al. 2025, eq. 7): one ratio per sequence,
-    ``log s = Σ_t m_t (logp_t − old_t) / Σ_t m_t`` — the geometric mean of the token ratios, so its size does not
-    grow with the length — broadcast to the sequence's tokens; its gradient flows through the mean (TRL
-    ``importance_sampling_level: sequence``). ``sequence_token`` (GSPO-token, eq. 13): the same value,
+    ``token``: ``log ρ_t = logp_t − old_t``. ``sequence`` (GSPO, Zheng et al. 2025, arXiv 2507.18071): one per
+    sequence, ``log s = Σ_t m_t (logp_t − old_t) / Σ_t m_t`` — the geometric mean of the token ratios, so its size
+    does not grow with the length — broadcast to the sequence's tokens; its gradient flows through the mean (TRL
+    ``importance_sampling_level: sequence``). ``sequence_token`` (the paper's GSPO-token): the same value,
     ``log s_t = sg(log s) + logp_t − sg(logp_t)``, whose gradient is each token's own ∇log π_t (verl's ``gspo``); with
     one advantage per sequence and ``seq-mean-token-mean`` both give GSPO's gradient. Inputs must already be 0 where
     masked (as :func:`clipped_policy_loss` makes them); an empty row has ratio 1.
@@ -206,10 +206,11 @@ def clipped_policy_loss(
     - ``clip``: ``pg1 = −A·ρ``; ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``; ``ℓ = max(pg1, pg2)`` (= −min(ρA,
       clip(ρ)A), TRL's ``coef_1``/``coef_2`` form); dual clip (Ye et al. 2020, c > 1): for A < 0,
       ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl clip_ratio_c).
-    - ``cispo`` (MiniMax-M1, Chen et al. 2025): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``; no lower bound (the paper
-      sets ε_low so large it never acts; TRL caps at ``epsilon_high`` = our 1 + ε_high). Its gradient
-      ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
-    - ``sapo`` (Gao et al. 2025): ``ℓ = −(4/τ)·σ(τ(ρ−1))·A``, τ = ``sapo_temperatures[0]`` for A > 0 else ``[1]``.
+    - ``cispo`` (the MiniMax-M1 report, 2025, arXiv 2506.13585): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``; no lower
+      bound (the paper sets ε_low so large it never acts; TRL caps at ``epsilon_high`` = our 1 + ε_high). Its
+      gradient ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
+    - ``sapo`` (Soft Adaptive Policy Optimization, 2025, arXiv 2511.20347): ``ℓ = −(4/τ)·σ(τ(ρ−1))·A``,
+      τ = ``sapo_temperatures[0]`` for A > 0 else ``[1]``.
 
     Then the weights w (the sampler correction, `rlhf.core.mismatch.importance_weights`, and the entropy and
     off-policy masks): ``ℓ = w·ℓ``, before the KL term (TRL's order); KL in the loss (GRPO): ``ℓ += β · k3``,
