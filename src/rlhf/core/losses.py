@@ -292,7 +292,7 @@ def off_policy_mask(
     produce any more is what destabilises. ``behaviour_logp``: the sampler's log-probs when the engine reports
     them, else the rollout's old ones. ``advantages`` (B,) or (B, T). False at masked positions."""
     m = mask.to(logp.dtype)
-    drift = (_neutral(behaviour_logp, mask) - _neutral(logp.detach(), mask)) * m
+    drift = _neutral(behaviour_logp, mask) - _neutral(logp.detach(), mask)  # 0 where masked
     mean_drift = drift.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
     adv = _per_token_advantages(advantages, logp)
     return mask.bool() & ((adv >= 0) | (mean_drift <= threshold))

@@ -136,7 +136,7 @@ def optimizer_step(trainable: Trainable, optimizer: Any, scheduler: Any, max_gra
         norm = norm.full_tensor()
     optimizer.step()
     scheduler.step()
-    if not any(p.is_cuda for p in trainable.parameters()):
+    if trainable.d.device.type == "cpu":
         release_freed_heap()
     return float(norm)
 
