@@ -86,6 +86,8 @@ def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
 def check_reward_source(field: str, source: str) -> None:
     """A reward-model source is checked as a model; ``file.py:function`` / ``module:function`` is imported."""
     spec = source.strip()
+    if spec == "environment":
+        return  # the episodes' own rewards (rollout.environment, checked with the config)
     if is_reward_model(spec):
         check_model(field, spec, REWARD_MODEL)
         return
@@ -106,7 +108,7 @@ def is_reward_model(source: str) -> bool:
     """Whether a reward source is a reward model (a directory or a hub id) rather than a function, an HTTP
     reward or an LLM judge: the same dispatch as `rlhf.rollout.rewards.load_reward_source`."""
     spec = source.strip()
-    if llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
+    if spec == "environment" or llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
         return False
     return Path(spec).expanduser().is_dir() or ":" not in spec
 

@@ -316,7 +316,7 @@ class _Layout:
         policy, rows = self.policy, self.micro
         forwards = [memory.inference_workspace(policy, rows, self.positions, self.width)]
         forwards += [memory.inference_workspace(rm, rows, self.positions, memory.FLOAT32) for rm in self.reward_models]
-        response = self.config.sampling.max_new_tokens + 1
+        response = self.config.response_tokens + 1
         parts = {"forward": max(forwards), "logits": memory.logits(rows, response, policy.vocab, copies=2)}
         if self.sharded:  # each frozen model is gathered whole for its scoring, one at a time
             frozen = [memory.weights(rm.params, memory.FLOAT32) for rm in self.reward_models]
@@ -339,7 +339,7 @@ class _Layout:
             "activations": memory.activations(policy, rows, self.positions, self.width, checkpointing=checkpointing),
         }
         if config.COMMAND != "rm":
-            scored = config.sampling.max_new_tokens + 1 if self.rl else self.positions
+            scored = config.response_tokens + 1 if self.rl else self.positions
             # saved for the backward and its gradient; ppo/grpo's entropy bonus keeps its softmax too
             copies = 3 if self.rl and config.algorithm.entropy_coef > 0 else 2
             parts["logits"] = memory.logits(rows, scored, policy.vocab, copies=copies)
@@ -567,8 +567,9 @@ def render(predicted: Plan) -> str:
 
 
 def prompt_positions(config: Any, prompts: list) -> int:
-    """ppo/grpo: the longest prompt (as the trainer cut it) plus ``sampling.max_new_tokens``."""
-    return max((len(p.input_ids) for p in prompts), default=1) + config.sampling.max_new_tokens
+    """ppo/grpo: the longest prompt (as the trainer cut it) plus the longest response (``sampling.max_new_tokens``,
+    or a multi-turn episode's ``rollout.max_episode_tokens``)."""
+    return max((len(p.input_ids) for p in prompts), default=1) + config.response_tokens
 
 
 def sequence_positions(sequences: list) -> int:

@@ -225,3 +225,46 @@ def test_masked_var_errors():
     _close(masked_var(x, torch.tensor([[True, False]]), unbiased=False), 0.0)
     with pytest.raises(ValueError):
         whiten_advantages(x, torch.tensor([[True, False]]), unbiased=True)
+
+
+# ---- multi-turn: environment tokens skipped ----------------------------------------------------------------
+
+
+def test_gae_skips_environment_tokens_by_hand():
+    """r = [0, ·, ·, 1], V = [0.5, 9, 9, 0.4] with positions 1-2 an environment's: the model's steps are 0 and 3.
+    δ₃ = 1 − 0.4 = 0.6 = A₃; δ₀ = 0 + γ·V₃ − V₀ = 0.9·0.4 − 0.5 = −0.14, A₀ = −0.14 + 0.9·0.5·0.6 = 0.13."""
+    rewards, values = _t([[0.0, 7.0, 7.0, 1.0]]), _t([[0.5, 9.0, 9.0, 0.4]])
+    skip = torch.tensor([[False, True, True, False]])
+    advantages, returns = gae(rewards, values, None, gamma=0.9, lam=0.5, skip=skip)
+    _close(advantages, [[0.13, 0.0, 0.0, 0.6]])
+    _close(returns, [[0.63, 0.0, 0.0, 1.0]])
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 0.95), (0.99, 0.9), (0.9, 0.0)])
+def test_gae_with_a_skipped_block_equals_gae_without_it(gamma, lam):
+    """GAE over an episode whose environment blocks are skipped equals GAE over the model's tokens alone, laid end
+    to end (verl's multi-turn GAE), with any mask of padding at the end; float64, so exact to rounding."""
+    torch.manual_seed(0)
+    B, T = 3, 12
+    rewards, values = torch.randn(B, T, dtype=F64), torch.randn(B, T, dtype=F64)
+    skip = torch.zeros(B, T, dtype=torch.bool)
+    skip[0, 2:5] = skip[1, 1:3] = skip[1, 6:9] = True  # row 2 has none
+    lengths = torch.tensor([12, 10, 7])
+    mask = torch.arange(T) < lengths[:, None]
+    advantages, returns = gae(rewards, values, mask, gamma, lam, skip=skip)
+    for b in range(B):
+        keep = mask[b] & ~skip[b]
+        alone, alone_returns = gae(rewards[b, keep][None], values[b, keep][None], None, gamma, lam)
+        _close(advantages[b, keep], alone[0])
+        _close(returns[b, keep], alone_returns[0])
+        assert (advantages[b, ~keep] == 0).all() and (returns[b, ~keep] == 0).all()
+
+
+def test_gae_without_skips_is_unchanged():
+    torch.manual_seed(1)
+    rewards, values = torch.randn(2, 6, dtype=F64), torch.randn(2, 6, dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    plain = gae(rewards, values, mask, 0.99, 0.95)
+    none_skipped = gae(rewards, values, mask, 0.99, 0.95, skip=torch.zeros(2, 6, dtype=torch.bool))
+    _close(plain.advantages, none_skipped.advantages)
+    _close(plain.returns, none_skipped.returns)

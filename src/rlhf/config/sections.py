@@ -220,6 +220,29 @@ class PolicySampling(SamplingSection):
 
 
 @section
+class RolloutSection:
+    """Multi-turn episodes of ppo and grpo: an environment the policy talks with and tools it may call (docs/episodes.md); neither set = one response per prompt."""
+
+    environment: Text | None = None
+    """An environment class or factory, path/to/env.py:make_env or module:Class, made once per episode: reset(row) -> opening messages (None: the row's prompt), step(assistant_message) -> (messages, reward or None, done); optional tools, get_reward(), close(). None = no environment: with tools, an episode ends at the first turn without a tool call."""
+    tools: tuple[Text, ...] = ()
+    """Tools the model may call: path/to/file.py:function or module:function, each with type hints and a Google-style docstring (built in: rlhf.rollout.tools:calculator). The chat template must render tool calls (the Qwen2.5/Qwen3 <tool_call> format)."""
+    max_turns: Count = 4
+    """Most model turns per episode; an episode not over after its last is truncated (episode/truncated)."""
+    max_episode_tokens: Count | None = None
+    """Longest episode after its opening, in tokens (the model's and the environment's); None = 2 × max_turns × sampling.max_new_tokens (as much room for the environment's turns as for the model's)."""
+    tool_timeout: Positive = 10.0
+    """Seconds a tool call may take; one still running after it gets an error message, and its thread is left to finish (Python cannot stop a thread)."""
+    max_tool_calls: Count = 4
+    """Most tool calls run in one turn; the ones after get an error message."""
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether episodes have several turns: an environment or tools."""
+        return self.environment is not None or bool(self.tools)
+
+
+@section
 class JudgeSection:
     """A reward source that scores or compares responses, and how a list of them is combined."""
 

@@ -17,6 +17,7 @@ from rlhf.config.sections import (
     PolicyModel,
     PolicyReward,
     PolicySampling,
+    RolloutSection,
     RunSection,
     TextData,
     TrainModel,
@@ -322,6 +323,8 @@ class PolicyGradientConfig(TrainingConfig):
     """Seed, logging, checkpoints, resuming, parallelism."""
     doctor: DoctorSection = _defaults(DoctorSection)
     """Live alarms of the training doctor, and whether a finding stops the run."""
+    rollout: RolloutSection = _defaults(RolloutSection)
+    """Multi-turn episodes: an environment and tools (none: one response per prompt)."""
 
     @property
     def algorithm(self) -> Any:
@@ -352,6 +355,14 @@ class PolicyGradientConfig(TrainingConfig):
         return str(explicit) if explicit is not None else _LOSS_TYPE_AGGREGATION[self.algorithm.loss_type]
 
     @property
+    def response_tokens(self) -> int:
+        """Longest response after the prompt: sampling.max_new_tokens, or a multi-turn episode's token budget."""
+        rollout = self.rollout
+        if not rollout.multi_turn:
+            return self.sampling.max_new_tokens
+        return rollout.max_episode_tokens or 2 * rollout.max_turns * self.sampling.max_new_tokens
+
+    @property
     def num_sequences(self) -> int:
         """Sequences sampled per iteration."""
         return self.batch.size
@@ -363,6 +374,7 @@ class PolicyGradientConfig(TrainingConfig):
 
     def _check(self) -> None:
         _check_sources("reward", self.reward)
+        _check_rollout(self)
         if self.kl.control == "adaptive" and self.kl.coef == 0:
             raise ConfigError(
                 "kl.control='adaptive' scales kl.coef, which is 0 so it would stay 0; "
@@ -447,3 +459,20 @@ class GRPOConfig(PolicyGradientConfig, command="grpo"):
                 f"sampling.max_new_tokens={self.sampling.max_new_tokens}"
             )
         super()._check()
+
+
+def _check_rollout(config: PolicyGradientConfig) -> None:
+    """``reward.source: environment`` needs an environment; DAPO's length shaping is for single responses."""
+    sources = (
+        [config.reward.source] if isinstance(config.reward.source, str) else [s.source for s in config.reward.source]
+    )
+    if "environment" in [s.strip() for s in sources] and config.rollout.environment is None:
+        raise ConfigError(
+            "reward.source 'environment' is the rewards of a multi-turn environment, and rollout.environment is "
+            "not set; name the environment (path/to/env.py:make_env) or choose another reward source"
+        )
+    if config.rollout.multi_turn and getattr(config.algorithm, "overlong_buffer", 0) > 0:
+        raise ConfigError(
+            "grpo.overlong_buffer shapes the length of single responses; a multi-turn episode's length is bounded "
+            "by rollout.max_episode_tokens and rollout.max_turns instead: set grpo.overlong_buffer to 0"
+        )

@@ -23,7 +23,12 @@ class AdvantagesReturns(NamedTuple):
 
 @torch.no_grad()
 def gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, gamma: float, lam: float
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    gamma: float,
+    lam: float,
+    skip: torch.Tensor | None = None,
 ) -> AdvantagesReturns:
     """GAE(γ, λ) by the backward recursion, vectorised over B (Schulman et al. 2016, eq. 16).
 
@@ -35,12 +40,18 @@ def gae(
     the values at ``padding_mask_p1``, TRL-legacy masks both), and advantages and returns are set to 0
     there. So whatever sits at masked positions never changes a result. Pass ``~padding_mask_p1``
     with the TRL/N+ score placement (the score sits on the first PAD, 2-C2) and ``~padding_mask`` with
-    the EOS placement (2-C3); None = every position counts (OAI fixed-length responses, 2-C1). Masked
-    positions are zeroed, not skipped: a mask with holes gives them 0 reward and 0 value.
+    the EOS placement (2-C3); None = every position counts (OAI fixed-length responses, 2-C1).
+
+    ``skip`` (B, T) bool: positions that are not steps of the episode (a multi-turn episode's environment tokens):
+    the recursion passes over them, so the step before a skipped block bootstraps from the value after it
+    (V_{t+1} and A_{t+1} are the next unskipped position's), as if the block were not there (verl's multi-turn
+    GAE); their advantages and returns are 0.
 
     Outputs carry no gradient (advantages and returns are constants of the update, checklist item 29).
     OAI ``train_policy.py`` L327-336; N+ ``ppo.py`` L693-702; TRL ``ppo_trainer.py`` L787-796.
     """
+    if skip is not None:
+        mask = ~skip if mask is None else mask.bool() & ~skip
     if mask is not None:
         keep = mask.bool()
         rewards = torch.where(keep, rewards, torch.zeros_like(rewards))
@@ -51,9 +62,13 @@ def gae(
     next_advantage = torch.zeros_like(rewards[..., 0])  # A_T := 0
     for t in reversed(range(length)):
         delta = rewards[..., t] + gamma * next_value - values[..., t]
-        next_advantage = delta + gamma * lam * next_advantage
-        next_value = values[..., t]
-        advantages[..., t] = next_advantage  # fills our own output tensor, not an input
+        advantage = delta + gamma * lam * next_advantage
+        value = values[..., t]
+        if skip is not None:  # a skipped position carries the next step's value and advantage through
+            advantage = torch.where(skip[..., t], next_advantage, advantage)
+            value = torch.where(skip[..., t], next_value, value)
+        next_advantage, next_value = advantage, value
+        advantages[..., t] = advantage  # fills our own output tensor, not an input
     returns = advantages + values
     if mask is not None:
         advantages = torch.where(keep, advantages, torch.zeros_like(advantages))

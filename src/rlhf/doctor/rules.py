@@ -486,6 +486,36 @@ def off_policy_masked_high(h: History) -> str | None:
 
 
 @warning(
+    ("episode/truncated",),
+    threshold="> 0.5 for 5 steps",
+    reason="a truncated episode ends before it is over (at rollout.max_turns, the token budget, or a turn cut at "
+    "max_new_tokens), so its reward scores an unfinished conversation",
+    diagnosis="most multi-turn episodes are cut off before the environment says done",
+    fix="raise rollout.max_turns or rollout.max_episode_tokens (sampling.max_new_tokens when turns are cut); "
+    "check that the environment's step returns done=True when the episode is over",
+    hold=7,
+)
+def episodes_truncated(h: History) -> str | None:
+    last = _each(h, "episode/truncated", 5, lambda v: v > 0.5)
+    return f"episode/truncated {last[-1]:.2f} (> 0.5 for the last 5 steps)" if last else None
+
+
+@warning(
+    ("episode/tool_errors",),
+    threshold="> 0.5 failed calls per episode for 5 steps",
+    reason="a failed tool call (unparsable, an unknown tool, bad arguments, an exception or the time limit) "
+    "costs a turn and tells the model only an error",
+    diagnosis="the policy's tool calls keep failing",
+    fix="read the tool messages in samples/ (episode turns): fix the tool or its docstring (the schema the model "
+    "sees), raise rollout.tool_timeout, or SFT on well-formed calls first",
+    hold=7,
+)
+def tool_errors_high(h: History) -> str | None:
+    last = _each(h, "episode/tool_errors", 5, lambda v: v > 0.5)
+    return f"episode/tool_errors {last[-1]:.2f} per episode (> 0.5 for the last 5 steps)" if last else None
+
+
+@warning(
     ("policy/approx_kl",),
     threshold="> 0.1 for 3 steps",
     reason="per-update KL of 0.01–0.05 is typical; above 0.1 the old log-probs no longer describe the policy",

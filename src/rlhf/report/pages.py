@@ -550,9 +550,9 @@ def samples_section(run: Run, limit: int) -> list[str]:
     rows = [
         [
             td(f'<span class="answer">{esc(row["prompt"])}</span>'),
-            td(f'<span class="answer">{esc(old.get("completion", ""))}</span>'),
+            td(_answer(old)),
             td(_scores(old), "num"),
-            td(f'<span class="answer">{esc(row["completion"])}</span>'),
+            td(_answer(row)),
             td(_scores(row), "num"),
         ]
         for row in run.samples[last][:limit]
@@ -560,6 +560,21 @@ def samples_section(run: Run, limit: int) -> list[str]:
     ]
     header = ["prompt", f"step {first}", "reward", f"step {last}", "reward"]
     return [f"<h2>Held-out samples (step {first} and step {last})</h2>", table(header, rows)]
+
+
+def _answer(row: dict[str, Any]) -> str:
+    """A sample's answer: its completion, or a multi-turn episode's every turn, role by role (tool calls as
+    ``→ name(arguments)``)."""
+    episode = row.get("episode")
+    if episode is None:
+        return f'<span class="answer">{esc(row.get("completion", ""))}</span>'
+    lines = []
+    for turn in episode["turns"]:
+        calls = [call["function"] for call in turn.get("tool_calls") or []]
+        text = turn["content"] + "".join(f" → {c['name']}({json.dumps(c['arguments'])})" for c in calls)
+        lines.append(f"<b>{esc(turn['role'])}</b>: {esc(text)}")
+    ended = f'<br><span class="muted">ended: {esc(episode["ended"])}</span>'
+    return f'<span class="answer">{"<br>".join(lines)}{ended}</span>'
 
 
 def _scores(row: dict[str, Any]) -> str:

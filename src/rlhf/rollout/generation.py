@@ -17,7 +17,8 @@ from rlhf.data import left_pad
 from rlhf.data.stream import PromptBatch
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout.decoder import reusing_packed
-from rlhf.rollout.engine import RowGenerators, SamplingParams, row_seeds, sample
+from rlhf.rollout.engine import RowGenerators, SamplingParams, row_seed, row_seeds, sample
+from rlhf.rollout.episodes import Episode, EpisodeRunner
 from rlhf.runlog.distributed import SINGLE, Dist
 
 
@@ -34,6 +35,12 @@ class Generated:
     sampler_logprobs: torch.Tensor | None = None
     """(B, T) float32: each response token's log-prob under the distribution the engine drew it from (0 at padding);
     None when unknown (responses not sampled as they stand)."""
+    env_mask: torch.Tensor | None = None
+    """(B, T) bool, multi-turn: True on the tokens the model did not sample (environment and tool turns, the
+    template's markup between turns), which carry no loss, advantage or KL; None: every response token is the
+    model's."""
+    episodes: list[Episode] | None = None
+    """Multi-turn: each row's episode (transcript, environment rewards, counts); None for single responses."""
 
     @property
     def token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,10 +54,18 @@ class Generated:
         lengths = (self.responses != self.pad_token_id).sum(-1).tolist()
         return [row[:n] for row, n in zip(self.responses.tolist(), lengths, strict=True)]
 
+    @property
+    def model_tokens(self) -> torch.Tensor:
+        """(B, T) bool: the tokens the model sampled (not padding, not an environment's)."""
+        sampled = self.responses != self.pad_token_id
+        return sampled if self.env_mask is None else sampled & ~self.env_mask
+
     def select(self, rows: torch.Tensor) -> Generated:
         """The batch of rows ``rows`` (1-D indices), in that order."""
         taken = {key: t[rows.to(t.device)] for key, t in vars(self).items() if isinstance(t, torch.Tensor)}
-        return dataclasses.replace(self, completions=[self.completions[i] for i in rows.tolist()], **taken)
+        index = rows.tolist()
+        episodes = None if self.episodes is None else [self.episodes[i] for i in index]
+        return dataclasses.replace(self, completions=[self.completions[i] for i in index], episodes=episodes, **taken)
 
 
 class Engine(Protocol):
@@ -75,9 +90,12 @@ class Engine(Protocol):
     ) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
-def open_engine(sampling: Any, model: str, *, dtype: str, seed: int) -> str | Engine:
+def open_engine(
+    sampling: Any, model: str, *, dtype: str, seed: int, response_tokens: int | None = None
+) -> str | Engine:
     """The engine a config's ``sampling`` section names: one of ours by name, or a vLLM engine over ``model`` (a hub
-    id or directory: its architecture and tokenizer; the weights follow the policy through ``sync``)."""
+    id or directory: its architecture and tokenizer; the weights follow the policy through ``sync``), for prompts
+    followed by at most ``response_tokens`` (None: ``sampling.max_new_tokens``; a multi-turn episode's budget)."""
     if sampling.engine != "vllm":
         return sampling.engine
     vllm = sampling.vllm
@@ -87,7 +105,7 @@ def open_engine(sampling: Any, model: str, *, dtype: str, seed: int) -> str | En
         return VLLMServer(vllm.url, timeout=vllm.timeout)
     from rlhf.rollout.vllm_engine import VLLMEngine
 
-    max_model_len = sampling.max_prompt_length + sampling.max_new_tokens
+    max_model_len = sampling.max_prompt_length + (response_tokens or sampling.max_new_tokens)
     return VLLMEngine(
         model,
         dtype=dtype,
@@ -120,25 +138,73 @@ def generate(
     """
     all_prompts = repeat_each(batch.input_ids, repeat)
     rows = d.shard(len(all_prompts), unit=repeat)
-    seeds = row_seeds(generator, rows)
-    prompt_ids = [all_prompts[row] for row in rows]
-    if isinstance(engine, str):
-        sampled = _sample_locally(
-            model,
-            prompt_ids,
-            params,
-            stops,
-            tokenizer.pad_token_id,
-            seeds,
-            device,
-            d=d,
-            max_rows=max_rows,
-            engine=engine,
-        )
-    else:
-        sampled = list(zip(*engine.sample(prompt_ids, params, stops, tokenizer.pad_token_id, seeds), strict=True))
+    sampler = _sampler(model, params, stops, tokenizer.pad_token_id, device, d=d, max_rows=max_rows, engine=engine)
+    sampled = sampler([all_prompts[row] for row in rows], row_seeds(generator, rows))
     responses, logprobs = zip(*d.gather_rows(sampled, len(all_prompts), unit=repeat), strict=True)
     return assemble(all_prompts, list(responses), tokenizer, stops, device, logprobs=list(logprobs))
+
+
+def generate_episodes(
+    runner: EpisodeRunner,
+    model: nn.Module,
+    tokenizer: Any,
+    batch: PromptBatch,
+    params: SamplingParams,
+    stops: list[int],
+    generator: torch.Generator,
+    device: torch.device,
+    repeat: int = 1,
+    d: Dist = SINGLE,
+    max_rows: int | None = None,
+    engine: str | Engine = "auto",
+) -> Generated:
+    """`generate` for multi-turn episodes (`rlhf.rollout.episodes`): ``repeat`` episodes per prompt (a group opens
+    alike), each rank running its shard's episodes, environments and tools, every model turn one call of the same
+    sampler (row ``i``'s turn ``k`` seeded by ``row_seed(seed_i, k)``: the same episodes on any number of ranks)."""
+    all_rows = repeat_each(episode_rows(batch), repeat)
+    rows = d.shard(len(all_rows), unit=repeat)
+    seeds = row_seeds(generator, rows)
+    sampler = _sampler(model, params, stops, tokenizer.pad_token_id, device, d=d, max_rows=max_rows, engine=engine)
+
+    def sample_turn(active: list[int], prompts: list[list[int]], turn: int) -> list[tuple[list[int], list[float]]]:
+        return sampler(prompts, [seeds[i] if turn == 0 else row_seed(seeds[i], turn) for i in active])
+
+    episodes = runner.run([all_rows[row] for row in rows], sample_turn, group_size=repeat)
+    episodes = d.gather_rows(episodes, len(all_rows), unit=repeat)
+    return assemble_episodes(episodes, tokenizer, device)
+
+
+def episode_rows(batch: PromptBatch) -> list[dict[str, Any]]:
+    """What an environment's ``reset`` gets for each prompt: its columns and ``prompt`` (the chat messages, or the
+    prompt text)."""
+    rows = []
+    for i, (text, messages) in enumerate(zip(batch.texts, batch.messages, strict=True)):
+        columns = {key: values[i] for key, values in batch.columns.items()}
+        rows.append({**columns, "prompt": messages if messages is not None else text})
+    return rows
+
+
+Sampler = Any
+"""``(prompt ids, seeds) → [(response ids, log-probs)]`` of `_sampler`."""
+
+
+def _sampler(
+    model: nn.Module,
+    params: SamplingParams,
+    stops: list[int],
+    pad: int,
+    device: torch.device,
+    *,
+    d: Dist,
+    max_rows: int | None,
+    engine: str | Engine,
+) -> Sampler:
+    """One call that samples a response to each prompt with the row's seed, through ``engine``."""
+    if isinstance(engine, str):
+        return lambda prompts, seeds: _sample_locally(
+            model, prompts, params, stops, pad, seeds, device, d=d, max_rows=max_rows, engine=engine
+        )
+    return lambda prompts, seeds: list(zip(*engine.sample(prompts, params, stops, pad, seeds), strict=True))
 
 
 def _sample_locally(
@@ -179,9 +245,11 @@ def assemble(
     stops: list[int],
     device: torch.device,
     logprobs: list[list[float]] | None = None,
+    has_stop: torch.Tensor | None = None,
 ) -> Generated:
     """A `Generated` batch from unpadded prompt and response ids (and the sampler's log-probs of them, if known):
-    prompts left-padded, responses right-padded to the longest one (at least one column)."""
+    prompts left-padded, responses right-padded to the longest one (at least one column). ``has_stop``: (B,) bool,
+    whether each response ended as it should (None: it holds one of ``stops``)."""
     pad = tokenizer.pad_token_id
     query, query_mask = left_pad(prompt_ids, pad)
     T = max(1, max(map(len, responses), default=1))
@@ -193,7 +261,8 @@ def assemble(
             sampler[i, : len(ids)] = torch.tensor(logprobs[i], dtype=torch.float32)
     query, query_mask, response = query.to(device), query_mask.to(device), response.to(device)
     response_mask = (response != pad).long()
-    has_stop = torch.isin(response, torch.tensor(stops, device=device)).any(-1)
+    if has_stop is None:
+        has_stop = torch.isin(response, torch.tensor(stops, device=device)).any(-1)
     return Generated(
         query_responses=torch.cat([query, response], dim=1),
         attention_mask=torch.cat([query_mask, response_mask], dim=1),
@@ -205,14 +274,55 @@ def assemble(
     )
 
 
+def assemble_episodes(episodes: list[Episode], tokenizer: Any, device: torch.device) -> Generated:
+    """A `Generated` batch of episodes: the opening as the query, everything after it as the response, with the
+    env mask; ``completions``: the response's text as the model saw it (special tokens kept), for samples and logs."""
+    generated = assemble(
+        [e.prompt_ids for e in episodes],
+        [e.ids for e in episodes],
+        tokenizer,
+        [],
+        device,
+        logprobs=[e.logprobs for e in episodes],
+        has_stop=torch.tensor([e.stopped for e in episodes], device=device),
+    )
+    env_mask = torch.zeros_like(generated.responses, dtype=torch.bool)
+    for i, episode in enumerate(episodes):
+        env_mask[i, : len(episode.env_mask)] = torch.tensor(episode.env_mask, dtype=torch.bool)
+    return dataclasses.replace(
+        generated,
+        completions=[tokenizer.decode(e.ids) for e in episodes],
+        env_mask=env_mask.to(device),
+        episodes=episodes,
+    )
+
+
 def response_metrics(generated: Generated) -> dict[str, float]:
-    """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch."""
-    lengths = (generated.responses != generated.pad_token_id).sum(-1).float()
-    return {
+    """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch (the model's own
+    tokens), and for episodes ``episode/*`` (`episode_metrics`)."""
+    lengths = generated.model_tokens.sum(-1).float()
+    metrics = {
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/eos_rate": generated.has_stop.float().mean().item(),
         "response/tokens": lengths.sum().item(),
+    }
+    return metrics | episode_metrics(generated.episodes or [])
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """``episode/turns_mean`` (model turns), ``tool_calls_mean``, ``tool_errors`` (failed calls per episode, timeouts
+    included), ``truncated`` (the share ended by max_turns, the token budget or a turn cut at max_new_tokens) and
+    ``length_mean`` (every token after the opening); none without episodes."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {
+        "episode/turns_mean": sum(e.model_turns for e in episodes) / n,
+        "episode/tool_calls_mean": sum(e.tool_calls for e in episodes) / n,
+        "episode/tool_errors": sum(e.tool_errors for e in episodes) / n,
+        "episode/truncated": sum(e.truncated for e in episodes) / n,
+        "episode/length_mean": sum(len(e.ids) for e in episodes) / n,
     }
 
 

@@ -143,11 +143,12 @@ def reward_context(
     batch: PromptBatch, generated: Generated | None = None, repeat: int = 1, trainer_state: Any = None
 ) -> RewardContext:
     """What reward functions get besides texts (TRL's convention): each row's chat prompt (``repeat`` rows per
-    prompt, as `rlhf.rollout.generation.generate` lays them out), the completion ids of ``generated`` and
-    ``trainer_state``."""
+    prompt, as `rlhf.rollout.generation.generate` lays them out), the completion ids of ``generated``, its
+    episodes (multi-turn) and ``trainer_state``."""
     messages = repeat_each(batch.messages, repeat) if any(m is not None for m in batch.messages) else None
     ids = generated.completion_ids if generated is not None else None
-    return RewardContext(messages=messages, completion_ids=ids, trainer_state=trainer_state)
+    episodes = generated.episodes if generated is not None else None
+    return RewardContext(messages=messages, completion_ids=ids, trainer_state=trainer_state, episodes=episodes)
 
 
 def make_trainer_state(**fields: Any) -> Any:

@@ -14,13 +14,19 @@ from typing import Any
 from rlhf.runlog.rundir import atomic_open
 
 
-def sample_rows(step: int, prompts: list[str], completions: list[str], scores: Any) -> list[dict[str, Any]]:
+def sample_rows(
+    step: int, prompts: list[str], completions: list[str], scores: Any, episodes: list[Any] | None = None
+) -> list[dict[str, Any]]:
     """One JSON row per sample: step, prompt, completion, ``reward`` (the weighted sum of the raw rewards),
-    ``rewards`` by source (with several) and ``extra`` (the ``log_extra`` columns, ``"<source>/<column>"``)."""
+    ``rewards`` by source (with several) and ``extra`` (the ``log_extra`` columns, ``"<source>/<column>"``); a
+    multi-turn sample (``episodes``) adds ``episode``: its opening ``messages``, every ``turn``, the environment's
+    ``rewards``, the tool calls and errors and how it ``ended``."""
     rows = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         value = scores.raw[i].item()
         row: dict[str, Any] = {"step": step, "prompt": prompt, "completion": completion}
+        if episodes is not None:
+            row["episode"] = episode_record(episodes[i])
         row["reward"] = None if math.isnan(value) else value
         if len(scores.names) > 1:
             row["rewards"] = {
@@ -33,24 +39,52 @@ def sample_rows(step: int, prompts: list[str], completions: list[str], scores: A
     return rows
 
 
-def _write_rows(path: Path, step: int, prompts: list[str], completions: list[str], scores: Any) -> Path:
+def episode_record(episode: Any) -> dict[str, Any]:
+    """What a samples row keeps of an episode (`rlhf.rollout.episodes.Episode`)."""
+    return {
+        "messages": episode.messages,
+        "turns": episode.turns,
+        "rewards": episode.rewards,
+        "tool_calls": episode.tool_calls,
+        "tool_errors": episode.tool_errors,
+        "ended": episode.ending,
+    }
+
+
+def _write_rows(
+    path: Path, step: int, prompts: list[str], completions: list[str], scores: Any, episodes: list[Any] | None
+) -> Path:
     with atomic_open(path) as f:
-        for row in sample_rows(step, prompts, completions, scores):
+        for row in sample_rows(step, prompts, completions, scores, episodes):
             # default=str: a log_extra value JSON cannot hold is written as its text rather than losing the file
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return path
 
 
-def write_samples(output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any) -> Path:
-    """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion and rewards."""
-    return _write_rows(output_dir / "samples" / f"step_{step:06d}.jsonl", step, prompts, completions, scores)
+def write_samples(
+    output_dir: Path,
+    step: int,
+    prompts: list[str],
+    completions: list[str],
+    scores: Any,
+    episodes: list[Any] | None = None,
+) -> Path:
+    """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion (or episode) and rewards."""
+    path = output_dir / "samples" / f"step_{step:06d}.jsonl"
+    return _write_rows(path, step, prompts, completions, scores, episodes)
 
 
 def write_completions(
-    output_dir: Path, step: int, prompts: list[str], completions: list[str], scores: Any
+    output_dir: Path,
+    step: int,
+    prompts: list[str],
+    completions: list[str],
+    scores: Any,
+    episodes: list[Any] | None = None,
 ) -> Path | None:
     """``completions/step_NNNNNN.jsonl``: the step's training samples (rows as in ``samples/``, TRL's completions
     table); None, and nothing written, unless a reward function logged columns with ``log_extra``."""
     if not scores.extra:
         return None
-    return _write_rows(output_dir / "completions" / f"step_{step:06d}.jsonl", step, prompts, completions, scores)
+    path = output_dir / "completions" / f"step_{step:06d}.jsonl"
+    return _write_rows(path, step, prompts, completions, scores, episodes)

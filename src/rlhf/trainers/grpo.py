@@ -188,6 +188,8 @@ def make_rollout(
     rewards = sampled.rewards.to(ids.device)
     scored = ~rewards.isnan()
     loss_mask = ~masks.padding_mask & scored[:, None]  # up to and including the stop token (checklist 44)
+    if generated.env_mask is not None:  # multi-turn: the model's own tokens only
+        loss_mask = loss_mask & ~generated.env_mask
     if config.grpo.mask_truncated_completions:
         loss_mask = loss_mask & generated.has_stop[:, None]
     kl = kl_estimate(logprobs, ref, config.kl.estimator) if ref is not None else None
@@ -267,7 +269,7 @@ def micro_step(
     denominators = {
         "num_tokens": rollout.mask[minibatch].sum().clamp(min=1),
         "num_seqs": len(minibatch),
-        "max_len": config.sampling.max_new_tokens,
+        "max_len": config.response_tokens,
     }
     ids, mask = rollout.micro_inputs(micro)
     logprobs, _, entropy = models.trainable.forward(
@@ -322,7 +324,7 @@ def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
     pad = parts[0].generated.pad_token_id
     T = max(p.generated.responses.shape[1] for p in parts)
     C = max(p.generated.query_responses.shape[1] - p.generated.responses.shape[1] for p in parts)
-    queries, query_masks, responses, logprobs = [], [], [], []
+    queries, query_masks, responses, logprobs, env_masks = [], [], [], [], []
     for p in parts:
         g = p.generated
         c, t = g.query_responses.shape[1] - g.responses.shape[1], g.responses.shape[1]
@@ -330,6 +332,7 @@ def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
         query_masks.append(F.pad(g.attention_mask[:, :c], (C - c, 0), value=0))
         responses.append(F.pad(g.responses, (0, T - t), value=pad))
         logprobs.append(None if g.sampler_logprobs is None else F.pad(g.sampler_logprobs, (0, T - t)))
+        env_masks.append(None if g.env_mask is None else F.pad(g.env_mask, (0, T - t), value=False))
     response = torch.cat(responses)
     generated = generation.Generated(
         query_responses=torch.cat([torch.cat(queries), response], dim=1),
@@ -339,6 +342,8 @@ def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
         has_stop=torch.cat([p.generated.has_stop for p in parts]),
         pad_token_id=pad,
         sampler_logprobs=None if any(x is None for x in logprobs) else torch.cat(logprobs),
+        env_mask=None if any(x is None for x in env_masks) else torch.cat(env_masks),
+        episodes=None if parts[0].generated.episodes is None else [e for p in parts for e in p.generated.episodes],
     )
     scores = scoring.concat_scores([p.scores for p in parts])
     prompts = [text for p in parts for text in p.prompts]

@@ -212,8 +212,9 @@ def make_rollout(
     masks, (logprobs, ref_logprobs) = rl.response_logprobs(generated, logprobs, ref_logprobs)
     values = values.masked_fill(masks.padding_mask_p1, 0.0)
     scored = ~scores.isnan()
-    policy_mask = ~masks.padding_mask & scored[:, None]
-    value_mask = ~masks.padding_mask_p1 & scored[:, None]
+    env = generated.env_mask if generated.env_mask is not None else torch.zeros_like(masks.padding_mask)
+    policy_mask = ~masks.padding_mask & scored[:, None] & ~env  # multi-turn: the model's own tokens only
+    value_mask = ~masks.padding_mask_p1 & scored[:, None] & ~env
     score = rl.missing_eos_penalized(config, torch.nan_to_num(scores.to(logprobs.device), nan=0.0), generated.has_stop)
     kl = kl_estimate(logprobs, ref_logprobs, config.kl.estimator)
     beta = kl_coef if config.kl.add_to == "reward" else 0.0
@@ -222,7 +223,7 @@ def make_rollout(
     if config.ppo.whiten_rewards:
         rewards = masked_whiten(rewards, value_mask, shift_mean=False).masked_fill(~value_mask, 0.0)
     gae_mask = value_mask if config.ppo.score_position == "after_eos" else policy_mask
-    advantages, returns = gae(rewards, values, gae_mask, config.ppo.gamma, config.ppo.lam)
+    advantages, returns = gae(rewards, values, gae_mask, config.ppo.gamma, config.ppo.lam, skip=env)
     if config.ppo.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
     keep = rl.entropy_keep(config, entropy, policy_mask)

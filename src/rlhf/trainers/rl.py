@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rlhf import planning
-from rlhf.config import PolicyGradientConfig
+from rlhf.config import ConfigError, PolicyGradientConfig
 from rlhf.config.sections import PolicyModel
 from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.losses import off_policy_mask, top_entropy_mask
@@ -35,7 +35,9 @@ from rlhf.models.sharding import load_policy, unsharded
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
-from rlhf.rollout.rewards import RewardSet
+from rlhf.rollout.episodes import EpisodeLimits, EpisodeRunner, load_environment
+from rlhf.rollout.rewards import RewardModelReward, RewardSet
+from rlhf.rollout.tools import Tool
 from rlhf.runlog import rundir, samples
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch, open_run
@@ -58,6 +60,8 @@ class Inputs:
     eval_prompts: list
     rewards: RewardSet
     sampling: SamplingParams
+    episodes: EpisodeRunner | None = None
+    """Multi-turn runs: what plays the episodes (``rollout``); None: one response per prompt."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +254,10 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             # in this step's row), the row (every run.log_every steps)
             logging = step % config.run.log_every == 0 or step == config.steps
             if d.is_main and logging:
-                samples.write_completions(out, step, sampled.prompts, sampled.generated.completions, sampled.scores)
+                generated = sampled.generated
+                samples.write_completions(
+                    out, step, sampled.prompts, generated.completions, sampled.scores, generated.episodes
+                )
             every = config.run.eval_every
             evaluating = bool(inputs.eval_prompts) and ((every > 0 and step % every == 0) or step == config.steps)
             if evaluating:
@@ -270,7 +277,13 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
 
 def open_engine(config: PolicyGradientConfig) -> str | generation.Engine:
     """The run's sampling engine (``sampling.engine``): `rlhf.rollout.generation.open_engine`."""
-    return generation.open_engine(config.sampling, config.model.name, dtype=config.model.dtype, seed=config.run.seed)
+    return generation.open_engine(
+        config.sampling,
+        config.model.name,
+        dtype=config.model.dtype,
+        seed=config.run.seed,
+        response_tokens=config.response_tokens,
+    )
 
 
 def load_inputs(config: PolicyGradientConfig) -> Inputs:
@@ -283,7 +296,35 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
     rewards = scoring.load_rewards(config.reward.source, tokenizer, d)
-    return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling)
+    episodes = episode_runner(config, tokenizer=tokenizer, stops=stops, rewards=rewards)
+    return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling, episodes)
+
+
+def episode_runner(
+    config: PolicyGradientConfig, *, tokenizer: Any, stops: list[int], rewards: RewardSet
+) -> EpisodeRunner | None:
+    """The multi-turn runner ``rollout`` describes (environment, tools, limits), None for single responses; a
+    reward model with another tokenizer than the policy's is refused (it would score re-encoded text, and an
+    episode's text is not one answer)."""
+    rollout = config.rollout
+    if not rollout.multi_turn:
+        return None
+    for source in rewards.sources:
+        if isinstance(source, RewardModelReward) and not source.shares_policy_tokenizer:
+            raise ConfigError(
+                f"reward model {source.name!r} has another tokenizer than the policy; multi-turn episodes are "
+                "scored on the policy's token ids, so a reward model must share the policy's tokenizer"
+            )
+    limits = EpisodeLimits(
+        max_turns=rollout.max_turns,
+        max_tokens=config.response_tokens,
+        max_tool_calls=rollout.max_tool_calls,
+        tool_timeout=rollout.tool_timeout,
+    )
+    factory = load_environment(rollout.environment) if rollout.environment is not None else None
+    tools = [Tool.load(spec) for spec in rollout.tools]
+    name = rollout.environment or "environment"
+    return EpisodeRunner(tokenizer, stops, factory=factory, tools=tools, limits=limits, name=name)
 
 
 def make_trainer_state(config: PolicyGradientConfig, steps_done: int, stream: PromptStream) -> Any:
@@ -325,7 +366,12 @@ def sample_and_score(
     one forward) and score the answers (GDPO within each prompt's ``repeat`` rows); ``rewards``: the combined
     scores. Each rank samples and scores its share of the prompts; every rank returns the whole batch."""
     d = inputs.d
-    generated = generation.generate(
+    sample = (
+        generation.generate
+        if inputs.episodes is None
+        else functools.partial(generation.generate_episodes, inputs.episodes)
+    )
+    generated = sample(
         models.policy,
         inputs.tokenizer,
         batch,
@@ -599,8 +645,9 @@ def evaluate(
         config, inputs, models, batch, generator, trainer_state, max_rows=config.effective_micro_batch_size
     )
     if inputs.d.is_main:
-        completions = answered.generated.completions
-        samples.write_samples(Path(config.output_dir), step, batch.texts, completions, answered.scores)
+        generated = answered.generated
+        out = Path(config.output_dir)
+        samples.write_samples(out, step, batch.texts, generated.completions, answered.scores, generated.episodes)
     return scoring.reward_metrics(answered.scores, prefix="eval/reward") | {"time/eval_s": time.perf_counter() - t0}
 
 

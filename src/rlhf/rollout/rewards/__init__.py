@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.rollout.rewards.base import (
+    ENVIRONMENT,
+    EnvironmentReward,
     RewardContext,
     RewardError,
     RewardLog,
@@ -46,6 +48,8 @@ def load_reward_source(
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
+    if spec == ENVIRONMENT:
+        return EnvironmentReward(name=name or ENVIRONMENT)
     if spec.lower().startswith(("http://", "https://")):
         return HttpReward(spec, name=name)
     model = dict(name=name, policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader)

@@ -72,12 +72,16 @@ class RewardContext:
     completion texts and dataset columns; every list has one entry per sample (B).
 
     ``messages``: each sample's chat prompt (None for a plain-text one), or None for a batch without any;
-    ``completion_ids``: as in the README's "Reward sources"; ``trainer_state``: a ``TrainerState`` or None.
+    ``completion_ids``: as in the README's "Reward sources"; ``trainer_state``: a ``TrainerState`` or None;
+    ``episodes``: multi-turn episodes (`rlhf.rollout.episodes.Episode`), whose opening messages are the prompts and
+    whose turns (assistant, tool, user…) the completions, as TRL passes them, and whose environment rewards the
+    ``environment`` source gives.
     """
 
     messages: list[list[dict[str, Any]] | None] | None = None
     completion_ids: list[list[int]] | None = None
     trainer_state: Any = None
+    episodes: list[Any] | None = None
 
     def select(self, rows: list[int]) -> RewardContext:
         """The context of the samples ``rows``, in that order (a rank's shard of a batch, one failing sample)."""
@@ -85,12 +89,46 @@ class RewardContext:
             messages=None if self.messages is None else [self.messages[i] for i in rows],
             completion_ids=None if self.completion_ids is None else [self.completion_ids[i] for i in rows],
             trainer_state=self.trainer_state,
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
         )
 
     def copy(self) -> RewardContext:
         """Deep copies of the per-sample lists (a source that mutates them must not change what the next sees);
         the trainer state is shared, as TRL passes its one ``self.state`` to every function."""
-        return RewardContext(copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state)
+        return RewardContext(
+            copy.deepcopy(self.messages), copy.deepcopy(self.completion_ids), self.trainer_state, self.episodes
+        )
+
+
+ENVIRONMENT = "environment"
+"""The reward source that is a multi-turn environment's own rewards (``reward.source: environment``)."""
+
+
+class EnvironmentReward:
+    """``reward.source: environment``: each episode's return, the sum of the rewards its environment gave (`step`
+    and `get_reward`); None (unscored) for an episode that got none. Only in multi-turn runs."""
+
+    takes_context = True
+
+    def __init__(self, name: str = ENVIRONMENT):
+        self.name = name
+
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+        context: RewardContext | None = None,
+        log: Any = None,
+    ) -> list[float | None]:
+        if context is None or context.episodes is None:
+            raise RewardError(
+                "reward.source 'environment' scores multi-turn episodes; this run has none (set rollout.environment)"
+            )
+        return [episode.reward for episode in context.episodes]
+
+    def __repr__(self) -> str:
+        return f"EnvironmentReward({self.name!r})"
 
 
 @dataclass

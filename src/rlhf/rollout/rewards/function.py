@@ -8,6 +8,7 @@ the synchronous ones (as TRL does).
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib
@@ -71,19 +72,8 @@ class FunctionReward:
         """``path/to/file.py:function`` (relative to the current directory) or ``package.module:function``; the
         attribute may be dotted (``module:Class.method``). Errors name the file or module, with the original
         import error, or the callables the module does have."""
-        target, sep, attribute = spec.rpartition(":")
-        if not sep or not target or not attribute:
-            raise RewardError(f"reward spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`")
-        module = _load_file(target, spec) if target.endswith(".py") else _load_module(target, spec)
-        obj: Any = module
-        for part in attribute.split("."):
-            if not hasattr(obj, part):
-                found = ", ".join(_public_callables(module)) or "none"
-                raise RewardError(f"reward {spec!r}: {target} has no attribute {attribute!r}; its callables: {found}")
-            obj = getattr(obj, part)
-        if not callable(obj):
-            raise RewardError(f"reward {spec!r}: {attribute!r} is a {type(obj).__name__}, not a callable")
-        return cls(obj, name=name or attribute.rsplit(".", 1)[-1], spec=spec)
+        obj = load_callable(spec, "reward", RewardError)
+        return cls(obj, name=name or spec.rpartition(":")[2].rsplit(".", 1)[-1], spec=spec)
 
     def score(self, *args: Any, **kwargs: Any) -> list[float | None]:
         """Call the function with the keyword arguments it can take (:meth:`arguments`: ``prompts, completions,
@@ -111,7 +101,10 @@ class FunctionReward:
         ``prompts``/``completions``)."""
         context = context or RewardContext()
         log_metric, log_extra = log or RewardLog(len(completions)).callbacks(self.name)
-        if context.messages is not None and any(m is not None for m in context.messages):
+        if context.episodes is not None:  # multi-turn: the opening, and every turn after it (TRL's convention)
+            prompts = [copy.deepcopy(episode.messages) for episode in context.episodes]
+            completions = [copy.deepcopy(episode.turns) for episode in context.episodes]
+        elif context.messages is not None and any(m is not None for m in context.messages):
             prompts = [
                 m if m is not None else [{"role": "user", "content": p}]
                 for p, m in zip(prompts, context.messages, strict=True)
@@ -151,11 +144,33 @@ def _is_async(function: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
-def _load_file(target: str, spec: str) -> ModuleType:
+def load_callable(spec: str, what: str, failure: type[Exception]) -> Callable[..., Any]:
+    """The callable ``spec`` names: ``path/to/file.py:function`` (relative to the current directory) or
+    ``package.module:function``; the attribute may be dotted (``module:Class.method``). ``failure`` raised on any
+    failure, its message starting ``{what} {spec!r}`` and naming the file or module, with the original import error,
+    or the callables the module does have."""
+    target, sep, attribute = spec.rpartition(":")
+    if not sep or not target or not attribute:
+        raise failure(f"{what} spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`")
+    module = (
+        _load_file(target, spec, what, failure) if target.endswith(".py") else _load_module(target, spec, what, failure)
+    )
+    obj: Any = module
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            found = ", ".join(_public_callables(module)) or "none"
+            raise failure(f"{what} {spec!r}: {target} has no attribute {attribute!r}; its callables: {found}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise failure(f"{what} {spec!r}: {attribute!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _load_file(target: str, spec: str, what: str, failure: type[Exception]) -> ModuleType:
     path = Path(target).expanduser()
     resolved = path.resolve()
     if not resolved.is_file():
-        raise RewardError(f"reward {spec!r}: no such file {str(path)!r} (looked at {resolved})")
+        raise failure(f"{what} {spec!r}: no such file {str(path)!r} (looked at {resolved})")
     # A unique module name per file, registered in sys.modules before running it, so dataclasses,
     # pickling and relative lookups inside the file work as in a normally imported module.
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
@@ -164,18 +179,18 @@ def _load_file(target: str, spec: str) -> ModuleType:
         return sys.modules[module_name]
     module_spec = importlib.util.spec_from_file_location(module_name, resolved)
     if module_spec is None or module_spec.loader is None:
-        raise RewardError(f"reward {spec!r}: {resolved} cannot be imported as a Python file")
+        raise failure(f"{what} {spec!r}: {resolved} cannot be imported as a Python file")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[module_name]
-        raise RewardError(f"reward {spec!r}: importing {resolved} failed: {type(error).__name__}: {error}") from error
+        raise failure(f"{what} {spec!r}: importing {resolved} failed: {type(error).__name__}: {error}") from error
     return module
 
 
-def _load_module(target: str, spec: str) -> ModuleType:
+def _load_module(target: str, spec: str, what: str, failure: type[Exception]) -> ModuleType:
     try:
         return importlib.import_module(target)
     except Exception as error:
@@ -185,8 +200,8 @@ def _load_module(target: str, spec: str) -> ModuleType:
                 " (the current directory is not on sys.path: use `path/to/file.py:function`, or add the "
                 "directory to PYTHONPATH)"
             )
-        raise RewardError(
-            f"reward {spec!r}: cannot import module {target!r}: {type(error).__name__}: {error}{hint}"
+        raise failure(
+            f"{what} {spec!r}: cannot import module {target!r}: {type(error).__name__}: {error}{hint}"
         ) from error
 
 

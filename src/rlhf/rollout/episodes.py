@@ -1,0 +1,468 @@
+"""Multi-turn episodes: the policy talks with an environment and calls tools, token in, token out.
+
+An episode's token ids are built as it goes and never decoded and encoded again: the model's ids are kept exactly as
+sampled (env mask False), and everything else (tool results, the environment's replies, the template's turn markup)
+is appended as the chat template's *delta* (env mask True, log-prob 0). Decoding a turn and re-rendering the
+conversation would give other tokens than the model sampled (BPE is not a bijection: trl#5224), so the log-probs
+trained on would not be the policy's. :class:`ChatFormat` finds the delta by rendering a fixed synthetic
+conversation with and without the new messages and taking the tokens after the assistant's end-of-turn token; that
+keeps the separator the template writes after it (ChatML's ``\\n`` after ``<|im_end|>``, which the model never
+samples: verl#6921) and works for templates that re-render earlier turns (Qwen3's think blocks). docs/episodes.md
+has the protocol, the rules and the references.
+
+The environment protocol (``rollout.environment: file.py:make_env``, one instance per episode):
+``reset(row) -> messages | None`` (the opening turns from the data row; None: the row's own prompt),
+``step(assistant_message) -> (messages, reward | None, done)``; optional ``tools`` (callables the model may call,
+besides ``rollout.tools``), ``get_reward() -> float | None`` (added to the step rewards at the end) and ``close()``.
+An environment written for TRL's ``environment_factory`` (no ``step``) runs as TRL runs it (`has_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlhf.config import ConfigError
+from rlhf.rollout.rewards.function import load_callable
+from rlhf.rollout.tools import Tool, ToolCall, parse_tool_calls, run_tool, tools_of, unique_names
+
+OBSERVATION_ROLES = ("user", "tool", "system")
+"""Roles an environment may reply with; ``assistant`` is refused (its text would pass as the model's own)."""
+
+_USER, _ASSISTANT = "Hello there.", "General Kenobi."
+"""The synthetic turns the deltas are rendered after (any text works: only what follows the assistant's close
+token is kept)."""
+
+
+class EpisodeError(RuntimeError):
+    """An environment or chat template that cannot run an episode; the message names which and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    """``max_turns`` model turns, ``max_tokens`` tokens after the opening (model and environment), at most
+    ``max_tool_calls`` calls run per turn, each within ``tool_timeout`` seconds."""
+
+    max_turns: int
+    max_tokens: int
+    max_tool_calls: int
+    tool_timeout: float
+
+
+@dataclasses.dataclass
+class Episode:
+    """One conversation: the opening ``messages`` and their ids ``prompt_ids``; after them ``ids`` with
+    ``env_mask`` (True: not sampled by the model) and the sampler's ``logprobs`` (0 on environment tokens); the
+    transcript ``turns`` (assistant, tool, user... messages); the environment's ``rewards`` and the counts of the
+    episode metrics. ``stopped``: the last model turn ended with the template's end of turn; ``ending``: why it
+    ended (``done``, ``answer``, ``max_turns``, ``max_tokens``, ``no_stop``)."""
+
+    messages: list[dict[str, Any]]
+    prompt_ids: list[int]
+    ids: list[int] = dataclasses.field(default_factory=list)
+    env_mask: list[bool] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    model_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    stopped: bool = False
+    ending: str = ""
+
+    @property
+    def truncated(self) -> bool:
+        """Ended before it was over: at ``max_turns`` or ``max_tokens``, or a turn cut at ``max_new_tokens``."""
+        return self.ending in ("max_turns", "max_tokens", "no_stop")
+
+    @property
+    def reward(self) -> float | None:
+        """The environment's return: the sum of its rewards, None when it gave none."""
+        return math.fsum(self.rewards) if self.rewards else None
+
+    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None, *, env: bool) -> None:
+        self.ids += ids
+        self.env_mask += [env] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+
+def load_environment(spec: str) -> Callable[[], Any]:
+    """The environment factory ``rollout.environment`` names (a class or a function of no arguments)."""
+    return load_callable(spec, "environment", ConfigError)
+
+
+class ChatFormat:
+    """How an episode's messages become token ids under ``tokenizer``'s chat template (with ``tools``' schemas in
+    every render): the opening (:meth:`opening`), the template's end-of-turn token ``close`` (one of ``stops``) and
+    the delta after a model turn (:meth:`delta`). Built once per run; refuses a template it cannot work with."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[int], tools: Sequence[Tool] = ()):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError("multi-turn episodes need a chat template, and the policy's tokenizer has none")
+        self.tokenizer, self.stops = tokenizer, list(stops)
+        self.schemas = [tool.schema for tool in tools] or None  # None, not []: Llama-3.1 prints its preamble for []
+        self.pad_token_id = tokenizer.pad_token_id
+        user = self.render([{"role": "user", "content": _USER}], generation_prompt=False)
+        self.close, start = self._close_token(user)
+        self._user = user[:start]  # the synthetic user turn as every render starts
+        if tools:
+            self._check_tools([tool.name for tool in tools])
+        specials = getattr(tokenizer, "all_special_tokens", [])
+        self._specials = sorted({s for s in specials if len(s) > 1}, key=len, reverse=True)
+
+    def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        """The template's ids of ``messages`` (tokenised as text, without the tokenizer's added special tokens: the
+        template writes its own)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=self.schemas, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        except Exception as error:  # jinja's TemplateError, a template's raise_exception
+            roles = ", ".join(m.get("role", "?") for m in messages)
+            raise EpisodeError(
+                f"the chat template cannot render a conversation of {roles}: {type(error).__name__}: {error}"
+            ) from error
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def opening(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The ids the first model turn continues: ``messages`` with the generation prompt."""
+        return self.render(self.escaped(messages), generation_prompt=True)
+
+    def delta(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The ids that follow a model turn ended by :attr:`close` when ``messages`` (one group of tool results, or
+        the environment's reply) come next, through the next generation prompt. Rendered after a synthetic
+        exchange and cut after its assistant's close token, so it starts with whatever the template writes there."""
+        messages = self.escaped(messages)
+        assistant: dict[str, Any] = {"role": "assistant", "content": _ASSISTANT}
+        tool_names = [m.get("name") or "tool" for m in messages if m["role"] == "tool"]
+        if tool_names:  # a tool message answers a call: templates group results under the assistant's calls
+            assistant["tool_calls"] = [ToolCall(name, {}).message() for name in tool_names]
+        full = self.render([{"role": "user", "content": _USER}, assistant, *messages], generation_prompt=True)
+        start = self._after_close(full)
+        delta = full[start:]
+        text = self.tokenizer.decode(delta)
+        missing = [m["content"] for m in messages if m["content"].strip() and m["content"].strip() not in text]
+        if missing:
+            raise EpisodeError(
+                f"the chat template drops {', '.join(m['role'] for m in messages)} messages after an assistant turn "
+                f"(rendered: {text!r}; missing: {missing[0][:80]!r}); use a template that renders them"
+            )
+        if self.pad_token_id is not None and self.pad_token_id in delta:
+            raise EpisodeError(f"the chat template writes the padding token into a turn: {text!r}")
+        return delta
+
+    def escaped(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with the tokenizer's special-token strings in their text broken by a zero-width space, so
+        a tool or environment that returns ``<|im_end|>`` cannot end a turn or pose as the model."""
+        if not self._specials:
+            return messages
+        out = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                for special in self._specials:
+                    content = content.replace(special, special[0] + "\u200b" + special[1:])
+                message = {**message, "content": content}
+            out.append(message)
+        return out
+
+    def _close_token(self, user: list[int]) -> tuple[int, int]:
+        """The token that ends an assistant turn (it must be a stop token, so a sampled turn ends with it) and how
+        many leading ids the synthetic user turn renders to."""
+        conversation = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
+        ids = self.render(conversation, generation_prompt=False)
+        start = _common_prefix(user, ids)
+        tokenizer = self.tokenizer
+        after = tokenizer.decode(ids[start:])
+        if _ASSISTANT not in after:
+            raise ConfigError(f"the chat template does not render an assistant turn's content: {after!r}")
+        for i in range(start, len(ids)):
+            if ids[i] in self.stops and _ASSISTANT in tokenizer.decode(ids[start:i]):
+                ending = tokenizer.decode(ids[start:i])
+                if ending.rstrip().endswith(_ASSISTANT):
+                    return ids[i], start
+                break
+        ending = after[after.index(_ASSISTANT) + len(_ASSISTANT) :]
+        stops = ", ".join(repr(tokenizer.decode([s])) for s in self.stops)
+        raise ConfigError(
+            f"an assistant turn of this chat template ends with {ending!r}, which does not start with a stop token "
+            f"({stops}): set sampling.stop to the template's end-of-turn token, so a turn the model samples ends "
+            "where the template's does"
+        )
+
+    def _after_close(self, ids: list[int]) -> int:
+        """The index after the synthetic assistant's close token in a render that starts with the synthetic user."""
+        start = len(self._user)
+        if ids[:start] != self._user:
+            raise EpisodeError(
+                "the chat template renders the first user turn differently when more turns follow: "
+                f"{self.tokenizer.decode(self._user)!r} vs {self.tokenizer.decode(ids[:start])!r}"
+            )
+        for i in range(start, len(ids)):
+            if ids[i] == self.close:
+                return i + 1
+        raise EpisodeError(f"the chat template's render has no end-of-turn token after the assistant: {ids}")
+
+    def _check_tools(self, names: list[str]) -> None:
+        """Refuse a template that silently drops tool calls or tool results (it would show the model neither)."""
+        call = ToolCall(names[0], {"sentinel_key": "sentinel_value"})
+        conversation = [
+            {"role": "user", "content": _USER},
+            {"role": "assistant", "content": "", "tool_calls": [call.message()]},
+            {"role": "tool", "name": names[0], "content": "sentinel_result"},
+        ]
+        try:
+            text = self.tokenizer.decode(self.render(conversation, generation_prompt=True))
+        except EpisodeError as error:
+            problem = f"rendering a tool call failed: {error}"
+        else:
+            lost = [s for s in (names[0], "sentinel_key", "sentinel_value", "sentinel_result") if s not in text]
+            problem = f"it drops {', '.join(lost)}" if lost else "it does not write <tool_call> blocks"
+            if not lost and "<tool_call>" in text:
+                return
+        raise ConfigError(
+            f"tools: the policy's chat template cannot show tool calls and their results ({problem}); tools need a "
+            "template with tool support in the Qwen/Hermes <tool_call> format (Qwen2.5, Qwen3); an environment "
+            "without tools works with any chat template"
+        )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+SampleTurn = Callable[[list[int], list[list[int]], int], list[tuple[list[int], list[float]]]]
+"""``(episodes, prompts, turn) → [(sampled ids, their log-probs)]``: one model turn for each of ``prompts``, the
+ids so far of the episodes with those indices (the sampler of `rlhf.rollout.generation`, seeded per row and turn)."""
+
+
+class EpisodeRunner:
+    """Runs a batch of episodes: the environment (``factory``, None: tools only), the ``tools`` of every
+    episode, the chat ``format`` and the ``limits``."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        stops: Sequence[int],
+        *,
+        factory: Callable[[], Any] | None,
+        tools: Sequence[Tool],
+        limits: EpisodeLimits,
+        name: str = "environment",
+    ):
+        self.factory, self.limits, self.name, self.tokenizer = factory, limits, name, tokenizer
+        self.tools = list(tools)
+        if factory is not None:  # the schemas of its tools, from one instance (each episode calls its own's)
+            probe = self._make()
+            self.tools += tools_of(environment_tools(probe), f"{name}'s tools")
+            _close(probe)
+        unique_names(self.tools, "rollout.tools and the environment's tools")
+        self.format = ChatFormat(tokenizer, stops, self.tools)
+        self.by_name = {tool.name: tool for tool in self.tools}
+
+    def run(self, rows: list[dict[str, Any]], sample: SampleTurn, group_size: int = 1) -> list[Episode]:
+        """One episode per row (``group_size`` consecutive rows share a row and must open alike): model turns in
+        rounds, every unfinished episode one turn per round."""
+        envs = [self._make() if self.factory is not None else None for _ in rows]
+        try:
+            episodes = [self._open(row, env, i) for i, (row, env) in enumerate(zip(rows, envs, strict=True))]
+            self._check_groups(episodes, group_size)
+            active = list(range(len(rows)))
+            turn = 0
+            while active:
+                outs = sample(active, [episodes[i].prompt_ids + episodes[i].ids for i in active], turn)
+                active = [i for i, out in zip(active, outs, strict=True) if self._turn(episodes[i], envs[i], out, i)]
+                turn += 1
+            for env, episode in zip(envs, episodes, strict=True):
+                self._final_reward(env, episode)
+        finally:
+            for env in envs:
+                _close(env)
+        return episodes
+
+    def _make(self) -> Any:
+        try:
+            return self.factory()
+        except Exception as error:
+            raise EpisodeError(f"{self.name}: making an instance raised {type(error).__name__}: {error}") from error
+
+    def _open(self, row: dict[str, Any], env: Any, index: int) -> Episode:
+        """The episode's opening: ``env.reset(row)``, or the row's own prompt (a TRL environment's reset text
+        appended to its last message)."""
+        where = f"{self.name}.reset (episode {index})"
+        prompt = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+        opened = None
+        if env is not None:
+            try:  # ours takes the row; TRL's takes its columns as keywords and returns text for the last message
+                opened = env.reset(dict(row)) if has_step(env) else env.reset(**row)
+            except Exception as error:
+                raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
+        if env is not None and not has_step(env):
+            if opened is not None and not isinstance(opened, str):
+                raise EpisodeError(f"{where}: an environment without step returns text or None, not {opened!r:.200}")
+            messages = [dict(m) for m in prompt]
+            messages[-1]["content"] += opened or ""
+        else:
+            messages = prompt if opened is None else opened
+        messages = _messages(messages, where, roles=("system", "user", "assistant", "tool"))
+        return Episode(messages=messages, prompt_ids=self.format.opening(messages))
+
+    def _check_groups(self, episodes: list[Episode], group_size: int) -> None:
+        for start in range(0, len(episodes), group_size):
+            group = episodes[start : start + group_size]
+            if any(e.messages != group[0].messages for e in group):
+                raise EpisodeError(
+                    f"{self.name}.reset gave the episodes of one group different openings (episodes {start}-"
+                    f"{start + group_size - 1}): a group compares answers to one opening, so reset must depend on the "
+                    "row alone (draw any randomness from a row column, e.g. a seed)"
+                )
+
+    def _turn(self, episode: Episode, env: Any, out: tuple[list[int], list[float]], index: int) -> bool:
+        """Append one sampled model turn and what answers it; whether the episode goes on."""
+        ids, logprobs = out
+        room = self.limits.max_tokens - len(episode.ids)
+        cut = len(ids) > room
+        ids, logprobs = ids[:room], logprobs[:room]
+        episode.add(ids, logprobs, env=False)
+        episode.model_turns += 1
+        episode.stopped = bool(ids) and ids[-1] == self.format.close and not cut
+        if not episode.stopped:  # cut, or ended by another stop: the template would not go on from here
+            episode.ending = "max_tokens" if cut else "no_stop"
+            episode.turns.append({"role": "assistant", "content": self._text(ids)})
+            return False
+        text = self._text(ids[:-1])
+        content, calls = parse_tool_calls(text) if self.tools else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
+        if calls:
+            message["tool_calls"] = [call.message() for call in calls if call.error is None]
+        episode.turns.append(message)
+        last = episode.model_turns >= self.limits.max_turns
+        if calls:
+            if last:  # no turn left to read the results in
+                episode.ending = "max_turns"
+                return False
+            observations = self._call_tools(episode, env, calls)
+        elif env is not None and has_step(env):
+            observations, done = self._step(env, message, episode, index)
+            if done or last:
+                episode.ending = "done" if done else "max_turns"
+                return False
+        else:
+            episode.ending = "answer"  # no environment that steps: a turn without a tool call is the answer
+            return False
+        delta = self.format.delta(observations)
+        if len(episode.ids) + len(delta) >= self.limits.max_tokens:  # no room for them and a model token
+            episode.ending = "max_tokens"
+            return False
+        episode.add(delta, None, env=True)
+        episode.turns += observations
+        return True
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _call_tools(self, episode: Episode, env: Any, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        """Run the turn's calls in order (past ``max_tool_calls``, each gets an error), an environment's tools on
+        this episode's instance: one tool message each."""
+        tools = dict(self.by_name)
+        for function in environment_tools(env) if env is not None else []:
+            tools[function.__name__] = dataclasses.replace(tools[function.__name__], function=function)
+        messages = []
+        for k, call in enumerate(calls):
+            if k < self.limits.max_tool_calls:
+                result = run_tool(call, tools, self.limits.tool_timeout)
+                content, error, timed_out = result.content, result.error, result.timed_out
+            else:
+                content, error, timed_out = f"error: at most {self.limits.max_tool_calls} calls a turn", True, False
+            episode.tool_calls += 1
+            episode.tool_errors += error
+            episode.tool_timeouts += timed_out
+            messages.append({"role": "tool", "name": call.name or "tool", "content": content})
+        return messages
+
+    def _step(
+        self, env: Any, message: dict[str, Any], episode: Episode, index: int
+    ) -> tuple[list[dict[str, Any]], bool]:
+        where = f"{self.name}.step (episode {index}, turn {episode.model_turns})"
+        try:
+            result = env.step(dict(message))
+        except Exception as error:
+            raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
+        if not isinstance(result, tuple | list) or len(result) != 3:
+            raise EpisodeError(f"{where} must return (messages, reward or None, done), not {result!r:.200}")
+        messages, reward, done = result
+        if not isinstance(done, bool):
+            raise EpisodeError(f"{where}: done must be True or False, not {done!r}")
+        self._reward(reward, episode, where)
+        return _messages(messages or [], where, roles=OBSERVATION_ROLES), done
+
+    def _final_reward(self, env: Any, episode: Episode) -> None:
+        """``env.get_reward()`` at the episode's end, when the environment has it (TRL's environments do)."""
+        if env is None or not callable(getattr(env, "get_reward", None)):
+            return
+        where = f"{self.name}.get_reward"
+        try:
+            reward = env.get_reward()
+        except Exception as error:
+            raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
+        self._reward(reward, episode, where)
+
+    @staticmethod
+    def _reward(reward: Any, episode: Episode, where: str) -> None:
+        if reward is None:
+            return
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            raise EpisodeError(f"{where}: a reward is a finite number or None, not {reward!r}")
+        episode.rewards.append(float(reward))
+
+
+RESERVED = ("reset", "step", "get_reward", "close", "tools")
+"""Method names of the environment protocols that are never tools."""
+
+
+def has_step(env: Any) -> bool:
+    """Whether ``env`` follows rlhf's protocol (``reset(row)``, ``step``); else TRL's ``environment_factory``
+    protocol: ``reset(**columns) -> text | None`` appended to the prompt's last message, every public method a
+    tool, the episode over at the first turn without a tool call, scored by ``get_reward``."""
+    return callable(getattr(env, "step", None))
+
+
+def environment_tools(env: Any) -> list[Callable[..., Any]]:
+    """The tools an environment instance offers: its ``tools`` attribute (rlhf's protocol), or (TRL's) its public
+    methods other than :data:`RESERVED`."""
+    if has_step(env):
+        return list(getattr(env, "tools", None) or [])
+    methods = inspect.getmembers(env, inspect.ismethod)
+    return [method for name, method in methods if not name.startswith("_") and name not in RESERVED]
+
+
+def _messages(value: Any, where: str, roles: Sequence[str]) -> list[dict[str, Any]]:
+    """``value`` as a list of chat messages: a string is one user message; each message needs a role of ``roles``
+    and string content."""
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise EpisodeError(f"{where}: messages are a list of {{'role', 'content'}} dicts, not {value!r:.200}")
+    for message in value:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise EpisodeError(f"{where}: a message is a dict with a string 'content', not {message!r:.200}")
+        if message.get("role") not in roles:
+            raise EpisodeError(f"{where}: a message's role is one of {', '.join(roles)}, not {message.get('role')!r}")
+    return [dict(m) for m in value]
+
+
+def _close(env: Any) -> None:
+    if env is not None and callable(getattr(env, "close", None)):
+        env.close()

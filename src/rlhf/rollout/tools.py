@@ -1,0 +1,206 @@
+"""Tools a policy calls during a multi-turn episode: plain Python functions with type hints and a Google-style
+docstring (TRL's ``tools=`` convention), their JSON schemas for the chat template's ``tools=``, the calls parsed
+from a model turn (the Qwen/Hermes ``<tool_call>{json}</tool_call>`` format) and each call run under a time limit.
+The built-in :func:`calculator` is the worked example (README, "Multi-turn episodes").
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import inspect
+import json
+import math
+import operator
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rlhf.config import ConfigError
+from rlhf.rollout.rewards.base import run_coroutine
+from rlhf.rollout.rewards.function import load_callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """A callable and the JSON schema the chat template shows the model (``transformers``' ``get_json_schema``)."""
+
+    name: str
+    function: Callable[..., Any]
+    schema: dict[str, Any]
+
+    @classmethod
+    def of(cls, function: Callable[..., Any], spec: str | None = None) -> Tool:
+        """``function``'s tool; a `ConfigError` naming it (``spec``, else its name) when its type hints or
+        docstring cannot describe it (every parameter needs a hint and an ``Args:`` line)."""
+        from transformers.utils import get_json_schema
+
+        label = spec or getattr(function, "__name__", repr(function))
+        try:
+            schema = get_json_schema(function)
+        except Exception as error:  # DocstringParsingException, TypeHintParsingException, ...
+            raise ConfigError(
+                f"tool {label!r}: {type(error).__name__}: {error}. A tool needs a type hint on every parameter and "
+                "a Google-style docstring with a description and an `Args:` line per parameter"
+            ) from error
+        return cls(schema["function"]["name"], function, schema)
+
+    @classmethod
+    def load(cls, spec: str) -> Tool:
+        """The tool ``path/to/file.py:function`` or ``package.module:function`` names."""
+        return cls.of(load_callable(spec, "tool", ConfigError), spec)
+
+
+def tools_of(functions: list[Callable[..., Any]], where: str) -> list[Tool]:
+    """Tools from callables (an environment's ``tools`` attribute), names unique."""
+    tools = [Tool.of(f, f"{where}: {getattr(f, '__name__', f)!r}") for f in functions]
+    unique_names(tools, where)
+    return tools
+
+
+def unique_names(tools: list[Tool], where: str) -> None:
+    names = [tool.name for tool in tools]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{where}: more than one tool is named {', '.join(map(repr, twice))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One call parsed from a model turn: ``name`` and ``arguments``, or ``error`` when it could not be read."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
+
+    def message(self) -> dict[str, Any]:
+        """The call as the assistant message's ``tool_calls`` entry (transformers' convention)."""
+        return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """A Qwen/Hermes model turn → (its content without the calls, the calls). Each ``<tool_call>…</tool_call>``
+    body must be a JSON object with a string ``name``; ``arguments`` a JSON object or a JSON string of one
+    (missing: none). A body that does not parse is a call with an ``error`` (the episode reports it to the model
+    and goes on). An unclosed ``<tool_call>`` (the turn ran out of tokens) is no call."""
+    calls = [_parse_call(body.strip()) for body in _CALL.findall(text)]
+    content = _CALL.sub("", text).strip()
+    return content, calls
+
+
+def _parse_call(body: str) -> ToolCall:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as error:
+        return ToolCall("", {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos}): {body!r}")
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return ToolCall("", {}, f'a tool call is a JSON object {{"name": ..., "arguments": {{...}}}}, not {body!r}')
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: refused just below as not an object
+            arguments = json.loads(arguments)
+    if not isinstance(arguments, dict):
+        return ToolCall(call["name"], {}, f"the arguments of {call['name']!r} are not a JSON object: {arguments!r}")
+    return ToolCall(call["name"], arguments)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolResult:
+    """What a call gave: the ``content`` of its tool message, and whether it failed (``error``) or ran out of time
+    (``timed_out``, an error too)."""
+
+    content: str
+    error: bool = False
+    timed_out: bool = False
+
+
+def run_tool(call: ToolCall, tools: dict[str, Tool], timeout: float) -> ToolResult:
+    """Run ``call`` with at most ``timeout`` seconds. A call that could not be parsed, names no tool, has arguments
+    the function does not take, raises or times out gives an ``error:`` message for the model (the episode goes
+    on). The function runs in a daemon thread: one that does not return in time is left running (Python cannot
+    stop a thread) and its result is discarded; a tool that can hang should bound its own waits."""
+    if call.error is not None:
+        return ToolResult(f"error: {call.error}", error=True)
+    tool = tools.get(call.name)
+    if tool is None:
+        return ToolResult(f"error: no tool named {call.name!r}; the tools are {', '.join(sorted(tools))}", error=True)
+    try:
+        inspect.signature(tool.function).bind(**call.arguments)
+    except TypeError as error:
+        return ToolResult(f"error: {call.name}: {error}", error=True)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result = tool.function(**call.arguments)
+            outcome["value"] = run_coroutine(result) if inspect.isawaitable(result) else result
+        except Exception as error:  # the model sees what went wrong, as a tool message
+            outcome["error"] = f"{type(error).__name__}: {error}"
+
+    worker = threading.Thread(target=target, name=f"tool-{call.name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return ToolResult(f"error: {call.name} did not return within {timeout:g} s", error=True, timed_out=True)
+    if "error" in outcome:
+        return ToolResult(f"error: {outcome['error']}", error=True)
+    return ToolResult(as_text(outcome.get("value")))
+
+
+def as_text(value: Any) -> str:
+    """A tool's return value as a message's text: strings as they are, other values as JSON (else ``str``)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+_OPERATORS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+MAX_EXPONENT = 100
+"""The calculator refuses larger powers (an exponent of a billion would stall the trainer)."""
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return the result.
+
+    Args:
+        expression: An arithmetic expression with numbers, + - * / // % ** and parentheses, e.g. "(3 + 4) * 2".
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as error:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from error
+    value = _evaluate(tree.body)
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    return str(value)
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is larger than {MAX_EXPONENT}")
+        return _OPERATORS[type(node.op)](left, right)
+    raise ValueError(f"only numbers and + - * / // % ** are allowed, not {ast.unparse(node)!r}")
