@@ -4,6 +4,7 @@
     rlhf ppo --config examples/ppo_tiny.yaml       # PPO against examples/rewards.py:digits
     rlhf sft --config examples/sft_tiny.yaml       # SFT on examples/assets/sft.jsonl
     rlhf rm --config examples/rm_tiny.yaml         # a reward model on examples/assets/preferences.jsonl
+    rlhf sft --config examples/sft_code_word.yaml  # then grpo_code_word.yaml: multi-turn (examples/code_word.py)
 
 Everything is random-initialised and trained locally (no downloads); replace `policy:` / `reward:` in the
 YAML files with your own model directories or hub ids for real work.
@@ -42,7 +43,26 @@ def main(root: Path) -> None:
                 wrong = rng.choice([n for n in range(19) if n != a + b])
                 row = {"prompt": f"what is {a} + {b}?", "chosen": f" {a + b}", "rejected": f" {wrong}"}
                 f.write(json.dumps(row) + "\n")
-    print(f"wrote {root}/: policy/, reward_model/, prompts.jsonl, eval_prompts.jsonl, sft.jsonl, preferences.jsonl")
+    code_word(root, rng)
+    print(
+        f"wrote {root}/: policy/, reward_model/, prompts.jsonl, eval_prompts.jsonl, sft.jsonl, preferences.jsonl, "
+        "code_word_sft.jsonl, code_word_prompts.jsonl"
+    )
+
+
+def code_word(root: Path, rng: random.Random) -> None:
+    """The word game of examples/code_word.py: conversations in its format whose answers are random words (SFT
+    teaches the format, not the game), and rows naming each episode's word."""
+    from code_word import WORDS
+
+    with (root / "code_word_sft.jsonl").open("w") as f:
+        for _ in range(256):
+            turns = ["listen", "ok", f"the word is {rng.choice(WORDS)}", rng.choice(WORDS)]
+            messages = [{"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(turns)]
+            f.write(json.dumps({"messages": messages}) + "\n")
+    with (root / "code_word_prompts.jsonl").open("w") as f:
+        for i in range(64):
+            f.write(json.dumps({"prompt": "play", "word": i % len(WORDS)}) + "\n")
 
 
 if __name__ == "__main__":

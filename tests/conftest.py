@@ -11,6 +11,7 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 | ``other_tokenizer_dir`` / ``other_tokenizer`` | a different tokenizer (other corpus and vocab size, specials last) |
 | ``tiny_llama_dir``, ``tiny_gpt2_dir``, ``tiny_qwen2_dir`` | causal LM + main tokenizer, one per architecture |
 | ``tiny_model_dir`` | parametrised over the three architectures above |
+| ``chat_policy`` | the tiny llama after SFT on conversations of ``episode_envs.py:CodeWord``'s format (multi-turn) |
 | ``tiny_reward_model_dir`` | llama reward model (one output) + main tokenizer |
 | ``tiny_reward_model_other_tokenizer_dir`` | gpt2 reward model + ``other_tokenizer`` |
 | ``ragged`` | trainer runs whose sampled responses have different lengths (some stopped, some cut) |
@@ -254,3 +255,34 @@ def clipped_gradients(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording)
     return grads
+
+
+@pytest.fixture(scope="session")
+def chat_policy(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama after SFT on CodeWord-shaped conversations whose answers are random words: it knows the format
+    (short turns that stop) and the words, not to copy the reply (a random-init model rarely stops within 6
+    tokens, so its episodes would seldom reach a second turn)."""
+    import json
+
+    from configs import nested
+    from episode_envs import WORDS
+    from rlhf.config import config_from_dict
+    from rlhf.trainers import sft
+
+    rng = random.Random(0)
+    root = tmp_path_factory.mktemp("chat_policy")
+    demos = root / "sft.jsonl"
+
+    def conversation() -> list[dict]:
+        return [
+            {"role": "user", "content": "listen"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": f"the word is {rng.choice(WORDS)}"},
+            {"role": "assistant", "content": rng.choice(WORDS)},
+        ]
+
+    demos.write_text("".join(json.dumps({"messages": conversation()}) + "\n" for _ in range(256)))
+    values = {"model.name": str(tiny_llama_dir), "data.train": str(demos), "output_dir": str(root / "sft"),
+              "sft.epochs": 10, "optim.learning_rate": 3e-3, "batch.size": 16, "run.eval_every": 0,
+              "run.save_every": 0, "run.progress": False}  # fmt: skip
+    return sft.run(config_from_dict("sft", nested(values)))

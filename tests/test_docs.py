@@ -56,6 +56,10 @@ def test_readme_names_every_ppo_field_and_metric():
         "rollout/logprob_diff_frac",
         "rollout/is_weight_mean",
         "rollout/is_capped_frac",
+        "episode/turns_mean",
+        "episode/tool_calls_mean",
+        "episode/tool_errors",
+        "episode/truncated",
     ]
     for name in documented_metrics:
         assert f"`{name}`" in readme, f"README does not list the metric {name}"

@@ -105,6 +105,25 @@ def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, var
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
+EPISODES = Path(__file__).resolve().parents[1] / "episode_envs.py"
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+def test_multi_turn_two_ranks_equal_one_process(chat_policy, word_prompts, tmp_path, command):
+    """Multi-turn episodes: each rank plays its rows' episodes (its own environment instances, per-row and per-turn
+    sampling streams), so 2 ranks play exactly the episodes 1 process plays and the updates agree as above."""
+    config = rl_config(command, chat_policy, word_prompts, **{
+        "reward.source": "environment", "rollout.environment": f"{EPISODES}:Chatty", "rollout.max_turns": 2,
+        "rollout.max_episode_tokens": 40, "sampling.max_new_tokens": 6, "batch.micro_size": 2,
+    } | ({"batch.size": 4, "grpo.group_size": 4} if command == "grpo" else {"batch.size": 8}))  # fmt: skip
+    one_rows, one_grads = run(command, config, tmp_path / "one")
+    two_rows, two_grads = run(command, config, tmp_path / "two", torchrun())
+    assert all(row["episode/turns_mean"] > 1 for row in one_rows if "episode/turns_mean" in row)  # replies came
+    assert_same_gradients(one_grads, two_grads)
+    assert_same_metrics(one_rows, two_rows)
+    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+
+
 @pytest.fixture(scope="module")
 def sft_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """11 examples: with batches of 4 an epoch ends on a batch of 3, which 2 ranks split 2 + 1."""

@@ -427,3 +427,21 @@ def test_a_trl_environment_runs_as_trl_runs_it(qwen_tokenizer):
     ]
     assert [e.turns[1]["content"] for e in episodes] == ["3", "12"]
     assert [e.reward for e in episodes] == [3.0, 12.0] and [e.ending for e in episodes] == ["answer", "answer"]
+
+
+def test_a_turn_ended_by_another_stop_token_ends_the_episode():
+    """Gemma with both stops: a turn that ends with <end_of_turn> goes on to the reply; one that ends with <eos>
+    (the model closed the conversation) ends the episode, stopped, with nothing appended."""
+    tok = train_family_tokenizer("gemma2", toy_corpus(200))
+    stops = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_turn>")})
+    play = runner(tok, stops=stops)
+    episodes = play.run(
+        [{"word": "cat", "prompt": "x"}] * 2,
+        lambda active, prompts, turn: [
+            ([*by_characters(tok, "ready"), play.format.close if i == 0 else tok.eos_token_id], [0.0] * 6)
+            for i in active
+        ],
+    )
+    assert episodes[0].ending == "max_turns" or episodes[0].model_turns > 1  # it went on past the first turn
+    assert episodes[1].ending == "stop" and episodes[1].stopped and not any(episodes[1].env_mask)
+    assert not episodes[1].truncated and episodes[1].turns == [{"role": "assistant", "content": "ready"}]

@@ -66,3 +66,16 @@ def test_loaded_by_module_name_through_the_reward_set():
     assert scores[1][0] != scores[1][0]  # None → NaN: unscored
     assert scores[1][1] == pytest.approx(-0.001)
     assert verifiers.DEFAULT_FORMAT  # documented default exists
+
+
+def test_a_multi_turn_completion_is_judged_on_what_the_model_wrote():
+    """The tool's result (5) is not the model's answer: only the assistant turns count."""
+    episode = [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator"}}]},
+        {"role": "tool", "name": "calculator", "content": "5"},
+        {"role": "assistant", "content": "It is 6."},
+    ]
+    assert exact_match([episode, episode[:2] + [{"role": "assistant", "content": "5"}]], answer=["5", "5"]) == [
+        0.0,
+        1.0,
+    ]

@@ -5,19 +5,18 @@ a learning test whose reward needs the environment's reply (``episode_envs.py:Co
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from episode_envs import WORDS
 from safetensors.torch import load_file
 
 from configs import nested
+from episode_envs import WORDS
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data.stream import PromptBatch
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import grpo, ppo, rl, sft
+from rlhf.trainers import grpo, ppo, rl
 from runs import (
     assert_rows_match,
     assert_same_checkpoint,
@@ -29,7 +28,7 @@ from runs import (
     train_rows,
 )
 
-ENVS = Path(__file__).resolve().parent / "episode_envs.py"
+ENVS = Path(__file__).resolve().parents[1] / "episode_envs.py"
 EPISODE_METRICS = ["episode/turns_mean", "episode/tool_calls_mean", "episode/tool_errors", "episode/truncated"]
 
 
@@ -39,30 +38,6 @@ def word_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("episodes") / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": "x", "word": i % len(WORDS)}) + "\n" for i in range(64)))
     return path
-
-
-@pytest.fixture(scope="module")
-def chat_policy(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny llama after SFT on CodeWord-shaped conversations whose answers are random words: it knows the format
-    (short turns that stop) and the words, not to copy the reply (a random-init model rarely stops within 6
-    tokens, so its episodes would seldom reach a second turn)."""
-    rng = random.Random(0)
-    root = tmp_path_factory.mktemp("chat_policy")
-    demos = root / "sft.jsonl"
-
-    def conversation() -> list[dict]:
-        return [
-            {"role": "user", "content": "listen"},
-            {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": f"the word is {rng.choice(WORDS)}"},
-            {"role": "assistant", "content": rng.choice(WORDS)},
-        ]
-
-    demos.write_text("".join(json.dumps({"messages": conversation()}) + "\n" for _ in range(256)))
-    values = {"model.name": str(tiny_llama_dir), "data.train": str(demos), "output_dir": str(root / "sft"),
-              "sft.epochs": 10, "optim.learning_rate": 3e-3, "batch.size": 16, "run.eval_every": 0,
-              "run.save_every": 0, "run.progress": False}  # fmt: skip
-    return sft.run(config_from_dict("sft", nested(values)))
 
 
 def make_config(command: str, policy: Path, prompts: Path, out: Path, **overrides: object):
@@ -180,6 +155,27 @@ def test_runs_log_episodes_and_write_every_turn(chat_policy, word_prompts, tmp_p
             "the word is"
         )
         assert sample["reward"] in (0.0, 1.0) and sample["episode"]["ended"] in ("done", "max_tokens", "no_stop")
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+@pytest.mark.parametrize("split", [{"batch.micro_size": 2}, {"batch.micro_tokens": 40}], ids=["rows", "tokens"])
+def test_micro_batching_episodes_gives_the_same_update(
+    chat_policy, word_prompts, tmp_path, clipped_gradients, command, split
+):
+    """Episodes of different lengths (one or two turns, replies between) in one pass, or in micro-batches of rows
+    or of tokens, each cut to its own columns: the same gradients (float32 sums of the same terms in another
+    grouping: rel 1e-4 of each element, as the single-turn tests allow)."""
+    fields = {"rollout.environment": f"{ENVS}:Chatty", "rollout.max_episode_tokens": 40, f"{command}.steps": 1,
+              f"{command}.num_minibatches": 1, "kl.coef": 0.05}  # fmt: skip
+    trainer = grpo if command == "grpo" else ppo
+    trainer.run(make_config(command, chat_policy, word_prompts, tmp_path / "whole", **fields))
+    whole = list(clipped_gradients)
+    clipped_gradients.clear()
+    trainer.run(make_config(command, chat_policy, word_prompts, tmp_path / "micro", **fields | split))
+    assert len(clipped_gradients) == len(whole) > 0
+    assert any(g.abs().sum() > 0 for g in whole)
+    for g_micro, g_whole in zip(clipped_gradients, whole, strict=True):
+        torch.testing.assert_close(g_micro, g_whole, rtol=1e-4, atol=1e-6)
 
 
 def test_resume_reproduces_the_uninterrupted_run(chat_policy, word_prompts, tmp_path, monkeypatch):

@@ -59,7 +59,8 @@ class Episode:
     ``env_mask`` (True: not sampled by the model) and the sampler's ``logprobs`` (0 on environment tokens); the
     transcript ``turns`` (assistant, tool, user... messages); the environment's ``rewards`` and the counts of the
     episode metrics. ``stopped``: the last model turn ended with the template's end of turn; ``ending``: why it
-    ended (``done``, ``answer``, ``max_turns``, ``max_tokens``, ``no_stop``)."""
+    ended (``done``, ``answer``, ``max_turns``, ``max_tokens``, ``no_stop``: a turn cut at max_new_tokens, ``stop``:
+    a turn ended by a stop token other than the template's end of turn)."""
 
     messages: list[dict[str, Any]]
     prompt_ids: list[int]
@@ -335,10 +336,11 @@ class EpisodeRunner:
         ids, logprobs = ids[:room], logprobs[:room]
         episode.add(ids, logprobs, env=False)
         episode.model_turns += 1
-        episode.stopped = bool(ids) and ids[-1] == self.format.close and not cut
-        if not episode.stopped:  # cut, or ended by another stop: the template would not go on from here
-            episode.ending = "max_tokens" if cut else "no_stop"
-            episode.turns.append({"role": "assistant", "content": self._text(ids)})
+        last = ids[-1] if ids and not cut else None
+        episode.stopped = last in self.format.stops
+        if last != self.format.close:  # cut, or ended by another stop: the template would not go on from here
+            episode.ending = "max_tokens" if cut else "stop" if episode.stopped else "no_stop"
+            episode.turns.append({"role": "assistant", "content": self._text(ids[:-1] if episode.stopped else ids)})
             return False
         text = self._text(ids[:-1])
         content, calls = parse_tool_calls(text) if self.tools else (text, [])

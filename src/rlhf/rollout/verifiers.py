@@ -71,11 +71,13 @@ def answers_match(predicted: str | None, reference: Any) -> bool:
 
 
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
-    """The text of a completion: the string itself, or the contents of a conversational completion's messages
-    (TRL reads ``completion[0]["content"]``; a completion here is one assistant message)."""
+    """The text of a completion: the string itself, or what the model wrote in a conversational completion (TRL
+    reads ``completion[0]["content"]``): its assistant messages, one after another — a multi-turn episode's turns
+    without the tool results and replies between them."""
     if isinstance(completion, str):
         return completion
-    return "".join(str(message.get("content") or "") for message in completion)
+    own = [m for m in completion if m.get("role", "assistant") == "assistant"]
+    return "\n".join(str(message.get("content") or "") for message in own)
 
 
 def exact_match(completions: list[str], answer: Sequence[Any] | None = None, **columns: Any) -> list[float | None]:
