@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from configs import nested
 from episode_envs import WORDS
+from rlhf import report
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data.stream import PromptBatch
 from rlhf.runlog.distributed import SINGLE
@@ -155,6 +156,8 @@ def test_runs_log_episodes_and_write_every_turn(chat_policy, word_prompts, tmp_p
             "the word is"
         )
         assert sample["reward"] in (0.0, 1.0) and sample["episode"]["ended"] in ("done", "max_tokens", "no_stop")
+    page = report.build(out)  # the report shows each held-out episode turn by turn
+    assert "<b>user</b>: the word is" in page and "<b>assistant</b>: " in page and "ended: " in page
 
 
 @pytest.mark.parametrize("command", ["grpo", "ppo"])
@@ -194,7 +197,9 @@ def test_resume_reproduces_the_uninterrupted_run(chat_policy, word_prompts, tmp_
     assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")
 
 
-def test_configs_that_cannot_work_are_refused(tiny_llama_dir, word_prompts, tmp_path):
+def test_configs_that_cannot_work_are_refused(
+    tiny_llama_dir, tiny_reward_model_other_tokenizer_dir, word_prompts, tmp_path
+):
     with pytest.raises(ConfigError, match="rollout.environment is not set"):
         make_config("grpo", tiny_llama_dir, word_prompts, tmp_path, **{"rollout.environment": None})
     with pytest.raises(ConfigError, match="overlong_buffer"):
@@ -202,6 +207,9 @@ def test_configs_that_cannot_work_are_refused(tiny_llama_dir, word_prompts, tmp_
     tools = {"rollout.tools": ["rlhf.rollout.tools:calculator"]}  # the tiny chat template has no tool calls
     with pytest.raises(ConfigError, match="cannot show tool calls"):
         rl.load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "t", **tools))
+    other = {"reward.source": ["environment", str(tiny_reward_model_other_tokenizer_dir)]}
+    with pytest.raises(ConfigError, match="has another tokenizer than the policy"):
+        rl.load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "r", **other))
     with pytest.raises(ConfigError, match="environment 'nowhere.py:Env': no such file"):
         rl.load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "e", **{"rollout.environment": "nowhere.py:Env"}))  # fmt: skip
 

@@ -295,26 +295,29 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     planning.check(config, d, planning.prompt_positions(config, train_prompts + eval_prompts))  # before any weights
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
+    episodes = episode_runner(config, tokenizer=tokenizer, stops=stops)  # its files fail before reward models load
     rewards = scoring.load_rewards(config.reward.source, tokenizer, d)
-    episodes = episode_runner(config, tokenizer=tokenizer, stops=stops, rewards=rewards)
+    if episodes is not None:
+        check_episode_rewards(rewards)
     return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling, episodes)
 
 
-def episode_runner(
-    config: PolicyGradientConfig, *, tokenizer: Any, stops: list[int], rewards: RewardSet
-) -> EpisodeRunner | None:
-    """The multi-turn runner ``rollout`` describes (environment, tools, limits), None for single responses; a
-    reward model with another tokenizer than the policy's is refused (it would score re-encoded text, and an
-    episode's text is not one answer)."""
-    rollout = config.rollout
-    if not rollout.multi_turn:
-        return None
+def check_episode_rewards(rewards: RewardSet) -> None:
+    """A reward model with another tokenizer than the policy's cannot score episodes: it would score re-encoded
+    text, and an episode's text is not one answer."""
     for source in rewards.sources:
         if isinstance(source, RewardModelReward) and not source.shares_policy_tokenizer:
             raise ConfigError(
                 f"reward model {source.name!r} has another tokenizer than the policy; multi-turn episodes are "
                 "scored on the policy's token ids, so a reward model must share the policy's tokenizer"
             )
+
+
+def episode_runner(config: PolicyGradientConfig, *, tokenizer: Any, stops: list[int]) -> EpisodeRunner | None:
+    """The multi-turn runner ``rollout`` describes (environment, tools, limits), None for single responses."""
+    rollout = config.rollout
+    if not rollout.multi_turn:
+        return None
     limits = EpisodeLimits(
         max_turns=rollout.max_turns,
         max_tokens=config.response_tokens,
