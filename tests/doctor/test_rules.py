@@ -114,6 +114,8 @@ FAILURES = {
     "eos_vanishing": (setter("response/eos_rate", lambda s, r: 0.05 if s >= 41 else None), 45),
     "grad_spike": (setter("grad/norm", lambda s, r: 40.0 if s == 60 else None), 60),
     "off_policy_masked_high": (setter("policy/off_policy_masked", lambda s, r: 0.5 if s >= 41 else 0.02), 43),
+    "episodes_truncated": (setter("episode/truncated", lambda s, r: 0.8 if s >= 41 else 0.1), 45),
+    "tool_errors_high": (setter("episode/tool_errors", lambda s, r: 1.5 if s >= 41 else 0.1), 45),
     "over_optimisation": (lambda s, r: r.update({"reward/gold/mean": 1.6 - 0.05 * (s - 40) + r["reward/gold/mean"] - 0.04 * s,
                                                  "reward/mean": 2.0 + 0.05 * (s - 40)}) if s > 40 else None, 41),
 }  # fmt: skip
