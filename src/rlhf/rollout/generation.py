@@ -7,7 +7,7 @@ Notation: B sequences, C prompt columns, T response columns.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -184,8 +184,8 @@ def episode_rows(batch: PromptBatch) -> list[dict[str, Any]]:
     return rows
 
 
-Sampler = Any
-"""``(prompt ids, seeds) → [(response ids, log-probs)]`` of `_sampler`."""
+Sampler = Callable[[list[list[int]], list[int]], list[tuple[list[int], list[float]]]]
+"""``(prompt ids, seeds) → [(response ids, log-probs)]``: one response to each prompt (`_sampler`)."""
 
 
 def _sampler(

@@ -36,7 +36,7 @@ from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.episodes import EpisodeLimits, EpisodeRunner, load_environment
-from rlhf.rollout.rewards import RewardModelReward, RewardSet
+from rlhf.rollout.rewards import EnvironmentReward, RewardModelReward, RewardSet
 from rlhf.rollout.tools import Tool
 from rlhf.runlog import rundir, samples
 from rlhf.runlog.distributed import SINGLE, Dist
@@ -298,13 +298,20 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     episodes = episode_runner(config, tokenizer=tokenizer, stops=stops)  # its files fail before reward models load
     rewards = scoring.load_rewards(config.reward.source, tokenizer, d)
     if episodes is not None:
-        check_episode_rewards(rewards)
+        check_episode_rewards(config, rewards, d)
     return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling, episodes)
 
 
-def check_episode_rewards(rewards: RewardSet) -> None:
+def check_episode_rewards(config: PolicyGradientConfig, rewards: RewardSet, d: Dist) -> None:
     """A reward model with another tokenizer than the policy's cannot score episodes: it would score re-encoded
-    text, and an episode's text is not one answer."""
+    text, and an episode's text is not one answer. An environment whose rewards no source reads is said once."""
+    unread = not any(isinstance(source, EnvironmentReward) for source in rewards.sources)
+    if config.rollout.environment is not None and unread and d.is_main:
+        print(
+            f"note: reward.source does not list 'environment', so the rewards {config.rollout.environment} gives "
+            "(step, get_reward) are not used",
+            file=sys.stderr,
+        )
     for source in rewards.sources:
         if isinstance(source, RewardModelReward) and not source.shares_policy_tokenizer:
             raise ConfigError(
