@@ -5,6 +5,7 @@ a learning test whose reward needs the environment's reply (``episode_envs.py:Co
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from rlhf import report
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data.stream import PromptBatch
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import grpo, ppo, rl
+from rlhf.trainers import grpo, ppo, rl, sft
 from runs import (
     assert_rows_match,
     assert_same_checkpoint,
@@ -231,3 +232,80 @@ def test_the_reward_rises_only_by_reading_the_environments_reply(chat_policy, wo
     rewards = [row["reward/mean"] for row in train_rows(out)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.3 and last > 0.5, (first, last, rewards)
+
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "rollout" / "templates"
+
+
+@pytest.fixture(scope="module")
+def calculator_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2-layout model with Qwen2.5's chat template (tool calls in <tool_call> blocks, results in a user
+    turn), after SFT on "what is a + b?" conversations that call the calculator and then answer with its result.
+    The demos spell the call and the result as the template renders them (SFT data has no tool role)."""
+    from transformers.utils import get_json_schema
+
+    from rlhf.models.tiny import save_tiny, tiny_family_lm, toy_corpus, train_family_tokenizer
+    from rlhf.rollout.tools import calculator
+
+    root = tmp_path_factory.mktemp("calculator")
+    template = (TEMPLATES / "qwen2_5.jinja").read_text()
+    probe = train_family_tokenizer("qwen2", toy_corpus(50))
+    probe.chat_template = template
+    # The system turn the template writes when the calculator is a tool: the SFT demos' system message, so that they
+    # render to the very tokens an episode opens with, and part of the tokenizer's corpus, so that its ~700
+    # characters are a few dozen tokens rather than hundreds.
+    tools = [get_json_schema(calculator)]
+    opening = probe.apply_chat_template([{"role": "user", "content": "?"}], tools=tools, tokenize=False)
+    system = opening.removeprefix("<|im_start|>system\n").split("<|im_end|>")[0]
+    corpus = toy_corpus(300) + [system] * 20
+    tokenizer = train_family_tokenizer("qwen2", corpus, vocab_size=1000, model_max_length=1024)
+    tokenizer.chat_template = template
+    base = save_tiny(tiny_family_lm("qwen2", tokenizer, hidden_size=64), tokenizer, root / "base")
+    rng = random.Random(0)
+    rows = []
+    for _ in range(200):
+        a, b = rng.randrange(10), rng.randrange(10)
+        call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n</tool_call>'
+        rows.append({"messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"what is {a} + {b}?"},
+            {"role": "assistant", "content": call},
+            {"role": "user", "content": f"<tool_response>\n{a + b}\n</tool_response>"},
+            {"role": "assistant", "content": str(a + b)},
+        ]})  # fmt: skip
+    demos = root / "sft.jsonl"
+    demos.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    values = {"model.name": str(base), "data.train": str(demos), "output_dir": str(root / "sft"), "sft.epochs": 15,
+              "optim.learning_rate": 3e-3, "batch.size": 16, "data.max_length": 256, "run.eval_every": 0,
+              "run.save_every": 0, "run.progress": False}  # fmt: skip
+    return sft.run(config_from_dict("sft", nested(values)))
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+def test_tool_calls_run_inside_training(calculator_policy, tmp_path, command):
+    """The calculator as a tool (no environment): the policy's calls run, their results come back as tool
+    messages the next turn reads, and the episode ends at the answer, scored by exact_match on the ``answer``
+    column; the run logs the calls. (The tiny model copies the numbers into its call poorly; this is the
+    mechanics, not a learning test.)"""
+    prompts = tmp_path / "sums.jsonl"
+    pairs = [(a, b) for a in range(4) for b in range(4)]
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"what is {a} + {b}?", "answer": str(a + b)}) + "\n" for a, b in pairs)
+    )
+    fields = {"reward.source": "rlhf.rollout.verifiers:exact_match", "rollout.environment": None,
+              "rollout.tools": ["rlhf.rollout.tools:calculator"], "sampling.max_new_tokens": 32,
+              "sampling.max_prompt_length": 512, "rollout.max_episode_tokens": 96, "sampling.temperature": 0.7,
+              "run.eval_every": 2, "data.eval": str(prompts)}  # fmt: skip
+    out = tmp_path / "run"
+    (grpo if command == "grpo" else ppo).run(make_config(command, calculator_policy, prompts, out, **fields))
+    rows = train_rows(out)
+    assert all(row["episode/tool_calls_mean"] > 0.5 for row in rows), rows
+    samples = [json.loads(line) for line in (out / "samples" / "step_000002.jsonl").read_text().splitlines()]
+    called = [s for s in samples if any(t["role"] == "tool" for t in s["episode"]["turns"])]
+    assert called, samples
+    for sample in called:
+        turns = sample["episode"]["turns"]
+        call = turns[0]["tool_calls"][0]["function"]
+        tool = next(t for t in turns if t["role"] == "tool")
+        assert call["name"] == "calculator" and tool["content"] == str(eval(call["arguments"]["expression"]))  # noqa: S307
+        assert [t["role"] for t in turns[:3]] == ["assistant", "tool", "assistant"]  # the model read the result
