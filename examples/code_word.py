@@ -4,7 +4,7 @@ it starts with that word, 0 otherwise. A policy that ignores the reply is right 
 
     python examples/make_tiny_assets.py
     rlhf sft --config examples/sft_code_word.yaml    # the format: short turns that stop (answers are random words)
-    rlhf grpo --config examples/grpo_code_word.yaml  # learns to copy the word: reward ≈ 0.12 → ≈ 1
+    rlhf grpo --config examples/grpo_code_word.yaml  # learns to copy the word: reward 0.12 → 0.89-0.97
 """
 
 from __future__ import annotations
