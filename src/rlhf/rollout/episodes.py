@@ -330,37 +330,11 @@ class EpisodeRunner:
 
     def _turn(self, episode: Episode, env: Any, out: tuple[list[int], list[float]], index: int) -> bool:
         """Append one sampled model turn and what answers it; whether the episode goes on."""
-        ids, logprobs = out
-        room = self.limits.max_tokens - len(episode.ids)
-        cut = len(ids) > room
-        ids, logprobs = ids[:room], logprobs[:room]
-        episode.add(ids, logprobs, env=False)
-        episode.model_turns += 1
-        last = ids[-1] if ids and not cut else None
-        episode.stopped = last in self.format.stops
-        if last != self.format.close:  # cut, or ended by another stop: the template would not go on from here
-            episode.ending = "max_tokens" if cut else "stop" if episode.stopped else "no_stop"
-            episode.turns.append({"role": "assistant", "content": self._text(ids[:-1] if episode.stopped else ids)})
+        turn = self._model_turn(episode, out)
+        if turn is None:
             return False
-        text = self._text(ids[:-1])
-        content, calls = parse_tool_calls(text) if self.tools else (text, [])
-        message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
-        if calls:
-            message["tool_calls"] = [call.message() for call in calls if call.error is None]
-        episode.turns.append(message)
-        last = episode.model_turns >= self.limits.max_turns
-        if calls:
-            if last:  # no turn left to read the results in
-                episode.ending = "max_turns"
-                return False
-            observations = self._call_tools(episode, env, calls)
-        elif env is not None and has_step(env):
-            observations, done = self._step(env, message, episode, index)
-            if done or last:
-                episode.ending = "done" if done else "max_turns"
-                return False
-        else:
-            episode.ending = "answer"  # no environment that steps: a turn without a tool call is the answer
+        observations = self._reply(episode, env, *turn, index)
+        if observations is None:
             return False
         delta = self.format.delta(observations)
         if len(episode.ids) + len(delta) >= self.limits.max_tokens:  # no room for them and a model token
@@ -369,6 +343,51 @@ class EpisodeRunner:
         episode.add(delta, None, env=True)
         episode.turns += observations
         return True
+
+    def _model_turn(
+        self, episode: Episode, out: tuple[list[int], list[float]]
+    ) -> tuple[dict[str, Any], list[ToolCall]] | None:
+        """Append the sampled ids (cut to the budget) and the assistant message; the message and its tool calls, or
+        None when the turn did not end with the template's end of turn (the episode ends there)."""
+        ids, logprobs = out
+        room = self.limits.max_tokens - len(episode.ids)
+        cut = len(ids) > room
+        ids, logprobs = ids[:room], logprobs[:room]
+        episode.add(ids, logprobs, env=False)
+        episode.model_turns += 1
+        end = ids[-1] if ids and not cut else None
+        episode.stopped = end in self.format.stops
+        if end != self.format.close:  # cut, or ended by another stop: the template would not go on from here
+            episode.ending = "max_tokens" if cut else "stop" if episode.stopped else "no_stop"
+            episode.turns.append({"role": "assistant", "content": self._text(ids[:-1] if episode.stopped else ids)})
+            return None
+        text = self._text(ids[:-1])
+        content, calls = parse_tool_calls(text) if self.tools else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
+        if calls:
+            message["tool_calls"] = [call.message() for call in calls if call.error is None]
+        episode.turns.append(message)
+        return message, calls
+
+    def _reply(
+        self, episode: Episode, env: Any, message: dict[str, Any], calls: list[ToolCall], index: int
+    ) -> list[dict[str, Any]] | None:
+        """What answers a model turn: its tool calls' results, else the environment's step; None when the episode
+        is over (done, its last turn, or an answer without an environment that steps)."""
+        final = episode.model_turns >= self.limits.max_turns
+        if calls:
+            if final:  # no turn left to read the results in
+                episode.ending = "max_turns"
+                return None
+            return self._call_tools(episode, env, calls)
+        if env is None or not has_step(env):
+            episode.ending = "answer"  # a turn without a tool call is the answer
+            return None
+        observations, done = self._step(env, message, episode, index)
+        if done or final:
+            episode.ending = "done" if done else "max_turns"
+            return None
+        return observations
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
