@@ -445,3 +445,11 @@ def test_a_turn_ended_by_another_stop_token_ends_the_episode():
     assert episodes[0].ending == "max_turns" or episodes[0].model_turns > 1  # it went on past the first turn
     assert episodes[1].ending == "stop" and episodes[1].stopped and not any(episodes[1].env_mask)
     assert not episodes[1].truncated and episodes[1].turns == [{"role": "assistant", "content": "ready"}]
+
+
+def test_an_opening_longer_than_max_prompt_length_is_refused(qwen_tokenizer):
+    tok = with_template(qwen_tokenizer, "chatml")
+    limits = EpisodeLimits(max_turns=2, max_tokens=40, max_tool_calls=1, tool_timeout=1.0, max_opening_tokens=8)
+    play = runner(tok, limits=limits)
+    with pytest.raises(EpisodeError, match=r"the opening is \d+ tokens, longer than sampling.max_prompt_length=8"):
+        play.run([{"word": "cat", "prompt": "x"}], Script(tok, [["ready", "cat"]], play.format.close))

@@ -45,12 +45,14 @@ class EpisodeError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimits:
     """``max_turns`` model turns, ``max_tokens`` tokens after the opening (model and environment), at most
-    ``max_tool_calls`` calls run per turn, each within ``tool_timeout`` seconds."""
+    ``max_tool_calls`` calls run per turn, each within ``tool_timeout`` seconds; an opening of at most
+    ``max_opening_tokens`` (None: any length)."""
 
     max_turns: int
     max_tokens: int
     max_tool_calls: int
     tool_timeout: float
+    max_opening_tokens: int | None = None
 
 
 @dataclasses.dataclass
@@ -316,7 +318,14 @@ class EpisodeRunner:
         else:
             messages = prompt if opened is None else opened
         messages = _messages(messages, where, roles=("system", "user", "assistant", "tool"))
-        return Episode(messages=messages, prompt_ids=self.format.opening(messages))
+        ids = self.format.opening(messages)
+        longest = self.limits.max_opening_tokens
+        if longest is not None and len(ids) > longest:  # cutting it would cut the system turn and the tools
+            raise EpisodeError(
+                f"{where}: the opening is {len(ids)} tokens, longer than sampling.max_prompt_length={longest}; "
+                "raise it (the memory plan counts it) or open with less"
+            )
+        return Episode(messages=messages, prompt_ids=ids)
 
     def _check_groups(self, episodes: list[Episode], group_size: int) -> None:
         for start in range(0, len(episodes), group_size):

@@ -330,6 +330,7 @@ def episode_runner(config: PolicyGradientConfig, *, tokenizer: Any, stops: list[
         max_tokens=config.response_tokens,
         max_tool_calls=rollout.max_tool_calls,
         tool_timeout=rollout.tool_timeout,
+        max_opening_tokens=config.sampling.max_prompt_length,
     )
     factory = load_environment(rollout.environment) if rollout.environment is not None else None
     tools = [Tool.load(spec) for spec in rollout.tools]
