@@ -106,11 +106,10 @@ def test_the_model_ids_are_kept_as_sampled(template_tokenizer):
     assert [lp for lp, env in zip(episode.logprobs, episode.env_mask, strict=True) if env] == [0.0] * sum(
         episode.env_mask
     )
-    first = len(script.sampled[0][0])
-    assert (
-        script.prompts[0][1] == episode.prompt_ids + episode.ids[: len(script.prompts[0][1]) - len(episode.prompt_ids)]
-    )
-    assert episode.ids[:first] == script.sampled[0][0]  # the first turn, then the delta, then the second turn
+    first, second = script.sampled[0]
+    delta = play.format.delta([{"role": "user", "content": "the word is cat"}])
+    assert episode.ids == first + delta + second  # the first turn, the reply as the template's tokens, the second
+    assert script.prompts[0][1] == episode.prompt_ids + first + delta  # what the second turn continued
     assert episode.turns == [
         {"role": "assistant", "content": "ready"},
         {"role": "user", "content": "the word is cat"},
