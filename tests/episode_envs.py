@@ -41,3 +41,10 @@ class Chatty(CodeWord):
 
     def get_reward(self):
         return self.said / 10
+
+
+class Broken(CodeWord):
+    """Its step fails on the first turn, as a user's environment with a bug would."""
+
+    def step(self, message):
+        raise KeyError("score")

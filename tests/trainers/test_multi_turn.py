@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from configs import nested
 from episode_envs import WORDS
-from rlhf import report
+from rlhf import cli, report
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data.stream import PromptBatch
 from rlhf.runlog.distributed import SINGLE
@@ -318,3 +319,15 @@ def test_tool_calls_run_inside_training(calculator_policy, tmp_path, command):
         tool = next(t for t in turns if t["role"] == "tool")
         assert call["name"] == "calculator" and tool["content"] == str(eval(call["arguments"]["expression"]))  # noqa: S307
         assert [t["role"] for t in turns[:3]] == ["assistant", "tool", "assistant"]  # the model read the result
+
+
+def test_the_command_line_names_an_environment_that_fails(chat_policy, word_prompts, tmp_path, capsys):
+    """`rlhf grpo` with an environment whose step raises: exit 2 and one line naming the environment, the episode
+    and the turn (no traceback: it is the user's code, not rlhf's)."""
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(nested({"model.name": str(chat_policy), "reward.source": "environment",
+        "data.train": str(word_prompts), "output_dir": str(tmp_path / "run"), "rollout.environment": f"{ENVS}:Broken",
+        "sampling.max_new_tokens": 6, "grpo.steps": 1, "batch.size": 2, "grpo.group_size": 2})))  # fmt: skip
+    assert cli.main(["grpo", "--config", str(path), "--run.no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{ENVS}:Broken.step (episode " in err and "raised KeyError: 'score'" in err and "Traceback" not in err
