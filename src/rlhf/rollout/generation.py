@@ -246,10 +246,12 @@ def assemble(
     device: torch.device,
     logprobs: list[list[float]] | None = None,
     has_stop: torch.Tensor | None = None,
+    completions: list[str] | None = None,
 ) -> Generated:
     """A `Generated` batch from unpadded prompt and response ids (and the sampler's log-probs of them, if known):
     prompts left-padded, responses right-padded to the longest one (at least one column). ``has_stop``: (B,) bool,
-    whether each response ended as it should (None: it holds one of ``stops``)."""
+    whether each response ended as it should (None: it holds one of ``stops``); ``completions``: the responses' texts
+    (None: decoded without special tokens)."""
     pad = tokenizer.pad_token_id
     query, query_mask = left_pad(prompt_ids, pad)
     T = max(1, max(map(len, responses), default=1))
@@ -263,11 +265,13 @@ def assemble(
     response_mask = (response != pad).long()
     if has_stop is None:
         has_stop = torch.isin(response, torch.tensor(stops, device=device)).any(-1)
+    if completions is None:
+        completions = tokenizer.batch_decode(response.tolist(), skip_special_tokens=True)
     return Generated(
         query_responses=torch.cat([query, response], dim=1),
         attention_mask=torch.cat([query_mask, response_mask], dim=1),
         responses=response,
-        completions=tokenizer.batch_decode(response.tolist(), skip_special_tokens=True),
+        completions=completions,
         has_stop=has_stop,
         pad_token_id=pad,
         sampler_logprobs=sampler.to(device) if sampler is not None else None,
@@ -285,16 +289,12 @@ def assemble_episodes(episodes: list[Episode], tokenizer: Any, device: torch.dev
         device,
         logprobs=[e.logprobs for e in episodes],
         has_stop=torch.tensor([e.stopped for e in episodes], device=device),
+        completions=[tokenizer.decode(e.ids) for e in episodes],
     )
     env_mask = torch.zeros_like(generated.responses, dtype=torch.bool)
     for i, episode in enumerate(episodes):
         env_mask[i, : len(episode.env_mask)] = torch.tensor(episode.env_mask, dtype=torch.bool)
-    return dataclasses.replace(
-        generated,
-        completions=[tokenizer.decode(e.ids) for e in episodes],
-        env_mask=env_mask.to(device),
-        episodes=episodes,
-    )
+    return dataclasses.replace(generated, env_mask=env_mask.to(device), episodes=episodes)
 
 
 def response_metrics(generated: Generated) -> dict[str, float]:
