@@ -1,30 +1,20 @@
-"""Environments and tools the multi-turn tests load by path (``episode_envs.py:CodeWord``), written as users
-write them: a class made once per episode with ``reset(row)`` and ``step(message)``."""
+"""Environments the multi-turn tests load by path (``episode_envs.py:CodeWord``), written as users write them: a class
+made once per episode with ``reset(row)`` and ``step(message)``. ``CodeWord`` (turn 1: the reply reveals the row's
+code word; turn 2: reward 1 when the answer starts with it; 0 for an episode cut off before it) is the README's
+example, examples/code_word.py."""
 
 from __future__ import annotations
 
-WORDS = ["cat", "dog", "bird", "fish", "cow", "tree", "book", "ball"]
+import sys
+from pathlib import Path
 
+from rlhf.rollout.rewards.function import load_callable
 
-class CodeWord:
-    """Turn 1: whatever the model says, the reply reveals the row's code word. Turn 2: reward 1 when the model's
-    answer starts with it (a policy that ignores the reply guesses right 1 time in 8 at best). An episode that
-    never gets to answer scores 0 (``get_reward``)."""
-
-    def reset(self, row):
-        self.word, self.turn, self.score = WORDS[row["word"]], 0, 0.0
-        return [{"role": "user", "content": "listen"}]
-
-    def step(self, message):
-        self.turn += 1
-        if self.turn == 1:
-            return [{"role": "user", "content": f"the word is {self.word}"}], None, False
-        words = message["content"].split()
-        self.score = float(bool(words) and words[0] == self.word)
-        return [], None, True
-
-    def get_reward(self):
-        return self.score
+# The README's word game itself, loaded the way a run loads an environment, so the tests train the example users
+# run (and a change to it shows here).
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "code_word.py"
+CodeWord = load_callable(f"{EXAMPLE}:CodeWord", "environment", RuntimeError)
+WORDS = sys.modules[CodeWord.__module__].WORDS
 
 
 class Chatty(CodeWord):
