@@ -158,6 +158,7 @@ def test_runs_log_episodes_and_write_every_turn(chat_policy, word_prompts, tmp_p
             "the word is"
         )
         assert sample["reward"] in (0.0, 1.0) and sample["episode"]["ended"] in ("done", "max_tokens", "no_stop")
+        assert sample["episode"]["tool_calls"] == sample["episode"]["tool_timeouts"] == 0
     page = report.build(out)  # the report shows each held-out episode turn by turn
     assert "<b>user</b>: the word is" in page and "<b>assistant</b>: " in page and "ended: " in page
 

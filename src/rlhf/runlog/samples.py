@@ -20,7 +20,7 @@ def sample_rows(
     """One JSON row per sample: step, prompt, completion, ``reward`` (the weighted sum of the raw rewards),
     ``rewards`` by source (with several) and ``extra`` (the ``log_extra`` columns, ``"<source>/<column>"``); a
     multi-turn sample (``episodes``) adds ``episode``: its opening ``messages``, every ``turn``, the environment's
-    ``rewards``, the tool calls and errors and how it ``ended``."""
+    ``rewards``, the tool calls, errors and time-outs and how it ``ended``."""
     rows = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         value = scores.raw[i].item()
@@ -47,6 +47,7 @@ def episode_record(episode: Any) -> dict[str, Any]:
         "rewards": episode.rewards,
         "tool_calls": episode.tool_calls,
         "tool_errors": episode.tool_errors,
+        "tool_timeouts": episode.tool_timeouts,
         "ended": episode.ending,
     }
 
