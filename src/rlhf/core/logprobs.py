@@ -49,15 +49,15 @@ def selective_log_softmax(
 ) -> torch.Tensor:
     """log softmax(logits / temperature)[index] without building the full log-softmax.
 
-    Shapes: ``logits (..., V)``, ``index (...)`` integer → ``(...)`` in the dtype of ``logits``.
+    Shapes: ``logits (..., V)``, ``index (...)`` integer → ``(...)``, float32 (float64 for float64 logits).
 
         log p(index) = l[index]/τ − logsumexp(l/τ)
 
-    float32/float64: gather the selected logit, subtract a ``logsumexp`` computed ``chunk_rows`` rows at a time.
-    float16/bfloat16: ``logsumexp`` in half precision loses too much, so each chunk runs ``log_softmax`` in
-    that dtype and gathers from it. Same idea as TRL ``trainer/utils.py`` ``selective_log_softmax``
-    (L479-523); ``temperature`` is applied chunk by chunk so no scaled ``(..., V)`` copy exists either.
-    Differentiable; never writes into ``logits``.
+    The selected logit minus a ``logsumexp`` computed ``chunk_rows`` rows at a time; half-precision logits
+    (bf16 mixed precision) are upcast a chunk at a time and the result is float32: a log-prob rounded to
+    bfloat16 is off by up to 0.03 nats at log p = -5 (8 bits of mantissa), more than a PPO ratio may move.
+    Same idea as TRL ``trainer/utils.py`` ``selective_log_softmax`` (L479-523); ``temperature`` is applied
+    chunk by chunk so no scaled ``(..., V)`` copy exists either. Differentiable; never writes into ``logits``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -71,11 +71,9 @@ def selective_log_softmax(
     for rows in _row_chunks(logits, chunk_rows):
         idx = flat_index[start : start + rows.size(0)].unsqueeze(-1)
         start += rows.size(0)
+        rows = rows if rows.dtype in _FULL_PRECISION else rows.float()
         scaled = rows / temperature if temperature != 1.0 else rows
-        if logits.dtype in _FULL_PRECISION:
-            pieces.append(scaled.gather(-1, idx).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
-        else:
-            pieces.append(torch.log_softmax(scaled, dim=-1).gather(-1, idx).squeeze(-1))
+        pieces.append(scaled.gather(-1, idx).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
     return torch.cat(pieces).reshape(index.shape)
 
 
@@ -127,7 +125,7 @@ def mask_invalid_logprobs(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.T
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256) -> torch.Tensor:
     """Entropy of softmax(logits / τ) along the last dimension.
 
-    Shapes: ``logits (..., V)`` → ``(...)``, same dtype as ``logits``.
+    Shapes: ``logits (..., V)`` → ``(...)``, float32 (float64 for float64 logits).
 
         H = logsumexp(l) − Σ_v softmax(l)_v · l_v,   l = logits / τ
 
@@ -143,5 +141,5 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_ro
         rows = rows if rows.dtype in _FULL_PRECISION else rows.float()
         rows = rows / temperature if temperature != 1.0 else rows
         probs = torch.softmax(rows, dim=-1)
-        pieces.append((torch.logsumexp(rows, dim=-1) - (probs * rows).sum(-1)).to(logits.dtype))
+        pieces.append(torch.logsumexp(rows, dim=-1) - (probs * rows).sum(-1))
     return torch.cat(pieces).reshape(logits.shape[:-1])

@@ -211,11 +211,12 @@ def make_rollout(
     entropy = None if entropy is None else d.sum(entropy)
     masks, (logprobs, ref_logprobs) = rl.response_logprobs(generated, logprobs, ref_logprobs)
     values = values.masked_fill(masks.padding_mask_p1, 0.0)
+    scores = scores.to(ids.device)  # the reward sources answer on the CPU
     scored = ~scores.isnan()
     env = generated.env_mask if generated.env_mask is not None else torch.zeros_like(masks.padding_mask)
     policy_mask = ~masks.padding_mask & scored[:, None] & ~env  # multi-turn: the model's own tokens only
     value_mask = ~masks.padding_mask_p1 & scored[:, None] & ~env
-    score = rl.missing_eos_penalized(config, torch.nan_to_num(scores.to(logprobs.device), nan=0.0), generated.has_stop)
+    score = rl.missing_eos_penalized(config, torch.nan_to_num(scores, nan=0.0), generated.has_stop)
     kl = kl_estimate(logprobs, ref_logprobs, config.kl.estimator)
     beta = kl_coef if config.kl.add_to == "reward" else 0.0
     index = score_index(masks.sequence_lengths, T, config.ppo.score_position)
