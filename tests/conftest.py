@@ -213,10 +213,17 @@ def _adam_steps(
     tolerance between two runs' weights follows from the arithmetic. The tolerance: per step, w − step rounds
     once in the run and once here (½ ulp of |w| each) and the step carries a few ulp of relative error from
     the clip, the moments, the sqrt and the division: 4 ulp of (|w| + lr) per step bounds both.
+
+    Computed where the gradients are (the device the run trained on: there ``get_total_norm`` is the run's own
+    kernel, so the clip coefficient stays bit-identical on a GPU too), returned on the device of ``initial`` (where
+    the caller holds the weights it compares, usually read back from a saved file on the CPU). Both devices do
+    IEEE float32 arithmetic with a correctly rounded sqrt and division, so the tolerance holds on either.
     """
     beta1, beta2 = betas
     ulp = torch.finfo(torch.float32).eps
-    weights = {name: w.float().clone() for name, w in initial.items()}
+    home = next(iter(initial.values())).device
+    device = steps[0][next(iter(initial))].device if steps else home
+    weights = {name: w.to(device=device, dtype=torch.float32, copy=True) for name, w in initial.items()}
     m = {name: torch.zeros_like(w) for name, w in weights.items()}
     v = {name: torch.zeros_like(w) for name, w in weights.items()}
     tolerance = {name: torch.zeros_like(w) for name, w in weights.items()}
@@ -232,7 +239,7 @@ def _adam_steps(
             m_hat, v_hat = m[name] / (1 - beta1**t), v[name] / (1 - beta2**t)
             tolerance[name] += 4 * ulp * (w.abs() + lr)
             weights[name] = w - lr * m_hat / (v_hat.sqrt() + eps)
-    return weights, tolerance
+    return {name: w.to(home) for name, w in weights.items()}, {name: t.to(home) for name, t in tolerance.items()}
 
 
 @pytest.fixture

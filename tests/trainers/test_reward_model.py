@@ -362,8 +362,8 @@ def run_recording_gradients(config, monkeypatch) -> tuple[Path, list[dict[str, t
     train_step = reward_model.train_step
 
     def recording(config, rm, trainable, pairs, rows):
-        if not initial:
-            initial.update({name: p.detach().clone() for name, p in rm.model.named_parameters()})
+        if not initial:  # on the CPU, beside the saved weights it is compared with (the run may be on a GPU)
+            initial.update({name: p.detach().to("cpu", copy=True) for name, p in rm.model.named_parameters()})
         stats = train_step(config, rm, trainable, pairs, rows)
         grads.append({n: p.grad.clone() for n, p in rm.model.named_parameters() if p.grad is not None})
         return stats
