@@ -15,6 +15,7 @@ from rlhf.config import EvalConfig, SampleConfig
 from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt, stop_token_ids
 from rlhf.models.loading import load_causal_lm
+from rlhf.models.precision import bf16_enabled, frozen_dtype
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.decoder import keep_packed
 from rlhf.rollout.engine import SamplingParams
@@ -32,14 +33,15 @@ class Sampler:
     completions), responses cut at the stop token. ``seconds`` accumulates the time spent generating."""
 
     def __init__(self, model: str, tokenizer: Any, config: SampleConfig | EvalConfig, device: torch.device):
-        self.model = load_causal_lm(model, config.model.dtype, device)  # dropout off
+        dtype = inference_dtype(config, device)
+        self.model = load_causal_lm(model, dtype, device)  # dropout off
         keep_packed(self.model)  # frozen: its weights are packed for the lean decoder once, not per batch
         self.tokenizer = tokenizer
         self.device = device
         self.stops = stop_token_ids(tokenizer, config.sampling.stop)
         self.params = SamplingParams.of(config.sampling)
         self.generator = torch.Generator(device).manual_seed(config.seed)
-        self.engine = generation.open_engine(config.sampling, model, dtype=config.model.dtype, seed=config.seed)
+        self.engine = generation.open_engine(config.sampling, model, dtype=dtype, seed=config.seed)
         if not isinstance(self.engine, str):
             self.engine.sync(self.model)  # a server may hold other weights; vLLM's dtype may round them otherwise
         self.seconds = 0.0
@@ -74,9 +76,17 @@ def prompt_batches(prompts: Sequence[TokenizedPrompt], batch_size: int) -> list[
     ]
 
 
-def load_rewards(source: Any, tokenizer: Any, device: torch.device) -> RewardSet:
-    """The reward set of a config's ``source`` field (a string or a list of RewardSpec)."""
-    return load_reward_set(scoring.reward_spec(source), policy_tokenizer=tokenizer, device=str(device))
+def inference_dtype(config: SampleConfig | EvalConfig, device: torch.device) -> str:
+    """The dtype of a model that only answers (``rlhf sample``, ``rlhf eval``): bfloat16 under mixed precision
+    (``model.bf16``; nothing trains, so nothing needs float32 master weights), else ``model.dtype``."""
+    return frozen_dtype(config.model.dtype, bf16_enabled(config.model.bf16, device))
+
+
+def load_rewards(source: Any, tokenizer: Any, device: torch.device, bf16: bool = False) -> RewardSet:
+    """The reward set of a config's ``source`` field (a string or a list of RewardSpec); ``bf16``: reward models
+    are held in bfloat16 (mixed precision), else in their checkpoint's dtype."""
+    spec = scoring.reward_spec(source)
+    return load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device), dtype=scoring.reward_dtype(bf16))
 
 
 def score_groups(

@@ -22,6 +22,7 @@ from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
+from rlhf.models.precision import bf16_enabled
 from rlhf.rollout import scoring
 from rlhf.rollout.rewards import RewardSet
 from rlhf.runlog import distributed, rundir
@@ -53,8 +54,9 @@ def run(config: EvalConfig) -> dict[str, Any]:
     # 1. prompts (through the policy's tokenizer) and the reward
     tokenizer = load_tokenizer(config.model.name)
     prompts = _prompts(config, tokenizer)
-    rewards = answering.load_rewards(config.reward.source, tokenizer, device)
-    selector = _or_reward(config.best_of, rewards, tokenizer, device) if config.best_of.n > 1 else None
+    bf16 = bf16_enabled(config.model.bf16, device)
+    rewards = answering.load_rewards(config.reward.source, tokenizer, device, bf16)
+    selector = _or_reward(config.best_of, rewards, tokenizer, device, bf16) if config.best_of.n > 1 else None
     reference = reference_model(config, tokenizer, device)
     # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
     policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy", selector, reference)
@@ -80,7 +82,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device, "baseline")
         # 4. the judge compares the two answers to each prompt
         t0 = time.perf_counter()
-        judge = _or_reward(config.judge, rewards, tokenizer, device)
+        judge = _or_reward(config.judge, rewards, tokenizer, device, bf16)
         a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
         results["baseline"] = config.baseline
         results |= {f"baseline/{key}": value for key, value in baseline.metrics.items()} | win_rate(a, b)
@@ -152,9 +154,9 @@ def answer(
     return Answers(completions, scores, metrics, time.perf_counter() - start, kl)
 
 
-def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, device: torch.device) -> RewardSet:
+def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, device: torch.device, bf16: bool) -> RewardSet:
     """The reward set of a judge's or best-of-N selector's ``source``, or ``rewards`` when it has none."""
-    return rewards if section.source is None else answering.load_rewards(section.source, tokenizer, device)
+    return rewards if section.source is None else answering.load_rewards(section.source, tokenizer, device, bf16)
 
 
 def best_of(
@@ -194,7 +196,7 @@ def reference_model(config: EvalConfig, tokenizer: Any, device: torch.device) ->
             f"eval: reference {config.reference} has another vocabulary than the policy {config.model.name}; "
             "the KL is measured token by token and needs the same tokenizer"
         )
-    return load_causal_lm(config.reference, config.model.dtype, device)
+    return load_causal_lm(config.reference, answering.inference_dtype(config, device), device)
 
 
 def answer_kl(policy: Any, reference: Any, generated: Any, temperature: float) -> torch.Tensor:

@@ -23,6 +23,7 @@ from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.labelling.judge import LLMJudge, cache_path_for
 from rlhf.labelling.pairs import Pair
 from rlhf.models.loading import load_tokenizer
+from rlhf.models.precision import bf16_enabled
 from rlhf.rollout import scoring
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.progress import BatchProgress
@@ -53,7 +54,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
         comparer = LLMJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
         make_rows = functools.partial(judged_pair_rows, comparer)
     elif config.judge.source is not None:
-        judge = answering.load_rewards(config.judge.source, tokenizer, device)
+        judge = answering.load_rewards(config.judge.source, tokenizer, device, bf16_enabled(config.model.bf16, device))
     sampler = answering.Sampler(config.model.name, tokenizer, config, device)
     k = config.num_samples
 

@@ -115,7 +115,13 @@ class ModelSection:
     name: Text
     """A hub id or a local model directory."""
     dtype: DType = "float32"
-    """Parameter and compute dtype."""
+    """The weights' dtype (TRL's model_init_kwargs dtype): with bf16 mixed precision the float32 master weights and optimizer state, else the compute dtype as well. bfloat16 without bf16 is pure bfloat16: an AdamW step smaller than a weight's bfloat16 spacing (1.2e-4 near 0.02) is rounded away, so small learning rates barely move the model (update/changed_frac shows it; README "GPUs and precision")."""
+    bf16: bool | None = None
+    """bfloat16 mixed precision (TRL's and HF Trainer's bf16): the weights stay in dtype, every forward computes in bfloat16 under torch.autocast, frozen models (the reference copy, reward models) are held in bfloat16. None = on for a CUDA GPU with bfloat16 support, off on CPU (where most processors have no bfloat16 units and runs stay comparable)."""
+
+    def __post_init__(self) -> None:
+        if self.bf16 and self.dtype == "float16":
+            raise ValueError("bf16: mixed precision with float16 weights mixes two half precisions; use dtype float32")
 
 
 @section
@@ -133,9 +139,10 @@ class PolicyModel(TrainModel):
     """The policy of ppo and grpo; the reference starts as a frozen copy of it."""
 
     reference_dtype: DType | None = None
-    """dtype of the frozen reference copy; None = dtype. bfloat16 halves the copy's memory; its log-probs then differ from float32's by about 0.01 nats per token (python benchmarks/reference_precision.py measures it), and CPUs without bf16 units run it several times slower. Not with lora: the reference is then the policy's own base weights, no copy."""
+    """dtype of the frozen reference copy; None = bfloat16 under bf16 mixed precision, else dtype. bfloat16 halves the copy's memory; its log-probs then differ from float32's by about 0.01 nats per token (python benchmarks/reference_precision.py measures it), and CPUs without bf16 units run it several times slower. Not with lora: the reference is then the policy's own base weights, no copy."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.reference_dtype is not None and self.lora is not None:
             raise ValueError(
                 "reference_dtype: with lora the reference is the policy's own base weights (the adapter switched "

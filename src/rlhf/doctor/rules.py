@@ -643,6 +643,23 @@ def grad_spike(h: History) -> str | None:
     return None
 
 
+@critical(
+    ("update/changed_frac",),
+    threshold="< 0.5 for 3 steps",
+    reason="in pure bfloat16 an optimizer step smaller than a weight's spacing (1.2e-4 near 0.02) rounds back to "
+    "the same weight: the loss and the gradients look normal while the model does not move",
+    diagnosis="the updates vanish: most weights with a gradient were not changed by the optimizer step",
+    fix="train in mixed precision, float32 weights with bfloat16 compute (model.dtype float32, model.bf16 true), "
+    "or raise optim.learning_rate",
+    hold=3,
+)
+def updates_vanishing(h: History) -> str | None:
+    last = _each(h, "update/changed_frac", 3, lambda v: v < 0.5)
+    if last is None:
+        return None
+    return f"update/changed_frac {last[-1]:.1%} at step {h.step} (under half for each of the last 3 steps)"
+
+
 def _monitors(h: History) -> list[str]:
     """The reward sources with weight 0 (logged, not optimised: the truth to compare the proxy with)."""
     source = h.setting("reward", "source")

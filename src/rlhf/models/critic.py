@@ -13,6 +13,7 @@ from torch import nn
 
 from rlhf.models.loading import DTYPES, align_pad_token, checkpointed, load_tokenizer, pretrained
 from rlhf.models.policy import ValueHead, disable_dropout
+from rlhf.models.precision import compute_in_bf16
 from rlhf.models.reward import reward_normalization
 
 
@@ -43,10 +44,12 @@ def load_critic(
     dtype: str = "float32",
     device: str | torch.device = "cpu",
     checkpointing: bool = False,
+    bf16_on: torch.device | None = None,
 ) -> Critic:
     """A :class:`Critic` from a reward-model directory (head copied) or from a causal-LM directory (zero head).
     ``device="meta"``: the architecture only (:func:`pretrained`). ``checkpointing``: its trunk recomputes its
-    activations in the backward pass (`rlhf.models.loading.checkpointed`)."""
+    activations in the backward pass (`rlhf.models.loading.checkpointed`). ``bf16_on``: the run's device, where
+    the trunk computes in bfloat16 (mixed precision; the head reads float32 hidden states in float32)."""
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     if from_reward_model:
@@ -70,4 +73,6 @@ def load_critic(
     disable_dropout(critic)
     if checkpointing:
         checkpointed(trunk)
+    if bf16_on is not None:
+        compute_in_bf16(trunk, bf16_on)
     return critic

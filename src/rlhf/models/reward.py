@@ -205,4 +205,5 @@ class RewardScorer(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return reward_scores(self.model, input_ids, attention_mask)
+        """(B,) float32 scores (a bfloat16 head under mixed precision is upcast: the loss is taken in float32)."""
+        return reward_scores(self.model, input_ids, attention_mask).float()

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from rlhf.models.loading import apply_lora, checkpointed, frozen_copy, load_causal_lm, load_tokenizer
+from rlhf.models.precision import bf16_enabled, compute_in_bf16, frozen_dtype
 from rlhf.runlog.distributed import Dist
 
 if TYPE_CHECKING:
@@ -212,28 +213,31 @@ def sampling(model: nn.Module, d: Dist) -> AbstractContextManager[nn.Module]:
     return gathered(model) if d.sharded else nullcontext(model)
 
 
-def preparation(model: TrainModel) -> Callable[[nn.Module], nn.Module] | None:
-    """What :func:`load_lm` applies before sharding to a model that trains (a config's ``model`` section): its LoRA
-    adapters, then gradient checkpointing; None when neither."""
-    lora, checkpointing = model.lora, model.gradient_checkpointing
-    if not lora and not checkpointing:
+def preparation(model: TrainModel, device: torch.device) -> Callable[[nn.Module], nn.Module] | None:
+    """What :func:`load_lm` applies before sharding to a model that trains (a config's ``model`` section) on the run's
+    ``device``: its LoRA adapters, gradient checkpointing, then bfloat16 compute (``model.bf16``,
+    `rlhf.models.precision`); None when none of them."""
+    lora, checkpointing, bf16 = model.lora, model.gradient_checkpointing, bf16_enabled(model.bf16, device)
+    if not lora and not checkpointing and not bf16:
         return None
 
     def prepare(module: nn.Module) -> nn.Module:
         module = apply_lora(module, lora) if lora else module
-        return checkpointed(module) if checkpointing else module
+        module = checkpointed(module) if checkpointing else module
+        return compute_in_bf16(module, device) if bf16 else module
 
     return prepare
 
 
 def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
-    """(policy, reference) for an RL trainer from a config's ``model`` section (``name``, ``dtype``,
+    """(policy, reference) for an RL trainer from a config's ``model`` section (``name``, ``dtype``, ``bf16``,
     ``lora``, ``reference_dtype``). The reference is a frozen copy of the initial policy, in ``reference_dtype``
-    when set — or None when not wanted, or with LoRA (the base model with the adapter switched off is the
-    reference, no copy). Sharded runs load the reference as a second sharded model (a copy of a sharded module
-    is not one)."""
-    name_or_path, dtype, prepare = model.name, model.dtype, preparation(model)
-    reference_dtype = getattr(model, "reference_dtype", None) or dtype
+    when set (bfloat16 under mixed precision, else ``dtype``) — or None when not wanted, or with LoRA (the base
+    model with the adapter switched off is the reference, no copy). Sharded runs load the reference as a second
+    sharded model (a copy of a sharded module is not one)."""
+    name_or_path, dtype, prepare = model.name, model.dtype, preparation(model, d.device)
+    frozen_default = frozen_dtype(dtype, bf16_enabled(model.bf16, d.device))
+    reference_dtype = getattr(model, "reference_dtype", None) or frozen_default
     copy = reference and not model.lora
     if d.sharded:
         frozen = load_lm(name_or_path, reference_dtype, d).eval().requires_grad_(False) if copy else None

@@ -41,6 +41,7 @@ from torch import nn
 
 from rlhf.data.collate import position_ids_from_mask
 from rlhf.models.policy import unwrap
+from rlhf.models.precision import compute_dtype
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.model_type`` values whose decoder layer is: RMSNorm → attention (RoPE) → add → RMSNorm → SwiGLU → add."""
@@ -91,10 +92,13 @@ def _onednn_works() -> bool:
 
 class _Product:
     """x ↦ x·Wᵀ + b for one packed (out, in) weight: oneDNN's blocked layout for fp32 on a CPU that has it,
-    else the transposed weight, contiguous. ``rows``: how many rows a decode step multiplies (oneDNN's hint)."""
+    else the transposed weight, contiguous. ``rows``: how many rows a decode step multiplies (oneDNN's hint).
+    Under mixed precision the weight is packed in bfloat16 and ``x`` cast to it, as autocast casts a product's
+    inputs: the residual stream stays float32 as in the model's own forward under autocast."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
-        self.out_features, self.bias = weight.shape[0], bias
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int, dtype: torch.dtype):
+        weight, bias = weight.to(dtype), None if bias is None else bias.detach().to(dtype)
+        self.out_features, self.bias, self.dtype = weight.shape[0], bias, dtype
         self.onednn = weight.device.type == "cpu" and weight.dtype == torch.float32 and _onednn_works()
         if self.onednn:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), max(1, rows))
@@ -102,7 +106,7 @@ class _Product:
             self.weight = weight.detach().t().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+        flat = x.reshape(-1, x.shape[-1]).to(self.dtype)
         if self.onednn:
             out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")
         elif self.bias is None:
@@ -112,14 +116,15 @@ class _Product:
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def _packed(modules: list[nn.Module], rows: int) -> _Product:
-    """Several linear layers on the same input as one product (their weights and biases concatenated)."""
+def _packed(modules: list[nn.Module], rows: int, dtype: torch.dtype) -> _Product:
+    """Several linear layers on the same input as one product (their weights and biases concatenated), in
+    ``dtype``."""
     pairs = [_linear(m) for m in modules]
     weight = torch.cat([w for w, _ in pairs])
     bias = None
     if any(b is not None for _, b in pairs):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
-    return _Product(weight, bias, rows)
+    return _Product(weight, bias, rows, dtype)
 
 
 def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -172,18 +177,19 @@ class PackedWeights:
 
     def __init__(self, model: nn.Module, rows: int):
         base = model.model
+        # the products' dtype (and the KV cache's): bfloat16 under mixed precision, else the weights' own
+        self.dtype = compute_dtype(model) or base.embed_tokens.weight.dtype
         try:
-            self.layers = [self._pack(layer, rows) for layer in base.layers]
-            self.head = _packed([model.lm_head], rows)
+            self.layers = [self._pack(layer, rows, self.dtype) for layer in base.layers]
+            self.head = _packed([model.lm_head], rows, self.dtype)
         except AttributeError as error:
             raise Unsupported(f"unexpected layer layout ({error})") from error
         if type(base.embed_tokens) is not nn.Embedding:
             raise Unsupported(f"embedding {type(base.embed_tokens).__name__}")
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
-        self.dtype = base.embed_tokens.weight.dtype
 
     @staticmethod
-    def _pack(layer: nn.Module, rows: int) -> _Layer:
+    def _pack(layer: nn.Module, rows: int, dtype: torch.dtype) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         if any(hasattr(attn, name) for name in ("q_norm", "k_norm")):
             raise Unsupported("q/k norms")
@@ -191,10 +197,10 @@ class PackedWeights:
             if not hasattr(norm, "variance_epsilon") or getattr(norm, "weight", None) is None:
                 raise Unsupported(f"norm {type(norm).__name__}")
         return _Layer(
-            _packed([attn.q_proj, attn.k_proj, attn.v_proj], rows),
-            _packed([attn.o_proj], rows),
-            _packed([mlp.gate_proj, mlp.up_proj], rows),
-            _packed([mlp.down_proj], rows),
+            _packed([attn.q_proj, attn.k_proj, attn.v_proj], rows, dtype),
+            _packed([attn.o_proj], rows, dtype),
+            _packed([mlp.gate_proj, mlp.up_proj], rows, dtype),
+            _packed([mlp.down_proj], rows, dtype),
             layer.input_layernorm,
             layer.post_attention_layernorm,
             float(attn.scaling),
@@ -301,7 +307,9 @@ class LlamaDecoder:
         real = prompt_mask.bool()
         positions = position_ids_from_mask(prompt_mask)  # as the model's own forward gets them
         positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, S - C + 1, device=device)], dim=-1)
-        cos, sin = self.weights.rotary(torch.empty(0, dtype=dtype, device=device), positions)
+        # cos/sin in the residual stream's dtype, as the model's rotary module gives them (float32 under autocast)
+        stream = torch.empty(0, dtype=self.weights.embed.weight.dtype, device=device)
+        cos, sin = self.weights.rotary(stream, positions)
         self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, S, d)
         shape = (B, self.kv_heads, S, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.weights.layers]
@@ -329,7 +337,8 @@ class LlamaDecoder:
         for layer, keys, values in zip(self.weights.layers, self.keys, self.values, strict=True):
             qkv = layer.qkv(_rms_norm(x, layer.norm1))
             qk, v = qkv.view(B, Q, h + 2 * g, d).transpose(1, 2).split([h + g, g], dim=1)
-            q, k = _rotate(qk, cos, sin).split([h, g], dim=1)  # queries and keys rotated in one go
+            # queries and keys rotated in one go, then in the cache's dtype (a no-op unless mixed precision)
+            q, k = _rotate(qk, cos, sin).to(v.dtype).split([h, g], dim=1)
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
             attended = F.scaled_dot_product_attention(

@@ -15,6 +15,7 @@ from torch import nn
 
 from rlhf.data import left_pad
 from rlhf.data.stream import PromptBatch
+from rlhf.models.precision import rollout_region
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout.decoder import reusing_packed
 from rlhf.rollout.engine import RowGenerators, SamplingParams, row_seed, row_seeds, sample
@@ -224,8 +225,9 @@ def _sample_locally(
     noise = RowGenerators.of(seeds, device)
     out = []
     step = max_rows or max(1, len(prompt_ids))
-    # sharded weights are gathered once for the whole rollout, and packed once for all its chunks
-    with sampling_weights(model, d), reusing_packed(model):
+    # sharded weights are gathered once for the whole rollout, packed once for all its chunks, and under mixed
+    # precision cast to bfloat16 once (rollout_region), not at every token
+    with sampling_weights(model, d), reusing_packed(model), rollout_region(model):
         for start in range(0, len(prompt_ids), step):
             chunk = slice(start, start + step)
             query, query_mask = left_pad(prompt_ids[chunk], pad)

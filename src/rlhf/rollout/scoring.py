@@ -28,12 +28,22 @@ MAX_UNSCORED_STEPS = 5
 missing every reward), five in a row mean the rewards do not fit the data."""
 
 
-def load_rewards(source: Any, tokenizer: Any, d: Dist) -> RewardSet:
+def load_rewards(source: Any, tokenizer: Any, d: Dist, bf16: bool = False) -> RewardSet:
     """An RL trainer's ``reward.source``; when the run shards its models, each rank holds 1/world of every reward
-    model (they are gathered for scoring, see :func:`score`)."""
+    model (they are gathered for scoring, see :func:`score`); ``bf16``: in bfloat16 (:func:`reward_dtype`)."""
     return load_reward_set(
-        reward_spec(source), policy_tokenizer=tokenizer, device=str(d.device), loader=model_loader(d)
+        reward_spec(source),
+        policy_tokenizer=tokenizer,
+        device=str(d.device),
+        loader=model_loader(d),
+        dtype=reward_dtype(bf16),
     )
+
+
+def reward_dtype(bf16: bool) -> str | None:
+    """The dtype reward models load in: bfloat16 under mixed precision (frozen: nothing rounds away), else None,
+    their checkpoint's own."""
+    return "bfloat16" if bf16 else None
 
 
 def reward_spec(reward: Any) -> Any:

@@ -189,7 +189,10 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
         device = _device(local_rank)
         if owned:
             timeout = datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+            # on GPUs, NCCL for CUDA tensors and gloo for the CPU ones (the stats' sums, the objects' pickles):
+            # NCCL alone cannot reduce a CPU tensor
+            backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=timeout)
         strategy = "ddp" if parallelism == "auto" else parallelism
         _current = Dist(dist.get_rank(), dist.get_world_size(), local_rank, device, strategy)
     try:

@@ -55,7 +55,7 @@ def run(config: DPOConfig) -> Path:
     held_out = load_preferences(config.data.eval, tokenizer, config.data.max_length) if config.data.eval else []
     planning.check(config, d, planning.sequence_positions(train + held_out))  # before any weights
     # 2. the policy; 3. the reference: the policy's own log-probs before any step
-    model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model))
+    model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model, d.device))
     # micro_batch_size counts pairs here: DPO builds each micro-batch itself (`sequence_logps`, chosen and
     # rejected in one `Batcher.padded` call), so the Batcher's own splitting is not used
     batches = Batcher(

@@ -34,6 +34,7 @@ from rlhf.core.masked import masked_mean, masked_whiten
 from rlhf.core.sequences import score_index
 from rlhf.models.critic import load_critic
 from rlhf.models.policy import ScoredTokens, ValueHead
+from rlhf.models.precision import bf16_enabled
 from rlhf.models.sharding import load_sharded, shard_small
 from rlhf.rollout import generation
 from rlhf.rollout.rewards import RewardModelReward
@@ -128,6 +129,7 @@ def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) 
         from_reward_model=rm is not None,
         dtype=config.model.dtype,
         checkpointing=config.model.gradient_checkpointing,
+        bf16_on=d.device if bf16_enabled(config.model.bf16, d.device) else None,
     )
     critic = load_sharded(lambda device: load(device=device), d.mesh) if d.sharded else load(device=d.device)
     return rl.ValueFunction(critic=critic, load=load)

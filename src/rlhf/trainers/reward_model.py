@@ -51,6 +51,7 @@ from rlhf.data import (
 from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora, checkpointed
+from rlhf.models.precision import bf16_enabled, compute_in_bf16
 from rlhf.models.reward import (
     RewardScorer,
     TrainableRewardModel,
@@ -132,9 +133,11 @@ def load_scorer(config: RMConfig, d: Dist) -> tuple[TrainableRewardModel, Reward
     """The model to train and the `RewardScorer` module its forwards go through (the HF model's: LoRA layers
     sit inside it). Sharded runs build it empty on every rank, shard each decoder layer and the scorer as the
     root (embeddings, final norm, head), and fill it from rank 0's load (`rlhf.models.sharding.materialize`)."""
+    bf16 = bf16_enabled(config.model.bf16, d.device)
     if not d.sharded:
         rm = load_trainable_reward_model(config, d.device)
-        return rm, RewardScorer(rm.hf_model)
+        scorer = RewardScorer(rm.hf_model)
+        return rm, compute_in_bf16(scorer, d.device) if bf16 else scorer
     with torch.device("meta"):
         rm = load_trainable_reward_model(config, "meta")
     scorer = RewardScorer(rm.hf_model)
@@ -142,6 +145,7 @@ def load_scorer(config: RMConfig, d: Dist) -> tuple[TrainableRewardModel, Reward
     shard_small(scorer, d)
     full = load_trainable_reward_model(config, "cpu") if d.is_main else None
     materialize(scorer, RewardScorer(full.hf_model) if full is not None else None, d.mesh)
+    scorer = compute_in_bf16(scorer, d.device) if bf16 else scorer
     return dataclasses.replace(rm, fresh_head=d.broadcast(full is not None and full.fresh_head)), scorer
 
 

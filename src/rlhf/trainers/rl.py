@@ -31,6 +31,7 @@ from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import compile_models, load_tokenizer, load_trainable_state, trainable_state
 from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
+from rlhf.models.precision import bf16_enabled
 from rlhf.models.sharding import load_policy, unsharded
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout import generation, scoring
@@ -296,7 +297,7 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
     episodes = episode_runner(config, tokenizer=tokenizer, stops=stops)  # its files fail before reward models load
-    rewards = scoring.load_rewards(config.reward.source, tokenizer, d)
+    rewards = scoring.load_rewards(config.reward.source, tokenizer, d, bf16_enabled(config.model.bf16, d.device))
     if episodes is not None:
         check_episode_rewards(config, rewards, d)
     return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling, episodes)
@@ -582,13 +583,13 @@ def update_passes(
     ``step(micro, minibatch)``: a micro-batch's loss and stats, normalised by the minibatch's global denominators;
     ``unit``: rows that share a rank (a GRPO group); ``held``: parameters whose gradients are dropped before each
     step (AdamW leaves them and their state alone); ``first``: the first micro-batch's forward, already run
-    (`rlhf.trainers.ppo.fuses_first_update`). Returns the per-update means over all ranks, ``grad/norm`` and
-    ``policy/first_ratio_max_dev`` (exactly 0: the policy has not moved yet; checklist item 34)."""
+    (`rlhf.trainers.ppo.fuses_first_update`). Returns the per-update means over all ranks, ``grad/norm``,
+    ``update/changed_frac`` and ``policy/first_ratio_max_dev`` (exactly 0: the policy has not moved yet; checklist item 34)."""
     trainable, d = models.trainable, models.d
     num_rows, size = rollout.query_responses.shape[0], config.minibatch_size
     plan = micro_plan(config, rollout.attention_mask, rollout.response_length)
     totals: dict[str, float] = {}
-    norms, first_dev = 0.0, -math.inf
+    norms, changed, first_dev = 0.0, [], -math.inf
     for p in range(passes):
         order = torch.arange(num_rows) if p == 0 else torch.randperm(num_rows, generator=state.generators["shuffle"])
         for k, minibatch in enumerate(order.split(size)):
@@ -607,10 +608,13 @@ def update_passes(
             update.merge(totals, stats)
             for param in held:
                 param.grad = None
-            norms += update.optimizer_step(trainable, state.optimizer, state.scheduler, config.optim.max_grad_norm)
+            stepped = update.optimizer_step(trainable, state.optimizer, state.scheduler, config.optim.max_grad_norm)
+            norms += stepped.norm
+            changed.append(stepped.changed)
     updates = passes * math.ceil(num_rows / size)
     result = {key: value / updates for key, value in update.reduce_stats(totals, d).items()}
     result["grad/norm"] = norms / updates  # the same on every rank
+    result["update/changed_frac"] = sum(changed) / len(changed)  # the same on every rank
     result["policy/first_ratio_max_dev"] = update.reduce_stats({"first_max": first_dev}, d)["first_max"]
     return result
 

@@ -58,7 +58,7 @@ def run(config: SFTConfig) -> Path:
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
     planning.check(config, d, planning.sequence_positions(train + eval_examples))  # before any weights
-    model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model))
+    model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model, d.device))
     if config.sft.packing:
         check_packing(model, train, filler, d.device)
     batches = Batcher(config.effective_micro_batch_size, config.sft.packing, config.data.max_length, filler, d.device)
@@ -237,7 +237,9 @@ def write_final(config: SFTConfig, model: nn.Module, tokenizer: Any, d: Dist) ->
     from transformers import AutoConfig
 
     final = Path(config.output_dir) / "final"
-    shell = functools.partial(load_lm, config.model.name, config.model.dtype, SINGLE, preparation(config.model))
+    shell = functools.partial(
+        load_lm, config.model.name, config.model.dtype, SINGLE, preparation(config.model, d.device)
+    )
     model = unsharded(model, shell, d)
     if model is None or not d.is_main:
         return final

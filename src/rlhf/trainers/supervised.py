@@ -102,11 +102,12 @@ def train(config: TrainingConfig, task: Task, num_examples: int, fingerprint: st
             stats = task.step(rows)  # 2. forward + backward, micro-batched, this rank's share
             lr = state.scheduler.get_last_lr()[0]  # the rate this step uses
             # 3. clip, AdamW, schedule
-            grad_norm = update.optimizer_step(
+            stepped = update.optimizer_step(
                 task.trainable, state.optimizer, state.scheduler, config.optim.max_grad_norm
             )
             step_s = time.perf_counter() - t0  # 4. metrics, evaluation when due
-            metrics = {"step": step, "epoch": step / order.steps_per_epoch, **stats, "grad/norm": grad_norm, "lr": lr}
+            metrics = {"step": step, "epoch": step / order.steps_per_epoch, **stats, "grad/norm": stepped.norm}
+            metrics |= {"update/changed_frac": stepped.changed, "lr": lr}
             metrics |= {"time/step_s": step_s, "throughput/tokens_per_s": task.tokens(rows) / step_s}
             end_of_epoch = step % order.steps_per_epoch == 0
             every = config.run.eval_every

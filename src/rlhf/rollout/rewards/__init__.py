@@ -38,12 +38,14 @@ def load_reward_source(
     device: str = "cpu",
     batch_size: int = 16,
     loader: ModelLoader | None = None,
+    dtype: str | None = None,
 ) -> RewardSource:
     """The reward source ``spec`` names, ``name`` defaulting per the table in docs/architecture.md.
 
     The other arguments are for a reward model (``RewardModelReward.load``): ``policy_tokenizer`` lets it detect
     a shared vocabulary (``shares_policy_tokenizer``, enabling its ``score_ids`` fast path), ``device`` and
-    ``batch_size`` are where its forwards run and their micro-batch size, ``loader`` how its weights load.
+    ``batch_size`` are where its forwards run and their micro-batch size, ``loader`` how its weights load, ``dtype``
+    the dtype they load in (None: the checkpoint's).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward spec must be a non-empty string, got {spec!r}")
@@ -52,7 +54,9 @@ def load_reward_source(
         return EnvironmentReward(name=name or ENVIRONMENT)
     if spec.lower().startswith(("http://", "https://")):
         return HttpReward(spec, name=name)
-    model = dict(name=name, policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader)
+    model = dict(
+        name=name, policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader, dtype=dtype
+    )
     if Path(spec).expanduser().is_dir():
         return RewardModelReward.load(spec, **model)
     if ":" in spec:  # `file.py:function` or `module:function` (hub ids never contain ':')
@@ -69,6 +73,7 @@ def load_reward_set(
     device: str = "cpu",
     batch_size: int = 16,
     loader: ModelLoader | None = None,
+    dtype: str | None = None,
 ) -> RewardSet:
     """A :class:`RewardSet` from the config's ``reward:``: one spec string, or a list of spec strings (weight 1)
     and mappings ``{"source": spec, "weight": float = 1.0, "name": str = default}``; the other arguments are
@@ -76,7 +81,7 @@ def load_reward_set(
     entries = [reward] if isinstance(reward, str | Mapping) else list(reward)
     if not entries:
         raise ValueError("reward: the list of reward sources is empty")
-    model = dict(policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader)
+    model = dict(policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader, dtype=dtype)
     sources, weights = [], []
     for i, entry in enumerate(entries):
         if isinstance(entry, str):
