@@ -81,6 +81,24 @@ def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     )
     assert gpu.total("update") == sum(gpu.resident.values()) + sum(gpu.phases["update"].values())
 
+    # bf16 mixed precision (the default where the plan is for a GPU): float32 master weights and AdamW state, the
+    # frozen reference and reward model in bfloat16, the KV cache in bfloat16, and autocast's bfloat16 copies of
+    # the weights: of the trained ones for a no-grad forward, of every weight read in an update (saved for backward)
+    assert (
+        gpu.resident["policy weights"] == policy.params * 4
+        and gpu.resident["optimizer state"] == resident["optimizer state"]
+    )
+    assert gpu.resident["reference weights"] == policy.params * 2
+    assert gpu.resident["reward model weights"] == reward.params * 2
+    assert gpu.phases["rollout"]["KV cache"] == predicted.phases["rollout"]["KV cache"] // 2
+    assert gpu.phases["scoring"]["bfloat16 copies of the trained weights (autocast)"] == policy.params * 2
+    assert gpu.phases["update"]["bfloat16 copies of the weights (autocast)"] == (policy.params + reward.params) * 2
+    cpu_mixed = planning.plan(planning.with_flags(config, ("--model.bf16=true",)), positions=20, runtime=1000)
+    assert cpu_mixed.resident["reference weights"] == policy.params * 2
+    gpu_float32 = planning.plan(planning.with_flags(config, ("--model.bf16=false",)), positions=20, retains=False)
+    assert gpu_float32.resident["reference weights"] == policy.params * 4
+    assert "bfloat16 copies of the weights (autocast)" not in gpu_float32.phases["update"]
+
     # FSDP over 2 ranks halves what is sharded and adds the gathered policy and a gathered layer
     fsdp = planning.plan(planning.with_flags(config, ("--run.parallelism=fsdp",)), world_size=2, positions=20)
     assert fsdp.resident["policy weights"] == -(-policy.params * 4 // 2)

@@ -25,6 +25,7 @@ from torch import nn
 from rlhf.config import ConfigError, LoRAConfig
 from rlhf.core import memory
 from rlhf.core.memory import GiB, Transformer
+from rlhf.models.precision import frozen_dtype
 
 USABLE = 0.9
 """Share of the free memory a run may plan to use: the rest is headroom for what the plan leaves out (the
@@ -183,8 +184,10 @@ def parallelism(config: Any, world_size: int) -> str:
 def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, retains: bool = True) -> Plan:
     """The plan of ``config`` on ``world_size`` ranks, rows at most ``positions`` tokens long (prompt and
     response for ppo/grpo); ``runtime`` bytes the process holds before any model (libraries: this process's RSS
-    on CPU, 0 on a GPU); ``retains``: `Plan.retains` (CPU)."""
-    layout = _Layout(config, world_size, positions)
+    on CPU, 0 on a GPU); ``retains``: `Plan.retains` (CPU). ``model.bf16`` unset is mixed precision on a GPU (one
+    that does not retain) and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
+    bf16 = config.model.bf16 if config.model.bf16 is not None else not retains
+    layout = _Layout(config, world_size, positions, bf16)
     workspace = WORKSPACE if retains else 0
     resident = {
         "runtime": runtime,
@@ -208,16 +211,20 @@ def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, 
 class _Layout:
     """What one rank of ``config`` holds, part by part (a class only to share the run's sizes between phases)."""
 
-    def __init__(self, config: Any, world_size: int, positions: int):
-        self.config, self.world, self.positions = config, world_size, positions
+    def __init__(self, config: Any, world_size: int, positions: int, bf16: bool):
+        self.config, self.world, self.positions, self.bf16 = config, world_size, positions, bf16
         if config.COMMAND == "sft" and config.sft.packing:  # packed rows are filled to data.max_length
             self.positions = config.data.max_length
         self.parallelism = parallelism(config, world_size)
         self.sharded = self.parallelism == "fsdp"
         self.notes: list[str] = []
         model = config.model
-        self.width = memory.DTYPE_BYTES[model.dtype]
-        self.reference_width = memory.DTYPE_BYTES[getattr(model, "reference_dtype", None) or model.dtype]
+        self.width = memory.DTYPE_BYTES[model.dtype]  # the trained weights' (float32 master weights when mixed)
+        # mixed precision: activations, KV cache and the decoder's packed weights in bfloat16, frozen models too
+        self.compute_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else self.width
+        frozen = frozen_dtype(model.dtype, bf16)
+        self.reference_width = memory.DTYPE_BYTES[getattr(model, "reference_dtype", None) or frozen]
+        self.reward_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else memory.FLOAT32
         self.rl = config.COMMAND in ("ppo", "grpo")
         self.policy = model_sizes(model.name, reward=config.COMMAND == "rm")
         self.trainable = (
@@ -263,7 +270,7 @@ class _Layout:
                 parts["reference weights"] = self.share(memory.weights(policy.params, self.reference_width))
             for i, rm in enumerate(self.reward_models):
                 name = f"reward model {i + 1} weights" if i else "reward model weights"
-                parts[name] = self.share(memory.weights(rm.params, memory.FLOAT32))
+                parts[name] = self.share(memory.weights(rm.params, self.reward_width))
             if self.critic is not None:
                 parts["critic weights"] = self.share(memory.weights(self.critic.params, self.width))
         parts["optimizer state"] = self.share(memory.adamw_state(self.all_trainable, self.trainable_width))
@@ -286,7 +293,7 @@ class _Layout:
         """Sampling: the KV cache of the rank's rows, the lean decoder's packed weights, FSDP's gathered policy."""
         config, policy = self.config, self.policy
         rows = max(1, config.num_sequences // self.world)
-        parts = {"KV cache": memory.kv_cache(policy, rows, self.positions, self.width)}
+        parts = {"KV cache": memory.kv_cache(policy, rows, self.positions, self.compute_width)}
         engine = config.sampling.engine
         if engine == "vllm":
             if config.sampling.vllm.url is None:
@@ -300,7 +307,7 @@ class _Layout:
             engine in ("auto", "lean")
             and getattr(model_config(config.model.name), "model_type", None) in SUPPORTED_MODEL_TYPES
         ):
-            parts["packed weights (lean decoder)"] = memory.weights(policy.matmul_params, self.width)
+            parts["packed weights (lean decoder)"] = memory.weights(policy.matmul_params, self.compute_width)
         if self.sharded:
             parts["gathered policy (fsdp)"] = self.gathered(policy.params, self.width)
         return parts
@@ -314,12 +321,16 @@ class _Layout:
     def scoring(self) -> dict[str, int]:
         """The rollout's forwards without gradients (old log-probs, reference, values, rewards): the widest one."""
         policy, rows = self.policy, self.micro
-        forwards = [memory.inference_workspace(policy, rows, self.positions, self.width)]
-        forwards += [memory.inference_workspace(rm, rows, self.positions, memory.FLOAT32) for rm in self.reward_models]
+        forwards = [memory.inference_workspace(policy, rows, self.positions, self.compute_width)]
+        forwards += [
+            memory.inference_workspace(rm, rows, self.positions, self.reward_width) for rm in self.reward_models
+        ]
         response = self.config.response_tokens + 1
         parts = {"forward": max(forwards), "logits": memory.logits(rows, response, policy.vocab, copies=2)}
+        if self.bf16 and not self.sharded:  # autocast keeps its bfloat16 casts of trained weights for a forward
+            parts["bfloat16 copies of the trained weights (autocast)"] = memory.weights(self.trainable, 2)
         if self.sharded:  # each frozen model is gathered whole for its scoring, one at a time
-            frozen = [memory.weights(rm.params, memory.FLOAT32) for rm in self.reward_models]
+            frozen = [memory.weights(rm.params, self.reward_width) for rm in self.reward_models]
             if _reference_copy(self.config):
                 frozen.append(memory.weights(policy.params, self.reference_width))
             if frozen:
@@ -336,8 +347,15 @@ class _Layout:
         checkpointing = config.model.gradient_checkpointing
         parts = {
             "gradients": self.share(memory.gradients(self.all_trainable, self.trainable_width)),
-            "activations": memory.activations(policy, rows, self.positions, self.width, checkpointing=checkpointing),
+            "activations": memory.activations(
+                policy, rows, self.positions, self.compute_width, checkpointing=checkpointing
+            ),
         }
+        if self.bf16 and not self.sharded:
+            # autocast's bfloat16 copy of every weight a product reads, saved for the backward (frozen ones too:
+            # the input's gradient needs them); under FSDP the gathered layer is already bfloat16
+            params = policy.params + (self.critic.params if self.critic is not None else 0)
+            parts["bfloat16 copies of the weights (autocast)"] = memory.weights(params, 2)
         if config.COMMAND != "rm":
             scored = config.response_tokens + 1 if self.rl else self.positions
             # saved for the backward and its gradient; ppo/grpo's entropy bonus keeps its softmax too
@@ -345,7 +363,7 @@ class _Layout:
             parts["logits"] = memory.logits(rows, scored, policy.vocab, copies=copies)
         if self.critic is not None:
             parts["critic activations"] = memory.activations(
-                self.critic, rows, self.positions, self.width, checkpointing=checkpointing
+                self.critic, rows, self.positions, self.compute_width, checkpointing=checkpointing
             )
         if self.parallelism == "ddp":  # DDP's flat buckets the gradients are all-reduced through: another copy
             parts["gradient buckets (ddp)"] = parts["gradients"]
