@@ -17,6 +17,12 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 | ``ragged`` | trainer runs whose sampled responses have different lengths (some stopped, some cut) |
 | ``adam_steps`` | predicts the weights after clipped AdamW steps from the recorded gradients |
 | ``clipped_gradients`` | a list that collects every trainable gradient passed to ``clip_grad_norm_`` |
+| ``on_cpu`` | the library and the processes a test starts see no GPU: for a test that pins the CPU's numerics |
+
+Tests run on whatever device the library picks (a GPU when torch sees one). One that pins the CPU's numerics —
+which samples a seed draws (CUDA's generators draw other numbers than the CPU's), bits compared with a CPU run —
+states it with ``@pytest.mark.usefixtures("on_cpu")`` and says why beside it; comparisons within one run or between
+two runs on the same device need nothing.
 """
 
 from __future__ import annotations
@@ -262,6 +268,16 @@ def clipped_gradients(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording)
     return grads
+
+
+@pytest.fixture
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test runs on the CPU whatever the machine: ``torch.cuda.is_available()`` is False for the library's choice
+    of device (`rlhf.runlog.distributed`'s ``_device`` and ``device_for_run``, `rlhf plan`), as a user gets it with
+    ``CUDA_VISIBLE_DEVICES=`` — which the processes the test starts get as well (set before they import torch, it
+    hides the GPUs from them; in this process CUDA may already be initialised, hence the patch)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture(scope="session")
