@@ -15,15 +15,16 @@ prompts_file = test_ppo.prompts_file  # the same 40 toy prompts (36 train, 4 hel
 
 
 def snapshots(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, dict[str, torch.Tensor]]]:
-    """Records, after every step's update, copies of the policy's and the value function's parameters."""
+    """Records, after every step's update, copies of the policy's and the value function's parameters, on the CPU
+    beside the saved weights they are compared with (the run may be on a GPU)."""
     taken: list[dict[str, dict[str, torch.Tensor]]] = []
     update = ppo.ppo_update
 
     def recording(config, models, *args, **kwargs):
         result = update(config, models, *args, **kwargs)
         taken.append({
-            "policy": {k: v.detach().clone() for k, v in models.policy.named_parameters()},
-            "value": {k: v.detach().clone() for k, v in models.value_module().named_parameters()},
+            "policy": {k: v.detach().to("cpu", copy=True) for k, v in models.policy.named_parameters()},
+            "value": {k: v.detach().to("cpu", copy=True) for k, v in models.value_module().named_parameters()},
         })  # fmt: skip
         return result
 

@@ -23,15 +23,16 @@ prompts_file = test_ppo.prompts_file  # the same 40 toy prompts (36 train, 4 hel
 
 def snapshots(monkeypatch: pytest.MonkeyPatch, trainer, name: str) -> list[dict[str, dict[str, torch.Tensor]]]:
     """Records, as each step's update returns, copies of the policy's and the reference's parameters (the
-    reference then still holds what the step's rollout was scored against: it follows after the update)."""
+    reference then still holds what the step's rollout was scored against: it follows after the update), on the
+    CPU beside the saved weights they are compared with (the run may be on a GPU)."""
     taken: list[dict[str, dict[str, torch.Tensor]]] = []
     update = getattr(trainer, name)
 
     def recording(config, models, *args, **kwargs):
         result = update(config, models, *args, **kwargs)
         taken.append({
-            "policy": {k: v.detach().clone() for k, v in models.policy.named_parameters()},
-            "reference": {k: v.detach().clone() for k, v in models.reference.copy.named_parameters()},
+            "policy": {k: v.detach().to("cpu", copy=True) for k, v in models.policy.named_parameters()},
+            "reference": {k: v.detach().to("cpu", copy=True) for k, v in models.reference.copy.named_parameters()},
         })  # fmt: skip
         return result
 
