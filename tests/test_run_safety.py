@@ -67,9 +67,14 @@ def steps_of(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def child_env() -> dict[str, str]:
+    """The environment of an ``rlhf`` process: this checkout's src first, then the environment's own PYTHONPATH (a
+    machine may provide torch and the other packages that way rather than installed)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+
+
 def rlhf(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    return subprocess.run([sys.executable, "-m", "rlhf", *args], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "rlhf", *args], env=child_env(), capture_output=True, text=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -143,8 +148,7 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_logs_each_ste
             ppo_config(tiny_llama_dir, data, out, **{"ppo.steps": 3, "reward.source": f"{rewards}:wait_then_length"})
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    first = subprocess.Popen([sys.executable, "-m", "rlhf", "ppo", "--config", str(config)], env=env,
+    first = subprocess.Popen([sys.executable, "-m", "rlhf", "ppo", "--config", str(config)], env=child_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         while not (out / rundir.LOCK_FILE).exists() or not (out / rundir.LOCK_FILE).read_text().strip():

@@ -57,7 +57,9 @@ def claim(config) -> None:
 
 
 def python(code: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # this checkout's src first, then the environment's own PYTHONPATH: a machine may provide torch and the other
+    # packages that way rather than installed (without them the child stopped at its imports, exit 1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     # stdin is a pipe the child can wait on (`input()`), whatever the test runner's own stdin is (CI has none)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
