@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from rlhf.models.loading import apply_lora, checkpointed, frozen_copy, load_causal_lm, load_tokenizer
-from rlhf.models.precision import bf16_enabled, compute_in_bf16, frozen_dtype
+from rlhf.models.precision import bf16_enabled, compute_dtype, compute_in_bf16, frozen_dtype
 from rlhf.runlog.distributed import Dist
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = 
     ``mixed_precision``: see :func:`_precision`. Frozen models (reference, reward) and LoRA models shard the same
     way: FSDP2 shards frozen parameters too and reduce-scatters only the gradients that exist.
     """
-    policy = _precision(mesh, mixed_precision)
+    policy = _precision(model, mixed_precision)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     if root:
@@ -63,12 +63,13 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = 
     return model
 
 
-def _precision(mesh: DeviceMesh, mixed: bool | None = None) -> MixedPrecisionPolicy:
-    """bfloat16 compute with float32 gradient reduction on CUDA meshes (or when ``mixed``; the sharded parameters
-    and the optimizer stay in their own dtype); the parameters' dtype otherwise (CPUs gain nothing from bfloat16
-    matmuls here, and float32 keeps runs comparable)."""
+def _precision(model: nn.Module, mixed: bool | None = None) -> MixedPrecisionPolicy:
+    """bfloat16 compute with float32 gradient reduction when ``mixed`` (None: when ``model`` computes in bfloat16,
+    ``model.bf16``: `rlhf.models.precision.compute_in_bf16` hooked it or one of its modules), gathering each layer
+    in bfloat16 — the sharded master weights and the optimizer stay in their own dtype; the parameters' dtype
+    otherwise (``model.bf16: false``, frozen models already in their dtype, the float32 value head)."""
     if mixed is None:
-        mixed = mesh.device_type == "cuda"
+        mixed = any(compute_dtype(module) is not None for module in model.modules())
     if mixed:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
@@ -204,7 +205,7 @@ def shard_small(module: nn.Module, d: Dist) -> nn.Module:
     """``fully_shard`` a module without transformer blocks (a value head) as one unit when the run shards: its
     gradients must go through FSDP like the rest (gradient clipping cannot mix sharded and plain tensors)."""
     if d.sharded:
-        fully_shard(module, mesh=d.mesh, mp_policy=_precision(d.mesh))
+        fully_shard(module, mesh=d.mesh, mp_policy=_precision(module))
     return module
 
 

@@ -39,6 +39,7 @@ from rlhf.core.losses import aggregate
 from rlhf.data import IGNORE_INDEX, TokenizedSFT, collate_sft, held_out, load_sft, position_ids_from_mask
 from rlhf.data.stream import fingerprint_of
 from rlhf.models.loading import load_tokenizer
+from rlhf.models.precision import compute_dtype
 from rlhf.models.sharding import load_lm, preparation, unsharded
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
@@ -218,7 +219,7 @@ def check_packing(model: nn.Module, examples: Sequence[TokenizedSFT], filler: in
     # the packed row loses one target: the first token of b, predicted from a's last position
     packed = torch.cat([packed[: n - 1], packed[n:]])
     deviation = (packed - torch.cat(alone)).abs().max().item()
-    dtype = next(model.parameters()).dtype
+    dtype = compute_dtype(model) or next(model.parameters()).dtype  # bfloat16 under mixed precision
     tolerance = 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
     if not deviation <= tolerance:
         kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
