@@ -96,7 +96,9 @@ def build_models(config: GRPOConfig, d: Dist) -> rl.Models:
     """The policy and, when ``kl.coef > 0``, its reference; with ``kl.coef: 0`` no reference at all (not even a
     frozen copy in memory)."""
     reference = config.kl.coef > 0
-    return rl.Models(config.model, d, reference=reference, ema=config.kl.reference_ema, engine=rl.open_engine(config))
+    return rl.Models(
+        config.model, d, reference=reference, ema=config.kl.reference_ema, engine=rl.open_engine(config, d)
+    )
 
 
 @distributed.entry

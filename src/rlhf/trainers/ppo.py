@@ -101,7 +101,7 @@ class PPO(rl.Algorithm):
 def build_models(config: PPOConfig, rewards: Any, d: Dist) -> rl.Models:
     """The policy, its reference (frozen, or moving with ``kl.reference_ema``) and the value function."""
     value = functools.partial(value_function, config, rewards, d)
-    engine = rl.open_engine(config)
+    engine = rl.open_engine(config, d)
     return rl.Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value, engine=engine)
 
 

@@ -31,7 +31,7 @@ from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import compile_models, load_tokenizer, load_trainable_state, trainable_state
 from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
-from rlhf.models.precision import bf16_enabled
+from rlhf.models.precision import bf16_enabled, frozen_dtype
 from rlhf.models.sharding import load_policy, unsharded
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout import generation, scoring
@@ -276,12 +276,14 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     return out / "final"
 
 
-def open_engine(config: PolicyGradientConfig) -> str | generation.Engine:
-    """The run's sampling engine (``sampling.engine``): `rlhf.rollout.generation.open_engine`."""
+def open_engine(config: PolicyGradientConfig, d: Dist) -> str | generation.Engine:
+    """The run's sampling engine (``sampling.engine``): `rlhf.rollout.generation.open_engine`; vLLM holds its copy of
+    the policy in bfloat16 under mixed precision (it never trains), else in ``model.dtype``."""
+    model = config.model
     return generation.open_engine(
         config.sampling,
-        config.model.name,
-        dtype=config.model.dtype,
+        model.name,
+        dtype=frozen_dtype(model.dtype, bf16_enabled(model.bf16, d.device)),
         seed=config.run.seed,
         response_tokens=config.response_tokens,
     )
