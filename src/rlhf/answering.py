@@ -40,7 +40,7 @@ class Sampler:
         self.device = device
         self.stops = stop_token_ids(tokenizer, config.sampling.stop)
         self.params = SamplingParams.of(config.sampling)
-        self.generator = torch.Generator(device).manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)  # row seeds only: the same on any device
         self.engine = generation.open_engine(config.sampling, model, dtype=dtype, seed=config.seed)
         if not isinstance(self.engine, str):
             self.engine.sync(self.model)  # a server may hold other weights; vLLM's dtype may round them otherwise

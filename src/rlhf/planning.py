@@ -648,7 +648,9 @@ def alternatives(config: Any, world_size: int, positions: int, runtime: int, ret
 def report(config: Any, *, world_size: int = 1, device_memory_gib: float | None = None) -> tuple[str, bool]:
     """What `rlhf plan` prints for ``config`` on ``world_size`` ranks, and whether it fits the budget (the GPU or
     this machine's free memory, ``run.memory_budget_gib``, or ``device_memory_gib``)."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from rlhf.runlog.distributed import device_for_run  # the device a one-process run of this config would take
+
+    device = device_for_run()
     positions, runtime, retains = data_positions(config), runtime_bytes(device), device.type != "cuda"
     predicted = plan(config, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
     limit, source = budget(config, device, device_memory_gib)

@@ -61,7 +61,8 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] 
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # as many GPUs as both machines have: a run resumed on a machine with fewer GPUs (or none) goes on
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
     for name, gen in (generators or {}).items():
         key = f"generator/{name}"
         if key not in state:

@@ -32,20 +32,16 @@ class TrainState:
 
     @classmethod
     def create(
-        cls,
-        params: list[nn.Parameter],
-        *,
-        optim: OptimSection,
-        seed: int,
-        total_updates: int,
-        stream: Any,
-        device: torch.device,
+        cls, params: list[nn.Parameter], *, optim: OptimSection, seed: int, total_updates: int, stream: Any
     ) -> TrainState:
         """AdamW and its schedule (``optim``) over ``total_updates`` optimizer steps; generators seeded from
         ``seed`` (``run.seed``)."""
         optimizer, scheduler = build_optimizer(params, optim, total_updates)
+        # both on the CPU: "sampling" only draws each rollout's row seeds (`rlhf.rollout.engine.row_seeds`; the rows'
+        # own streams live on the device), so a run draws the same seeds on any device and its checkpoint resumes
+        # on another kind of device
         generators = {
-            "sampling": torch.Generator(device).manual_seed(seed),
+            "sampling": torch.Generator().manual_seed(seed),
             "shuffle": torch.Generator().manual_seed(seed + 1),
         }
         return cls(optimizer, scheduler, stream, generators)

@@ -256,7 +256,7 @@ def normalize(
     picks = [int(order[i % len(prompts)]) for i in range(config.normalize.samples)]  # cycles when few
     sampling = SamplingParams(config.normalize.max_new_tokens, config.normalize.temperature)
     stops = stop_token_ids(policy_tokenizer, "eos")
-    generator = torch.Generator(device).manual_seed(config.run.seed)
+    generator = torch.Generator().manual_seed(config.run.seed)  # row seeds only: the same on any device
     batch = PromptBatch.of(prompts, picks)
     generated = generation.generate(
         policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d, max_rows=size

@@ -224,9 +224,7 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
     total = config.steps * algorithm.updates_per_step
     params = models.trainable.parameters()
-    state = TrainState.create(
-        params, optim=config.optim, seed=config.run.seed, total_updates=total, stream=stream, device=d.device
-    )
+    state = TrainState.create(params, optim=config.optim, seed=config.run.seed, total_updates=total, stream=stream)
     checkpoint, saved = state.resume(config, models, d)
     algorithm.load_state_dict(saved)
     models.sync_engine()  # the policy as trained so far: adapters, a resumed checkpoint
@@ -656,7 +654,7 @@ def evaluate(
     scores its share. Its own generator leaves training's trajectory the same with or without it."""
     t0 = time.perf_counter()
     trainer_state = make_trainer_state(config, step, stream)
-    generator = torch.Generator(inputs.d.device).manual_seed(config.run.seed + 2)
+    generator = torch.Generator().manual_seed(config.run.seed + 2)  # row seeds only: the same on any device
     batch = PromptBatch.of(inputs.eval_prompts, range(len(inputs.eval_prompts)))
     answered = sample_and_score(
         config, inputs, models, batch, generator, trainer_state, max_rows=config.effective_micro_batch_size

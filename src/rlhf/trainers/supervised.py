@@ -85,9 +85,7 @@ def train(config: TrainingConfig, task: Task, num_examples: int, fingerprint: st
     out, total = Path(config.output_dir), epochs * order.steps_per_epoch
     d.check_batch(config.COMMAND, config.batch.size)
     params = task.trainable.parameters()
-    state = TrainState.create(
-        params, optim=config.optim, seed=config.run.seed, total_updates=total, stream=order, device=d.device
-    )
+    state = TrainState.create(params, optim=config.optim, seed=config.run.seed, total_updates=total, stream=order)
     checkpoint, saved = state.resume(config, task.model, d)
     start = saved.get("step", 0)
     logger = open_run(config, checkpoint, start, d)
