@@ -73,17 +73,18 @@ def main() -> None:
     policy = AutoModelForCausalLM.from_pretrained(spec["policy"], **f32)
     reward = AutoModelForSequenceClassification.from_pretrained(spec["reward"], num_labels=1, **f32)
     prompts = [json.loads(line)["prompt"] for line in Path(spec["prompts"]).read_text().splitlines()]
-    # Everything that would add work outside the algorithm is off: mixed precision (bf16 is TRL's default),
-    # gradient checkpointing (TRL's default; it re-runs forwards), checkpoints, reporting, progress bars.
+    # Everything that would add work outside the algorithm is off: mixed precision (bf16 is TRL's default; off
+    # unless the spec asks, as gpu_acceptance.py does on a GPU), gradient checkpointing (TRL's default; it re-runs
+    # forwards), checkpoints, reporting, progress bars. The device is the CPU unless the spec names another.
     common = {
         "output_dir": spec["output_dir"],
         "learning_rate": spec["learning_rate"],
         "temperature": spec["temperature"],
         "seed": spec["seed"],
         "gradient_accumulation_steps": 1,
-        "bf16": False,
+        "bf16": spec.get("bf16", False),
         "fp16": False,
-        "use_cpu": True,
+        "use_cpu": spec.get("device", "cpu") == "cpu",
         "gradient_checkpointing": False,
         "save_strategy": "no",
         "report_to": "none",
