@@ -318,3 +318,63 @@ def test_merge_replaces_the_rerun_cases_and_keeps_the_rest(monkeypatch):
     assert "day 1 (ppo32, grpo); day 2 (ppo32-25m, grpo-110m)." in run.caption(both)
     with pytest.raises(ValueError, match="other repeats"):
         run.merged(old, results("day 2", ["grpo"], repeats=1))
+
+
+def test_gpu_acceptance_reports_a_failed_child_in_its_row(monkeypatch, tmp_path):
+    """benchmarks/gpu_acceptance.py with faked children: our runs' phases, memory against the plan, changed_frac and
+    the share of weights moved; TRL's time-out is a row of the table, not a crash (the GPU session has one shot)."""
+    import torch
+    from safetensors.torch import save_file
+
+    run = _run_module(monkeypatch)
+    monkeypatch.setitem(sys.modules, "run", run)  # gpu_acceptance imports run.py and measure.py by those names
+    monkeypatch.setitem(sys.modules, "measure", measure)
+    spec = importlib.util.spec_from_file_location("benchmarks_gpu_acceptance", _PATH.parent / "gpu_acceptance.py")
+    gpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "benchmarks_gpu_acceptance", gpu)
+    spec.loader.exec_module(gpu)
+    start = tmp_path / "policy"
+    start.mkdir()
+    save_file({"w": torch.tensor([1.0, 2.0, 3.0, 4.0]).bfloat16()}, start / "model.safetensors")
+    models = {"policy": str(start), "reward": "reward", "policy_params": 1_543_714_304, "reward_params": 494_032_768}
+    monkeypatch.setattr(gpu, "build_models", lambda mode, work, timeout: models)
+    monkeypatch.setattr(gpu, "has_trl", lambda: True)
+    monkeypatch.setattr(run, "build_assets", lambda sizes: {"prompts": "prompts.jsonl"})
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    specs: list[dict] = []
+
+    def fake_child(python, script, spec, folder, threads, timeout):
+        specs.append(spec)
+        if spec["side"] == "trl":
+            return {"error": "timed out after 120 s (log: log.txt)"}
+        out = Path(spec["config"]["output_dir"])
+        (out / "final").mkdir(parents=True)
+        save_file({"w": torch.tensor([1.0, 2.0, 3.5, 4.0])}, out / "final" / "model.safetensors")  # 1 of 4 moved
+        phases = {"time/rollout_s": 1.0, "time/score_s": 0.1, "time/logprobs_s": 0.2, "time/train_s": 0.7}
+        rows = [
+            {"step": i + 1, "time/step_s": 2.0, **phases, "update/changed_frac": f}
+            for i, f in enumerate([1, 0.97, 0.99])
+        ]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        cuda = {"gpu": "NVIDIA H100", "max_allocated_mb": 50_000.0, "max_reserved_mb": 52_000.0}
+        steps = [{"step_s": 2.0, "sequences": 64, "gen_tokens": 8192}] * 3
+        return {"steps": steps, "peak_rss_mb": 3000.0, "planned_peak_mb": 45_000.0, "cuda": cuda}
+
+    monkeypatch.setattr(run, "run_child", fake_child)
+    monkeypatch.setattr(sys, "argv", ["gpu_acceptance.py", "--tiny"])
+    assert gpu.main() == 1  # a run failed
+    grpo, ppo, trl = specs
+    assert (ppo["config"]["batch"]["micro_size"], grpo["config"]["model"]["bf16"]) == (4, True)
+    ours = grpo["config"]
+    assert (trl["batch_size"], trl["group_size"], trl["max_new_tokens"], trl["steps"], trl["bf16"]) == (
+        ours["batch"]["size"], ours["grpo"]["group_size"], ours["sampling"]["max_new_tokens"], ours["grpo"]["steps"], True)  # fmt: skip
+    text = (tmp_path / "work" / "gpu_acceptance" / "tiny" / "gpu_acceptance.md").read_text()
+    assert "NVIDIA H100, torch" in text and "policy of 1.54B parameters, reward model 494.0M" in text
+    # 64 sequences and 8192 tokens in 2 s; planned 45 000 / measured 50 000 MB; changed_frac 0.97-1
+    assert (
+        "| rlhf grpo | 2.00 | – | 32.0 | 4,096 | 1.00 / 0.10 / 0.20 / 0.70 | 50,000 (52,000) | 45,000 | 0.90 "
+        "| 0.970–1.000 | 25.0% |"
+    ) in text
+    assert "| TRL GRPOTrainer | **failed**: timed out after 120 s (log: log.txt) | – |" in text
+    saved = json.loads((tmp_path / "work" / "gpu_acceptance" / "tiny" / "gpu_acceptance.json").read_text())
+    assert saved["runs"][1]["summary"]["weights_changed"] == {"frac": 0.25, "dtype": "torch.float32"}
