@@ -18,6 +18,7 @@ The ``tokenizer``/``other_tokenizer`` fixtures are fresh per test for the same r
 | ``adam_steps`` | predicts the weights after clipped AdamW steps from the recorded gradients |
 | ``clipped_gradients`` | a list that collects every trainable gradient passed to ``clip_grad_norm_`` |
 | ``on_cpu`` | the library and the processes a test starts see no GPU: for a test that pins the CPU's numerics |
+| ``fake_gpu`` | a CUDA GPU that computes on the CPU and raises CUDA's error where GPU and CPU tensors meet |
 
 Tests run on whatever device the library picks (a GPU when torch sees one). One that pins the CPU's numerics —
 which samples a seed draws (CUDA's generators draw other numbers than the CPU's), bits compared with a CPU run —
@@ -309,3 +310,14 @@ def chat_policy(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
               "sft.epochs": 10, "optim.learning_rate": 3e-3, "batch.size": 16, "run.eval_every": 0,
               "run.save_every": 0, "run.progress": False}  # fmt: skip
     return sft.run(config_from_dict("sft", nested(values)))
+
+
+@pytest.fixture
+def fake_gpu():
+    """For the test, the library sees one CUDA GPU that computes on the CPU (tests/fake_cuda.py): its runs put their
+    tensors on ``cuda:0``, and an op that mixes them with CPU tensors raises CUDA's error, as on a GPU (whatever the
+    machine has). Yields a ``fake_cuda.FakeGPU`` (``.ops``: how many ops ran on it)."""
+    from fake_cuda import fake_cuda
+
+    with fake_cuda() as gpu:
+        yield gpu
