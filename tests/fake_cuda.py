@@ -187,24 +187,22 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     it ran there (an input was on it, or a ``device`` argument says so) and CUDA's error when devices mix."""
     if func.overloadpacket is aten.to:
         return _to(func, args, kwargs)
-    leaves = pytree.arg_tree_leaves(*args, **kwargs)
-    on_fake = any(isinstance(leaf, FakeCudaTensor) for leaf in leaves)
+    has_fake = any(isinstance(leaf, FakeCudaTensor) for leaf in pytree.arg_tree_leaves(*args, **kwargs))
+    # An op given `device` (a factory, *_like, new_*, _to_copy) puts its result there wherever its tensors are (CUDA
+    # takes zeros_like(cpu_tensor, device="cuda")); any other runs where its tensors are, and they must agree.
     target = kwargs.get("device")
-    if target is not None:  # a factory, *_like, new_* or to(): its result is where the argument says, whatever
-        if _is_fake_device(target):  # the devices of its tensors (CUDA accepts zeros_like(cpu, device=cuda))
-            on_fake, kwargs = True, {**kwargs, "device": torch.device("cpu")}
-        elif not on_fake:
-            return func(*args, **kwargs)  # an op of the CPU
-        else:
-            on_fake = False
-    elif not on_fake:
+    on_fake = _is_fake_device(target) if target is not None else has_fake
+    if not on_fake and not has_fake:
         return func(*args, **kwargs)  # an op of the CPU
-    elif func.overloadpacket not in _CROSS_DEVICE:
+    if target is None and func.overloadpacket not in _CROSS_DEVICE:
         check_devices(func, args, kwargs)
-    if on_fake and kwargs.get("generator") is None:  # CUDA's random ops draw from CUDA's generator
-        func, kwargs = _drawing_from_cuda_generator(func, kwargs)
-    if on_fake and _active:
-        _active[-1].ops += 1
+    if on_fake:
+        if target is not None:
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        if kwargs.get("generator") is None:  # CUDA's random ops draw from CUDA's generator
+            func, kwargs = _drawing_from_cuda_generator(func, kwargs)
+        if _active:
+            _active[-1].ops += 1
     inner_args, inner_kwargs = pytree.tree_map_only(FakeCudaTensor, lambda t: t._inner, (args, kwargs))
     out = func(*inner_args, **inner_kwargs)
     return _results(func, args, kwargs, out, on_fake)
@@ -499,6 +497,7 @@ class FakeGPU:
 
 
 _active: list[FakeGPU] = []
+_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -508,7 +507,7 @@ def fake_cuda(seed: int = 0) -> Iterator[FakeGPU]:
     saved: list[tuple[Any, str, Any]] = []
 
     def patch(owner: Any, name: str, value: Any) -> None:
-        saved.append((owner, name, getattr(owner, name)))
+        saved.append((owner, name, getattr(owner, name, _ABSENT)))  # a private one another torch may not have
         setattr(owner, name, value)
 
     _CUDA_DEFAULT_GENERATOR.manual_seed(seed)
@@ -522,5 +521,8 @@ def fake_cuda(seed: int = 0) -> Iterator[FakeGPU]:
             yield gpu
     finally:
         for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
+            if value is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
         _active.remove(gpu)
