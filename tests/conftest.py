@@ -24,6 +24,11 @@ Tests run on whatever device the library picks (a GPU when torch sees one). One 
 which samples a seed draws (CUDA's generators draw other numbers than the CPU's), bits compared with a CPU run —
 states it with ``@pytest.mark.usefixtures("on_cpu")`` and says why beside it; comparisons within one run or between
 two runs on the same device need nothing.
+
+Precision: the suite's runs compute in float32 unless they set ``model.bf16`` (``_float32_unless_set``): their
+tolerances are float32's, and on a GPU ``model.bf16`` unset would mean bfloat16 mixed precision. The bfloat16
+paths are tested where a test asks for them (tests/trainers/test_precision.py, and ``fake_gpu``, which reports a
+bfloat16 GPU).
 """
 
 from __future__ import annotations
@@ -59,6 +64,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _float32_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, ``model.bf16`` unset resolves to float32 in this process's runs, as it does on a CPU
+    (`rlhf.models.precision.bf16_enabled` asks ``torch.cuda.is_bf16_supported``): the tests' tolerances are
+    float32's. Runs that set ``model.bf16`` get what they set; processes a test starts get the real default."""
+    if torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
 
 
 @pytest.fixture(autouse=True)
