@@ -7,16 +7,17 @@ bfloat16, so runs are in mixed precision unless they set ``model.bf16: false`` (
 The first tests check the checker: what CUDA refuses is refused, what CUDA allows is allowed.
 """
 
+# ruff: noqa: F811 - prompts_file, imported from test_grpo.py, is a fixture the tests here take as a parameter
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from test_grpo import local as grpo_reward
 from test_grpo import make_config as grpo_config
+from test_grpo import prompts_file  # noqa: F401 (a fixture: 40 prompts, every other one flagged constant)
 from test_multi_turn import make_config as episode_config
 from test_ppo import make_config as ppo_config
 from test_ppo import reward as ppo_reward
@@ -28,7 +29,6 @@ from episode_envs import WORDS
 from fake_cuda import MIXED, FakeCudaTensor, fake_cuda, to_fake
 from rlhf import evaluate, sample
 from rlhf.config import config_from_dict
-from rlhf.models.tiny import toy_corpus
 from rlhf.trainers import dpo, grpo, ppo, reward_model, sft
 from runs import finite, train_rows
 from test_sample_eval import eval_config, judge, sample_config
@@ -128,20 +128,10 @@ def test_a_module_moves_trains_copies_saves_and_comes_back(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """40 prompts of 3-4 words, every other one flagged ``constant``, as test_grpo.py writes them."""
-    path = tmp_path_factory.mktemp("device_prompts") / "prompts.jsonl"
-    lines = toy_corpus(40, seed=5)
-    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2]), "constant": i % 2 == 0} for i, line in enumerate(lines)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def few_prompts(prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def few_prompts(prompts_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first 6 prompts: sample and eval run them in a batch of 4 and one of 2."""
     path = tmp_path_factory.mktemp("device_few") / "prompts.jsonl"
-    path.write_text("".join(prompts.read_text().splitlines(keepends=True)[:6]))
+    path.write_text("".join(prompts_file.read_text().splitlines(keepends=True)[:6]))
     return path
 
 
@@ -161,15 +151,15 @@ def few_prompts(prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     ],
     ids=["shared-micro", "separate-lora-hf", "fused"],
 )  # fmt: skip
-def test_ppo(tiny_llama_dir, prompts, tmp_path, fake_gpu, overrides):
+def test_ppo(tiny_llama_dir, prompts_file, tmp_path, fake_gpu, overrides):
     out = tmp_path / "run"
-    ppo.run(ppo_config(tiny_llama_dir, prompts, out, **overrides))
+    ppo.run(ppo_config(tiny_llama_dir, prompts_file, out, **overrides))
     rows = train_rows(out)
     assert len(rows) == 2 and finite(rows[-1], ["policy/loss", "value/loss", "kl/mean"])
     assert fake_gpu.ops > 1000
 
 
-def test_ppo_with_reward_models(tiny_llama_dir, tiny_reward_model_dir, tiny_reward_model_other_tokenizer_dir, prompts,
+def test_ppo_with_reward_models(tiny_llama_dir, tiny_reward_model_dir, tiny_reward_model_other_tokenizer_dir, prompts_file,
                                 tmp_path, fake_gpu):  # fmt: skip
     rewards = [
         {"source": str(tiny_reward_model_dir), "weight": 1.0},
@@ -177,20 +167,20 @@ def test_ppo_with_reward_models(tiny_llama_dir, tiny_reward_model_dir, tiny_rewa
         {"source": ppo_reward("length_chars"), "weight": 0.0},
     ]
     out = tmp_path / "run"
-    ppo.run(ppo_config(tiny_llama_dir, prompts, out, **{"reward.source": rewards, "ppo.critic": "separate"}))
+    ppo.run(ppo_config(tiny_llama_dir, prompts_file, out, **{"reward.source": rewards, "ppo.critic": "separate"}))
     assert all(finite(row, ["policy/loss", "value/loss", "reward/mean"]) for row in train_rows(out))
 
 
-def test_grpo(tiny_llama_dir, prompts, tmp_path, fake_gpu):
+def test_grpo(tiny_llama_dir, prompts_file, tmp_path, fake_gpu):
     out = tmp_path / "run"
     rewards = [{"source": grpo_reward("half_constant"), "name": "half"}, {"source": ppo_reward("length_chars")}]
     fields = {"reward.source": rewards, "reward.aggregation": "gdpo", "grpo.estimator": "rloo",
               "grpo.loss_type": "dr_grpo", "grpo.dynamic_sampling": True, "grpo.num_iterations": 2,
               "grpo.mask_truncated_completions": True, "grpo.overlong_buffer": 2, "kl.coef": 0.1,
               "batch.micro_size": 4, "model.bf16": False, "grpo.steps": 1, "run.save_every": 1}  # fmt: skip
-    grpo.run(grpo_config(tiny_llama_dir, prompts, out, **fields))
+    grpo.run(grpo_config(tiny_llama_dir, prompts_file, out, **fields))
     # and resumed from its checkpoint: the optimizer's state and the generators come back onto the device
-    grpo.run(grpo_config(tiny_llama_dir, prompts, out, **fields | {"grpo.steps": 2, "run.resume": True}))
+    grpo.run(grpo_config(tiny_llama_dir, prompts_file, out, **fields | {"grpo.steps": 2, "run.resume": True}))
     assert [row["step"] for row in train_rows(out)] == [1, 2]
     assert all(finite(row, ["policy/loss", "kl/mean"]) for row in train_rows(out))
 
