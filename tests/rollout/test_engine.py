@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import AutoModelForCausalLM
 
 from rlhf.config import ConfigError
 from rlhf.data.collate import position_ids_from_mask
-from rlhf.rollout.engine import SamplingParams, filter_logits, sample
+from rlhf.rollout.engine import RowGenerators, SamplingParams, filter_logits, sample
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +107,50 @@ def test_the_lean_engine_refuses_a_model_it_does_not_cover(model, tokenizer):
     ids, mask = _batch(tokenizer, ["one two"])
     with pytest.raises(ConfigError, match="lean decoder does not cover GPT2LMHeadModel; use auto or hf"):
         sample(model, ids, mask, SamplingParams(max_new_tokens=2), [], tokenizer.pad_token_id, engine="lean")
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts what makes the host wait for a device: a tensor read as a Python bool, number or list."""
+
+    READS = {torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("every", [3, 16])
+def test_checking_for_the_stop_every_k_steps_samples_the_same(model, tokenizer, every):
+    """Rows stop at different steps; checking for the last stop every k steps runs up to k − 1 steps more, whose
+    columns (all padding) are cut: the same ids and log-probs as checking at every step."""
+    ids, mask = _batch(tokenizer, ["a b c", "hello there friend", "x", "one two"] * 2)
+    params = SamplingParams(max_new_tokens=24, temperature=1.0)
+    free, _ = sample(model, ids, mask, params, [], tokenizer.pad_token_id, RowGenerators.of(range(8), ids.device))
+    # row i's token at step 2 + 2i is a stop: every row stops by step 16 (earlier where it samples a stop before)
+    stops = sorted({int(free[i, 2 + 2 * i]) for i in range(8)})
+    runs = [
+        sample(model, ids, mask, params, stops, tokenizer.pad_token_id, RowGenerators.of(range(8), ids.device), stop_every=k)
+        for k in (1, every)
+    ]  # fmt: skip
+    (once, once_logp), (rarely, rarely_logp) = runs
+    assert once.shape[1] <= 17  # every row stopped before the limit
+    assert torch.equal(once, rarely) and torch.equal(once_logp, rarely_logp)
+
+
+@pytest.mark.parametrize(("every", "reads"), [(1, 19), (5, 3 + 1)])
+def test_the_host_waits_once_per_check_not_once_per_token(tiny_llama_dir, every, reads):
+    """No row stops (no stop tokens): 20 decode steps of the lean decoder read the finished flag at every k-th step
+    but the last (the loop ends by its count), and once more at the end the column count (k > 1). Nothing else in
+    the loop, nor in the decoder, reads a tensor on the host (transformers' own forward does: its mask checks)."""
+    llama = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    ids = torch.tensor([[7, 8, 9], [10, 11, 12]])
+    params = SamplingParams(max_new_tokens=20, temperature=1.0)
+    with _HostReads() as counter:
+        out, _ = sample(llama, ids, torch.ones_like(ids), params, [], 0, RowGenerators.of([0, 1], ids.device),
+                        stop_every=every, engine="lean")  # fmt: skip
+    assert out.shape[1] == 20
+    assert counter.count == reads
