@@ -98,6 +98,11 @@ def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     gpu_float32 = planning.plan(planning.with_flags(config, ("--model.bf16=false",)), positions=20, retains=False)
     assert gpu_float32.resident["reference weights"] == policy.params * 4
     assert "bfloat16 copies of the weights (autocast)" not in gpu_float32.phases["update"]
+    # the lean decoder: a packed copy on CPU; on a GPU the policy's own weights, or a bfloat16 copy of float32 ones
+    matmul = policy.matmul_params
+    assert predicted.phases["rollout"]["packed weights (lean decoder)"] == matmul * 4
+    assert gpu.phases["rollout"]["packed weights (lean decoder)"] == matmul * 2
+    assert "packed weights (lean decoder)" not in gpu_float32.phases["rollout"]
 
     # FSDP over 2 ranks halves what is sharded and adds the gathered policy and a gathered layer
     fsdp = planning.plan(planning.with_flags(config, ("--run.parallelism=fsdp",)), world_size=2, positions=20)

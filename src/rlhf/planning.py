@@ -187,7 +187,7 @@ def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, 
     on CPU, 0 on a GPU); ``retains``: `Plan.retains` (CPU). ``model.bf16`` unset is mixed precision on a GPU (one
     that does not retain) and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
     bf16 = config.model.bf16 if config.model.bf16 is not None else not retains
-    layout = _Layout(config, world_size, positions, bf16)
+    layout = _Layout(config, world_size, positions, bf16, gpu=not retains)
     workspace = WORKSPACE if retains else 0
     resident = {
         "runtime": runtime,
@@ -211,8 +211,8 @@ def plan(config: Any, *, world_size: int = 1, positions: int, runtime: int = 0, 
 class _Layout:
     """What one rank of ``config`` holds, part by part (a class only to share the run's sizes between phases)."""
 
-    def __init__(self, config: Any, world_size: int, positions: int, bf16: bool):
-        self.config, self.world, self.positions, self.bf16 = config, world_size, positions, bf16
+    def __init__(self, config: Any, world_size: int, positions: int, bf16: bool, gpu: bool = False):
+        self.config, self.world, self.positions, self.bf16, self.gpu = config, world_size, positions, bf16, gpu
         if config.COMMAND == "sft" and config.sft.packing:  # packed rows are filled to data.max_length
             self.positions = config.data.max_length
         self.parallelism = parallelism(config, world_size)
@@ -303,8 +303,12 @@ class _Layout:
             return {}
         from rlhf.rollout.decoder import SUPPORTED_MODEL_TYPES
 
+        # on a GPU the decoder reads the policy's own weights (rollout.decoder.READS_OWN_WEIGHTS) unless it computes
+        # in another dtype than they are stored in (bfloat16 over float32 master weights: a bfloat16 copy)
+        copies = not self.gpu or self.compute_width != self.width
         if (
-            engine in ("auto", "lean")
+            copies
+            and engine in ("auto", "lean")
             and getattr(model_config(config.model.name), "model_type", None) in SUPPORTED_MODEL_TYPES
         ):
             parts["packed weights (lean decoder)"] = memory.weights(policy.matmul_params, self.compute_width)

@@ -53,13 +53,16 @@ def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return out.logits[:, -1]
 
 
-@pytest.fixture(params=["onednn", "matmul"])
+@pytest.fixture(params=["onednn", "matmul", "views"])
 def product(request, monkeypatch):
-    """Both ways the decoder multiplies: oneDNN's packed weights (where this torch has them) and torch.matmul."""
+    """Every way the decoder multiplies: oneDNN's packed weights (where this torch has them), torch.matmul on a
+    packed copy, and the layers' own weights (a GPU's way, taken here on the CPU)."""
     if request.param == "onednn" and not decoder_module._onednn_works():
         pytest.skip("this torch build has no oneDNN packed product")
     if request.param == "matmul":
         monkeypatch.setattr(decoder_module, "_onednn_works", lambda: False)
+    if request.param == "views":
+        monkeypatch.setattr(decoder_module, "READS_OWN_WEIGHTS", ("cpu",))
     return request.param
 
 
@@ -209,3 +212,22 @@ def test_draw_follows_the_distribution_and_never_picks_probability_zero():
     one_hot = torch.zeros(100, 7)
     one_hot[:, 4] = 1.0
     assert bool((draw(one_hot) == 4).all())
+
+
+@torch.no_grad()
+def test_on_a_gpu_the_decoder_reads_the_models_own_weights(monkeypatch):
+    """Where the layers' own weights are read (a GPU), the decoder holds no copy of them: every product's weight is
+    the parameter's storage. A LoRA layer (weight + adapter) and a dtype change (mixed precision) still pack."""
+    monkeypatch.setattr(decoder_module, "READS_OWN_WEIGHTS", ("cpu",))
+    model = model_for(LAYOUTS["llama-gqa-biases-tied"])
+    packed = build_decoder(model, 16).weights
+    attention = model.model.layers[0].self_attn
+    qkv = packed.layers[0].qkv
+    assert isinstance(qkv, decoder_module._Views)
+    own = [attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]
+    assert [w.untyped_storage().data_ptr() for w, _ in qkv.pairs] == [p.untyped_storage().data_ptr() for p in own]
+    assert packed.head.pairs[0][0].untyped_storage().data_ptr() == model.lm_head.weight.untyped_storage().data_ptr()
+    from rlhf.models.precision import compute_in_bf16
+
+    mixed = build_decoder(compute_in_bf16(model_for(LAYOUTS["llama"]), torch.device("cpu")), 16).weights
+    assert isinstance(mixed.layers[0].qkv, decoder_module._Product)  # bfloat16 products over float32 weights: a copy

@@ -11,7 +11,8 @@ against 33 µs, 16×256×768 on 2 cores). Here:
 - each layer's weights are packed once per rollout (q|k|v into one product, gate|up into another: four products
   per layer and step), for fp32 on a CPU with oneDNN in its blocked layout (what ``torch.compile`` does for
   frozen CPU weights; 13.1 against 23.6 ms for the 13 products of a 25M decode step, 16 rows, 2 cores), else
-  transposed and contiguous, which ``torch.matmul`` reads fastest;
+  transposed and contiguous, which ``torch.matmul`` reads fastest; on a GPU the layers' own weights, no copy
+  (`READS_OWN_WEIGHTS`), unless they change dtype for mixed precision;
 - packed weights are kept between rollouts within :func:`reusing_packed` (for good after :func:`keep_packed`)
   while the parameters are unchanged; an in-place change (optimizer step, loaded state dict) bumps a
   parameter's version, and they are packed again;
@@ -116,10 +117,32 @@ class _Product:
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def _packed(modules: list[nn.Module], rows: int, dtype: torch.dtype) -> _Product:
-    """Several linear layers on the same input as one product (their weights and biases concatenated), in
-    ``dtype``."""
+READS_OWN_WEIGHTS = ("cuda",)
+"""Device types where the decoder multiplies the layers' own weights (:class:`_Views`) rather than a packed copy:
+cuBLAS reads a transposed operand at full speed, so a copy buys nothing there and would hold a second policy in
+the GPU's memory. A weight that must change dtype (bfloat16 compute over float32 master weights) or carries an
+un-merged LoRA adapter is a new tensor either way, and is packed."""
+
+
+class _Views:
+    """x ↦ [x·W₁ᵀ + b₁ | x·W₂ᵀ + b₂ | …] for linear layers on the same input, each read where it is (no copy)."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]]):
+        self.pairs = [(w.detach(), None if b is None else b.detach()) for w, b in pairs]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.pairs[0][0].dtype)
+        outs = [F.linear(x, w, b) for w, b in self.pairs]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def _packed(modules: list[nn.Module], rows: int, dtype: torch.dtype) -> _Product | _Views:
+    """Several linear layers on the same input as one product, in ``dtype``: their weights and biases concatenated,
+    or on a device of `READS_OWN_WEIGHTS` the layers' own weights when they already are what is multiplied."""
     pairs = [_linear(m) for m in modules]
+    own = all(type(m) is nn.Linear for m in modules)  # not a LoRA layer, whose weight + adapter is a new tensor
+    if own and pairs[0][0].device.type in READS_OWN_WEIGHTS and all(w.dtype == dtype for w, _ in pairs):
+        return _Views(pairs)
     weight = torch.cat([w for w, _ in pairs])
     bias = None
     if any(b is not None for _, b in pairs):
