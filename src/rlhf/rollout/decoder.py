@@ -107,7 +107,9 @@ class _Product:
             self.weight = weight.detach().t().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(self.dtype)
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.dtype != self.dtype:  # mixed precision: the product's input in bfloat16, as autocast casts it
+            flat = flat.to(self.dtype)
         if self.onednn:
             out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")
         elif self.bias is None:
@@ -360,8 +362,9 @@ class LlamaDecoder:
         for layer, keys, values in zip(self.weights.layers, self.keys, self.values, strict=True):
             qkv = layer.qkv(_rms_norm(x, layer.norm1))
             qk, v = qkv.view(B, Q, h + 2 * g, d).transpose(1, 2).split([h + g, g], dim=1)
-            # queries and keys rotated in one go, then in the cache's dtype (a no-op unless mixed precision)
-            q, k = _rotate(qk, cos, sin).to(v.dtype).split([h, g], dim=1)
+            # queries and keys rotated in one go (float32 rotary tables under mixed precision: back to the cache's dtype)
+            rotated = _rotate(qk, cos, sin)
+            q, k = (rotated if rotated.dtype == v.dtype else rotated.to(v.dtype)).split([h, g], dim=1)
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
             attended = F.scaled_dot_product_attention(
