@@ -63,8 +63,8 @@ def compute_in_bf16(model: nn.Module, device: torch.device) -> nn.Module:
 
 def compute_dtype(model: nn.Module) -> torch.dtype | None:
     """The dtype ``model``'s forwards compute in when :func:`compute_in_bf16` hooked it (or the peft wrapper around
-    it), else None: its parameters' dtype."""
-    return getattr(model, COMPUTE_DTYPE, None) or getattr(unwrap(model), COMPUTE_DTYPE, None)
+    it: both carry the mark), else None: its parameters' dtype."""
+    return getattr(model, COMPUTE_DTYPE, None)
 
 
 @contextlib.contextmanager

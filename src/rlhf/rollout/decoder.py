@@ -133,7 +133,8 @@ class _Views:
         self.pairs = [(w.detach(), None if b is None else b.detach()) for w, b in pairs]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.pairs[0][0].dtype)
+        dtype = self.pairs[0][0].dtype
+        x = x if x.dtype == dtype else x.to(dtype)  # pure bfloat16: the stream and the weights already agree
         outs = [F.linear(x, w, b) for w, b in self.pairs]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
