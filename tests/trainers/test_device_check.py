@@ -7,7 +7,7 @@ bfloat16, so runs are in mixed precision unless they set ``model.bf16: false`` (
 The first tests check the checker: what CUDA refuses is refused, what CUDA allows is allowed.
 """
 
-# ruff: noqa: F811 - prompts_file, imported from test_grpo.py, is a fixture the tests here take as a parameter
+# ruff: noqa: F811 - prompts_file and pairs, imported from test_grpo.py and test_dpo.py, are fixtures the tests take
 from __future__ import annotations
 
 import copy
@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_dpo import data as pairs  # noqa: F401 (a fixture: preference pairs, train and eval)
 from test_grpo import local as grpo_reward
 from test_grpo import make_config as grpo_config
 from test_grpo import prompts_file  # noqa: F401 (a fixture: 40 prompts, every other one flagged constant)
 from test_multi_turn import make_config as episode_config
 from test_ppo import make_config as ppo_config
 from test_ppo import reward as ppo_reward
-from test_reward_model import happy_pairs, write_jsonl
+from test_reward_model import write_jsonl
 from test_sft import LORA, questions
 
 from configs import nested
@@ -192,15 +193,6 @@ def test_sft(tiny_llama_dir, tmp_path, fake_gpu):
               "run.progress": False, "model.lora": LORA, "sft.packing": True}  # fmt: skip
     sft.run(config_from_dict("sft", nested(values)))
     assert fake_gpu.ops > 0
-
-
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("device_pairs")
-    return {
-        "train": write_jsonl(root / "train.jsonl", happy_pairs(16, seed=1)),
-        "eval": write_jsonl(root / "eval.jsonl", happy_pairs(8, seed=2)),
-    }
 
 
 def pair_values(model: Path, pairs: dict[str, Path], out: Path) -> dict:
