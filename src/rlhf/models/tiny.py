@@ -413,12 +413,13 @@ FAMILIES: dict[str, Family] = {
 
 
 def train_family_tokenizer(
-    family: str, texts: Iterable[str], vocab_size: int = 320, *, model_max_length: int = 256
+    family: str | Family, texts: Iterable[str], vocab_size: int = 320, *, model_max_length: int = 256
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on ``texts`` with the special tokens and quirks of ``family``
-    (a key of :data:`FAMILIES`): which tokens exist, which of pad/bos/eos are missing or shared, whether
-    bos is added in front of every text, the chat template. ``padding_side="right"``, as the hub's."""
-    return _train_bpe(FAMILIES[family], texts, vocab_size, model_max_length)
+    (a key of :data:`FAMILIES`, or a `Family` of its own, e.g. an instruct model's added tokens and chat
+    template): which tokens exist, which of pad/bos/eos are missing or shared, whether bos is added in front of
+    every text, the chat template. ``padding_side="right"``, as the hub's."""
+    return _train_bpe(FAMILIES[family] if isinstance(family, str) else family, texts, vocab_size, model_max_length)
 
 
 def tiny_family_config(
