@@ -1,6 +1,6 @@
-"""The GRPO family's policy objectives in rlhf.core.losses — GSPO's sequence ratios, CISPO, SAPO — and the entropy and
-off-policy masks: hand-computed vectors (arithmetic in the comments), gradient checks, and the loop-form definitions
-with hypothesis (ragged rows, empty rows, garbage in padding)."""
+"""The GRPO family's policy objectives in rlhf.core.losses — GSPO's sequence ratios, CISPO, SAPO, VESPO, the bias-corrected
+KL term — and the entropy and off-policy masks: hand-computed vectors (arithmetic in the comments), gradient checks,
+and the loop-form definitions with hypothesis (ragged rows, empty rows, garbage in padding)."""
 
 from __future__ import annotations
 
@@ -141,6 +141,135 @@ def test_dual_clip_is_refused_outside_the_clip():
         clipped_policy_loss(t([[0.0]]), t([[0.0]]), t([[1.0]]), C_MASK[:, :1], objective="cispo", dual_clip=3.0)
 
 
+# ---------------------------------------------------------------- VESPO: a kernel of the sequence's whole ratio
+# rows (old = 0, so log π = log ρ): [0.1, 0.2] A = 1; [−0.2, 0, −0.3] A = −0.5; empty; [0, 0] A = 0; [1.5] A = 2.
+# log W = Σ_t log ρ_t (a product of ratios, not a mean): 0.3, −0.5, 0, 0, 1.5. φ = exp(λ + k·log W − λ·W):
+# row 0 (A ≥ 0: k = 2, λ = 3): W = 1.3498588; log φ = 3 + 0.6 − 4.0495764 = −0.4495764 → φ = 0.6378983
+# row 1 (A < 0: k = 3, λ = 2): W = 0.6065307; log φ = 2 − 1.5 − 1.2130613 = −0.7130613 → φ = 0.4901414 (< ½, W < 1)
+# row 3 (A = 0 counts as ≥ 0): W = 1 → φ = e³·e⁻³ = 1; row 4: W = 4.4816891; log φ = 3 + 3 − 13.4450672 =
+# −7.4450672 → φ = 0.0005843 (< ½, W > 1). ℓ = −φ·A·log π; ∂ℓ/∂log π = −φ·A.
+V_LOG_RATIO = t([[0.1, 0.2, 9.0], [-0.2, 0.0, -0.3], [5.0, 5.0, 5.0], [0.0, 0.0, 7.0], [1.5, 3.0, 3.0]])  # 9, 7…: pad
+V_MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+V_A = t([1.0, -0.5, 1.0, 0.0, 2.0])
+PHI = [0.637898293623749, 0.4901414189451187, 1.0, 1.0, 0.0005843168265570742]
+
+
+def test_vespo_loss_gradient_and_stats():
+    logp = V_LOG_RATIO.clone().requires_grad_()
+    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), V_A, V_MASK, objective="vespo")
+    p0, p1, _, _, p4 = PHI
+    expected = [[-p0 * 0.1, -p0 * 0.2, 0.0], [0.5 * p1 * -0.2, 0.0, 0.5 * p1 * -0.3], [0.0] * 3, [0.0] * 3,
+                [-2 * p4 * 1.5, 0.0, 0.0]]  # fmt: skip
+    close(per_token, expected)
+    per_token.sum().backward()
+    close(logp.grad, [[-p0, -p0, 0.0], [0.5 * p1] * 3, [0.0] * 3, [0.0, 0.0, 0.0], [-2 * p4, 0.0, 0.0]])
+    # 8 tokens: rows 1 (3 tokens, W < 1) and 4 (1 token, W > 1) have φ < ½
+    close(stats["clipfrac"], 4 / 8)
+    close(stats["clip_ratio/low"], 3 / 8)
+    close(stats["clip_ratio/high"], 1 / 8)
+    close(stats["vespo_phi_mean"], (2 * p0 + 3 * p1 + 2 * 1.0 + p4) / 8)
+
+
+def test_vespo_kernels_peak_at_k_over_lambda_and_clamp_log_w():
+    # one token, A = 1, kernel (k, λ) = (2, 4): φ is largest at W = k/λ = ½: e⁴·¼·e⁻² = e²/4 = 1.8472640
+    logp = t([[math.log(0.5)]])
+    one = torch.ones(1, 1, dtype=torch.bool)
+    _, stats = clipped_policy_loss(logp, t([[0.0]]), t([1.0]), one, objective="vespo", vespo_kernels=((2, 4), (3, 2)))
+    close(stats["vespo_phi_mean"], math.exp(2) / 4)
+    # log ρ = [25, −30]: each token clamped to ±20 first, so log W = 0 and φ = 1 (unclamped, −5 would give
+    # φ = e³·e⁻¹⁰·e^(−3e⁻⁵) ≈ 9e-4)
+    logp = t([[25.0, -30.0]])
+    _, stats = clipped_policy_loss(
+        logp, torch.zeros_like(logp), t([1.0]), torch.ones(1, 2, dtype=torch.bool), objective="vespo"
+    )
+    close(stats["vespo_phi_mean"], 1.0)
+
+
+def test_vespo_takes_the_token_level_only():
+    with pytest.raises(ValueError, match="importance_level must be 'token'"):
+        clipped_policy_loss(
+            t([[0.0]]), t([[0.0]]), t([1.0]), C_MASK[:, :1], objective="vespo", importance_level="sequence"
+        )
+
+
+# ---------------------------------------------------------------- the KL term, plain and bias-corrected
+# logp = [−1, −2], ref = [−1.5, −1]: log r = ref − logp = [−0.5, 1], r = [0.6065307, 2.7182818],
+# k3 = r − 1 − log r = [0.1065307, 0.7182818] (vector 2-G). β = 0.1, A = 0 (the KL term alone).
+# plain: ∂(β·k3)/∂log π = β·(1 − r) = [0.0393469, −0.1718282]
+# corrected, off-policy with old = [−1.2, −2] (ρ = [e^0.2 = 1.2214028, 1]): ℓ = β·ρ·k3 =
+#   [0.0130117, 0.0718282]; ∂/∂log π = β·ρ·(log π − ref) = [0.1·1.2214028·0.5, 0.1·1·(−1)] = [0.0610701, −0.1]
+# corrected, on-policy (old = sg(log π), ρ = 1 with gradient): β·(log π − ref) = [0.05, −0.1], the plain
+#   gradient + β·k3 = [0.0393469 + 0.0106531, −0.1718282 + 0.0718282]
+K_LOGP, K_REF = t([[-1.0, -2.0]]), t([[-1.5, -1.0]])
+K3 = [math.exp(-0.5) + 0.5 - 1, math.e - 2]
+
+
+def kl_term(old, level="token", **kw):
+    logp = K_LOGP.clone().requires_grad_()
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    old = logp.detach() if old is None else old
+    loss, stats = clipped_policy_loss(
+        logp, old, t([0.0]), mask, ref_logp=K_REF, kl_coef=0.1, importance_level=level, **kw
+    )
+    loss.sum().backward()
+    return loss, logp.grad, stats
+
+
+def test_bias_corrected_kl_by_hand_off_and_on_policy():
+    loss, grad, stats = kl_term(t([[-1.2, -2.0]]))
+    close(loss, [[0.1 * K3[0], 0.1 * K3[1]]])
+    close(grad, [[0.1 * (1 - math.exp(-0.5)), 0.1 * (1 - math.e)]])
+    rho = math.exp(0.2)
+    loss, grad, stats = kl_term(t([[-1.2, -2.0]]), kl_bias_correction=True)
+    close(loss, [[0.1 * rho * K3[0], 0.1 * K3[1]]])
+    close(grad, [[0.1 * rho * 0.5, -0.1]])
+    close(stats["kl"], (rho * K3[0] + K3[1]) / 2)  # the term as it enters the loss (TRL's logged kl)
+    _, plain, _ = kl_term(None)
+    loss, grad, _ = kl_term(None, kl_bias_correction=True)
+    close(loss, [[0.1 * K3[0], 0.1 * K3[1]]])  # ρ = 1: the same value…
+    close(grad, [[0.05, -0.1]])  # …and a gradient larger by β·k3 per token
+    close(grad - plain, [[0.1 * K3[0], 0.1 * K3[1]]])
+
+
+@pytest.mark.parametrize("level", ["sequence", "sequence_token"])
+def test_bias_corrected_kl_at_a_sequence_level(level):
+    # old = [−1.2, −2.4]: log s = (0.2 + 0.4)/2 = 0.3, s = 1.3498588 for both tokens; ℓ_t = β·s·k3_t.
+    # sequence: s depends on both tokens (∂s/∂log π_t = s/2), so ∂(Σ_u β·s·k3_u)/∂log π_t = β·s·((1 − r_t) +
+    # ½·Σ_u k3_u); sequence_token: s's value, each token's own gradient: β·s·((1 − r_t) + k3_t).
+    s = math.exp(0.3)
+    loss, grad, _ = kl_term(t([[-1.2, -2.4]]), level, kl_bias_correction=True)
+    close(loss, [[0.1 * s * K3[0], 0.1 * s * K3[1]]])
+    one_minus_r = [1 - math.exp(-0.5), 1 - math.e]
+    extra = [sum(K3) / 2] * 2 if level == "sequence" else K3
+    close(grad, [[0.1 * s * (one_minus_r[i] + extra[i]) for i in range(2)]])
+
+
+def test_bias_corrected_kl_gradient_is_the_reverse_kl_gradient_in_expectation():
+    # One-token responses from a 5-way softmax: the expectation over y ~ π_old of the KL term's gradient is an
+    # exact sum, Σ_y π_old(y)·∇ℓ(y). Corrected, it equals ∇KL(π‖π_ref) for any π_old (off-policy) and at π_old = π;
+    # the plain k3's does not (on-policy it is the gradient of KL(π_ref‖π), the forward KL).
+    g = torch.Generator().manual_seed(0)
+    theta, ref_logits, old_logits = (torch.randn(5, generator=g, dtype=F64) for _ in range(3))
+    theta.requires_grad_()
+    ref = torch.log_softmax(ref_logits, -1)
+    target = torch.autograd.grad((theta.softmax(-1) * (theta.log_softmax(-1) - ref)).sum(), theta)[0]
+
+    def expected_gradient(old_probs: torch.Tensor, old_logp: torch.Tensor, corrected: bool) -> torch.Tensor:
+        logp = theta.log_softmax(-1).unsqueeze(-1)  # (5, 1): five one-token "sequences"
+        per_token, _ = clipped_policy_loss(logp, old_logp.unsqueeze(-1), torch.zeros(5, dtype=F64),
+                                           torch.ones(5, 1, dtype=torch.bool), ref_logp=ref.unsqueeze(-1),
+                                           kl_coef=1.0, kl_bias_correction=corrected)  # fmt: skip
+        return torch.autograd.grad((old_probs.detach() * per_token[:, 0]).sum(), theta)[0]
+
+    old_logp = torch.log_softmax(old_logits, -1)
+    close(expected_gradient(old_logp.exp(), old_logp, True), target)
+    on = theta.log_softmax(-1).detach()
+    close(expected_gradient(on.exp(), on, True), target)  # old = sg(log π): ρ = 1, its gradient
+    forward_kl = torch.autograd.grad((ref.exp() * (ref - theta.log_softmax(-1))).sum(), theta)[0]
+    close(expected_gradient(on.exp(), on, False), forward_kl)
+    assert (expected_gradient(old_logp.exp(), old_logp, False) - target).abs().max() > 1e-3
+
+
 # ---------------------------------------------------------------- the masks
 def test_off_policy_mask_drops_drifted_sequences_with_negative_advantage():
     # behaviour − current per token; mean over the row's tokens: row 0 [0.6, 0.8] → 0.7 > 0.5 with A < 0: masked;
@@ -174,13 +303,17 @@ def test_top_entropy_mask_by_hand_and_against_torch_quantile():
 
 
 # ---------------------------------------------------------------- the loop-form definitions
-def loop_loss(logp, old, adv, lengths, objective, level, low=0.2, high=0.28, taus=(1.0, 1.05)):
-    """Σ over sequences and tokens of the per-token objective written one token at a time."""
+def loop_loss(
+    logp, old, adv, lengths, objective, level, low=0.2, high=0.28, taus=(1.0, 1.05), ref=None, corrected=False
+):
+    """Σ over sequences and tokens of the per-token objective written one token at a time, with β = 0.1 times the
+    KL term k3 (times the ratio: ``corrected``) when ``ref`` is given."""
     total = logp.sum() * 0.0  # a graph even when every row is empty
     for i, n in enumerate(lengths):
         if n == 0:
             continue
         log_s = sum(logp[i, k] - old[i, k] for k in range(n)) / n
+        log_w = sum(logp[i, k] - old[i, k] for k in range(n)).detach()  # VESPO: the product of the ratios
         for k in range(n):
             log_r = {
                 "token": logp[i, k] - old[i, k],
@@ -192,30 +325,52 @@ def loop_loss(logp, old, adv, lengths, objective, level, low=0.2, high=0.28, tau
                 term = torch.maximum(-a * r, -a * torch.clamp(r, 1 - low, 1 + high))
             elif objective == "cispo":
                 term = -torch.clamp(r, max=1 + high).detach() * a * logp[i, k]
-            else:
+            elif objective == "sapo":
                 tau = taus[0] if a > 0 else taus[1]
                 term = -(4 / tau) * torch.sigmoid(tau * (r - 1)) * a
+            else:
+                kappa, lam = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
+                phi = torch.exp(lam + kappa * log_w - lam * torch.exp(log_w))  # e^λ·W^k·e^(−λW)
+                term = -phi * a * logp[i, k]
+            if ref is not None:
+                log_q = ref[i, k] - logp[i, k]  # log π_ref/π
+                k3 = torch.exp(log_q) - 1 - log_q
+                term = term + 0.1 * (r * k3 if corrected else k3)
             total = total + term
     return total
 
 
 @pytest.mark.parametrize("objective", list(PolicyObjective))
 @pytest.mark.parametrize("level", list(ImportanceLevel))
+@pytest.mark.parametrize("kl", [None, "plain", "corrected"])
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 5), width=st.integers(1, 5))
-def test_objectives_equal_their_loop_form(objective, level, seed, b, width):
+def test_objectives_equal_their_loop_form(objective, level, kl, seed, b, width):
+    if objective == "vespo" and level != "token":
+        return  # refused (test_vespo_takes_the_token_level_only)
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, width + 1, (b,), generator=g).tolist()
     mask = torch.arange(width) < torch.tensor(lengths).unsqueeze(1)
     old = -torch.rand(b, width, generator=g, dtype=F64) * 3
     logp = (old + torch.randn(b, width, generator=g, dtype=F64) * 0.4).masked_fill(~mask, math.nan)
+    ref = (old + torch.randn(b, width, generator=g, dtype=F64) * 0.4).masked_fill(~mask, math.nan)
     adv = torch.randn(b, generator=g, dtype=F64)
     vec_in, loop_in = logp.clone().requires_grad_(), logp.nan_to_num(0.0).requires_grad_()
     per_token, _ = clipped_policy_loss(
-        vec_in, old, adv, mask, clip_high=0.28, objective=objective, importance_level=level
+        vec_in,
+        old,
+        adv,
+        mask,
+        clip_high=0.28,
+        objective=objective,
+        importance_level=level,
+        ref_logp=None if kl is None else ref,
+        kl_coef=0.1,
+        kl_bias_correction=kl == "corrected",
     )  # NaN in the padding (garbage) changes nothing
     vectorised = aggregate(per_token, mask, "seq-mean-token-sum", num_seqs=1)
-    loop = loop_loss(loop_in, old, adv, lengths, str(objective), str(level))
+    loop_ref = None if kl is None else ref.nan_to_num(0.0)
+    loop = loop_loss(loop_in, old, adv, lengths, str(objective), str(level), ref=loop_ref, corrected=kl == "corrected")
     vectorised.backward()
     loop.backward()
     # float64 sums of at most 25 terms: equal to rounding (1e-12 relative)

@@ -77,6 +77,7 @@ class PolicyObjective(StrEnum):
     CLIP = "clip"  # PPO's clipped surrogate (Schulman et al. 2017): tokens past the clip pass no gradient
     CISPO = "cispo"  # MiniMax-M1 (2025): the weight sg(min(ρ, 1 + ε_high)) on log π; every token passes gradient
     SAPO = "sapo"  # Soft Adaptive Policy Optimization (2025): a sigmoid gate in place of the hard clip
+    VESPO = "vespo"  # VESPO (2026): a gamma kernel φ(W) of the whole sequence's ratio weighs −A·log π
 
 
 class ImportanceLevel(StrEnum):

@@ -14,6 +14,7 @@ garbage in padding can change neither the loss nor its gradient, and the per-tok
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -170,6 +171,35 @@ def _sapo_surrogate(
     return -(4.0 / tau) * sig * adv, stats
 
 
+VESPO_LOG_W_RANGE = (math.log(1e-8), 20.0)
+"""Bounds of VESPO's log W (its authors' code and TRL's): φ is computed in range; past them it is ~0 anyway."""
+
+
+def _vespo_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    kernels: tuple[tuple[float, float], tuple[float, float]],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # VESPO: −sg(φ(W))·A·log π with W = Π_t ρ_t the whole sequence's ratio — a product, not GSPO's geometric mean:
+    # the kernel is derived for the true sequence weight — and φ(W) = e^λ·W^k·e^{−λW}, 1 at W = 1, rising to
+    # its top at W = k/λ and falling to 0 on both sides; (k, λ) = kernels[0] where A ≥ 0, else kernels[1].
+    # Computed in log space: log φ = λ + k·log W − λ·W. Each token's log ρ is clamped to ±20 and log W to
+    # VESPO_LOG_W_RANGE (the authors' bounds, so exp never overflows).
+    with torch.no_grad():
+        m = mask.to(logp.dtype)
+        log_w = ((logp - old_logp).clamp(-20.0, 20.0) * m).sum(-1, keepdim=True).clamp(*VESPO_LOG_W_RANGE)
+        positive = adv >= 0
+        k = torch.where(positive, adv.new_tensor(kernels[0][0]), adv.new_tensor(kernels[1][0]))
+        lam = torch.where(positive, adv.new_tensor(kernels[0][1]), adv.new_tensor(kernels[1][1]))
+        phi = torch.exp(lam + k * log_w - lam * log_w.exp())
+        damped = phi < 0.5  # the kernel passes less than half the gradient
+        stats = _clip_stats(damped, damped & (log_w < 0), damped & (log_w > 0), mask, logp.dtype)
+        stats["vespo_phi_mean"] = masked_mean(phi, mask)
+    return -phi * adv * logp, stats
+
+
 def _clip_stats(
     clipped: torch.Tensor, low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
@@ -197,9 +227,11 @@ def clipped_policy_loss(
     objective: PolicyObjective | str = "clip",
     importance_level: ImportanceLevel | str = "token",
     sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+    vespo_kernels: tuple[tuple[float, float], tuple[float, float]] = ((2.0, 3.0), (3.0, 2.0)),
+    kl_bias_correction: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The policy's surrogate loss per token — PPO's clip, CISPO's clipped weight or SAPO's soft gate — on token or
-    sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term.
+    """The policy's surrogate loss per token — PPO's clip, CISPO's clipped weight, SAPO's soft gate or VESPO's
+    sequence kernel — on token or sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term.
 
     ``ρ = exp(log ρ)`` with ``log ρ`` from :func:`importance_log_ratio` at ``importance_level``. By ``objective``:
 
@@ -211,11 +243,22 @@ def clipped_policy_loss(
       gradient ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
     - ``sapo`` (Soft Adaptive Policy Optimization, 2025, arXiv 2511.20347): ``ℓ = −(4/τ)·σ(τ(ρ−1))·A``,
       τ = ``sapo_temperatures[0]`` for A > 0 else ``[1]``.
+    - ``vespo`` (Variational Sequence-level Soft Policy Optimization, 2026, arXiv 2602.10693):
+      ``ℓ = −sg(φ(W))·A·log π`` with ``W = Π_t ρ_t`` the sequence's ratio (the product of its token ratios, whatever
+      ``importance_level``: only ``token`` is accepted) and ``φ(W) = e^λ·W^k·e^{−λW}`` (φ(1) = 1), (k, λ) =
+      ``vespo_kernels[0]`` where A ≥ 0, else ``[1]``. Its gradient ``−φ(W)·A·∇log π``: the policy gradient, damped
+      smoothly for sequences whose ratio has moved far either way.
 
     Then the weights w (the sampler correction, `rlhf.core.mismatch.importance_weights`, and the entropy and
     off-policy masks): ``ℓ = w·ℓ``, before the KL term (TRL's order); KL in the loss (GRPO): ``ℓ += β · k3``,
     ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via ``rlhf.core.kl``; TRL grpo_trainer
-    L3069-3076). Its gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
+    L3069-3076). Its gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40);
+    ``kl_bias_correction`` (DeepSeek-V3.2, arXiv 2512.02556; TRL's ``use_bias_correction_kl``) makes it so:
+    ``ℓ += β · ρ · k3`` with ρ the ratio above, gradient and all. At the token level ∇(ρ·k3) = ρ·(log π −
+    log π_ref)·∇log π (∇ρ = ρ·∇log π, ∇k3 = (1 − π_ref/π)·∇log π), whose expectation under π_old is
+    E_π[(log π − log π_ref)·∇log π] = ∇KL(π‖π_ref): unbiased on- and off-policy. Even at ρ = 1 the gradient
+    differs from the plain term's (1 − π_ref/π)·∇log π, by k3·∇log π. At a sequence level ρ is the sequence's
+    (as in TRL), and the identity holds for the sequence's weight, not per token.
 
     Args:
         logp, old_logp: ``(B, T)`` log-probs of the sampled tokens under the current / rollout policy.
@@ -232,15 +275,18 @@ def clipped_policy_loss(
         is_weights: optional ``(B, T)`` weights of the surrogate, without gradient.
         objective, importance_level: :class:`PolicyObjective`, :class:`ImportanceLevel`.
         sapo_temperatures: (τ_pos, τ_neg), TRL's defaults (1.0, 1.05).
+        vespo_kernels: ((k_pos, λ_pos), (k_neg, λ_neg)), TRL's and the paper's code's defaults ((2, 3), (3, 2)).
+        kl_bias_correction: weight the KL term by ρ (see above); the logged ``kl`` is then the mean of ρ·k3.
 
     Returns:
         ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means over
         this batch's tokens, detached. ``clipfrac``: the tokens whose gradient the objective drops or damps —
         ``clip``: pg2 > pg1 (OAI train_policy.py L355, TRL ppo_trainer L852-854; CleanRL's |ρ−1| > ε differs,
         reference 2-E 0.4 vs 0.8); ``cispo``: ρ > 1+ε_high (their weight capped; none is dropped); ``sapo``: the
-        gate 4σ(1−σ) below ½. ``clip_ratio/low`` / ``clip_ratio/high``: ``clip`` ρ < 1−ε_low with A < 0 / ρ >
-        1+ε_high with A > 0 (TRL grpo_trainer); ``cispo`` 0 / capped with A > 0 (TRL's ``cispo_clip_ratio``);
-        ``sapo`` damped with ρ < 1 / ρ > 1; ``clip_ratio/region`` either. Under a sequence level a sequence's
+        gate 4σ(1−σ) below ½; ``vespo``: φ(W) below ½. ``clip_ratio/low`` / ``clip_ratio/high``: ``clip`` ρ <
+        1−ε_low with A < 0 / ρ > 1+ε_high with A > 0 (TRL grpo_trainer); ``cispo`` 0 / capped with A > 0 (TRL's
+        ``cispo_clip_ratio``); ``sapo`` damped with ρ < 1 / ρ > 1, ``vespo`` damped with W < 1 / W > 1;
+        ``clip_ratio/region`` either; ``vespo_phi_mean`` (vespo) the mean φ(W) over the tokens. Under a sequence level a sequence's
         tokens share its ratio, so these count the tokens of the sequences concerned. ``approx_kl`` = ½·mean((logp
         − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used ``clip_ratio/dual`` (the −c·A cap
         is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K; tests/core/test_losses.py.
@@ -250,6 +296,11 @@ def clipped_policy_loss(
     if dual_clip is not None and (dual_clip <= 1.0 or objective != PolicyObjective.CLIP):
         why = "caps the loss at -c*A for A < 0" if dual_clip <= 1.0 else f"is a cap of the clip, not of {objective}"
         raise ValueError(f"dual_clip must be > 1 with objective 'clip' (it {why}), got {dual_clip}")
+    if objective == PolicyObjective.VESPO and ImportanceLevel(importance_level) != ImportanceLevel.TOKEN:
+        raise ValueError(
+            f"vespo weighs by the product of the token ratios itself; importance_level must be 'token', "
+            f"not {importance_level!r}"
+        )
     logp = _neutral(logp, mask)
     old_logp = _neutral(old_logp, mask)
     adv = _neutral(_per_token_advantages(advantages, logp), mask)
@@ -259,8 +310,10 @@ def clipped_policy_loss(
         surrogate, stats = _clip_surrogate(ratio, adv, mask, clip_low, eps_high)
     elif objective == PolicyObjective.CISPO:
         surrogate, stats = _cispo_surrogate(ratio, logp, adv, mask, eps_high)
-    else:
+    elif objective == PolicyObjective.SAPO:
         surrogate, stats = _sapo_surrogate(ratio, adv, mask, sapo_temperatures)
+    else:
+        surrogate, stats = _vespo_surrogate(logp, old_logp, adv, mask, vespo_kernels)
     per_token = surrogate if clipped else -adv * ratio
     with torch.no_grad():
         stats["approx_kl"] = 0.5 * masked_mean((logp - old_logp) ** 2, mask)
@@ -276,6 +329,8 @@ def clipped_policy_loss(
         # k3 on inputs already neutralised: computed from raw padding, exp(garbage)·0 in the backward pass
         # would put NaN into the gradient even though the loss ignores those positions.
         kl = kl_estimate(logp, _neutral(ref_logp, mask), KLEstimator.K3)
+        if kl_bias_correction:
+            kl = ratio * kl  # ρ is 1 where masked, and k3 is 0 there
         with torch.no_grad():
             stats["kl"] = masked_mean(kl, mask)
         per_token = per_token + kl_coef * kl
