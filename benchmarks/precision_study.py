@@ -172,11 +172,11 @@ def child_probe(spec: dict) -> None:
     out = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "models": {}}
     for name, path in spec["models"].items():
         tokenizer, exact_model = load_tokenizer(path), load_causal_lm(path)
-        mixed_model = compute_in_bf16(load_causal_lm(path), torch.device("cpu"))
+        mixed_model = compute_in_bf16(load_causal_lm(path))
         with torch.no_grad():
             ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
             query, query_mask = left_pad(ids, tokenizer.pad_token_id)
-            noise = RowGenerators.of(row_seeds(torch.Generator().manual_seed(0), range(16)), torch.device("cpu"))
+            noise = RowGenerators.of(row_seeds(torch.Generator().manual_seed(0), range(16)))
             params = SamplingParams(DIGIT_TOKENS, 1.0)
             responses, _ = sample(exact_model, query, query_mask, params, [], tokenizer.pad_token_id, noise)
             full = torch.cat([query, responses], 1)

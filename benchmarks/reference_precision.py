@@ -44,7 +44,7 @@ def measure(size: str, assets: dict) -> dict:
     query, query_mask = left_pad(
         [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts], tokenizer.pad_token_id
     )
-    noise = RowGenerators.of(row_seeds(torch.Generator().manual_seed(0), range(len(prompts))), torch.device("cpu"))
+    noise = RowGenerators.of(row_seeds(torch.Generator().manual_seed(0), range(len(prompts))))
     responses, _ = sample(policy, query, query_mask, SamplingParams(32, 1.0), [], tokenizer.pad_token_id, noise)
     ids = torch.cat([query, responses], 1)
     mask = torch.cat([query_mask, torch.ones_like(responses)], 1)

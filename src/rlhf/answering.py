@@ -42,7 +42,7 @@ class Sampler:
         self.params = SamplingParams.of(config.sampling)
         self.generator = torch.Generator().manual_seed(config.seed)  # row seeds only: the same on any device
         self.engine = generation.open_engine(config.sampling, model, dtype=dtype, seed=config.seed)
-        if not isinstance(self.engine, str):
+        if not isinstance(self.engine, generation.LocalEngine):
             self.engine.sync(self.model)  # a server may hold other weights; vLLM's dtype may round them otherwise
         self.seconds = 0.0
 
@@ -65,7 +65,7 @@ class Sampler:
 
     def close(self) -> None:
         """Release the engine (a colocated vLLM's memory) once the model has answered everything."""
-        if not isinstance(self.engine, str):
+        if not isinstance(self.engine, generation.LocalEngine):
             self.engine.close()
 
 

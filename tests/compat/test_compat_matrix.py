@@ -21,7 +21,7 @@ from rlhf.config import ConfigError, LoRAConfig
 from rlhf.data.collate import position_ids_from_mask
 from rlhf.models.loading import apply_lora, load_causal_lm, load_tokenizer
 from rlhf.models.reward import reward_scores
-from rlhf.rollout.engine import _decode_steps
+from rlhf.rollout.engine import _decode_steps, lean_decoder
 
 FAMILY_NAMES = ("gpt2", "gpt_neox", "opt", "qwen2", "gemma2", "phi3", "llama")  # = tiny.FAMILIES, checked below
 CHAT_FAMILIES = ("qwen2", "gemma2", "phi3")  # the families whose tokenizer has a chat template
@@ -221,7 +221,7 @@ def test_sampling_logits_match_a_full_forward(family_dir, family):
     ids, mask = batch["input_ids"], batch["attention_mask"]
     tokens = torch.randint(10, 200, (len(PROMPTS), 4), generator=torch.Generator().manual_seed(0))
     for engine in ("auto", "hf"):  # auto: the lean decoder where it covers the family
-        step = _decode_steps(model, ids, mask, ids.shape[1] + tokens.shape[1], engine)
+        step = _decode_steps(model, ids, mask, lean_decoder(model, ids.shape[1] + tokens.shape[1], len(ids), engine))
         got = [step(None)] + [step(tokens[:, t]) for t in range(tokens.shape[1] - 1)]
         for t, logits in enumerate(got):
             full_ids = torch.cat([ids, tokens[:, :t]], dim=1)

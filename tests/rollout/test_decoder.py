@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from rlhf.data.collate import position_ids_from_mask
 from rlhf.rollout import decoder as decoder_module
 from rlhf.rollout.decoder import LlamaDecoder, build_decoder, keep_packed, reusing_packed
-from rlhf.rollout.engine import SamplingParams, draw, sample
+from rlhf.rollout.engine import RowGenerators, SamplingParams, draw, sample
 
 VOCAB = 50
 SMALL = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -66,9 +66,10 @@ def product(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["step", "static_step"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @torch.no_grad()
-def test_logits_match_the_models_forward_at_every_step(layout, product):
+def test_logits_match_the_models_forward_at_every_step(layout, product, static):
     model = model_for(LAYOUTS[layout])
     ids, mask = left_padded([0, 3, 5, 1], length=7)
     steps = 6
@@ -83,7 +84,9 @@ def test_logits_match_the_models_forward_at_every_step(layout, product):
         token = torch.randint(1, VOCAB, (ids.shape[0],), generator=g)
         ids = torch.cat([ids, token[:, None]], dim=1)
         mask = torch.cat([mask, torch.ones_like(token)[:, None]], dim=1)
-        torch.testing.assert_close(decoder.step(token), reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4)
+        # static_step: the slot is a tensor, and all the cache's slots are attended (the unwritten ones masked)
+        logits = decoder.static_step(token, torch.tensor([ids.shape[1] - 1])) if static else decoder.step(token)
+        torch.testing.assert_close(logits, reference_logits(model, ids, mask), rtol=1e-4, atol=1e-4)
 
 
 @torch.no_grad()
@@ -202,16 +205,62 @@ def test_sampling_with_and_without_the_decoder_gives_the_same_tokens(layout):
     assert fast.shape[1] > 5 and int(fast[0, 4]) == stop and int(fast[0, 5]) == 0  # stops and padding covered
 
 
+def _lora(model):
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"],
+                           init_lora_weights=False)  # fmt: skip  # random B: the adapter changes the logits
+    return peft.get_peft_model(model, lora)
+
+
+@pytest.mark.parametrize(
+    ("layout", "params", "lora"),
+    [
+        ("llama", SamplingParams(max_new_tokens=14, temperature=0.8, top_p=0.95), False),
+        ("llama-gqa-biases-tied", SamplingParams(max_new_tokens=14, temperature=1.3, top_k=7), False),
+        ("qwen2", SamplingParams(max_new_tokens=14), False),
+        ("llama", SamplingParams(max_new_tokens=14, temperature=0.8, top_k=10, top_p=0.9), True),
+    ],
+    ids=["top-p", "top-k", "plain", "lora"],
+)
+@pytest.mark.parametrize("every", [1, 4])
+def test_the_static_loop_samples_what_the_eager_loop_samples(layout, params, lora, every):
+    """The loop a CUDA graph replays (``cuda_graphs``: one static step over buffers allocated once, the column and
+    slot as device counters), run as is on the CPU, against the eager loop: the same tokens, each row stopping at
+    its own step, repeated prompts (GRPO's groups, prefilled once) going their own ways."""
+    model = model_for(LAYOUTS[layout])
+    model = _lora(model) if lora else model
+    distinct, distinct_mask = left_padded([0, 4, 2], length=8)
+    order = torch.tensor([0, 0, 1, 1, 2, 2, 0, 1])
+    ids, mask = distinct[order], distinct_mask[order]
+    seeds = range(10, 18)
+    free, _ = sample(model, ids, mask, params, [], 0, RowGenerators.of(seeds), engine="lean")
+    stops = sorted({int(free[0, 3]), int(free[5, 9])})  # rows stop at different steps, some never
+    eager, eager_logprobs = sample(model, ids, mask, params, stops, 0, RowGenerators.of(seeds), stop_every=every)
+    static, static_logprobs = sample(
+        model, ids, mask, params, stops, 0, RowGenerators.of(seeds), stop_every=every, cuda_graphs=True
+    )
+    assert torch.equal(static, eager)
+    # the same logits summed in another order (all S slots, the unwritten ones exact zeros): float32 rounding
+    torch.testing.assert_close(static_logprobs, eager_logprobs, rtol=0, atol=1e-5)
+    assert torch.isin(eager[0, :4], torch.tensor(stops)).any()  # row 0 stops by its 4th token (earlier if it drew one)
+    assert 0 < int((eager == 0).sum()) < eager.numel()  # stops and padding covered
+
+
 def test_draw_follows_the_distribution_and_never_picks_probability_zero():
-    probs = torch.tensor([0.5, 0.3, 0.2, 0.0]).expand(40_000, 4)
-    tokens = draw(probs, torch.Generator().manual_seed(0))
-    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).expand(40_000, 5)
+    tokens = draw(probs, torch.rand(40_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
     # binomial standard error ≤ 0.0025 at n = 40 000: 0.01 is four of them
-    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), rtol=0, atol=0.01)
-    assert int(freq[3]) == 0
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]), rtol=0, atol=0.01)
+    assert int(freq[1]) == 0 and int(freq[4]) == 0
+    # the boundaries by hand: cumulative 0.5, 0.5, 0.8, 1.0, 1.0; the first entry above u wins
+    edges = torch.tensor([0.0, 0.4999, 0.5, 0.7999, 0.8, 0.9999, 1 - 2**-53], dtype=torch.float64)
+    assert draw(probs[: len(edges)], edges).tolist() == [0, 0, 2, 2, 3, 3, 3]
     one_hot = torch.zeros(100, 7)
     one_hot[:, 4] = 1.0
-    assert bool((draw(one_hot) == 4).all())
+    assert bool((draw(one_hot, torch.rand(100, dtype=torch.float64)) == 4).all())
+    unnormalised = torch.tensor([[2.0, 6.0]]).expand(4, 2)  # u is scaled by the row's total: 0.25 of the mass is 0
+    assert draw(unnormalised, torch.tensor([0.0, 0.24, 0.26, 0.99], dtype=torch.float64)).tolist() == [0, 0, 1, 1]
 
 
 @torch.no_grad()

@@ -129,11 +129,11 @@ def test_checking_for_the_stop_every_k_steps_samples_the_same(model, tokenizer, 
     columns (all padding) are cut: the same ids and log-probs as checking at every step."""
     ids, mask = _batch(tokenizer, ["a b c", "hello there friend", "x", "one two"] * 2)
     params = SamplingParams(max_new_tokens=24, temperature=1.0)
-    free, _ = sample(model, ids, mask, params, [], tokenizer.pad_token_id, RowGenerators.of(range(8), ids.device))
+    free, _ = sample(model, ids, mask, params, [], tokenizer.pad_token_id, RowGenerators.of(range(8)))
     # row i's token at step 2 + 2i is a stop: every row stops by step 16 (earlier where it samples a stop before)
     stops = sorted({int(free[i, 2 + 2 * i]) for i in range(8)})
     runs = [
-        sample(model, ids, mask, params, stops, tokenizer.pad_token_id, RowGenerators.of(range(8), ids.device), stop_every=k)
+        sample(model, ids, mask, params, stops, tokenizer.pad_token_id, RowGenerators.of(range(8)), stop_every=k)
         for k in (1, every)
     ]  # fmt: skip
     (once, once_logp), (rarely, rarely_logp) = runs
@@ -141,16 +141,18 @@ def test_checking_for_the_stop_every_k_steps_samples_the_same(model, tokenizer, 
     assert torch.equal(once, rarely) and torch.equal(once_logp, rarely_logp)
 
 
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize(("every", "reads"), [(1, 19), (5, 3 + 1)])
-def test_the_host_waits_once_per_check_not_once_per_token(tiny_llama_dir, every, reads):
+def test_the_host_waits_once_per_check_not_once_per_token(tiny_llama_dir, every, reads, cuda_graphs):
     """No row stops (no stop tokens): 20 decode steps of the lean decoder read the finished flag at every k-th step
     but the last (the loop ends by its count), and once more at the end the column count (k > 1). Nothing else in
-    the loop, nor in the decoder, reads a tensor on the host (transformers' own forward does: its mask checks)."""
+    the loop, nor in the decoder, reads a tensor on the host (transformers' own forward does: its mask checks); the
+    static loop a CUDA graph replays (run as is here) reads the same."""
     llama = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
     ids = torch.tensor([[7, 8, 9], [10, 11, 12]])
     params = SamplingParams(max_new_tokens=20, temperature=1.0)
     with _HostReads() as counter:
-        out, _ = sample(llama, ids, torch.ones_like(ids), params, [], 0, RowGenerators.of([0, 1], ids.device),
-                        stop_every=every, engine="lean")  # fmt: skip
+        out, _ = sample(llama, ids, torch.ones_like(ids), params, [], 0, RowGenerators.of([0, 1]),
+                        stop_every=every, engine="lean", cuda_graphs=cuda_graphs)  # fmt: skip
     assert out.shape[1] == 20
     assert counter.count == reads

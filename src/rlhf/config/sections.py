@@ -203,10 +203,16 @@ class SamplingSection:
     """What ends a response: 'eos' (the tokenizer's end-of-sequence token) or a literal text such as '\\n'."""
     engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
     """What samples: lean = rlhf's own decoder (Llama-family layouts: Llama, Qwen2, Mistral, SmolLM; refused for others), hf = the model's own forward with its KV cache, auto = lean where it covers the model, else hf; vllm = vLLM (sampling.vllm; the vllm extra). All draw from the same distribution; the trainer's log-probs of the samples against the engine's: rollout/logprob_diff_*."""
+    cuda_graphs: bool = False
+    """On a CUDA GPU, the lean decoder captures one decode step (every layer, the draw, the log-prob) as a CUDA graph per rollout and replays it per token, instead of launching each kernel from Python; the same samples (docs/precision.md). Off by default: not yet measured on a GPU. No effect on a CPU, or where the lean decoder does not cover the model (engine auto falls back to hf, which it leaves eager)."""
     vllm: VLLMSection = _defaults(VLLMSection)
     """With engine vllm: in this process or a server."""
 
     def __post_init__(self) -> None:
+        if self.cuda_graphs and self.engine in ("hf", "vllm"):
+            raise ValueError(
+                f"cuda_graphs captures the lean decoder's step; engine {self.engine!r} has none: use auto or lean"
+            )
         changed = [f"vllm.{k}" for k, v in vars(self.vllm).items() if v != getattr(VLLMSection(), k)]
         if changed and self.engine != "vllm":
             raise ValueError(f"{', '.join(changed)} set, but engine is {self.engine!r}: set engine: vllm")

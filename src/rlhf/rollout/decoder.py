@@ -348,16 +348,31 @@ class LlamaDecoder:
         visible = (causal & real[:, None, :]) | torch.eye(C, dtype=torch.bool, device=device)
         prefill_mask = torch.zeros(B, 1, C, C, dtype=dtype, device=device).masked_fill(~visible[:, None], float("-inf"))
         self.length = 0
-        return self._forward(prompt_ids.masked_fill(~real, 0), prefill_mask)
+        return self._forward(prompt_ids.masked_fill(~real, 0), prefill_mask, 0)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask[:, 0, 0, self.length] = 0.0
-        return self._forward(tokens.unsqueeze(-1), self.mask[..., : self.length + 1])
+        return self._forward(tokens.unsqueeze(-1), self.mask[..., : self.length + 1], self.length)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def static_step(self, tokens: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` with static shapes, for a captured CUDA graph: ``slot`` (a one-element long tensor on the
+        device) is the cache slot the (B,) ``tokens`` go to, and every one of the S slots is attended (those not
+        written yet are masked). Nothing is read on the host and every buffer is written in place, so the same
+        kernels run at every token; the caller advances ``slot``. The logits equal :meth:`step`'s up to the order of
+        the attention's sums over S rather than the written slots (masked slots add exact zeros)."""
+        self.mask.index_fill_(-1, slot, 0.0)
+        return self._forward(tokens.unsqueeze(-1), self.mask, slot)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """Logits after the last of ``ids`` (B, Q), written to the cache from slot ``start``: an int (attend the
+        slots up to the last written), or a tensor of Q = 1 slot (attend all of them: :meth:`static_step`)."""
         B, Q = ids.shape
-        start, end = self.length, self.length + Q
-        cos, sin = self.cos[:, :, start:end], self.sin[:, :, start:end]
+        if isinstance(start, torch.Tensor):
+            cos, sin = self.cos.index_select(2, start), self.sin.index_select(2, start)
+            end = self.slots
+        else:
+            end = start + Q
+            cos, sin = self.cos[:, :, start:end], self.sin[:, :, start:end]
         h, g, d = self.heads, self.kv_heads, self.head_dim
         x = self.weights.embed(ids)
         for layer, keys, values in zip(self.weights.layers, self.keys, self.values, strict=True):
@@ -366,15 +381,20 @@ class LlamaDecoder:
             # queries and keys rotated in one go (float32 rotary tables under mixed precision: back to the cache's dtype)
             rotated = _rotate(qk, cos, sin)
             q, k = (rotated if rotated.dtype == v.dtype else rotated.to(v.dtype)).split([h, g], dim=1)
-            keys[:, :, start:end] = k
-            values[:, :, start:end] = v
+            if isinstance(start, torch.Tensor):
+                keys.index_copy_(2, start, k)
+                values.index_copy_(2, start, v)
+            else:
+                keys[:, :, start:end] = k
+                values[:, :, start:end] = v
             attended = F.scaled_dot_product_attention(
                 q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling, enable_gqa=g != h
             )
             x = x + layer.out(attended.transpose(1, 2).reshape(B, Q, h * d))
             gate, up = layer.gate_up(_rms_norm(x, layer.norm2)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        self.length = end
+        if not isinstance(start, torch.Tensor):
+            self.length = end
         return self.weights.head(_rms_norm(x[:, -1], self.weights.norm))
 
 

@@ -69,6 +69,20 @@ class Generated:
         return dataclasses.replace(self, completions=[self.completions[i] for i in index], episodes=episodes, **taken)
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalEngine:
+    """One of rlhf's own engines sampling the policy module itself: ``name`` one of
+    `rlhf.rollout.engine.LOCAL_ENGINES`; ``cuda_graphs``: on a CUDA device, the lean decoder's steps replay a captured
+    graph (``sampling.cuda_graphs``)."""
+
+    name: str = "auto"
+    cuda_graphs: bool = False
+
+
+AUTO = LocalEngine()
+"""The default engine: the lean decoder where it covers the model, else the model's own forward; eager."""
+
+
 class Engine(Protocol):
     """A sampler outside the policy module (vLLM: `rlhf.rollout.vllm_engine`, `rlhf.rollout.vllm_server`): it holds
     its own copy of the weights, refreshed by :meth:`sync`."""
@@ -93,12 +107,12 @@ class Engine(Protocol):
 
 def open_engine(
     sampling: Any, model: str, *, dtype: str, seed: int, response_tokens: int | None = None
-) -> str | Engine:
-    """The engine a config's ``sampling`` section names: one of ours by name, or a vLLM engine over ``model`` (a hub
+) -> LocalEngine | Engine:
+    """The engine a config's ``sampling`` section names: one of ours, or a vLLM engine over ``model`` (a hub
     id or directory: its architecture and tokenizer; the weights follow the policy through ``sync``), for prompts
     followed by at most ``response_tokens`` (None: ``sampling.max_new_tokens``; a multi-turn episode's budget)."""
     if sampling.engine != "vllm":
-        return sampling.engine
+        return LocalEngine(sampling.engine, sampling.cuda_graphs)
     vllm = sampling.vllm
     if vllm.url is not None:
         from rlhf.rollout.vllm_server import VLLMServer
@@ -128,14 +142,14 @@ def generate(
     repeat: int = 1,
     d: Dist = SINGLE,
     max_rows: int | None = None,
-    engine: str | Engine = "auto",
+    engine: LocalEngine | Engine = AUTO,
 ) -> Generated:
     """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
 
     Under ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so
     every rank returns the whole batch; each row draws from its own stream (seeded by `row_seeds`), so the responses
     do not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
-    ``engine``: one of our own (`rlhf.rollout.engine.LOCAL_ENGINES`) sampling ``model``, or an `Engine`.
+    ``engine``: one of our own (`LocalEngine`) sampling ``model``, or an `Engine`.
     """
     all_prompts = repeat_each(batch.input_ids, repeat)
     rows = d.shard(len(all_prompts), unit=repeat)
@@ -157,7 +171,7 @@ def generate_episodes(
     repeat: int = 1,
     d: Dist = SINGLE,
     max_rows: int | None = None,
-    engine: str | Engine = "auto",
+    engine: LocalEngine | Engine = AUTO,
 ) -> Generated:
     """`generate` for multi-turn episodes (`rlhf.rollout.episodes`): ``repeat`` episodes per prompt (a group opens
     alike), each rank running its shard's episodes, environments and tools, every model turn one call of the same
@@ -198,10 +212,10 @@ def _sampler(
     *,
     d: Dist,
     max_rows: int | None,
-    engine: str | Engine,
+    engine: LocalEngine | Engine,
 ) -> Sampler:
     """One call that samples a response to each prompt with the row's seed, through ``engine``."""
-    if isinstance(engine, str):
+    if isinstance(engine, LocalEngine):
         return lambda prompts, seeds: _sample_locally(
             model, prompts, params, stops, pad, seeds, device, d=d, max_rows=max_rows, engine=engine
         )
@@ -219,10 +233,10 @@ def _sample_locally(
     *,
     d: Dist,
     max_rows: int | None,
-    engine: str,
+    engine: LocalEngine,
 ) -> list[tuple[list[int], list[float]]]:
     """(response ids, their log-probs) of each prompt, sampled by one of our engines, ``max_rows`` rows at a time."""
-    noise = RowGenerators.of(seeds, device)
+    noise = RowGenerators.of(seeds)
     out = []
     step = max_rows or max(1, len(prompt_ids))
     # sharded weights are gathered once for the whole rollout, packed once for all its chunks, and under mixed
@@ -232,7 +246,15 @@ def _sample_locally(
             chunk = slice(start, start + step)
             query, query_mask = left_pad(prompt_ids[chunk], pad)
             ids, logprobs = sample(
-                model, query.to(device), query_mask.to(device), params, stops, pad, noise[chunk], engine=engine
+                model,
+                query.to(device),
+                query_mask.to(device),
+                params,
+                stops,
+                pad,
+                noise[chunk],
+                engine=engine.name,
+                cuda_graphs=engine.cuda_graphs and device.type == "cuda",  # elsewhere the eager loop is faster
             )
             lengths = (ids != pad).sum(-1).tolist()
             for row, row_logprobs, n in zip(ids.tolist(), logprobs.tolist(), lengths, strict=True):

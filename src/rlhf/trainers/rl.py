@@ -133,7 +133,7 @@ class Models:
         reference: bool,
         ema: float | None = None,
         value: Callable[[nn.Module], ValueFunction] | None = None,
-        engine: str | generation.Engine = "auto",
+        engine: generation.LocalEngine | generation.Engine = generation.AUTO,
     ):
         self.model, self.d, self.engine = model, d, engine
         self.policy, copy = load_policy(model, d, reference)
@@ -154,7 +154,7 @@ class Models:
         """Give an engine with its own weights (vLLM) the policy's current ones; ours sample the policy itself. A
         server all ranks share gets them from rank 0, and the others expect what rank 0 pushed."""
         engine = self.engine
-        if isinstance(engine, str):
+        if isinstance(engine, generation.LocalEngine):
             return
         with sampling_weights(self.policy, self.d) as policy:  # sharded: every rank gathers the full weights
             if not engine.shared or self.d.is_main:
@@ -274,7 +274,7 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     return out / "final"
 
 
-def open_engine(config: PolicyGradientConfig, d: Dist) -> str | generation.Engine:
+def open_engine(config: PolicyGradientConfig, d: Dist) -> generation.LocalEngine | generation.Engine:
     """The run's sampling engine (``sampling.engine``): `rlhf.rollout.generation.open_engine`; vLLM holds its copy of
     the policy in bfloat16 under mixed precision (it never trains), else in ``model.dtype``."""
     model = config.model
