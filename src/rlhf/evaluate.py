@@ -52,7 +52,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
     seed_everything(config.seed)
     device = distributed.device_for_run()
     # 1. prompts (through the policy's tokenizer) and the reward
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
     prompts = _prompts(config, tokenizer)
     bf16 = bf16_enabled(config.model.bf16, device)
     rewards = answering.load_rewards(config.reward.source, tokenizer, device, bf16)

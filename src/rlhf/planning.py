@@ -605,6 +605,7 @@ def data_positions(config: Any) -> int:
     """The longest row of ``config``'s data, tokenized as its trainer does (rm: as the model reads pairs, an
     encoder or a decoder, from its architecture built on the ``meta`` device)."""
     from rlhf.data import load_preferences, load_prompts, load_sft
+    from rlhf.data.chat import set_template_kwargs
     from rlhf.models.loading import load_tokenizer
     from rlhf.models.reward import load_reward_model, tokenize_pairs
 
@@ -612,8 +613,9 @@ def data_positions(config: Any) -> int:
     if config.COMMAND == "rm":
         with torch.device("meta"):
             shell = load_reward_model(config.model.name, config.model.dtype, "meta")
+        set_template_kwargs(shell.tokenizer, config.data.chat_template_kwargs)
         return sequence_positions([p for file in files for p in tokenize_pairs(file, shell, config.data.max_length)])
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, config.data.chat_template_kwargs)
     if config.COMMAND in ("ppo", "grpo"):  # every prompt the run may sample, held-out ones included
         limit = config.sampling.max_prompt_length
         return prompt_positions(config, [p for file in files for p in load_prompts(file, tokenizer, limit)])

@@ -47,7 +47,7 @@ def run(config: SampleConfig) -> dict[str, Any]:
     seed_everything(config.seed)
     device = distributed.device_for_run()
     # 1. policy, prompts, judge
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
     prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
     judge, comparer, make_rows = None, None, ROWS[config.mode]
     if llm_judge(config.judge.source) is not None:  # an LLM compares pairs (mode preferences)

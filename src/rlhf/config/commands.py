@@ -13,6 +13,7 @@ from rlhf.config.sections import (
     RewardSection,
     SampleJudgeSection,
     SamplingSection,
+    TemplateKwargs,
     _check_sources,
     llm_judge,
 )
@@ -39,6 +40,8 @@ class SampleConfig(CommandConfig, command="sample"):
     """Scores the completions (needed by preferences and best_of_n, optional for candidates, not used by pairs), or compares them (an LLM judge, mode preferences: each pair of `pairing` in both orders)."""
     sampling: SamplingSection = _defaults(SamplingSection)
     """Completion generation."""
+    chat_template_kwargs: TemplateKwargs = None
+    """Extra variables of the model's chat template for the prompts (TRL's chat_template_kwargs), e.g. {enable_thinking: false}; None = what the model's tokenizer records (a model trained by rlhf with data.chat_template_kwargs), else the template's defaults."""
     batch_size: Count = 8
     """Prompts per generation call (each sampled num_samples times)."""
     seed: NonNegativeInt = 0
@@ -95,6 +98,8 @@ class EvalConfig(CommandConfig, command="eval"):
     """Best-of-N: the policy's answer to a prompt is the best of best_of.n samples under best_of.source (the baseline still answers once)."""
     sampling: SamplingSection = _defaults(SamplingSection, temperature=0.7)
     """Completion generation."""
+    chat_template_kwargs: TemplateKwargs = None
+    """Extra variables of the policy's chat template for its prompts (TRL's chat_template_kwargs), e.g. {enable_thinking: false}; None = what the model's tokenizer records (a model trained by rlhf with data.chat_template_kwargs), else the template's defaults. The baseline renders with its own."""
     output: Text | None = None
     """JSON file for the results; None = print them to stdout."""
     samples_output: Text | None = None

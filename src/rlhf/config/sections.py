@@ -153,6 +153,10 @@ class PolicyModel(TrainModel):
     """torch.compile the transformer blocks of the policy, reference and critic: on the 2-core CPU benchmark the updates ran 9-10% faster (a PPO step 4-10%), after a one-time compile of 8-10 s with inductor's cache warm and about 35 s cold; it pays in runs of a few hundred steps. Needs a C++ compiler on CPU."""
 
 
+TemplateKwargs = Annotated[dict[str, Any] | None, _flag("None|{name: value,...}", _yaml_flag, dict, optional=True)]
+"""Chat-template arguments (TRL's chat_template_kwargs), on the command line as YAML: '{enable_thinking: false}'."""
+
+
 @section
 class DataSection:
     """Training and held-out data: a JSONL, JSON or Parquet file, or a `datasets` directory."""
@@ -161,6 +165,8 @@ class DataSection:
     """Training data: a file or directory of the command's records (prompts; prompt/response; chosen/rejected pairs)."""
     eval: Text | None = None
     """Held-out data in the same format as train; None = no evaluation."""
+    chat_template_kwargs: TemplateKwargs = None
+    """Extra variables of the chat template at every render (TRL's chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3's non-thinking mode: the SFT labels, preference pairs, prompts and multi-turn episodes all render with them. The trained model's tokenizer_config.json records them, and rlhf sample and eval render with them. None = what the model's tokenizer records (a model trained by rlhf with them), else the template's defaults; {} = the template's defaults."""
 
 
 @section
@@ -310,6 +316,8 @@ class LLMJudgeSection:
     """Seconds before the second try, doubled before each further one."""
     concurrency: Count = 4
     """Requests in flight at once."""
+    chat_template_kwargs: TemplateKwargs = None
+    """Sent as the request's chat_template_kwargs (vLLM's and SGLang's servers pass them to the judge model's chat template), e.g. {enable_thinking: false} for a Qwen3 judge that should answer without a reasoning trace; None = not sent."""
     max_tokens: Count = 16
     """Longest reply in tokens (the verdict is one word)."""
     temperature: NonNegative = 0.0

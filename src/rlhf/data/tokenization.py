@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlhf.config import ConfigError
+from rlhf.data import chat
 from rlhf.data.files import DataError, Problem, ProblemList
 from rlhf.data.records import Message, PreferenceExample, PromptExample, SFTExample
 
@@ -148,9 +149,10 @@ def _encode_plain(
 
 
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> str:
-    """The chat template's text for ``messages`` (raises `Problem` on a template failure)."""
+    """The chat template's text for ``messages`` with the tokenizer's template arguments (`rlhf.data.chat`); raises
+    `Problem` on a template failure."""
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return chat.render(tokenizer, messages, add_generation_prompt=add_generation_prompt)
     # Jinja raises its own types (TemplateError, UndefinedError) and templates raise_exception anything.
     except Exception as e:
         raise Problem(f"the chat template failed: {type(e).__name__}: {e}") from e

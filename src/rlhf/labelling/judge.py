@@ -127,6 +127,8 @@ class LLMJudge:
             "temperature": self.settings.temperature,
             "max_tokens": self.settings.max_tokens,
         }
+        if self.settings.chat_template_kwargs is not None:  # vLLM's and SGLang's extension of the API
+            body["chat_template_kwargs"] = self.settings.chat_template_kwargs
         data = json.dumps(body, ensure_ascii=False, sort_keys=True).encode("utf-8")
         key = hashlib.sha256(data).hexdigest()
         with self._lock:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rlhf.config import ConfigError
+from rlhf.data.chat import set_template_kwargs
 from rlhf.data.tokenization import ensure_pad_token, require_pad_token_id
 from rlhf.models.policy import disable_dropout, unwrap
 
@@ -27,11 +29,13 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_tokenizer(name_or_path: str) -> Any:
-    """The policy's tokenizer, left-padding (prompts are generated from) and with a distinct pad token."""
+def load_tokenizer(name_or_path: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> Any:
+    """The policy's tokenizer, left-padding (prompts are generated from), with a distinct pad token and the chat
+    template arguments ``chat_template_kwargs`` (None: those it was saved with; `rlhf.data.chat`)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    set_template_kwargs(tokenizer, chat_template_kwargs)
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
     return tokenizer

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlhf.config import ConfigError
+from rlhf.data import chat
 from rlhf.rollout.rewards.function import load_callable
 from rlhf.rollout.tools import Tool, ToolCall, parse_tool_calls, run_tool, tools_of, unique_names
 
@@ -119,12 +120,10 @@ class ChatFormat:
         self._specials = sorted({s for s in specials if len(s) > 1}, key=len, reverse=True)
 
     def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-        """The template's ids of ``messages`` (tokenised as text, without the tokenizer's added special tokens: the
-        template writes its own)."""
+        """The template's ids of ``messages`` (with the tokenizer's template arguments, `rlhf.data.chat`; tokenised
+        as text, without the tokenizer's added special tokens: the template writes its own)."""
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=self.schemas, tokenize=False, add_generation_prompt=generation_prompt
-            )
+            text = chat.render(self.tokenizer, messages, add_generation_prompt=generation_prompt, tools=self.schemas)
         except Exception as error:  # jinja's TemplateError, a template's raise_exception
             roles = ", ".join(m.get("role", "?") for m in messages)
             raise EpisodeError(

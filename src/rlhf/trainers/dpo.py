@@ -50,7 +50,7 @@ def run(config: DPOConfig) -> Path:
     """Train ``config.model.name`` on the preference pairs of ``config.data.train``; returns ``final/``."""
     d = supervised.start(config)
     # 1. every pair, before any step
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, config.data.chat_template_kwargs)
     train = load_preferences(config.data.train, tokenizer, config.data.max_length)
     held_out = load_preferences(config.data.eval, tokenizer, config.data.max_length) if config.data.eval else []
     planning.check(config, d, planning.sequence_positions(train + held_out))  # before any weights

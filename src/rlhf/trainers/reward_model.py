@@ -48,6 +48,7 @@ from rlhf.data import (
     read_prompts,
     tokenize_prompts,
 )
+from rlhf.data.chat import set_template_kwargs
 from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora, checkpointed
@@ -122,6 +123,7 @@ def load_trainable_reward_model(config: RMConfig, device: str | torch.device) ->
     """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters and gradient
     checkpointing when asked."""
     rm = load_reward_model(config.model.name, config.model.dtype, device)
+    set_template_kwargs(rm.tokenizer, config.data.chat_template_kwargs)
     if config.model.lora:
         rm.model = apply_lora(rm.model, config.model.lora, task_type="SEQ_CLS")
     if config.model.gradient_checkpointing:

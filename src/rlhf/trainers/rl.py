@@ -291,7 +291,7 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     """After `rlhf.trainers.supervised.start` (every input checked, the seeds set): the policy's tokenizer, the stop
     token ids, the training and held-out prompts, the reward sources and the sampling settings."""
     d = supervised.start(config)
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, config.data.chat_template_kwargs)
     train_prompts, eval_prompts = prompts(config, tokenizer)
     planning.check(config, d, planning.prompt_positions(config, train_prompts + eval_prompts))  # before any weights
     sampling = SamplingParams.of(config.sampling)

@@ -55,7 +55,7 @@ HELD_OUT_FRACTION = 20  # without eval_data, 1 example in 20 (≤ MAX_HELD_OUT) 
 def run(config: SFTConfig) -> Path:
     """Fine-tune ``config.model.name`` on ``config.data.train``; returns the ``final/`` directory."""
     d = supervised.start(config)
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, config.data.chat_template_kwargs)
     filler = int(tokenizer.eos_token_id)  # any real id: padding is never attended to nor trained on
     train, eval_examples = _examples(config, tokenizer)
     planning.check(config, d, planning.sequence_positions(train + eval_examples))  # before any weights

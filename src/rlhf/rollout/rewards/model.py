@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf.data import chat
 from rlhf.data.collate import right_pad
 from rlhf.rollout.rewards.base import RewardError
 
@@ -146,7 +147,7 @@ class RewardModelReward:
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             if messages is not None and isinstance(messages[i], list) and messages[i]:
                 conversation = [*messages[i], {"role": "assistant", "content": completion}]
-                text = tokenizer.apply_chat_template(conversation, tokenize=False)
+                text = chat.render(tokenizer, conversation, add_generation_prompt=False)  # its own template arguments
                 rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
                 continue
             text = prompt + completion
