@@ -70,9 +70,19 @@ class Run:
     label: str
     side: str  # "ours" or "trl"
     algo: str
+    sampling: tuple = ()  # (field, value) pairs of our config's sampling section
+
+    @property
+    def folder(self) -> str:
+        return f"{self.side}-{self.algo}" + "".join(f"-{key}" for key, _ in self.sampling)
 
 
-RUNS = (Run("rlhf grpo", "ours", "grpo"), Run("rlhf ppo", "ours", "ppo"), Run("TRL GRPOTrainer", "trl", "grpo"))
+RUNS = (
+    Run("rlhf grpo", "ours", "grpo"),
+    Run("rlhf grpo, sampling.cuda_graphs", "ours", "grpo", (("cuda_graphs", True),)),
+    Run("rlhf ppo", "ours", "ppo"),
+    Run("TRL GRPOTrainer", "trl", "grpo"),
+)
 
 
 def build_models(mode: Mode, work: Path, timeout: float) -> dict:
@@ -104,6 +114,7 @@ def child_spec(run: Run, mode: Mode, models: dict, prompts: str, out: Path, devi
     spec = bench.run_spec(case, bench.Run(run.label, "ours", micro_batch_size=micro), assets, mode.steps, out)
     if mode.bf16 is not None:
         spec["config"]["model"]["bf16"] = mode.bf16
+    spec["config"]["sampling"].update(dict(run.sampling))
     return spec | {"side": "ours"}
 
 
@@ -145,7 +156,7 @@ def summarize(run: Run, raw: dict, out: Path, models: dict) -> dict:
 def run_one(run: Run, mode: Mode, models: dict, prompts: str, work: Path, device: str, timeout: float) -> dict:
     """One run in its own process: its summary, or the error that stopped it (a failed child, a time-out, results
     that cannot be read), said on stderr too."""
-    folder = work / "runs" / f"{run.side}-{run.algo}"
+    folder = work / "runs" / run.folder
     spec = child_spec(run, mode, models, prompts, folder / "out", device)
     raw = bench.run_child(Path(sys.executable), "child_gpu.py", spec, folder, os.cpu_count(), timeout)
     record = {"label": run.label, "side": run.side, "algo": run.algo, "spec": spec, "raw": raw}

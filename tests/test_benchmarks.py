@@ -363,8 +363,10 @@ def test_gpu_acceptance_reports_a_failed_child_in_its_row(monkeypatch, tmp_path)
     monkeypatch.setattr(run, "run_child", fake_child)
     monkeypatch.setattr(sys, "argv", ["gpu_acceptance.py", "--tiny"])
     assert gpu.main() == 1  # a run failed
-    grpo, ppo, trl = specs
+    grpo, graphs, ppo, trl = specs
     assert (ppo["config"]["batch"]["micro_size"], grpo["config"]["model"]["bf16"]) == (4, True)
+    assert graphs["config"]["sampling"]["cuda_graphs"] and "cuda_graphs" not in grpo["config"]["sampling"]
+    assert graphs["config"]["output_dir"] != grpo["config"]["output_dir"]
     ours = grpo["config"]
     assert (trl["batch_size"], trl["group_size"], trl["max_new_tokens"], trl["steps"], trl["bf16"]) == (
         ours["batch"]["size"], ours["grpo"]["group_size"], ours["sampling"]["max_new_tokens"], ours["grpo"]["steps"], True)  # fmt: skip
@@ -377,4 +379,20 @@ def test_gpu_acceptance_reports_a_failed_child_in_its_row(monkeypatch, tmp_path)
     ) in text
     assert "| TRL GRPOTrainer | **failed**: timed out after 120 s (log: log.txt) | – |" in text
     saved = json.loads((tmp_path / "work" / "gpu_acceptance" / "tiny" / "gpu_acceptance.json").read_text())
-    assert saved["runs"][1]["summary"]["weights_changed"] == {"frac": 0.25, "dtype": "torch.float32"}
+    assert saved["runs"][2]["summary"]["weights_changed"] == {"frac": 0.25, "dtype": "torch.float32"}
+
+
+def test_gpu_rollout_runs_its_tiny_shape_and_writes_the_table(monkeypatch, tmp_path):
+    """benchmarks/gpu_rollout.py --tiny: every engine row (the captured loop runs as is on a CPU), the floor left
+    blank without a GPU, and the captured loop's agreement with the eager one."""
+    spec = importlib.util.spec_from_file_location("benchmarks_gpu_rollout", _PATH.parent / "gpu_rollout.py")
+    rollout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rollout)
+    monkeypatch.setattr(rollout, "HERE", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["gpu_rollout.py", "--tiny", "--repeats", "1"])
+    assert rollout.main() == 0
+    saved = json.loads((tmp_path / ".work" / "gpu_rollout" / "gpu_rollout.json").read_text())
+    assert list(saved["engines"]) == list(rollout.ENGINES) and saved["floor_ms"] is None
+    assert saved["agreement"]["rows"] == 16 and saved["agreement"]["first_difference_min"] >= 0
+    table = (tmp_path / ".work" / "gpu_rollout" / "gpu_rollout.md").read_text()
+    assert "| lean, captured, check every 16 |" in table and "| hf (the model's forward) |" in table

@@ -210,7 +210,7 @@ class SamplingSection:
     engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
     """What samples: lean = rlhf's own decoder (Llama-family layouts: Llama, Qwen2, Mistral, SmolLM; refused for others), hf = the model's own forward with its KV cache, auto = lean where it covers the model, else hf; vllm = vLLM (sampling.vllm; the vllm extra). All draw from the same distribution; the trainer's log-probs of the samples against the engine's: rollout/logprob_diff_*."""
     cuda_graphs: bool = False
-    """On a CUDA GPU, the lean decoder captures one decode step (every layer, the draw, the log-prob) as a CUDA graph per rollout and replays it per token, instead of launching each kernel from Python; the same samples (docs/precision.md). Off by default: not yet measured on a GPU. No effect on a CPU, or where the lean decoder does not cover the model (engine auto falls back to hf, which it leaves eager)."""
+    """On a CUDA GPU, the lean decoder captures one decode step (every layer, the draw, the log-prob) as a CUDA graph per rollout and replays it per token, instead of launching each kernel from Python; the same samples as the eager loop (tested on CPU). Off by default: not yet measured on a GPU (benchmarks/gpu_rollout.py). No effect on a CPU, or where the lean decoder does not cover the model (engine auto falls back to hf, which it leaves eager)."""
     vllm: VLLMSection = _defaults(VLLMSection)
     """With engine vllm: in this process or a server."""
 
