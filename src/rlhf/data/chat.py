@@ -51,3 +51,9 @@ def render(
     return tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs(tokenizer)
     )
+
+
+def writes_reasoning(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders an assistant message's ``reasoning_content`` (Qwen3, and the
+    reasoning models that follow transformers' message schema): its model writes traces in ``<think>`` blocks."""
+    return "reasoning_content" in (getattr(tokenizer, "chat_template", None) or "")

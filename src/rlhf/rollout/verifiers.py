@@ -73,21 +73,38 @@ def answers_match(predicted: str | None, reference: Any) -> bool:
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
     """The text of a completion: the string itself, or what the model wrote in a conversational completion (TRL
     reads ``completion[0]["content"]``): its assistant messages, one after another — a multi-turn episode's turns
-    without the tool results and replies between them."""
+    without the tool results and replies between them — each with its reasoning trace (``reasoning_content``, a
+    reasoning model's) back in its ``<think>`` block, as the model wrote it."""
     if isinstance(completion, str):
         return completion
     own = [m for m in completion if m.get("role", "assistant") == "assistant"]
-    return "\n".join(str(message.get("content") or "") for message in own)
+    return "\n".join(_written(message) for message in own)
+
+
+def _written(message: dict[str, Any]) -> str:
+    trace = message.get("reasoning_content")
+    content = str(message.get("content") or "")
+    return f"<think>\n{trace}\n</think>\n\n{content}" if trace else content
+
+
+def answer_text(completion: str | list[dict[str, Any]]) -> str:
+    """The answer of a completion without its reasoning: a conversational one's ``content`` (TRL's convention
+    keeps a reasoning model's trace in ``reasoning_content``), and in any text what follows the last
+    ``</think>`` (a trace the model wrote inline). What the verifiers judge."""
+    if isinstance(completion, str):
+        return completion.rpartition("</think>")[2]
+    own = [m for m in completion if m.get("role", "assistant") == "assistant"]
+    return "\n".join(str(m.get("content") or "").rpartition("</think>")[2] for m in own)
 
 
 def exact_match(completions: list[str], answer: Sequence[Any] | None = None, **columns: Any) -> list[float | None]:
-    """1.0 when the completion's answer (last ``\\boxed{}``, else last number) equals ``answer`` (the reference's
-    box or GSM8K ``#### x`` tail when it has one), else 0.0; None for a row without an answer (its column value
+    """1.0 when the completion's answer (last ``\\boxed{}``, else last number, after any reasoning trace:
+    :func:`answer_text`) equals ``answer`` (the reference's box or GSM8K ``#### x`` tail when it has one), else 0.0; None for a row without an answer (its column value
     is None, or the dataset has no ``answer`` column)."""
     if answer is None:
         return [None] * len(completions)
     return [
-        None if ref is None else float(answers_match(extract_answer(completion_text(c)), ref))
+        None if ref is None else float(answers_match(extract_answer(answer_text(c)), ref))
         for c, ref in zip(completions, answer, strict=True)
     ]
 

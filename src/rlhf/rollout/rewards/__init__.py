@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf.data import chat
 from rlhf.rollout.rewards.base import (
     ENVIRONMENT,
     EnvironmentReward,
@@ -42,7 +43,9 @@ def load_reward_source(
 ) -> RewardSource:
     """The reward source ``spec`` names, ``name`` defaulting per the table in docs/architecture.md.
 
-    The other arguments are for a reward model (``RewardModelReward.load``): ``policy_tokenizer`` lets it detect
+    ``policy_tokenizer`` tells a reward function whether the policy writes reasoning traces (its chat template
+    renders ``reasoning_content``: conversational completions then carry the trace apart, as TRL's do). The other
+    arguments are for a reward model (``RewardModelReward.load``): ``policy_tokenizer`` lets it detect
     a shared vocabulary (``shares_policy_tokenizer``, enabling its ``score_ids`` fast path), ``device`` and
     ``batch_size`` are where its forwards run and their micro-batch size, ``loader`` how its weights load, ``dtype``
     the dtype they load in (None: the checkpoint's).
@@ -60,7 +63,7 @@ def load_reward_source(
     if Path(spec).expanduser().is_dir():
         return RewardModelReward.load(spec, **model)
     if ":" in spec:  # `file.py:function` or `module:function` (hub ids never contain ':')
-        return FunctionReward.load(spec, name=name)
+        return FunctionReward.load(spec, name=name, reasoning=chat.writes_reasoning(policy_tokenizer))
     if spec.endswith(".py"):
         raise RewardError(f"reward spec {spec!r} names a Python file but no function: write `{spec}:function_name`")
     return RewardModelReward.load(spec, **model)

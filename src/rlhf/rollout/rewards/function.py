@@ -37,10 +37,13 @@ class FunctionReward:
     takes_context = True
     """`score` takes ``context`` and ``log`` (see rlhf.rollout.rewards.base)."""
 
-    def __init__(self, function: Callable[..., Any], *, name: str | None = None, spec: str | None = None):
+    def __init__(
+        self, function: Callable[..., Any], *, name: str | None = None, spec: str | None = None, reasoning: bool = False
+    ):
         if not callable(function):
             raise RewardError(f"reward {spec or function!r} is a {type(function).__name__}, not a callable")
         self.function = function
+        self.reasoning = reasoning  # conversational completions carry the trace apart (assistant_message)
         self.name = name or getattr(function, "__name__", None) or type(function).__name__
         self.spec = spec or f"{getattr(function, '__module__', '?')}:{self.name}"
         self.is_async = _is_async(function)
@@ -68,12 +71,12 @@ class FunctionReward:
             )
 
     @classmethod
-    def load(cls, spec: str, *, name: str | None = None) -> FunctionReward:
+    def load(cls, spec: str, *, name: str | None = None, reasoning: bool = False) -> FunctionReward:
         """``path/to/file.py:function`` (relative to the current directory) or ``package.module:function``; the
         attribute may be dotted (``module:Class.method``). Errors name the file or module, with the original
         import error, or the callables the module does have."""
         obj = load_callable(spec, "reward", RewardError)
-        return cls(obj, name=name or spec.rpartition(":")[2].rsplit(".", 1)[-1], spec=spec)
+        return cls(obj, name=name or spec.rpartition(":")[2].rsplit(".", 1)[-1], spec=spec, reasoning=reasoning)
 
     def score(self, *args: Any, **kwargs: Any) -> list[float | None]:
         """Call the function with the keyword arguments it can take (:meth:`arguments`: ``prompts, completions,
@@ -109,7 +112,7 @@ class FunctionReward:
                 m if m is not None else [{"role": "user", "content": p}]
                 for p, m in zip(prompts, context.messages, strict=True)
             ]
-            completions = [[{"role": "assistant", "content": c}] for c in completions]
+            completions = [[assistant_message(c, self.reasoning)] for c in completions]
         kwargs = {
             "prompts": prompts,
             "completions": completions,
@@ -210,3 +213,17 @@ def _public_callables(module: ModuleType) -> list[str]:
     public = {n: v for n, v in vars(module).items() if callable(v) and not n.startswith("_")}
     own = [n for n, v in public.items() if getattr(v, "__module__", None) == module.__name__]
     return sorted(own or public)
+
+
+def assistant_message(text: str, reasoning: bool) -> dict[str, Any]:
+    """A conversational completion's message. For a policy that writes reasoning traces (``reasoning``: its chat
+    template renders ``reasoning_content``, as Qwen3's does), TRL's convention (its GRPO parses completions with
+    the Qwen3 response template, ``trl.chat_template_utils``): a completion that opens with ``<think>`` keeps the
+    trace in ``reasoning_content`` (left out when empty) and the answer after ``</think>`` in ``content`` (empty
+    when the turn was cut inside the trace); any other completion (thinking off) is all content."""
+    stripped = text.lstrip()
+    if not reasoning or not stripped.startswith("<think>"):
+        return {"role": "assistant", "content": text}
+    trace, _, answer = stripped.removeprefix("<think>").partition("</think>")
+    message = {"role": "assistant", "content": answer.lstrip()}
+    return message | ({"reasoning_content": trace.strip()} if trace.strip() else {})
