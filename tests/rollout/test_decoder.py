@@ -7,6 +7,8 @@ spread over several nats and a wrong mask, position or rotation shows up far abo
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
@@ -280,3 +282,57 @@ def test_on_a_gpu_the_decoder_reads_the_models_own_weights(monkeypatch):
 
     mixed = build_decoder(compute_in_bf16(model_for(LAYOUTS["llama"]), torch.device("cpu")), 16).weights
     assert isinstance(mixed.layers[0].qkv, decoder_module._Product)  # bfloat16 products over float32 weights: a copy
+
+
+class _FakeGraphs:
+    """What `StaticDecode` asks of ``torch.cuda`` to capture its step, on the CPU: the capture runs the step once (a
+    real one only records it, and the step's writes are undone either way), a replay runs it again. A replay checks
+    what a real one relies on: every buffer the step writes is still the tensor, at the address, that was captured."""
+
+    def __init__(self, decode):
+        self.decode, self.captured, self.replays = decode, None, 0
+
+    def install(self, monkeypatch):
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        fake = self
+
+        class Graph:
+            def replay(self):
+                assert [t.data_ptr() for t in fake.decode._state()] == fake.captured
+                fake.replays += 1
+                fake.decode.step()
+
+        @contextlib.contextmanager
+        def graph(g):
+            yield
+            self.captured = [t.data_ptr() for t in self.decode._state()]
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_the_captured_loop_undoes_its_warm_up_and_replays_on_the_captured_buffers(monkeypatch, every):
+    from rlhf.rollout.engine import StaticDecode, lean_decoder, rollout_uniforms
+
+    model = model_for(LAYOUTS["llama-gqa-biases-tied"])
+    ids, mask = left_padded([0, 2, 4, 1], length=6)
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=20)
+    eager, eager_logprobs = sample(model, ids, mask, params, [7], 0, RowGenerators.of(range(4)))
+    decoder = lean_decoder(model, ids.shape[1] + params.max_new_tokens, len(ids), "lean")
+    with torch.inference_mode():
+        uniforms = rollout_uniforms(RowGenerators.of(range(4)), len(ids), params.max_new_tokens, ids.device)
+        decode = StaticDecode(decoder, decoder.prefill(ids, mask), uniforms, torch.tensor([7]), params, 0)
+        fake = _FakeGraphs(decode)
+        fake.install(monkeypatch)
+        tokens, logprobs = decode.run(every, capture=True)
+    kept = int((tokens != 0).any(0).nonzero().max()) + 1  # what sample() cuts after the last stop
+    assert torch.equal(tokens[:, :kept], eager)
+    torch.testing.assert_close(logprobs[:, :kept], eager_logprobs, rtol=0, atol=1e-5)  # as the static loop's test
+    assert fake.replays == tokens.shape[1] - (tokens.shape[1] == params.max_new_tokens)  # the last draw is not replayed

@@ -313,12 +313,10 @@ class StaticDecode:
             for _ in range(min(CAPTURE_WARMUP, self.uniforms.shape[1] - 1)):
                 self.step()
         torch.cuda.current_stream().wait_stream(side)
-        for buffer, value in zip(self._state(), saved, strict=True):
-            buffer.copy_(value)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph):  # records the kernels on these buffers' addresses, whatever they hold now
             self.step()
-        for buffer, value in zip(self._state(), saved, strict=True):  # capture records; a restore costs nothing
+        for buffer, value in zip(self._state(), saved, strict=True):
             buffer.copy_(value)
         return graph.replay
 
