@@ -186,6 +186,19 @@ def test_grpo(tiny_llama_dir, prompts_file, tmp_path, fake_gpu):
     assert all(finite(row, ["policy/loss", "kl/mean"]) for row in train_rows(out))
 
 
+def test_grpo_with_the_static_decode_loop(tiny_llama_dir, prompts_file, tmp_path, fake_gpu, monkeypatch):
+    """sampling.cuda_graphs on the device, in mixed precision: the static loop's buffers, counters and uniforms all
+    on it (the capture itself needs a real GPU: its step runs as is; tests/rollout/test_decoder.py checks the
+    capture's protocol)."""
+    from rlhf.rollout.engine import StaticDecode
+
+    captures = []
+    monkeypatch.setattr(StaticDecode, "_captured", lambda self: captures.append(self) or self.step)
+    fields = {"sampling.cuda_graphs": True, "sampling.top_p": 0.9, "grpo.steps": 1, "batch.micro_size": 4}
+    grpo.run(grpo_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields))
+    assert captures and all(finite(row, ["policy/loss"]) for row in train_rows(tmp_path / "run"))
+
+
 def test_sft(tiny_llama_dir, tmp_path, fake_gpu):
     data = write_jsonl(tmp_path / "sft.jsonl", questions(24))
     values = {"model.name": str(tiny_llama_dir), "data.train": str(data), "output_dir": str(tmp_path / "run"),
