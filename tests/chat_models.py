@@ -84,8 +84,13 @@ END_OF_TURN = {
     "gemma3": "<end_of_turn>",
 }
 
-TOOL_FORMATS = {"qwen2_5": "hermes", "qwen3": "hermes", "qwen3_coder": "qwen3_coder", "llama3_1": "llama3_json",
-                "mistral_v0_3": "mistral"}  # fmt: skip
+TOOL_FORMATS = {
+    "qwen2_5": "hermes",
+    "qwen3": "hermes",
+    "qwen3_coder": "qwen3_coder",
+    "llama3_1": "llama3_json",
+    "mistral_v0_3": "mistral",
+}
 """The tool-call format each template writes (`rlhf.rollout.tools.FORMATS`); Gemma 3's has no tool role."""
 
 

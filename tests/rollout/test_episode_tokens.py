@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from chat_models import CHAT_MODELS, END_OF_TURN, chat_tokenizer
+from chat_models import CHAT_MODELS, END_OF_TURN, TOOL_FORMATS, chat_tokenizer
 from rlhf.config import ConfigError
 from rlhf.models.tiny import CHATML_TEMPLATE, toy_corpus, train_family_tokenizer
 from rlhf.rollout.episodes import ChatFormat, EpisodeError, EpisodeLimits, EpisodeRunner
-from rlhf.rollout.tools import Tool, calculator, parse_tool_calls
+from rlhf.rollout.tools import Tool, ToolCall, calculator, parse_tool_calls, run_tool
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LIMITS = EpisodeLimits(max_turns=4, max_tokens=400, max_tool_calls=4, tool_timeout=5.0)
@@ -324,6 +324,97 @@ def test_tool_calls_run_and_errors_are_reported_to_the_model(qwen_tokenizer):
     assert len(episode.turns[0]["tool_calls"]) == 4  # the parsed calls; the unparsable one is not a call
     for result in results:  # every result is in the ids the model reads next
         assert result in tok.decode(episode.ids)
+
+
+TOOL_DELTAS = {
+    "qwen2_5": "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    "qwen3": "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    "qwen3_coder": "\n<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n",
+    # Llama-3.1's template writes a tool's text as JSON (a string is iterable, so it goes through tojson)
+    "llama3_1": '<|start_header_id|>ipython<|end_header_id|>\n\n"5"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n',
+    "mistral_v0_3": '[TOOL_RESULTS] {"content": 5, "call_id": "call00000"}[/TOOL_RESULTS]',
+}
+"""What each template writes after a model turn that called the calculator, through the next generation prompt."""
+
+
+def template_call(tok, chat: ChatFormat, call: ToolCall) -> str:
+    """The assistant turn the template writes for ``call``, through its end-of-turn token: what a model trained on
+    the template's format samples."""
+    opening = [{"role": "user", "content": "2+3?"}]
+    full = tok.apply_chat_template([*opening, {"role": "assistant", "content": "", "tool_calls": [call.message()]}],
+                                   tools=chat.schemas, tokenize=False)  # fmt: skip
+    head = tok.apply_chat_template(opening, tools=chat.schemas, tokenize=False, add_generation_prompt=True)
+    turn = full.removeprefix(head)
+    return turn[: turn.index(tok.decode([chat.close]))]
+
+
+@pytest.mark.parametrize("name", list(TOOL_FORMATS))
+def test_each_format_is_detected_its_calls_run_and_its_results_come_back_as_the_templates_tokens(name):
+    """Per template: the format is found from a rendered sentinel call; a turn holding the call as the template
+    writes it (sampled one character per token) is parsed, the calculator runs, and its result comes back as the
+    template's own delta (literally), then the answer ends the episode."""
+    tok = chat_tokenizer(name, CORPUS)
+    tok.name = name
+    play = runner(tok, factory=None, tools=[Tool.of(calculator)])
+    assert play.format.tool_format.name == TOOL_FORMATS[name]
+    call = template_call(tok, play.format, ToolCall("calculator", {"expression": "2+3"}, id="call00000"))
+    script = Script(tok, [[call, "5"]], play.format.close)
+    (episode,) = play.run([{"prompt": "2+3?"}], script)
+    (sent,) = episode.turns[0]["tool_calls"]
+    assert sent == {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+3"}},
+                    "id": "call00000"}  # fmt: skip
+    assert episode.turns[1] == {"role": "tool", "name": "calculator", "content": "5", "tool_call_id": "call00000"}
+    delta = play.format.delta([episode.turns[1]])
+    assert tok.decode(delta) == TOOL_DELTAS[name]
+    assert episode.ids == script.sampled[0][0] + delta + script.sampled[0][1]
+    assert (episode.tool_calls, episode.tool_errors, episode.ending) == (1, 0, "answer")
+
+
+@pytest.mark.parametrize("name", ["gemma3", "chatml"])
+def test_a_template_without_a_tool_format_is_refused_naming_the_formats(qwen_tokenizer, name):
+    """Gemma 3's template has no tool role (it refuses the conversation); ChatML drops the call: both are refused
+    at start, naming the formats rlhf reads."""
+    tok = with_template(qwen_tokenizer, "chatml") if name == "chatml" else chat_tokenizer(name)
+    with pytest.raises(ConfigError, match=r"cannot show tool calls.*hermes \(Qwen2.5, Qwen3, Hermes\); mistral"):
+        ChatFormat(tok, sorted({tok.eos_token_id, tok.convert_tokens_to_ids(END_OF_TURN.get(name, "<|im_end|>"))}),
+                   [Tool.of(calculator)])  # fmt: skip
+
+
+MALFORMED = {
+    "hermes": ("<tool_call>\n{not json}\n</tool_call>", "the tool call is not valid JSON"),
+    "qwen3_coder": ("<tool_call>\n{not xml}\n</tool_call>", "a tool call is <function=NAME> then <parameter=KEY>"),
+    "llama3_json": ('{"name": "calculator", "parameters": {"expression": }', "the tool call is not valid JSON"),
+    "mistral": ('[TOOL_CALLS] [{"name": "calculator"', "the tool calls are not a valid JSON list"),
+}
+
+
+@pytest.mark.parametrize("format", list(MALFORMED))
+def test_a_call_that_does_not_parse_is_a_tool_error_not_a_crash(format):
+    text, message = MALFORMED[format]
+    _, (call,) = parse_tool_calls(text, format, [Tool.of(calculator)])
+    assert call.error.startswith(message)
+    result = run_tool(call, {"calculator": Tool.of(calculator)}, timeout=1.0)
+    assert result.error and result.content.startswith(f"error: {message}")
+
+
+def test_formats_parse_as_their_models_write_them():
+    """Leading content and several calls (Hermes, Mistral), Llama's "parameters" and its <|python_tag|>, Mistral's
+    own ids (one that is not 9 letters or digits is dropped, for the episode to replace), Qwen3-Coder's typed
+    values (a string parameter stays text; an integer one is read as JSON), and text without a call."""
+    tools = [Tool.of(calculator), Tool.of(broken)]
+    content, calls = parse_tool_calls('Two.\n[TOOL_CALLS] [{"name": "broken", "arguments": {"x": 1}, "id": "abcdefgh9"}, '
+                                      '{"name": "calculator", "arguments": {"expression": "1"}, "id": "call_1"}]', "mistral")  # fmt: skip
+    assert content == "Two." and [(c.name, c.arguments, c.id) for c in calls] == [
+        ("broken", {"x": 1}, "abcdefgh9"), ("calculator", {"expression": "1"}, None)]  # fmt: skip
+    assert parse_tool_calls('<|python_tag|>{"name": "broken", "parameters": {"x": 2}}', "llama3_json")[1] == [
+        ToolCall("broken", {"x": 2})
+    ]
+    assert parse_tool_calls("the answer is 5", "llama3_json") == ("the answer is 5", [])
+    xml = ("<tool_call>\n<function=broken>\n<parameter=x>\n7\n</parameter>\n</function>\n</tool_call>"
+           "<tool_call>\n<function=calculator>\n<parameter=expression>\n7\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+    assert parse_tool_calls(f"Let me.\n{xml}", "qwen3_coder", tools) == (
+        "Let me.", [ToolCall("broken", {"x": 7}), ToolCall("calculator", {"expression": "7"})])  # fmt: skip
+    assert parse_tool_calls("x <tool_call>\n<function=cut", "qwen3_coder") == ("x <tool_call>\n<function=cut", [])
 
 
 def test_tool_calls_parse_as_qwen_writes_them():

@@ -29,7 +29,17 @@ from typing import Any
 from rlhf.config import ConfigError
 from rlhf.data import chat
 from rlhf.rollout.rewards.function import load_callable
-from rlhf.rollout.tools import Tool, ToolCall, parse_tool_calls, run_tool, tools_of, unique_names
+from rlhf.rollout.tools import (
+    FORMATS,
+    Tool,
+    ToolCall,
+    ToolFormat,
+    call_id,
+    detect_format,
+    run_tool,
+    tools_of,
+    unique_names,
+)
 
 OBSERVATION_ROLES = ("user", "tool", "system")
 """Roles an environment may reply with; ``assistant`` is refused (its text would pass as the model's own)."""
@@ -103,7 +113,8 @@ def load_environment(spec: str) -> Callable[[], Any]:
 class ChatFormat:
     """How an episode's messages become token ids under ``tokenizer``'s chat template (with ``tools``' schemas in
     every render): the opening (:meth:`opening`), the template's end-of-turn token ``close`` (one of ``stops``) and
-    the delta after a model turn (:meth:`delta`). Built once per run; refuses a template it cannot work with."""
+    the delta after a model turn (:meth:`delta`), and with tools the format its calls are written in
+    (``tool_format``, `rlhf.rollout.tools.FORMATS`). Built once per run; refuses a template it cannot work with."""
 
     def __init__(self, tokenizer: Any, stops: Sequence[int], tools: Sequence[Tool] = ()):
         if getattr(tokenizer, "chat_template", None) is None:
@@ -114,8 +125,7 @@ class ChatFormat:
         user = self.render([{"role": "user", "content": _USER}], generation_prompt=False)
         self.close, start = self._close_token(user)
         self._user = user[:start]  # the synthetic user turn as every render starts
-        if tools:
-            self._check_tools([tool.name for tool in tools])
+        self.tool_format = self._tool_format([tool.name for tool in tools]) if tools else None
         specials = getattr(tokenizer, "all_special_tokens", [])
         self._specials = sorted({s for s in specials if len(s) > 1}, key=len, reverse=True)
 
@@ -141,9 +151,10 @@ class ChatFormat:
         exchange and cut after its assistant's close token, so it starts with whatever the template writes there."""
         messages = self.escaped(messages)
         assistant: dict[str, Any] = {"role": "assistant", "content": _ASSISTANT}
-        tool_names = [m.get("name") or "tool" for m in messages if m["role"] == "tool"]
-        if tool_names:  # a tool message answers a call: templates group results under the assistant's calls
-            assistant["tool_calls"] = [ToolCall(name, {}).message() for name in tool_names]
+        results = [m for m in messages if m["role"] == "tool"]
+        if results:  # a tool message answers a call: templates group results under the assistant's calls
+            calls = [ToolCall(m.get("name") or "tool", {}, id=m.get("tool_call_id")) for m in results]
+            assistant["tool_calls"] = [call.message() for call in calls]
         full = self.render([{"role": "user", "content": _USER}, assistant, *messages], generation_prompt=True)
         start = self._after_close(full)
         delta = full[start:]
@@ -157,6 +168,12 @@ class ChatFormat:
         if self.pad_token_id is not None and self.pad_token_id in delta:
             raise EpisodeError(f"the chat template writes the padding token into a turn: {text!r}")
         return delta
+
+    def unspecial(self, text: str) -> str:
+        """``text`` without the tokenizer's special-token strings (what decoding with skip_special_tokens drops)."""
+        for special in self._specials:
+            text = text.replace(special, "")
+        return text.strip()
 
     def escaped(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` with the tokenizer's special-token strings in their text broken by a zero-width space, so
@@ -210,27 +227,34 @@ class ChatFormat:
                 return i + 1
         raise EpisodeError(f"the chat template's render has no end-of-turn token after the assistant: {ids}")
 
-    def _check_tools(self, names: list[str]) -> None:
-        """Refuse a template that silently drops tool calls or tool results (it would show the model neither)."""
-        call = ToolCall(names[0], {"sentinel_key": "sentinel_value"})
+    def _tool_format(self, names: list[str]) -> ToolFormat:
+        """The format the template writes tool calls in, from a rendered sentinel call and its result; refuses a
+        template that drops either (it would show the model neither) or writes a format rlhf does not read."""
+        call = ToolCall(names[0], {"sentinel_key": "sentinel_value"}, id="sentinel1")
         conversation = [
             {"role": "user", "content": _USER},
             {"role": "assistant", "content": "", "tool_calls": [call.message()]},
-            {"role": "tool", "name": names[0], "content": "sentinel_result"},
+            {"role": "tool", "name": names[0], "content": "sentinel_result", "tool_call_id": "sentinel1"},
         ]
+        formats = "; ".join(f"{f.name} ({f.models})" for f in FORMATS.values())
         try:
-            text = self.tokenizer.decode(self.render(conversation, generation_prompt=True))
+            ids = self.render(conversation, generation_prompt=True)
         except EpisodeError as error:
             problem = f"rendering a tool call failed: {error}"
         else:
+            # after the synthetic user turn: a system prompt that describes the format is not a call
+            text = self.tokenizer.decode(ids[len(self._user) :] if ids[: len(self._user)] == self._user else ids)
             lost = [s for s in (names[0], "sentinel_key", "sentinel_value", "sentinel_result") if s not in text]
-            problem = f"it drops {', '.join(lost)}" if lost else "it does not write <tool_call> blocks"
-            if not lost and "<tool_call>" in text:
-                return
+            found = detect_format(text)
+            if not lost and found is not None:
+                return found
+            problem = (
+                f"it drops {', '.join(lost)}" if lost else f"it writes a call in a format rlhf does not read: {text!r}"
+            )
         raise ConfigError(
             f"tools: the policy's chat template cannot show tool calls and their results ({problem}); tools need a "
-            "template with tool support in the Qwen/Hermes <tool_call> format (Qwen2.5, Qwen3); an environment "
-            "without tools works with any chat template"
+            f"template that writes them in one of the formats rlhf reads: {formats}; an environment without tools "
+            "works with any chat template"
         )
 
 
@@ -370,8 +394,15 @@ class EpisodeRunner:
             episode.turns.append({"role": "assistant", "content": self._text(ids[:-1] if episode.stopped else ids)})
             return None
         text = self._text(ids[:-1])
-        content, calls = parse_tool_calls(text) if self.tools else (text, [])
-        message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
+        calls: list[ToolCall] = []
+        if self.format.tool_format is not None:  # read with special tokens kept: Mistral's [TOOL_CALLS] is one
+            raw = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+            content, calls = self.format.tool_format.parse(raw, {tool.name: tool.schema for tool in self.tools})
+            calls = [
+                c if c.id else dataclasses.replace(c, id=call_id(episode.tool_calls + k)) for k, c in enumerate(calls)
+            ]
+            text = self.format.unspecial(content) if calls else text
+        message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
             message["tool_calls"] = [call.message() for call in calls if call.error is None]
         episode.turns.append(message)
@@ -416,7 +447,7 @@ class EpisodeRunner:
             episode.tool_calls += 1
             episode.tool_errors += error
             episode.tool_timeouts += timed_out
-            messages.append({"role": "tool", "name": call.name or "tool", "content": content})
+            messages.append({"role": "tool", "name": call.name or "tool", "content": content, "tool_call_id": call.id})
         return messages
 
     def _step(

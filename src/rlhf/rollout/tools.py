@@ -1,7 +1,9 @@
 """Tools a policy calls during a multi-turn episode: plain Python functions with type hints and a Google-style
 docstring (TRL's ``tools=`` convention), their JSON schemas for the chat template's ``tools=``, the calls parsed
-from a model turn (the Qwen/Hermes ``<tool_call>{json}</tool_call>`` format) and each call run under a time limit.
-The built-in :func:`calculator` is the worked example (README, "Multi-turn episodes").
+from a model turn in the format its chat template writes (:data:`FORMATS`: Hermes/Qwen ``<tool_call>{json}``,
+Llama-3.1's bare JSON, Mistral's ``[TOOL_CALLS] [...]``, Qwen3-Coder's ``<function=…>`` XML; the template's is found
+by rendering a sentinel call, :func:`detect_format`) and each call run under a time limit. The built-in
+:func:`calculator` is the worked example (README, "Multi-turn episodes").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import operator
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlhf.config import ConfigError
@@ -69,44 +71,150 @@ def unique_names(tools: list[Tool], where: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-    """One call parsed from a model turn: ``name`` and ``arguments``, or ``error`` when it could not be read."""
+    """One call parsed from a model turn: ``name`` and ``arguments``, or ``error`` when it could not be read;
+    ``id`` links it to its result (Mistral's template needs one of 9 letters or digits on both)."""
 
     name: str
     arguments: dict[str, Any]
     error: str | None = None
+    id: str | None = None
 
     def message(self) -> dict[str, Any]:
         """The call as the assistant message's ``tool_calls`` entry (transformers' convention)."""
-        return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        entry: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return entry | ({"id": self.id} if self.id is not None else {})
 
 
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+def call_id(n: int) -> str:
+    """The id of an episode's ``n``-th call when the model wrote none: 9 letters and digits, as Mistral's needs."""
+    return f"call{n:05d}"
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """A Qwen/Hermes model turn → (its content without the calls, the calls). Each ``<tool_call>…</tool_call>``
-    body must be a JSON object with a string ``name``; ``arguments`` a JSON object or a JSON string of one
-    (missing: none). A body that does not parse is a call with an ``error`` (the episode reports it to the model
-    and goes on). An unclosed ``<tool_call>`` (the turn ran out of tokens) is no call."""
-    calls = [_parse_call(body.strip()) for body in _CALL.findall(text)]
-    content = _CALL.sub("", text).strip()
-    return content, calls
+Parse = Callable[[str, dict[str, dict[str, Any]]], tuple[str, list[ToolCall]]]
+"""``(turn text, the tools' schemas by name) → (the content without the calls, the calls)``."""
 
 
-def _parse_call(body: str) -> ToolCall:
+@dataclasses.dataclass(frozen=True)
+class ToolFormat:
+    """A way chat templates write tool calls: its ``name``, the models that use it, what marks it in a rendered
+    call (``marker``, a regex) and how a model turn is read (``parse``). A call that cannot be read is a `ToolCall`
+    with an ``error`` (the episode answers it with an error message and goes on), never an exception."""
+
+    name: str
+    models: str
+    marker: str
+    parse: Parse
+
+
+def _hermes(text: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+    """Each ``<tool_call>…</tool_call>`` body is a JSON object with a string ``name``; ``arguments`` a JSON object
+    or a JSON string of one (missing: none). An unclosed ``<tool_call>`` (the turn ran out of tokens) is no call."""
+    calls = [_json_call(body.strip(), "arguments") for body in _HERMES.findall(text)]
+    return _HERMES.sub("", text).strip(), calls
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _json_call(body: str, key: str) -> ToolCall:
+    """``{"name": ..., key: {...}}`` (``key``: "arguments", Llama's "parameters"), with an optional ``id``."""
     try:
         call = json.loads(body)
     except json.JSONDecodeError as error:
         return ToolCall("", {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos}): {body!r}")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return ToolCall("", {}, f'a tool call is a JSON object {{"name": ..., "arguments": {{...}}}}, not {body!r}')
-    arguments = call.get("arguments", {})
+        return ToolCall("", {}, f'a tool call is a JSON object {{"name": ..., "{key}": {{...}}}}, not {body!r}')
+    arguments = call.get(key, call.get("arguments", {}))
     if isinstance(arguments, str):
         with contextlib.suppress(json.JSONDecodeError):  # not JSON: refused just below as not an object
             arguments = json.loads(arguments)
     if not isinstance(arguments, dict):
         return ToolCall(call["name"], {}, f"the arguments of {call['name']!r} are not a JSON object: {arguments!r}")
-    return ToolCall(call["name"], arguments)
+    given = call.get("id")
+    return ToolCall(call["name"], arguments, id=given if isinstance(given, str) and _ID.fullmatch(given) else None)
+
+
+_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _llama3_json(text: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+    """Llama-3.1/3.2: a call is the whole turn, one JSON object ``{"name": ..., "parameters": {...}}`` (after an
+    optional ``<|python_tag|>``); a turn that starts like one but does not parse is a call with an error, any other
+    turn is content. The template renders one call per turn."""
+    body = text.strip().removeprefix("<|python_tag|>").strip()
+    if not re.match(r'\{\s*"name"\s*:', body):
+        return text.strip(), []
+    return "", [_json_call(body, "parameters")]
+
+
+def _mistral(text: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+    """Mistral v0.3: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}, ...]`` ends the turn; an id
+    that is not 9 letters or digits is replaced (the template refuses it)."""
+    content, marker, body = text.partition("[TOOL_CALLS]")
+    if not marker:
+        return text.strip(), []
+    try:
+        calls = json.loads(body.strip())
+    except json.JSONDecodeError as error:
+        problem = f"the tool calls are not a valid JSON list ({error.msg} at character {error.pos}): {body.strip()!r}"
+        return content.strip(), [ToolCall("", {}, problem)]
+    if not isinstance(calls, list):
+        return content.strip(), [ToolCall("", {}, f"[TOOL_CALLS] is followed by a JSON list of calls, not {body!r}")]
+    return content.strip(), [_json_call(json.dumps(call), "arguments") for call in calls]
+
+
+_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]*)>(.*?)</function>\s*</tool_call>", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]*)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _qwen3_coder(text: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+    """Qwen3-Coder: ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>…</function>\\n
+    </tool_call>``. Values are text; a parameter the tool's schema types as other than a string is read as JSON
+    (as vLLM's qwen3_coder parser does), and one that does not parse is an error."""
+    calls = []
+    for name, body in _XML_CALL.findall(text):
+        name = name.strip()
+        types = schemas.get(name, {}).get("function", {}).get("parameters", {}).get("properties", {})
+        arguments: dict[str, Any] = {}
+        error = None
+        for key, value in _XML_PARAMETER.findall(body):
+            key = key.strip()
+            if types.get(key, {}).get("type", "string") == "string":
+                arguments[key] = value
+                continue
+            try:
+                arguments[key] = json.loads(value)
+            except json.JSONDecodeError:
+                error = f"the value of {key!r} is not a JSON {types[key]['type']}: {value!r}"
+        calls.append(ToolCall(name, {} if error else arguments, error))
+    rest = _XML_CALL.sub("", text)  # a closed block that is not one: a call with an error; an unclosed one: content
+    problem = "a tool call is <function=NAME> then <parameter=KEY> blocks, not {!r}"
+    calls += [ToolCall("", {}, problem.format(body.strip())) for body in _HERMES.findall(rest)]
+    return _HERMES.sub("", rest).strip(), calls
+
+
+FORMATS: dict[str, ToolFormat] = {
+    f.name: f
+    for f in (
+        # the order is the detection order: Qwen3-Coder's XML sits inside <tool_call> too
+        ToolFormat("qwen3_coder", "Qwen3-Coder", r"<tool_call>\s*<function=", _qwen3_coder),
+        ToolFormat("hermes", "Qwen2.5, Qwen3, Hermes", r"<tool_call>\s*\{", _hermes),
+        ToolFormat("mistral", "Mistral v0.3 (7B, Mixtral 8x22B)", r"\[TOOL_CALLS\]", _mistral),
+        ToolFormat("llama3_json", "Llama-3.1, Llama-3.2", r'\{"name": "[^"]*", "parameters": \{', _llama3_json),
+    )
+}
+"""The tool-call formats rlhf reads, by name."""
+
+
+def detect_format(rendered_call: str) -> ToolFormat | None:
+    """The format of a chat template's rendering of a tool call (None: none rlhf reads)."""
+    return next((f for f in FORMATS.values() if re.search(f.marker, rendered_call)), None)
+
+
+def parse_tool_calls(text: str, format: str = "hermes", tools: Sequence[Tool] = ()) -> tuple[str, list[ToolCall]]:
+    """A model turn → (its content without the calls, the calls), read in ``format`` (:data:`FORMATS`) with the
+    schemas of ``tools`` (Qwen3-Coder's typed values). A call that does not parse is a call with an ``error``."""
+    return FORMATS[format].parse(text, {tool.name: tool.schema for tool in tools})
 
 
 @dataclasses.dataclass(frozen=True)
