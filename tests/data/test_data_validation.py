@@ -30,7 +30,7 @@ CASES = [
     (
         "prompts",
         {"messages": [USER, {"role": "bot", "content": "x"}]},
-        '"messages"[1]["role"] must be one of system, user, assistant, got \'bot\'',
+        '"messages"[1]["role"] must be one of system, user, assistant, tool, got \'bot\'',
     ),
     ("prompts", {"messages": [{"role": "user", "content": 5}]}, '"messages"[0]["content"] must be a string, got int'),
     ("sft", {"prompt": "hi"}, 'missing "response" (keys present: prompt)'),

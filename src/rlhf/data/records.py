@@ -15,10 +15,13 @@ from typing import Any, TypeVar
 
 from rlhf.data.files import Problem, ProblemList, Record
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 Message = dict[str, Any]
-"""One chat message: ``{"role": "system" | "user" | "assistant", "content": str, ...}``."""
+"""One chat message (the OpenAI/Hugging Face schema): ``{"role": "system" | "user" | "assistant" | "tool",
+"content": str, ...}``; an assistant message may carry ``tool_calls`` (``[{"type": "function", "function": {"name",
+"arguments"}, "id"?}]``, content then "" or null), a tool message its result as content (and ``name``,
+``tool_call_id``)."""
 
 
 @dataclass(frozen=True)
@@ -34,12 +37,14 @@ class PromptExample:
 
 @dataclass(frozen=True)
 class SFTExample:
-    """A demonstration: ``prompt`` + ``response`` (plain), or ``messages`` (chat; loss on assistant turns)."""
+    """A demonstration: ``prompt`` + ``response`` (plain), or ``messages`` (chat; loss on assistant turns, their
+    tool calls included), with ``tools``: the JSON schemas the chat template shows (TRL's ``tools`` column)."""
 
     where: str
     prompt: str | None = None
     response: str | None = None
     messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,10 @@ def _messages(value: Any, key: str) -> list[Message]:
         at = f'"{key}"[{i}]'
         if not isinstance(m, dict):
             raise Problem(f'{at} must be an object {{"role", "content"}}, got {_got(m)}')
+        calls = m.get("tool_calls")
+        if calls is not None:
+            _tool_calls(calls, at, m.get("role"))
+            m = {**m, "content": m.get("content") or ""}  # OpenAI's null content beside tool calls
         for k in ("role", "content"):
             if k not in m:
                 raise Problem(f'{at}: missing "{k}" (keys present: {_keys(m)})')
@@ -112,6 +121,21 @@ def _messages(value: Any, key: str) -> list[Message]:
             raise Problem(f'{at}["content"] must be a string, got {_got(m["content"])}')
         out.append(dict(m))
     return out
+
+
+def _tool_calls(calls: Any, at: str, role: Any) -> None:
+    """Check an assistant message's ``tool_calls`` (the OpenAI/Hugging Face schema)."""
+    if role != "assistant":
+        raise Problem(f'{at}: only an assistant message has "tool_calls", not a {role!r} one')
+    if not isinstance(calls, list) or not calls:
+        raise Problem(f'{at}["tool_calls"] must be a non-empty list of calls, got {_got(calls)}')
+    for j, call in enumerate(calls):
+        where = f'{at}["tool_calls"][{j}]'
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not _is_text(function.get("name")):
+            raise Problem(f'{where} must be {{"type": "function", "function": {{"name": str, "arguments": {{...}}}}}}')
+        if not isinstance(function.get("arguments", {}), dict | str):
+            raise Problem(f'{where}["function"]["arguments"] must be an object (or its JSON text)')
 
 
 def _one_of(data: dict[str, Any], a: str, b: str) -> str:
@@ -144,7 +168,10 @@ def _sft(r: Record) -> SFTExample:
         raise Problem('"messages" has no assistant message: nothing to train on')
     if roles[0] == "assistant":
         raise Problem('"messages"[0] is an assistant message: it answers nothing; start with a system or user one')
-    return SFTExample(r.where, messages=messages)
+    tools = data.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise Problem(f'"tools" must be a list of JSON schemas (objects), got {_got(tools)}')
+    return SFTExample(r.where, messages=messages, tools=tools or None)
 
 
 def _margin(data: dict[str, Any]) -> float:

@@ -148,18 +148,28 @@ def _encode_plain(
     return zip(prompts, *([[*ids, eos] for ids in field] for field in fields), strict=True)
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> str:
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
     """The chat template's text for ``messages`` with the tokenizer's template arguments (`rlhf.data.chat`); raises
     `Problem` on a template failure."""
     try:
-        return chat.render(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+        return chat.render(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
     # Jinja raises its own types (TemplateError, UndefinedError) and templates raise_exception anything.
     except Exception as e:
         raise Problem(f"the chat template failed: {type(e).__name__}: {e}") from e
 
 
-def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> list[int]:
-    return _encode_batch(tokenizer, [render_chat(tokenizer, messages, add_generation_prompt)])[0]
+def _chat_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    return _encode_batch(tokenizer, [render_chat(tokenizer, messages, add_generation_prompt, tools)])[0]
 
 
 def _extend(ids: list[int], longer: list[int], what: str) -> list[int]:
@@ -226,23 +236,27 @@ def tokenize_prompts(
     return out
 
 
-def _chat_sft(tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: int) -> tuple[list[int], list[int]]:
+def _chat_sft(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: int, tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """Incremental labels (module docstring): an assistant turn's tokens, its tool calls included, carry loss;
+    everything between turns (user, system and tool messages, the template's markup) is context."""
     ids: list[int] = []
     labels: list[int] = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        head = _extend(ids, _chat_ids(tokenizer, messages[:i], add_generation_prompt=True), f"message {i}")
+        head = _extend(ids, _chat_ids(tokenizer, messages[:i], True, tools), f"message {i}")
         ids += head
         labels += [IGNORE_INDEX] * len(head)
-        turn = _extend(ids, _chat_ids(tokenizer, messages[: i + 1], add_generation_prompt=False), f"message {i}")
+        turn = _extend(ids, _chat_ids(tokenizer, messages[: i + 1], False, tools), f"message {i}")
         # Train on the turn through its last eos; anything the template writes after it (a newline before
         # the next turn) is context, not something the model must learn to emit before stopping.
         n = _through_last(turn, eos)
         ids += turn
         labels += turn[:n] + [IGNORE_INDEX] * (len(turn) - n)
     if messages[-1]["role"] != "assistant":  # trailing messages after the last assistant turn: context only
-        tail = _extend(ids, _chat_ids(tokenizer, messages, add_generation_prompt=False), "the last message")
+        tail = _extend(ids, _chat_ids(tokenizer, messages, False, tools), "the last message")
         ids += tail
         labels += [IGNORE_INDEX] * len(tail)
     return ids, labels
@@ -266,7 +280,7 @@ def tokenize_sft(
                 prompt, response = next(plain)
                 ids, labels = prompt + response, [IGNORE_INDEX] * len(prompt) + response
             else:
-                ids, labels = _chat_sft(tokenizer, ex.messages, eos)
+                ids, labels = _chat_sft(tokenizer, ex.messages, eos, ex.tools)
             truncated = max_length is not None and len(ids) > max_length
             if truncated:
                 ids, labels = ids[:max_length], labels[:max_length]
