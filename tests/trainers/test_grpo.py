@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from configs import nested
 from rlhf import cli
-from rlhf.config import config_from_dict
+from rlhf.config import ConfigError, config_from_dict
 from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
@@ -194,10 +195,11 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     "overrides",
     [
         {"kl.coef": 0.1},
+        {"kl.coef": 0.1, "grpo.use_bias_correction_kl": False},
         {"kl.coef": 0.1, "kl.add_to": "reward", "grpo.estimator": "reinforce_pp", "kl.estimator": "k1"},
         {"kl.coef": 0.1, "model.lora": {"r": 4, "alpha": 8.0}},
     ],
-    ids=["loss-k3", "reward-reinforce_pp", "lora"],
+    ids=["loss-k3-bias-corrected", "loss-k3-plain", "reward-reinforce_pp", "lora"],
 )
 def test_kl_runs(tiny_llama_dir, prompts_file, tmp_path, overrides):
     out = tmp_path / "run"
@@ -208,6 +210,32 @@ def test_kl_runs(tiny_llama_dir, prompts_file, tmp_path, overrides):
         assert ("kl/loss_mean" in row) == (overrides.get("kl.add_to", "loss") == "loss")
     assert rows[0]["kl/mean"] == 0.0  # step 1 samples from the initial policy: it is the reference
     assert rows[1]["kl/mean"] != 0.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"grpo.delta": 1.2}, "grpo.delta=1.2 must exceed 1 + clip_range_high = 1.2"),
+        ({"grpo.delta": 4.0, "grpo.loss_type": "sapo"}, "loss_type 'sapo' has no such ratio"),
+        (
+            {"grpo.loss_type": "vespo", "grpo.importance_sampling_level": "sequence"},
+            "importance_sampling_level to token",
+        ),
+        ({"grpo.loss_type": "vespo", "sampling.is_correction": "token"}, "folds the sampler's ratio into VESPO's"),
+    ],
+)
+def test_delta_and_vespo_refuse_what_they_cannot_mean(tiny_llama_dir, prompts_file, tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields)
+
+
+def test_luspo_and_vespo_choose_their_objective_and_aggregation(tiny_llama_dir, prompts_file, tmp_path):
+    # LUSPO is the clip with each sequence's token-sum (its loss scaled by its length), averaged over sequences;
+    # VESPO its own objective, token-mean (TRL's normalisation of both)
+    luspo = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"grpo.loss_type": "luspo"})
+    vespo = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"grpo.loss_type": "vespo"})
+    assert (luspo.policy_objective, luspo.loss_aggregation) == ("clip", "seq-mean-token-sum")
+    assert (vespo.policy_objective, vespo.loss_aggregation) == ("vespo", "token-mean")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -270,14 +298,23 @@ def test_overlong_penalty_and_truncation_mask(tiny_llama_dir, prompts_file, tmp_
         {"batch.micro_tokens": 30},
         {"batch.micro_size": 2, "grpo.top_entropy_quantile": 0.5, "grpo.loss_type": "sapo"},
         {"batch.micro_tokens": 30, "grpo.importance_sampling_level": "sequence", "grpo.loss_type": "cispo"},
-    ],
-    ids=["rows", "tokens", "rows-entropy-mask-sapo", "tokens-gspo-cispo"],
+        {"batch.micro_size": 2, "grpo.loss_type": "vespo", "grpo.loss_aggregation": None},
+        {
+            "batch.micro_tokens": 30,
+            "grpo.loss_type": "luspo",
+            "grpo.importance_sampling_level": "sequence",
+            "grpo.delta": 1.5,
+            "grpo.loss_aggregation": None,
+        },
+    ],  # fmt: skip
+    ids=["rows", "tokens", "rows-entropy-mask-sapo", "tokens-gspo-cispo", "rows-vespo", "tokens-luspo-gspo-delta"],
 )
 def test_micro_batching_gives_the_same_update(
     tiny_llama_dir, prompts_file, tmp_path, ragged, split, clipped_gradients, adam_steps
 ):
     # 8 ragged completions in one pass, or in micro-batches of 2 rows, or of at most 30 tokens (longest
-    # first), each cut to its own longest row; with a reference, so the rollout's pass gives the old log-probs.
+    # first), each cut to its own longest row; with a reference, so the rollout's pass gives the old log-probs
+    # (and the KL term, bias-corrected by default, is in every loss).
     # The entropy mask is chosen over the whole rollout, so it too is the same whatever the micro-batches.
     variant = {key: value for key, value in split.items() if key.startswith("grpo.")}
     split = {key: value for key, value in split.items() if key.startswith("batch.")}
@@ -385,6 +422,10 @@ VARIANTS = {
     "gspo_token": {"grpo.importance_sampling_level": "sequence_token"},
     "top_entropy": {"grpo.top_entropy_quantile": 0.2, "grpo.steps": 80},  # a fifth of the tokens: slower
     "off_policy_mask": {"grpo.off_policy_mask_threshold": 0.02, "grpo.num_iterations": 2},
+    "luspo": {"grpo.loss_type": "luspo", "grpo.importance_sampling_level": "sequence"},  # the paper's: GSPO's ratio
+    "vespo": {"grpo.loss_type": "vespo"},
+    "delta": {"grpo.delta": 1.5, "grpo.num_iterations": 2},  # a second pass, so that ratios move past δ
+    "kl_bias_corrected": {"kl.coef": 0.04},  # TRL's default use_bias_correction_kl, with the β of TRL's old default
 }
 """The GRPO family's switches, each on its own (the default, dapo, is the test above); the two GSPO runs and the
 off-policy mask see moved ratios through the learning rate's drift between minibatches / iterations."""
@@ -394,10 +435,11 @@ off-policy mask see moved ratios through the learning rate's drift between minib
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_variant_raises_the_reward(tiny_llama_dir, prompts_file, tmp_path, variant):
     """The toy task of the test above (digits / 8), 40 iterations of 4 prompts × G = 8 in 2 minibatches, for every
-    loss type, GSPO, entropy masking and the off-policy mask. Observed over seeds 0-3 and both kernel families
-    (docs/grpo_variants.md): the first 5 iterations' mean reward 0.024-0.039, the last 5's 0.965-0.999, the
-    weakest rise 0.93; entropy masking trains on a fifth of the tokens and needs 80 iterations for the same (at
-    40: 0.16-0.54). The margin asserted (0.45) is about half the weakest rise."""
+    loss type, GSPO, entropy masking, the off-policy mask, δ and the bias-corrected KL term. Observed over seeds
+    0-3 and both kernel families (docs/grpo_variants.md): the first 5 iterations' mean reward 0.020-0.039, the
+    last 5's 0.965-0.999 (with the KL term at β = 0.04: 0.92-0.96), the weakest rise 0.90; entropy masking trains
+    on a fifth of the tokens and needs 80 iterations for the same (at 40: 0.16-0.54). The margin asserted (0.45)
+    is about half the weakest rise."""
     out = tmp_path / "run"
     fields = {"reward.source": reward("digit_count"), "grpo.steps": 40, "batch.size": 4, "grpo.group_size": 8,
               "grpo.num_minibatches": 2, "optim.learning_rate": 2e-3, "optim.scheduler": "constant",

@@ -643,6 +643,8 @@ PPO_VARIANTS = {
         "ppo.clip_range": 3e-4,
         "ppo.clip_range_high": 4e-4,
     },
+    "vespo": {"ppo.loss_type": "vespo"},
+    "delta": {"ppo.delta": 1.5},
 }
 """The objectives and GSPO under PPO (GSPO with the paper's clip ranges: docs/grpo_variants.md)."""
 
@@ -650,9 +652,10 @@ PPO_VARIANTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(PPO_VARIANTS))
 def test_every_objective_raises_the_reward(tiny_llama_dir, prompts_file, tmp_path, variant):
-    """The toy task of the test above under CISPO, SAPO and GSPO-token. Observed over seeds 0-3 and both kernel
-    families (docs/grpo_variants.md): first 5 iterations 0.022-0.034, last 5 CISPO 0.61-0.98, SAPO 0.28-0.98,
-    GSPO-token 0.79-0.95; the margin asserted (0.12) is half the weakest rise (SAPO's)."""
+    """The toy task of the test above under CISPO, SAPO, GSPO-token, VESPO and δ = 1.5. Observed over seeds 0-3 and
+    both kernel families (docs/grpo_variants.md): first 5 iterations 0.020-0.041, last 5 CISPO 0.61-0.98, SAPO
+    0.28-0.98, GSPO-token 0.79-0.95, VESPO 0.62-0.98, δ 0.51-0.96; the margin asserted (0.12) is half the weakest
+    rise (SAPO's)."""
     out = tmp_path / "run"
     fields = {"reward.source": reward("digit_count"), "ppo.steps": 50, "batch.size": 16, "ppo.epochs": 4,
               "ppo.num_minibatches": 1, "optim.learning_rate": 2e-3, "optim.scheduler": "constant", "kl.coef": 0.01}  # fmt: skip

@@ -29,10 +29,12 @@ from rlhf.core.choices import DPOLoss, GroupEstimator, ImportanceLevel, LossAggr
 # TRL's GRPO `loss_type`: the aggregation each one reduces the per-token loss with (its objective: cispo and sapo
 # their own, the others PPO's clip); PPO's own loss types aggregate by token-mean.
 _LOSS_TYPE_AGGREGATION = {
-    "dapo": "token-mean", "bnpo": "token-mean", "cispo": "token-mean",
-    "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean",
+    "dapo": "token-mean", "bnpo": "token-mean", "cispo": "token-mean", "vespo": "token-mean",
+    "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "luspo": "seq-mean-token-sum",
     "dr_grpo": "seq-mean-token-sum-norm", "ppo": "token-mean",
 }  # fmt: skip
+# The loss types whose objective is not PPO's clip (`rlhf.core.choices.PolicyObjective`).
+_OWN_OBJECTIVE = ("cispo", "sapo", "vespo")
 CISPO_CLIP_RANGE_HIGH = 4.0
 """ε_high under ``loss_type: cispo`` when clip_range_high is unset: weights capped at 5 (ScaleRL's and TRL's advice)."""
 
@@ -117,7 +119,19 @@ class PolicyGradientSection:
     sapo_temperature_pos: Positive = 1.0
     """τ of SAPO's gate for tokens with a positive advantage (loss_type sapo; TRL's default)."""
     sapo_temperature_neg: Positive = 1.05
-    """τ of SAPO's gate for tokens with a zero or negative advantage (loss_type sapo; a little steeper: negative updates are the ones that destabilise)."""
+    """τ of SAPO's gate for tokens with a zero or negative advantage (loss_type sapo; a little steeper: negative updates are the ones that destabilise). TRL builds both temperatures in float32 (its 1.05 is 1.0499999523), rlhf in the loss's dtype: their losses differ in the 8th digit."""
+    vespo_k_pos: NonNegative = 2.0
+    """k of VESPO's kernel φ(W) = e^λ·W^k·e^(−λW) for sequences with a non-negative advantage (loss_type vespo; TRL's name and default): the larger, the more a sequence the policy has made less likely (W < 1) is damped."""
+    vespo_lambda_pos: Positive = 3.0
+    """λ of VESPO's kernel for sequences with a non-negative advantage: the larger, the more a sequence the policy has made more likely (W > 1) is damped; φ peaks at W = k/λ."""
+    vespo_k_neg: NonNegative = 3.0
+    """k of VESPO's kernel for sequences with a negative advantage."""
+    vespo_lambda_neg: Positive = 2.0
+    """λ of VESPO's kernel for sequences with a negative advantage."""
+    delta: Annotated[float, Field(gt=1)] | None = None
+    """δ, the upper bound of two-sided clipping (INTELLECT-2; TRL's name): a token with a negative advantage whose ratio exceeds δ passes no gradient and its loss stays at −δ·A, where PPO's clip would let it grow without bound (the dual clip of Ye et al. 2020, verl's clip_ratio_c). Must exceed 1 + clip_range_high; e.g. 4; None = off. The clip objective only (not cispo, sapo, vespo). Logged as clip_ratio/dual."""
+    use_bias_correction_kl: bool = True
+    """Multiply the KL term in the loss by the importance ratio (DeepSeek-V3.2; TRL's name and default): β·ρ·k3 instead of β·k3, whose gradient is then the unbiased gradient of KL(π‖π_ref) on- and off-policy (the plain k3's is not, even at ρ = 1). Acts when the KL is in the loss (kl.add_to loss, kl.coef > 0); kl/loss_mean then logs the mean of ρ·k3, as TRL's kl."""
     top_entropy_quantile: Annotated[float, Field(ge=0, le=1)] = 1.0
     """ρ of "Beyond the 80/20 rule" (Wang et al. 2025; TRL's name): the policy loss only on the share ρ of response tokens with the highest entropy under the policy that sampled them, chosen over the whole rollout batch (the KL term stays on every token); 0.2 is the paper's; 1 = every token. Under grpo with one update per rollout this costs the policy's no-grad pass it otherwise skips. Logged as policy/entropy_masked_fraction."""
     off_policy_mask_threshold: Positive | None = None
@@ -130,8 +144,8 @@ class PPOSection(PolicyGradientSection):
 
     epochs: Count = 4
     """Passes over each rollout batch."""
-    loss_type: Literal["ppo", "cispo", "sapo"] = "ppo"
-    """The policy objective: ppo (the clipped surrogate), cispo (MiniMax-M1: the importance weight capped at 1 + clip_range_high, 5 unless set, and never a token's gradient dropped), sapo (a smooth gate, sapo_temperature_pos/neg, instead of the hard clip). Aggregated by token-mean."""
+    loss_type: Literal["ppo", "cispo", "sapo", "vespo"] = "ppo"
+    """The policy objective: ppo (the clipped surrogate), cispo (MiniMax-M1: the importance weight capped at 1 + clip_range_high, 5 unless set, and never a token's gradient dropped), sapo (a smooth gate, sapo_temperature_pos/neg, instead of the hard clip), vespo (the policy gradient weighed by a kernel of the whole response's ratio, vespo_k_*/vespo_lambda_*; the kernel of each token chosen by its own advantage's sign). Aggregated by token-mean."""
     whiten_rewards: bool = False
     """Rescale the per-token rewards of the batch to unit variance (mean kept) before GAE."""
     critic: Literal["auto", "shared", "separate"] = "auto"
@@ -160,8 +174,8 @@ class GRPOSection(PolicyGradientSection):
     """Advantage estimator: grpo (r − group mean, / group std), dr_grpo (r − group mean), rloo (leave-one-out baseline), reinforce_pp (r − group mean, / batch std)."""
     scale_rewards: Literal["auto", "group", "batch", "none"] = "auto"
     """Divisor of grpo's advantages: group std, batch std or none; auto = the estimator's own. Other estimators fix their own scaling, so only 'auto' is allowed with them."""
-    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo"] = "dapo"
-    """TRL's loss_type: the objective and its aggregation. dapo (the clip; token-mean over the minibatch's tokens on all ranks), bnpo (the same here: TRL's normalises by each device's micro-batch, ours by the minibatch), grpo (the clip; seq-mean-token-mean), dr_grpo (the clip; seq-mean-token-sum-norm), cispo (MiniMax-M1: the importance weight capped at 1 + clip_range_high, 5 unless set, every token's gradient kept; token-mean), sapo (a smooth gate, sapo_temperature_pos/neg, instead of the clip; seq-mean-token-mean)."""
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
+    """TRL's loss_type: the objective and its aggregation. dapo (the clip; token-mean over the minibatch's tokens on all ranks), bnpo (the same here: TRL's normalises by each device's micro-batch, ours by the minibatch), grpo (the clip; seq-mean-token-mean), dr_grpo (the clip; seq-mean-token-sum-norm), cispo (MiniMax-M1: the importance weight capped at 1 + clip_range_high, 5 unless set, every token's gradient kept; token-mean), sapo (a smooth gate, sapo_temperature_pos/neg, instead of the clip; seq-mean-token-mean), luspo (Length-Unbiased Sequence Policy Optimization: the clip; seq-mean-token-sum, each sequence's loss scaled by its length — the paper's setting adds importance_sampling_level sequence), vespo (Variational Sequence-level Soft Policy Optimization: −φ(W)·A·log π with φ a kernel of the whole response's ratio W, vespo_k_*/vespo_lambda_*, instead of the clip; token-mean; importance_sampling_level token)."""
     loss_aggregation: LossAggregation | None = None
     """Reduction of the per-token loss, overriding loss_type's (verl's loss_agg_mode): token-mean (all tokens of the minibatch), seq-mean-token-mean (GRPO paper), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / max_new_tokens); None = loss_type's."""
     num_iterations: Count = 1
@@ -345,8 +359,8 @@ class PolicyGradientConfig(TrainingConfig):
 
     @property
     def policy_objective(self) -> str:
-        """The objective of the policy loss (`rlhf.core.choices.PolicyObjective`): cispo, sapo, else the clip."""
-        return self.algorithm.loss_type if self.algorithm.loss_type in ("cispo", "sapo") else "clip"
+        """The objective of the policy loss (`rlhf.core.choices.PolicyObjective`): cispo, sapo, vespo, else the clip."""
+        return self.algorithm.loss_type if self.algorithm.loss_type in _OWN_OBJECTIVE else "clip"
 
     @property
     def loss_aggregation(self) -> str:
@@ -391,6 +405,7 @@ class PolicyGradientConfig(TrainingConfig):
                 f"kl.reference_ema moves the reference towards the policy, but {why}; "
                 "drop kl.reference_ema, or train without lora and with kl.coef > 0"
             )
+        _check_objective(self)
         name = f"{self.COMMAND}.num_minibatches"
         _check_divides(name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
         super()._check()
@@ -459,6 +474,35 @@ class GRPOConfig(PolicyGradientConfig, command="grpo"):
                 f"sampling.max_new_tokens={self.sampling.max_new_tokens}"
             )
         super()._check()
+
+
+def _check_objective(config: PolicyGradientConfig) -> None:
+    """``delta`` caps the clip's ratio above its own upper bound; VESPO takes its own sequence ratio (the product of
+    the token ratios), so it needs the token level and folds no per-token sampler weight."""
+    section, name = config.algorithm, config.COMMAND
+    if section.delta is not None:
+        if section.loss_type in _OWN_OBJECTIVE:
+            raise ConfigError(
+                f"{name}.delta caps PPO's clipped ratio; loss_type {section.loss_type!r} has no such ratio: "
+                f"drop {name}.delta or use a clipped loss type"
+            )
+        if section.delta <= 1 + config.clip_range_upper:
+            raise ConfigError(
+                f"{name}.delta={section.delta} must exceed 1 + clip_range_high = {1 + config.clip_range_upper} (it "
+                "bounds the ratios past the clip, for negative advantages); e.g. 4"
+            )
+    if section.loss_type == "vespo":
+        if section.importance_sampling_level != "token":
+            raise ConfigError(
+                f"{name}.loss_type 'vespo' weighs each response by the product of its token ratios itself; "
+                f"set {name}.importance_sampling_level to token, not {str(section.importance_sampling_level)!r}"
+            )
+        if config.sampling.is_correction != "none":
+            raise ConfigError(
+                f"{name}.loss_type 'vespo' with sampling.is_correction={config.sampling.is_correction!r}: TRL folds "
+                "the sampler's ratio into VESPO's sequence ratio instead of weighting each token, which rlhf does "
+                "not; set sampling.is_correction: none or choose another loss type"
+            )
 
 
 def _check_rollout(config: PolicyGradientConfig) -> None:

@@ -1,5 +1,6 @@
-"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++; the objectives of DAPO, GSPO, CISPO and SAPO) with
-DAPO's options: the algorithm `GRPO` inside the RL loop of `rlhf.trainers.rl`, read top to bottom from `GRPO`.
+"""The critic-free GRPO family (GRPO, Dr. GRPO, RLOO, REINFORCE++; the objectives of DAPO, GSPO, CISPO, SAPO, LUSPO and
+VESPO) with DAPO's options: the algorithm `GRPO` inside the RL loop of `rlhf.trainers.rl`, read top to bottom from
+`GRPO`.
 
 One iteration: (1)-(2) G = ``group_size`` scored responses per prompt (`GRPO.sample`, with dynamic sampling
 `fill_batch`) → (3)-(4) old and reference log-probs, group-relative advantages (`make_rollout`) → (5)
@@ -300,11 +301,10 @@ def micro_step(
         "policy/entropy": entropy_mean.item(),
         "ratio_dev_max": rl.ratio_dev_max(logprobs, old_logprobs, loss_mask),
     }
-    names = ["clipfrac", "approx_kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region"]
-    names += ["kl"] if in_loss else []
-    for name in names:
-        key = "kl/loss_mean" if name == "kl" else name if name.startswith("clip_ratio") else f"policy/{name}"
+    for name in ["clipfrac", "approx_kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region"]:
+        key = name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
+    stats |= rl.setting_stats(pg_stats, share)
     if rollout.logprobs is None:  # on-policy: this forward's own log-probs are the trainer's side of the mismatch
         is_stats |= rl.mismatch_stats(old_logprobs, rollout.sampler_at(micro), loss_mask)
     stats |= {key: value if key.endswith("_max") else value * share for key, value in is_stats.items()}

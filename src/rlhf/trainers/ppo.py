@@ -341,5 +341,6 @@ def micro_step(
         "policy/loss": policy_loss.item(),
         "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
         "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
+        **rl.setting_stats(pg_stats, share_p),
         **{key: value * share_p for key, value in is_stats.items()},
     }

@@ -507,16 +507,33 @@ def is_weights(
 
 
 def objective_options(config: PolicyGradientConfig) -> dict[str, Any]:
-    """The policy objective's settings for `rlhf.core.losses.clipped_policy_loss` (clip, CISPO or SAPO; token or
-    sequence ratios)."""
+    """The policy objective's settings for `rlhf.core.losses.clipped_policy_loss` (clip, CISPO, SAPO or VESPO; token or
+    sequence ratios; ``delta`` as the clip's dual cap; the KL term weighted by the ratio or not)."""
     section = config.algorithm
     return {
         "clip_low": section.clip_range,
         "clip_high": config.clip_range_upper,
+        "dual_clip": section.delta,
         "objective": config.policy_objective,
         "importance_level": section.importance_sampling_level,
         "sapo_temperatures": (section.sapo_temperature_pos, section.sapo_temperature_neg),
+        "vespo_kernels": (
+            (section.vespo_k_pos, section.vespo_lambda_pos),
+            (section.vespo_k_neg, section.vespo_lambda_neg),
+        ),
+        "kl_bias_correction": section.use_bias_correction_kl,
     }
+
+
+SETTING_STATS = {"clip_ratio/dual": "clip_ratio/dual", "vespo_phi_mean": "policy/vespo_phi_mean", "kl": "kl/loss_mean"}
+"""The policy loss's stats that only some settings give (``delta``, ``loss_type: vespo``, the KL in the loss), by the
+name they are logged under."""
+
+
+def setting_stats(pg_stats: dict[str, torch.Tensor], share: float) -> dict[str, float]:
+    """Those of :data:`SETTING_STATS` that `rlhf.core.losses.clipped_policy_loss` gave, times ``share`` (this
+    micro-batch's share of the minibatch's tokens: the update sums them into the minibatch's means)."""
+    return {key: pg_stats[name].item() * share for name, key in SETTING_STATS.items() if name in pg_stats}
 
 
 def entropy_keep(config: PolicyGradientConfig, entropy: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
