@@ -266,7 +266,8 @@ def clipped_policy_loss(
         mask: ``(B, T)``; the returned loss is exactly 0 at masked positions.
         clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28; CISPO uses
             ε_high only (ScaleRL and TRL recommend a cap of 5, ε_high = 4).
-        dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0); ``clip`` only.
+        dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0); ``clip`` only. TRL's and
+            INTELLECT-2's two-sided clip δ (ρ clamped at δ before the min) is this cap for δ > 1 + ε_high.
         ref_logp, kl_coef: optional ``(B, T)`` reference-policy log-probs and β; no KL term when None.
         clipped: False gives the vanilla policy-gradient loss ``ℓ = −A·ρ`` whatever the objective (the KL term
             as above), the warm-up objective of ``warmup_pg_steps``. Its gradient is ``−A·ρ·∇logp``: at ρ = 1 (the
