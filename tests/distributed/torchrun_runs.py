@@ -133,6 +133,11 @@ def assert_same_weights(a: Path, b: Path, bound: float, files: tuple[str, ...] =
 
 
 NOT_COMPARED = ("time/", "throughput/")  # wall-clock
+ROUNDING = "rollout/logprob_diff_"
+"""Metrics that measure float32 rounding themselves (the sampler's log-probs against the trainer's: ~1e-5 apart).
+The decoder's rounding depends on how many rows a decode step has (oneDNN blocks the product by it), which a rank's
+shard changes, so these agree across layouts to the rounding's own size: 1e-5 (100 ulps of a log-prob of ~6, as
+tests/rollout's engine tests bound it), not to 1e-6."""
 
 
 def assert_same_metrics(a: list[dict], b: list[dict]) -> None:
@@ -142,4 +147,5 @@ def assert_same_metrics(a: list[dict], b: list[dict]) -> None:
         for key, value in ra.items():
             if key.startswith(NOT_COMPARED) or not isinstance(value, float) or math.isnan(value):
                 continue
-            assert rb[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (ra["step"], key)
+            bound = 1e-5 if key.startswith(ROUNDING) else 1e-6
+            assert rb[key] == pytest.approx(value, rel=1e-4, abs=bound), (ra["step"], key)
