@@ -30,6 +30,12 @@ TRAINED = {
         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call><|im_end|>',
         "5<|im_end|>",
     ],
+    # the call turn as the history shows it (no think block), the answer as the last turn (Qwen3 writes the empty
+    # think block there): tests/data/test_sft_conversations.py for thinking off and reasoning traces
+    "qwen3": [
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call><|im_end|>',
+        "<think>\n\n</think>\n\n5<|im_end|>",
+    ],
     "qwen3_coder": [
         "<tool_call>\n<function=calculator>\n<parameter=expression>\n2 + 3\n</parameter>\n</function>\n"
         "</tool_call><|im_end|>",
@@ -67,16 +73,6 @@ def test_the_loss_covers_exactly_the_assistants_tokens_calls_included(name):
     assert [tokenizer.decode(span) for span in spans(tokenized)] == TRAINED[name]
     whole = tokenizer.apply_chat_template(example.messages, tools=example.tools, tokenize=False)
     assert tokenizer.decode(tokenized.input_ids) == whole  # the conversation as the template renders it
-
-
-def test_qwen3_rewrites_the_call_turn_and_is_refused_by_name():
-    """Qwen3's template writes an empty think block into the last assistant turn only: once the tool result follows,
-    the call turn loses it, so the turns cannot be labelled incrementally (TRL patches the template for training,
-    qwen3_training.jinja); the row is refused naming the prefix property, not mislabelled."""
-    tokenizer = chat_tokenizer("qwen3", ("what is 2 + 3?",))
-    ensure_pad_token(tokenizer)
-    with pytest.raises(DataError, match="tools.jsonl:1: the chat template breaks the prefix property at message 3"):
-        tokenize_sft(validate_sft([Record(ROW, "tools.jsonl:1")]), tokenizer)
 
 
 def test_malformed_tool_messages_are_named():

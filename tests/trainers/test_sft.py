@@ -20,12 +20,13 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from chat_models import chat_tokenizer
 from configs import nested
 from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
-from rlhf.data import IGNORE_INDEX, load_sft
+from rlhf.data import IGNORE_INDEX, SFTExample, chat, load_sft, tokenize_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.models.tiny import toy_corpus
+from rlhf.models.tiny import tiny_family_lm, toy_corpus
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import sft
 from runs import (
@@ -274,6 +275,51 @@ def test_packing_gives_the_same_loss_and_gradient(tiny_model_dir_factory, data_d
     loss_padded, mask_padded = sft.token_losses(model, padded)
     loss_packed, mask_packed = sft.token_losses(model, packed)
     # first-fit decreasing reorders the examples; compare the sorted per-token losses
+    torch.testing.assert_close(
+        loss_packed[mask_packed].sort().values, loss_padded[mask_padded].sort().values, rtol=0, atol=1e-5
+    )
+
+
+TOOL_CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}},
+             "id": "call00000"}  # fmt: skip
+
+
+def tool_conversation(a: int, b: int, trace: bool) -> list[dict]:
+    """A call, its result and the answer, then a follow-up question; with ``trace``, reasoning in the call turn."""
+    call = {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
+    if trace:
+        call["reasoning_content"] = "use the calculator"
+    return [
+        {"role": "user", "content": f"what is {a} + {b}?"},
+        call,
+        {"role": "tool", "name": "calculator", "content": str(a + b), "tool_call_id": "call00000"},
+        {"role": "assistant", "content": str(a + b)},
+        {"role": "user", "content": "and plus one?"},
+        {"role": "assistant", "content": str(a + b + 1), "reasoning_content": "one more" if trace else None},
+    ]
+
+
+@pytest.mark.parametrize("thinking", [{}, {"enable_thinking": False}], ids=["thinking", "not-thinking"])
+def test_packing_tool_conversations_gives_the_same_per_token_loss(thinking):
+    """Qwen3's tool conversations, labelled on the whole conversation's rendering: packed into shared rows, every
+    labelled token keeps the loss it has in its own padded row (packing only concatenates labelled rows)."""
+    tokenizer = chat_tokenizer("qwen3")
+    chat.set_template_kwargs(tokenizer, thinking)
+    try:
+        rows = [SFTExample(f"t:{i}", messages=tool_conversation(i % 3, i % 4, trace=not thinking)) for i in range(6)]
+        examples = tokenize_sft(rows, tokenizer)
+    finally:
+        chat.set_template_kwargs(tokenizer, {})  # the tokenizer is shared between tests
+    model = tiny_family_lm("qwen2", tokenizer)
+    longest = max(len(e.input_ids) for e in examples)
+    padded = sft.Batcher(6, False, 2 * longest, tokenizer.eos_token_id, "cpu")(examples)[0]
+    packed = sft.Batcher(6, True, 2 * longest, tokenizer.eos_token_id, "cpu")(examples)[0]
+    assert packed.input_ids.shape[0] == 3 and packed.attention_mask is None  # two conversations a row
+    loss_padded, mask_padded = sft.token_losses(model, padded)
+    loss_packed, mask_packed = sft.token_losses(model, packed)
+    labelled = sorted(t for e in examples for t in e.labels if t != IGNORE_INDEX)
+    assert sorted(packed.labels[packed.labels != IGNORE_INDEX].tolist()) == labelled  # the same labels, all of them
+    assert mask_packed.sum() == mask_padded.sum() == len(labelled)
     torch.testing.assert_close(
         loss_packed[mask_packed].sort().values, loss_padded[mask_padded].sort().values, rtol=0, atol=1e-5
     )

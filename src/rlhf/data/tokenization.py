@@ -11,10 +11,19 @@ Conventions (``docs/ppo_checklist.md`` items 1, 2, 21):
 - **Truncation**: prompts lose tokens on the *left* (the end, nearest the response, matters most; a leading bos
   is kept), responses on the *right*; each tokenised example says whether it was truncated.
 
-Multi-turn SFT labels come from rendering the conversation incrementally: for each assistant message,
-``messages[:i]`` with the generation prompt, then ``messages[:i+1]``; the tokens the second adds are that turn's
-(its content and end of turn). This needs the *prefix property* (every shorter rendering tokenises to a prefix
-of the longer one), checked with a clear error for a template that breaks it (one that rewrites earlier turns).
+Multi-turn SFT labels (`tokenize_sft`) come from one rendering of the whole conversation, the text the model reads
+when it writes the last turn. Each assistant message is then found in it: the template renders ``messages[:i]``
+with the generation prompt and ``messages[:i+1]`` without, and the tokens the second adds are what the model
+writes for message ``i`` (its think block, content and tool calls, through its end-of-turn token: the last eos,
+else the last special token, e.g. Gemma's ``<end_of_turn>``). The first place after the previous turn where the
+generation prompt (or the bare role header, where the history omits what the prompt adds, such as the empty think
+block of Qwen3's ``enable_thinking: false``) is followed by those tokens, or by a tail of them, is labelled. A tail
+because a template may drop the start of a turn from the history: Qwen3 writes a think block only in the turns
+after the last user query, and an empty one only in the last turn, so an earlier turn is trained as the history
+shows it. The last turn is checked to be exactly the generation prompt's continuation. A row is refused, naming
+its message, when a turn does not continue its own generation prompt (a template that rewrites earlier turns as
+it goes, or Qwen3 with thinking off and a ``reasoning_content`` it writes where the prompt closed the think block)
+or is not found in the conversation as such a tail.
 """
 
 from __future__ import annotations
@@ -236,29 +245,135 @@ def tokenize_prompts(
     return out
 
 
-def _chat_sft(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], eos: int, tools: list[dict[str, Any]] | None = None
-) -> tuple[list[int], list[int]]:
-    """Incremental labels (module docstring): an assistant turn's tokens, its tool calls included, carry loss;
-    everything between turns (user, system and tool messages, the template's markup) is context."""
-    ids: list[int] = []
-    labels: list[int] = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+_PROBE = "\x1frlhf-probe\x1f"
+"""Content of the probe message that measures an assistant message's role header (`_role_header`)."""
+
+
+def _role_header(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The text the template writes before a plain assistant message between two user messages (Qwen3's
+    ``<|im_start|>assistant\\n``), or None when the probe cannot tell."""
+    question = {"role": "user", "content": "?"}
+    try:
+        before = chat.render(tokenizer, [question], add_generation_prompt=False)
+        text = chat.render(
+            tokenizer, [question, {"role": "assistant", "content": _PROBE}, question], add_generation_prompt=False
+        )
+    except Exception:  # a template that refuses the probe: the header stays unknown
+        return None
+    return text[len(before) : text.index(_PROBE)] if text.startswith(before) and _PROBE in text else None
+
+
+@dataclass(frozen=True)
+class _Marks:
+    """What labelling a tokenizer's conversations needs to know once: its eos and special tokens (where a turn
+    ends, `_end_of_turn`) and its template's role header (`_role_header`)."""
+
+    eos: int
+    specials: frozenset[int]
+    role_header: str | None
+
+
+def _end_of_turn(turn: list[int], eos: int, specials: frozenset[int]) -> int:
+    """Length of ``turn`` through its end-of-turn token: the last eos, else the last special token (Gemma's
+    ``<end_of_turn>``), else all of it. What the template writes after it (a newline) is context."""
+    for ends in ({eos}, specials):
+        last = [i for i, token in enumerate(turn) if token in ends]
+        if last:
+            return last[-1] + 1
+    return len(turn)
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """Assistant message ``index`` as the template renders it as the last message: ``prompt``, the conversation
+    before it with the generation prompt, whose last ``header`` tokens that prompt adds, and ``tokens``, what the
+    model writes after it through its end of turn; ``role`` is the part of ``header`` the history writes before
+    every assistant message, when shorter."""
+
+    index: int
+    prompt: list[int]
+    header: list[int]
+    tokens: list[int]
+    role: list[int] | None
+
+
+def _turn(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    i: int,
+    tools: list[dict[str, Any]] | None,
+    marks: _Marks,
+) -> _Turn:
+    before, prompt, alone = _encode_batch(
+        tokenizer, [render_chat(tokenizer, messages[: i + j], g, tools) for j, g in ((0, False), (0, True), (1, False))]
+    )
+    header = _extend(before, prompt, f"message {i}")
+    if alone[: len(prompt)] != prompt:
+        n = next((k for k, (a, b) in enumerate(zip(prompt, alone, strict=False)) if a != b), len(alone))
+        raise Problem(
+            f"the chat template breaks the prefix property at message {i}: rendered as the last message, it does not "
+            f"continue its generation prompt ({len(prompt)} tokens; they differ from token {n}), so what the model "
+            "writes for it is not defined. Known causes: Qwen3 with enable_thinking false and a reasoning_content, "
+            "which the template writes where the generation prompt has closed an empty think block (drop the "
+            "reasoning_content or turn thinking on); Mistral v0.3's template, which writes a system message only "
+            "into a conversation that ends with a user message (put the instruction in the first user message)"
+        )
+    tokens = alone[len(prompt) :]
+    tokens = tokens[: _end_of_turn(tokens, marks.eos, marks.specials)]
+    role = next((header[:k] for k in range(1, len(header)) if tokenizer.decode(header[:k]) == marks.role_header), None)
+    return _Turn(i, prompt, header, tokens, role)
+
+
+def _find(ids: list[int], start: int, turn: _Turn) -> tuple[int, int]:
+    """(begin, end) of ``turn``'s trained tokens in ``ids``: after ``start``, the first generation prompt (or role
+    header) followed by the longest tail of ``turn.tokens``."""
+    at: dict[int, list[int]] = {}  # token → the offsets where it starts a tail of the turn
+    for k, token in enumerate(turn.tokens):
+        at.setdefault(token, []).append(k)
+    n = len(turn.tokens)
+    for p in range(start, len(ids)):
+        if turn.header and ids[p] != turn.header[0]:
             continue
-        head = _extend(ids, _chat_ids(tokenizer, messages[:i], True, tools), f"message {i}")
-        ids += head
-        labels += [IGNORE_INDEX] * len(head)
-        turn = _extend(ids, _chat_ids(tokenizer, messages[: i + 1], False, tools), f"message {i}")
-        # Train on the turn through its last eos; anything the template writes after it (a newline before
-        # the next turn) is context, not something the model must learn to emit before stopping.
-        n = _through_last(turn, eos)
-        ids += turn
-        labels += turn[:n] + [IGNORE_INDEX] * (len(turn) - n)
-    if messages[-1]["role"] != "assistant":  # trailing messages after the last assistant turn: context only
-        tail = _extend(ids, _chat_ids(tokenizer, messages, False, tools), "the last message")
-        ids += tail
-        labels += [IGNORE_INDEX] * len(tail)
+        if ids[p : p + len(turn.header)] == turn.header:
+            q = p + len(turn.header)
+        elif turn.role and ids[p : p + len(turn.role)] == turn.role:
+            q = p + len(turn.role)
+        else:
+            continue
+        # the tail ids[q:] starts with: turn.tokens[k:] for the smallest k (k > 0 where the history dropped its start)
+        for k in at.get(ids[q], []) if q < len(ids) else []:
+            if ids[q : q + n - k] == turn.tokens[k:]:
+                return q, q + n - k
+        if turn.header:  # the turn's header, not followed by the turn
+            break
+    raise Problem(
+        f"message {turn.index} cannot be found in the rendering of the whole conversation: the template writes it "
+        "there as something other than (a tail of) what it writes for it as the last message, so its tokens cannot "
+        "be labelled exactly"
+    )
+
+
+def _chat_sft(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    marks: _Marks,
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[int]]:
+    """Labels on the whole conversation's rendering (module docstring): each assistant turn's tokens, its tool calls
+    included, carry loss; everything else (user, system and tool messages, the template's markup) is context."""
+    ids = _chat_ids(tokenizer, messages, False, tools)
+    labels = [IGNORE_INDEX] * len(ids)
+    end = 0
+    turns = [_turn(tokenizer, messages, i, tools, marks) for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for turn in turns:
+        begin, end = _find(ids, end, turn)
+        labels[begin:end] = ids[begin:end]
+    last = turns[-1]
+    if last.index == len(messages) - 1 and (ids[:begin] != last.prompt or ids[begin:end] != last.tokens):
+        raise Problem(
+            f"the last message ({last.index}) is not rendered in the whole conversation as its generation prompt "
+            "and answer render it alone; the template changes the conversation once it is complete"
+        )
     return ids, labels
 
 
@@ -270,7 +385,9 @@ def tokenize_sft(
     a template failure, a broken prefix property, or an example left with no trained token once cut."""
     _check_max("max_length", max_length)
     eos = _eos_id(tokenizer)
-    _check_chat_template(tokenizer, [ex for ex in examples if ex.messages is not None])
+    chats = [ex for ex in examples if ex.messages is not None]
+    _check_chat_template(tokenizer, chats)
+    marks = _Marks(eos, frozenset(tokenizer.all_special_ids), _role_header(tokenizer) if chats else None)
     problems = ProblemList()
     plain = _encode_plain(tokenizer, [ex for ex in examples if ex.messages is None], ("response",), eos)
     out = []
@@ -280,7 +397,7 @@ def tokenize_sft(
                 prompt, response = next(plain)
                 ids, labels = prompt + response, [IGNORE_INDEX] * len(prompt) + response
             else:
-                ids, labels = _chat_sft(tokenizer, ex.messages, eos, ex.tools)
+                ids, labels = _chat_sft(tokenizer, ex.messages, marks, ex.tools)
             truncated = max_length is not None and len(ids) > max_length
             if truncated:
                 ids, labels = ids[:max_length], labels[:max_length]
