@@ -145,6 +145,21 @@ def test_sft_template_breaking_the_prefix_property_is_refused(tokenizer):
         tokenize_sft([SFTExample("s:9", messages=[SYSTEM, USER1, ASSISTANT1])], tokenizer)
 
 
+def test_sft_template_rewriting_a_history_turn_is_refused(tokenizer):
+    # A template that writes earlier assistant turns in capitals: the history's "FIVE" is no tail of the "five" the
+    # model writes for that turn, so it cannot be labelled.
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>\\n' }}{{ m['content'] | upper if m['role'] == 'assistant' "
+        "and not loop.last else m['content'] }}{{ '<|eos|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    )
+    messages = [USER1, {"role": "assistant", "content": "five"}, USER2, ASSISTANT2]
+    with pytest.raises(DataError, match=r"^s:3: message 1 cannot be found in the rendering of the whole conversation"):
+        tokenize_sft([SFTExample("s:3", messages=messages)], tokenizer)
+    (last_only,) = tokenize_sft([SFTExample("s:4", messages=messages[:2])], tokenizer)  # no history: labelled
+    assert tokenizer.decode(_trained(last_only)) == "five" + tokenizer.eos_token
+
+
 def test_sft_right_truncation(tokenizer):
     (ex,) = tokenize_sft([SFTExample("s:1", prompt="count to 9:", response=" 1 2 3 4 5 6 7 8 9")], tokenizer)
     (cut,) = tokenize_sft([SFTExample("s:1", prompt="count to 9:", response=" 1 2 3 4 5 6 7 8 9")], tokenizer, 8)
