@@ -8,11 +8,13 @@ written as the rendered text with each trained stretch in ⟦ ⟧."""
 from __future__ import annotations
 
 import pytest
+from transformers.utils import get_json_schema
 
 from chat_models import CHAT_MODELS, chat_tokenizer
 from rlhf.data import IGNORE_INDEX, DataError, chat
 from rlhf.data.records import SFTExample
 from rlhf.data.tokenization import tokenize_sft
+from rlhf.rollout.tools import calculator
 
 OFF = {"enable_thinking": False}
 CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}, "id": "call00000"}
@@ -138,3 +140,18 @@ def test_mistral_drops_a_system_message_from_a_finished_conversation_and_is_refu
     messages = [{"role": "system", "content": "answer briefly"}, *ROWS["plain"]]
     with pytest.raises(DataError, match=r"^x:1: the chat template breaks the prefix property at message 2: .*Mistral"):
         tokenize_sft([SFTExample("x:1", messages=messages)], tokenizer)
+
+
+def test_mistral_writes_the_tools_before_the_last_user_message_and_each_turn_is_still_found():
+    """Mistral v0.3 shows [AVAILABLE_TOOLS] before the last user message, so the conversation before the first answer
+    renders them elsewhere than the whole conversation does: rendered once, every turn is found all the same."""
+    tokenizer = chat_tokenizer("mistral_v0_3")
+    messages = [USER1, assistant("5"), USER2, assistant("", call=True), RESULT, assistant("8")]
+    (example,) = tokenize_sft([SFTExample("x:1", messages=messages, tools=[get_json_schema(calculator)])], tokenizer)
+    text = marked(tokenizer, example)
+    assert text.startswith("<s>[INST] what is 2 + 3?[/INST]⟦ 5</s>⟧[AVAILABLE_TOOLS] [")
+    assert text.endswith(
+        '[/AVAILABLE_TOOLS][INST] and 4 + 4?[/INST]⟦[TOOL_CALLS] [{"name": "calculator", "arguments": {"expression": '
+        '"2 + 3"}, "id": "call00000"}]</s>⟧[TOOL_RESULTS] {"content": 5, "call_id": "call00000"}[/TOOL_RESULTS]⟦ 8</s>⟧'
+    )
+    assert text.count("⟦") == 3

@@ -387,7 +387,10 @@ def tokenize_sft(
     eos = _eos_id(tokenizer)
     chats = [ex for ex in examples if ex.messages is not None]
     _check_chat_template(tokenizer, chats)
-    marks = _Marks(eos, frozenset(tokenizer.all_special_ids), _role_header(tokenizer) if chats else None)
+    # special: the tokenizer's named special tokens and every added token marked special (Gemma's <end_of_turn>)
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    specials = frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+    marks = _Marks(eos, specials, _role_header(tokenizer) if chats else None)
     problems = ProblemList()
     plain = _encode_plain(tokenizer, [ex for ex in examples if ex.messages is None], ("response",), eos)
     out = []
