@@ -9,6 +9,7 @@ tokens (`rlhf.models.tiny`), and a bare ChatML one; nothing is downloaded.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -368,6 +369,41 @@ def test_each_format_is_detected_its_calls_run_and_its_results_come_back_as_the_
     assert tok.decode(delta) == TOOL_DELTAS[name]
     assert episode.ids == script.sampled[0][0] + delta + script.sampled[0][1]
     assert (episode.tool_calls, episode.tool_errors, episode.ending) == (1, 0, "answer")
+
+
+def quoting(text: str) -> str:
+    """Say something back, quoted.
+
+    Args:
+        text: What to say.
+    """
+    return f'you said "{text}"\n\ttab, \\backslash, é'
+
+
+@pytest.mark.parametrize("name", list(TOOL_FORMATS))
+def test_a_result_with_quotes_and_escapes_comes_back_in_every_template(name):
+    """A tool's text with quotes, a backslash, a newline, a tab and a non-ASCII letter, and the error message of a
+    call that does not parse (it quotes the model's text), reach the model and the episode goes on. Llama-3.1's
+    template writes a tool's text through tojson, escaped: that is the text shown, not a dropped message (the delta's
+    check once refused it, which stopped a Llama-3.1 run at its first malformed call)."""
+    tok = chat_tokenizer(name, CORPUS)
+    tok.name = name
+    limits = EpisodeLimits(max_turns=4, max_tokens=2000, max_tool_calls=4, tool_timeout=5.0)
+    play = runner(tok, factory=None, tools=[Tool.of(quoting)], limits=limits)
+    call = template_call(tok, play.format, ToolCall("quoting", {"text": "hi"}, id="call00000"))
+    bad = template_call(tok, play.format, ToolCall("quoting", {"text": "UNQUOTED"}, id="call00000"))
+    # JSON formats: a bare word where a string goes; Qwen3-Coder: a misspelt parameter block (no arguments read)
+    bad = bad.replace('"UNQUOTED"', "UNQUOTED") if name != "qwen3_coder" else bad.replace("<parameter=", "<param=")
+    script = Script(tok, [[call, bad, "ok"]], play.format.close)
+    (episode,) = play.run([{"prompt": "say hi"}], script)
+    results = [t["content"] for t in episode.turns if t["role"] == "tool"]
+    assert len(results) == 2, (episode.ending, episode.turns)
+    assert results[0] == 'you said "hi"\n\ttab, \\backslash, é'
+    assert results[1].startswith("error: ") and ('"' in results[1] or name == "qwen3_coder")
+    assert (episode.tool_calls, episode.ending, episode.turns[-1]["content"]) == (2, "answer", "ok")
+    shown = tok.decode(episode.ids)
+    for result in results:
+        assert result in shown or (name == "llama3_1" and json.dumps(result, ensure_ascii=False) in shown)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "chatml"])

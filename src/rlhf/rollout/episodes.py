@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -159,7 +160,7 @@ class ChatFormat:
         start = self._after_close(full)
         delta = full[start:]
         text = self.tokenizer.decode(delta)
-        missing = [m["content"] for m in messages if m["content"].strip() and m["content"].strip() not in text]
+        missing = [m["content"] for m in messages if not _shown(m["content"], text)]
         if missing:
             raise EpisodeError(
                 f"the chat template drops {', '.join(m['role'] for m in messages)} messages after an assistant turn "
@@ -256,6 +257,13 @@ class ChatFormat:
             f"template that writes them in one of the formats rlhf reads: {formats}; an environment without tools "
             "works with any chat template"
         )
+
+
+def _shown(content: str, text: str) -> bool:
+    """Whether a rendered delta ``text`` shows a message's ``content``: as it is, or as a JSON string's inside
+    (Llama-3.1's template writes a tool's text through tojson, so its quotes, backslashes and newlines are escaped)."""
+    content = content.strip()
+    return not content or content in text or json.dumps(content, ensure_ascii=False)[1:-1] in text
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
