@@ -18,9 +18,9 @@ writes for message ``i`` (its think block, content and tool calls, through its e
 else the last special token, e.g. Gemma's ``<end_of_turn>``). The first place after the previous turn where the
 generation prompt (or the bare role header, where the history omits what the prompt adds, such as the empty think
 block of Qwen3's ``enable_thinking: false``) is followed by those tokens, or by a tail of them, is labelled. A tail
-because a template may drop the start of a turn from the history: Qwen3 writes a think block only in the turns
-after the last user query, and an empty one only in the last turn, so an earlier turn is trained as the history
-shows it. The last turn is checked to be exactly the generation prompt's continuation. A row is refused, naming
+because a template may drop the start of a turn from the history: Qwen3 keeps a think block in the history only
+for a turn after the last user query that has a ``reasoning_content`` (the empty one only in the last turn), so an
+earlier turn is trained as the history shows it (``docs/episodes.md``, "SFT on conversations"). The last turn is checked to be exactly the generation prompt's continuation. A row is refused, naming
 its message, when a turn does not continue its own generation prompt (a template that rewrites earlier turns as
 it goes, or Qwen3 with thinking off and a ``reasoning_content`` it writes where the prompt closed the think block)
 or is not found in the conversation as such a tail.
