@@ -235,13 +235,18 @@ def test_reward_model_never_sees_the_gold_rule(demo_dir):
 def test_report_shows_every_part_of_the_demo(demo_dir):
     page = (demo_dir / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and 'src="http' not in page
-    for heading in ("Pipeline", "Methods on equal labels", "Results", "Training curves", "Reward against KL",
+    for heading in ("Pipeline", "Methods on equal labels", "Results", "Training curves",
                     "Held-out answers: SFT, best-of-N, DPO, PPO, GRPO", "Configs"):  # fmt: skip
         assert f"<h2>{heading}</h2>" in page, heading
     # (clip fraction and response length may be flat lines in a 2-step run, and flat charts are left out)
     for title in ("Reward source 'gold'", "Reward source 'rm'", "KL to the reference", "Entropy", "Value loss",
-                  "Seconds per step — PPO", "Reward against KL", "Methods compared"):  # fmt: skip
+                  "Seconds per step — PPO", "Methods compared"):  # fmt: skip
         assert f'alt="{html.escape(title)}"' in page, title
+    # Reward against KL needs a step whose KL estimate rose above 0: after one update of a 2-step run the batch's
+    # estimate is noise around 0 and may be negative in every run (the samples decide, so the CPU's kernels do too)
+    rose = any(row.get("kl/mean", 0) > 0 for run in ("ppo", "ppo_no_kl", "grpo")
+               for row in _read_jsonl(demo_dir / run / "metrics.jsonl"))  # fmt: skip
+    assert ("<h2>Reward against KL</h2>" in page) == rose and ('alt="Reward against KL"' in page) == rose
     assert "<th>SFT</th><th>best-of-N</th><th>DPO</th><th>PPO</th><th>GRPO</th>" in page
     assert html.escape("The grey line is PPO's path") in page  # held-out gold against KL, from step 0 (KL 0) on
     from rlhf.report import demo as demo_page
