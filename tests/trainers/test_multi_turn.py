@@ -13,6 +13,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from chat_models import CHAT_MODELS, TOOL_FORMATS
 from configs import nested
 from episode_envs import WORDS
 from rlhf import cli, report
@@ -245,66 +246,66 @@ def test_the_reward_rises_only_by_reading_the_environments_reply(chat_policy, wo
     assert first < 0.3 and last > 0.5, (first, last, rewards)
 
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "rollout" / "templates"
+def calculator_conversation(a: int, b: int, tools: list[dict]) -> dict:
+    """An SFT row (the OpenAI/HF message schema, TRL's ``tools`` column): "what is a + b?", a calculator call, its
+    result as a tool message, the answer."""
+    call = {"type": "function", "id": "call00000", "function": {"name": "calculator", "arguments": {"expression": f"{a} + {b}"}}}  # fmt: skip
+    return {"tools": tools, "messages": [
+        {"role": "user", "content": f"what is {a} + {b}?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "calculator", "content": str(a + b), "tool_call_id": "call00000"},
+        {"role": "assistant", "content": str(a + b)},
+    ]}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def calculator_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2-layout model with Qwen2.5's chat template (tool calls in <tool_call> blocks, results in a user
-    turn), after SFT on "what is a + b?" conversations that call the calculator and then answer with its result.
-    The demos spell the call and the result as the template renders them (SFT data has no tool role)."""
+@pytest.fixture(scope="module", params=[name for name in TOOL_FORMATS if name != "qwen3"])  # Qwen3: Hermes too
+def calculator_policy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2-layout model with one model's special tokens and chat template, one per tool-call format
+    (``chat_models.TOOL_FORMATS``: Qwen2.5's Hermes JSON, Llama-3.1's JSON, Mistral v0.3's [TOOL_CALLS], Qwen3-Coder's
+    XML), after SFT on "what is a + b?" conversations that call the calculator and then answer with its result.
+
+    The tokenizer's corpus holds one such conversation as the template renders it (tool description, call, result):
+    trained on the tool description alone, it spelled Mistral's call keys letter by letter, a 43-token call turn
+    that sampling.max_new_tokens (32) cut before its </s>, so no call was ever read. The tool description makes
+    the openings of Qwen2.5, Llama-3.1 (in the first user turn) and Qwen3-Coder 220-310 tokens: data.max_length
+    256 cut every Llama-3.1 demo inside its call, and left nothing of Qwen3-Coder's to train on. At 6 epochs
+    rather than 12, a Qwen2.5 policy garbled most of its calls."""
     from transformers.utils import get_json_schema
 
     from rlhf.models.tiny import save_tiny, tiny_family_lm, toy_corpus, train_family_tokenizer
     from rlhf.rollout.tools import calculator
 
-    root = tmp_path_factory.mktemp("calculator")
-    template = (TEMPLATES / "qwen2_5.jinja").read_text()
-    probe = train_family_tokenizer("qwen2", toy_corpus(50))
-    probe.chat_template = template
-    # The system turn the template writes when the calculator is a tool: the SFT demos' system message, so that they
-    # render to the very tokens an episode opens with, and part of the tokenizer's corpus, so that its ~700
-    # characters are a few dozen tokens rather than hundreds.
+    name = request.param
+    root = tmp_path_factory.mktemp(f"calculator_{name}")
     tools = [get_json_schema(calculator)]
-    opening = probe.apply_chat_template([{"role": "user", "content": "?"}], tools=tools, tokenize=False)
-    system = opening.removeprefix("<|im_start|>system\n").split("<|im_end|>")[0]
-    corpus = toy_corpus(300) + [system] * 20
-    tokenizer = train_family_tokenizer("qwen2", corpus, vocab_size=1000, model_max_length=1024)
-    tokenizer.chat_template = template
+    probe = train_family_tokenizer(CHAT_MODELS[name], toy_corpus(50))
+    rendered = probe.apply_chat_template(calculator_conversation(3, 4, tools)["messages"], tools=tools, tokenize=False)
+    tokenizer = train_family_tokenizer(
+        CHAT_MODELS[name], toy_corpus(300) + [rendered] * 20, vocab_size=1000, model_max_length=1024
+    )
     base = save_tiny(tiny_family_lm("qwen2", tokenizer, hidden_size=64), tokenizer, root / "base")
     rng = random.Random(0)
-    rows = []
-    for _ in range(192):
-        a, b = rng.randrange(10), rng.randrange(10)
-        call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n</tool_call>'
-        rows.append({"messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": f"what is {a} + {b}?"},
-            {"role": "assistant", "content": call},
-            {"role": "user", "content": f"<tool_response>\n{a + b}\n</tool_response>"},
-            {"role": "assistant", "content": str(a + b)},
-        ]})  # fmt: skip
     demos = root / "sft.jsonl"
-    demos.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    demos.write_text("".join(json.dumps(calculator_conversation(rng.randrange(10), rng.randrange(10), tools)) + "\n" for _ in range(192)))  # fmt: skip
     values = {"model.name": str(base), "data.train": str(demos), "output_dir": str(root / "sft"), "sft.epochs": 12,
-              "optim.learning_rate": 3e-3, "batch.size": 16, "data.max_length": 256, "run.eval_every": 0,
+              "optim.learning_rate": 3e-3, "batch.size": 16, "data.max_length": 512, "run.eval_every": 0,
               "run.save_every": 0, "run.progress": False}  # fmt: skip
     return sft.run(config_from_dict("sft", nested(values)))
 
 
 @pytest.mark.parametrize("command", ["grpo", "ppo"])
 def test_tool_calls_run_inside_training(calculator_policy, tmp_path, command):
-    """The calculator as a tool (no environment): the policy's calls run, their results come back as tool
-    messages the next turn reads, and the episode ends at the answer, scored by exact_match on the ``answer``
-    column; the run logs the calls. (The tiny model copies the numbers into its call poorly; this is the
-    mechanics, not a learning test.)"""
+    """The calculator as a tool (no environment), in each tool-call format (:func:`calculator_policy`): the
+    policy's calls run, their results come back as tool messages the next turn reads, and the episode ends at the
+    answer, scored by exact_match on the ``answer`` column; the run logs the calls. (The tiny model copies the
+    numbers into its call poorly; this is the mechanics, not a learning test.)"""
     prompts = tmp_path / "sums.jsonl"
     pairs = [(a, b) for a in range(4) for b in range(4)]
     prompts.write_text(
         "".join(json.dumps({"prompt": f"what is {a} + {b}?", "answer": str(a + b)}) + "\n" for a, b in pairs)
     )
     fields = {"reward.source": "rlhf.rollout.verifiers:exact_match", "rollout.environment": None,
-              "rollout.tools": ["rlhf.rollout.tools:calculator"], "sampling.max_new_tokens": 32,
+              "rollout.tools": ["rlhf.rollout.tools:calculator"], "sampling.max_new_tokens": 48,
               "sampling.max_prompt_length": 512, "rollout.max_episode_tokens": 96, "sampling.temperature": 0.7,
               "run.eval_every": 2, "data.eval": str(prompts)}  # fmt: skip
     out = tmp_path / "run"
@@ -313,13 +314,17 @@ def test_tool_calls_run_inside_training(calculator_policy, tmp_path, command):
     assert all(row["episode/tool_calls_mean"] > 0.5 for row in rows), rows
     samples = [json.loads(line) for line in (out / "samples" / "step_000002.jsonl").read_text().splitlines()]
     called = [s for s in samples if any(t["role"] == "tool" for t in s["episode"]["turns"])]
-    assert called, samples
+    ran = 0
     for sample in called:
         turns = sample["episode"]["turns"]
-        call = turns[0]["tool_calls"][0]["function"]
-        tool = next(t for t in turns if t["role"] == "tool")
-        assert call["name"] == "calculator" and tool["content"] == str(eval(call["arguments"]["expression"]))  # noqa: S307
         assert [t["role"] for t in turns[:3]] == ["assistant", "tool", "assistant"]  # the model read the result
+        tool = turns[1]
+        if tool["content"].startswith("error: "):  # a call the tiny model garbled (1 in 16 or so): told, not run
+            continue
+        call = turns[0]["tool_calls"][0]["function"]
+        assert call["name"] == "calculator" and tool["content"] == str(eval(call["arguments"]["expression"]))  # noqa: S307
+        ran += 1
+    assert ran > 0, samples
 
 
 def test_the_command_line_names_an_environment_that_fails(chat_policy, word_prompts, tmp_path, capsys):
