@@ -245,7 +245,7 @@ class RolloutSection:
     environment: Text | None = None
     """An environment class or factory, path/to/env.py:make_env or module:Class, made once per episode: reset(row) -> opening messages (None: the row's prompt), step(assistant_message) -> (messages, reward or None, done); optional tools, get_reward(), close(). None = no environment: with tools, an episode ends at the first turn without a tool call."""
     tools: tuple[Text, ...] = ()
-    """Tools the model may call: path/to/file.py:function or module:function, each with type hints and a Google-style docstring (built in: rlhf.rollout.tools:calculator). The chat template must render tool calls (the Qwen2.5/Qwen3 <tool_call> format)."""
+    """Tools the model may call: path/to/file.py:function or module:function, each with type hints and a Google-style docstring (built in: rlhf.rollout.tools:calculator). The chat template must write tool calls in a format rlhf reads: Hermes/Qwen <tool_call> JSON (Qwen2.5, Qwen3), Llama-3.1/3.2 JSON, Mistral v0.3 [TOOL_CALLS], Qwen3-Coder XML."""
     max_turns: Count = 4
     """Most model turns per episode; an episode not over after its last is truncated (episode/truncated)."""
     max_episode_tokens: Count | None = None
