@@ -155,3 +155,17 @@ def test_mistral_writes_the_tools_before_the_last_user_message_and_each_turn_is_
         '"2 + 3"}, "id": "call00000"}]</s>⟧[TOOL_RESULTS] {"content": 5, "call_id": "call00000"}[/TOOL_RESULTS]⟦ 8</s>⟧'
     )
     assert text.count("⟦") == 3
+
+
+def test_phi3_ends_a_finished_conversation_with_its_eos_and_the_answer_is_trained_through_it():
+    """Phi-3's template writes the eos after a conversation that ends without the generation prompt: the conversation
+    before the answer is then not a prefix of its generation prompt's rendering, by a special token alone, and the
+    answer is what follows the prompt (trained through the eos, as the model stops there when sampled with
+    ``sampling.stop: eos``). In a longer conversation a history turn has no eos after it: refused by name."""
+    from rlhf.models.tiny import toy_corpus, train_family_tokenizer
+
+    tokenizer = train_family_tokenizer("phi3", toy_corpus(200))
+    (example,) = tokenize_sft([SFTExample("x:1", messages=ROWS["plain"][:2])], tokenizer)
+    assert marked(tokenizer, example) == "<|user|>\nwhat is 2 + 3?<|end|>\n<|assistant|>\n⟦5<|end|>\n<|endoftext|>⟧"
+    with pytest.raises(DataError, match=r"^x:2: message 1 cannot be found in the rendering of the whole conversation"):
+        tokenize_sft([SFTExample("x:2", messages=ROWS["plain"])], tokenizer)

@@ -307,7 +307,7 @@ def _turn(
     before, prompt, alone = _encode_batch(
         tokenizer, [render_chat(tokenizer, messages[: i + j], g, tools) for j, g in ((0, False), (0, True), (1, False))]
     )
-    header = _extend(before, prompt, f"message {i}")
+    header = _header(before, prompt, marks.specials, f"message {i}")
     if alone[: len(prompt)] != prompt:
         n = next((k for k, (a, b) in enumerate(zip(prompt, alone, strict=False)) if a != b), len(alone))
         raise Problem(
@@ -322,6 +322,17 @@ def _turn(
     tokens = tokens[: _end_of_turn(tokens, marks.eos, marks.specials)]
     role = next((header[:k] for k in range(1, len(header)) if tokenizer.decode(header[:k]) == marks.role_header), None)
     return _Turn(i, prompt, header, tokens, role)
+
+
+def _header(before: list[int], prompt: list[int], specials: frozenset[int], what: str) -> list[int]:
+    """What the generation prompt adds to the conversation ``before`` it (``prompt`` is both): the tokens after
+    their common start. A template may end a conversation without the generation prompt with special tokens that
+    the prompt does not write (Phi-3 writes its eos there); anything else ``before`` has that ``prompt`` lacks is a
+    template rewriting the conversation, refused as `_extend` refuses it."""
+    n = next((k for k, (a, b) in enumerate(zip(before, prompt, strict=False)) if a != b), min(len(before), len(prompt)))
+    if all(token in specials for token in before[n:]):
+        return prompt[n:]
+    return _extend(before, prompt, what)
 
 
 def _find(ids: list[int], start: int, turn: _Turn) -> tuple[int, int]:
