@@ -37,6 +37,7 @@ from rlhf.rollout.tools import (
     ToolFormat,
     call_id,
     detect_format,
+    parse_tool_calls,
     run_tool,
     tools_of,
     unique_names,
@@ -405,7 +406,7 @@ class EpisodeRunner:
         calls: list[ToolCall] = []
         if self.format.tool_format is not None:  # read with special tokens kept: Mistral's [TOOL_CALLS] is one
             raw = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
-            content, calls = self.format.tool_format.parse(raw, {tool.name: tool.schema for tool in self.tools})
+            content, calls = parse_tool_calls(raw, self.format.tool_format.name, self.tools)
             calls = [
                 c if c.id else dataclasses.replace(c, id=call_id(episode.tool_calls + k)) for k, c in enumerate(calls)
             ]

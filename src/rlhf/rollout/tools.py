@@ -122,6 +122,11 @@ def _json_call(body: str, key: str) -> ToolCall:
         call = json.loads(body)
     except json.JSONDecodeError as error:
         return ToolCall("", {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos}): {body!r}")
+    return _call_object(call, key, body)
+
+
+def _call_object(call: Any, key: str, body: str) -> ToolCall:
+    """A parsed JSON call (``body``: its text, for the errors) as a `ToolCall`: see :func:`_json_call`."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return ToolCall("", {}, f'a tool call is a JSON object {{"name": ..., "{key}": {{...}}}}, not {body!r}')
     arguments = call.get(key, call.get("arguments", {}))
@@ -160,7 +165,7 @@ def _mistral(text: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[T
         return content.strip(), [ToolCall("", {}, problem)]
     if not isinstance(calls, list):
         return content.strip(), [ToolCall("", {}, f"[TOOL_CALLS] is followed by a JSON list of calls, not {body!r}")]
-    return content.strip(), [_json_call(json.dumps(call), "arguments") for call in calls]
+    return content.strip(), [_call_object(call, "arguments", json.dumps(call)) for call in calls]
 
 
 _XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]*)>(.*?)</function>\s*</tool_call>", re.DOTALL)
