@@ -174,6 +174,7 @@ def test_the_loss_and_gradient_are_trls(loss_type, level, kl):
     if level == "token" and loss_type not in ("cispo", "sapo", "vespo"):
         for key in ("low", "high", "region"):
             expected = metrics[f"clip_ratio/{key}_mean"]
+            # abs: a share that is 0 on both sides (no token clipped), where a relative bound says nothing
             assert stats[f"clip_ratio/{key}"] == pytest.approx(expected, rel=METRIC_REL, abs=1e-12)
     if loss_type == "vespo":  # TRL's is a mean over the sequences, ours over the tokens: equal for equal lengths
         assert math.isfinite(stats["policy/vespo_phi_mean"]) and math.isfinite(metrics["vespo/phi_seq_mean"])
