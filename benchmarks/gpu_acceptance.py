@@ -36,7 +36,7 @@ COLUMNS = ("run", "s/step", "vs TRL", "episodes/s", "gen tok/s", "rollout / scor
            "measured peak MB", "planned MB", "planned / measured", "update/changed_frac min–max",
            "weights changed")  # fmt: skip
 PHASES = ("rollout", "score", "logprobs", "train")
-"""The trainers' ``time/<phase>_s`` (rlhf.trainers.rl.step_metrics): sampling, reward model, no-grad pass, update."""
+"""The trainers' ``time/<phase>_s`` (rlhf.trainers.rl.loop.step_metrics): sampling, reward model, no-grad pass, update."""
 
 
 @dataclass(frozen=True)

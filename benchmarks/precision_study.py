@@ -147,7 +147,7 @@ def child_train(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     from rlhf.config import config_from_dict
     from rlhf.runlog.seeding import environment
-    from rlhf.trainers import grpo, ppo
+    from rlhf.trainers.rl import grpo, ppo
 
     config = config_from_dict(spec["command"], nested(spec["fields"]))
     start = time.perf_counter()

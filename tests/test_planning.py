@@ -141,7 +141,7 @@ def test_cheapest_fix_is_the_first_that_fits(tiny_llama_dir, tiny_reward_model_d
 def test_a_run_over_budget_is_refused_before_any_weight_loads(
     tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path, monkeypatch
 ):
-    from rlhf.trainers import ppo
+    from rlhf.trainers.rl import ppo
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a weight was loaded before the memory plan refused the run")
@@ -154,7 +154,7 @@ def test_a_run_over_budget_is_refused_before_any_weight_loads(
 
 
 def test_ignore_memory_plan_runs_anyway(tiny_llama_dir, prompts_file, tmp_path, capsys):
-    from rlhf.trainers import grpo
+    from rlhf.trainers.rl import grpo
 
     values = {
         "model.name": str(tiny_llama_dir), "reward.source": f"{Path(__file__).parent / 'trainers' / 'ppo_rewards.py'}:length_chars",

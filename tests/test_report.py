@@ -78,7 +78,7 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(command: str, policy: Path, prompts: Path, out: Path, **overrides: object) -> Path:
-    from rlhf.trainers import grpo, ppo
+    from rlhf.trainers.rl import grpo, ppo
 
     values = {
         "model.name": str(policy),

@@ -23,7 +23,7 @@ from rlhf.config import ConfigError, config_from_dict, config_to_yaml
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog import rundir
 from rlhf.runlog.checkpoint import save_checkpoint
-from rlhf.trainers import ppo
+from rlhf.trainers.rl import ppo
 
 SRC = Path(rundir.__file__).resolve().parents[2]
 LENGTH = f"{Path(__file__).resolve().parent / 'trainers' / 'ppo_rewards.py'}:length_chars"

@@ -24,8 +24,8 @@ RUNNERS: dict[str, tuple[str, str]] = {
     "sft": ("rlhf.trainers.sft", "supervised fine-tuning on prompt/response pairs or chat messages"),
     "rm": ("rlhf.trainers.reward_model", "train a Bradley–Terry reward model on preference pairs"),
     "dpo": ("rlhf.trainers.dpo", "direct preference optimisation on preference pairs: DPO, cDPO, robust, IPO, SimPO"),
-    "ppo": ("rlhf.trainers.ppo", "PPO against a reward, with a critic and a KL penalty to the reference policy"),
-    "grpo": ("rlhf.trainers.grpo", "critic-free GRPO family: GRPO, Dr. GRPO, RLOO, REINFORCE++"),
+    "ppo": ("rlhf.trainers.rl.ppo", "PPO against a reward, with a critic and a KL penalty to the reference policy"),
+    "grpo": ("rlhf.trainers.rl.grpo", "critic-free GRPO family: GRPO, Dr. GRPO, RLOO, REINFORCE++"),
     "sample": (
         "rlhf.sample",
         "k samples per prompt → candidates, pairs to label, judge-labelled preferences or best-of-N",

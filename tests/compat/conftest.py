@@ -90,7 +90,8 @@ class Runs:
 
     def _train(self, command: str, values: dict[str, Any]) -> Path:
         from rlhf.config import config_from_dict
-        from rlhf.trainers import grpo, ppo, reward_model, sft
+        from rlhf.trainers import reward_model, sft
+        from rlhf.trainers.rl import grpo, ppo
 
         trainer = {"sft": sft, "rm": reward_model, "ppo": ppo, "grpo": grpo}[command]
         return trainer.run(config_from_dict(command, nested({"run.progress": False, "run.save_every": 0} | values)))

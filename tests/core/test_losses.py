@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from rlhf.core.losses import LossAggregation, aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
+from rlhf.core.losses import (
+    LossAggregation,
+    Objective,
+    aggregate,
+    clipped_policy_loss,
+    clipped_value_loss,
+    explained_variance,
+)
 from vectors import F64, close, t
 
 # ---------------------------------------------------------------- 2-E: clipped surrogate, clipfrac, approx-KL
@@ -19,8 +26,18 @@ E_RATIO = t([[1.5, 1.5, 0.7, 0.7, 1.1]])
 E_MASK = torch.ones(1, 5, dtype=torch.bool)
 
 
-def e_loss(mask=E_MASK, **kw):
-    return clipped_policy_loss(torch.log(E_RATIO), torch.zeros_like(E_RATIO), E_A, mask, **kw)
+def e_loss(mask=E_MASK, clipped=True, is_weights=None, ref_logp=None, kl_coef=0.0, **objective):
+    return clipped_policy_loss(
+        torch.log(E_RATIO),
+        torch.zeros_like(E_RATIO),
+        E_A,
+        mask,
+        objective=Objective(**objective),
+        clipped=clipped,
+        is_weights=is_weights,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+    )
 
 
 def test_pg_loss_2e():
@@ -104,7 +121,13 @@ def k_loss(clip_high=None, beta=0.0):
     logp = torch.log(K_RATIO)
     ref_logp = logp + K_REF_MINUS_LOGP if beta else None
     return clipped_policy_loss(
-        logp, torch.zeros_like(K_RATIO), K_A, K_MASK, clip_high=clip_high, ref_logp=ref_logp, kl_coef=beta
+        logp,
+        torch.zeros_like(K_RATIO),
+        K_A,
+        K_MASK,
+        ref_logp=ref_logp,
+        kl_coef=beta,
+        objective=Objective(clip_high=clip_high),
     )
 
 
@@ -210,7 +233,9 @@ def test_dual_clip_hand_computed():
     ratio = t([[5.0, 1.1, 5.0]])
     logp = torch.log(ratio).requires_grad_()
     mask = torch.ones(1, 3, dtype=torch.bool)
-    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(ratio), t([[-1.0, -1.0, 1.0]]), mask, dual_clip=3.0)
+    per_token, stats = clipped_policy_loss(
+        logp, torch.zeros_like(ratio), t([[-1.0, -1.0, 1.0]]), mask, objective=Objective(dual_clip=3.0)
+    )
     close(per_token, [[3.0, 1.1, -1.2]])
     close(stats["clip_ratio/dual"], 1 / 3)
     plain, _ = clipped_policy_loss(torch.log(ratio), torch.zeros_like(ratio), t([[-1.0, -1.0, 1.0]]), mask)

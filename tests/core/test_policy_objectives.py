@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhf.core.choices import ImportanceLevel, PolicyObjective
-from rlhf.core.losses import aggregate, clipped_policy_loss, importance_log_ratio, off_policy_mask, top_entropy_mask
+from rlhf.core.losses import (
+    Objective,
+    aggregate,
+    clipped_policy_loss,
+    importance_log_ratio,
+    off_policy_mask,
+    top_entropy_mask,
+)
 from vectors import F64, close, t
 
 # ---------------------------------------------------------------- GSPO: one ratio per sequence
@@ -30,7 +37,9 @@ S0, S1, S4 = math.exp(0.05), math.exp(0.4), math.exp(-0.3)
 
 def g_loss(level, **kw):
     logp = G_LOG_RATIO.clone().requires_grad_()
-    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), G_A, G_MASK, importance_level=level, **kw)
+    per_token, stats = clipped_policy_loss(
+        logp, torch.zeros_like(logp), G_A, G_MASK, objective=Objective(importance_level=level, **kw)
+    )
     return logp, per_token, stats
 
 
@@ -69,7 +78,9 @@ def test_sequence_token_level_follows_each_tokens_own_advantage():
     mask = torch.ones(1, 2, dtype=torch.bool)
     for level, expected in (("sequence_token", [[-1.0, 1.0]]), ("sequence", [[0.0, 0.0]])):
         logp.grad = None
-        loss, _ = clipped_policy_loss(logp, torch.zeros_like(logp), t([[1.0, -1.0]]), mask, importance_level=level)
+        loss, _ = clipped_policy_loss(
+            logp, torch.zeros_like(logp), t([[1.0, -1.0]]), mask, objective=Objective(importance_level=level)
+        )
         loss.sum().backward()
         close(logp.grad, expected)
 
@@ -84,7 +95,9 @@ C_MASK = torch.ones(1, 4, dtype=torch.bool)
 
 def test_cispo_loss_and_stats():
     logp = torch.log(C_RATIO)
-    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), C_A, C_MASK, objective="cispo", clip_high=4)
+    per_token, stats = clipped_policy_loss(
+        logp, torch.zeros_like(logp), C_A, C_MASK, objective=Objective(kind="cispo", clip_high=4)
+    )
     close(per_token, [[-1.5 * 0.4054651081, -5 * 1.7917594692, -0.5 * 0.6931471806, 5 * 1.7917594692]])
     close(stats["clipfrac"], 0.5)  # tokens 1 and 3: weight capped at 5 (their gradient scaled, not dropped)
     close(stats["clip_ratio/high"], 0.25)  # capped with A > 0 (TRL's cispo_clip_ratio)
@@ -95,11 +108,13 @@ def test_cispo_passes_gradient_to_clipped_tokens():
     # ∂ℓ/∂log π = −w·A = [−1.5, −5, 0.5, 5]: every token moves. PPO's clip at the same cap gives 0 at token 1
     # (ρ = 6 > 5 with A > 0: the flat side) — the gradient CISPO keeps.
     logp = torch.log(C_RATIO).requires_grad_()
-    per_token, _ = clipped_policy_loss(logp, torch.zeros_like(logp), C_A, C_MASK, objective="cispo", clip_high=4)
+    per_token, _ = clipped_policy_loss(
+        logp, torch.zeros_like(logp), C_A, C_MASK, objective=Objective(kind="cispo", clip_high=4)
+    )
     per_token.sum().backward()
     close(logp.grad, [[-1.5, -5.0, 0.5, 5.0]])
     logp.grad = None
-    per_token, _ = clipped_policy_loss(logp, torch.zeros_like(logp), C_A, C_MASK, clip_high=4)
+    per_token, _ = clipped_policy_loss(logp, torch.zeros_like(logp), C_A, C_MASK, objective=Objective(clip_high=4))
     per_token.sum().backward()
     assert logp.grad[0, 1] == 0 and logp.grad[0, 3] != 0  # the clip drops token 1; A < 0 is not capped above
 
@@ -115,7 +130,7 @@ S_A = t([[1.0, -1.0, 2.0, 1.0]])
 
 def test_sapo_loss_gradient_and_stats():
     logp = torch.log(S_RATIO).requires_grad_()
-    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), S_A, C_MASK, objective="sapo")
+    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), S_A, C_MASK, objective=Objective(kind="sapo"))
     close(per_token, [[-2.0, 2.822000, -3.020325, -3.810297]], atol=2e-6)  # 7 digits written above
     per_token.sum().backward()
     close(logp.grad, [[-1.0, 1.53622, -0.940015, -0.722827]], atol=2e-6)
@@ -130,7 +145,7 @@ def test_every_objective_is_plain_policy_gradient_at_ratio_one():
     mask = torch.ones(1, 3, dtype=torch.bool)
     for objective in PolicyObjective:
         logp = t([[-0.3, -1.2, -2.0]]).requires_grad_()
-        per_token, stats = clipped_policy_loss(logp, logp.detach(), adv, mask, objective=objective)
+        per_token, stats = clipped_policy_loss(logp, logp.detach(), adv, mask, objective=Objective(kind=objective))
         per_token.sum().backward()
         close(logp.grad, -adv)
         assert stats["clipfrac"] == 0
@@ -138,7 +153,9 @@ def test_every_objective_is_plain_policy_gradient_at_ratio_one():
 
 def test_dual_clip_is_refused_outside_the_clip():
     with pytest.raises(ValueError, match="dual_clip"):
-        clipped_policy_loss(t([[0.0]]), t([[0.0]]), t([[1.0]]), C_MASK[:, :1], objective="cispo", dual_clip=3.0)
+        clipped_policy_loss(
+            t([[0.0]]), t([[0.0]]), t([[1.0]]), C_MASK[:, :1], objective=Objective(kind="cispo", dual_clip=3.0)
+        )
 
 
 # ---------------------------------------------------------------- VESPO: a kernel of the sequence's whole ratio
@@ -156,7 +173,7 @@ PHI = [0.637898293623749, 0.4901414189451187, 1.0, 1.0, 0.0005843168265570742]
 
 def test_vespo_loss_gradient_and_stats():
     logp = V_LOG_RATIO.clone().requires_grad_()
-    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), V_A, V_MASK, objective="vespo")
+    per_token, stats = clipped_policy_loss(logp, torch.zeros_like(logp), V_A, V_MASK, objective=Objective(kind="vespo"))
     p0, p1, _, _, p4 = PHI
     expected = [[-p0 * 0.1, -p0 * 0.2, 0.0], [0.5 * p1 * -0.2, 0.0, 0.5 * p1 * -0.3], [0.0] * 3, [0.0] * 3,
                 [-2 * p4 * 1.5, 0.0, 0.0]]  # fmt: skip
@@ -174,13 +191,15 @@ def test_vespo_kernels_peak_at_k_over_lambda_and_clamp_log_w():
     # one token, A = 1, kernel (k, λ) = (2, 4): φ is largest at W = k/λ = ½: e⁴·¼·e⁻² = e²/4 = 1.8472640
     logp = t([[math.log(0.5)]])
     one = torch.ones(1, 1, dtype=torch.bool)
-    _, stats = clipped_policy_loss(logp, t([[0.0]]), t([1.0]), one, objective="vespo", vespo_kernels=((2, 4), (3, 2)))
+    _, stats = clipped_policy_loss(
+        logp, t([[0.0]]), t([1.0]), one, objective=Objective(kind="vespo", vespo_kernels=((2, 4), (3, 2)))
+    )
     close(stats["vespo_phi_mean"], math.exp(2) / 4)
     # log ρ = [25, −30]: each token clamped to ±20 first, so log W = 0 and φ = 1 (unclamped, −5 would give
     # φ = e³·e⁻¹⁰·e^(−3e⁻⁵) ≈ 9e-4)
     logp = t([[25.0, -30.0]])
     _, stats = clipped_policy_loss(
-        logp, torch.zeros_like(logp), t([1.0]), torch.ones(1, 2, dtype=torch.bool), objective="vespo"
+        logp, torch.zeros_like(logp), t([1.0]), torch.ones(1, 2, dtype=torch.bool), objective=Objective(kind="vespo")
     )
     close(stats["vespo_phi_mean"], 1.0)
 
@@ -188,7 +207,11 @@ def test_vespo_kernels_peak_at_k_over_lambda_and_clamp_log_w():
 def test_vespo_takes_the_token_level_only():
     with pytest.raises(ValueError, match="importance_level must be 'token'"):
         clipped_policy_loss(
-            t([[0.0]]), t([[0.0]]), t([1.0]), C_MASK[:, :1], objective="vespo", importance_level="sequence"
+            t([[0.0]]),
+            t([[0.0]]),
+            t([1.0]),
+            C_MASK[:, :1],
+            objective=Objective(kind="vespo", importance_level="sequence"),
         )
 
 
@@ -209,7 +232,7 @@ def kl_term(old, level="token", **kw):
     mask = torch.ones(1, 2, dtype=torch.bool)
     old = logp.detach() if old is None else old
     loss, stats = clipped_policy_loss(
-        logp, old, t([0.0]), mask, ref_logp=K_REF, kl_coef=0.1, importance_level=level, **kw
+        logp, old, t([0.0]), mask, ref_logp=K_REF, kl_coef=0.1, objective=Objective(importance_level=level, **kw)
     )
     loss.sum().backward()
     return loss, logp.grad, stats
@@ -229,6 +252,27 @@ def test_bias_corrected_kl_by_hand_off_and_on_policy():
     close(loss, [[0.1 * K3[0], 0.1 * K3[1]]])  # ρ = 1: the same value…
     close(grad, [[0.05, -0.1]])  # …and a gradient larger by β·k3 per token
     close(grad - plain, [[0.1 * K3[0], 0.1 * K3[1]]])
+
+
+# A token the policy moved |log r| = 5 from the reference (β = 0.1, on-policy, A = 0): k3 is not clamped
+# (docs/ppo_checklist.md, item 40). log r = ref − logp = [5, −5]: k3 = [e⁵ − 6, e⁻⁵ + 4] = [142.4131591, 4.0067379];
+# plain: ∂/∂log π = β·(1 − e^(log r)) = [−14.7413159, 0.0993262] — unbounded where π ≪ π_ref;
+# corrected (ρ = 1): β·(log π − ref) = [−0.5, 0.5] — linear in the drift; a clamp of k3 at 10 (verl's) would make
+# both 0 at the first token, where the pull back to the reference is wanted most.
+def test_k3_is_not_clamped_and_its_corrected_gradient_is_linear_in_the_drift():
+    logp = t([[-6.0, -1.0]]).requires_grad_()
+    ref, mask = t([[-1.0, -6.0]]), torch.ones(1, 2, dtype=torch.bool)
+    grads = []
+    for corrected in (False, True):
+        loss, _ = clipped_policy_loss(
+            logp, logp.detach(), t([0.0]), mask, ref_logp=ref, kl_coef=0.1,
+            objective=Objective(kl_bias_correction=corrected),
+        )  # fmt: skip
+        close(loss, [[0.1 * (math.exp(5) - 6), 0.1 * (math.exp(-5) + 4)]])
+        (grad,) = torch.autograd.grad(loss.sum(), logp)
+        grads.append(grad)
+    close(grads[0], [[0.1 * (1 - math.exp(5)), 0.1 * (1 - math.exp(-5))]])
+    close(grads[1], [[-0.5, 0.5]])
 
 
 @pytest.mark.parametrize("level", ["sequence", "sequence_token"])
@@ -258,7 +302,7 @@ def test_bias_corrected_kl_gradient_is_the_reverse_kl_gradient_in_expectation():
         logp = theta.log_softmax(-1).unsqueeze(-1)  # (5, 1): five one-token "sequences"
         per_token, _ = clipped_policy_loss(logp, old_logp.unsqueeze(-1), torch.zeros(5, dtype=F64),
                                            torch.ones(5, 1, dtype=torch.bool), ref_logp=ref.unsqueeze(-1),
-                                           kl_coef=1.0, kl_bias_correction=corrected)  # fmt: skip
+                                           kl_coef=1.0, objective=Objective(kl_bias_correction=corrected))  # fmt: skip
         return torch.autograd.grad((old_probs.detach() * per_token[:, 0]).sum(), theta)[0]
 
     old_logp = torch.log_softmax(old_logits, -1)
@@ -361,12 +405,11 @@ def test_objectives_equal_their_loop_form(objective, level, kl, seed, b, width):
         old,
         adv,
         mask,
-        clip_high=0.28,
-        objective=objective,
-        importance_level=level,
         ref_logp=None if kl is None else ref,
         kl_coef=0.1,
-        kl_bias_correction=kl == "corrected",
+        objective=Objective(
+            clip_high=0.28, kind=objective, importance_level=level, kl_bias_correction=kl == "corrected"
+        ),
     )  # NaN in the padding (garbage) changes nothing
     vectorised = aggregate(per_token, mask, "seq-mean-token-sum", num_seqs=1)
     loop_ref = None if kl is None else ref.nan_to_num(0.0)

@@ -18,7 +18,8 @@ from rlhf.data.records import PromptExample, SFTExample
 from rlhf.data.tokenization import tokenize_prompts, tokenize_sft
 from rlhf.models.tiny import save_tiny, tiny_family_lm
 from rlhf.rollout.episodes import ChatFormat
-from rlhf.trainers import rl, sft
+from rlhf.trainers import sft
+from rlhf.trainers.rl.inputs import load_inputs
 
 OFF = {"enable_thinking": False}
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -101,8 +102,8 @@ def test_ppo_and_grpo_sample_from_prompts_rendered_with_the_arguments(qwen3_mode
     _, prompts = sums
     values = {"model.name": str(qwen3_model), "data.train": str(prompts), "output_dir": str(tmp_path / "run"),
               "reward.source": "rlhf.rollout.verifiers:exact_match"}  # fmt: skip
-    on = rl.load_inputs(config_from_dict(command, nested(values)))
-    off = rl.load_inputs(config_from_dict(command, nested(values | {"data.chat_template_kwargs": OFF})))
+    on = load_inputs(config_from_dict(command, nested(values)))
+    off = load_inputs(config_from_dict(command, nested(values | {"data.chat_template_kwargs": OFF})))
     for a, b in zip(on.train_prompts, off.train_prompts, strict=True):
         assert b.text == a.text + EMPTY_THINK
         assert on.tokenizer.decode(b.input_ids).endswith("<|im_start|>assistant\n" + EMPTY_THINK)

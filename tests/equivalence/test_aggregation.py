@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf.core.losses import LossAggregation, aggregate, clipped_policy_loss, clipped_value_loss
+from rlhf.core.losses import LossAggregation, Objective, aggregate, clipped_policy_loss, clipped_value_loss
 
 F64 = torch.float64
 GARBAGE = (math.nan, math.inf, -math.inf, 1e30)
@@ -106,7 +106,13 @@ def test_policy_loss_ignores_masked_garbage(seed, dual):
     for k, make in enumerate([lambda x: x.clone(), lambda x: with_garbage(x, mask, seed + 7)]):
         lp = make(logp).detach().requires_grad_()
         per_token, stats = clipped_policy_loss(
-            lp, make(old_logp), make(adv), mask, clip_high=0.28, dual_clip=dual, ref_logp=make(ref_logp), kl_coef=0.1
+            lp,
+            make(old_logp),
+            make(adv),
+            mask,
+            ref_logp=make(ref_logp),
+            kl_coef=0.1,
+            objective=Objective(clip_high=0.28, dual_clip=dual),
         )
         assert torch.isfinite(per_token).all(), k
         loss = sum(aggregate(per_token, mask, mode, max_len=8) for mode in LossAggregation)

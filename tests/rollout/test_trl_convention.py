@@ -32,7 +32,7 @@ from rlhf.rollout import generation, scoring, verifiers
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.rewards import FunctionReward, RewardContext, RewardError, RewardSet, score_all
 from rlhf.runlog import samples
-from rlhf.trainers import grpo, ppo
+from rlhf.trainers.rl import grpo, ppo
 
 HERE = Path(__file__).resolve().parent
 TRL_STYLE = HERE / "trl_style_rewards.py"

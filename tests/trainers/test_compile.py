@@ -20,7 +20,7 @@ from configs import nested
 from rlhf.config import config_from_dict
 from rlhf.models.loading import apply_lora, check_compiler, compile_blocks
 from rlhf.models.tiny import toy_corpus
-from rlhf.trainers import grpo, ppo
+from rlhf.trainers.rl import grpo, ppo
 
 REWARDS = Path(__file__).resolve().parent / "ppo_rewards.py"
 

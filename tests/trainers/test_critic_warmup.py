@@ -8,7 +8,7 @@ import test_ppo
 import torch
 from safetensors.torch import load_file
 
-from rlhf.trainers import ppo
+from rlhf.trainers.rl import ppo
 from runs import max_abs_diff, train_rows
 
 prompts_file = test_ppo.prompts_file  # the same 40 toy prompts (36 train, 4 held out), one file per module

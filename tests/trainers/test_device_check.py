@@ -30,7 +30,8 @@ from episode_envs import WORDS
 from fake_cuda import MIXED, FakeCudaTensor, fake_cuda, to_fake
 from rlhf import evaluate, sample
 from rlhf.config import config_from_dict
-from rlhf.trainers import dpo, grpo, ppo, reward_model, sft
+from rlhf.trainers import dpo, reward_model, sft
+from rlhf.trainers.rl import grpo, ppo
 from runs import finite, train_rows
 from test_sample_eval import eval_config, judge, sample_config
 

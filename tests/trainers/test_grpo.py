@@ -1,6 +1,6 @@
 """`rlhf grpo` end to end on tiny random-init models (test layers b-e, docs/architecture.md).
 
-Each run is a real `rlhf.trainers.grpo.run(config)` on the session's tiny llama with a few prompts: 1-4
+Each run is a real `rlhf.trainers.rl.grpo.run(config)` on the session's tiny llama with a few prompts: 1-4
 iterations of 2 prompts × G = 4 samples, about a second each. The learning test runs 40 iterations.
 
 Reward functions are the ppo tests' (``ppo_rewards.py``) and a few defined here, named as users do:
@@ -27,7 +27,8 @@ from rlhf.models import sharding
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import grpo, rl
+from rlhf.trainers.rl import grpo
+from rlhf.trainers.rl.models import Models
 from runs import (
     assert_rows_match,
     assert_same_checkpoint,
@@ -174,7 +175,7 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
     return sum(storages.values())
 
 
-def held_modules(models: rl.Models) -> list[torch.nn.Module]:
+def held_modules(models: Models) -> list[torch.nn.Module]:
     held = [models.policy, models.reference.copy if models.reference else None, models.value_module()]
     return [m for m in held if m is not None]
 
@@ -462,13 +463,13 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     """One minibatch, one iteration, no reference: the old log-probs come from the training forward (detached)
     instead of a no-grad pass. Forcing the pass back on must give the same weights and metrics."""
     calls = {"no_grad_scores": 0}
-    old_scores = rl.Models.old_scores
+    old_scores = Models.old_scores
 
     def counting_old_scores(self, *args, **kwargs):
         calls["no_grad_scores"] += 1
         return old_scores(self, *args, **kwargs)
 
-    monkeypatch.setattr(rl.Models, "old_scores", counting_old_scores)
+    monkeypatch.setattr(Models, "old_scores", counting_old_scores)
     overrides = {"grpo.num_minibatches": 1, "grpo.steps": 3, "kl.coef": 0.0}
     skipped = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "skip", **overrides))
     assert calls["no_grad_scores"] == 0

@@ -23,7 +23,8 @@ from rlhf import cli
 from rlhf.doctor.rules import History, diagnose
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.health import EVENTS_FILE
-from rlhf.trainers import grpo, ppo, sft
+from rlhf.trainers import sft
+from rlhf.trainers.rl import grpo, ppo
 from runs import metric_rows, train_rows
 
 LENGTH = test_ppo.reward("length_chars")  # pays 0.1 per character: longer is always better

@@ -20,7 +20,10 @@ from rlhf import cli, report
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data.stream import PromptBatch
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import grpo, ppo, rl, sft
+from rlhf.trainers import sft, update
+from rlhf.trainers.rl import grpo, ppo
+from rlhf.trainers.rl.inputs import load_inputs
+from rlhf.trainers.rl.rollout import sample_and_score
 from runs import (
     assert_rows_match,
     assert_same_checkpoint,
@@ -69,13 +72,13 @@ def make_config(command: str, policy: Path, prompts: Path, out: Path, **override
 def rollout_of(command: str, policy: Path, prompts: Path, out: Path, **overrides: object):
     """One sampled and scored batch of episodes of ``command``'s config, the models and the inputs."""
     config = make_config(command, policy, prompts, out, **overrides)
-    inputs = rl.load_inputs(config)
+    inputs = load_inputs(config)
     models = (
         grpo.build_models(config, SINGLE) if command == "grpo" else ppo.build_models(config, inputs.rewards, SINGLE)
     )
     batch = PromptBatch.of(inputs.train_prompts, range(4 if command == "grpo" else 16))  # 16 episodes either way
     repeat = config.grpo.group_size if command == "grpo" else 1
-    sampled = rl.sample_and_score(config, inputs, models, batch, torch.Generator().manual_seed(0), None, repeat=repeat)
+    sampled = sample_and_score(config, inputs, models, batch, torch.Generator().manual_seed(0), None, repeat=repeat)
     return config, models, sampled
 
 
@@ -126,7 +129,7 @@ def test_environment_tokens_get_no_gradient(chat_policy, word_prompts, tmp_path,
     generated = sampled.generated
     B, T = generated.responses.shape
     rows = torch.arange(B)
-    micro = rl.update.MicroBatch(rows, 0, T)
+    micro = update.MicroBatch(rows, 0, T)
     if command == "grpo":
         rollout, _ = grpo.make_rollout(config, models, sampled)
         loss, _ = grpo.micro_step(config, models, rollout, micro, rows)
@@ -210,12 +213,12 @@ def test_configs_that_cannot_work_are_refused(
         make_config("grpo", tiny_llama_dir, word_prompts, tmp_path, **{"grpo.overlong_buffer": 2})
     tools = {"rollout.tools": ["rlhf.rollout.tools:calculator"]}  # the tiny chat template has no tool calls
     with pytest.raises(ConfigError, match="cannot show tool calls"):
-        rl.load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "t", **tools))
+        load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "t", **tools))
     other = {"reward.source": ["environment", str(tiny_reward_model_other_tokenizer_dir)]}
     with pytest.raises(ConfigError, match="has another tokenizer than the policy"):
-        rl.load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "r", **other))
+        load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "r", **other))
     with pytest.raises(ConfigError, match="environment 'nowhere.py:Env': no such file"):
-        rl.load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "e", **{"rollout.environment": "nowhere.py:Env"}))  # fmt: skip
+        load_inputs(make_config("grpo", tiny_llama_dir, word_prompts, tmp_path / "e", **{"rollout.environment": "nowhere.py:Env"}))  # fmt: skip
 
 
 LEARNING = {

@@ -1,8 +1,8 @@
 """`rlhf ppo` end to end on tiny random-init models (test layers b-e, docs/architecture.md).
 
-Each run is a real `rlhf.trainers.ppo.run(config)` on the session's tiny models with a few prompts, 1-4
+Each run is a real `rlhf.trainers.rl.ppo.run(config)` on the session's tiny models with a few prompts, 1-4
 iterations of 4-8 sequences: about a second each. Unit-level checks (the LoRA reference, the critic's
-initialisation) use `rlhf.trainers.ppo.build_models` directly. The learning test runs 50 iterations (≈4 s).
+initialisation) use `rlhf.trainers.rl.ppo.build_models` directly. The learning test runs 50 iterations (≈4 s).
 
 Reward functions come from ``ppo_rewards.py`` beside this file, named as users do: ``file.py:function``.
 """
@@ -29,7 +29,9 @@ from rlhf.models.policy import score_response_tokens
 from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.trainers import ppo, rl, update
+from rlhf.trainers import update
+from rlhf.trainers.rl import ppo
+from rlhf.trainers.rl.models import Models, write_final
 from runs import (
     assert_rows_match,
     assert_same_checkpoint,
@@ -259,7 +261,7 @@ def storage_bytes(modules: list[torch.nn.Module]) -> int:
     return sum(storages.values())
 
 
-def build_models(policy: Path, reward_spec: str, **overrides: object) -> rl.Models:
+def build_models(policy: Path, reward_spec: str, **overrides: object) -> Models:
     config = make_config(policy, Path("unused.jsonl"), Path("unused"), **{"reward.source": reward_spec}, **overrides)
     rewards = load_reward_set(reward_spec, policy_tokenizer=load_tokenizer(str(policy)))
     return ppo.build_models(config, rewards, SINGLE)
@@ -539,13 +541,13 @@ def test_fused_first_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     the fused run recomputes its activations in the backward pass (model.gradient_checkpointing: the graph kept from
     the rollout's phase is replayed in the update's backward)."""
     calls = {"no_grad_scores": 0}
-    old_scores = rl.Models.old_scores
+    old_scores = Models.old_scores
 
     def counting_old_scores(self, *args, **kwargs):
         calls["no_grad_scores"] += 1
         return old_scores(self, *args, **kwargs)
 
-    monkeypatch.setattr(rl.Models, "old_scores", counting_old_scores)
+    monkeypatch.setattr(Models, "old_scores", counting_old_scores)
     fields = {"ppo.steps": 3, "ppo.epochs": 2, "ppo.num_minibatches": 1, "ppo.critic": critic}
     checkpointing = {"model.gradient_checkpointing": True}
     fused = ppo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "fused", **fields, **checkpointing))
@@ -670,9 +672,9 @@ def test_final_is_written_by_rank_0_alone(tiny_llama_dir, tmp_path):
     would race it for the directory)."""
     models = build_models(tiny_llama_dir, reward("constant_one"))
     tokenizer = load_tokenizer(str(tiny_llama_dir))
-    rl.write_final(models, tokenizer, tmp_path / "final", Dist(rank=1, world_size=2, parallelism="ddp"))
+    write_final(models, tokenizer, tmp_path / "final", Dist(rank=1, world_size=2, parallelism="ddp"))
     assert not (tmp_path / "final").exists()
-    rl.write_final(models, tokenizer, tmp_path / "final", SINGLE)
+    write_final(models, tokenizer, tmp_path / "final", SINGLE)
     assert {"model.safetensors", "value_head.safetensors", "tokenizer.json"} <= {
         p.name for p in (tmp_path / "final").iterdir()
     }

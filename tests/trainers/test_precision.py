@@ -33,7 +33,8 @@ from rlhf.models.precision import compute_dtype, compute_in_bf16
 from rlhf.models.sharding import load_policy
 from rlhf.rollout.decoder import build_decoder
 from rlhf.runlog.distributed import SINGLE
-from rlhf.trainers import dpo, grpo, ppo, reward_model, sft, update
+from rlhf.trainers import dpo, reward_model, sft, update
+from rlhf.trainers.rl import grpo, ppo
 from runs import finite, metric_rows, train_rows
 
 MIXED = {"model.bf16": True}

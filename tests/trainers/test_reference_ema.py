@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlhf.config import ConfigError
-from rlhf.trainers import grpo, ppo
+from rlhf.trainers.rl import grpo, ppo
 
 DECAY = 0.75
 

@@ -1,5 +1,5 @@
 """The sampler/trainer mismatch in ppo and grpo with rlhf's own engines: measured every step, the same whichever pass
-supplies the trainer's side, and the importance-sampling correction's weights (`rl.is_weights`).
+supplies the trainer's side, and the importance-sampling correction's weights (`is_weights`).
 vLLM's side of the same: tests/vllm_engine/test_vllm_training.py."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 import torch
 from test_grpo import make_config, prompts_file  # noqa: F401 (a fixture)
 
-from rlhf.trainers import grpo, rl
+from rlhf.trainers.rl import grpo
+from rlhf.trainers.rl.updates import is_weights
 from runs import train_rows
 
 MISMATCH = ["rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/logprob_diff_frac"]
@@ -22,24 +23,24 @@ def test_the_correction_weights_are_the_capped_ratios(tiny_llama_dir, prompts_fi
     old = torch.log(torch.tensor([[0.5, 0.5, 0.9], [0.2, 0.1, 0.3]]))
     sampler = torch.log(torch.tensor([[0.5, 0.2, 0.3], [0.4, 0.1, 0.9]]))  # ratios 1, 2.5, 3 | 0.5, 1, 1/3
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    weights, stats = rl.is_weights(config, old, sampler, mask)
+    weights, stats = is_weights(config, old, sampler, mask)
     # token level, truncated at 2: 1, 2, 2 | 0.5, 1, and 1 at padding (its difference counts as 0)
     torch.testing.assert_close(weights, torch.tensor([[1.0, 2.0, 2.0], [0.5, 1.0, 1.0]]))
     assert stats["rollout/is_weight_mean"] == pytest.approx((1 + 2 + 2 + 0.5 + 1) / 5)
     assert stats["rollout/is_capped_frac"] == pytest.approx(2 / 5)
     sampling = dataclasses.replace(config.sampling, is_correction="sequence", is_mode="mask")
-    weights, stats = rl.is_weights(dataclasses.replace(config, sampling=sampling), old, sampler, mask)
+    weights, stats = is_weights(dataclasses.replace(config, sampling=sampling), old, sampler, mask)
     # sequence level: row 0's ratio 1·2.5·3 = 7.5 > 2 → masked; row 1's 0.5·1 = 0.5 (its padding does not count)
     torch.testing.assert_close(weights, torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.5, 0.5]]))
     assert stats["rollout/is_capped_frac"] == pytest.approx(3 / 5)
     sampling = dataclasses.replace(config.sampling, is_correction="none")
-    assert rl.is_weights(dataclasses.replace(config, sampling=sampling), old, None, mask) == (None, {})
+    assert is_weights(dataclasses.replace(config, sampling=sampling), old, None, mask) == (None, {})
 
 
 def test_the_correction_needs_the_engines_logprobs(tiny_llama_dir, prompts_file, tmp_path):  # noqa: F811
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"sampling.is_correction": "token"})
     with pytest.raises(RuntimeError, match="needs the engine's log-probs"):
-        rl.is_weights(config, torch.zeros(1, 2), None, torch.ones(1, 2, dtype=torch.bool))
+        is_weights(config, torch.zeros(1, 2), None, torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_grpo_measures_the_mismatch_alike_on_policy_and_with_the_old_logprob_pass(
@@ -68,7 +69,7 @@ def test_grpo_measures_the_mismatch_alike_on_policy_and_with_the_old_logprob_pas
 def test_ppo_logs_the_mismatch_every_step(tiny_llama_dir, prompts_file, tmp_path):  # noqa: F811
     from test_ppo import make_config as ppo_config
 
-    from rlhf.trainers import ppo
+    from rlhf.trainers.rl import ppo
 
     ppo.run(ppo_config(tiny_llama_dir, prompts_file, tmp_path))
     for row in train_rows(tmp_path):

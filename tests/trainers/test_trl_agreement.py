@@ -1,5 +1,5 @@
 """rlhf's GRPO step against TRL's: a TRL 1.16 ``GRPOConfig``, translated field by field into an rlhf config by
-`config_from_dict`, gives through the trainer's own `rlhf.trainers.grpo.micro_step` the loss and gradient of TRL's
+`config_from_dict`, gives through the trainer's own `rlhf.trainers.rl.grpo.micro_step` the loss and gradient of TRL's
 ``GRPOTrainer._compute_loss`` on the same random ragged float64 batch (docs/grpo_variants.md, "How they were
 checked").
 
@@ -28,7 +28,8 @@ import torch
 from configs import nested
 from rlhf.config import config_from_dict
 from rlhf.core.losses import top_entropy_mask
-from rlhf.trainers import grpo, update
+from rlhf.trainers import update
+from rlhf.trainers.rl import grpo
 
 trl = pytest.importorskip("trl")
 
@@ -117,7 +118,7 @@ def rlhf_loss(config, batch, on_policy: bool, micro_batches: int) -> tuple[torch
 
     models = types.SimpleNamespace(trainable=types.SimpleNamespace(forward=forward))
     quantile = config.grpo.top_entropy_quantile
-    rollout = grpo.Rollout(
+    rollout = grpo.GRPORollout(
         query_responses=torch.cat([torch.arange(B)[:, None], torch.zeros(B, T, dtype=torch.long)], dim=1),
         attention_mask=torch.cat([torch.ones(B, 1, dtype=torch.long), mask.long()], dim=1),
         logprobs=None if on_policy else batch["old"],

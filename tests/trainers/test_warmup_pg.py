@@ -13,7 +13,7 @@ import torch
 
 from rlhf.models.tiny import toy_corpus
 from rlhf.report.pages import Run, load_run, run_report
-from rlhf.trainers import grpo, ppo
+from rlhf.trainers.rl import grpo, ppo
 from runs import train_rows
 
 TRAINERS = {
@@ -48,8 +48,9 @@ def test_warm_up_steps_use_the_unclipped_loss_then_the_clipped_one(
 
     def recording(logp, old_logp, advantages, mask, **kwargs):
         per_token, stats = original(logp, old_logp, advantages, mask, **kwargs)
-        unclipped, clipped = independent_losses(logp, old_logp, advantages, mask.bool(), kwargs["clip_low"],
-                                                kwargs["clip_high"])  # fmt: skip
+        objective = kwargs["objective"]
+        unclipped, clipped = independent_losses(logp, old_logp, advantages, mask.bool(), objective.clip_low,
+                                                objective.clip_high)  # fmt: skip
         # float32 arithmetic of the same few operations in the same order: a few ulps at most
         same = lambda a: torch.allclose(per_token.detach(), a, rtol=1e-6, atol=1e-7)  # noqa: E731
         differ = not torch.allclose(unclipped, clipped, rtol=1e-6, atol=1e-7)

@@ -14,6 +14,7 @@ garbage in padding can change neither the loss nor its gradient, and the per-tok
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -211,24 +212,60 @@ def _clip_stats(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """The policy's surrogate in :func:`clipped_policy_loss` and its settings (the trainers build one from their config
+    section: `rlhf.trainers.rl.updates.objective`). Checked when made.
+
+    kind: :class:`PolicyObjective` (clip, cispo, sapo, vespo).
+    clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28; CISPO uses
+        ε_high only (ScaleRL and TRL recommend a cap of 5, ε_high = 4).
+    dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0); ``clip`` only. TRL's and
+        INTELLECT-2's two-sided clip δ (ρ clamped at δ before the min) is this cap for δ > 1 + ε_high.
+    importance_level: :class:`ImportanceLevel` of the ratio (token, sequence, sequence_token).
+    sapo_temperatures: (τ_pos, τ_neg), TRL's defaults (1.0, 1.05).
+    vespo_kernels: ((k_pos, λ_pos), (k_neg, λ_neg)), TRL's and the paper's code's defaults ((2, 3), (3, 2)).
+    kl_bias_correction: weight the KL term by ρ; the logged ``kl`` is then the mean of ρ·k3.
+    """
+
+    kind: PolicyObjective = PolicyObjective.CLIP
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    dual_clip: float | None = None
+    importance_level: ImportanceLevel = ImportanceLevel.TOKEN
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05)
+    vespo_kernels: tuple[tuple[float, float], tuple[float, float]] = ((2.0, 3.0), (3.0, 2.0))
+    kl_bias_correction: bool = False
+
+    def __post_init__(self) -> None:
+        kind, level, c = PolicyObjective(self.kind), ImportanceLevel(self.importance_level), self.dual_clip
+        object.__setattr__(self, "kind", kind)  # a plain string (a config value) becomes the enum
+        object.__setattr__(self, "importance_level", level)
+        if c is not None and (c <= 1.0 or kind != PolicyObjective.CLIP):
+            why = "caps the loss at -c*A for A < 0" if c <= 1.0 else f"is a cap of the clip, not of {kind}"
+            raise ValueError(f"dual_clip must be > 1 with objective 'clip' (it {why}), got {c}")
+        if kind == PolicyObjective.VESPO and level != ImportanceLevel.TOKEN:
+            raise ValueError(
+                f"vespo weighs by the product of the token ratios itself; importance_level must be 'token', "
+                f"not {level.value!r}"
+            )
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_low if self.clip_high is None else self.clip_high
+
+
 def clipped_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
+    objective: Objective = Objective(),
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     clipped: bool = True,
     is_weights: torch.Tensor | None = None,
-    objective: PolicyObjective | str = "clip",
-    importance_level: ImportanceLevel | str = "token",
-    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
-    vespo_kernels: tuple[tuple[float, float], tuple[float, float]] = ((2.0, 3.0), (3.0, 2.0)),
-    kl_bias_correction: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy's surrogate loss per token — PPO's clip, CISPO's clipped weight, SAPO's soft gate or VESPO's
     sequence kernel — on token or sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term.
@@ -264,20 +301,13 @@ def clipped_policy_loss(
         logp, old_logp: ``(B, T)`` log-probs of the sampled tokens under the current / rollout policy.
         advantages: ``(B, T)`` or ``(B,)``; treated as constants by the caller (detach them).
         mask: ``(B, T)``; the returned loss is exactly 0 at masked positions.
-        clip_low, clip_high: ε_low, ε_high; ``clip_high=None`` means ε_high = ε_low. DAPO: 0.2 / 0.28; CISPO uses
-            ε_high only (ScaleRL and TRL recommend a cap of 5, ε_high = 4).
-        dual_clip: c > 1, or None for no dual clip (verl default when enabled: 3.0); ``clip`` only. TRL's and
-            INTELLECT-2's two-sided clip δ (ρ clamped at δ before the min) is this cap for δ > 1 + ε_high.
+        objective: the surrogate and its settings (:class:`Objective`).
         ref_logp, kl_coef: optional ``(B, T)`` reference-policy log-probs and β; no KL term when None.
         clipped: False gives the vanilla policy-gradient loss ``ℓ = −A·ρ`` whatever the objective (the KL term
             as above), the warm-up objective of ``warmup_pg_steps``. Its gradient is ``−A·ρ·∇logp``: at ρ = 1 (the
             first pass over a rollout) exactly REINFORCE with the advantages' baseline. The stats are the same,
             so ``clipfrac`` tells how much the objective would have acted.
         is_weights: optional ``(B, T)`` weights of the surrogate, without gradient.
-        objective, importance_level: :class:`PolicyObjective`, :class:`ImportanceLevel`.
-        sapo_temperatures: (τ_pos, τ_neg), TRL's defaults (1.0, 1.05).
-        vespo_kernels: ((k_pos, λ_pos), (k_neg, λ_neg)), TRL's and the paper's code's defaults ((2, 3), (3, 2)).
-        kl_bias_correction: weight the KL term by ρ (see above); the logged ``kl`` is then the mean of ρ·k3.
 
     Returns:
         ``(per_token_loss (B, T), stats)``; reduce the loss with :func:`aggregate`. Stats are masked means over
@@ -292,29 +322,20 @@ def clipped_policy_loss(
         − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used ``clip_ratio/dual`` (the −c·A cap
         is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K; tests/core/test_losses.py.
     """
-    objective = PolicyObjective(objective)
-    eps_high = clip_low if clip_high is None else clip_high
-    if dual_clip is not None and (dual_clip <= 1.0 or objective != PolicyObjective.CLIP):
-        why = "caps the loss at -c*A for A < 0" if dual_clip <= 1.0 else f"is a cap of the clip, not of {objective}"
-        raise ValueError(f"dual_clip must be > 1 with objective 'clip' (it {why}), got {dual_clip}")
-    if objective == PolicyObjective.VESPO and ImportanceLevel(importance_level) != ImportanceLevel.TOKEN:
-        raise ValueError(
-            f"vespo weighs by the product of the token ratios itself; importance_level must be 'token', "
-            f"not {importance_level!r}"
-        )
+    kind, eps_high, dual_clip = objective.kind, objective.eps_high, objective.dual_clip
     logp = _neutral(logp, mask)
     old_logp = _neutral(old_logp, mask)
     adv = _neutral(_per_token_advantages(advantages, logp), mask)
 
-    ratio = torch.exp(importance_log_ratio(logp, old_logp, mask, importance_level))
-    if objective == PolicyObjective.CLIP:
-        surrogate, stats = _clip_surrogate(ratio, adv, mask, clip_low, eps_high)
-    elif objective == PolicyObjective.CISPO:
+    ratio = torch.exp(importance_log_ratio(logp, old_logp, mask, objective.importance_level))
+    if kind == PolicyObjective.CLIP:
+        surrogate, stats = _clip_surrogate(ratio, adv, mask, objective.clip_low, eps_high)
+    elif kind == PolicyObjective.CISPO:
         surrogate, stats = _cispo_surrogate(ratio, logp, adv, mask, eps_high)
-    elif objective == PolicyObjective.SAPO:
-        surrogate, stats = _sapo_surrogate(ratio, adv, mask, sapo_temperatures)
+    elif kind == PolicyObjective.SAPO:
+        surrogate, stats = _sapo_surrogate(ratio, adv, mask, objective.sapo_temperatures)
     else:
-        surrogate, stats = _vespo_surrogate(logp, old_logp, adv, mask, vespo_kernels)
+        surrogate, stats = _vespo_surrogate(logp, old_logp, adv, mask, objective.vespo_kernels)
     per_token = surrogate if clipped else -adv * ratio
     with torch.no_grad():
         stats["approx_kl"] = 0.5 * masked_mean((logp - old_logp) ** 2, mask)
@@ -330,7 +351,7 @@ def clipped_policy_loss(
         # k3 on inputs already neutralised: computed from raw padding, exp(garbage)·0 in the backward pass
         # would put NaN into the gradient even though the loss ignores those positions.
         kl = kl_estimate(logp, _neutral(ref_logp, mask), KLEstimator.K3)
-        if kl_bias_correction:
+        if objective.kl_bias_correction:
             kl = ratio * kl  # ρ is 1 where masked, and k3 is 0 there
         with torch.no_grad():
             stats["kl"] = masked_mean(kl, mask)

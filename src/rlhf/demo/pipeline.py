@@ -141,7 +141,8 @@ def run(config: DemoConfig) -> dict[str, Any]:
 def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     """The demo's script: its numbered stages in order, each timed, sharing the paths earlier ones wrote."""
     from rlhf import evaluate, report, sample  # here: they load torch
-    from rlhf.trainers import dpo, grpo, ppo, reward_model, sft
+    from rlhf.trainers import dpo, reward_model, sft
+    from rlhf.trainers.rl import grpo, ppo
 
     preset = PRESETS[config.preset]
     start = time.perf_counter()

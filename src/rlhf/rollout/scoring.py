@@ -163,7 +163,7 @@ def reward_context(
 
 def make_trainer_state(**fields: Any) -> Any:
     """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's):
-    ``fields`` as the training loop fills them (`rlhf.trainers.rl.trainer_state`); without any (``rlhf
+    ``fields`` as the training loop fills them (`rlhf.trainers.rl.inputs.make_trainer_state`); without any (``rlhf
     sample``, ``rlhf eval``) a fresh state, as TRL's before training: step 0 of 0."""
     from transformers import TrainerState  # only here: importing transformers costs seconds
 

@@ -69,7 +69,7 @@ class VLLMServer:
     request, 1 = no retry.
 
     Under torchrun every rank samples its rows from the one server; rank 0 alone pushes, and the others take its
-    ``client`` and ``version`` (`rlhf.trainers.rl.Models.sync_engine`)."""
+    ``client`` and ``version`` (`rlhf.trainers.rl.models.Models.sync_engine`)."""
 
     shared = True
     """One server for all ranks (a colocated engine is each rank's own)."""

@@ -1,6 +1,6 @@
 """The update engine: micro-batch plans, micro-batched forward/backward, gradient synchronisation over ranks,
 the optimizer step. Every trainer takes its optimizer steps through here (PPO and GRPO in
-`rlhf.trainers.rl.update_passes`), so the distributed part of an update is written once. How N ranks take the
+`rlhf.trainers.rl.updates.update_passes`), so the distributed part of an update is written once. How N ranks take the
 step one process takes (global minibatches, global denominators, filler passes): docs/scaling.md, "The result
 does not depend on the number of processes"; per-update statistics are summed (``*_max`` keys: maximised) over
 micro-batches and ranks.

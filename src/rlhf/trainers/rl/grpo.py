@@ -47,77 +47,103 @@ from rlhf.core.kl import kl_estimate
 from rlhf.core.losses import aggregate, clipped_policy_loss
 from rlhf.core.masked import masked_mean
 from rlhf.core.sequences import score_index
+from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.rollout import generation, scoring
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import Dist
+from rlhf.runlog.metrics import Stopwatch
 from rlhf.runlog.train_state import TrainState
-from rlhf.trainers import rl, update
+from rlhf.trainers import update
+from rlhf.trainers.rl.inputs import Inputs
+from rlhf.trainers.rl.loop import Algorithm, train
+from rlhf.trainers.rl.models import Models, open_engine
+from rlhf.trainers.rl.rollout import (
+    Rollout,
+    Sampled,
+    mismatch_stats,
+    missing_eos_penalized,
+    no_grad_pass,
+    pass_stats,
+    sample_and_score,
+    top_entropy_tokens,
+)
+from rlhf.trainers.rl.updates import (
+    clipped_objective,
+    objective,
+    ratio_dev_max,
+    setting_stats,
+    surrogate_weights,
+    update_passes,
+)
 
 MAX_SAMPLING_ROUNDS = 4
 """Dynamic sampling: most generation rounds (of ``batch.size`` prompts each) per iteration."""
 
 
 @dataclass(frozen=True)
-class Rollout(rl.Rollout):
-    """`rl.Rollout` (``logprobs`` None when the update is `on_policy`, ``ref_logprobs`` None with ``kl.coef: 0``;
+class GRPORollout(Rollout):
+    """`Rollout` (``logprobs`` None when the update is `on_policy`, ``ref_logprobs`` None with ``kl.coef: 0``;
     ``advantages`` 0 outside ``mask``) with ``mask`` (B, T) bool, the tokens of the loss."""
 
     mask: torch.Tensor
 
 
-class GRPO(rl.Algorithm):
-    """The GRPO family inside the RL loop (`rlhf.trainers.rl.train`): groups of responses per prompt (with dynamic
+class GRPO(Algorithm):
+    """The GRPO family inside the RL loop (`rlhf.trainers.train`): groups of responses per prompt (with dynamic
     sampling, more rounds), then the rollout's pass and the clipped per-token updates."""
 
-    def __init__(self, config: GRPOConfig, inputs: rl.Inputs):
+    def __init__(self, config: GRPOConfig, inputs: Inputs):
         self.config, self.inputs = config, inputs
         self.models = build_models(config, inputs.d)
         self.updates_per_step = config.grpo.num_iterations * config.grpo.num_minibatches
 
-    def sample(self, stream: Any, generator: torch.Generator, trainer_state: Any) -> rl.Sampled:
+    def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
         """Phases 1-2: ``group_size`` responses to each of the next prompts, scored; with dynamic sampling more
         rounds until enough groups carry a signal (:func:`fill_batch`)."""
 
-        def sample_round() -> rl.Sampled:
+        def sample_round() -> Sampled:
             return sample_groups(self.config, self.models, self.inputs, next(stream), generator, trainer_state)
 
         return fill_batch(self.config, sample_round)
 
-    def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
+    def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
         """Phases 3-5: old (and reference) log-probs, group-relative advantages; ``num_iterations`` passes ×
         minibatches of the clipped per-token loss."""
         with watch("logprobs"):
             rollout, stats = make_rollout(self.config, self.models, sampled, self.inputs.d)
         with watch("train"):
-            clipped = rl.clipped_objective(self.config, step, self.inputs.d)
+            clipped = clipped_objective(self.config, step, self.inputs.d)
             return stats | grpo_update(self.config, self.models, rollout, state, clipped)
 
 
-def build_models(config: GRPOConfig, d: Dist) -> rl.Models:
+def build_models(config: GRPOConfig, d: Dist) -> Models:
     """The policy and, when ``kl.coef > 0``, its reference; with ``kl.coef: 0`` no reference at all (not even a
     frozen copy in memory)."""
     reference = config.kl.coef > 0
-    return rl.Models(
-        config.model, d, reference=reference, ema=config.kl.reference_ema, engine=rl.open_engine(config, d)
-    )
+    return Models(config.model, d, reference=reference, ema=config.kl.reference_ema, engine=open_engine(config, d))
 
 
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: GRPOConfig) -> Path:
     """Train ``config.model.name`` with the GRPO family; returns the ``final/`` directory."""
-    return rl.train(config, GRPO)
+    return train(config, GRPO)
 
 
 def sample_groups(
-    config: GRPOConfig, models: rl.Models, inputs: rl.Inputs, batch: Any, generator: torch.Generator, trainer_state: Any
-) -> rl.Sampled:
+    config: GRPOConfig,
+    models: Models,
+    inputs: Inputs,
+    batch: PromptBatch,
+    generator: torch.Generator,
+    trainer_state: Any,
+) -> Sampled:
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), and as ``rewards``
     the combined score (B,) with the missing-EOS and DAPO overlong penalties (NaN stays NaN)."""
     G = config.grpo.group_size
-    sampled = rl.sample_and_score(config, inputs, models, batch, generator, trainer_state, repeat=G)
+    sampled = sample_and_score(config, inputs, models, batch, generator, trainer_state, repeat=G)
     generated = sampled.generated
-    rewards = rl.missing_eos_penalized(config, sampled.scores.combined.float(), generated.has_stop.cpu())
+    rewards = missing_eos_penalized(config, sampled.scores.combined.float(), generated.has_stop.cpu())
     if config.grpo.overlong_buffer > 0:
         rewards = rewards + overlong_penalty(config, generated.responses.cpu(), generated.pad_token_id)
     return dataclasses.replace(sampled, rewards=rewards)
@@ -131,7 +157,7 @@ def overlong_penalty(config: GRPOConfig, responses: torch.Tensor, pad_token_id: 
     )
 
 
-def fill_batch(config: GRPOConfig, sample_round: Callable[[], rl.Sampled]) -> rl.Sampled:
+def fill_batch(config: GRPOConfig, sample_round: Callable[[], Sampled]) -> Sampled:
     """One round of ``batch.size`` groups; with ``grpo.dynamic_sampling`` (DAPO, checklist item 46) more rounds, at
     most ``MAX_SAMPLING_ROUNDS``, until ``batch_size`` groups have rewards that differ; a batch still short is
     filled with zero-signal groups (advantage 0: only the KL term moves them; verl raises an error instead), with
@@ -163,39 +189,24 @@ def fill_batch(config: GRPOConfig, sample_round: Callable[[], rl.Sampled]) -> rl
 
 @torch.no_grad()
 def make_rollout(
-    config: GRPOConfig, models: rl.Models, sampled: rl.Sampled, d: Dist = distributed.SINGLE
-) -> tuple[Rollout, dict[str, float]]:
-    """Phases 3-4: one no-grad pass for old (and reference) log-probs, then the advantages (one function: they share
-    the rollout's masks). `on_policy`: no policy pass (``Rollout.logprobs`` None). Each rank fills its own
-    groups' rows (`rl.first_pass`; summed over ranks); the advantages are computed on the whole batch."""
+    config: GRPOConfig, models: Models, sampled: Sampled, d: Dist = distributed.SINGLE
+) -> tuple[GRPORollout, dict[str, float]]:
+    """Phases 3-4: one no-grad pass for old (and reference) log-probs (`rollout.no_grad_pass`; `on_policy`: no
+    policy pass, ``logprobs`` None), then the advantages on the whole batch (one function: they share the
+    rollout's masks)."""
     generated = sampled.generated
-    ids, mask = generated.query_responses, generated.attention_mask
-    B, T = generated.responses.shape
-    logprobs = None if on_policy(config, models) else torch.zeros(B, T, device=ids.device)
-    ref = torch.zeros(B, T, device=ids.device) if models.reference is not None else None
-    entropy = torch.zeros(B, T, device=ids.device) if config.grpo.top_entropy_quantile < 1 else None
-    temperature = config.sampling.temperature
-    for rows, inputs, t, real in rl.first_pass(config, generated, config.grpo.group_size, d):
-        if logprobs is not None:
-            old = models.old_scores(*inputs, t, temperature, entropy=entropy is not None)
-            if real:
-                logprobs[rows, :t] = old.logprobs
-                if entropy is not None:
-                    entropy[rows, :t] = old.entropy
-        if ref is not None:
-            reference = models.reference.logprobs(*inputs, t, temperature)
-            if real:
-                ref[rows, :t] = reference
-    logprobs, ref, entropy = (None if x is None else d.sum(x) for x in (logprobs, ref, entropy))
-    masks, (logprobs, ref) = rl.response_logprobs(generated, logprobs, ref)
-    rewards = sampled.rewards.to(ids.device)
+    T = generated.responses.shape[1]
+    unit = config.grpo.group_size  # a group's rows share a rank
+    passed = no_grad_pass(config, models, generated, unit=unit, d=d, policy=not on_policy(config, models))
+    masks, ref = passed.masks, passed.ref_logprobs
+    rewards = sampled.rewards.to(generated.query_responses.device)
     scored = ~rewards.isnan()
     loss_mask = ~masks.padding_mask & scored[:, None]  # up to and including the stop token (checklist 44)
     if generated.env_mask is not None:  # multi-turn: the model's own tokens only
         loss_mask = loss_mask & ~generated.env_mask
     if config.grpo.mask_truncated_completions:
         loss_mask = loss_mask & generated.has_stop[:, None]
-    kl = kl_estimate(logprobs, ref, config.kl.estimator) if ref is not None else None
+    kl = kl_estimate(passed.logprobs, ref, config.kl.estimator) if ref is not None else None
     in_reward = config.kl.add_to == "reward" and kl is not None  # else the KL goes into the loss (or nowhere)
     advantages = token_advantages(
         rewards,
@@ -208,36 +219,22 @@ def make_rollout(
         score_index=score_index(masks.sequence_lengths, T, "eos"),
         **({"scale": config.reward_scaling} if config.grpo.estimator == "grpo" else {}),
     )
-
+    keep, keep_stats = top_entropy_tokens(config, passed.entropy, loss_mask)
     stats = {
         "reward/score_mean": rewards[scored].mean().item() if scored.any() else math.nan,
         "advantages/abs_mean": masked_mean(advantages.abs(), loss_mask).item(),
         "response/masked_fraction": 1.0 - (loss_mask.any(-1) | ~scored).float().mean().item(),
+        **pass_stats(passed, generated, kl, loss_mask, scored),  # else measured by the update's forward (`micro_step`)
+        **keep_stats,
     }
     if config.grpo.overlong_buffer > 0:
         penalty = overlong_penalty(config, generated.responses, generated.pad_token_id)
         stats["reward/overlong_penalty_mean"] = penalty.mean().item()
-    if ref is not None:
-        stats |= rl.kl_stats(logprobs, ref, kl, loss_mask, scored)  # over the loss tokens
-    if logprobs is not None:  # else measured by the update's forward (`micro_step`)
-        stats |= rl.mismatch_stats(logprobs, generated.sampler_logprobs, loss_mask)
-    keep = rl.entropy_keep(config, entropy, loss_mask)
-    if keep is not None:
-        stats["policy/entropy_masked_fraction"] = 1.0 - keep.sum().item() / max(int(loss_mask.sum()), 1)
-    rollout = Rollout(
-        query_responses=ids,
-        attention_mask=mask,
-        logprobs=logprobs,
-        ref_logprobs=ref,
-        advantages=advantages,
-        sampler_logprobs=generated.sampler_logprobs,
-        entropy_keep=keep,
-        mask=loss_mask,
-    )
+    rollout = GRPORollout.of(generated, passed, advantages=advantages, entropy_keep=keep, mask=loss_mask)
     return rollout, stats
 
 
-def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
+def on_policy(config: GRPOConfig, models: Models) -> bool:
     """One optimizer step per rollout and no reference: the policy has not moved when the loss is computed,
     so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
     one policy forward less per step, the same update (TRL's GRPO does the same). Not under
@@ -247,20 +244,20 @@ def on_policy(config: GRPOConfig, models: rl.Models) -> bool:
 
 
 def grpo_update(
-    config: GRPOConfig, models: rl.Models, rollout: Rollout, state: TrainState, clipped: bool = True
+    config: GRPOConfig, models: Models, rollout: GRPORollout, state: TrainState, clipped: bool = True
 ) -> dict[str, float]:
-    """Phase 5: ``grpo.num_iterations`` passes of ``num_minibatches`` minibatches (`rl.update_passes`). ``clipped``
+    """Phase 5: ``grpo.num_iterations`` passes of ``num_minibatches`` minibatches (`update_passes`). ``clipped``
     False: the unclipped loss of the warm-up (``grpo.warmup_pg_steps``)."""
     step = functools.partial(micro_step, config, models, rollout, clipped=clipped)
     passes, unit = config.grpo.num_iterations, config.grpo.group_size
-    result = rl.update_passes(config, models, rollout, state, passes=passes, unit=unit, step=step)
+    result = update_passes(config, models, rollout, state, passes=passes, unit=unit, step=step)
     return result | {"policy/clipped": float(clipped)}
 
 
 def micro_step(
     config: GRPOConfig,
-    models: rl.Models,
-    rollout: Rollout,
+    models: Models,
+    rollout: GRPORollout,
     micro: update.MicroBatch,
     minibatch: torch.Tensor,
     clipped: bool = True,
@@ -281,7 +278,7 @@ def micro_step(
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
-    weights, is_stats = rl.surrogate_weights(config, rollout, micro, logprobs, old_logprobs, loss_mask)
+    weights, is_stats = surrogate_weights(config, rollout, micro, logprobs, old_logprobs, loss_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         old_logprobs,
@@ -291,7 +288,7 @@ def micro_step(
         kl_coef=config.kl.coef,
         clipped=clipped,
         is_weights=weights,
-        **rl.objective_options(config),
+        objective=objective(config),
     )
     policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
@@ -299,26 +296,26 @@ def micro_step(
     stats = {
         "policy/loss": policy_loss.item(),
         "policy/entropy": entropy_mean.item(),
-        "ratio_dev_max": rl.ratio_dev_max(logprobs, old_logprobs, loss_mask),
+        "ratio_dev_max": ratio_dev_max(logprobs, old_logprobs, loss_mask),
     }
     for name in ["clipfrac", "approx_kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region"]:
         key = name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
-    stats |= rl.setting_stats(pg_stats, share)
+    stats |= setting_stats(pg_stats, share)
     if rollout.logprobs is None:  # on-policy: this forward's own log-probs are the trainer's side of the mismatch
-        is_stats |= rl.mismatch_stats(old_logprobs, rollout.sampler_at(micro), loss_mask)
+        is_stats |= mismatch_stats(old_logprobs, rollout.sampler_at(micro), loss_mask)
     stats |= {key: value if key.endswith("_max") else value * share for key, value in is_stats.items()}
     return policy_loss - config.grpo.entropy_coef * entropy_mean, stats
 
 
-def _select_groups(sampled: rl.Sampled, groups: torch.Tensor, G: int) -> rl.Sampled:
+def _select_groups(sampled: Sampled, groups: torch.Tensor, G: int) -> Sampled:
     """The rows of whole groups ``groups`` (indices into the N groups), in that order."""
     rows = (groups[:, None] * G + torch.arange(G)).flatten()
     prompts = [sampled.prompts[i] for i in rows.tolist()]
-    return rl.Sampled(sampled.generated.select(rows), sampled.scores.select(rows), sampled.rewards[rows], prompts)
+    return Sampled(sampled.generated.select(rows), sampled.scores.select(rows), sampled.rewards[rows], prompts)
 
 
-def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
+def _concat(parts: list[Sampled]) -> Sampled:
     """Rows of several rounds in one batch: prompts re-left-padded, responses re-right-padded to common widths."""
     parts = [p for p in parts if len(p.generated.completions)]
     if len(parts) == 1:
@@ -349,4 +346,4 @@ def _concat(parts: list[rl.Sampled]) -> rl.Sampled:
     )
     scores = scoring.concat_scores([p.scores for p in parts])
     prompts = [text for p in parts for text in p.prompts]
-    return rl.Sampled(generated, scores, torch.cat([p.rewards for p in parts]), prompts)
+    return Sampled(generated, scores, torch.cat([p.rewards for p in parts]), prompts)

@@ -1,5 +1,5 @@
 """PPO for RLHF (Ziegler et al. 2019; Stiennon et al. 2020; Ouyang et al. 2022): the algorithm `PPO` inside the RL
-loop of `rlhf.trainers.rl` (`rl.train` runs the iterations; this file is read top to bottom from `PPO`).
+loop of `rlhf.trainers.rl` (`train` runs the iterations; this file is read top to bottom from `PPO`).
 
 One iteration, phase by phase with the functions that run it: docs/architecture.md, "One PPO step" (1-2
 `PPO.sample`, 3-6 `PPO.learn`, 7 `PPO.after_step`). All math is in ``rlhf.core``; each phase below is one call.
@@ -32,21 +32,44 @@ from rlhf.core.kl import kl_estimate, kl_shaped_rewards, update_kl_coef
 from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_whiten
 from rlhf.core.sequences import score_index
+from rlhf.data.stream import PromptStream
 from rlhf.models.critic import load_critic
 from rlhf.models.policy import ScoredTokens, ValueHead
 from rlhf.models.precision import bf16_enabled
 from rlhf.models.sharding import load_sharded, shard_small
 from rlhf.rollout import generation
-from rlhf.rollout.rewards import RewardModelReward
+from rlhf.rollout.rewards import RewardModelReward, RewardSet
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
+from rlhf.runlog.metrics import Stopwatch
 from rlhf.runlog.train_state import TrainState
-from rlhf.trainers import rl, update
+from rlhf.trainers import update
+from rlhf.trainers.rl.inputs import Inputs
+from rlhf.trainers.rl.loop import Algorithm, train
+from rlhf.trainers.rl.models import Models, ValueFunction, open_engine
+from rlhf.trainers.rl.rollout import (
+    Rollout,
+    Sampled,
+    missing_eos_penalized,
+    no_grad_pass,
+    pass_stats,
+    sample_and_score,
+    top_entropy_tokens,
+)
+from rlhf.trainers.rl.updates import (
+    clipped_objective,
+    in_warmup,
+    objective,
+    ratio_dev_max,
+    setting_stats,
+    surrogate_weights,
+    update_passes,
+)
 
 
 @dataclass(frozen=True)
-class Rollout(rl.Rollout):
-    """`rl.Rollout` (old and reference log-probs always present) with the value function's side: ``values``,
+class PPORollout(Rollout):
+    """`Rollout` (old and reference log-probs always present) with the value function's side: ``values``,
     ``returns`` (B, T) float32 (values 0 beyond padding_mask_p1); ``policy_mask`` / ``value_mask`` (B, T) bool, the
     tokens of the policy loss (~padding_mask) and of the value loss (~padding_mask_p1), False for unscored rows."""
 
@@ -56,21 +79,21 @@ class Rollout(rl.Rollout):
     value_mask: torch.Tensor
 
 
-class PPO(rl.Algorithm):
-    """PPO inside the RL loop (`rlhf.trainers.rl.train`): one response per prompt, the rollout's passes and the
+class PPO(Algorithm):
+    """PPO inside the RL loop (`rlhf.trainers.train`): one response per prompt, the rollout's passes and the
     clipped updates, then the KL controller; β is part of the checkpoint."""
 
-    def __init__(self, config: PPOConfig, inputs: rl.Inputs):
+    def __init__(self, config: PPOConfig, inputs: Inputs):
         self.config, self.inputs = config, inputs
         self.models = build_models(config, inputs.rewards, inputs.d)
         self.updates_per_step = config.ppo.epochs * config.ppo.num_minibatches
         self.kl_coef = config.kl.coef
 
-    def sample(self, stream: Any, generator: torch.Generator, trainer_state: Any) -> rl.Sampled:
+    def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
         """Phases 1-2: roll out the current policy, one response per prompt, and score the finished responses."""
-        return rl.sample_and_score(self.config, self.inputs, self.models, next(stream), generator, trainer_state)
+        return sample_and_score(self.config, self.inputs, self.models, next(stream), generator, trainer_state)
 
-    def learn(self, step: int, sampled: rl.Sampled, state: Any, watch: Any) -> dict[str, float]:
+    def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
         """Phases 3-6: old/ref log-probs and values, KL-shaped rewards, GAE and whitening; K epochs of clipped
         policy and value updates."""
         config, d, fused = self.config, self.inputs.d, fuses_first_update(self.config)
@@ -79,7 +102,7 @@ class PPO(rl.Algorithm):
                 config, self.models, sampled.generated, sampled.rewards, self.kl_coef, fused, d
             )
         with watch("train"):
-            clipped, frozen = rl.clipped_objective(config, step, d), policy_frozen(config, step, d)
+            clipped, frozen = clipped_objective(config, step, d), policy_frozen(config, step, d)
             return stats | ppo_update(config, self.models, rollout, state, self.kl_coef, first, clipped, frozen)
 
     def after_step(self, stats: dict[str, float]) -> dict[str, float]:
@@ -98,14 +121,14 @@ class PPO(rl.Algorithm):
         self.kl_coef = saved.get("kl_coef", self.kl_coef)
 
 
-def build_models(config: PPOConfig, rewards: Any, d: Dist) -> rl.Models:
+def build_models(config: PPOConfig, rewards: RewardSet, d: Dist) -> Models:
     """The policy, its reference (frozen, or moving with ``kl.reference_ema``) and the value function."""
     value = functools.partial(value_function, config, rewards, d)
-    engine = rl.open_engine(config, d)
-    return rl.Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value, engine=engine)
+    engine = open_engine(config, d)
+    return Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value, engine=engine)
 
 
-def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) -> rl.ValueFunction:
+def value_function(config: PPOConfig, rewards: RewardSet, d: Dist, policy: nn.Module) -> ValueFunction:
     """A value head on ``policy``'s trunk, or a separate critic started from the reward model (``ppo.critic``;
     ``auto``: :func:`critic_layout`, said on stderr)."""
     # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
@@ -121,7 +144,7 @@ def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) 
         print(f"ppo: critic auto → {layout} ({started})", file=sys.stderr)
     if layout == "shared":
         hidden = policy.config.hidden_size
-        return rl.ValueFunction(head=shard_small(ValueHead(hidden).to(d.device), d), load=lambda: ValueHead(hidden))
+        return ValueFunction(head=shard_small(ValueHead(hidden).to(d.device), d), load=lambda: ValueHead(hidden))
     source = rm.model.name_or_path if rm is not None else config.model.name
     load = functools.partial(
         load_critic,
@@ -132,7 +155,7 @@ def value_function(config: PPOConfig, rewards: Any, d: Dist, policy: nn.Module) 
         bf16_on=d.device if bf16_enabled(config.model.bf16, d.device) else None,
     )
     critic = load_sharded(lambda device: load(device=device), d.mesh) if d.sharded else load(device=d.device)
-    return rl.ValueFunction(critic=critic, load=load)
+    return ValueFunction(critic=critic, load=load)
 
 
 def critic_layout(critic: str, reward_model_critic: bool) -> str:
@@ -146,14 +169,14 @@ def policy_frozen(config: PPOConfig, step: int, d: Dist = SINGLE) -> bool:
     parameters are held."""
     warmup = config.ppo.critic_warmup_steps
     during = f"fit the value function only; the policy is held (critic_warmup_steps={warmup})"
-    return rl.in_warmup(step, warmup, d, during, "the critic warm-up is over; the policy trains")
+    return in_warmup(step, warmup, d, during, "the critic warm-up is over; the policy trains")
 
 
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: PPOConfig) -> Path:
     """Train ``config.model.name`` with PPO; returns the ``final/`` directory."""
-    return rl.train(config, PPO)
+    return train(config, PPO)
 
 
 def fuses_first_update(config: PPOConfig) -> bool:
@@ -164,9 +187,7 @@ def fuses_first_update(config: PPOConfig) -> bool:
     return config.ppo.num_minibatches == 1 and one_micro_batch
 
 
-def training_forward(
-    config: PPOConfig, models: rl.Models, ids: torch.Tensor, mask: torch.Tensor, T: int
-) -> ScoredTokens:
+def training_forward(config: PPOConfig, models: Models, ids: torch.Tensor, mask: torch.Tensor, T: int) -> ScoredTokens:
     """An update's forward: log-probs and values with gradients, and the entropy (with gradients only when it
     is in the loss)."""
     entropy_grad = config.ppo.entropy_coef != 0
@@ -176,49 +197,27 @@ def training_forward(
 @torch.no_grad()
 def make_rollout(
     config: PPOConfig,
-    models: rl.Models,
+    models: Models,
     generated: generation.Generated,
     scores: torch.Tensor,
     kl_coef: float,
     fused: bool = False,
-    d: Dist = distributed.SINGLE,
-) -> tuple[Rollout, dict[str, float], ScoredTokens | None]:
-    """Phases 3-5: reference and old log-prob/value passes, KL-shaped rewards, GAE and whitening (one function: they
-    share the rollout's masks). ``fused``: the old log-probs and values are the first update's forward (returned
-    with its graph: :func:`fuses_first_update`), after the reference pass so the two never hold memory together.
-    Each rank fills its own rows (`rl.first_pass`; summed over ranks); the rest runs on the whole batch."""
-    ids, mask = generated.query_responses, generated.attention_mask
-    B, T = generated.responses.shape
-    logprobs, values, ref_logprobs = (torch.zeros(B, T, device=ids.device) for _ in range(3))
-    entropy = torch.zeros(B, T, device=ids.device) if config.ppo.top_entropy_quantile < 1 else None  # its mask's
-    temperature = config.sampling.temperature
-    for rows, inputs, t, real in rl.first_pass(config, generated, 1, d):
-        ref = models.reference.logprobs(*inputs, t, temperature)
-        old = None if fused else models.old_scores(*inputs, t, temperature, entropy=entropy is not None)
-        if real:
-            ref_logprobs[rows, :t] = ref
-            if old is not None:
-                logprobs[rows, :t], values[rows, :t] = old.logprobs, old.values
-                if entropy is not None:
-                    entropy[rows, :t] = old.entropy
-    first = None
-    if fused:  # the first update's forward over this rank's rows of the rollout, graph kept
-        own = torch.tensor(d.shard(B))
-        with torch.enable_grad():
-            first = training_forward(config, models, ids[own], mask[own], T)
-        logprobs[own], values[own] = first.logprobs.detach(), first.values.detach()
-        if entropy is not None:
-            entropy[own] = first.entropy.detach()
-    logprobs, values, ref_logprobs = d.sum(logprobs), d.sum(values), d.sum(ref_logprobs)
-    entropy = None if entropy is None else d.sum(entropy)
-    masks, (logprobs, ref_logprobs) = rl.response_logprobs(generated, logprobs, ref_logprobs)
-    values = values.masked_fill(masks.padding_mask_p1, 0.0)
-    scores = scores.to(ids.device)  # the reward sources answer on the CPU
+    d: Dist = SINGLE,
+) -> tuple[PPORollout, dict[str, float], ScoredTokens | None]:
+    """Phases 3-5: reference and old log-prob/value passes (`rollout.no_grad_pass`; ``fused``: the old log-probs and
+    values are the first update's forward, returned with its graph: :func:`fuses_first_update`), KL-shaped rewards,
+    GAE and whitening (one function: they share the rollout's masks), on the whole batch."""
+    T = generated.responses.shape[1]
+    forward = functools.partial(_own_rows_forward, config, models, generated) if fused else None
+    passed = no_grad_pass(config, models, generated, unit=1, d=d, fused=forward)
+    masks, logprobs, ref_logprobs = passed.masks, passed.logprobs, passed.ref_logprobs
+    values = passed.values.masked_fill(masks.padding_mask_p1, 0.0)
+    scores = scores.to(generated.query_responses.device)  # the reward sources answer on the CPU
     scored = ~scores.isnan()
     env = generated.env_mask if generated.env_mask is not None else torch.zeros_like(masks.padding_mask)
     policy_mask = ~masks.padding_mask & scored[:, None] & ~env  # multi-turn: the model's own tokens only
     value_mask = ~masks.padding_mask_p1 & scored[:, None] & ~env
-    score = rl.missing_eos_penalized(config, torch.nan_to_num(scores, nan=0.0), generated.has_stop)
+    score = missing_eos_penalized(config, torch.nan_to_num(scores, nan=0.0), generated.has_stop)
     kl = kl_estimate(logprobs, ref_logprobs, config.kl.estimator)
     beta = kl_coef if config.kl.add_to == "reward" else 0.0
     index = score_index(masks.sequence_lengths, T, config.ppo.score_position)
@@ -229,51 +228,54 @@ def make_rollout(
     advantages, returns = gae(rewards, values, gae_mask, config.ppo.gamma, config.ppo.lam, skip=env)
     if config.ppo.whiten_advantages:
         advantages = whiten_advantages(advantages, policy_mask, unbiased=True)
-    keep = rl.entropy_keep(config, entropy, policy_mask)
+    keep, keep_stats = top_entropy_tokens(config, passed.entropy, policy_mask)
     stats = {
-        **rl.kl_stats(logprobs, ref_logprobs, kl, policy_mask, scored),
-        **rl.mismatch_stats(logprobs, generated.sampler_logprobs, policy_mask),
+        **pass_stats(passed, generated, kl, policy_mask, scored),
         "reward/non_score_mean": non_score.sum(-1)[scored].mean().item(),
         "reward/score_mean": score[scored].mean().item(),
         "advantages/abs_mean": masked_mean(advantages.abs(), policy_mask).item(),
         "value/mean": masked_mean(values, value_mask).item(),
         "returns/mean": masked_mean(returns, value_mask).item(),
+        **keep_stats,
     }
-    if keep is not None:
-        stats["policy/entropy_masked_fraction"] = 1.0 - keep.sum().item() / max(int(policy_mask.sum()), 1)
-    rollout = Rollout(
-        query_responses=ids,
-        attention_mask=mask,
-        logprobs=logprobs,
-        ref_logprobs=ref_logprobs,
+    rollout = PPORollout.of(
+        generated,
+        passed,
         advantages=advantages,
-        sampler_logprobs=generated.sampler_logprobs,
         entropy_keep=keep,
         values=values,
         returns=returns,
         policy_mask=policy_mask,
         value_mask=value_mask,
     )
-    return rollout, stats, first
+    return rollout, stats, passed.first
+
+
+def _own_rows_forward(
+    config: PPOConfig, models: Models, generated: generation.Generated, rows: torch.Tensor
+) -> ScoredTokens:
+    """The first update's forward over ``rows`` of the rollout (this rank's), with its graph."""
+    ids, mask = generated.query_responses[rows], generated.attention_mask[rows]
+    return training_forward(config, models, ids, mask, generated.responses.shape[1])
 
 
 def ppo_update(
     config: PPOConfig,
-    models: rl.Models,
-    rollout: Rollout,
+    models: Models,
+    rollout: PPORollout,
     state: TrainState,
     kl_coef: float,
     first: ScoredTokens | None = None,
     clipped: bool = True,
     frozen: bool = False,
 ) -> dict[str, float]:
-    """Phase 6: ``ppo.epochs`` passes of minibatches (`rl.update_passes`). ``kl_coef``: the current β (for the
+    """Phase 6: ``ppo.epochs`` passes of minibatches (`update_passes`). ``kl_coef``: the current β (for the
     KL in the loss); ``first``: the first update's forward (:func:`fuses_first_update`); ``clipped`` False:
     ``ppo.warmup_pg_steps``' unclipped policy loss; ``frozen``: a ``ppo.critic_warmup_steps`` step, the value loss
     alone, the policy's parameters held (the gradients a shared trunk gets from the value loss are dropped)."""
     step = functools.partial(micro_step, config, models, rollout, kl_coef=kl_coef, clipped=clipped, frozen=frozen)
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
-    result = rl.update_passes(
+    result = update_passes(
         config, models, rollout, state, passes=config.ppo.epochs, unit=1, step=step, held=held, first=first
     )
     result |= {"policy/clipped": float(clipped), "policy/frozen": float(frozen)}
@@ -283,8 +285,8 @@ def ppo_update(
 
 def micro_step(
     config: PPOConfig,
-    models: rl.Models,
-    rollout: Rollout,
+    models: Models,
+    rollout: PPORollout,
     micro: update.MicroBatch,
     minibatch: torch.Tensor,
     forward: ScoredTokens | None = None,
@@ -308,7 +310,7 @@ def micro_step(
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
     old = rollout.logprobs[rows, :t]
-    weights, is_stats = rl.surrogate_weights(config, rollout, micro, logprobs, old, policy_mask)
+    weights, is_stats = surrogate_weights(config, rollout, micro, logprobs, old, policy_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         old,
@@ -318,7 +320,7 @@ def micro_step(
         kl_coef=kl_coef,
         clipped=clipped,
         is_weights=weights,
-        **rl.objective_options(config),
+        objective=objective(config),
     )
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
@@ -332,7 +334,7 @@ def micro_step(
         "value/loss": value_loss.item(),
         "policy/entropy": entropy_mean.item(),
         "value/clipfrac": vf_stats["clipfrac"].item() * share_v,
-        "ratio_dev_max": rl.ratio_dev_max(logprobs, old, policy_mask),
+        "ratio_dev_max": ratio_dev_max(logprobs, old, policy_mask),
     }
     if frozen:
         return config.ppo.vf_coef * value_loss, stats
@@ -341,6 +343,6 @@ def micro_step(
         "policy/loss": policy_loss.item(),
         "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
         "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
-        **rl.setting_stats(pg_stats, share_p),
+        **setting_stats(pg_stats, share_p),
         **{key: value * share_p for key, value in is_stats.items()},
     }
