@@ -18,7 +18,7 @@ from rlhf.data.records import PromptExample, SFTExample
 from rlhf.data.tokenization import tokenize_prompts, tokenize_sft
 from rlhf.models.tiny import save_tiny, tiny_family_lm
 from rlhf.rollout.episodes import ChatFormat
-from rlhf.trainers import sft
+from rlhf.trainers import reward_model, sft
 from rlhf.trainers.rl.inputs import load_inputs
 
 OFF = {"enable_thinking": False}
@@ -145,3 +145,25 @@ def test_the_trained_model_records_the_arguments_and_eval_and_sample_reuse_them(
     reused, defaults = rendered[:8], rendered[8:]
     assert len(defaults) == 8 and all(text.endswith("<|im_start|>assistant\n" + EMPTY_THINK) for text in reused)
     assert [text + EMPTY_THINK for text in defaults] == reused
+
+
+def test_rm_tokenizes_its_preference_pairs_with_the_arguments(qwen3_model, tmp_path, monkeypatch):
+    """``rlhf rm`` with thinking off: every pair is rendered with the arguments, as the policy writes its answers
+    (the prompt ends with the empty think block, the answers follow it), and final/ records them."""
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": CONVERSATION[:1], "chosen": CONVERSATION[1:],
+             "rejected": [{"role": "assistant", "content": str(n)}]} for n in (4, 6, 7, 8)]  # fmt: skip
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    loaded = []  # the pairs the run trains on
+    load_pairs = reward_model.load_pairs
+    monkeypatch.setattr(reward_model, "load_pairs", lambda *args: loaded.append(load_pairs(*args)) or loaded[-1])
+    values = {"model.name": str(qwen3_model), "data.train": str(data), "output_dir": str(tmp_path / "rm"),
+              "data.chat_template_kwargs": OFF, "rm.epochs": 1, "batch.size": 4, "run.eval_every": 0,
+              "run.save_every": 0, "run.progress": False}  # fmt: skip
+    final = reward_model.run(config_from_dict("rm", nested(values)))
+    (train, _), tokenizer = loaded[0], chat_tokenizer("qwen3")
+    assert len(train) == 4
+    for pair in train:
+        assert tokenizer.decode(pair.prompt_ids).endswith("<|im_start|>assistant\n" + EMPTY_THINK)
+        assert tokenizer.decode(pair.chosen_ids) == "5<|im_end|>"
+    assert json.loads((final / "tokenizer_config.json").read_text())["chat_template_kwargs"] == OFF

@@ -29,15 +29,18 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_tokenizer(name_or_path: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> Any:
-    """The policy's tokenizer, left-padding (prompts are generated from), with a distinct pad token and the chat
-    template arguments ``chat_template_kwargs`` (None: those it was saved with; `rlhf.data.chat`)."""
+def load_tokenizer(
+    name_or_path: str, chat_template_kwargs: Mapping[str, Any] | None = None, padding_side: str = "left"
+) -> Any:
+    """A model's tokenizer with a distinct pad token and the chat template arguments ``chat_template_kwargs`` (None:
+    those it was saved with; `rlhf.data.chat`), padding on the left (a policy's: prompts are generated from) or the
+    right (a reward model's). Every tokenizer that renders a run's data is loaded here, with the run's arguments."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     set_template_kwargs(tokenizer, chat_template_kwargs)
     ensure_pad_token(tokenizer)
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = padding_side
     return tokenizer
 
 

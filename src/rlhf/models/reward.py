@@ -23,6 +23,7 @@ and 0) so it travels with the model, applied by ``rlhf.rollout.rewards.RewardMod
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,21 +136,24 @@ def max_positions(config: PretrainedConfig) -> int | None:
 
 
 def load_reward_model(
-    name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu"
+    name_or_path: str,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> TrainableRewardModel:
     """A reward model to train from a causal LM, an encoder or a reward-model checkpoint (dir or hub id), as the
     module docstring says: one output, a head missing from the checkpoint (or of another size) re-initialised,
-    a distinct pad token, right padding, dropout off (checklist item 7), a normalisation stored by an earlier run
-    dropped. ``device="meta"``: the architecture only, ``fresh_head`` False (:func:`~rlhf.models.loading.pretrained`).
-    """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    a distinct pad token, right padding, the chat template arguments ``chat_template_kwargs``
+    (:func:`~rlhf.models.loading.load_tokenizer`), dropout off (checklist item 7), a normalisation stored by an
+    earlier run dropped. ``device="meta"``: the architecture only, ``fresh_head`` False
+    (:func:`~rlhf.models.loading.pretrained`)."""
+    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from rlhf.data.tokenization import ensure_pad_token
-    from rlhf.models.loading import DTYPES, align_pad_token, pretrained
+    from rlhf.models.loading import DTYPES, align_pad_token, load_tokenizer, pretrained
     from rlhf.models.policy import disable_dropout
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer = load_tokenizer(name_or_path, chat_template_kwargs, padding_side="right")
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its "LOAD REPORT" (lm_head unexpected, score missing) is expected here;
     try:  # the trainer says in one line whether the head is fresh
@@ -172,8 +176,6 @@ def load_reward_model(
         if isinstance(module, nn.Linear) and module.out_features == 1 and f"{name}.weight" in new_keys:
             init_reward_head(module)
             fresh = True
-    ensure_pad_token(tokenizer)
-    tokenizer.padding_side = "right"
     align_pad_token(model, tokenizer)  # the saved model embeds its pad id; config.pad_token_id says which
     clear_reward_normalization(model.config)
     disable_dropout(model)

@@ -48,7 +48,6 @@ from rlhf.data import (
     read_prompts,
     tokenize_prompts,
 )
-from rlhf.data.chat import set_template_kwargs
 from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora, checkpointed
@@ -81,7 +80,7 @@ def run(config: RMConfig) -> Path:
     # 1. every pair, tokenized as the model reads them (its architecture and tokenizer: no weights yet), the
     # memory plan, then the model (fresh head N(0, 1/sqrt(H+1)) when it has none)
     with torch.device("meta"):
-        shell = load_reward_model(config.model.name, config.model.dtype, "meta")
+        shell = load_reward_model(config.model.name, config.model.dtype, "meta", config.data.chat_template_kwargs)
     train, held_out = load_pairs(config, shell)
     planning.check(config, d, planning.sequence_positions(train + held_out))
     rm, scorer = load_scorer(config, d)
@@ -122,8 +121,7 @@ def run(config: RMConfig) -> Path:
 def load_trainable_reward_model(config: RMConfig, device: str | torch.device) -> TrainableRewardModel:
     """The model to train (fresh head N(0, 1/sqrt(H+1)) when it has none), with LoRA adapters and gradient
     checkpointing when asked."""
-    rm = load_reward_model(config.model.name, config.model.dtype, device)
-    set_template_kwargs(rm.tokenizer, config.data.chat_template_kwargs)
+    rm = load_reward_model(config.model.name, config.model.dtype, device, config.data.chat_template_kwargs)
     if config.model.lora:
         rm.model = apply_lora(rm.model, config.model.lora, task_type="SEQ_CLS")
     if config.model.gradient_checkpointing:
@@ -246,7 +244,7 @@ def normalize(
     from rlhf.rollout.engine import SamplingParams
     from rlhf.rollout.rewards import RewardModelReward
 
-    policy_tokenizer = load_tokenizer(config.normalize.policy)
+    policy_tokenizer = load_tokenizer(config.normalize.policy, config.data.chat_template_kwargs)
     policy = load_causal_lm(config.normalize.policy, config.model.dtype, device)
     prompts = normalization_prompts(config, policy_tokenizer, max_positions(policy.config))
     clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
