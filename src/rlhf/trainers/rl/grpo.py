@@ -54,6 +54,7 @@ from rlhf.runlog.distributed import Dist
 from rlhf.runlog.metrics import Stopwatch
 from rlhf.runlog.train_state import TrainState
 from rlhf.trainers import update
+from rlhf.trainers.rl import updates
 from rlhf.trainers.rl.inputs import Inputs
 from rlhf.trainers.rl.loop import Algorithm, train
 from rlhf.trainers.rl.models import Models, open_engine
@@ -66,14 +67,6 @@ from rlhf.trainers.rl.rollout import (
     pass_stats,
     sample_and_score,
     top_entropy_tokens,
-)
-from rlhf.trainers.rl.updates import (
-    clipped_objective,
-    objective,
-    ratio_dev_max,
-    setting_stats,
-    surrogate_weights,
-    update_passes,
 )
 
 MAX_SAMPLING_ROUNDS = 4
@@ -112,7 +105,7 @@ class GRPO(Algorithm):
         with watch("logprobs"):
             rollout, stats = make_rollout(self.config, self.models, sampled, self.inputs.d)
         with watch("train"):
-            clipped = clipped_objective(self.config, step, self.inputs.d)
+            clipped = updates.clipped_objective(self.config, step, self.inputs.d)
             return stats | grpo_update(self.config, self.models, rollout, state, clipped)
 
 
@@ -250,7 +243,7 @@ def grpo_update(
     False: the unclipped loss of the warm-up (``grpo.warmup_pg_steps``)."""
     step = functools.partial(micro_step, config, models, rollout, clipped=clipped)
     passes, unit = config.grpo.num_iterations, config.grpo.group_size
-    result = update_passes(config, models, rollout, state, passes=passes, unit=unit, step=step)
+    result = updates.update_passes(config, models, rollout, state, passes=passes, unit=unit, step=step)
     return result | {"policy/clipped": float(clipped)}
 
 
@@ -278,7 +271,7 @@ def micro_step(
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
-    weights, is_stats = surrogate_weights(config, rollout, micro, logprobs, old_logprobs, loss_mask)
+    weights, is_stats = updates.surrogate_weights(config, rollout, micro, logprobs, old_logprobs, loss_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         old_logprobs,
@@ -288,7 +281,7 @@ def micro_step(
         kl_coef=config.kl.coef,
         clipped=clipped,
         is_weights=weights,
-        objective=objective(config),
+        objective=updates.objective(config),
     )
     policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])
@@ -296,12 +289,12 @@ def micro_step(
     stats = {
         "policy/loss": policy_loss.item(),
         "policy/entropy": entropy_mean.item(),
-        "ratio_dev_max": ratio_dev_max(logprobs, old_logprobs, loss_mask),
+        "ratio_dev_max": updates.ratio_dev_max(logprobs, old_logprobs, loss_mask),
     }
     for name in ["clipfrac", "approx_kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region"]:
         key = name if name.startswith("clip_ratio") else f"policy/{name}"
         stats[key] = pg_stats[name].item() * share
-    stats |= setting_stats(pg_stats, share)
+    stats |= updates.setting_stats(pg_stats, share)
     if rollout.logprobs is None:  # on-policy: this forward's own log-probs are the trainer's side of the mismatch
         is_stats |= mismatch_stats(old_logprobs, rollout.sampler_at(micro), loss_mask)
     stats |= {key: value if key.endswith("_max") else value * share for key, value in is_stats.items()}

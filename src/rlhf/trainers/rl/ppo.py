@@ -44,6 +44,7 @@ from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import Stopwatch
 from rlhf.runlog.train_state import TrainState
 from rlhf.trainers import update
+from rlhf.trainers.rl import updates
 from rlhf.trainers.rl.inputs import Inputs
 from rlhf.trainers.rl.loop import Algorithm, train
 from rlhf.trainers.rl.models import Models, ValueFunction, open_engine
@@ -55,15 +56,6 @@ from rlhf.trainers.rl.rollout import (
     pass_stats,
     sample_and_score,
     top_entropy_tokens,
-)
-from rlhf.trainers.rl.updates import (
-    clipped_objective,
-    in_warmup,
-    objective,
-    ratio_dev_max,
-    setting_stats,
-    surrogate_weights,
-    update_passes,
 )
 
 
@@ -102,7 +94,7 @@ class PPO(Algorithm):
                 config, self.models, sampled.generated, sampled.rewards, self.kl_coef, fused, d
             )
         with watch("train"):
-            clipped, frozen = clipped_objective(config, step, d), policy_frozen(config, step, d)
+            clipped, frozen = updates.clipped_objective(config, step, d), policy_frozen(config, step, d)
             return stats | ppo_update(config, self.models, rollout, state, self.kl_coef, first, clipped, frozen)
 
     def after_step(self, stats: dict[str, float]) -> dict[str, float]:
@@ -169,7 +161,7 @@ def policy_frozen(config: PPOConfig, step: int, d: Dist = SINGLE) -> bool:
     parameters are held."""
     warmup = config.ppo.critic_warmup_steps
     during = f"fit the value function only; the policy is held (critic_warmup_steps={warmup})"
-    return in_warmup(step, warmup, d, during, "the critic warm-up is over; the policy trains")
+    return updates.in_warmup(step, warmup, d, during, "the critic warm-up is over; the policy trains")
 
 
 @distributed.entry
@@ -275,7 +267,7 @@ def ppo_update(
     alone, the policy's parameters held (the gradients a shared trunk gets from the value loss are dropped)."""
     step = functools.partial(micro_step, config, models, rollout, kl_coef=kl_coef, clipped=clipped, frozen=frozen)
     held = [p for p in models.policy.parameters() if p.requires_grad] if frozen else []
-    result = update_passes(
+    result = updates.update_passes(
         config, models, rollout, state, passes=config.ppo.epochs, unit=1, step=step, held=held, first=first
     )
     result |= {"policy/clipped": float(clipped), "policy/frozen": float(frozen)}
@@ -310,7 +302,7 @@ def micro_step(
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
     old = rollout.logprobs[rows, :t]
-    weights, is_stats = surrogate_weights(config, rollout, micro, logprobs, old, policy_mask)
+    weights, is_stats = updates.surrogate_weights(config, rollout, micro, logprobs, old, policy_mask)
     pg, pg_stats = clipped_policy_loss(
         logprobs,
         old,
@@ -320,7 +312,7 @@ def micro_step(
         kl_coef=kl_coef,
         clipped=clipped,
         is_weights=weights,
-        objective=objective(config),
+        objective=updates.objective(config),
     )
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range
@@ -334,7 +326,7 @@ def micro_step(
         "value/loss": value_loss.item(),
         "policy/entropy": entropy_mean.item(),
         "value/clipfrac": vf_stats["clipfrac"].item() * share_v,
-        "ratio_dev_max": ratio_dev_max(logprobs, old, policy_mask),
+        "ratio_dev_max": updates.ratio_dev_max(logprobs, old, policy_mask),
     }
     if frozen:
         return config.ppo.vf_coef * value_loss, stats
@@ -343,6 +335,6 @@ def micro_step(
         "policy/loss": policy_loss.item(),
         "policy/clipfrac": pg_stats["clipfrac"].item() * share_p,
         "policy/approx_kl": pg_stats["approx_kl"].item() * share_p,
-        **setting_stats(pg_stats, share_p),
+        **updates.setting_stats(pg_stats, share_p),
         **{key: value * share_p for key, value in is_stats.items()},
     }
