@@ -30,7 +30,7 @@ from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.rewards import RewardError, load_reward_set
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import update
-from rlhf.trainers.rl import ppo
+from rlhf.trainers.rl import ppo, updates
 from rlhf.trainers.rl.models import Models, write_final
 from runs import (
     assert_rows_match,
@@ -226,13 +226,13 @@ def test_variants_run(tiny_llama_dir, prompts_file, tmp_path, ragged, overrides)
 
 def test_kl_in_loss_uses_the_adapted_coefficient(tiny_llama_dir, prompts_file, tmp_path, monkeypatch):
     betas: list[float] = []
-    original = ppo.clipped_policy_loss
+    original = updates.clipped_policy_loss
 
     def recording(*args, **kwargs):
         betas.append(kwargs["kl_coef"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(ppo, "clipped_policy_loss", recording)
+    monkeypatch.setattr(updates, "clipped_policy_loss", recording)
     out = tmp_path / "run"
     ppo.run(
         make_config(

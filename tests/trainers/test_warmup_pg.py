@@ -13,7 +13,7 @@ import torch
 
 from rlhf.models.tiny import toy_corpus
 from rlhf.report.pages import Run, load_run, run_report
-from rlhf.trainers.rl import grpo, ppo
+from rlhf.trainers.rl import grpo, ppo, updates
 from runs import train_rows
 
 TRAINERS = {
@@ -44,7 +44,7 @@ def test_warm_up_steps_use_the_unclipped_loss_then_the_clipped_one(
     lines = toy_corpus(40, seed=5)
     prompts.write_text("".join(json.dumps({"prompt": " ".join(line.split()[:4])}) + "\n" for line in lines))
     calls: list[tuple[bool, bool, bool, bool]] = []  # (clipped, equals −Aρ, equals the clipped loss, they differ)
-    original = trainer.clipped_policy_loss
+    original = updates.clipped_policy_loss
 
     def recording(logp, old_logp, advantages, mask, **kwargs):
         per_token, stats = original(logp, old_logp, advantages, mask, **kwargs)
@@ -57,7 +57,7 @@ def test_warm_up_steps_use_the_unclipped_loss_then_the_clipped_one(
         calls.append((kwargs["clipped"], same(unclipped), same(clipped), differ))
         return per_token, stats
 
-    monkeypatch.setattr(trainer, "clipped_policy_loss", recording)
+    monkeypatch.setattr(updates, "clipped_policy_loss", recording)
     out = tmp_path / "run"
     trainer.run(module.make_config(tiny_llama_dir, prompts, out, **overrides))
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from rlhf.config import GRPOConfig
 from rlhf.core.group import dapo_overlong_penalty, groups_with_signal, token_advantages
 from rlhf.core.kl import kl_estimate
-from rlhf.core.losses import aggregate, clipped_policy_loss
+from rlhf.core.losses import aggregate
 from rlhf.core.masked import masked_mean
 from rlhf.core.sequences import score_index
 from rlhf.data.stream import PromptBatch, PromptStream
@@ -271,17 +271,9 @@ def micro_step(
     # on-policy (see `on_policy`): the old log-probs are this forward's own, detached — the ratio is exactly 1
     old_logprobs = rollout.logprobs[rows, :t] if rollout.logprobs is not None else logprobs.detach()
     in_loss = rollout.ref_logprobs is not None and config.kl.add_to == "loss"
-    weights, is_stats = updates.surrogate_weights(config, rollout, micro, logprobs, old_logprobs, loss_mask)
-    pg, pg_stats = clipped_policy_loss(
-        logprobs,
-        old_logprobs,
-        rollout.advantages[rows, :t],
-        loss_mask,
-        ref_logp=rollout.ref_logprobs[rows, :t] if in_loss else None,
-        kl_coef=config.kl.coef,
-        clipped=clipped,
-        is_weights=weights,
-        objective=updates.objective(config),
+    ref = rollout.ref_logprobs[rows, :t] if in_loss else None
+    pg, pg_stats, is_stats = updates.policy_loss(
+        config, rollout, micro, logprobs, old_logprobs, loss_mask, ref=ref, kl_coef=config.kl.coef, clipped=clipped
     )
     policy_loss = aggregate(pg, loss_mask, config.loss_aggregation, **denominators)
     entropy_mean = aggregate(entropy, loss_mask, "token-mean", num_tokens=denominators["num_tokens"])

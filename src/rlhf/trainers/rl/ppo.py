@@ -29,7 +29,7 @@ from torch import nn
 from rlhf.config import PPOConfig
 from rlhf.core.advantages import gae, whiten_advantages
 from rlhf.core.kl import kl_estimate, kl_shaped_rewards, update_kl_coef
-from rlhf.core.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
+from rlhf.core.losses import aggregate, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_whiten
 from rlhf.core.sequences import score_index
 from rlhf.data.stream import PromptStream
@@ -302,17 +302,8 @@ def micro_step(
     logprobs, values, entropy = forward
     ref = rollout.ref_logprobs[rows, :t] if config.kl.add_to == "loss" else None
     old = rollout.logprobs[rows, :t]
-    weights, is_stats = updates.surrogate_weights(config, rollout, micro, logprobs, old, policy_mask)
-    pg, pg_stats = clipped_policy_loss(
-        logprobs,
-        old,
-        rollout.advantages[rows, :t],
-        policy_mask,
-        ref_logp=ref,
-        kl_coef=kl_coef,
-        clipped=clipped,
-        is_weights=weights,
-        objective=updates.objective(config),
+    pg, pg_stats, is_stats = updates.policy_loss(
+        config, rollout, micro, logprobs, old, policy_mask, ref=ref, kl_coef=kl_coef, clipped=clipped
     )
     vf, vf_stats = clipped_value_loss(
         values, rollout.values[rows, :t], rollout.returns[rows, :t], value_mask, clip=config.ppo.value_clip_range

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rlhf.config import PolicyGradientConfig
-from rlhf.core.losses import Objective, off_policy_mask
+from rlhf.core.losses import Objective, clipped_policy_loss, off_policy_mask
 from rlhf.core.masked import masked_mean
 from rlhf.core.mismatch import importance_weights
 from rlhf.models.policy import ScoredTokens
@@ -101,6 +101,37 @@ def surrogate_weights(
         return weights, stats
     keep = keep.to(logprobs.dtype)
     return (keep if weights is None else weights * keep), stats
+
+
+def policy_loss(
+    config: PolicyGradientConfig,
+    rollout: Rollout,
+    micro: update.MicroBatch,
+    logprobs: torch.Tensor,
+    old: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref: torch.Tensor | None,
+    kl_coef: float,
+    clipped: bool,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+    """The policy's per-token loss on ``micro``'s tokens (`rlhf.core.losses.clipped_policy_loss`: the algorithm's
+    :func:`objective`, its surrogate weighted by :func:`surrogate_weights`, β·k3 against ``ref`` when given), its
+    stats, and the weights' stats."""
+    weights, weight_stats = surrogate_weights(config, rollout, micro, logprobs, old, mask)
+    advantages = rollout.advantages[micro.rows, : micro.response_length]
+    loss, stats = clipped_policy_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        ref_logp=ref,
+        kl_coef=kl_coef,
+        clipped=clipped,
+        is_weights=weights,
+        objective=objective(config),
+    )
+    return loss, stats, weight_stats
 
 
 def ratio_dev_max(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
