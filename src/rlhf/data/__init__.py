@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlhf.data.files import DataError, Record, read_records
 from rlhf.data.labels import is_label_file, live_preferences
@@ -115,12 +115,7 @@ def load_prompts(
     """Read, validate and tokenise prompts for generation; says on stderr how many were cut to fit."""
     require_pad_token_id(tokenizer)
     prompts = tokenize_prompts(read_prompts(path), tokenizer, max_prompt_length)
-    cut = sum(p.truncated for p in prompts)
-    if cut:
-        warn(
-            f"{path}: {cut} of {len(prompts)} prompts are longer than sampling.max_prompt_length={max_prompt_length} "
-            "tokens and keep only their last tokens (the start is cut); raise sampling.max_prompt_length to keep them whole"
-        )
+    _say_cut(path, prompts, "prompts", max_prompt_length)
     return prompts
 
 
@@ -128,29 +123,31 @@ def load_sft(path: PathLike, tokenizer: PreTrainedTokenizerBase, max_length: int
     """Read, validate and tokenise SFT demonstrations: (input_ids, labels) with loss on responses only."""
     require_pad_token_id(tokenizer)
     examples = tokenize_sft(read_sft(path), tokenizer, max_length)
-    cut = sum(e.truncated for e in examples)
-    if cut:
-        warn(
-            f"{path}: {cut} of {len(examples)} examples are longer than data.max_length={max_length} tokens and "
-            "lose their end (the rest of the response is not trained on); raise data.max_length to keep them whole"
-        )
+    _say_cut(path, examples, "examples", max_length)
     return examples
 
 
+_CUT = {
+    "prompts": ("sampling.max_prompt_length", "keep only their last tokens (the start is cut)"),
+    "examples": ("data.max_length", "lose their end (the rest of the response is not trained on)"),
+}
+"""What is cut off the rows of a kind that are too long: the limit's field and what the rows lose."""
+
+
+def _say_cut(path: PathLike, rows: list[TokenizedPrompt] | list[TokenizedSFT], what: str, limit: int | None) -> None:
+    """A warning when some of ``rows`` (``what``: a key of `_CUT`) were longer than ``limit`` and were cut."""
+    n, (field, cut) = sum(row.truncated for row in rows), _CUT[what]
+    if n:
+        warn(
+            f"{path}: {n} of {len(rows)} {what} are longer than {field}={limit} tokens and {cut}; "
+            f"raise {field} to keep them whole"
+        )
+
+
 def load_preferences(
-    path: PathLike,
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int | None = None,
-    max_prompt_length: int | None = None,
-    *,
-    model_max_length: int | None = None,
-    join_text: bool = False,
+    path: PathLike, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None, **encoding: Any
 ) -> list[TokenizedPreference]:
-    """Read, validate and tokenise comparisons for the reward model (eos appended to each response);
-    ``model_max_length`` (the model's positions) and ``join_text`` (encoder reward models): see `tokenize_preferences`.
-    """
+    """Read, validate and tokenise comparisons for the reward model and DPO (eos appended to each response);
+    ``encoding``: the other options of `tokenize_preferences` (max_prompt_length, model_max_length, join_text)."""
     require_pad_token_id(tokenizer)
-    examples = read_preferences(path)
-    return tokenize_preferences(
-        examples, tokenizer, max_length, max_prompt_length, model_max_length=model_max_length, join_text=join_text
-    )
+    return tokenize_preferences(read_preferences(path), tokenizer, max_length, **encoding)

@@ -11,19 +11,8 @@ Conventions (``docs/ppo_checklist.md`` items 1, 2, 21):
 - **Truncation**: prompts lose tokens on the *left* (the end, nearest the response, matters most; a leading bos
   is kept), responses on the *right*; each tokenised example says whether it was truncated.
 
-Multi-turn SFT labels (`tokenize_sft`) come from one rendering of the whole conversation, the text the model reads
-when it writes the last turn. Each assistant message is then found in it: the template renders ``messages[:i]``
-with the generation prompt and ``messages[:i+1]`` without, and the tokens the second adds are what the model
-writes for message ``i`` (its think block, content and tool calls, through its end-of-turn token: the last eos,
-else the last special token, e.g. Gemma's ``<end_of_turn>``). The first place after the previous turn where the
-generation prompt (or the bare role header, where the history omits what the prompt adds, such as the empty think
-block of Qwen3's ``enable_thinking: false``) is followed by those tokens, or by a tail of them, is labelled. A tail
-because a template may drop the start of a turn from the history: Qwen3 keeps a think block in the history only
-for a turn after the last user query that has a ``reasoning_content`` (the empty one only in the last turn), so an
-earlier turn is trained as the history shows it (``docs/episodes.md``, "SFT on conversations"). The last turn is checked to be exactly the generation prompt's continuation. A row is refused, naming
-its message, when a turn does not continue its own generation prompt (a template that rewrites earlier turns as
-it goes, or Qwen3 with thinking off and a ``reasoning_content`` it writes where the prompt closed the think block)
-or is not found in the conversation as such a tail.
+Multi-turn SFT labels (`tokenize_sft`) come from one rendering of the whole conversation, each assistant turn
+found in it by `rlhf.data.chat.turn_spans`.
 """
 
 from __future__ import annotations
@@ -157,43 +146,6 @@ def _encode_plain(
     return zip(prompts, *([[*ids, eos] for ids in field] for field in fields), strict=True)
 
 
-def render_chat(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[Message],
-    add_generation_prompt: bool,
-    tools: list[dict[str, Any]] | None = None,
-) -> str:
-    """The chat template's text for ``messages`` with the tokenizer's template arguments (`rlhf.data.chat`); raises
-    `Problem` on a template failure."""
-    try:
-        return chat.render(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
-    # Jinja raises its own types (TemplateError, UndefinedError) and templates raise_exception anything.
-    except Exception as e:
-        raise Problem(f"the chat template failed: {type(e).__name__}: {e}") from e
-
-
-def _chat_ids(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[Message],
-    add_generation_prompt: bool,
-    tools: list[dict[str, Any]] | None = None,
-) -> list[int]:
-    return _encode_batch(tokenizer, [render_chat(tokenizer, messages, add_generation_prompt, tools)])[0]
-
-
-def _extend(ids: list[int], longer: list[int], what: str) -> list[int]:
-    """The tokens ``longer`` adds after ``ids``, checking the prefix property of the chat template."""
-    if longer[: len(ids)] != ids:
-        n = next((i for i, (a, b) in enumerate(zip(ids, longer, strict=False)) if a != b), min(len(ids), len(longer)))
-        raise Problem(
-            f"the chat template breaks the prefix property at {what}: the conversation rendered so far "
-            f"({len(ids)} tokens) is not a prefix of the longer rendering (they differ from token {n}); a "
-            "template that rewrites earlier turns cannot mark the assistant tokens incrementally — use a "
-            "template where adding a message only appends text"
-        )
-    return longer[len(ids) :]
-
-
 def _through_last(ids: list[int], token: int) -> int:
     """Length of ``ids`` up to and including the last ``token`` (``len(ids)`` if absent)."""
     return len(ids) - ids[::-1].index(token) if token in ids else len(ids)
@@ -232,7 +184,7 @@ def tokenize_prompts(
     for ex in examples:
         with problems.at(ex.where):
             texts.append(
-                ex.prompt if ex.messages is None else render_chat(tokenizer, ex.messages, add_generation_prompt=True)
+                ex.prompt if ex.messages is None else chat.render(tokenizer, ex.messages, add_generation_prompt=True)
             )
     problems.raise_if_any()
     prefix = special_prefix(tokenizer)
@@ -245,149 +197,6 @@ def tokenize_prompts(
     return out
 
 
-_PROBE = "\x1frlhf-probe\x1f"
-"""Content of the probe message that measures an assistant message's role header (`_role_header`)."""
-
-
-def _role_header(tokenizer: PreTrainedTokenizerBase) -> str | None:
-    """The text the template writes before a plain assistant message between two user messages (Qwen3's
-    ``<|im_start|>assistant\\n``), or None when the probe cannot tell."""
-    question = {"role": "user", "content": "?"}
-    try:
-        before = chat.render(tokenizer, [question], add_generation_prompt=False)
-        text = chat.render(
-            tokenizer, [question, {"role": "assistant", "content": _PROBE}, question], add_generation_prompt=False
-        )
-    except Exception:  # a template that refuses the probe: the header stays unknown
-        return None
-    return text[len(before) : text.index(_PROBE)] if text.startswith(before) and _PROBE in text else None
-
-
-@dataclass(frozen=True)
-class _Marks:
-    """What labelling a tokenizer's conversations needs to know once: its eos and special tokens (where a turn
-    ends, `_end_of_turn`) and its template's role header (`_role_header`)."""
-
-    eos: int
-    specials: frozenset[int]
-    role_header: str | None
-
-
-def _end_of_turn(turn: list[int], eos: int, specials: frozenset[int]) -> int:
-    """Length of ``turn`` through its end-of-turn token: the last eos, else the last special token (Gemma's
-    ``<end_of_turn>``), else all of it. What the template writes after it (a newline) is context."""
-    for ends in ({eos}, specials):
-        last = [i for i, token in enumerate(turn) if token in ends]
-        if last:
-            return last[-1] + 1
-    return len(turn)
-
-
-@dataclass(frozen=True)
-class _Turn:
-    """Assistant message ``index`` as the template renders it as the last message: ``prompt``, the conversation
-    before it with the generation prompt, whose last ``header`` tokens that prompt adds, and ``tokens``, what the
-    model writes after it through its end of turn; ``role`` is the part of ``header`` the history writes before
-    every assistant message, when shorter."""
-
-    index: int
-    prompt: list[int]
-    header: list[int]
-    tokens: list[int]
-    role: list[int] | None
-
-
-def _turn(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[Message],
-    i: int,
-    tools: list[dict[str, Any]] | None,
-    marks: _Marks,
-) -> _Turn:
-    before, prompt, alone = _encode_batch(
-        tokenizer, [render_chat(tokenizer, messages[: i + j], g, tools) for j, g in ((0, False), (0, True), (1, False))]
-    )
-    header = _header(before, prompt, marks.specials, f"message {i}")
-    if alone[: len(prompt)] != prompt:
-        n = next((k for k, (a, b) in enumerate(zip(prompt, alone, strict=False)) if a != b), len(alone))
-        raise Problem(
-            f"the chat template breaks the prefix property at message {i}: rendered as the last message, it does not "
-            f"continue its generation prompt ({len(prompt)} tokens; they differ from token {n}), so what the model "
-            "writes for it is not defined. Known causes: Qwen3 with enable_thinking false and a reasoning_content, "
-            "which the template writes where the generation prompt has closed an empty think block (drop the "
-            "reasoning_content or turn thinking on); Mistral v0.3's template, which writes a system message only "
-            "into a conversation that ends with a user message (put the instruction in the first user message)"
-        )
-    tokens = alone[len(prompt) :]
-    tokens = tokens[: _end_of_turn(tokens, marks.eos, marks.specials)]
-    role = next((header[:k] for k in range(1, len(header)) if tokenizer.decode(header[:k]) == marks.role_header), None)
-    return _Turn(i, prompt, header, tokens, role)
-
-
-def _header(before: list[int], prompt: list[int], specials: frozenset[int], what: str) -> list[int]:
-    """What the generation prompt adds to the conversation ``before`` it (``prompt`` is both): the tokens after
-    their common start. A template may end a conversation without the generation prompt with special tokens that
-    the prompt does not write (Phi-3 writes its eos there); anything else ``before`` has that ``prompt`` lacks is a
-    template rewriting the conversation, refused as `_extend` refuses it."""
-    n = next((k for k, (a, b) in enumerate(zip(before, prompt, strict=False)) if a != b), min(len(before), len(prompt)))
-    if all(token in specials for token in before[n:]):
-        return prompt[n:]
-    return _extend(before, prompt, what)
-
-
-def _find(ids: list[int], start: int, turn: _Turn) -> tuple[int, int]:
-    """(begin, end) of ``turn``'s trained tokens in ``ids``: after ``start``, the first generation prompt (or role
-    header) followed by the longest tail of ``turn.tokens``."""
-    at: dict[int, list[int]] = {}  # token → the offsets where it starts a tail of the turn
-    for k, token in enumerate(turn.tokens):
-        at.setdefault(token, []).append(k)
-    n = len(turn.tokens)
-    for p in range(start, len(ids)):
-        if turn.header and ids[p] != turn.header[0]:
-            continue
-        if ids[p : p + len(turn.header)] == turn.header:
-            q = p + len(turn.header)
-        elif turn.role and ids[p : p + len(turn.role)] == turn.role:
-            q = p + len(turn.role)
-        else:
-            continue
-        # the tail ids[q:] starts with: turn.tokens[k:] for the smallest k (k > 0 where the history dropped its start)
-        for k in at.get(ids[q], []) if q < len(ids) else []:
-            if ids[q : q + n - k] == turn.tokens[k:]:
-                return q, q + n - k
-        if turn.header:  # the turn's header, not followed by the turn
-            break
-    raise Problem(
-        f"message {turn.index} cannot be found in the rendering of the whole conversation: the template writes it "
-        "there as something other than (a tail of) what it writes for it as the last message, so its tokens cannot "
-        "be labelled exactly"
-    )
-
-
-def _chat_sft(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[Message],
-    marks: _Marks,
-    tools: list[dict[str, Any]] | None = None,
-) -> tuple[list[int], list[int]]:
-    """Labels on the whole conversation's rendering (module docstring): each assistant turn's tokens, its tool calls
-    included, carry loss; everything else (user, system and tool messages, the template's markup) is context."""
-    ids = _chat_ids(tokenizer, messages, False, tools)
-    labels = [IGNORE_INDEX] * len(ids)
-    end = 0
-    turns = [_turn(tokenizer, messages, i, tools, marks) for i, m in enumerate(messages) if m["role"] == "assistant"]
-    for turn in turns:
-        begin, end = _find(ids, end, turn)
-        labels[begin:end] = ids[begin:end]
-    last = turns[-1]
-    if last.index == len(messages) - 1 and (ids[:begin] != last.prompt or ids[begin:end] != last.tokens):
-        raise Problem(
-            f"the last message ({last.index}) is not rendered in the whole conversation as its generation prompt "
-            "and answer render it alone; the template changes the conversation once it is complete"
-        )
-    return ids, labels
-
-
 def tokenize_sft(
     examples: Sequence[SFTExample], tokenizer: PreTrainedTokenizerBase, max_length: int | None = None
 ) -> list[TokenizedSFT]:
@@ -398,10 +207,7 @@ def tokenize_sft(
     eos = _eos_id(tokenizer)
     chats = [ex for ex in examples if ex.messages is not None]
     _check_chat_template(tokenizer, chats)
-    # special: the tokenizer's named special tokens and every added token marked special (Gemma's <end_of_turn>)
-    added = getattr(tokenizer, "added_tokens_decoder", {})
-    specials = frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
-    marks = _Marks(eos, specials, _role_header(tokenizer) if chats else None)
+    marks = chat.Marks.of(tokenizer, eos) if chats else None
     problems = ProblemList()
     plain = _encode_plain(tokenizer, [ex for ex in examples if ex.messages is None], ("response",), eos)
     out = []
@@ -411,7 +217,10 @@ def tokenize_sft(
                 prompt, response = next(plain)
                 ids, labels = prompt + response, [IGNORE_INDEX] * len(prompt) + response
             else:
-                ids, labels = _chat_sft(tokenizer, ex.messages, marks, ex.tools)
+                ids, spans = chat.turn_spans(tokenizer, ex.messages, marks, ex.tools)
+                labels = [IGNORE_INDEX] * len(ids)
+                for begin, end in spans:  # each assistant turn, its tool calls included; the rest is context
+                    labels[begin:end] = ids[begin:end]
             truncated = max_length is not None and len(ids) > max_length
             if truncated:
                 ids, labels = ids[:max_length], labels[:max_length]
@@ -491,8 +300,8 @@ def _check_preference(
 def _chat_answer(
     tokenizer: PreTrainedTokenizerBase, ex: PreferenceExample, prompt_ids: list[int], key: str, eos: int
 ) -> list[int]:
-    full = _chat_ids(tokenizer, [*ex.prompt, *getattr(ex, key)], add_generation_prompt=False)
-    ids = _extend(prompt_ids, full, f'"{key}"')
+    full = chat.encode(tokenizer, [*ex.prompt, *getattr(ex, key)], add_generation_prompt=False)
+    ids = chat.extend(prompt_ids, full, f'"{key}"')
     # Score on an eos hidden state (checklist item 21): cut what the template writes after the last eos,
     # or append one when its end of turn is some other token.
     return ids[: _through_last(ids, eos)] if eos in ids else [*ids, eos]
@@ -515,7 +324,7 @@ def _split_preferences(
             if not ex.is_chat:
                 prompt, chosen, rejected = next(plain)
             else:
-                prompt = _chat_ids(tokenizer, ex.prompt, add_generation_prompt=True)
+                prompt = chat.encode(tokenizer, ex.prompt, add_generation_prompt=True)
                 chosen = _chat_answer(tokenizer, ex, prompt, "chosen", eos)
                 rejected = _chat_answer(tokenizer, ex, prompt, "rejected", eos)
             prompt, truncated = truncate_left(prompt, max_prompt_length, keep_first=tokenizer.bos_token_id)
@@ -547,7 +356,7 @@ def _joined_preferences(
             pairs.append((ex, [ex.prompt + answer for answer in answers]))
             continue
         with problems.at(ex.where):
-            pairs.append((ex, [render_chat(tokenizer, [*ex.prompt, *a], add_generation_prompt=False) for a in answers]))
+            pairs.append((ex, [chat.render(tokenizer, [*ex.prompt, *a], add_generation_prompt=False) for a in answers]))
     flat = [text for _, pair in pairs for text in pair]
     rows = iter(tokenizer(flat)["input_ids"] if flat else [])
     out: list[TokenizedPreference] = []

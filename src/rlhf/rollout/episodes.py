@@ -4,7 +4,7 @@ An episode's token ids are built as it goes and never decoded and encoded again:
 sampled (env mask False), and everything else (tool results, the environment's replies, the template's turn markup)
 is appended as the chat template's *delta* (env mask True, log-prob 0). Decoding a turn and re-rendering the
 conversation would give other tokens than the model sampled (BPE is not a bijection: trl#5224), so the log-probs
-trained on would not be the policy's. :class:`ChatFormat` finds the delta by rendering a fixed synthetic
+trained on would not be the policy's. `rlhf.data.chat.Format` finds the delta by rendering a fixed synthetic
 conversation with and without the new messages and taking the tokens after the assistant's end-of-turn token; that
 keeps the separator the template writes after it (ChatML's ``\\n`` after ``<|im_end|>``, which the model never
 samples: verl#6921) and works for templates that re-render earlier turns (Qwen3's think blocks). docs/episodes.md
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -45,10 +44,6 @@ from rlhf.rollout.tools import (
 
 OBSERVATION_ROLES = ("user", "tool", "system")
 """Roles an environment may reply with; ``assistant`` is refused (its text would pass as the model's own)."""
-
-_USER, _ASSISTANT = "Hello there.", "General Kenobi."
-"""The synthetic turns the deltas are rendered after (any text works: only what follows the assistant's close
-token is kept)."""
 
 
 class EpisodeError(RuntimeError):
@@ -112,129 +107,23 @@ def load_environment(spec: str) -> Callable[[], Any]:
     return load_callable(spec, "environment", ConfigError)
 
 
-class ChatFormat:
-    """How an episode's messages become token ids under ``tokenizer``'s chat template (with ``tools``' schemas in
-    every render): the opening (:meth:`opening`), the template's end-of-turn token ``close`` (one of ``stops``) and
-    the delta after a model turn (:meth:`delta`), and with tools the format its calls are written in
-    (``tool_format``, `rlhf.rollout.tools.FORMATS`). Built once per run; refuses a template it cannot work with."""
+class ChatFormat(chat.Format):
+    """`rlhf.data.chat.Format` with the ``tools``' schemas in every render, and the format the template writes their
+    calls in (``tool_format``, `rlhf.rollout.tools.FORMATS`); a template that fails mid-run is an `EpisodeError`."""
+
+    error = EpisodeError
 
     def __init__(self, tokenizer: Any, stops: Sequence[int], tools: Sequence[Tool] = ()):
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ConfigError("multi-turn episodes need a chat template, and the policy's tokenizer has none")
-        self.tokenizer, self.stops = tokenizer, list(stops)
-        self.schemas = [tool.schema for tool in tools] or None  # None, not []: Llama-3.1 prints its preamble for []
-        self.pad_token_id = tokenizer.pad_token_id
-        user = self.render([{"role": "user", "content": _USER}], generation_prompt=False)
-        self.close, start = self._close_token(user)
-        self._user = user[:start]  # the synthetic user turn as every render starts
+        # None, not []: Llama-3.1 prints its preamble for []
+        super().__init__(tokenizer, stops, [tool.schema for tool in tools] or None)
         self.tool_format = self._tool_format([tool.name for tool in tools]) if tools else None
-        specials = getattr(tokenizer, "all_special_tokens", [])
-        self._specials = sorted({s for s in specials if len(s) > 1}, key=len, reverse=True)
-
-    def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-        """The template's ids of ``messages`` (with the tokenizer's template arguments, `rlhf.data.chat`; tokenised
-        as text, without the tokenizer's added special tokens: the template writes its own)."""
-        try:
-            text = chat.render(self.tokenizer, messages, add_generation_prompt=generation_prompt, tools=self.schemas)
-        except Exception as error:  # jinja's TemplateError, a template's raise_exception
-            roles = ", ".join(m.get("role", "?") for m in messages)
-            raise EpisodeError(
-                f"the chat template cannot render a conversation of {roles}: {type(error).__name__}: {error}"
-            ) from error
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def opening(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The ids the first model turn continues: ``messages`` with the generation prompt."""
-        return self.render(self.escaped(messages), generation_prompt=True)
-
-    def delta(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The ids that follow a model turn ended by :attr:`close` when ``messages`` (one group of tool results, or
-        the environment's reply) come next, through the next generation prompt. Rendered after a synthetic
-        exchange and cut after its assistant's close token, so it starts with whatever the template writes there."""
-        messages = self.escaped(messages)
-        assistant: dict[str, Any] = {"role": "assistant", "content": _ASSISTANT}
-        results = [m for m in messages if m["role"] == "tool"]
-        if results:  # a tool message answers a call: templates group results under the assistant's calls
-            calls = [ToolCall(m.get("name") or "tool", {}, id=m.get("tool_call_id")) for m in results]
-            assistant["tool_calls"] = [call.message() for call in calls]
-        full = self.render([{"role": "user", "content": _USER}, assistant, *messages], generation_prompt=True)
-        start = self._after_close(full)
-        delta = full[start:]
-        text = self.tokenizer.decode(delta)
-        missing = [m["content"] for m in messages if not _shown(m["content"], text)]
-        if missing:
-            raise EpisodeError(
-                f"the chat template drops {', '.join(m['role'] for m in messages)} messages after an assistant turn "
-                f"(rendered: {text!r}; missing: {missing[0][:80]!r}); use a template that renders them"
-            )
-        if self.pad_token_id is not None and self.pad_token_id in delta:
-            raise EpisodeError(f"the chat template writes the padding token into a turn: {text!r}")
-        return delta
-
-    def unspecial(self, text: str) -> str:
-        """``text`` without the tokenizer's special-token strings (what decoding with skip_special_tokens drops)."""
-        for special in self._specials:
-            text = text.replace(special, "")
-        return text.strip()
-
-    def escaped(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``messages`` with the tokenizer's special-token strings in their text broken by a zero-width space, so
-        a tool or environment that returns ``<|im_end|>`` cannot end a turn or pose as the model."""
-        if not self._specials:
-            return messages
-        out = []
-        for message in messages:
-            content = message.get("content")
-            if isinstance(content, str):
-                for special in self._specials:
-                    content = content.replace(special, special[0] + "\u200b" + special[1:])
-                message = {**message, "content": content}
-            out.append(message)
-        return out
-
-    def _close_token(self, user: list[int]) -> tuple[int, int]:
-        """The token that ends an assistant turn (it must be a stop token, so a sampled turn ends with it) and how
-        many leading ids the synthetic user turn renders to."""
-        conversation = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
-        ids = self.render(conversation, generation_prompt=False)
-        start = _common_prefix(user, ids)
-        tokenizer = self.tokenizer
-        after = tokenizer.decode(ids[start:])
-        if _ASSISTANT not in after:
-            raise ConfigError(f"the chat template does not render an assistant turn's content: {after!r}")
-        for i in range(start, len(ids)):
-            if ids[i] in self.stops and _ASSISTANT in tokenizer.decode(ids[start:i]):
-                ending = tokenizer.decode(ids[start:i])
-                if ending.rstrip().endswith(_ASSISTANT):
-                    return ids[i], start
-                break
-        ending = after[after.index(_ASSISTANT) + len(_ASSISTANT) :]
-        stops = ", ".join(repr(tokenizer.decode([s])) for s in self.stops)
-        raise ConfigError(
-            f"an assistant turn of this chat template ends with {ending!r}, which does not start with a stop token "
-            f"({stops}): set sampling.stop to the template's end-of-turn token, so a turn the model samples ends "
-            "where the template's does"
-        )
-
-    def _after_close(self, ids: list[int]) -> int:
-        """The index after the synthetic assistant's close token in a render that starts with the synthetic user."""
-        start = len(self._user)
-        if ids[:start] != self._user:
-            raise EpisodeError(
-                "the chat template renders the first user turn differently when more turns follow: "
-                f"{self.tokenizer.decode(self._user)!r} vs {self.tokenizer.decode(ids[:start])!r}"
-            )
-        for i in range(start, len(ids)):
-            if ids[i] == self.close:
-                return i + 1
-        raise EpisodeError(f"the chat template's render has no end-of-turn token after the assistant: {ids}")
 
     def _tool_format(self, names: list[str]) -> ToolFormat:
         """The format the template writes tool calls in, from a rendered sentinel call and its result; refuses a
         template that drops either (it would show the model neither) or writes a format rlhf does not read."""
         call = ToolCall(names[0], {"sentinel_key": "sentinel_value"}, id="sentinel1")
         conversation = [
-            {"role": "user", "content": _USER},
+            {"role": "user", "content": chat.USER},
             {"role": "assistant", "content": "", "tool_calls": [call.message()]},
             {"role": "tool", "name": names[0], "content": "sentinel_result", "tool_call_id": "sentinel1"},
         ]
@@ -258,22 +147,6 @@ class ChatFormat:
             f"template that writes them in one of the formats rlhf reads: {formats}; an environment without tools "
             "works with any chat template"
         )
-
-
-def _shown(content: str, text: str) -> bool:
-    """Whether a rendered delta ``text`` shows a message's ``content``: as it is, or as a JSON string's inside
-    (Llama-3.1's template writes a tool's text through tojson, so its quotes, backslashes and newlines are escaped)."""
-    content = content.strip()
-    return not content or content in text or json.dumps(content, ensure_ascii=False)[1:-1] in text
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 SampleTurn = Callable[[list[int], list[list[int]], int], list[tuple[list[int], list[float]]]]
