@@ -250,9 +250,9 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
     assert "<th>SFT</th><th>best-of-N</th><th>DPO</th><th>PPO</th><th>GRPO</th>" in page
     assert html.escape("The grey line is PPO's path") in page  # held-out gold against KL, from step 0 (KL 0) on
     from rlhf.report import demo as demo_page
-    from rlhf.report import pages
+    from rlhf.report import runs
 
-    path = demo_page.gold_path(pages.load_run(demo_dir / "ppo"), "PPO")
+    path = demo_page.gold_path(runs.load_run(demo_dir / "ppo"), "PPO")
     ppo_rows = _read_jsonl(demo_dir / "ppo" / "metrics.jsonl")
     assert path.steps == tuple(row["step"] for row in ppo_rows if "eval/reward/gold/mean" in row)
     assert (

@@ -14,7 +14,7 @@ from configs import nested
 from rlhf import cli, report
 from rlhf.config import config_from_dict
 from rlhf.models.tiny import toy_corpus
-from rlhf.report import pages
+from rlhf.report import charts, pages, runs
 
 REWARDS = Path(__file__).resolve().parent / "trainers" / "ppo_rewards.py"
 HOSTILE = "what is <script>alert(1)</script> & co"
@@ -26,34 +26,34 @@ HOSTILE = "what is <script>alert(1)</script> & co"
 
 
 def test_rolling_mean_is_centred_and_shrinks_at_the_ends():
-    assert pages.rolling_mean([1.0, 2.0, 6.0, 3.0, 8.0], 3) == [1.5, 3.0, 11 / 3, 17 / 3, 5.5]
-    assert pages.rolling_mean([4.0, 5.0], 1) == [4.0, 5.0]
+    assert charts.rolling_mean([1.0, 2.0, 6.0, 3.0, 8.0], 3) == [1.5, 3.0, 11 / 3, 17 / 3, 5.5]
+    assert charts.rolling_mean([4.0, 5.0], 1) == [4.0, 5.0]
 
 
 def test_smoothing_window_is_odd_and_grows_with_the_run():
-    assert [pages.smoothing_window(n) for n in (1, 14, 15, 30, 45, 100)] == [1, 1, 1, 3, 3, 7]
+    assert [charts.smoothing_window(n) for n in (1, 14, 15, 30, 45, 100)] == [1, 1, 1, 3, 3, 7]
 
 
 def test_reward_gain_is_in_units_of_the_first_std():
     # means 2, 3, 1.5 with first-step std 0.5: gains 0, (3−2)/0.5 = 2, (1.5−2)/0.5 = −1
-    assert pages.reward_gain([2.0, 3.0, 1.5], 0.5) == [0.0, 2.0, -1.0]
+    assert charts.reward_gain([2.0, 3.0, 1.5], 0.5) == [0.0, 2.0, -1.0]
     # a constant first batch (std 0) or a missing std falls back to the reward's own units
-    assert pages.reward_gain([2.0, 3.0], 0.0) == [0.0, 1.0]
-    assert pages.reward_gain([2.0, 3.0], float("nan")) == [0.0, 1.0]
+    assert charts.reward_gain([2.0, 3.0], 0.0) == [0.0, 1.0]
+    assert charts.reward_gain([2.0, 3.0], float("nan")) == [0.0, 1.0]
 
 
 def test_binned_means_group_points_by_x():
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
     ys = [50.0, 10.0, 30.0, 20.0, 40.0]
     # sorted by x: (1,10) (2,20) (3,30) (4,40) (5,50); 2 bins of 3 and 2 points
-    assert pages.binned_means(xs, ys, 2) == ([2.0, 4.5], [20.0, 45.0])
-    assert pages.binned_means(xs[:1], ys[:1], 3) == ([5.0], [50.0])  # fewer points than bins
+    assert charts.binned_means(xs, ys, 2) == ([2.0, 4.5], [20.0, 45.0])
+    assert charts.binned_means(xs[:1], ys[:1], 3) == ([5.0], [50.0])  # fewer points than bins
 
 
 def test_first_last_averages_the_ends():
-    assert pages.first_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], k=2) == (1.5, 5.5)
-    assert pages.first_last([7.0], k=5) == (7.0, 7.0)
-    assert pages.first_last([1.0, 3.0, 5.0], k=5) == (1.0, 5.0)  # never overlapping halves
+    assert charts.first_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], k=2) == (1.5, 5.5)
+    assert charts.first_last([7.0], k=5) == (7.0, 7.0)
+    assert charts.first_last([1.0, 3.0, 5.0], k=5) == (1.0, 5.0)  # never overlapping halves
 
 
 def test_fmt_and_esc():
@@ -141,7 +141,7 @@ def test_grpo_report_uses_its_own_metrics(tiny_llama_dir: Path, prompts_file: Pa
 
 
 def test_run_loading_reads_weights_and_series(ppo_run: Path):
-    run = pages.load_run(ppo_run)
+    run = runs.load_run(ppo_run)
     assert run.command == "ppo" and run.reward_weights() == {"length": 1.0, "digits": 0.0}
     steps, values = run.series("eval/reward/mean")
     assert steps == [0, 2, 4] and len(values) == 3  # step 0: the held-out answers before training
@@ -169,12 +169,12 @@ def test_a_run_still_writing_gets_a_report(ppo_run: Path, tmp_path: Path):
     shutil.copytree(ppo_run, run, ignore=shutil.ignore_patterns("report.html"))
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
-    assert len(pages.load_run(run).rows) == len(lines) - 1
+    assert len(runs.load_run(run).rows) == len(lines) - 1
     assert "Training curves" in report.build(run)
     broken = lines[:1] + ["{not json"] + lines[1:]
     (run / "metrics.jsonl").write_text("\n".join(broken) + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
-        pages.load_run(run)
+        runs.load_run(run)
     assert cli.main(["report", str(run)]) == 2  # a clean error line, no traceback
 
 
@@ -186,9 +186,9 @@ DOCTOR_FIXTURES = Path(__file__).resolve().parent / "doctor" / "fixtures"
 
 
 def test_the_health_section_names_reward_hacking_and_shades_its_steps(monkeypatch):
-    run = pages.load_run(DOCTOR_FIXTURES / "seed0_ppo_no_kl")
+    run = runs.load_run(DOCTOR_FIXTURES / "seed0_ppo_no_kl")
     spans: list[tuple[float, float, str]] = []
-    original = pages._mark_findings
+    original = charts._mark_findings
 
     def recording(ax, drawn, multiple):
         before = len(ax.patches)
@@ -196,7 +196,7 @@ def test_the_health_section_names_reward_hacking_and_shades_its_steps(monkeypatc
         spans.extend((p.get_x(), p.get_x() + p.get_width(), str(p.get_label())) for p in ax.patches[before:])
         return marked
 
-    monkeypatch.setattr(pages, "_mark_findings", recording)
+    monkeypatch.setattr(charts, "_mark_findings", recording)
     page = pages.run_report(run, max_samples=2)
     health = page.split("<h2>Health</h2>")[1].split("<h2>")[0]
     assert "<code>over_optimisation</code>" in health and "<td>29–60</td>" in health
@@ -207,13 +207,13 @@ def test_the_health_section_names_reward_hacking_and_shades_its_steps(monkeypatc
 
 
 def test_a_healthy_run_says_so():
-    page = pages.run_report(pages.load_run(DOCTOR_FIXTURES / "seed0_ppo"), max_samples=2)
+    page = pages.run_report(runs.load_run(DOCTOR_FIXTURES / "seed0_ppo"), max_samples=2)
     assert "<p>Healthy: none of the rules fired (ppo).</p>" in page
     assert "<b>healthy</b>" in page or ">healthy<" in page
 
 
 def test_a_rule_metric_pattern_matches_each_monitor():
-    assert pages._matches("reward/<monitor>/mean", "reward/gold/mean")
-    assert not pages._matches("reward/<monitor>/mean", "reward/mean")
-    assert not pages._matches("reward/<monitor>/mean", "eval/reward/gold/mean")
-    assert pages._matches("kl/mean", "kl/mean") and not pages._matches("kl/mean", "kl/coef")
+    assert charts._matches("reward/<monitor>/mean", "reward/gold/mean")
+    assert not charts._matches("reward/<monitor>/mean", "reward/mean")
+    assert not charts._matches("reward/<monitor>/mean", "eval/reward/gold/mean")
+    assert charts._matches("kl/mean", "kl/mean") and not charts._matches("kl/mean", "kl/coef")

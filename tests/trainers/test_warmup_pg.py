@@ -12,7 +12,8 @@ import test_ppo
 import torch
 
 from rlhf.models.tiny import toy_corpus
-from rlhf.report.pages import Run, load_run, run_report
+from rlhf.report.pages import run_report
+from rlhf.report.runs import Run, load_run
 from rlhf.trainers.rl import grpo, ppo, updates
 from runs import train_rows
 

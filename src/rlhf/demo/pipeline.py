@@ -30,7 +30,7 @@ from typing import Any
 from rlhf.config import DemoConfig, config_from_dict, config_to_yaml
 from rlhf.core.agreement import wilson_interval
 from rlhf.demo import task
-from rlhf.report.pages import read_jsonl
+from rlhf.report.runs import read_jsonl
 from rlhf.runlog import rundir
 from rlhf.runlog.seeding import environment
 

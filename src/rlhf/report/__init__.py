@@ -3,7 +3,7 @@
 The page reads only what the run wrote — ``config.yaml``, ``metrics.jsonl`` and ``samples/step_*.jsonl`` —
 and embeds every plot as a PNG data URI, so the file can be mailed or attached to an issue as it is. Its
 sections: the README (after the demo's results); how to read the reward-against-KL plot: `gain_chart`'s
-caption. The pieces: `rlhf.report.pages`; the demo's page, built from them: `rlhf.report.demo`.
+caption. The pieces: `rlhf.report.pages` (HTML), `rlhf.report.charts` (plots), `rlhf.report.runs` (a run directory); the demo's page, built from them: `rlhf.report.demo`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rlhf.config import ReportConfig
 from rlhf.report.demo import demo_report
-from rlhf.report.pages import load_run, run_report
+from rlhf.report.pages import run_report
+from rlhf.report.runs import load_run
 
 
 def build(run_dir: str | Path, max_samples: int = 12) -> str:

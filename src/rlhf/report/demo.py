@@ -9,7 +9,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rlhf.report import charts
 from rlhf.report import pages as r
+from rlhf.report.runs import Run, load_run, read_jsonl
 
 # (stage, what it does, why it is there) — the order of `rlhf.demo.pipeline.STAGES`
 STAGE_NOTES = (
@@ -38,9 +40,9 @@ STAGE_NOTES = (
 
 def demo_report(out: Path, max_samples: int = 12) -> str:
     summary = json.loads((out / "summary.json").read_text())
-    runs = [r.load_run(out / "ppo", "PPO"), r.load_run(out / "grpo", "GRPO")]
+    runs = [load_run(out / "ppo", "PPO"), load_run(out / "grpo", "GRPO")]
     if (out / "ppo_no_kl" / "metrics.jsonl").is_file():
-        runs.insert(1, r.load_run(out / "ppo_no_kl", "PPO, β = 0"))
+        runs.insert(1, load_run(out / "ppo_no_kl", "PPO, β = 0"))
     body = [
         "<h1>rlhf demo report</h1>",
         f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
@@ -77,7 +79,7 @@ def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
     """One line of numbers per stage, from its files."""
     numbers: dict[str, str] = {}
     if pretrain := _logged(out, "pretrain", "train/loss"):
-        numbers["pretrain"] = "loss {} → {}".format(*map(r.fmt, r.first_last(pretrain)))
+        numbers["pretrain"] = "loss {} → {}".format(*map(r.fmt, charts.first_last(pretrain)))
     if sft := _logged(out, "sft", "eval/loss"):
         numbers["sft"] = f"eval loss {r.fmt(sft[0])} → {r.fmt(sft[-1])}"
     if candidates := _rows(out / "sample" / "candidates.jsonl"):
@@ -134,7 +136,7 @@ def _results(summary: dict[str, Any]) -> list[str]:
 METHOD_LABELS = {"sft": "SFT", "best_of_n": "best-of-N", "dpo": "DPO", "ppo": "PPO", "grpo": "GRPO"}
 
 
-def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
+def _methods(summary: dict[str, Any], ppo: Run) -> list[str]:
     """The methods on equal labels: one table and one plot, from ``summary["methods"]``; the plot also draws
     PPO's path, its held-out gold score against its KL at each evaluation (`gold_path`)."""
     methods = summary.get("methods")
@@ -159,9 +161,9 @@ def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
             ]
         )
         kl_score_ci = (_number(m.get(key)) for key in ("kl", "gold_mean", "gold_ci95"))
-        points.append(r.MethodPoint(label, *kl_score_ci, bool(m.get("kl_is_bound"))))
+        points.append(charts.MethodPoint(label, *kl_score_ci, bool(m.get("kl_is_bound"))))
     header = ["method", "gold score ± 95 % CI", "win rate vs SFT [95 % CI]", "KL to SFT", "own wall time", "needs"]
-    chart = r.methods_chart(points, "gold score (held-out mean)", paths=[gold_path(ppo, "PPO over its steps")])
+    chart = charts.methods_chart(points, "gold score (held-out mean)", paths=[gold_path(ppo, "PPO over its steps")])
     return [
         "<h2>Methods on equal labels</h2>",
         '<p class="muted">The same held-out prompts, one answer per prompt and method, the gold judge scoring and '
@@ -175,7 +177,7 @@ def _methods(summary: dict[str, Any], ppo: r.Run) -> list[str]:
     ]
 
 
-def gold_path(run: r.Run, label: str) -> r.MethodPath:
+def gold_path(run: Run, label: str) -> charts.MethodPath:
     """A run's held-out gold score against its KL to the reference at each evaluation: step 0 (before training,
     KL 0 by definition: the policy is the reference) and every row holding both ``eval/reward/gold/mean`` and
     the step's ``kl/mean`` (the same Σ log π/π_ref per answer as the methods' KL, on that step's batch)."""
@@ -186,7 +188,7 @@ def gold_path(run: r.Run, label: str) -> r.MethodPath:
             kls.append(float(kl))
             golds.append(float(gold))
             steps.append(int(row["step"]))
-    return r.MethodPath(label, tuple(kls), tuple(golds), tuple(steps))
+    return charts.MethodPath(label, tuple(kls), tuple(golds), tuple(steps))
 
 
 def _number(value: Any) -> float:
@@ -246,7 +248,7 @@ def _configs(out: Path, summary: dict[str, Any]) -> list[str]:
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a stage's JSONL file, none when the stage did not write it."""
-    return r.read_jsonl(path) if path.is_file() else []
+    return read_jsonl(path) if path.is_file() else []
 
 
 def _logged(out: Path, stage: str, key: str) -> list[Any]:
