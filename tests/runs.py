@@ -39,10 +39,10 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 def assert_same_checkpoint(expected: Path, got: Path) -> None:
     """The two runs' newest checkpoints hold the same state, to the bit: every weight, optimizer moment, schedule,
     data position, random generator (named ones and the process's global ones) and plain value."""
-    from rlhf.runlog.checkpoint import latest_checkpoint, load_checkpoint
+    from rlhf.runlog.checkpoint import list_checkpoints, load_checkpoint
 
-    a, b = latest_checkpoint(expected), latest_checkpoint(got)
-    assert a is not None and b is not None and a.name == b.name, (a, b)
+    a, b = list_checkpoints(expected)[-1:], list_checkpoints(got)[-1:]
+    assert a and b and a[0].name == b[0].name, (a, b)
     differences: list[str] = []
 
     def walk(x: object, y: object, path: str) -> None:
@@ -60,7 +60,7 @@ def assert_same_checkpoint(expected: Path, got: Path) -> None:
         elif x != y:
             differences.append(f"{path}: {x!r} != {y!r}")
 
-    walk(load_checkpoint(a), load_checkpoint(b), "")
+    walk(load_checkpoint(a[0]), load_checkpoint(b[0]), "")
     assert not differences, differences
 
 

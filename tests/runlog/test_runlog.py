@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlhf.optim import lr_multiplier
-from rlhf.runlog.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from rlhf.runlog.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhf.runlog.metrics import MetricsLogger
 from rlhf.runlog.seeding import process_seed, rng_state, set_rng_state
 
@@ -20,11 +20,11 @@ def test_checkpoints_newest_wins_and_partial_writes_are_ignored(tmp_path):
     # a run killed mid-write leaves only a .tmp directory: never taken for a checkpoint
     (tmp_path / "checkpoints" / "step_000020.tmp").mkdir()
     (tmp_path / "checkpoints" / "step_000020.tmp" / "state.pt").write_bytes(b"partial")
-    assert latest_checkpoint(tmp_path).name == "step_000010"
-    assert load_checkpoint(latest_checkpoint(tmp_path))["x"].item() == 10.0
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000010"]
+    assert load_checkpoint(list_checkpoints(tmp_path)[-1])["x"].item() == 10.0
     save_checkpoint(tmp_path, 20, {"x": torch.tensor([20.0])}, keep_last=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000010", "step_000020"]
-    assert latest_checkpoint(tmp_path / "nothing") is None
+    assert list_checkpoints(tmp_path / "nothing") == []
 
 
 def test_metrics_resume_drops_rows_from_the_resume_step_on(tmp_path):

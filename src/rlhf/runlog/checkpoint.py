@@ -62,11 +62,6 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
-
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint directory of :func:`save_checkpoint`; of a sharded one, its plain state with ``"sharded":
     <the directory>``, for `rlhf.runlog.sharded_checkpoint.load_sharded` to read the models and the optimizer.
