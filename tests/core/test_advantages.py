@@ -7,7 +7,7 @@ import torch
 
 from rlhf.core.advantages import gae, whiten_advantages
 from rlhf.core.kl import kl_estimate, kl_shaped_rewards
-from rlhf.core.logprobs import mask_invalid_logprobs
+from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.masked import masked_mean, masked_var, masked_whiten, whiten
 from rlhf.core.sequences import response_masks, score_index
 
@@ -104,8 +104,8 @@ C2 = {
 def _c2_rewards(estimator: str, convention: str, dtype=F64):
     masks = response_masks(POST, 0)
     real = ~masks.padding_mask
-    logp = mask_invalid_logprobs(_t(LOGPROBS, dtype), real)
-    ref = mask_invalid_logprobs(_t(REF_LOGPROBS, dtype), real)
+    logp = _t(LOGPROBS, dtype).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    ref = _t(REF_LOGPROBS, dtype).masked_fill(masks.padding_mask, INVALID_LOGPROB)
     kl = kl_estimate(logp, ref, estimator)
     idx = score_index(masks.sequence_lengths, POST.size(1), convention)
     rewards, _ = kl_shaped_rewards(_t(SCORES, dtype), kl, 0.05, idx, real)

@@ -20,7 +20,7 @@ from rlhf.core.kl import (
     kl_shaped_rewards,
     update_kl_coef,
 )
-from rlhf.core.logprobs import mask_invalid_logprobs
+from rlhf.core.logprobs import INVALID_LOGPROB
 from rlhf.core.sequences import response_masks, score_index
 
 F64 = torch.float64
@@ -98,8 +98,8 @@ def _c2_kl(estimator: str, dtype=F64) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token KL with INVALID_LOGPROB at padding (checklist item 13), and the real-token mask."""
     masks = response_masks(POST, 0)
     real = ~masks.padding_mask
-    logp = mask_invalid_logprobs(_t(LOGPROBS, dtype), real)
-    ref = mask_invalid_logprobs(_t(REF_LOGPROBS, dtype), real)
+    logp = _t(LOGPROBS, dtype).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+    ref = _t(REF_LOGPROBS, dtype).masked_fill(masks.padding_mask, INVALID_LOGPROB)
     return kl_estimate(logp, ref, estimator), real
 
 

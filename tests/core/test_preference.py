@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rlhf.core.preference import best_of_n_loss, bradley_terry_loss, normalization_gain_bias, pairwise_accuracy
+from rlhf.core.preference import bradley_terry_loss, normalization_gain_bias, pairwise_accuracy
 from vectors import F64, close, t
 
 # r_c − r_r = [1, 0, −1] → −log σ = [0.3132616875, 0.6931471806 (= log 2), 1.3132616875]
@@ -41,17 +41,6 @@ def test_pairwise_accuracy_ties_count_wrong_2i():
     ties_right = (CHOSEN >= REJECTED).to(F64).mean()
     close(ties_right, 2 / 3)
     assert not torch.isclose(acc, ties_right)
-
-
-def test_best_of_n_loss_2i():
-    # row 0: logsumexp(1,2,3,4) − 4 = 0.4401896986; row 1: log 4
-    # row 2: logsumexp(3,−1,0,0) − (−1) = 4.1114427792
-    rewards = t([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0], [3.0, -1.0, 0.0, 0.0]])
-    best = torch.tensor([3, 1, 1])
-    loss, stats = best_of_n_loss(rewards, best)
-    close(loss, 1.9793089462926063)
-    close(loss, (0.4401896986 + math.log(4) + 4.1114427792) / 3)
-    close(stats["accuracy"], 1 / 3)  # row 1 all tied: argmax = 0 ≠ 1
 
 
 def test_normalization_gain_bias_population_2i():

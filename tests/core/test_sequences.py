@@ -1,4 +1,4 @@
-"""Truncation, lengths, padding masks, EOS penalty, score placement (reference vectors 2-B, 2-C)."""
+"""Lengths, padding masks, EOS penalty, score placement (reference vectors 2-B, 2-C)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,15 @@ import torch
 from rlhf.core.sequences import (
     MissingEosPenalty,
     ScoreConvention,
-    contains_stop,
     first_true_indices,
     penalize_missing_eos,
     replace_missing_eos_score,
     response_masks,
-    reward_token_indices,
     score_index,
     subtract_missing_eos_penalty,
-    truncate_after_stop,
 )
 
 PAD, EOS = 0, 2
-RESPONSES = torch.tensor([[11, 12, 2, 7, 8], [11, 12, 13, 14, 15]])
 POST = torch.tensor([[11, 12, 2, 0, 0], [11, 12, 13, 14, 15]])
 T = 5
 
@@ -37,25 +33,6 @@ def test_first_true_indices_matches_loop():
     bools = torch.rand(16, 7, generator=gen) < 0.15
     expected = [next((t for t in range(7) if row[t]), 7) for row in bools.tolist()]
     assert first_true_indices(bools).tolist() == expected
-
-
-def test_truncate_after_stop_keeps_the_stop_token():
-    responses_before = RESPONSES.clone()
-    post = truncate_after_stop(RESPONSES, EOS, PAD)
-    assert torch.equal(post, POST)
-    assert post[0, 2] == EOS  # kept: truncating at `>=` instead of `>` would drop the EOS the RM reads
-    assert torch.equal(RESPONSES, responses_before)
-
-
-def test_truncate_after_stop_oai_start():
-    # OAI truncate_after=2, token 13: the 13 at index 1 is ignored, the one at index 3 truncates (vector 2-B).
-    responses = torch.tensor([[5, 13, 7, 13, 9, 9], [5, 13, 7, 8, 9, 9]])
-    post = truncate_after_stop(responses, 13, -1, start=2)
-    assert post.tolist() == [[5, 13, 7, 13, -1, -1], [5, 13, 7, 8, 9, 9]]
-    assert contains_stop(post, 13, start=2).tolist() == [True, False]
-    # Without `start`, row 1 would be cut after its first token and counted as valid.
-    assert truncate_after_stop(responses, 13, -1).tolist() != post.tolist()
-    assert contains_stop(post, 13).tolist() == [True, True]
 
 
 def test_response_masks():
@@ -76,13 +53,9 @@ def test_response_masks_edge_rows():
     assert masks.padding_mask_p1.int().tolist() == [[0, 1, 1], [0, 0, 0]]
 
 
-def test_contains_stop():
-    assert contains_stop(POST, EOS).tolist() == [True, False]
-
-
 def test_missing_eos_penalty_variants():
     scores = torch.tensor([1.0, 0.5], dtype=torch.float64)
-    has_eos = contains_stop(POST, EOS)
+    has_eos = (POST == EOS).any(-1)  # [True, False]: row 1 was cut before its stop token
     subtract = penalize_missing_eos(scores, has_eos, "subtract", 1.0)
     replace = penalize_missing_eos(scores, has_eos, MissingEosPenalty.REPLACE, 1.0)
     assert subtract.tolist() == [1.0, -0.5]  # TRL: 0.5 − 1
@@ -117,14 +90,3 @@ def test_score_index_conventions():
     empty = torch.tensor([-1])
     assert score_index(empty, T, "after_eos").tolist() == [0]
     assert score_index(empty, T, "eos").tolist() == [0]
-
-
-def test_reward_token_indices():
-    qr = torch.tensor([[0, 21, 22, 11, 12, 2, 0, 0], [21, 22, 23, 11, 12, 13, 14, 15]])
-    idx = reward_token_indices(qr, context_length=3, pad_token_id=PAD)
-    assert idx.tolist() == [5, 7]  # first PAD in response [3, 5] − 1 + C
-    assert qr[torch.arange(2), idx].tolist() == [2, 15]  # the EOS, the last token
-    # Off by one (no −1, the GPT-NeoX #1285 bug class) would read a PAD in row 0.
-    assert qr[0, idx[0] + 1] == PAD
-    # The query's own left padding must not count: searching the whole sequence would find index 0.
-    assert first_true_indices(qr == PAD)[0] - 1 == -1

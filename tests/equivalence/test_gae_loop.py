@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from rlhf.core.advantages import gae
 from rlhf.core.kl import kl_estimate, kl_shaped_rewards
-from rlhf.core.logprobs import mask_invalid_logprobs, selective_log_softmax
+from rlhf.core.logprobs import INVALID_LOGPROB, selective_log_softmax
 from rlhf.core.sequences import response_masks, score_index
 
 SETTINGS = settings(max_examples=50, deadline=None, derandomize=True)
@@ -95,8 +95,8 @@ def test_rewards_and_gae_ignore_garbage_after_eos(seed, B, T, estimator):
     idx = score_index(masks.sequence_lengths, T, "after_eos")
 
     def pipeline(logits, ref_logits, values):
-        logp = mask_invalid_logprobs(selective_log_softmax(logits, post), real)
-        ref = mask_invalid_logprobs(selective_log_softmax(ref_logits, post), real)
+        logp = selective_log_softmax(logits, post).masked_fill(masks.padding_mask, INVALID_LOGPROB)
+        ref = selective_log_softmax(ref_logits, post).masked_fill(masks.padding_mask, INVALID_LOGPROB)
         kl = kl_estimate(logp, ref, estimator)
         rewards, _ = kl_shaped_rewards(scores, kl, 0.05, idx, real)
         return kl, rewards, *gae(rewards, values, value_real, 1.0, 0.95)

@@ -113,15 +113,6 @@ def response_logprobs(
     return token_logprobs(logits[:, context_length - 1 : -1], input_ids[:, context_length:], temperature)
 
 
-def mask_invalid_logprobs(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Replace log-probs at padding positions by ``INVALID_LOGPROB`` (checklist item 13).
-
-    Shapes: ``logprobs (B, T)``, ``mask (B, T)`` True/1 = real token (i.e. ``~padding_mask``) → ``(B, T)``.
-    Apply to policy and reference log-probs alike so the per-token KL is exactly 0 after EOS.
-    """
-    return torch.where(mask.bool(), logprobs, torch.full_like(logprobs, INVALID_LOGPROB))
-
-
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256) -> torch.Tensor:
     """Entropy of softmax(logits / τ) along the last dimension.
 

@@ -1,7 +1,7 @@
 """Reward-model losses and metrics on scalar rewards.
 
 Shapes: ``chosen``, ``rejected``, ``margin`` are ``(B,)`` (one scalar reward per response of a preference
-pair); ``rewards`` for best-of-n is ``(B, n)``; ``samples`` for normalisation is ``(S,)``.
+pair); ``samples`` for normalisation is ``(S,)``.
 """
 
 from __future__ import annotations
@@ -45,20 +45,6 @@ def bradley_terry_loss(
             "rejected_mean": rejected.mean(),
         }
     return loss, stats
-
-
-def best_of_n_loss(rewards: torch.Tensor, best: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """OpenAI's best-of-n reward loss: softmax cross-entropy of the ``n`` rewards against the labelled best.
-
-    ``−mean_i log softmax(r_i)[best_i]`` with ``rewards (B, n)``, ``best (B,)`` int64 indices. Stats:
-    ``accuracy`` = mean(argmax r_i == best_i) (a tie resolves to the first maximum, as ``argmax`` does).
-    Sources: OAI label_types.py ``PickBest.loss`` L44-49, N-details train_reward_accelerate.py L615-619.
-    Vector: reference 2-I (n = 4: 1.9793089463, accuracy 1/3).
-    """
-    loss = F.cross_entropy(rewards, best)
-    with torch.no_grad():
-        accuracy = (rewards.argmax(-1) == best).to(rewards.dtype).mean()
-    return loss, {"accuracy": accuracy}
 
 
 def normalization_gain_bias(

@@ -1,9 +1,8 @@
-"""Response post-processing: truncation at the stop token, sequence lengths, padding masks, EOS penalty,
-and where the terminal score goes.
+"""Response post-processing: sequence lengths, padding masks, EOS penalty, and where the terminal score goes.
 
-Shapes: ``B`` sequences, ``T`` response tokens, ``C`` query tokens. Token tensors are integer ``(B, T)``;
-``PAD`` must be a dedicated id, never the EOS/stop id (checklist item 1).
-Conventions follow TRL ``experimental/ppo`` and N+ ``ppo.py`` (checklist items 4, 5, 24, 25; vectors 2-B).
+Shapes: ``B`` sequences, ``T`` response tokens. Token tensors are integer ``(B, T)``; ``PAD`` must be a dedicated
+id, never the EOS/stop id (checklist item 1). Conventions follow TRL ``experimental/ppo`` and N+ ``ppo.py``
+(checklist items 5, 24, 25; vectors 2-B).
 """
 
 from __future__ import annotations
@@ -27,34 +26,6 @@ def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
     # Plain loop replaced: for b: out[b] = next((t for t in range(T) if bools[b, t]), T)
     # — positions where bools is False become T, so the row minimum is the first True (or T).
     return torch.where(bools.bool(), positions, length).min(dim=-1).values
-
-
-def truncate_after_stop(
-    responses: torch.Tensor, stop_token_id: int, pad_token_id: int, *, start: int = 0
-) -> torch.Tensor:
-    """Keep everything up to and including the first stop token at index ≥ ``start``; PAD after it.
-
-    Shapes: ``responses (B, T)`` → ``(B, T)`` same dtype. Rows without a stop token are unchanged.
-
-        trunc = first_true_indices(responses == stop  and  t ≥ start);  post[b, t] = PAD if t > trunc[b]
-
-    ``start=0`` is TRL ``truncate_response`` (L168-188) / N+ ``ppo.py`` L338-355. ``start=k`` is OAI
-    ``truncate_after`` (``lm_tasks.py`` L39-50: books k=16, TL;DR k=55), which ignores stop tokens before
-    index k. Vector 2-B: ``[[11,12,2,7,8],[11,12,13,14,15]] → [[11,12,2,0,0],[11,12,13,14,15]]``.
-    """
-    positions = torch.arange(responses.size(-1), device=responses.device)
-    trunc_idx = first_true_indices((responses == stop_token_id) & (positions >= start))
-    return responses.masked_fill(positions > trunc_idx.unsqueeze(-1), pad_token_id)
-
-
-def contains_stop(post_responses: torch.Tensor, stop_token_id: int, *, start: int = 0) -> torch.Tensor:
-    """Whether each response holds the stop token at some index ≥ ``start``.
-
-    Shapes: ``post_responses (B, T)`` → ``(B,)`` bool. TRL ``ppo_trainer.py`` L757 (``contain_eos_token``);
-    ``start`` > 0 is the OAI validity filter after ``truncate_after`` (``lm_tasks.py`` L58-65). Vector 2-B:
-    ``[True, False]``.
-    """
-    return (post_responses[..., start:] == stop_token_id).any(dim=-1)
 
 
 class ResponseMasks(NamedTuple):
@@ -91,19 +62,6 @@ def response_masks(post_responses: torch.Tensor, pad_token_id: int) -> ResponseM
         padding_mask=positions > sequence_lengths.unsqueeze(-1),
         padding_mask_p1=positions > (sequence_lengths + 1).unsqueeze(-1),
     )
-
-
-def reward_token_indices(query_responses: torch.Tensor, context_length: int, pad_token_id: int) -> torch.Tensor:
-    """Index into ``query ⊕ response`` of the token whose reward-model output is the score.
-
-    Shapes: ``query_responses (B, C+T)`` (query left-padded, response right-padded) → ``(B,)`` long.
-
-        idx = first_true_indices(query_responses[:, C:] == PAD) − 1 + C
-
-    i.e. the last real response token (the EOS kept by truncation). N+ ``ppo.py`` L282-299; TRL
-    ``experimental/utils.py`` ``get_reward`` L746-790. Vector 2-B: ``[5, 7]``.
-    """
-    return first_true_indices(query_responses[:, context_length:] == pad_token_id) - 1 + context_length
 
 
 def replace_missing_eos_score(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
