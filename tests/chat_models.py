@@ -2,7 +2,7 @@
 tokens: what the episode, SFT and tool-call tests run over. The templates are the ones the models' tokenizers ship
 (tests/rollout/templates/, each naming its source in its first line); nothing is downloaded.
 
-``CHAT_MODELS[name]`` is the `Family` a tokenizer is trained with (`rlhf.models.tiny.train_family_tokenizer`) and
+``CHAT_MODELS[name]`` is the `Family` a tokenizer is trained with (`tiny_models.train_family_tokenizer`) and
 ``END_OF_TURN[name]`` the token an assistant turn ends with, which `sampling.stop` must name where it is not the eos.
 """
 
@@ -12,7 +12,8 @@ import dataclasses
 from functools import cache
 from pathlib import Path
 
-from rlhf.models.tiny import FAMILIES, Family, toy_corpus, train_family_tokenizer
+from rlhf.models.tiny import toy_corpus
+from tiny_models import FAMILIES, Family, train_family_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parent / "rollout" / "templates"
 

@@ -1,7 +1,7 @@
 """The compatibility matrix's models and data: one tiny model per family, built once per session, and small
 data files for every command.
 
-Each family (``rlhf.models.tiny.FAMILIES``) gets a tokenizer trained locally with its quirks (no pad, pad =
+Each family (``tiny_models.FAMILIES``) gets a tokenizer trained locally with its quirks (no pad, pad =
 eos, bos = eos, bos added in front, a chat template or none) and a random-init causal LM of its architecture
 (hidden 32, 2 layers; spare embedding rows where the real checkpoints have them), saved as a directory that
 loads with ``from_pretrained`` like a hub checkpoint. :class:`Runs` runs each command once per family on
@@ -59,7 +59,8 @@ def compat_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def family_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``family_dir(name) -> Path``: the family's tiny causal LM + tokenizer directory, built once."""
-    from rlhf.models.tiny import save_tiny, tiny_family_lm, toy_corpus, train_family_tokenizer
+    from rlhf.models.tiny import save_tiny, toy_corpus
+    from tiny_models import tiny_family_lm, train_family_tokenizer
 
     root = tmp_path_factory.mktemp("compat_models")
     corpus = toy_corpus(400, seed=0)

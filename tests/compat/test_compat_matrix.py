@@ -1,6 +1,6 @@
 """Every command on every model family users bring: GPT-2, GPT-NeoX (Pythia), OPT, Qwen2, Gemma-2, Phi-3, Llama-3.
 
-Each family's tiny model and tokenizer mimic its quirks (see ``rlhf.models.tiny.FAMILIES``). Every run is a
+Each family's tiny model and tokenizer mimic its quirks (see ``tiny_models.FAMILIES``). Every run is a
 real in-process run (1-2 steps); every ``final/`` is then loaded with plain ``transformers`` and must
 generate a left-padded batch of two prompts of different lengths exactly as it generates each prompt alone
 (a reward model: score a padded batch as rlhf scores it), and must feed back into rlhf (ppo's policy is
@@ -23,7 +23,7 @@ from rlhf.models.loading import apply_lora, load_causal_lm, load_tokenizer
 from rlhf.models.reward import reward_scores
 from rlhf.rollout.engine import _decode_steps, lean_decoder
 
-FAMILY_NAMES = ("gpt2", "gpt_neox", "opt", "qwen2", "gemma2", "phi3", "llama")  # = tiny.FAMILIES, checked below
+FAMILY_NAMES = ("gpt2", "gpt_neox", "opt", "qwen2", "gemma2", "phi3", "llama")  # = tiny_models.FAMILIES, checked below
 CHAT_FAMILIES = ("qwen2", "gemma2", "phi3")  # the families whose tokenizer has a chat template
 PROMPTS = ["the red cat", "what is 2 + 3? 5 and the big dog sees"]
 
@@ -33,7 +33,7 @@ def families(*names: str) -> pytest.MarkDecorator:
 
 
 def test_the_matrix_covers_every_family() -> None:
-    from rlhf.models.tiny import FAMILIES
+    from tiny_models import FAMILIES
 
     assert set(FAMILY_NAMES) == set(FAMILIES)
 

@@ -16,10 +16,11 @@ from rlhf.config import config_from_dict
 from rlhf.data import IGNORE_INDEX, chat
 from rlhf.data.records import PromptExample, SFTExample
 from rlhf.data.tokenization import tokenize_prompts, tokenize_sft
-from rlhf.models.tiny import save_tiny, tiny_family_lm
+from rlhf.models.tiny import save_tiny
 from rlhf.rollout.episodes import ChatFormat
 from rlhf.trainers import reward_model, sft
 from rlhf.trainers.rl.inputs import load_inputs
+from tiny_models import tiny_family_lm
 
 OFF = {"enable_thinking": False}
 EMPTY_THINK = "<think>\n\n</think>\n\n"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlhf.data import DataError, PreferenceExample, load_preferences, read_preferences, tokenize_preferences
-from rlhf.models.tiny import toy_corpus, train_wordpiece_tokenizer
+from rlhf.models.tiny import toy_corpus
+from tiny_models import train_wordpiece_tokenizer
 
 USER = {"role": "user", "content": "what is 1 + 1?"}
 TWO = {"role": "assistant", "content": "2"}

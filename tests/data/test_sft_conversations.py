@@ -162,7 +162,8 @@ def test_phi3_ends_a_finished_conversation_with_its_eos_and_the_answer_is_traine
     before the answer is then not a prefix of its generation prompt's rendering, by a special token alone, and the
     answer is what follows the prompt (trained through the eos, as the model stops there when sampled with
     ``sampling.stop: eos``). In a longer conversation a history turn has no eos after it: refused by name."""
-    from rlhf.models.tiny import toy_corpus, train_family_tokenizer
+    from rlhf.models.tiny import toy_corpus
+    from tiny_models import train_family_tokenizer
 
     tokenizer = train_family_tokenizer("phi3", toy_corpus(200))
     (example,) = tokenize_sft([SFTExample("x:1", messages=ROWS["plain"][:2])], tokenizer)

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import sharding_worker as worker  # noqa: E402
 
 from rlhf.models.sharding import decoder_layers
-from rlhf.models.tiny import FAMILIES, tiny_family_lm, toy_corpus, train_family_tokenizer
+from rlhf.models.tiny import toy_corpus
+from tiny_models import FAMILIES, tiny_family_lm, train_family_tokenizer
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")

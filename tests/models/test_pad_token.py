@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.reward import load_reward_model
-from rlhf.models.tiny import save_tiny, tiny_family_config, tiny_family_lm, toy_corpus, train_family_tokenizer
+from rlhf.models.tiny import save_tiny, toy_corpus
 from rlhf.rollout.rewards import RewardModelReward
+from tiny_models import tiny_family_config, tiny_family_lm, train_family_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ tests run the real one): it returns chosen ids, so what the episode holds can be
 
 The templates are the ones the models' tokenizers ship (Qwen2.5, Qwen3, Qwen3-Coder, Llama-3.1, Mistral v0.3,
 Gemma 3: tests/rollout/templates/, ``chat_models.CHAT_MODELS``), each on a tiny tokenizer with its model's special
-tokens (`rlhf.models.tiny`), and a bare ChatML one; nothing is downloaded.
+tokens (`tiny_models`), and a bare ChatML one; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import pytest
 
 from chat_models import CHAT_MODELS, END_OF_TURN, TOOL_FORMATS, chat_tokenizer
 from rlhf.config import ConfigError
-from rlhf.models.tiny import CHATML_TEMPLATE, toy_corpus, train_family_tokenizer
+from rlhf.models.tiny import toy_corpus
 from rlhf.rollout.episodes import ChatFormat, EpisodeError, EpisodeLimits, EpisodeRunner
 from rlhf.rollout.tools import Tool, ToolCall, calculator, parse_tool_calls, run_tool
+from tiny_models import CHATML_TEMPLATE, train_family_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LIMITS = EpisodeLimits(max_turns=4, max_tokens=400, max_tool_calls=4, tool_timeout=5.0)

@@ -275,8 +275,9 @@ def calculator_policy(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
     rather than 12, a Qwen2.5 policy garbled most of its calls."""
     from transformers.utils import get_json_schema
 
-    from rlhf.models.tiny import save_tiny, tiny_family_lm, toy_corpus, train_family_tokenizer
+    from rlhf.models.tiny import save_tiny, toy_corpus
     from rlhf.rollout.tools import calculator
+    from tiny_models import tiny_family_lm, train_family_tokenizer
 
     name = request.param
     root = tmp_path_factory.mktemp(f"calculator_{name}")

@@ -31,7 +31,7 @@ from rlhf.config import ConfigError, config_from_dict
 from rlhf.core.preference import bradley_terry_loss
 from rlhf.data import DataError
 from rlhf.models.reward import BIAS_KEY, GAIN_KEY, RewardScorer, load_reward_model, reward_normalization, reward_scores
-from rlhf.models.tiny import save_tiny, tiny_bert_classifier, toy_corpus, train_wordpiece_tokenizer
+from rlhf.models.tiny import save_tiny, toy_corpus
 from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import reward_model
@@ -44,6 +44,7 @@ from runs import (
     max_abs_diff,
     metric_rows,
 )
+from tiny_models import tiny_bert_classifier, train_wordpiece_tokenizer
 
 # The rm metric names (README, "Metrics"): every training row carries these; evaluation rows add EVAL.
 TRAIN_METRICS = ["step", "epoch", "train/loss", "train/accuracy", "grad/norm", "lr", "time/step_s"]

@@ -26,7 +26,7 @@ from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import IGNORE_INDEX, SFTExample, chat, load_sft, tokenize_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.models.tiny import tiny_family_lm, toy_corpus
+from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import sft
 from runs import (
@@ -38,6 +38,7 @@ from runs import (
     max_abs_diff,
     metric_rows,
 )
+from tiny_models import tiny_family_lm
 
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 SFT_METRICS = ["step", "epoch", "train/loss", "grad/norm", "lr", "time/step_s", "throughput/tokens_per_s"]
