@@ -82,8 +82,7 @@ class Limit:
 
     def format(self, template: str, **more: str) -> str:
         since = f" after step {self.after}" if self.after else ""
-        fields = {"metric": self.metric, "op": self.op, "limit": self.limit, "window": self.window, "unit": self.unit}
-        return text(template, since=since, **fields, **more)
+        return text(template, since=since, **vars(self), **more)
 
 
 class RuleBook:
