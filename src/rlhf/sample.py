@@ -5,6 +5,7 @@ docs/sample_and_eval.md. Reproducible: every mode draws the same completions.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -19,6 +20,7 @@ from rlhf import answering
 from rlhf.config import SampleConfig, llm_judge
 from rlhf.data import load_prompts
 from rlhf.data.labels import pair_id
+from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt
 from rlhf.labelling.judge import LLMJudge, cache_path_for
 from rlhf.labelling.pairs import Pair
@@ -32,6 +34,17 @@ from rlhf.runlog.seeding import seed_everything
 Row = dict[str, Any]
 Rewards = list[float | None] | None
 Rows = tuple[list[Row], dict[str, int]]
+
+
+@dataclasses.dataclass
+class Tally:
+    """What a pass wrote and measured: rows written, rows skipped by reason (and an LLM judge's labels by kind),
+    each batch's `answering.response_stats` and the judge's scores."""
+
+    rows: int = 0
+    skipped: Counter = dataclasses.field(default_factory=Counter)
+    responses: list = dataclasses.field(default_factory=list)
+    scores: list[scoring.Scores] = dataclasses.field(default_factory=list)
 
 
 def run(config: SampleConfig) -> dict[str, Any]:
@@ -49,58 +62,92 @@ def run(config: SampleConfig) -> dict[str, Any]:
     # 1. policy, prompts, judge
     tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
     prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
-    judge, comparer, make_rows = None, None, ROWS[config.mode]
-    if llm_judge(config.judge.source) is not None:  # an LLM compares pairs (mode preferences)
-        comparer = LLMJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
-        make_rows = functools.partial(judged_pair_rows, comparer)
-    elif config.judge.source is not None:
-        judge = answering.load_rewards(config.judge.source, tokenizer, device, bf16_enabled(config.model.bf16, device))
+    judge, comparer, make_rows = judging(config, tokenizer, device, out)
     sampler = answering.Sampler(config.model.name, tokenizer, config, device)
-    k = config.num_samples
-
-    rows_written, skipped = 0, Counter()
-    responses = []  # per batch: `response_stats` of its B·k completions
-    scores_all: list[scoring.Scores] = []
+    tally = Tally()
     with (
         rundir.atomic_open(out, replace=config.overwrite) as f,
         BatchProgress(len(prompts), "sample", config.progress) as bar,
     ):
         for batch in answering.prompt_batches(prompts, config.batch_size):
-            # 2. k completions per prompt (consecutive rows)
-            generated = sampler(batch, repeat=k)
-            responses.append(answering.response_stats(generated))
-            # 3. the judge's scores, each prompt's k completions as one group
-            rewards: Rewards = None
-            if judge is not None:
-                scores = answering.score_groups(
-                    judge, batch, generated.completions, config.judge.aggregation, k, generated
-                )
-                scores_all.append(scores)
-                rewards = answering.nan_to_none(scores.combined.tolist())
-            # 4. rows of this mode, prompt by prompt, each followed by its prompt's columns (the row's keys win)
-            for i, index in enumerate(batch.indices):
-                group = slice(i * k, (i + 1) * k)
-                prompt = prompts[index]
-                made, skips = make_rows(
-                    prompt, generated.completions[group], None if rewards is None else rewards[group], config
-                )
-                skipped.update(skips)
-                for row in made:
-                    columns = {name: value for name, value in prompt.columns.items() if name not in row}
-                    f.write(json.dumps(row | columns, ensure_ascii=False) + "\n")
-                rows_written += len(made)
-            bar.advance(len(batch), f"{rows_written} rows")
-
-    # 5. summary
-    summary: dict[str, Any] = {
-        "mode": config.mode,
-        "output": str(out),
-        "prompts": len(prompts),
-        "samples": len(prompts) * k,
-        "rows": rows_written,
-    }
+            for row in batch_rows(
+                config, prompts, batch, sampler=sampler, judge=judge, make_rows=make_rows, tally=tally
+            ):
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            bar.advance(len(batch), f"{tally.rows} rows")
     if comparer is not None:
         comparer.close()
+    # 5. summary
+    summary = summarize(config, tally, prompts=len(prompts), comparer=comparer, generate_s=sampler.seconds)
+    summary = answering.json_safe(summary | {"time/total_s": time.perf_counter() - start})
+    if config.summary:
+        with rundir.atomic_open(summary_path, replace=config.overwrite) as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
+    print(summary_line(summary), file=sys.stderr)
+    return summary
+
+
+def judging(
+    config: SampleConfig, tokenizer: Any, device: Any, out: Path
+) -> tuple[scoring.RewardSet | None, LLMJudge | None, Callable[..., Rows]]:
+    """The judge that scores completions (a reward source), or the LLM judge that compares pairs (mode
+    preferences), and the row function of the mode."""
+    if llm_judge(config.judge.source) is not None:
+        comparer = LLMJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
+        return None, comparer, functools.partial(judged_pair_rows, comparer)
+    judge = None
+    if config.judge.source is not None:
+        judge = answering.load_rewards(config.judge.source, tokenizer, device, bf16_enabled(config.model.bf16, device))
+    return judge, None, ROWS[config.mode]
+
+
+def batch_rows(
+    config: SampleConfig,
+    prompts: list[TokenizedPrompt],
+    batch: PromptBatch,
+    *,
+    sampler: answering.Sampler,
+    judge: scoring.RewardSet | None,
+    make_rows: Callable[..., Rows],
+    tally: Tally,
+) -> list[Row]:
+    """Steps 2-4 for one batch of prompts: k completions per prompt (consecutive rows), the judge's scores (each
+    prompt's k completions one group), and the rows of the mode, prompt by prompt, each followed by its prompt's
+    columns (the row's keys win); counted in ``tally``."""
+    k = config.num_samples
+    generated = sampler(batch, repeat=k)
+    tally.responses.append(answering.response_stats(generated))
+    rewards: Rewards = None
+    if judge is not None:
+        scores = answering.score_groups(judge, batch, generated.completions, config.judge.aggregation, k, generated)
+        tally.scores.append(scores)
+        rewards = answering.nan_to_none(scores.combined.tolist())
+    rows = []
+    for i, index in enumerate(batch.indices):
+        group, prompt = slice(i * k, (i + 1) * k), prompts[index]
+        made, skips = make_rows(
+            prompt, generated.completions[group], None if rewards is None else rewards[group], config
+        )
+        tally.skipped.update(skips)
+        rows += [row | {name: v for name, v in prompt.columns.items() if name not in row} for row in made]
+    tally.rows += len(rows)
+    return rows
+
+
+def summarize(
+    config: SampleConfig, tally: Tally, *, prompts: int, comparer: LLMJudge | None, generate_s: float
+) -> dict[str, Any]:
+    """The pass's summary: what was written and skipped (by mode), the judge's scores, the responses' stats and
+    the time each part took."""
+    skipped = tally.skipped
+    summary: dict[str, Any] = {
+        "mode": config.mode,
+        "output": str(Path(config.output)),
+        "prompts": prompts,
+        "samples": prompts * config.num_samples,
+        "rows": tally.rows,
+    }
+    if comparer is not None:
         summary["labels"] = {kind: skipped[kind] for kind in ("preference", "tie", "skip")}
         summary["skipped"] = {"identical": skipped["identical"]}
         summary["judge/requests"] = comparer.asked
@@ -109,17 +156,11 @@ def run(config: SampleConfig) -> dict[str, Any]:
         summary["skipped"] = {"tie": skipped["tie"], "unscored": skipped["unscored"]}
     elif config.mode == "pairs":
         summary["skipped"] = {"identical": skipped["identical"]}
-    if scores_all:
-        summary.update(scoring.reward_metrics(scoring.concat_scores(scores_all), prefix="judge"))
-    summary.update(answering.response_metrics(responses))
-    summary["time/generate_s"] = sampler.seconds
-    summary["time/judge_s"] = sum((s.seconds for s in scores_all), 0.0) + (comparer.seconds if comparer else 0.0)
-    summary["time/total_s"] = time.perf_counter() - start
-    summary = answering.json_safe(summary)
-    if config.summary:
-        with rundir.atomic_open(summary_path, replace=config.overwrite) as f:
-            f.write(json.dumps(summary, indent=2) + "\n")
-    print(summary_line(summary), file=sys.stderr)
+    if tally.scores:
+        summary.update(scoring.reward_metrics(scoring.concat_scores(tally.scores), prefix="judge"))
+    summary.update(answering.response_metrics(tally.responses))
+    summary["time/generate_s"] = generate_s
+    summary["time/judge_s"] = sum((s.seconds for s in tally.scores), 0.0) + (comparer.seconds if comparer else 0.0)
     return summary
 
 

@@ -138,41 +138,104 @@ def run(config: DemoConfig) -> dict[str, Any]:
         return _stages(config, out)
 
 
+class _Script:
+    """The demo's state between its stages: the settings every stage shares, each stage's seconds and the
+    ``paths`` the earlier stages wrote (a trained stage's final/ under its name)."""
+
+    def __init__(self, config: DemoConfig, out: Path):
+        self.config, self.out, self.preset = config, out, PRESETS[config.preset]
+        self.data, self.labelled = out / "data", out / "label"
+        self.seconds: dict[str, float] = {}
+        self.paths: dict[str, Path] = {}
+        self.quiet = {"seed": config.seed, "progress": config.progress}
+        self.run = self.quiet | {"eval_every": 0, "save_every": 0}
+        self.sampling = {"max_new_tokens": self.preset.max_new_tokens, "temperature": 1.0}
+
+    def stage(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run stage ``name`` (announced and timed)."""
+        _announce(self.config, name)
+        t0 = time.perf_counter()
+        result = fn()
+        self.seconds[name] = time.perf_counter() - t0
+        return result
+
+    def trained(
+        self, name: str, model: str, section: dict, data: dict, optim: dict, batch_size: int = 32, **fields: Any
+    ):
+        """Stage ``name``: its command's trainer, started from ``paths[model]``; its final/ into ``paths[name]``."""
+        from rlhf.trainers import dpo, reward_model, sft  # here: they load torch
+        from rlhf.trainers.rl import grpo, ppo
+
+        command = name.partition("_")[0]
+        values = {"output_dir": str(self.out / name), "model": {"name": str(self.paths[model])}, "data": data}
+        values |= {"optim": optim, "batch": {"size": batch_size}, "run": self.run, command: section, **fields}
+        cfg = _config(self.out / name, command, values)
+        runner = {"sft": sft, "rm": reward_model, "dpo": dpo, "ppo": ppo, "grpo": grpo}[command]
+        self.paths[name] = self.stage(name, lambda: runner.run(cfg))
+
+    def rl(self, name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> None:
+        """Stage ``name`` (ppo or grpo) from the SFT model against the reward model; the gold judge rides along
+        with weight 0 (logged, never optimised), so the report can set the proxy reward and the true score side
+        by side."""
+        rewards = [{"source": str(self.paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}]
+        data = {"train": str(self.data / "prompts.jsonl"), "eval": str(self.data / "eval_prompts.jsonl")}
+        fields = {"reward": {"source": rewards}, "sampling": self.sampling}
+        fields["run"] = self.run | {"eval_every": self.preset.eval_every}
+        optim = {"learning_rate": learning_rate, "scheduler": "constant"}
+        self.trained(name, "sft", algorithm, data, optim, batch_size, kl={"coef": kl_coef}, **fields)
+
+
 def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     """The demo's script: its numbered stages in order, each timed, sharing the paths earlier ones wrote."""
     from rlhf import evaluate, report, sample  # here: they load torch
-    from rlhf.trainers import dpo, reward_model, sft
-    from rlhf.trainers.rl import grpo, ppo
 
-    preset = PRESETS[config.preset]
-    start = time.perf_counter()
+    script, preset, start = _Script(config, out), PRESETS[config.preset], time.perf_counter()
     train_prompts, eval_prompts = task.split_prompts(config.seed)
-    seconds: dict[str, float] = {}
-    paths: dict[str, Path] = {}
-    data, labelled = out / "data", out / "label"
-    quiet = {"seed": config.seed, "progress": config.progress}
-    run = quiet | {"eval_every": 0, "save_every": 0}
-    sampling = {"max_new_tokens": preset.max_new_tokens, "temperature": 1.0}
-
-    def stage(name: str, fn: Callable[[], Any]) -> Any:
-        _announce(config, name)
-        t0 = time.perf_counter()
-        result = fn()
-        seconds[name] = time.perf_counter() - t0
-        return result
-
-    def trained(name: str, model: str, section: dict, data: dict, optim: dict, batch_size: int = 32, **fields: Any):
-        """Stage ``name``: its command's trainer, started from ``paths[model]``; its final/ into ``paths[name]``."""
-        command = name.partition("_")[0]
-        values = {"output_dir": str(out / name), "model": {"name": str(paths[model])}, "data": data, "optim": optim}
-        values |= {"batch": {"size": batch_size}, "run": run, command: section, **fields}
-        cfg = _config(out / name, command, values)
-        runner = {"sft": sft, "rm": reward_model, "dpo": dpo, "ppo": ppo, "grpo": grpo}[command]
-        paths[name] = stage(name, lambda: runner.run(cfg))
-
     # 1. tokenizer + tiny Llama pretrained on the corpus
-    paths["pretrain"] = stage("pretrain", lambda: pretrain(out / "pretrain", train_prompts, preset, config))
+    script.paths["pretrain"] = script.stage(
+        "pretrain", lambda: pretrain(out / "pretrain", train_prompts, preset, config)
+    )
     # 2. SFT on mixed-quality demonstrations
+    sft_data = _write_data(script, train_prompts, eval_prompts)
+    script.trained("sft", "pretrain", {"epochs": preset.sft_epochs}, sft_data, {"learning_rate": 3e-3})
+    # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
+    samples = _sample_configs(script)
+    script.stage("sample", lambda: [sample.run(cfg) for cfg in samples])
+    # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
+    labels = script.stage("label", lambda: label(out / "sample", script.labelled, config.seed))
+    # 5. reward model from the pretrained LM; it only ever sees the labels
+    pairs = {
+        "train": str(script.labelled / "preferences.jsonl"),
+        "eval": str(script.labelled / "eval_preferences.jsonl"),
+    }
+    pairs["max_length"] = MAX_LENGTH
+    script.trained("rm", "pretrain", {"epochs": preset.rm_epochs}, pairs, {"learning_rate": 1e-3})
+    # 5b. DPO from the SFT model on the same labelled pairs: no reward model, no sampling
+    script.trained("dpo", "sft", {"epochs": preset.dpo_epochs}, pairs, {"learning_rate": preset.dpo_learning_rate})
+    # 6-7. PPO and GRPO from the SFT model against the reward model (`_Script.rl`)
+    ppo_algorithm = {"steps": config.steps or preset.ppo_steps, "num_minibatches": 2, "epochs": 4}
+    script.rl("ppo", preset.ppo_learning_rate, preset.kl_coef, preset.ppo_batch, **ppo_algorithm)
+    # PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it. It keeps the
+    # shared critic, whose value loss also moves the policy's trunk, so nothing but the leash holds the policy
+    # near the reference: with β = 0.2 the same run was healthy on all 10 runs of docs/ppo_study.md (its row
+    # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
+    # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
+    script.rl("ppo_no_kl", preset.ppo_learning_rate, 0.0, preset.ppo_batch, **ppo_algorithm, critic="shared")
+    grpo = {"steps": config.steps or preset.grpo_steps, "group_size": preset.group_size}
+    script.rl("grpo", preset.learning_rate, preset.kl_coef, preset.grpo_batch, **grpo)
+    # 8. every method against the SFT baseline (best-of-N samples the SFT model itself: its KL is the log N bound)
+    evals = _eval_configs(script)
+    results = script.stage("eval", lambda: {name: evaluate.run(cfg) for name, cfg in evals.items()})
+    summary = summarize(out, results, labels, script.seconds, time.perf_counter() - start)
+    rundir.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    page = report.write(out)
+    _announce(config, f"done in {summary['seconds']:.0f} s → {out / 'summary.json'}, {page}")
+    return summary
+
+
+def _write_data(script: _Script, train_prompts: list[str], eval_prompts: list[str]) -> dict[str, Any]:
+    """The prompt files of the later stages and SFT's demonstrations; returns SFT's data section."""
+    preset, data = script.preset, script.data
     rm_eval_prompts = eval_prompts[preset.eval_prompts :] or eval_prompts
     for name, prompts in (
         ("prompts", train_prompts),
@@ -181,71 +244,44 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
         ("rm_eval_prompts", rm_eval_prompts),
     ):
         _write_jsonl(data / f"{name}.jsonl", [{"prompt": p} for p in prompts])
-    rng = random.Random(config.seed)
+    rng = random.Random(script.config.seed)
     mix = dict(preset.sft_mix)
     _write_jsonl(data / "sft.jsonl", task.demonstrations(train_prompts, mix, preset.sft_examples, rng))
     _write_jsonl(data / "sft_eval.jsonl", task.demonstrations(eval_prompts, mix, 64, rng))
-    sft_data = {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": MAX_LENGTH}
-    trained("sft", "pretrain", {"epochs": preset.sft_epochs}, sft_data, {"learning_rate": 3e-3})
-    # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
-    candidates = {"mode": "candidates", "num_samples": preset.num_samples, "batch_size": 16, "sampling": sampling}
-    candidates |= quiet | {"model": {"name": str(paths["sft"])}}
-    samples = []
+    return {"train": str(data / "sft.jsonl"), "eval": str(data / "sft_eval.jsonl"), "max_length": MAX_LENGTH}
+
+
+def _sample_configs(script: _Script) -> list[Any]:
+    """`rlhf sample`'s configs of stage 3: candidates for the training prompts and for the RM's held-out ones."""
+    out = script.out
+    candidates = {"mode": "candidates", "num_samples": script.preset.num_samples, "batch_size": 16}
+    candidates |= {"sampling": script.sampling, **script.quiet, "model": {"name": str(script.paths["sft"])}}
+    configs = []
     for name, prompts in (("candidates", "sample_prompts"), ("eval_candidates", "rm_eval_prompts")):
-        files = {"prompts": str(data / f"{prompts}.jsonl"), "output": str(out / "sample" / f"{name}.jsonl")}
-        samples.append(_config(out / "sample" / name, "sample", candidates | files))
-    stage("sample", lambda: [sample.run(cfg) for cfg in samples])
-    # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
-    labels = stage("label", lambda: label(out / "sample", labelled, config.seed))
-    # 5. reward model from the pretrained LM; it only ever sees the labels
-    pairs = {"train": str(labelled / "preferences.jsonl"), "eval": str(labelled / "eval_preferences.jsonl")}
-    pairs["max_length"] = MAX_LENGTH
-    trained("rm", "pretrain", {"epochs": preset.rm_epochs}, pairs, {"learning_rate": 1e-3})
-    # 5b. DPO from the SFT model on the same labelled pairs: no reward model, no sampling
-    trained("dpo", "sft", {"epochs": preset.dpo_epochs}, pairs, {"learning_rate": preset.dpo_learning_rate})
+        files = {"prompts": str(script.data / f"{prompts}.jsonl"), "output": str(out / "sample" / f"{name}.jsonl")}
+        configs.append(_config(out / "sample" / name, "sample", candidates | files))
+    return configs
 
-    # 6-7. PPO and GRPO from the SFT model against the reward model; the gold judge rides along with weight 0
-    # (logged, never optimised), so the report can set the proxy reward and the true score side by side
-    rewards = [{"source": str(paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}]
-    rl_data = {"train": str(data / "prompts.jsonl"), "eval": str(data / "eval_prompts.jsonl")}
-    rl_fields = {"reward": {"source": rewards}, "sampling": sampling, "run": run | {"eval_every": preset.eval_every}}
 
-    def rl(name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> None:
-        optim = {"learning_rate": learning_rate, "scheduler": "constant"}
-        trained(name, "sft", algorithm, rl_data, optim, batch_size, kl={"coef": kl_coef}, **rl_fields)
-
-    ppo_algorithm = {"steps": config.steps or preset.ppo_steps, "num_minibatches": 2, "epochs": 4}
-    rl("ppo", preset.ppo_learning_rate, preset.kl_coef, preset.ppo_batch, **ppo_algorithm)
-    # PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it. It keeps the
-    # shared critic, whose value loss also moves the policy's trunk, so nothing but the leash holds the policy
-    # near the reference: with β = 0.2 the same run was healthy on all 10 runs of docs/ppo_study.md (its row
-    # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
-    # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
-    rl("ppo_no_kl", preset.ppo_learning_rate, 0.0, preset.ppo_batch, **ppo_algorithm, critic="shared")
-    grpo_steps = config.steps or preset.grpo_steps
-    rl("grpo", preset.learning_rate, preset.kl_coef, preset.grpo_batch, steps=grpo_steps, group_size=preset.group_size)
-
-    # 8. every method against the SFT baseline (best-of-N samples the SFT model itself: its KL is the log N bound)
-    sft_model, rm, eval_dir = str(paths["sft"]), str(paths["rm"]), out / "eval"
-    judged = quiet | {
+def _eval_configs(script: _Script) -> dict[str, Any]:
+    """`rlhf eval`'s configs of stage 8 by method: each against the SFT baseline under the gold judge."""
+    sft_model, rm, eval_dir = str(script.paths["sft"]), str(script.paths["rm"]), script.out / "eval"
+    judged = script.quiet | {
         "baseline": sft_model,
-        "eval_data": str(data / "eval_prompts.jsonl"),
+        "eval_data": str(script.data / "eval_prompts.jsonl"),
         "reward": {"source": [{"source": GOLD, "name": "gold"}, {"source": rm, "name": "rm"}]},
         "judge": {"source": GOLD},
-        "sampling": sampling,
+        "sampling": script.sampling,
     }
     evals = {}
     for name in METHODS[1:]:
-        best_of = {"model": {"name": sft_model}, "best_of": {"n": preset.best_of_n, "source": rm}}
-        compared = best_of if name == "best_of_n" else {"model": {"name": str(paths[name])}, "reference": sft_model}
+        best_of = {"model": {"name": sft_model}, "best_of": {"n": script.preset.best_of_n, "source": rm}}
+        compared = (
+            best_of if name == "best_of_n" else {"model": {"name": str(script.paths[name])}, "reference": sft_model}
+        )
         files = {"output": str(eval_dir / f"{name}.json"), "samples_output": str(eval_dir / f"{name}_samples.jsonl")}
         evals[name] = _config(eval_dir / name, "eval", judged | compared | files)
-    results = stage("eval", lambda: {name: evaluate.run(cfg) for name, cfg in evals.items()})
-    summary = summarize(out, results, labels, seconds, time.perf_counter() - start)
-    rundir.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    page = report.write(out)
-    _announce(config, f"done in {summary['seconds']:.0f} s → {out / 'summary.json'}, {page}")
-    return summary
+    return evals
 
 
 # Stages that are the demo's own
