@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlhf.rollout.rewards.function import load_callable
+from rlhf.rollout.user_code import load_callable
 
 # The README's word game itself, loaded the way a run loads an environment, so the tests train the example users
 # run (and a change to it shows here).

@@ -28,7 +28,6 @@ from typing import Any
 
 from rlhf.config import ConfigError
 from rlhf.data import chat
-from rlhf.rollout.rewards.function import load_callable
 from rlhf.rollout.tools import (
     FORMATS,
     Tool,
@@ -41,6 +40,7 @@ from rlhf.rollout.tools import (
     tools_of,
     unique_names,
 )
+from rlhf.rollout.user_code import load_callable
 
 OBSERVATION_ROLES = ("user", "tool", "system")
 """Roles an environment may reply with; ``assistant`` is refused (its text would pass as the model's own)."""

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlhf.config import ConfigError
-from rlhf.rollout.rewards.base import run_coroutine
-from rlhf.rollout.rewards.function import load_callable
+from rlhf.data.chat import tool_call
+from rlhf.rollout.user_code import load_callable, run_coroutine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +80,8 @@ class ToolCall:
     id: str | None = None
 
     def message(self) -> dict[str, Any]:
-        """The call as the assistant message's ``tool_calls`` entry (transformers' convention)."""
-        entry: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return entry | ({"id": self.id} if self.id is not None else {})
+        """The call as the assistant message's ``tool_calls`` entry (`rlhf.data.chat.tool_call`)."""
+        return tool_call(self.name, self.arguments, self.id)
 
 
 def call_id(n: int) -> str:

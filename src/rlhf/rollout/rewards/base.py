@@ -16,13 +16,14 @@ import copy
 import functools
 import math
 import numbers
-import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
+
+from rlhf.rollout.user_code import run_coroutine
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
@@ -356,31 +357,6 @@ async def _gather(sources: list[RewardSource], calls: list[Call]) -> list[tuple[
         return result, time.perf_counter() - start
 
     return await asyncio.gather(*(timed(s, c) for s, c in zip(sources, calls, strict=True)))
-
-
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coroutine`` to completion on rlhf's one event loop, which lives in a daemon thread for the whole
-    process (TRL's ``start_event_loop_in_daemon``): clients an async reward function keeps between calls
-    (an ``httpx.AsyncClient``, a semaphore) stay bound to the same loop from batch to batch."""
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
-
-            def serve() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(ready.set)
-                loop.run_forever()
-
-            threading.Thread(target=serve, name="rlhf-reward-loop", daemon=True).start()
-            ready.wait()
-            _loop = loop
-    return asyncio.run_coroutine_threadsafe(coroutine, _loop).result()
 
 
 def _validate(name: str, raw: Any, completions: list[str]) -> torch.Tensor:

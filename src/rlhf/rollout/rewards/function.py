@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from rlhf.rollout.rewards.base import RewardContext, RewardError, RewardLog, run_coroutine
+from rlhf.rollout.rewards.base import RewardContext, RewardError, RewardLog
+from rlhf.rollout.user_code import load_callable, run_coroutine
 
 _SIGNATURE = (
     "function(prompts=..., completions=..., completion_ids=..., trainer_state=..., log_metric=..., "
@@ -145,74 +139,6 @@ def _is_async(function: Callable[..., Any]) -> bool:
         function = function.func
     call = type(function).__call__ if callable(function) else None  # an instance's `async def __call__`
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
-
-
-def load_callable(spec: str, what: str, failure: type[Exception]) -> Callable[..., Any]:
-    """The callable ``spec`` names: ``path/to/file.py:function`` (relative to the current directory) or
-    ``package.module:function``; the attribute may be dotted (``module:Class.method``). ``failure`` raised on any
-    failure, its message starting ``{what} {spec!r}`` and naming the file or module, with the original import error,
-    or the callables the module does have."""
-    target, sep, attribute = spec.rpartition(":")
-    if not sep or not target or not attribute:
-        raise failure(f"{what} spec {spec!r}: expected `path/to/file.py:function` or `package.module:function`")
-    module = (
-        _load_file(target, spec, what, failure) if target.endswith(".py") else _load_module(target, spec, what, failure)
-    )
-    obj: Any = module
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            found = ", ".join(_public_callables(module)) or "none"
-            raise failure(f"{what} {spec!r}: {target} has no attribute {attribute!r}; its callables: {found}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise failure(f"{what} {spec!r}: {attribute!r} is a {type(obj).__name__}, not a callable")
-    return obj
-
-
-def _load_file(target: str, spec: str, what: str, failure: type[Exception]) -> ModuleType:
-    path = Path(target).expanduser()
-    resolved = path.resolve()
-    if not resolved.is_file():
-        raise failure(f"{what} {spec!r}: no such file {str(path)!r} (looked at {resolved})")
-    # A unique module name per file, registered in sys.modules before running it, so dataclasses,
-    # pickling and relative lookups inside the file work as in a normally imported module.
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    module_name = f"rlhf_reward_{resolved.stem}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if module_spec is None or module_spec.loader is None:
-        raise failure(f"{what} {spec!r}: {resolved} cannot be imported as a Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[module_name]
-        raise failure(f"{what} {spec!r}: importing {resolved} failed: {type(error).__name__}: {error}") from error
-    return module
-
-
-def _load_module(target: str, spec: str, what: str, failure: type[Exception]) -> ModuleType:
-    try:
-        return importlib.import_module(target)
-    except Exception as error:
-        hint = ""
-        if isinstance(error, ModuleNotFoundError) and os.getcwd() not in sys.path and "" not in sys.path:
-            hint = (
-                " (the current directory is not on sys.path: use `path/to/file.py:function`, or add the "
-                "directory to PYTHONPATH)"
-            )
-        raise failure(
-            f"{what} {spec!r}: cannot import module {target!r}: {type(error).__name__}: {error}{hint}"
-        ) from error
-
-
-def _public_callables(module: ModuleType) -> list[str]:
-    """Public callables defined in ``module`` itself (falls back to every public callable)."""
-    public = {n: v for n, v in vars(module).items() if callable(v) and not n.startswith("_")}
-    own = [n for n, v in public.items() if getattr(v, "__module__", None) == module.__name__]
-    return sorted(own or public)
 
 
 def assistant_message(text: str, reasoning: bool) -> dict[str, Any]:

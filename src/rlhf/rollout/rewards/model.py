@@ -46,6 +46,7 @@ class RewardModelReward:
         _check_one_output(name, getattr(getattr(model, "config", None), "num_labels", None))
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        from rlhf.models.critic import shares_vocabulary
         from rlhf.models.policy import disable_dropout  # lazily: function/HTTP sources need no models
         from rlhf.models.reward import max_positions, reward_normalization
 
@@ -65,9 +66,7 @@ class RewardModelReward:
         self.eos_id: int | None = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.max_length = max_positions(model.config)
-        self.shares_policy_tokenizer = policy_tokenizer is not None and (
-            policy_tokenizer is tokenizer or policy_tokenizer.get_vocab() == tokenizer.get_vocab()
-        )
+        self.shares_policy_tokenizer = shares_vocabulary(policy_tokenizer, tokenizer)
         """True when the policy's token ids mean the same tokens here, so :meth:`score_ids` may be used."""
         self._warned_truncation = False
 
