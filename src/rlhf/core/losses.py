@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from rlhf.core.choices import ImportanceLevel, LossAggregation, PolicyObjective
 from rlhf.core.kl import KLEstimator, kl_estimate
@@ -27,32 +28,26 @@ from rlhf.core.masked import masked_mean, masked_sum, masked_var
 Denominator = int | float | torch.Tensor
 
 
-def _token_mean(
-    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
-) -> torch.Tensor:
+def _token_mean(per_token: Tensor, mask: Tensor, *, num_tokens: Denominator, **_: Denominator) -> Tensor:
     # Σ_{i,t} ℓ·m / N_tokens — every token of the global batch weighs the same.
     return masked_sum(per_token, mask) / num_tokens
 
 
-def _seq_mean_token_mean(
-    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
-) -> torch.Tensor:
+def _seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, **_: Denominator) -> Tensor:
     # Σ_i (Σ_t ℓ·m / |o_i|) / N_seqs. |o_i| is local to the sequence, so splitting by sequences is exact.
     # An empty row contributes 0 but still counts in N_seqs (TRL clamps |o_i| at 1).
     lengths = mask.to(per_token.dtype).sum(-1).clamp(min=1)
     return (masked_sum(per_token, mask, dim=-1) / lengths).sum() / num_seqs
 
 
-def _seq_mean_token_sum(
-    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
-) -> torch.Tensor:
+def _seq_mean_token_sum(per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, **_: Denominator) -> Tensor:
     # Σ_{i,t} ℓ·m / N_seqs — longer sequences get proportionally more weight.
     return masked_sum(per_token, mask) / num_seqs
 
 
 def _seq_mean_token_sum_norm(
-    per_token: torch.Tensor, mask: torch.Tensor, num_tokens: Denominator, num_seqs: Denominator, max_len: Denominator
-) -> torch.Tensor:
+    per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, max_len: Denominator, **_: Denominator
+) -> Tensor:
     # Σ_{i,t} ℓ·m / (N_seqs · L_max): a constant normaliser, no length bias (Dr. GRPO).
     return masked_sum(per_token, mask) / (num_seqs * max_len)
 

@@ -23,6 +23,11 @@ from rlhf.data.collate import position_ids_from_mask
 from rlhf.models.policy import accepts_logits_to_keep, cache_keyword, unwrap
 from rlhf.rollout.decoder import LlamaDecoder, build_decoder
 
+TokenRows = Sequence[Sequence[int]]
+"""Rows of token ids (prompts, for an engine)."""
+Samples = tuple[list[list[int]], list[list[float]]]
+"""An engine's answer: each row's sampled token ids and their log-probs under the distribution it drew from."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -18,7 +18,7 @@ from rlhf.data.stream import PromptBatch
 from rlhf.models.precision import rollout_region
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout.decoder import reusing_packed
-from rlhf.rollout.engine import RowGenerators, SamplingParams, row_seed, row_seeds, sample
+from rlhf.rollout.engine import RowGenerators, Samples, SamplingParams, TokenRows, row_seed, row_seeds, sample
 from rlhf.rollout.episodes import Episode, EpisodeRunner
 from rlhf.runlog.distributed import SINGLE, Dist
 
@@ -96,13 +96,8 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
     def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        stops: Sequence[int],
-        pad_token_id: int,
-        seeds: Sequence[int],
-    ) -> tuple[list[list[int]], list[list[float]]]: ...
+        self, prompts: TokenRows, params: SamplingParams, stops: Sequence[int], pad_token_id: int, seeds: Sequence[int]
+    ) -> Samples: ...
 
 
 def open_engine(

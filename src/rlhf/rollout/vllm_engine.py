@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rlhf.config import ConfigError
-from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.engine import Samples, SamplingParams, TokenRows
 
 
 class VLLMEngine:
@@ -105,13 +105,8 @@ class VLLMEngine:
         gc.collect()
 
     def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        stops: Sequence[int],
-        pad_token_id: int,
-        seeds: Sequence[int],
-    ) -> tuple[list[list[int]], list[list[float]]]:
+        self, prompts: TokenRows, params: SamplingParams, stops: Sequence[int], pad_token_id: int, seeds: Sequence[int]
+    ) -> Samples:
         """Each prompt's response token ids (ending with its first stop token, if any) and their log-probs under the
         distribution vLLM drew them from; row i draws from its own seed ``seeds[i]``. The pad token is never drawn
         (PAD means "no token" downstream), as with the other engines."""

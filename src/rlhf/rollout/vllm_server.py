@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from rlhf.httpclient import HttpFailure, ServiceError, cut, send
-from rlhf.rollout.engine import SamplingParams
+from rlhf.rollout.engine import Samples, SamplingParams, TokenRows
 from rlhf.rollout.vllm_engine import plain_weights, request
 
 BACKOFF = 1.0
@@ -129,13 +129,8 @@ class VLLMServer:
         """Nothing to release: each request opens its own connection, and the server keeps running."""
 
     def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        stops: Sequence[int],
-        pad_token_id: int,
-        seeds: Sequence[int],
-    ) -> tuple[list[list[int]], list[list[float]]]:
+        self, prompts: TokenRows, params: SamplingParams, stops: Sequence[int], pad_token_id: int, seeds: Sequence[int]
+    ) -> Samples:
         """As `VLLMEngine.sample`; `ServiceError` if any token was sampled by other weights than the last :meth:`sync`
         pushed (before any: the server's startup checkpoint)."""
         if len(seeds) != len(prompts):

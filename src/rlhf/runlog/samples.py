@@ -52,40 +52,21 @@ def episode_record(episode: Any) -> dict[str, Any]:
     }
 
 
-def _write_rows(
-    path: Path, step: int, prompts: list[str], completions: list[str], scores: Any, episodes: list[Any] | None
+def write_step(
+    folder: str,
+    output_dir: Path,
+    step: int,
+    prompts: list[str],
+    completions: list[str],
+    scores: Any,
+    episodes: Any = None,
 ) -> Path:
+    """``<folder>/step_NNNNNN.jsonl``, one `sample_rows` line per sample: ``samples/``, the held-out prompts'
+    completions (or episodes) and rewards of an eval step; ``completions/``, a step's training samples (TRL's
+    completions table), written when a reward function logged columns with ``log_extra``."""
+    path = output_dir / folder / f"step_{step:06d}.jsonl"
     with atomic_open(path) as f:
         for row in sample_rows(step, prompts, completions, scores, episodes):
             # default=str: a log_extra value JSON cannot hold is written as its text rather than losing the file
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return path
-
-
-def write_samples(
-    output_dir: Path,
-    step: int,
-    prompts: list[str],
-    completions: list[str],
-    scores: Any,
-    episodes: list[Any] | None = None,
-) -> Path:
-    """``samples/step_NNNNNN.jsonl``: one line per held-out prompt with its completion (or episode) and rewards."""
-    path = output_dir / "samples" / f"step_{step:06d}.jsonl"
-    return _write_rows(path, step, prompts, completions, scores, episodes)
-
-
-def write_completions(
-    output_dir: Path,
-    step: int,
-    prompts: list[str],
-    completions: list[str],
-    scores: Any,
-    episodes: list[Any] | None = None,
-) -> Path | None:
-    """``completions/step_NNNNNN.jsonl``: the step's training samples (rows as in ``samples/``, TRL's completions
-    table); None, and nothing written, unless a reward function logged columns with ``log_extra``."""
-    if not scores.extra:
-        return None
-    path = output_dir / "completions" / f"step_{step:06d}.jsonl"
-    return _write_rows(path, step, prompts, completions, scores, episodes)

@@ -93,10 +93,10 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             # 5. when due: the completions (rank 0), the held-out answers (every run.eval_every steps and at the last,
             # in this step's row), the row (every run.log_every steps)
             logging = step % config.run.log_every == 0 or step == config.steps
-            if d.is_main and logging:
+            if d.is_main and logging and sampled.scores.extra:  # a reward function logged columns (log_extra)
                 generated = sampled.generated
-                samples.write_completions(
-                    out, step, sampled.prompts, generated.completions, sampled.scores, generated.episodes
+                samples.write_step(
+                    "completions", out, step, sampled.prompts, generated.completions, sampled.scores, generated.episodes
                 )
             every = config.run.eval_every
             evaluating = bool(inputs.eval_prompts) and ((every > 0 and step % every == 0) or step == config.steps)
@@ -141,7 +141,9 @@ def evaluate(
     if inputs.d.is_main:
         generated = answered.generated
         out = Path(config.output_dir)
-        samples.write_samples(out, step, batch.texts, generated.completions, answered.scores, generated.episodes)
+        samples.write_step(
+            "samples", out, step, batch.texts, generated.completions, answered.scores, generated.episodes
+        )
     return scoring.reward_metrics(answered.scores, prefix="eval/reward") | {"time/eval_s": time.perf_counter() - t0}
 
 

@@ -230,16 +230,8 @@ def make_rollout(
         "returns/mean": masked_mean(returns, value_mask).item(),
         **keep_stats,
     }
-    rollout = PPORollout.of(
-        generated,
-        passed,
-        advantages=advantages,
-        entropy_keep=keep,
-        values=values,
-        returns=returns,
-        policy_mask=policy_mask,
-        value_mask=value_mask,
-    )
+    value_side = {"values": values, "returns": returns, "policy_mask": policy_mask, "value_mask": value_mask}
+    rollout = PPORollout.of(generated, passed, advantages=advantages, entropy_keep=keep, **value_side)
     return rollout, stats, passed.first
 
 

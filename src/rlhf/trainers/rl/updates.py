@@ -74,35 +74,6 @@ def setting_stats(pg_stats: dict[str, torch.Tensor], share: float) -> dict[str, 
     return {key: pg_stats[name].item() * share for name, key in SETTING_STATS.items() if name in pg_stats}
 
 
-def surrogate_weights(
-    config: PolicyGradientConfig,
-    rollout: Rollout,
-    micro: update.MicroBatch,
-    logprobs: torch.Tensor,
-    old: torch.Tensor,
-    mask: torch.Tensor,
-) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """What multiplies the policy's surrogate on ``micro``'s tokens: the sampler correction (:func:`is_weights`),
-    the entropy mask (``rollout.entropy_keep``) and the off-policy mask (``off_policy_mask_threshold``:
-    `rlhf.core.losses.off_policy_mask`, against the sampler's log-probs when known, else ``old``), with their
-    stats as token means over ``mask`` (``policy/off_policy_masked``: the share of tokens the mask left out);
-    None when none applies."""
-    rows, t = micro.rows, micro.response_length
-    sampler = rollout.sampler_at(micro)
-    weights, stats = is_weights(config, old, sampler, mask)
-    keep = None if rollout.entropy_keep is None else rollout.entropy_keep[rows, :t]
-    threshold = config.algorithm.off_policy_mask_threshold
-    if threshold is not None:
-        behaviour = sampler if sampler is not None else old
-        on_policy = off_policy_mask(logprobs, behaviour, rollout.advantages[rows, :t], mask, threshold)
-        stats["policy/off_policy_masked"] = masked_mean((~on_policy).float(), mask).item()
-        keep = on_policy if keep is None else keep & on_policy
-    if keep is None:
-        return weights, stats
-    keep = keep.to(logprobs.dtype)
-    return (keep if weights is None else weights * keep), stats
-
-
 def policy_loss(
     config: PolicyGradientConfig,
     rollout: Rollout,
@@ -116,10 +87,23 @@ def policy_loss(
     clipped: bool,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
     """The policy's per-token loss on ``micro``'s tokens (`rlhf.core.losses.clipped_policy_loss`: the algorithm's
-    :func:`objective`, its surrogate weighted by :func:`surrogate_weights`, β·k3 against ``ref`` when given), its
-    stats, and the weights' stats."""
-    weights, weight_stats = surrogate_weights(config, rollout, micro, logprobs, old, mask)
-    advantages = rollout.advantages[micro.rows, : micro.response_length]
+    :func:`objective`, β·k3 against ``ref`` when given), its stats, and the stats of what weighs its surrogate: the
+    sampler correction (:func:`is_weights`), the entropy mask (``rollout.entropy_keep``) and the off-policy mask
+    (``off_policy_mask_threshold``: `rlhf.core.losses.off_policy_mask`, against the sampler's log-probs when known,
+    else ``old``), as token means over ``mask`` (``policy/off_policy_masked``: the share of tokens it left out)."""
+    rows, t = micro.rows, micro.response_length
+    advantages, sampler = rollout.advantages[rows, :t], rollout.sampler_at(micro)
+    weights, weight_stats = is_weights(config, old, sampler, mask)
+    keep = None if rollout.entropy_keep is None else rollout.entropy_keep[rows, :t]
+    threshold = config.algorithm.off_policy_mask_threshold
+    if threshold is not None:
+        behaviour = sampler if sampler is not None else old
+        on_policy = off_policy_mask(logprobs, behaviour, advantages, mask, threshold)
+        weight_stats["policy/off_policy_masked"] = masked_mean((~on_policy).float(), mask).item()
+        keep = on_policy if keep is None else keep & on_policy
+    if keep is not None:
+        keep = keep.to(logprobs.dtype)
+        weights = keep if weights is None else weights * keep
     loss, stats = clipped_policy_loss(
         logprobs,
         old,
