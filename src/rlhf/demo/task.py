@@ -27,20 +27,23 @@ Quality = Literal["helpful", "vague", "rambling", "off_topic", "rude"]
 QUALITIES: tuple[Quality, ...] = ("helpful", "vague", "rambling", "off_topic", "rude")
 """The response classes, best first (by the gold judge's mean score; a test checks the order)."""
 
-# Topic phrase (as it appears in the prompt) → the words an on-topic answer uses.
+# Topic phrase (as it appears in the prompt): the words an on-topic answer uses.
+_TOPIC_WORDS = """
+sleep: bed night dark routine
+exercise: walk muscles stretch gym
+cooking: recipe vegetables oven salt
+saving money: budget spending savings bills
+studying: notes exam review focus
+gardening: soil seeds water plants
+travel: ticket luggage map hotel
+stress: breathe calm break relax
+writing: draft words edit story
+learning guitar: chords strings practice songs
+making friends: club talk smile invite
+job interviews: resume questions company prepare
+"""
 TOPICS: dict[str, tuple[str, ...]] = {
-    "sleep": ("bed", "night", "dark", "routine"),
-    "exercise": ("walk", "muscles", "stretch", "gym"),
-    "cooking": ("recipe", "vegetables", "oven", "salt"),
-    "saving money": ("budget", "spending", "savings", "bills"),
-    "studying": ("notes", "exam", "review", "focus"),
-    "gardening": ("soil", "seeds", "water", "plants"),
-    "travel": ("ticket", "luggage", "map", "hotel"),
-    "stress": ("breathe", "calm", "break", "relax"),
-    "writing": ("draft", "words", "edit", "story"),
-    "learning guitar": ("chords", "strings", "practice", "songs"),
-    "making friends": ("club", "talk", "smile", "invite"),
-    "job interviews": ("resume", "questions", "company", "prepare"),
+    topic: tuple(words.split()) for topic, words in (line.split(": ") for line in _TOPIC_WORDS.strip().splitlines())
 }
 QUESTION_FORMS = (
     "how can I get better at {topic}?",
