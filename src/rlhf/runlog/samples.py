@@ -59,7 +59,7 @@ def write_step(
     prompts: list[str],
     completions: list[str],
     scores: Any,
-    episodes: Any = None,
+    episodes: list[Any] | None = None,
 ) -> Path:
     """``<folder>/step_NNNNNN.jsonl``, one `sample_rows` line per sample: ``samples/``, the held-out prompts'
     completions (or episodes) and rewards of an eval step; ``completions/``, a step's training samples (TRL's
