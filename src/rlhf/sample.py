@@ -36,17 +36,6 @@ Rewards = list[float | None] | None
 Rows = tuple[list[Row], dict[str, int]]
 
 
-@dataclasses.dataclass
-class Tally:
-    """What a pass wrote and measured: rows written, rows skipped by reason (and an LLM judge's labels by kind),
-    each batch's `answering.response_stats` and the judge's scores."""
-
-    rows: int = 0
-    skipped: Counter = dataclasses.field(default_factory=Counter)
-    responses: list = dataclasses.field(default_factory=list)
-    scores: list[scoring.Scores] = dataclasses.field(default_factory=list)
-
-
 def run(config: SampleConfig) -> dict[str, Any]:
     """Sample ``config.num_samples`` completions per prompt and write ``config.output`` (rows by the functions
     of `ROWS`); returns the summary."""
@@ -58,28 +47,19 @@ def run(config: SampleConfig) -> dict[str, Any]:
     summary_path = Path(f"{out}.summary.json")
     rundir.check_outputs(config, {"output": out, "summary": summary_path if config.summary else None})
     seed_everything(config.seed)
-    device = distributed.device_for_run()
     # 1. policy, prompts, judge
-    tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
-    prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
-    judge, comparer, make_rows = judging(config, tokenizer, device, out)
-    sampler = answering.Sampler(config.model.name, tokenizer, config, device)
-    tally = Tally()
+    job = Pass.open(config, distributed.device_for_run())
     with (
         rundir.atomic_open(out, replace=config.overwrite) as f,
-        BatchProgress(len(prompts), "sample", config.progress) as bar,
+        BatchProgress(len(job.prompts), "sample", config.progress) as bar,
     ):
-        for batch in answering.prompt_batches(prompts, config.batch_size):
-            for row in batch_rows(
-                config, prompts, batch, sampler=sampler, judge=judge, make_rows=make_rows, tally=tally
-            ):
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            bar.advance(len(batch), f"{tally.rows} rows")
-    if comparer is not None:
-        comparer.close()
+        for batch in answering.prompt_batches(job.prompts, config.batch_size):
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in job.batch_rows(batch))
+            bar.advance(len(batch), f"{job.rows} rows")
+    if job.comparer is not None:
+        job.comparer.close()
     # 5. summary
-    summary = summarize(config, tally, prompts=len(prompts), comparer=comparer, generate_s=sampler.seconds)
-    summary = answering.json_safe(summary | {"time/total_s": time.perf_counter() - start})
+    summary = answering.json_safe(job.summary() | {"time/total_s": time.perf_counter() - start})
     if config.summary:
         with rundir.atomic_open(summary_path, replace=config.overwrite) as f:
             f.write(json.dumps(summary, indent=2) + "\n")
@@ -87,81 +67,91 @@ def run(config: SampleConfig) -> dict[str, Any]:
     return summary
 
 
-def judging(
-    config: SampleConfig, tokenizer: Any, device: Any, out: Path
-) -> tuple[scoring.RewardSet | None, LLMJudge | None, Callable[..., Rows]]:
-    """The judge that scores completions (a reward source), or the LLM judge that compares pairs (mode
-    preferences), and the row function of the mode."""
-    if llm_judge(config.judge.source) is not None:
-        comparer = LLMJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
-        return None, comparer, functools.partial(judged_pair_rows, comparer)
-    judge = None
-    if config.judge.source is not None:
-        judge = answering.load_rewards(config.judge.source, tokenizer, device, bf16_enabled(config.model.bf16, device))
-    return judge, None, ROWS[config.mode]
+@dataclasses.dataclass
+class Pass:
+    """One pass of `run`: the policy's sampler, the prompts, the judge that scores completions (a reward source)
+    or the LLM judge that compares pairs (``comparer``, mode preferences), the mode's row function; and what the
+    pass wrote and measured: rows written, rows skipped by reason (and an LLM judge's labels by kind), each
+    batch's `answering.response_stats` and the judge's scores."""
 
+    config: SampleConfig
+    sampler: answering.Sampler
+    prompts: list[TokenizedPrompt]
+    judge: scoring.RewardSet | None
+    comparer: LLMJudge | None
+    make_rows: Callable[..., Rows]
+    rows: int = 0
+    skipped: Counter = dataclasses.field(default_factory=Counter)
+    responses: list = dataclasses.field(default_factory=list)
+    scores: list[scoring.Scores] = dataclasses.field(default_factory=list)
 
-def batch_rows(
-    config: SampleConfig,
-    prompts: list[TokenizedPrompt],
-    batch: PromptBatch,
-    *,
-    sampler: answering.Sampler,
-    judge: scoring.RewardSet | None,
-    make_rows: Callable[..., Rows],
-    tally: Tally,
-) -> list[Row]:
-    """Steps 2-4 for one batch of prompts: k completions per prompt (consecutive rows), the judge's scores (each
-    prompt's k completions one group), and the rows of the mode, prompt by prompt, each followed by its prompt's
-    columns (the row's keys win); counted in ``tally``."""
-    k = config.num_samples
-    generated = sampler(batch, repeat=k)
-    tally.responses.append(answering.response_stats(generated))
-    rewards: Rewards = None
-    if judge is not None:
-        scores = answering.score_groups(judge, batch, generated.completions, config.judge.aggregation, k, generated)
-        tally.scores.append(scores)
-        rewards = answering.nan_to_none(scores.combined.tolist())
-    rows = []
-    for i, index in enumerate(batch.indices):
-        group, prompt = slice(i * k, (i + 1) * k), prompts[index]
-        made, skips = make_rows(
-            prompt, generated.completions[group], None if rewards is None else rewards[group], config
-        )
-        tally.skipped.update(skips)
-        rows += [row | {name: v for name, v in prompt.columns.items() if name not in row} for row in made]
-    tally.rows += len(rows)
-    return rows
+    @classmethod
+    def open(cls, config: SampleConfig, device: Any) -> Pass:
+        """The policy's tokenizer, prompts and sampler, and the judge ``config.judge`` names."""
+        tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
+        prompts = load_prompts(config.prompts, tokenizer, config.sampling.max_prompt_length)
+        judge, comparer, make_rows = None, None, ROWS[config.mode]
+        if llm_judge(config.judge.source) is not None:
+            comparer = LLMJudge(
+                config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, Path(config.output))
+            )
+            make_rows = functools.partial(judged_pair_rows, comparer)
+        elif config.judge.source is not None:
+            bf16 = bf16_enabled(config.model.bf16, device)
+            judge = answering.load_rewards(config.judge.source, tokenizer, device, bf16)
+        sampler = answering.Sampler(config.model.name, tokenizer, config, device)
+        return cls(config, sampler, prompts, judge=judge, comparer=comparer, make_rows=make_rows)
 
+    def batch_rows(self, batch: PromptBatch) -> list[Row]:
+        """Steps 2-4 for one batch of prompts: k completions per prompt (consecutive rows), the judge's scores (each
+        prompt's k completions one group), and the rows of the mode, prompt by prompt, each followed by its
+        prompt's columns (the row's keys win)."""
+        config, k = self.config, self.config.num_samples
+        generated = self.sampler(batch, repeat=k)
+        self.responses.append(answering.response_stats(generated))
+        rewards: Rewards = None
+        if self.judge is not None:
+            aggregation = config.judge.aggregation
+            scores = answering.score_groups(self.judge, batch, generated.completions, aggregation, k, generated)
+            self.scores.append(scores)
+            rewards = answering.nan_to_none(scores.combined.tolist())
+        rows = []
+        for i, index in enumerate(batch.indices):
+            group, prompt = slice(i * k, (i + 1) * k), self.prompts[index]
+            made, skips = self.make_rows(
+                prompt, generated.completions[group], None if rewards is None else rewards[group], config
+            )
+            self.skipped.update(skips)
+            rows += [row | {name: v for name, v in prompt.columns.items() if name not in row} for row in made]
+        self.rows += len(rows)
+        return rows
 
-def summarize(
-    config: SampleConfig, tally: Tally, *, prompts: int, comparer: LLMJudge | None, generate_s: float
-) -> dict[str, Any]:
-    """The pass's summary: what was written and skipped (by mode), the judge's scores, the responses' stats and
-    the time each part took."""
-    skipped = tally.skipped
-    summary: dict[str, Any] = {
-        "mode": config.mode,
-        "output": str(Path(config.output)),
-        "prompts": prompts,
-        "samples": prompts * config.num_samples,
-        "rows": tally.rows,
-    }
-    if comparer is not None:
-        summary["labels"] = {kind: skipped[kind] for kind in ("preference", "tie", "skip")}
-        summary["skipped"] = {"identical": skipped["identical"]}
-        summary["judge/requests"] = comparer.asked
-        summary["judge/cached"] = comparer.cached_at_start
-    elif config.mode in ("preferences", "best_of_n"):
-        summary["skipped"] = {"tie": skipped["tie"], "unscored": skipped["unscored"]}
-    elif config.mode == "pairs":
-        summary["skipped"] = {"identical": skipped["identical"]}
-    if tally.scores:
-        summary.update(scoring.reward_metrics(scoring.concat_scores(tally.scores), prefix="judge"))
-    summary.update(answering.response_metrics(tally.responses))
-    summary["time/generate_s"] = generate_s
-    summary["time/judge_s"] = sum((s.seconds for s in tally.scores), 0.0) + (comparer.seconds if comparer else 0.0)
-    return summary
+    def summary(self) -> dict[str, Any]:
+        """The pass's summary: what was written and skipped (by mode), the judge's scores, the responses' stats
+        and the time each part took."""
+        config, comparer, skipped, prompts = self.config, self.comparer, self.skipped, len(self.prompts)
+        summary: dict[str, Any] = {
+            "mode": config.mode,
+            "output": str(Path(config.output)),
+            "prompts": prompts,
+            "samples": prompts * config.num_samples,
+            "rows": self.rows,
+        }
+        if comparer is not None:
+            summary["labels"] = {kind: skipped[kind] for kind in ("preference", "tie", "skip")}
+            summary["skipped"] = {"identical": skipped["identical"]}
+            summary["judge/requests"] = comparer.asked
+            summary["judge/cached"] = comparer.cached_at_start
+        elif config.mode in ("preferences", "best_of_n"):
+            summary["skipped"] = {"tie": skipped["tie"], "unscored": skipped["unscored"]}
+        elif config.mode == "pairs":
+            summary["skipped"] = {"identical": skipped["identical"]}
+        if self.scores:
+            summary.update(scoring.reward_metrics(scoring.concat_scores(self.scores), prefix="judge"))
+        summary.update(answering.response_metrics(self.responses))
+        summary["time/generate_s"] = self.sampler.seconds
+        judge_s = sum((s.seconds for s in self.scores), 0.0) + (comparer.seconds if comparer else 0.0)
+        return summary | {"time/judge_s": judge_s}
 
 
 # Rows per mode: (prompt, its k completions, their judge scores or None, config) → (rows, {skip reason: count}).
