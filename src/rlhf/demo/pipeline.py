@@ -151,11 +151,11 @@ class _Script:
         self.run = self.quiet | {"eval_every": 0, "save_every": 0}
         self.sampling = {"max_new_tokens": self.preset.max_new_tokens, "temperature": 1.0}
 
-    def stage(self, name: str, fn: Callable[[], Any]) -> Any:
-        """Run stage ``name`` (announced and timed)."""
+    def stage(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Stage ``name``: ``fn(*args)``, announced and timed."""
         _announce(self.config, name)
         t0 = time.perf_counter()
-        result = fn()
+        result = fn(*args)
         self.seconds[name] = time.perf_counter() - t0
         return result
 
@@ -171,7 +171,7 @@ class _Script:
         values |= {"optim": optim, "batch": {"size": batch_size}, "run": self.run, command: section, **fields}
         cfg = _config(self.out / name, command, values)
         runner = {"sft": sft, "rm": reward_model, "dpo": dpo, "ppo": ppo, "grpo": grpo}[command]
-        self.paths[name] = self.stage(name, lambda: runner.run(cfg))
+        self.paths[name] = self.stage(name, runner.run, cfg)
 
     def rl(self, name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> None:
         """Stage ``name`` (ppo or grpo) from the SFT model against the reward model; the gold judge rides along
@@ -192,9 +192,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     script, preset, start = _Script(config, out), PRESETS[config.preset], time.perf_counter()
     train_prompts, eval_prompts = task.split_prompts(config.seed)
     # 1. tokenizer + tiny Llama pretrained on the corpus
-    script.paths["pretrain"] = script.stage(
-        "pretrain", lambda: pretrain(out / "pretrain", train_prompts, preset, config)
-    )
+    script.paths["pretrain"] = script.stage("pretrain", pretrain, out / "pretrain", train_prompts, preset, config)
     # 2. SFT on mixed-quality demonstrations
     sft_data = _write_data(script, train_prompts, eval_prompts)
     script.trained("sft", "pretrain", {"epochs": preset.sft_epochs}, sft_data, {"learning_rate": 3e-3})
@@ -202,12 +200,10 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     samples = _sample_configs(script)
     script.stage("sample", lambda: [sample.run(cfg) for cfg in samples])
     # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
-    labels = script.stage("label", lambda: label(out / "sample", script.labelled, config.seed))
+    labels = script.stage("label", label, out / "sample", script.labelled, config.seed)
     # 5. reward model from the pretrained LM; it only ever sees the labels
-    pairs = {
-        "train": str(script.labelled / "preferences.jsonl"),
-        "eval": str(script.labelled / "eval_preferences.jsonl"),
-    }
+    labelled = script.labelled
+    pairs = {"train": str(labelled / "preferences.jsonl"), "eval": str(labelled / "eval_preferences.jsonl")}
     pairs["max_length"] = MAX_LENGTH
     script.trained("rm", "pretrain", {"epochs": preset.rm_epochs}, pairs, {"learning_rate": 1e-3})
     # 5b. DPO from the SFT model on the same labelled pairs: no reward model, no sampling
