@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf.core.logprobs import (
-    INVALID_LOGPROB,
-    entropy_from_logits,
-    response_logprobs,
-    selective_log_softmax,
-    token_logprobs,
-)
+from rlhf.core.logprobs import INVALID_LOGPROB, entropy_from_logits, selective_log_softmax, token_logprobs
 
 F64 = torch.float64
 
@@ -43,10 +37,16 @@ def _data(dtype=F64) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([LOGITS], dtype=dtype), torch.tensor(INPUT_IDS)
 
 
+def _response(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The response tokens' log-probs of ``query ⊕ response``: the logits at C−1+t predict token C+t (checklist item
+    9), the slice `rlhf.models.policy.score_response_tokens` takes."""
+    return token_logprobs(logits[:, C - 1 : -1], ids[:, C:], temperature)
+
+
 def test_response_logprobs_shift_t1():
     logits, ids = _data()
     # pos1 = [2,0,1,-1], token 0: 2 − logsumexp = −log(1 + e^-2 + e^-1 + e^-3) = −log 1.5530 = −0.44019
-    _close(response_logprobs(logits, ids, C, temperature=1.0), [CORRECT_T1])
+    _close(_response(logits, ids, 1.0), [CORRECT_T1])
 
 
 def test_response_logprobs_off_by_one_is_wrong():
@@ -59,37 +59,26 @@ def test_response_logprobs_off_by_one_is_wrong():
 
 def test_response_logprobs_temperature():
     logits, ids = _data()
-    _close(response_logprobs(logits, ids, C, temperature=0.7), [CORRECT_T07])
+    _close(_response(logits, ids, 0.7), [CORRECT_T07])
     # Forgetting /T at T=0.7 reproduces the T=1 numbers, which differ from the sampling distribution's.
-    no_temperature = response_logprobs(logits, ids, C, temperature=1.0)
+    no_temperature = _response(logits, ids, 1.0)
     assert _differs(no_temperature, [CORRECT_T07])
     # TRL divides by T + 1e-7; we use T exactly, which the reference vectors distinguish at rtol 1e-9.
-    trl_eps = response_logprobs(logits, ids, C, temperature=0.7 + 1e-7)
+    trl_eps = _response(logits, ids, 0.7 + 1e-7)
     assert not torch.allclose(trl_eps, torch.tensor([CORRECT_T07], dtype=F64), rtol=1e-9, atol=0)
-
-
-def test_token_logprobs_equals_response_logprobs_on_the_slice():
-    logits, ids = _data()
-    torch.testing.assert_close(
-        token_logprobs(logits[:, C - 1 : -1], ids[:, C:], 0.7), response_logprobs(logits, ids, C, 0.7), rtol=0, atol=0
-    )
 
 
 def test_response_logprobs_float32():
     logits, ids = _data(torch.float32)
-    out = response_logprobs(logits, ids, C, temperature=0.7)
+    out = _response(logits, ids, 0.7)
     assert out.dtype == torch.float32
     _close(out, [CORRECT_T07], rtol=1e-6, atol=1e-7)
 
 
-def test_response_logprobs_rejects_bad_arguments():
+def test_token_logprobs_rejects_a_zero_temperature():
     logits, ids = _data()
-    with pytest.raises(ValueError, match="context_length"):
-        response_logprobs(logits, ids, 0, 1.0)
     with pytest.raises(ValueError, match="temperature"):
-        response_logprobs(logits, ids, C, 0.0)
-    with pytest.raises(ValueError, match="disagree"):
-        response_logprobs(logits, ids[:, 1:], C, 1.0)
+        _response(logits, ids, 0.0)
 
 
 def test_entropy_vectors():
@@ -98,7 +87,7 @@ def test_entropy_vectors():
     # H([1,2,3]) = logsumexp − Σ p·l = 3.4076059644 − 2.5752103826 = 0.8323955818
     _close(entropy_from_logits(torch.tensor([1.0, 2.0, 3.0], dtype=F64)), 0.8323955818399398)
     # TRL's logged proxy −logp(sampled token) is a different quantity from the entropy.
-    assert _differs(-response_logprobs(logits, ids, C, 1.0), [ENTROPY])
+    assert _differs(-_response(logits, ids, 1.0), [ENTROPY])
 
 
 def test_entropy_matches_categorical_and_temperature():
@@ -160,7 +149,7 @@ def test_selective_log_softmax_shapes_and_gradient():
 def test_inputs_are_not_modified():
     logits, ids = _data()
     logits_before, ids_before = logits.clone(), ids.clone()
-    response_logprobs(logits, ids, C, temperature=0.7)
+    _response(logits, ids, 0.7)
     entropy_from_logits(logits, temperature=0.7)
     selective_log_softmax(logits.bfloat16(), ids, temperature=0.7)
     assert torch.equal(logits, logits_before) and torch.equal(ids, ids_before)

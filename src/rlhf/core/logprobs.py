@@ -84,33 +84,13 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 
         logp[b, t] = log softmax(logits[b, t] / τ)[tokens[b, t]]
 
-    Use this when the logits were sliced already (e.g. GRPO ``logits[:, :-1][:, -T:]``, TRL
-    ``grpo_trainer.py`` L1514-1521). τ is used exactly as given: TRL's ``+1e-7`` is not added.
+    The caller slices: logits at position i predict token i+1, so of ``query ⊕ response`` with C query tokens
+    ``logits[:, C-1:-1]`` pairs with ``input_ids[:, C:]`` (OAI ``policy.py`` L119-125; N+ ``ppo.py`` L640,
+    L732-737; TRL ``ppo_trainer.py`` L712-713, GRPO ``grpo_trainer.py`` L1514-1521), as
+    `rlhf.models.policy.score_response_tokens` does. τ is used exactly as given: TRL's ``+1e-7`` is not added.
+    Reference vectors 2-A.
     """
     return selective_log_softmax(logits, tokens, temperature=temperature)
-
-
-def response_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, context_length: int, temperature: float
-) -> torch.Tensor:
-    """Log-probs of the response tokens of ``query ⊕ response`` sequences.
-
-    Shapes: ``logits (B, C+T, V)``, ``input_ids (B, C+T)``, ``context_length = C`` → ``(B, T)``.
-
-        logp[b, t] = log softmax(logits[b, C−1+t] / τ)[input_ids[b, C+t]]
-
-    The shift by one: logits at position i predict token i+1, so ``logits[:, C-1:-1]`` pairs with
-    ``input_ids[:, C:]`` (OAI ``policy.py`` L119-125; N+ ``ppo.py`` L640, L732-737; TRL ``ppo_trainer.py``
-    L712-713, L821-822). Temperature τ divides the logits for rollout, reference and training log-probs
-    alike (checklist item 10). Reference vectors 2-A.
-    """
-    if context_length < 1:
-        raise ValueError(
-            f"context_length must be >= 1 (the logit before the first response token), got {context_length}"
-        )
-    if logits.shape[:2] != input_ids.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and input_ids {tuple(input_ids.shape)} disagree on (B, C+T)")
-    return token_logprobs(logits[:, context_length - 1 : -1], input_ids[:, context_length:], temperature)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256) -> torch.Tensor:
