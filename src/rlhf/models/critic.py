@@ -8,6 +8,8 @@ weights with a zero head.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -15,6 +17,22 @@ from rlhf.models.loading import DTYPES, align_pad_token, checkpointed, load_toke
 from rlhf.models.policy import ValueHead, disable_dropout
 from rlhf.models.precision import compute_in_bf16
 from rlhf.models.reward import reward_normalization
+
+
+def shares_vocabulary(policy_tokenizer: Any, tokenizer: Any) -> bool:
+    """Whether the policy's token ids mean the same tokens to ``tokenizer`` (a reward model's): it is the policy's,
+    or has the same vocabulary. Such a reward model scores the policy's ids as they are, and can start the critic."""
+    return policy_tokenizer is not None and (
+        policy_tokenizer is tokenizer or policy_tokenizer.get_vocab() == tokenizer.get_vocab()
+    )
+
+
+def critic_layout(critic: str, reward_model_shares_vocabulary: bool) -> str:
+    """``ppo.critic`` resolved — what the trainer builds and the memory plan counts: ``auto`` is a separate critic
+    when a reward model that reads the policy's tokens (:func:`shares_vocabulary`) can start it (it already knows
+    what the score rewards: docs/ppo_study.md), else the shared head. ``separate`` without such a reward model
+    starts from the policy."""
+    return critic if critic != "auto" else ("separate" if reward_model_shares_vocabulary else "shared")
 
 
 class Critic(nn.Module):

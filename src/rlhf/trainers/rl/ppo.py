@@ -33,7 +33,7 @@ from rlhf.core.losses import aggregate, clipped_value_loss, explained_variance
 from rlhf.core.masked import masked_mean, masked_whiten
 from rlhf.core.sequences import score_index
 from rlhf.data.stream import PromptStream
-from rlhf.models.critic import load_critic
+from rlhf.models.critic import critic_layout, load_critic
 from rlhf.models.policy import ScoredTokens, ValueHead
 from rlhf.models.precision import bf16_enabled
 from rlhf.models.sharding import load_sharded, shard_small
@@ -122,7 +122,7 @@ def build_models(config: PPOConfig, rewards: RewardSet, d: Dist) -> Models:
 
 def value_function(config: PPOConfig, rewards: RewardSet, d: Dist, policy: nn.Module) -> ValueFunction:
     """A value head on ``policy``'s trunk, or a separate critic started from the reward model (``ppo.critic``;
-    ``auto``: :func:`critic_layout`, said on stderr)."""
+    ``auto``: `rlhf.models.critic.critic_layout`, said on stderr)."""
     # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
     # embeddings would index other tokens, or run out of range), so it starts from the policy.
     rm = next((s for s in rewards.sources if isinstance(s, RewardModelReward) and s.shares_policy_tokenizer), None)
@@ -148,12 +148,6 @@ def value_function(config: PPOConfig, rewards: RewardSet, d: Dist, policy: nn.Mo
     )
     critic = load_sharded(lambda device: load(device=device), d.mesh) if d.sharded else load(device=d.device)
     return ValueFunction(critic=critic, load=load)
-
-
-def critic_layout(critic: str, reward_model_critic: bool) -> str:
-    """``ppo.critic`` resolved: ``auto`` is a separate critic when a reward model that reads the policy's tokens
-    can start it (it already knows what the score rewards: docs/ppo_study.md), else the shared head."""
-    return critic if critic != "auto" else ("separate" if reward_model_critic else "shared")
 
 
 def policy_frozen(config: PPOConfig, step: int, d: Dist = SINGLE) -> bool:
