@@ -130,8 +130,21 @@ def load_config(command: str, path: str | Path | None = None, overrides: Sequenc
     help)."""
     cls = config_class(command)
     overrides = _boolean_values(cls, _flag_moves(cls, list(overrides)))
-    values = _with_defaults(cls, read_yaml(cls, path) if path is not None else {}, overrides)
-    where = f"{command}: {path}: " if path is not None else f"{command}: "
+    values = read_yaml(cls, path) if path is not None else {}
+    return _parse(cls, values, overrides, f"{command}: {path}: " if path is not None else f"{command}: ")
+
+
+def with_flags(config: CommandConfig, overrides: Sequence[str]) -> Any:
+    """``config`` with command-line ``overrides`` laid over it as `load_config` lays them over a file (the same
+    parser: what is accepted here, ``rlhf <command>`` accepts), checked once."""
+    cls = type(config)
+    flags = _boolean_values(cls, _flag_moves(cls, list(overrides)))
+    return _parse(cls, config_to_dict(config), flags, f"{cls.COMMAND}: ")
+
+
+def _parse(cls: type[CommandConfig], data: Mapping[str, Any], overrides: list[str], where: str) -> Any:
+    """``data`` with ``overrides`` (flags, as `_boolean_values` leaves them) laid over it by tyro, checked once."""
+    command, values = cls.COMMAND, _with_defaults(cls, data, overrides)
     summary = " ".join((cls.__doc__ or "").split())
     with _SECTIONS_AS_DICTS:
         parsed = tyro.cli(

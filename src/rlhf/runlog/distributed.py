@@ -169,6 +169,12 @@ def _device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def strategy(parallelism: str, world_size: int) -> str:
+    """``run.parallelism`` on ``world_size`` ranks: ``none`` for one, ``auto`` is ddp for several (the memory plan
+    reads it here too)."""
+    return "none" if world_size == 1 else "ddp" if parallelism == "auto" else parallelism
+
+
 @contextlib.contextmanager
 def process_group(parallelism: str = "auto") -> Iterator[Dist]:
     """Join the ``torchrun`` process group for the duration of a run (or run as one process); always leave it.
@@ -193,8 +199,8 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
             # NCCL alone cannot reduce a CPU tensor
             backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timeout)
-        strategy = "ddp" if parallelism == "auto" else parallelism
-        _current = Dist(dist.get_rank(), dist.get_world_size(), local_rank, device, strategy)
+        world = dist.get_world_size()
+        _current = Dist(dist.get_rank(), world, local_rank, device, strategy(parallelism, world))
     try:
         yield _current
     except BaseException:
