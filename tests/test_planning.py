@@ -12,6 +12,7 @@ import yaml
 from configs import nested
 from rlhf import cli, planning
 from rlhf.config import ConfigError, config_from_dict
+from rlhf.config.loading import with_flags
 from rlhf.core.memory import GiB
 from rlhf.models import sharding
 
@@ -93,9 +94,9 @@ def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     assert gpu.phases["rollout"]["KV cache"] == predicted.phases["rollout"]["KV cache"] // 2
     assert gpu.phases["scoring"]["bfloat16 copies of the trained weights (autocast)"] == policy.params * 2
     assert gpu.phases["update"]["bfloat16 copies of the weights (autocast)"] == (policy.params + reward.params) * 2
-    cpu_mixed = planning.plan(planning.with_flags(config, ("--model.bf16=true",)), positions=20, runtime=1000)
+    cpu_mixed = planning.plan(with_flags(config, ["--model.bf16=True"]), positions=20, runtime=1000)
     assert cpu_mixed.resident["reference weights"] == policy.params * 2
-    gpu_float32 = planning.plan(planning.with_flags(config, ("--model.bf16=false",)), positions=20, retains=False)
+    gpu_float32 = planning.plan(with_flags(config, ["--model.bf16=False"]), positions=20, retains=False)
     assert gpu_float32.resident["reference weights"] == policy.params * 4
     assert "bfloat16 copies of the weights (autocast)" not in gpu_float32.phases["update"]
     # the lean decoder: a packed copy on CPU; on a GPU the policy's own weights, or a bfloat16 copy of float32 ones
@@ -105,7 +106,7 @@ def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     assert "packed weights (lean decoder)" not in gpu_float32.phases["rollout"]
 
     # FSDP over 2 ranks halves what is sharded and adds the gathered policy and a gathered layer
-    fsdp = planning.plan(planning.with_flags(config, ("--run.parallelism=fsdp",)), world_size=2, positions=20)
+    fsdp = planning.plan(with_flags(config, ["--run.parallelism=fsdp"]), world_size=2, positions=20)
     assert fsdp.resident["policy weights"] == -(-policy.params * 4 // 2)
     assert fsdp.resident["optimizer state"] == -(-2 * (policy.params + reward.params) * 4 // 2)
     assert "gathered policy (fsdp)" in fsdp.phases["rollout"] and "full policy on rank 0 (fsdp)" in fsdp.phases["save"]
@@ -121,17 +122,33 @@ def test_ppo_parts_by_hand(tiny_llama_dir, tiny_reward_model_dir, prompts_file, 
     assert ddp.phases["update"]["gradient buckets (ddp)"] == ddp.phases["update"]["gradients"]
     # checkpointing lowers the update's activations only
     checkpointed = planning.plan(
-        planning.with_flags(config, ("--model.gradient_checkpointing=true",)), positions=20, runtime=1000
+        with_flags(config, ["--model.gradient_checkpointing=true"]), positions=20, runtime=1000
     )
     assert checkpointed.phases["update"]["activations"] < predicted.phases["update"]["activations"]
     assert checkpointed.resident == predicted.resident
+
+
+def test_ppo_critic_as_the_trainer_builds_it_for_a_reward_model_with_another_tokenizer(
+    tiny_llama_dir, tiny_reward_model_other_tokenizer_dir, prompts_file, tmp_path
+):
+    """A reward model whose tokenizer is not the policy's cannot start the critic (`rlhf.models.critic`): auto is
+    the shared head, separate starts from the policy. The plan counted a critic started from the reward model."""
+    values = ppo_values(tiny_llama_dir, tiny_reward_model_other_tokenizer_dir, prompts_file, tmp_path)
+    policy = planning.model_sizes(str(tiny_llama_dir))
+    auto = planning.plan(config_from_dict("ppo", nested(values)), positions=20, runtime=0)
+    assert "critic weights" not in auto.resident and "critic activations" not in auto.phases["update"]
+    assert auto.resident["optimizer state"] == 2 * (policy.params + policy.hidden + 1) * 4  # the shared value head
+    assert "ppo.critic auto → shared (no reward model reads the policy's tokens)" in auto.notes
+    separate = planning.plan(config_from_dict("ppo", nested(values | {"ppo.critic": "separate"})), positions=20)
+    assert separate.resident["critic weights"] == policy.params * 4
+    assert separate.resident["optimizer state"] == 2 * 2 * policy.params * 4
 
 
 def test_cheapest_fix_is_the_first_that_fits(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):
     values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path) | {"batch.size": 16}
     config = config_from_dict("ppo", nested(values))
     full = planning.plan(config, positions=200)
-    halved = planning.plan(planning.with_flags(config, ("--batch.micro_size=8",)), positions=200)
+    halved = planning.plan(with_flags(config, ["--batch.micro_size=8"]), positions=200)
     assert halved.peak < full.peak
     fix = planning.cheapest_fix(config, halved.peak, world_size=1, positions=200, runtime=0)
     assert fix is not None and fix.flags == ("--batch.micro_size=8",)
@@ -209,8 +226,8 @@ def test_supervised_trainers_refuse_before_loading(command, tiny_llama_dir, tmp_
 
     shell = reward_model.load_reward_model
 
-    def architecture_only(name, dtype="float32", device="cpu"):  # rm tokenizes its pairs with an empty model
-        return shell(name, dtype, device) if str(device) == "meta" else no_loading()
+    def architecture_only(name, dtype="float32", device="cpu", *args):  # rm tokenizes its pairs with an empty model
+        return shell(name, dtype, device, *args) if str(device) == "meta" else no_loading()
 
     monkeypatch.setattr(sharding, "load_causal_lm", no_loading)
     monkeypatch.setattr(reward_model, "load_reward_model", architecture_only)
@@ -243,7 +260,8 @@ def test_candidates_cheapest_first(tiny_llama_dir, tiny_reward_model_dir, prompt
     assert order[:4] == [("--batch.micro_size=8",), ("--batch.micro_size=4",), (ckpt,), (ckpt, "--batch.micro_size=8")]
     # … and 8x / 16x the passes only after every other single change
     tiny_first = order.index(("--batch.micro_size=2",))
-    assert tiny_first > order.index(("--model.lora.r=8",)) and order.index(("--batch.micro_size=1",)) == tiny_first + 1
+    lora = "--model.lora '{r: 8}'"  # as `rlhf ppo` takes it: the candidates are applied by its own parser
+    assert tiny_first > order.index((lora,)) and order.index(("--batch.micro_size=1",)) == tiny_first + 1
 
 
 def test_a_model_directory_rewritten_in_place_is_read_again(tmp_path):

@@ -48,7 +48,7 @@ def load_inputs(config: PolicyGradientConfig) -> Inputs:
     d = supervised.start(config)
     tokenizer = load_tokenizer(config.model.name, config.data.chat_template_kwargs)
     train_prompts, eval_prompts = run_prompts(config, tokenizer)
-    planning.check(config, d, planning.prompt_positions(config, train_prompts + eval_prompts))  # before any weights
+    planning.check(config, d, planning.prompt_positions(train_prompts + eval_prompts, config.response_tokens))
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
     episodes = episode_runner(config, tokenizer=tokenizer, stops=stops)  # its files fail before reward models load

@@ -1,0 +1,48 @@
+"""`rlhf plan --config FILE [--world_size N] [--device_memory_gib G]`: the plan of a trainer's config, what each
+single change would make its peak, and whether it fits the budget."""
+
+from __future__ import annotations
+
+from rlhf.config import TrainingConfig
+from rlhf.core.memory import GiB
+from rlhf.planning.device import budget, refusal, runtime_bytes
+from rlhf.planning.fixes import alternatives, cheapest_fix
+from rlhf.planning.layout import plan, render
+from rlhf.planning.lengths import data_positions
+
+TRAINERS = ("sft", "rm", "dpo", "ppo", "grpo")
+
+
+def command_of(sections: set[str]) -> str | None:
+    """The trainer a config file is for, from its own section (``ppo:``, ``grpo:``, ``dpo:``, ``rm:``/``normalize:``,
+    ``sft:``); None when it has none of them."""
+    found = [c for c in TRAINERS if c in sections] + (["rm"] if "normalize" in sections else [])
+    return found[0] if len(set(found)) == 1 else None
+
+
+def report(config: TrainingConfig, *, world_size: int = 1, device_memory_gib: float | None = None) -> tuple[str, bool]:
+    """What `rlhf plan` prints for ``config`` on ``world_size`` ranks, and whether it fits the budget (the GPU or
+    this machine's free memory, ``run.memory_budget_gib``, or ``device_memory_gib``)."""
+    from rlhf.runlog.distributed import device_for_run  # the device a one-process run of this config would take
+
+    device = device_for_run()
+    positions, runtime, retains = data_positions(config), runtime_bytes(device), device.type != "cuda"
+    predicted = plan(config, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
+    gib = device_memory_gib if device_memory_gib is not None else config.run.memory_budget_gib
+    limit, source = budget(device, gib)
+    fits = predicted.peak <= limit
+    lines = [
+        render(predicted),
+        "",
+        f"peak {predicted.peak / GiB:.2f} GiB per rank ({predicted.peak_phase}); budget {limit / GiB:.2f} GiB "
+        f"({source}): {'fits' if fits else 'does NOT fit'}",
+        "",
+        "what each change would make the peak:",
+    ]
+    for fix in alternatives(config, world_size, positions, runtime, retains):
+        mark = "fits" if fix.plan.peak <= limit else ""
+        lines.append(f"  {' '.join(fix.flags):<48} {fix.plan.peak / GiB:8.2f} GiB  {mark}")
+    if not fits:
+        fix = cheapest_fix(config, limit, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
+        lines += ["", refusal(predicted, limit, source, fix).replace("; no weights were loaded", "")]
+    return "\n".join(lines), fits

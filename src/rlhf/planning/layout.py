@@ -1,0 +1,308 @@
+"""The memory model: what one rank of a run holds, part by part and phase by phase (`plan`), from the models'
+sizes (`rlhf.planning.sizes`) and `rlhf.core.memory`'s parts; the plan as a table (`render`). The derivation and
+its validation: docs/memory.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhf.config import DPOConfig, PolicyGradientConfig, PPOConfig, RMConfig, SFTConfig, TrainingConfig
+from rlhf.core import memory
+from rlhf.core.memory import Transformer
+from rlhf.models.critic import critic_layout
+from rlhf.models.precision import frozen_dtype
+from rlhf.planning.sizes import lora_params, model_config, model_sizes, reads_policy_tokens, reward_models
+from rlhf.runlog.distributed import strategy
+
+WORKSPACE = 128 * 2**20
+"""On CPU, what a process's libraries take at their first use beyond the imports: oneDNN's kernels and caches,
+OpenMP's and autograd's threads, glibc's arenas — a fixed allowance (measured by benchmarks/memory_plan.py; under
+torchrun the process group is already in the process's memory when the plan is made)."""
+
+
+REUSED = frozenset(
+    {"gathered policy (fsdp)", "gathered frozen model (fsdp)", "gathered layer (fsdp)", "full policy on rank 0 (fsdp)"}
+)
+"""FSDP's gathers: each phase allocates whole-model (or whole-layer) buffers again in the blocks the last one
+freed, so on CPU they do not add up (`Plan.reused`)."""
+
+
+AFTER_UPDATE = frozenset({"save"})
+"""Phases that run after a step's last optimizer step: on CPU the trainer has just given the freed heap back
+(`rlhf.trainers.update.release_freed_heap`), so they start from the resident parts alone."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Predicted bytes per rank: ``resident`` parts (held all run: the libraries, weights, optimizer state) and
+    what each phase adds (``phases[phase][part]``, phases in the order a step runs them).
+
+    ``retains``: on CPU the allocator keeps most of what a phase frees (glibc returns little of a fragmented
+    heap to the system), so a phase's total is the resident parts plus what it and every earlier phase add — up
+    to the update, after whose optimizer steps the trainer trims the heap (:data:`AFTER_UPDATE`); on a GPU the
+    caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
+    ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
+    once, the largest, rather than added up."""
+
+    command: str
+    world_size: int
+    parallelism: str
+    positions: int
+    resident: dict[str, int]
+    phases: dict[str, dict[str, int]]
+    retains: bool = True
+    reused: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()
+
+    def total(self, phase: str) -> int:
+        names = list(self.phases)
+        fresh = not self.retains or phase in AFTER_UPDATE
+        counted = [self.phases[p] for p in ([phase] if fresh else names[: names.index(phase) + 1])]
+        added = [size for parts in counted for part, size in parts.items() if part not in self.reused]
+        reused = [size for parts in counted for part, size in parts.items() if part in self.reused]
+        return sum(self.resident.values()) + sum(added) + max(reused, default=0)
+
+    @property
+    def peak(self) -> int:
+        return max(self.total(phase) for phase in self.phases)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.total)
+
+
+def plan(
+    config: TrainingConfig, *, world_size: int = 1, positions: int, runtime: int = 0, retains: bool = True
+) -> Plan:
+    """The plan of ``config`` on ``world_size`` ranks, rows at most ``positions`` tokens long (prompt and
+    response for ppo/grpo); ``runtime`` bytes the process holds before any model (libraries: this process's RSS
+    on CPU, 0 on a GPU); ``retains``: `Plan.retains` (CPU). ``model.bf16`` unset is mixed precision on a GPU (one
+    that does not retain) and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
+    bf16 = config.model.bf16 if config.model.bf16 is not None else not retains
+    layout = _Layout(config, world_size, positions, bf16, gpu=not retains)
+    workspace = WORKSPACE if retains else 0
+    resident = {
+        "runtime": runtime,
+        **({"workspace (CPU libraries)": workspace} if workspace else {}),
+        **layout.resident(),
+    }
+    phases = layout.phases()
+    return Plan(
+        command=config.COMMAND,
+        world_size=world_size,
+        parallelism=layout.parallelism,
+        positions=layout.positions,
+        resident=resident,
+        phases=phases,
+        retains=retains,
+        reused=REUSED,
+        notes=tuple(dict.fromkeys(layout.notes)),
+    )
+
+
+def micro_rows_now(config: TrainingConfig, world_size: int) -> int:
+    """Rows of one forward/backward per rank as ``config`` stands (its micro_size, or the rank's whole minibatch)."""
+    rows = max(1, config.minibatch_size // world_size)  # minibatch_size is batch.size for sft, rm and dpo
+    return min(rows, config.batch.micro_size or rows)
+
+
+def reference_copy(config: TrainingConfig) -> bool:
+    """Whether the run holds a frozen copy of the policy (ppo, grpo with kl.coef > 0; not with LoRA)."""
+    if not isinstance(config, PolicyGradientConfig) or config.model.lora:
+        return False
+    return isinstance(config, PPOConfig) or config.kl.coef > 0
+
+
+class _Layout:
+    """What one rank of ``config`` holds, part by part (a class only to share the run's sizes between phases)."""
+
+    def __init__(self, config: TrainingConfig, world_size: int, positions: int, bf16: bool, gpu: bool = False):
+        self.config, self.world, self.bf16, self.gpu = config, world_size, bf16, gpu
+        packed = isinstance(config, SFTConfig) and config.sft.packing  # packed rows are filled to data.max_length
+        self.positions = config.data.max_length if packed else positions
+        self.parallelism = strategy(config.run.parallelism, world_size)
+        self.sharded = self.parallelism == "fsdp"
+        self.notes: list[str] = []
+        self.rl = config if isinstance(config, PolicyGradientConfig) else None
+        model, reward = config.model, isinstance(config, RMConfig)
+        self.width = memory.DTYPE_BYTES[model.dtype]  # the trained weights' (float32 master weights when mixed)
+        # mixed precision: activations, KV cache and the decoder's packed weights in bfloat16, frozen models too
+        self.compute_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else self.width
+        reference_dtype = self.rl.model.reference_dtype if self.rl else None
+        self.reference_width = memory.DTYPE_BYTES[reference_dtype or frozen_dtype(model.dtype, bf16)]
+        self.reward_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else memory.FLOAT32
+        self.policy = model_sizes(model.name, reward=reward)
+        self.trainable = lora_params(model.name, model.lora, reward) if model.lora else self.policy.params
+        # LoRA's adapters and their moments are float32 whatever the base's dtype
+        self.trainable_width = memory.FLOAT32 if model.lora else self.width
+        self.micro = self._micro_rows()
+        self.reward_names = reward_models(self.rl.reward) if self.rl else []
+        self.reward_models = [model_sizes(name, reward=True) for name in self.reward_names]
+        self.critic = self._critic()
+        self.all_trainable = self.trainable + (self.critic.params if self.critic is not None else 0)
+        if self.critic is None and isinstance(config, PPOConfig):
+            self.all_trainable += self.policy.hidden + 1  # the shared value head
+
+    def _micro_rows(self) -> int:
+        """Rows of one forward/backward (per rank): micro_size, or what micro_tokens lets in."""
+        rows = micro_rows_now(self.config, self.world)
+        if isinstance(self.config, RMConfig | DPOConfig):
+            rows *= 2  # chosen and rejected go through the model together
+        budget = self.rl.batch.micro_tokens if self.rl else None
+        if budget is not None:
+            rows = min(rows, max(1, budget // self.positions))
+        return rows
+
+    def _critic(self) -> Transformer | None:
+        """PPO's separate critic, None when shared: ``ppo.critic`` resolved as the trainer resolves it
+        (`rlhf.models.critic.critic_layout`), started from the first reward model that reads the policy's tokens,
+        else from the policy."""
+        if not isinstance(self.config, PPOConfig):
+            return None
+        policy, setting = self.config.model.name, self.config.ppo.critic
+        readers = (i for i, name in enumerate(self.reward_names) if reads_policy_tokens(policy, name))
+        first = next(readers, None)
+        layout = critic_layout(setting, first is not None)
+        if setting == "auto":
+            which = "a" if first is not None else "no"
+            self.notes.append(f"ppo.critic auto → {layout} ({which} reward model reads the policy's tokens)")
+        if layout == "shared":
+            return None
+        return self.reward_models[first] if first is not None else self.policy
+
+    def share(self, total: int) -> int:
+        return memory.sharded(total, self.world) if self.sharded else total
+
+    def phases(self) -> dict[str, dict[str, int]]:
+        """What each phase adds to the resident parts, in the order a step runs them."""
+        phases = {"update": self.update()}
+        if self.rl:
+            phases = {"rollout": self.rollout(self.rl), "scoring": self.scoring(self.rl), **phases}
+        return phases | ({"save": self.save()} if self.sharded else {})
+
+    def resident(self) -> dict[str, int]:
+        """Held for the whole run: every model's weights and the optimizer's moments."""
+        policy = self.policy
+        parts = {"policy weights": self.share(memory.weights(policy.params, self.width))}
+        if self.config.model.lora:
+            parts["policy weights"] += self.share(memory.weights(self.trainable, memory.FLOAT32))
+        if reference_copy(self.config):
+            parts["reference weights"] = self.share(memory.weights(policy.params, self.reference_width))
+        for i, rm in enumerate(self.reward_models):
+            name = f"reward model {i + 1} weights" if i else "reward model weights"
+            parts[name] = self.share(memory.weights(rm.params, self.reward_width))
+        if self.critic is not None:
+            parts["critic weights"] = self.share(memory.weights(self.critic.params, self.width))
+        parts["optimizer state"] = self.share(memory.adamw_state(self.all_trainable, self.trainable_width))
+        return parts
+
+    def rollout(self, config: PolicyGradientConfig) -> dict[str, int]:
+        """Sampling: the KV cache of the rank's rows, the lean decoder's packed weights, FSDP's gathered policy."""
+        policy = self.policy
+        rows = max(1, config.num_sequences // self.world)
+        parts = {"KV cache": memory.kv_cache(policy, rows, self.positions, self.compute_width)}
+        engine = config.sampling.engine
+        if engine == "vllm":
+            if config.sampling.vllm.url is None:
+                self.notes.append(
+                    "sampling.engine vllm: vLLM's own memory (memory_fraction of the device) is not in the plan"
+                )
+            return {}
+        from rlhf.rollout.decoder import SUPPORTED_MODEL_TYPES
+
+        # on a GPU the decoder reads the policy's own weights (rollout.decoder.READS_OWN_WEIGHTS) unless it computes
+        # in another dtype than they are stored in (bfloat16 over float32 master weights: a bfloat16 copy)
+        copies = not self.gpu or self.compute_width != self.width
+        if (
+            copies
+            and engine in ("auto", "lean")
+            and getattr(model_config(config.model.name), "model_type", None) in SUPPORTED_MODEL_TYPES
+        ):
+            parts["packed weights (lean decoder)"] = memory.weights(policy.matmul_params, self.compute_width)
+        if self.sharded:
+            parts["gathered policy (fsdp)"] = self.gathered(memory.weights(policy.params, self.width))
+        return parts
+
+    def gathered(self, full: int) -> int:
+        """FSDP: what gathering a whole sharded model of ``full`` bytes adds to a rank — the all-gather's output and
+        the unsharded parameters, two full copies while gathered (as measured on gloo), less the rank's own shard."""
+        return 2 * full - self.share(full)
+
+    def scoring(self, config: PolicyGradientConfig) -> dict[str, int]:
+        """The rollout's forwards without gradients (old log-probs, reference, values, rewards): the widest one."""
+        policy, rows = self.policy, self.micro
+        forwards = [memory.inference_workspace(policy, rows, self.positions, self.compute_width)]
+        forwards += [
+            memory.inference_workspace(rm, rows, self.positions, self.reward_width) for rm in self.reward_models
+        ]
+        response = config.response_tokens + 1
+        parts = {"forward": max(forwards), "logits": memory.logits(rows, response, policy.vocab, copies=2)}
+        if self.bf16 and not self.sharded:  # autocast keeps its bfloat16 casts of trained weights for a forward
+            parts["bfloat16 copies of the trained weights (autocast)"] = memory.weights(self.trainable, 2)
+        if self.sharded:  # each frozen model is gathered whole for its scoring, one at a time
+            frozen = [memory.weights(rm.params, self.reward_width) for rm in self.reward_models]
+            if reference_copy(config):
+                frozen.append(memory.weights(policy.params, self.reference_width))
+            if frozen:
+                parts["gathered frozen model (fsdp)"] = max(self.gathered(full) for full in frozen)
+        return parts
+
+    def save(self) -> dict[str, int]:
+        """FSDP: rank 0 writes final/ from the full state dict it gathers and the plain model it fills with it."""
+        return {"full policy on rank 0 (fsdp)": 2 * memory.weights(self.policy.params, self.width)}
+
+    def update(self) -> dict[str, int]:
+        """One micro-batch's forward and backward: activations, the vocabulary-wide tensors, the gradients."""
+        policy, rows, rl = self.policy, self.micro, self.rl
+        checkpointing = self.config.model.gradient_checkpointing
+        parts = {
+            "gradients": self.share(memory.gradients(self.all_trainable, self.trainable_width)),
+            "activations": memory.activations(
+                policy, rows, self.positions, self.compute_width, checkpointing=checkpointing
+            ),
+        }
+        if self.bf16 and not self.sharded:
+            # autocast's bfloat16 copy of every weight a product reads, saved for the backward (frozen ones too:
+            # the input's gradient needs them); under FSDP the gathered layer is already bfloat16
+            params = policy.params + (self.critic.params if self.critic is not None else 0)
+            parts["bfloat16 copies of the weights (autocast)"] = memory.weights(params, 2)
+        if not isinstance(self.config, RMConfig):  # a reward model scores with one output, not the vocabulary
+            scored = rl.response_tokens + 1 if rl else self.positions
+            # saved for the backward and its gradient; ppo/grpo's entropy bonus keeps its softmax too
+            copies = 3 if rl and rl.algorithm.entropy_coef > 0 else 2
+            parts["logits"] = memory.logits(rows, scored, policy.vocab, copies=copies)
+        if self.critic is not None:
+            parts["critic activations"] = memory.activations(
+                self.critic, rows, self.positions, self.compute_width, checkpointing=checkpointing
+            )
+        if self.parallelism == "ddp":  # DDP's flat buckets the gradients are all-reduced through: another copy
+            parts["gradient buckets (ddp)"] = parts["gradients"]
+        if self.sharded:  # FSDP gathers one layer's full weights at a time
+            parts["gathered layer (fsdp)"] = memory.weights(policy.params // max(1, policy.layers), self.width)
+        return parts
+
+
+def render(predicted: Plan) -> str:
+    """The plan as a table (MiB per rank): the resident parts, then each phase's own, one column per phase."""
+    phases = list(predicted.phases)
+    added = list(dict.fromkeys(part for phase in phases for part in predicted.phases[phase]))
+    width = max(len(part) for part in [*predicted.resident, *added, "peak per phase"])
+
+    def row(name: str, cells: list[int | None]) -> str:
+        return f"{name:<{width}}" + "".join(f"{'' if c is None else f'{c / 2**20:.0f}':>12}" for c in cells)
+
+    how = (
+        "on CPU a phase's total keeps what earlier phases freed (the allocator holds it)"
+        if predicted.retains
+        else "a phase's total is the resident parts and its own"
+    )
+    lines = [
+        f"memory plan: rlhf {predicted.command}, {predicted.world_size} rank(s), parallelism "
+        f"{predicted.parallelism}, rows of up to {predicted.positions} tokens; MiB per rank ({how})",
+        f"{'part':<{width}}" + "".join(f"{phase:>12}" for phase in phases),
+    ]
+    lines += [row(part, [size] * len(phases)) for part, size in predicted.resident.items()]
+    lines += [row(part, [predicted.phases[p].get(part) for p in phases]) for part in added]
+    lines.append(row("peak per phase", [predicted.total(phase) for phase in phases]))
+    lines += [f"note: {note}" for note in predicted.notes]
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""The models a plan counts, read before any weight loads: sizes from each model's config.json (the model built on
+the ``meta`` device), LoRA's trainable parameters, the reward models of ``reward.source``, and whether a reward model
+reads the policy's tokens (its tokenizer only). Each is remembered while the model's config.json is unchanged: the
+cheapest fix plans many variants of one run."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf.config import LoRAConfig
+from rlhf.config.sections import RewardSection
+from rlhf.core.memory import Transformer
+
+
+def model_sizes(name: str, reward: bool = False) -> Transformer:
+    """A model's sizes from its config.json: the model built on the ``meta`` device (no memory, no weights) to
+    count its parameters exactly, whatever the architecture."""
+    return _model_sizes(name, reward, _version(name))
+
+
+def _version(name: str) -> float | None:
+    """When a local model's config.json last changed (None for a hub id): a directory rewritten in place (a demo
+    run again) is read again."""
+    path = Path(name).expanduser() / "config.json"
+    return path.stat().st_mtime if path.is_file() else None
+
+
+@functools.cache
+def _model_sizes(name: str, reward: bool, version: float | None) -> Transformer:
+    model = _meta_model(name, reward)
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    inner = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
+    module_names = [module_name for module_name, _ in model.named_modules()]
+    return Transformer(
+        layers=int(text.num_hidden_layers),
+        hidden=hidden,
+        intermediate=int(inner),
+        heads=heads,
+        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+        vocab=int(text.vocab_size),
+        params=sum(p.numel() for p in model.parameters()),
+        matmul_params=sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)),
+        gated=any(n.endswith("gate_proj") for n in module_names),
+    )
+
+
+def model_config(name: str) -> Any:
+    """``name``'s config.json (a hub id downloads this file only), remembered while the file is unchanged."""
+    return _model_config(name, _version(name))
+
+
+@functools.cache
+def _model_config(name: str, version: float | None) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(name)
+
+
+def _meta_model(name: str, reward: bool) -> nn.Module:
+    """The model ``name``'s config.json describes, built on the ``meta`` device: shapes without memory."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = copy.deepcopy(model_config(name))
+    if reward:
+        config.num_labels = 1  # a reward model's one score
+    auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
+    with torch.device("meta"):
+        return auto.from_config(config)
+
+
+def lora_params(name: str, lora: LoRAConfig, reward: bool = False) -> int:
+    """LoRA's trainable parameters: the adapters `rlhf.models.loading.apply_lora` puts on the model, built on the
+    ``meta`` device (its targets are peft's per architecture unless ``target_modules`` names them)."""
+    from rlhf.models.loading import apply_lora
+
+    with torch.device("meta"):
+        model = apply_lora(_meta_model(name, reward), lora, task_type="SEQ_CLS" if reward else "CAUSAL_LM")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def reward_models(reward: RewardSection) -> list[str]:
+    """The reward-model sources of ``reward.source`` (a directory or a hub id: not a function, URL or LLM judge)."""
+    from rlhf.inputs import is_reward_model, reward_sources
+
+    return [spec for _, spec in reward_sources("reward.source", reward.source) if is_reward_model(spec)]
+
+
+def reads_policy_tokens(policy: str, reward_model: str) -> bool:
+    """Whether the reward model ``reward_model`` reads the policy's token ids (`rlhf.models.critic.shares_vocabulary`
+    of the two tokenizers, loaded as the trainer loads them: no weights)."""
+    return _reads_policy_tokens(policy, reward_model, _version(policy), _version(reward_model))
+
+
+@functools.cache
+def _reads_policy_tokens(policy: str, reward_model: str, *versions: float | None) -> bool:
+    from rlhf.models.critic import shares_vocabulary
+    from rlhf.models.loading import load_tokenizer
+
+    return policy == reward_model or shares_vocabulary(load_tokenizer(policy), load_tokenizer(reward_model))
