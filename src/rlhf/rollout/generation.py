@@ -209,52 +209,38 @@ def _sampler(
     max_rows: int | None,
     engine: LocalEngine | Engine,
 ) -> Sampler:
-    """One call that samples a response to each prompt with the row's seed, through ``engine``."""
-    if isinstance(engine, LocalEngine):
-        return lambda prompts, seeds: _sample_locally(
-            model, prompts, params, stops, pad, seeds, device, d=d, max_rows=max_rows, engine=engine
-        )
-    return lambda prompts, seeds: list(zip(*engine.sample(prompts, params, stops, pad, seeds), strict=True))
+    """One call that samples a response to each prompt with the row's seed, through ``engine``: an `Engine`, or one
+    of ours sampling ``model`` ``max_rows`` rows at a time."""
+    if not isinstance(engine, LocalEngine):
+        return lambda prompts, seeds: list(zip(*engine.sample(prompts, params, stops, pad, seeds), strict=True))
 
+    def sample_locally(prompt_ids: list[list[int]], seeds: list[int]) -> list[tuple[list[int], list[float]]]:
+        noise = RowGenerators.of(seeds)
+        out = []
+        step = max_rows or max(1, len(prompt_ids))
+        # sharded weights are gathered once for the whole rollout, packed once for all its chunks, and under mixed
+        # precision cast to bfloat16 once (rollout_region), not at every token
+        with sampling_weights(model, d), reusing_packed(model), rollout_region(model):
+            for start in range(0, len(prompt_ids), step):
+                chunk = slice(start, start + step)
+                query, query_mask = left_pad(prompt_ids[chunk], pad)
+                ids, logprobs = sample(
+                    model,
+                    query.to(device),
+                    query_mask.to(device),
+                    params,
+                    stops,
+                    pad,
+                    noise[chunk],
+                    engine=engine.name,
+                    cuda_graphs=engine.cuda_graphs and device.type == "cuda",  # elsewhere the eager loop is faster
+                )
+                lengths = (ids != pad).sum(-1).tolist()
+                for row, row_logprobs, n in zip(ids.tolist(), logprobs.tolist(), lengths, strict=True):
+                    out.append((row[:n], row_logprobs[:n]))
+        return out
 
-def _sample_locally(
-    model: nn.Module,
-    prompt_ids: list[list[int]],
-    params: SamplingParams,
-    stops: list[int],
-    pad: int,
-    seeds: list[int],
-    device: torch.device,
-    *,
-    d: Dist,
-    max_rows: int | None,
-    engine: LocalEngine,
-) -> list[tuple[list[int], list[float]]]:
-    """(response ids, their log-probs) of each prompt, sampled by one of our engines, ``max_rows`` rows at a time."""
-    noise = RowGenerators.of(seeds)
-    out = []
-    step = max_rows or max(1, len(prompt_ids))
-    # sharded weights are gathered once for the whole rollout, packed once for all its chunks, and under mixed
-    # precision cast to bfloat16 once (rollout_region), not at every token
-    with sampling_weights(model, d), reusing_packed(model), rollout_region(model):
-        for start in range(0, len(prompt_ids), step):
-            chunk = slice(start, start + step)
-            query, query_mask = left_pad(prompt_ids[chunk], pad)
-            ids, logprobs = sample(
-                model,
-                query.to(device),
-                query_mask.to(device),
-                params,
-                stops,
-                pad,
-                noise[chunk],
-                engine=engine.name,
-                cuda_graphs=engine.cuda_graphs and device.type == "cuda",  # elsewhere the eager loop is faster
-            )
-            lengths = (ids != pad).sum(-1).tolist()
-            for row, row_logprobs, n in zip(ids.tolist(), logprobs.tolist(), lengths, strict=True):
-                out.append((row[:n], row_logprobs[:n]))
-    return out
+    return sample_locally
 
 
 def assemble(
