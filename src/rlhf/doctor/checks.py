@@ -67,10 +67,11 @@ class Limit:
     window: int
     fmt: str = ".2f"
     unit: str = ""
+    """After the limit in ``text`` (not in the evidence, where the metric's name says what it counts)."""
     after: int = 0
     """Silent up to this step (0: from the first)."""
     text: str = "{op} {limit}{unit} for {window} steps{since}"
-    evidence: str = "{metric} {value}{unit} ({op} {limit} for the last {window} steps)"
+    evidence: str = "{metric} {value} ({op} {limit} for the last {window} steps)"
     unless: Callable[[History], bool] | None = None
     """Silent for the runs this says yes to."""
 

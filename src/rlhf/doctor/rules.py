@@ -77,14 +77,20 @@ def first_ratio_not_one(h: History, limit: float = 1e-3) -> str | None:
     return None
 
 
+def _drift(h: History, key: str, window: int, first: int = 3) -> tuple[float, list[float]]:
+    """(where ``key`` started, the median of its ``first`` values; its last ``window`` values) once it has both
+    and the last row holds it, else (nan, []): what the rules about a metric drifting from its start compare."""
+    values = h.values(key)
+    if len(values) < first + window or h.current(key) is None:
+        return math.nan, []
+    return started_at(values, first), values[-window:]
+
+
 def _from_start(h: History, key: str, n: int, moved: Callable[[float, float], bool]) -> str | None:
     """The evidence when ``moved(start, now)``: the median of ``key``'s first ``n`` values against the mean of
-    its last ``n``, once it has 2n values and the last row holds it."""
-    values = h.values(key)
-    if len(values) < 2 * n or h.current(key) is None:
-        return None
-    start, now = started_at(values, n), statistics.fmean(values[-n:])
-    if moved(start, now):
+    its last ``n``."""
+    start, last = _drift(h, key, n, first=n)
+    if last and moved(start, now := statistics.fmean(last)):
         return f"{key} {now:.3g} nats per token (mean of the last {n} steps), started at {start:.3g}"
     return None
 
@@ -272,15 +278,6 @@ def nothing_moves(h: History, clip: float = 1e-4, kl: float = 1e-8, window: int 
     if clips and kls and max(clips) < clip:
         return f"policy/clipfrac ≤ {max(clips):.2g} and policy/approx_kl ≤ {max(kls):.2g} for the last {window} steps"
     return None
-
-
-def _drift(h: History, key: str, window: int) -> tuple[float, list[float]]:
-    """(where ``key`` started, its last ``window`` values) once it has those and the 3 it started with, and the
-    last row holds it, else (nan, []): what the rules about a metric drifting away from its start compare."""
-    values = h.values(key)
-    if len(values) < window + 3 or h.current(key) is None:
-        return math.nan, []
-    return started_at(values), values[-window:]
 
 
 @warning(
