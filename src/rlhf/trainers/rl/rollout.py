@@ -152,7 +152,7 @@ def micro_plan(config: PolicyGradientConfig, mask: torch.Tensor, T: int) -> Call
 def first_pass(
     config: PolicyGradientConfig, generated: generation.Generated, unit: int, d: Dist
 ) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], int, bool]]:
-    """(rows, (ids, mask), T', real) of this rank's micro-batches of the first pass of :func:`update_passes`, ids and
+    """(rows, (ids, mask), T', real) of this rank's micro-batches of the first pass of `updates.update_passes`, ids and
     mask cut to their columns: the rollout's no-grad passes run exactly these forwards. Under FSDP (every forward a
     collective) filler passes (``real`` False: drop the output) even out the count."""
     ids, mask = generated.query_responses, generated.attention_mask
