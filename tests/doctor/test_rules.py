@@ -271,3 +271,10 @@ def test_running_statistics_give_what_a_fresh_history_gives(name):
         fresh = History(history.rows[:end], history.config)
         for rule in RULES:
             assert rule.check(growing) == rule.check(fresh), (rule.name, end)
+
+
+def test_value_loss_rising_from_a_lowest_median_of_zero():
+    # a critic that once fitted the returns exactly: the lowest 5-step median is 0, the ratio to it infinite
+    rows = stream(20, value__loss=lambda s, rng: 0.0 if s <= 10 else 0.1 * 1.5 ** (s - 10))
+    found = {f.rule.name: f for f in diagnose(History(rows))}
+    assert found["value_loss_rising"].first.endswith("= inf× its lowest (0)")

@@ -191,7 +191,8 @@ def value_loss_rising(h: History, n: int = 5, factor: float = 5) -> str | None:
     )
     best = lowest[len(values) - 2]
     if recent > factor * best and all(b > a for a, b in zip(values[-4:-1], values[-3:], strict=True)):
-        return f"value/loss {values[-1]:.3g}, median of the last {n} steps {recent:.3g} = {recent / best:.1f}× its lowest ({best:.3g})"
+        ratio = recent / best if best else math.inf  # a critic that once fitted the returns exactly (loss 0)
+        return f"value/loss {values[-1]:.3g}, median of the last {n} steps {recent:.3g} = {ratio:.1f}× its lowest ({best:.3g})"
     return None
 
 
