@@ -66,10 +66,8 @@ def fleiss_kappa(items: Sequence[Sequence[str]]) -> float | None:
 def pairwise_cohen(
     labels: Mapping[str, Mapping[str, str]], min_overlap: int = 1
 ) -> dict[tuple[str, str], tuple[int, float | None]]:
-    """Cohen's kappa of every two labellers over the items both labelled: ``{(x, y): (overlap, kappa)}``.
-
-    ``labels`` is labeller → item → label; pairs of labellers with fewer than ``min_overlap`` shared items are left out.
-    """
+    """Cohen's kappa of every two labellers over the items both labelled: ``{(x, y): (overlap, kappa)}``. ``labels`` is
+    labeller → item → label; pairs of labellers with fewer than ``min_overlap`` shared items are left out."""
     names = sorted(labels)
     out: dict[tuple[str, str], tuple[int, float | None]] = {}
     for i, x in enumerate(names):

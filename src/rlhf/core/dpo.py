@@ -35,12 +35,9 @@ def dpo_loss(
     rejected_lengths: torch.Tensor | None = None,
     simpo_gamma: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The mean loss of ``loss_type`` over the pairs, and detached stats (see the module docstring).
-
-    ``ref_*`` may be None for ``simpo`` only; ``*_lengths`` are needed by ``ipo`` and ``simpo``.
-    Stats: ``rewards_chosen``, ``rewards_rejected``, ``margins`` (their difference) and ``accuracy``, each a
-    mean over the pairs.
-    """
+    """The mean loss of ``loss_type`` over the pairs, and detached stats (see the module docstring). ``ref_*`` may be
+    None for ``simpo`` only; ``*_lengths`` are needed by ``ipo`` and ``simpo``. Stats: ``rewards_chosen``,
+    ``rewards_rejected``, ``margins`` (their difference) and ``accuracy``, each a mean over the pairs."""
     loss_type = DPOLoss(loss_type)
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")

@@ -32,11 +32,9 @@ def _nan_mean(x: torch.Tensor, valid: torch.Tensor, dim: int | tuple[int, ...]) 
 
 
 def _nan_std(x: torch.Tensor, valid: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
-    """Bessel-corrected std of the valid entries over ``dim`` (kept); 0 where fewer than two are valid.
-
-    Plays TRL's ``nanstd`` (trainer/utils.py L857-890). A lone scored sample has no spread: returning 0 (not
-    NaN) makes its advantage (r − r)/(0 + eps) = 0.
-    """
+    """Bessel-corrected std of the valid entries over ``dim`` (kept); 0 where fewer than two are valid. Plays TRL's
+    ``nanstd`` (trainer/utils.py L857-890). A lone scored sample has no spread: returning 0 (not NaN) makes its
+    advantage (r − r)/(0 + eps) = 0."""
     n = valid.sum(dim, keepdim=True).to(x.dtype)
     dev2 = torch.where(valid, (x - _nan_mean(x, valid, dim)) ** 2, torch.zeros_like(x))
     var = dev2.sum(dim, keepdim=True) / (n - 1).clamp(min=1)
@@ -82,12 +80,10 @@ def grpo_advantages(
 
 
 def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """Dr. GRPO: ``A_ij = r_ij − mean_j r_ij`` (no std division), ``(N, G) → (N, G)``.
-
-    Dividing by the group std up-weights prompts that are nearly always solved or failed (a difficulty bias).
-    Source: Liu et al. 2025 (arXiv 2503.20783), understand-r1-zero ``compute_monte_carlo_advantages``;
-    TRL ``scale_rewards="none"``. Vector: reference 2-J ("none").
-    """
+    """Dr. GRPO: ``A_ij = r_ij − mean_j r_ij`` (no std division), ``(N, G) → (N, G)``. Dividing by the group std
+    up-weights prompts that are nearly always solved or failed (a difficulty bias). Source: Liu et al. 2025 (arXiv
+    2503.20783), understand-r1-zero ``compute_monte_carlo_advantages``; TRL ``scale_rewards="none"``. Vector: reference
+    2-J ("none")."""
     return grpo_advantages(rewards, scale=RewardScale.NONE)
 
 
@@ -182,11 +178,9 @@ def token_advantages(
 
 
 def sum_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted sum of K rewards, ``(N, G, K), (K,) → (N, G)``: the plain combination, normalised afterwards.
-
-    NaN rewards are skipped (TRL ``(rewards_per_func * weights).nansum(dim=1)``, grpo_trainer); a sample
-    with every reward NaN stays NaN (TRL gives 0) so the group estimator treats it as unscorable.
-    """
+    """Weighted sum of K rewards, ``(N, G, K), (K,) → (N, G)``: the plain combination, normalised afterwards. NaN
+    rewards are skipped (TRL ``(rewards_per_func * weights).nansum(dim=1)``, grpo_trainer); a sample with every reward
+    NaN stays NaN (TRL gives 0) so the group estimator treats it as unscorable."""
     valid = _valid(rewards)
     total = torch.where(valid, rewards * weights, torch.zeros_like(rewards)).sum(-1)
     return torch.where(valid.any(-1), total, torch.full_like(total, float("nan")))
@@ -227,12 +221,10 @@ def dapo_overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, fact
 
 
 def groups_with_signal(rewards: torch.Tensor) -> torch.Tensor:
-    """DAPO dynamic sampling filter: ``(N, G) → (N,)`` bool, True where the group's scored rewards differ.
-
-    A group whose rewards are all equal has zero advantage for every sample and no gradient; DAPO drops it
-    and samples more prompts. NaNs are ignored; an all-NaN group is False. Source: DAPO (arXiv 2503.14476)
-    "Dynamic Sampling"; verl ``recipe/dapo`` README; checklist item 46.
-    """
+    """DAPO dynamic sampling filter: ``(N, G) → (N,)`` bool, True where the group's scored rewards differ. A group whose
+    rewards are all equal has zero advantage for every sample and no gradient; DAPO drops it and samples more prompts.
+    NaNs are ignored; an all-NaN group is False. Source: DAPO (arXiv 2503.14476) "Dynamic Sampling"; verl
+    ``recipe/dapo`` README; checklist item 46."""
     valid = _valid(rewards)
     hi = torch.where(valid, rewards, torch.full_like(rewards, -float("inf"))).amax(1)
     lo = torch.where(valid, rewards, torch.full_like(rewards, float("inf"))).amin(1)

@@ -31,10 +31,8 @@ def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 = (e^{log r} − 1) − log r. Any shape → same shape. TRL L774-775; GRPO per-token KL L3071-3073.
-
-    ``expm1`` computes e^x − 1 without cancellation when log r ≈ 0, the common case near the reference.
-    """
+    """k3 = (e^{log r} − 1) − log r. Any shape → same shape. TRL L774-775; GRPO per-token KL L3071-3073. ``expm1``
+    computes e^x − 1 without cancellation when log r ≈ 0, the common case near the reference."""
     log_r = ref_logp - logp
     return torch.expm1(log_r) - log_r
 
@@ -47,11 +45,8 @@ KL_ESTIMATORS: dict[KLEstimator, Callable[[torch.Tensor, torch.Tensor], torch.Te
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator | str) -> torch.Tensor:
-    """Per-token KL estimate by ``estimator``. Any shape → same shape.
-
-    Vector 2-G: logp ``[-1, -2, -0.5]``, ref ``[-1.5, -1, -0.5]`` → k1 ``[0.5, -1, 0]``, k2 ``[0.125, 0.5, 0]``,
-    k3 ``[0.1065306597, 0.7182818285, 0]``.
-    """
+    """Per-token KL estimate by ``estimator``. Any shape → same shape. Vector 2-G: logp ``[-1, -2, -0.5]``, ref
+    ``[-1.5, -1, -0.5]`` → k1 ``[0.5, -1, 0]``, k2 ``[0.125, 0.5, 0]``, k3 ``[0.1065306597, 0.7182818285, 0]``."""
     return KL_ESTIMATORS[KLEstimator(estimator)](logp, ref_logp)
 
 
@@ -115,13 +110,11 @@ def update_kl_coef(
 
 @torch.no_grad()
 def follow_(reference: list[torch.Tensor], policy: list[torch.Tensor], decay: float) -> None:
-    """Move a reference towards the policy, in place: θ_ref ← decay·θ_ref + (1 − decay)·θ for each pair.
-
-    An exponential moving average of the policy as the KL anchor (Xu et al. 2024, "Is DPO superior to PPO for
-    LLM alignment?"; the target network of deep Q-learning): the penalty then limits how fast the policy moves,
-    not how far it may ever go from the SFT model. The reference may be kept in a lower dtype than the policy
-    (``model.reference_dtype``): the average is taken in the reference's dtype.
-    """
+    """Move a reference towards the policy, in place: θ_ref ← decay·θ_ref + (1 − decay)·θ for each pair. An exponential
+    moving average of the policy as the KL anchor (Xu et al. 2024, "Is DPO superior to PPO for LLM alignment?"; the
+    target network of deep Q-learning): the penalty then limits how fast the policy moves, not how far it may ever go
+    from the SFT model. The reference may be kept in a lower dtype than the policy (``model.reference_dtype``): the
+    average is taken in the reference's dtype."""
     if len(reference) != len(policy):
         raise ValueError(f"follow_: {len(reference)} reference tensors but {len(policy)} policy tensors")
     weight = 1.0 - decay

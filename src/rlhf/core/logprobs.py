@@ -25,11 +25,9 @@ _FULL_PRECISION = (torch.float32, torch.float64)
 
 
 def _row_chunks(x: torch.Tensor, chunk_rows: int) -> Iterator[torch.Tensor]:
-    """Yield views of ``x (..., V)`` as ``(n, V)`` blocks, n ≤ ``chunk_rows``, in row-major order; never copies.
-
-    A sliced tensor such as ``logits[:, C-1:-1]`` cannot be viewed as ``(N, V)`` (``reshape`` would copy the
-    whole slice), so such inputs are walked one leading index at a time.
-    """
+    """Yield views of ``x (..., V)`` as ``(n, V)`` blocks, n ≤ ``chunk_rows``, in row-major order; never copies. A
+    sliced tensor such as ``logits[:, C-1:-1]`` cannot be viewed as ``(N, V)`` (``reshape`` would copy the whole slice),
+    so such inputs are walked one leading index at a time."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     if x.dim() <= 2:

@@ -86,14 +86,13 @@ def aggregate(
     place that owns the backward call. Source: TRL grpo_trainer L3124-3150 (``dapo`` uses the global
     ``num_items_in_batch``); torchtune PR #1875 ("(x1/n1)+(x2/n2) ≠ (x1+x2)/(n1+n2)").
     """
-    fn = _AGGREGATORS[LossAggregation(mode)]
-    if num_tokens is None:
-        num_tokens = mask.to(per_token.dtype).sum()
-    if num_seqs is None:
-        num_seqs = mask.shape[0]
-    if max_len is None:
-        max_len = mask.shape[-1]
-    return fn(per_token, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    return _AGGREGATORS[LossAggregation(mode)](
+        per_token,
+        mask,
+        num_tokens=mask.to(per_token.dtype).sum() if num_tokens is None else num_tokens,
+        num_seqs=mask.shape[0] if num_seqs is None else num_seqs,
+        max_len=mask.shape[-1] if max_len is None else max_len,
+    )
 
 
 def _neutral(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -416,11 +415,9 @@ def clipped_value_loss(
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``1 − Var(R − V) / Var(R)`` over the masked entries (a detached scalar; NaN when Var(R) = 0).
-
-    1 = perfect critic, 0 = no better than predicting the mean, < 0 = worse. Population variances (the n
-    cancels). Shapes ``(B, T)``. Sources: CleanRL ppo.py L295-297, OAI train_policy.py ``var_explained`` L241.
-    """
+    """``1 − Var(R − V) / Var(R)`` over the masked entries (a detached scalar; NaN when Var(R) = 0). 1 = perfect critic,
+    0 = no better than predicting the mean, < 0 = worse. Population variances (the n cancels). Shapes ``(B, T)``.
+    Sources: CleanRL ppo.py L295-297, OAI train_policy.py ``var_explained`` L241."""
     with torch.no_grad():
         var_r = masked_var(returns, mask, unbiased=False)
         var_err = masked_var(returns - values, mask, unbiased=False)

@@ -11,10 +11,8 @@ import torch
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Σ x·mask over ``dim`` (all elements when ``dim`` is None).
-
-    ``where`` instead of ``x * mask`` so that NaN/inf at masked positions cannot leak into the sum.
-    """
+    """Σ x·mask over ``dim`` (all elements when ``dim`` is None). ``where`` instead of ``x * mask`` so that NaN/inf at
+    masked positions cannot leak into the sum."""
     x = torch.where(mask.bool(), x, torch.zeros_like(x))
     return x.sum() if dim is None else x.sum(dim)
 
@@ -26,13 +24,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance of the masked entries of ``x`` (a scalar).
-
-    ``unbiased=True`` applies Bessel's correction n/(n−1) (TRL, torch default); ``False`` is the population
-    variance (OpenAI lm-human-preferences, N+ ``ppo.py``). See checklist item 28.
-    Raises ValueError when no entry is unmasked, or only one and ``unbiased`` (n−1 = 0): whitening such a
-    batch is meaningless (checklist Part 3 §12).
-    """
+    """Variance of the masked entries of ``x`` (a scalar). ``unbiased=True`` applies Bessel's correction n/(n−1) (TRL,
+    torch default); ``False`` is the population variance (OpenAI lm-human-preferences, N+ ``ppo.py``). See checklist
+    item 28. Raises ValueError when no entry is unmasked, or only one and ``unbiased`` (n−1 = 0): whitening such a batch
+    is meaningless (checklist Part 3 §12)."""
     n = mask.expand_as(x).to(x.dtype).sum()
     if n == 0:
         raise ValueError("masked_var: every entry is masked; there is nothing to take the variance of")
@@ -44,22 +39,18 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 
 
 def whiten(x: torch.Tensor, shift_mean: bool = True, unbiased: bool = False, eps: float = 1e-8) -> torch.Tensor:
-    """(x − μ)/sqrt(σ² + eps), over all entries; with ``shift_mean=False`` the mean is added back.
-
-    ``shift_mean=False`` rescales but keeps the mean (OAI reward whitening). eps sits inside the square
-    root, as in OAI ``core.whiten`` and TRL ``masked_whiten``. Vectors: reference Part 2-D.
-    """
+    """(x − μ)/sqrt(σ² + eps), over all entries; with ``shift_mean=False`` the mean is added back. ``shift_mean=False``
+    rescales but keeps the mean (OAI reward whitening). eps sits inside the square root, as in OAI ``core.whiten`` and
+    TRL ``masked_whiten``. Vectors: reference Part 2-D."""
     return masked_whiten(x, torch.ones_like(x, dtype=torch.bool), shift_mean=shift_mean, unbiased=unbiased, eps=eps)
 
 
 def masked_whiten(
     x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, unbiased: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
-    """Whiten ``x`` with mean and variance taken over the masked entries only.
-
-    Every entry is transformed, masked ones included (reference 2-D: the 100s become 51.58): callers zero-fill
-    padding afterwards. ``unbiased`` defaults to True as in TRL; OAI and N+ use the population variance.
-    """
+    """Whiten ``x`` with mean and variance taken over the masked entries only. Every entry is transformed, masked ones
+    included (reference 2-D: the 100s become 51.58): callers zero-fill padding afterwards. ``unbiased`` defaults to True
+    as in TRL; OAI and N+ use the population variance."""
     mean = masked_mean(x, mask)
     var = masked_var(x, mask, unbiased=unbiased)
     whitened = (x - mean) * torch.rsqrt(var + eps)

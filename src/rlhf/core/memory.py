@@ -18,11 +18,10 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class Transformer:
-    """The sizes of a decoder (or an encoder reward model) that memory depends on, read from its config.json.
-
-    ``params`` counts every parameter (embeddings and head included); ``matmul_params`` those of the layers'
-    linear maps and the LM head (what the lean decoder packs); ``gated`` is a SwiGLU MLP with RMSNorm (Llama,
-    Mistral, Qwen2, Gemma…), else a two-matrix MLP with LayerNorm (GPT-2 style)."""
+    """The sizes of a decoder (or an encoder reward model) that memory depends on, read from its config.json. ``params``
+    counts every parameter (embeddings and head included); ``matmul_params`` those of the layers' linear maps and the LM
+    head (what the lean decoder packs); ``gated`` is a SwiGLU MLP with RMSNorm (Llama, Mistral, Qwen2, Gemma…), else a
+    two-matrix MLP with LayerNorm (GPT-2 style)."""
 
     layers: int
     hidden: int

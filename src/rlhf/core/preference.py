@@ -11,10 +11,8 @@ import torch.nn.functional as F
 
 
 def pairwise_accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-    """``mean(r_c > r_r)`` over ``(B,)`` pairs, strict: a tie counts as wrong (reference 2-I: 1/3, not 2/3).
-
-    Sources: N+ reward.py L410, TRL reward_trainer L770; checklist item 17.
-    """
+    """``mean(r_c > r_r)`` over ``(B,)`` pairs, strict: a tie counts as wrong (reference 2-I: 1/3, not 2/3). Sources: N+
+    reward.py L410, TRL reward_trainer L770; checklist item 17."""
     return (chosen > rejected).to(chosen.dtype).mean()
 
 

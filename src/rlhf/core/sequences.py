@@ -16,11 +16,9 @@ from rlhf.core.choices import MissingEosPenalty, ScoreConvention
 
 
 def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
-    """Index of the first True along the last dimension, or the row length if there is none.
-
-    Shapes: ``bools (..., T)`` → ``(...)`` long. TRL ``experimental/utils.py`` ``first_true_indices``
-    (L723-743); vector 2-B: ``first_true_indices(post == PAD) = [3, 5]``.
-    """
+    """Index of the first True along the last dimension, or the row length if there is none. Shapes: ``bools (..., T)``
+    → ``(...)`` long. TRL ``experimental/utils.py`` ``first_true_indices`` (L723-743); vector 2-B:
+    ``first_true_indices(post == PAD) = [3, 5]``."""
     length = bools.size(-1)
     positions = torch.arange(length, device=bools.device)
     # Plain loop replaced: for b: out[b] = next((t for t in range(T) if bools[b, t]), T)
@@ -65,18 +63,14 @@ def response_masks(post_responses: torch.Tensor, pad_token_id: int) -> ResponseM
 
 
 def replace_missing_eos_score(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
-    """score ← −``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value`` = −1).
-
-    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` with 1.
-    """
+    """score ← −``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value`` = −1). Shapes:
+    ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` with 1."""
     return torch.where(has_eos, scores, torch.full_like(scores, -penalty))
 
 
 def subtract_missing_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
     """score ← score − ``penalty`` where the response lacks the stop token (TRL ``missing_eos_penalty``, e.g. 1).
-
-    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −0.5]`` with 1.
-    """
+    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −0.5]`` with 1."""
     return torch.where(has_eos, scores, scores - penalty)
 
 
@@ -100,18 +94,14 @@ def penalize_missing_eos(
 
 
 def score_index_after_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:
-    """First PAD after the EOS when there is room, else the last token: ``where(seq+1 < T, seq+1, seq)``.
-
-    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C2: seq ``[2, 4]``, T=5 → ``[3, 4]``.
-    """
+    """First PAD after the EOS when there is room, else the last token: ``where(seq+1 < T, seq+1, seq)``. Shapes:
+    ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C2: seq ``[2, 4]``, T=5 → ``[3, 4]``."""
     return torch.where(sequence_lengths + 1 < response_length, sequence_lengths + 1, sequence_lengths)
 
 
 def score_index_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:
     """The EOS / last real token itself: ``seq_len`` (clamped to 0 for an empty response so it is a valid index).
-
-    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C3: seq ``[2, 4]`` → ``[2, 4]``.
-    """
+    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C3: seq ``[2, 4]`` → ``[2, 4]``."""
     return sequence_lengths.clamp(min=0)
 
 
@@ -124,8 +114,6 @@ SCORE_INDICES: dict[ScoreConvention, Callable[[torch.Tensor, int], torch.Tensor]
 def score_index(
     sequence_lengths: torch.Tensor, response_length: int, convention: ScoreConvention | str
 ) -> torch.Tensor:
-    """Response index where the terminal score is added, per ``convention``. Shapes: ``(B,)`` → ``(B,)`` long.
-
-    The two conventions give different advantages (reference 2-C2 vs 2-C3; trl#1893, trl#3750).
-    """
+    """Response index where the terminal score is added, per ``convention``. Shapes: ``(B,)`` → ``(B,)`` long. The two
+    conventions give different advantages (reference 2-C2 vs 2-C3; trl#1893, trl#3750)."""
     return SCORE_INDICES[ScoreConvention(convention)](sequence_lengths, response_length)

@@ -56,11 +56,9 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SFTBatch:
-    """Right-padded SFT batch: ``input_ids``, ``attention_mask``, ``labels`` — each (B, L) int64.
-
-    ``labels`` is `IGNORE_INDEX` on prompt, non-assistant and padding tokens; unshifted (label[t] is the
-    token at t; the loss compares logits[:, :-1] with labels[:, 1:]).
-    """
+    """Right-padded SFT batch: ``input_ids``, ``attention_mask``, ``labels`` — each (B, L) int64. ``labels`` is
+    `IGNORE_INDEX` on prompt, non-assistant and padding tokens; unshifted (label[t] is the token at t; the loss compares
+    logits[:, :-1] with labels[:, 1:])."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -76,13 +74,10 @@ def collate_sft(examples: Sequence[TokenizedSFT], pad_id: int) -> SFTBatch:
 
 @dataclass(frozen=True)
 class PreferenceBatch:
-    """Right-padded comparisons, chosen and rejected padded to one common length ``L``.
-
-    ``chosen_input_ids``, ``chosen_attention_mask``, ``rejected_input_ids``, ``rejected_attention_mask``:
-    (B, L) int64, each row ``prompt + response`` ending with eos; ``torch.cat`` along dim 0 gives one
-    (2B, L) forward. The reward is read at the last real token, index ``attention_mask.sum(-1) - 1``.
-    ``margin``: (B,) float32.
-    """
+    """Right-padded comparisons, chosen and rejected padded to one common length ``L``. ``chosen_input_ids``,
+    ``chosen_attention_mask``, ``rejected_input_ids``, ``rejected_attention_mask``: (B, L) int64, each row
+    ``prompt + response`` ending with eos; ``torch.cat`` along dim 0 gives one (2B, L) forward. The reward is read at
+    the last real token, index ``attention_mask.sum(-1) - 1``. ``margin``: (B,) float32."""
 
     chosen_input_ids: torch.Tensor
     chosen_attention_mask: torch.Tensor

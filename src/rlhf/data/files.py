@@ -77,11 +77,9 @@ def _type_name(value: Any) -> str:
 
 
 def _read_text(p: Path, name: str) -> str:
-    """The file as text (UTF-8, with or without a byte-order mark); `DataError` naming each line that is not.
-
-    JSON text is UTF-8 (RFC 8259); a file saved in Latin-1 or UTF-16 fails here, at its line and column,
-    rather than as a decoding traceback.
-    """
+    """The file as text (UTF-8, with or without a byte-order mark); `DataError` naming each line that is not. JSON text
+    is UTF-8 (RFC 8259); a file saved in Latin-1 or UTF-16 fails here, at its line and column, rather than as a decoding
+    traceback."""
     data = p.read_bytes()
     try:
         return data.decode("utf-8-sig")
@@ -147,11 +145,9 @@ def _read_json(p: Path, name: str) -> list[Record]:
 
 
 def _item_lines(text: str, want_data_key: bool) -> list[int]:
-    """1-based line on which each item of the record list starts, by walking the (valid) JSON text.
-
-    ``json`` gives no positions for parsed values, so we walk the top level with ``raw_decode``: for a list,
-    each element; for an object, the elements of its ``"data"`` member. Empty if the walk fails.
-    """
+    """1-based line on which each item of the record list starts, by walking the (valid) JSON text. ``json`` gives no
+    positions for parsed values, so we walk the top level with ``raw_decode``: for a list, each element; for an object,
+    the elements of its ``"data"`` member. Empty if the walk fails."""
     decoder = json.JSONDecoder()
 
     def skip(i: int) -> int:

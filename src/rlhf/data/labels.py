@@ -23,11 +23,9 @@ RATINGS = ("good", "okay", "bad")
 
 
 def pair_id(prompt: Any, a: str, b: str) -> str:
-    """A pair's id: a hash of its prompt and its two answers, the same whichever answer is called ``a``.
-
-    Content, not position in a file: a person's and a judge's label of the same two answers share the id, so
-    their agreement can be measured, and a label always refers to the texts it was given for.
-    """
+    """A pair's id: a hash of its prompt and its two answers, the same whichever answer is called ``a``. Content, not
+    position in a file: a person's and a judge's label of the same two answers share the id, so their agreement can be
+    measured, and a label always refers to the texts it was given for."""
     text = json.dumps([prompt, sorted([a, b])], ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 

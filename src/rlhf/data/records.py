@@ -49,12 +49,10 @@ class SFTExample:
 
 @dataclass(frozen=True)
 class PreferenceExample:
-    """A comparison: ``chosen`` is preferred to ``rejected`` as an answer to ``prompt``.
-
-    Plain form: all three are strings. Chat form: ``prompt`` is a message list ending where the answer
-    starts, and ``chosen``/``rejected`` are the message lists that follow it (starting with an assistant
-    message). ``margin`` (default 0) is how much more ``chosen`` is preferred, for a margin-aware loss.
-    """
+    """A comparison: ``chosen`` is preferred to ``rejected`` as an answer to ``prompt``. Plain form: all three are
+    strings. Chat form: ``prompt`` is a message list ending where the answer starts, and ``chosen``/``rejected`` are the
+    message lists that follow it (starting with an assistant message). ``margin`` (default 0) is how much more
+    ``chosen`` is preferred, for a margin-aware loss."""
 
     where: str
     prompt: str | list[Message]

@@ -147,12 +147,10 @@ def held_out(items: Sequence[T], n: int, seed: int = 0) -> tuple[list[T], list[T
 
 
 class EpochOrder:
-    """Which examples each optimizer step of SFT and RM trains on, epoch after epoch, exactly resumable.
-
-    Epoch ``e`` visits all N examples once, in an order fixed by ``(name, seed, e)``; unlike `PromptStream` an
-    epoch's last batch holds the remainder, so an epoch is ``steps_per_epoch = ceil(N / batch_size)`` steps.
-    ``fingerprint`` names the data: a state saved on other data, seed or batch size is refused, since the same
-    position would mean other examples.
+    """Which examples each optimizer step of SFT and RM trains on, epoch after epoch, exactly resumable. Epoch ``e``
+    visits all N examples once, in an order fixed by ``(name, seed, e)``; unlike `PromptStream` an epoch's last batch
+    holds the remainder, so an epoch is ``steps_per_epoch = ceil(N / batch_size)`` steps. ``fingerprint`` names the
+    data: a state saved on other data, seed or batch size is refused, since the same position would mean other examples.
     """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, fingerprint: str, name: str):

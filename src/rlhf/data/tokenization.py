@@ -37,11 +37,9 @@ DEFAULT_PAD_TOKEN = "<|pad|>"
 
 @dataclass(frozen=True)
 class TokenizedPrompt:
-    """A prompt ready for generation.
-
-    ``text`` is what reward functions receive as the prompt: the prompt string, or for chat the rendered
-    template (generation prompt included), before any truncation. ``columns`` are the record's other keys.
-    """
+    """A prompt ready for generation. ``text`` is what reward functions receive as the prompt: the prompt string, or for
+    chat the rendered template (generation prompt included), before any truncation. ``columns`` are the record's other
+    keys."""
 
     where: str
     text: str
@@ -63,12 +61,10 @@ class TokenizedSFT:
 
 @dataclass(frozen=True)
 class TokenizedPreference:
-    """One comparison: the reward model scores ``prompt_ids + chosen_ids`` against ``prompt_ids + rejected_ids``.
-
-    Each response ends with the eos token (checklist item 21), unless it was truncated. Encoded as one text
-    (``join_text=True``, for encoder reward models) ``prompt_ids`` is empty and ``chosen_ids`` /
-    ``rejected_ids`` each hold the whole encoded ``prompt + response``, special tokens included.
-    """
+    """One comparison: the reward model scores ``prompt_ids + chosen_ids`` against ``prompt_ids + rejected_ids``. Each
+    response ends with the eos token (checklist item 21), unless it was truncated. Encoded as one text
+    (``join_text=True``, for encoder reward models) ``prompt_ids`` is empty and ``chosen_ids`` / ``rejected_ids`` each
+    hold the whole encoded ``prompt + response``, special tokens included."""
 
     where: str
     prompt_ids: list[int]
@@ -79,11 +75,9 @@ class TokenizedPreference:
 
 
 def require_pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The tokenizer's pad id, refusing a tokenizer without a pad token or whose pad token is its eos.
-
-    With pad == eos every mask built from ``ids != pad_token_id`` also hides the real end-of-sequence tokens,
-    and the policy never learns to stop (checklist item 1).
-    """
+    """The tokenizer's pad id, refusing a tokenizer without a pad token or whose pad token is its eos. With pad == eos
+    every mask built from ``ids != pad_token_id`` also hides the real end-of-sequence tokens, and the policy never
+    learns to stop (checklist item 1)."""
     fix = (
         f'add a distinct pad token, e.g. tokenizer.add_special_tokens({{"pad_token": "{DEFAULT_PAD_TOKEN}"}}) '
         "(rlhf.data.ensure_pad_token does this)"
@@ -99,12 +93,10 @@ def require_pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, pad_token: str = DEFAULT_PAD_TOKEN) -> bool:
-    """Give the tokenizer a pad token distinct from eos if it has none (or pad == eos); True if it did.
-
-    The new token's id is ``len(tokenizer)`` before the call, which may lie beyond the model's embedding
-    matrix: ``rlhf.models.loading.align_pad_token`` gives every model rlhf loads a row for it (a spare one
-    when the matrix has one) and names it in the model's config, so a saved model and tokenizer agree.
-    """
+    """Give the tokenizer a pad token distinct from eos if it has none (or pad == eos); True if it did. The new token's
+    id is ``len(tokenizer)`` before the call, which may lie beyond the model's embedding matrix:
+    ``rlhf.models.loading.align_pad_token`` gives every model rlhf loads a row for it (a spare one when the matrix has
+    one) and names it in the model's config, so a saved model and tokenizer agree."""
     if tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
         return False
     if pad_token == tokenizer.eos_token:
@@ -372,11 +364,9 @@ def _joined_preferences(
 
 
 def stop_token_ids(tokenizer: Any, stop_token: str) -> list[int]:
-    """Token ids that end a response: EOS always, plus ``stop_token`` when it names another single token.
-
-    Raises `ConfigError` for a text the tokenizer does not encode as exactly one token: a response is cut at
-    one sampled token, so a multi-token text could never be matched.
-    """
+    """Token ids that end a response: EOS always, plus ``stop_token`` when it names another single token. Raises
+    `ConfigError` for a text the tokenizer does not encode as exactly one token: a response is cut at one sampled token,
+    so a multi-token text could never be matched."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ConfigError("the policy's tokenizer has no eos token; responses need a stop token")
