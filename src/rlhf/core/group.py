@@ -108,15 +108,13 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 def reinforce_pp_advantages(rewards: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
     """REINFORCE++ with a group baseline (OpenRLHF ``reinforce_baseline``), ``(N, G) → (N, G)``.
 
-    ``c_ij = r_ij − mean_j r_ij``, then whiten over the whole batch:
-    ``A = (c − mean(c)) / sqrt(Var(c) + eps)`` with the population variance.
-    Pinned to OpenRLHF experience_maker.py ``compute_advantages_and_returns`` (commit 89308a0b):
-    ``rewards - rewards.mean(-1)`` for ``reinforce_baseline``, then one global whitening
-    with ``var.clamp(min=1e-8).rsqrt()`` (population variance). Deviations: OpenRLHF whitens the per-token
-    returns over ``action_mask`` (a sample weighs by its length; with no KL in the reward every token of a
-    sample carries the same return) — here every sample counts once, identical for equal lengths; and eps
-    is added inside the root instead of clamping (differs only when Var(c) ≲ 1e-8). Plain REINFORCE++ (no
-    group baseline) is ``masked_whiten`` of the raw rewards. Source: Hu 2025 (arXiv 2501.03262).
+    ``c_ij = r_ij − mean_j r_ij``, then one whitening over the whole batch, ``A = (c − mean(c)) / sqrt(Var(c) + eps)``
+    with the population variance, as OpenRLHF experience_maker.py ``compute_advantages_and_returns`` (commit
+    89308a0b). Deviations: OpenRLHF whitens the per-token returns over ``action_mask`` (a sample weighs by its length;
+    with no KL in the reward every token of a sample carries the same return) — here every sample counts once,
+    identical for equal lengths; and eps is added inside the root instead of ``var.clamp(min=1e-8)`` (differs only when
+    Var(c) ≲ 1e-8). Plain REINFORCE++ (no group baseline) is ``masked_whiten`` of the raw rewards. Source: Hu 2025
+    (arXiv 2501.03262).
     """
     valid = _valid(rewards)
     centred = rewards - _nan_mean(rewards, valid, dim=1)

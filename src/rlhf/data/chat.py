@@ -240,9 +240,8 @@ def turn_spans(
     history only for a turn after the last user query that has a ``reasoning_content`` (the empty one only in the
     last turn), so an earlier turn is trained as the history shows it (``docs/episodes.md``, "SFT on
     conversations"). The last turn is checked to be exactly the generation prompt's continuation. `Problem`, naming
-    the message, when a turn does not continue its own generation prompt (a template that rewrites earlier turns as
-    it goes, or Qwen3 with thinking off and a ``reasoning_content`` it writes where the prompt closed the think
-    block) or is not found in the conversation as such a tail."""
+    the message (and the known causes), when a turn does not continue its own generation prompt or is not found in
+    the conversation as such a tail."""
     ids = encode(tokenizer, messages, add_generation_prompt=False, tools=tools)
     turns = [_turn(tokenizer, messages, i, tools, marks) for i, m in enumerate(messages) if m["role"] == "assistant"]
     spans = [(0, 0)]
@@ -327,8 +326,6 @@ class Format:
     def escaped(self, messages: Messages) -> Messages:
         """``messages`` with the tokenizer's special-token strings in their text broken by a zero-width space, so
         a tool or environment that returns ``<|im_end|>`` cannot end a turn or pose as the model."""
-        if not self._specials:
-            return messages
         out = []
         for message in messages:
             content = message.get("content")
@@ -369,10 +366,9 @@ class Format:
                 "the chat template renders the first user turn differently when more turns follow: "
                 f"{self.tokenizer.decode(self._user)!r} vs {self.tokenizer.decode(ids[:start])!r}"
             )
-        for i in range(start, len(ids)):
-            if ids[i] == self.close:
-                return i + 1
-        raise self.error(f"the chat template's render has no end-of-turn token after the assistant: {ids}")
+        if self.close not in ids[start:]:
+            raise self.error(f"the chat template's render has no end-of-turn token after the assistant: {ids}")
+        return ids.index(self.close, start) + 1
 
 
 def tool_call(name: str, arguments: dict[str, Any], call_id: str | None) -> dict[str, Any]:

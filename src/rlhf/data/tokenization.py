@@ -138,11 +138,6 @@ def _encode_plain(
     return zip(prompts, *([[*ids, eos] for ids in field] for field in fields), strict=True)
 
 
-def _through_last(ids: list[int], token: int) -> int:
-    """Length of ``ids`` up to and including the last ``token`` (``len(ids)`` if absent)."""
-    return len(ids) - ids[::-1].index(token) if token in ids else len(ids)
-
-
 def truncate_left(ids: list[int], max_length: int | None, keep_first: int | None = None) -> tuple[list[int], bool]:
     """Keep the last ``max_length`` tokens (and ``ids[0]`` if it is ``keep_first``, e.g. bos); (ids, truncated)."""
     if max_length is None or len(ids) <= max_length:
@@ -296,7 +291,7 @@ def _chat_answer(
     ids = chat.extend(prompt_ids, full, f'"{key}"')
     # Score on an eos hidden state (checklist item 21): cut what the template writes after the last eos,
     # or append one when its end of turn is some other token.
-    return ids[: _through_last(ids, eos)] if eos in ids else [*ids, eos]
+    return ids[: len(ids) - ids[::-1].index(eos)] if eos in ids else [*ids, eos]
 
 
 def _split_preferences(
