@@ -177,11 +177,9 @@ def _vespo_surrogate(
     mask: torch.Tensor,
     kernels: tuple[tuple[float, float], tuple[float, float]],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    # VESPO: −sg(φ(W))·A·log π with W = Π_t ρ_t the whole sequence's ratio — a product, not GSPO's geometric mean:
-    # the kernel is derived for the true sequence weight — and φ(W) = e^λ·W^k·e^{−λW}, 1 at W = 1, rising to
-    # its top at W = k/λ and falling to 0 on both sides; (k, λ) = kernels[0] where A ≥ 0, else kernels[1].
-    # Computed in log space: log φ = λ + k·log W − λ·W. Each token's log ρ is clamped to ±20 and log W to
-    # VESPO_LOG_W_RANGE (the authors' bounds, so exp never overflows).
+    # VESPO: −sg(φ(W))·A·log π, W = Π_t ρ_t — a product, not GSPO's geometric mean: the kernel is derived for the true
+    # sequence weight; φ(W) = e^λ·W^k·e^{−λW} ((k, λ) = kernels[0] where A ≥ 0, else [1]) as log φ = λ + k·log W − λ·W,
+    # each token's log ρ clamped to ±20 and log W to VESPO_LOG_W_RANGE (the authors' bounds: exp never overflows).
     with torch.no_grad():
         m = mask.to(logp.dtype)
         log_w = ((logp - old_logp).clamp(-20.0, 20.0) * m).sum(-1, keepdim=True).clamp(*VESPO_LOG_W_RANGE)
