@@ -81,9 +81,9 @@ def grpo_advantages(
 
 def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """Dr. GRPO: ``A_ij = r_ij − mean_j r_ij`` (no std division), ``(N, G) → (N, G)``. Dividing by the group std
-    up-weights prompts that are nearly always solved or failed (a difficulty bias). Source: Liu et al. 2025 (arXiv
-    2503.20783), understand-r1-zero ``compute_monte_carlo_advantages``; TRL ``scale_rewards="none"``. Vector: reference
-    2-J ("none")."""
+    up-weights prompts that are nearly always solved or failed (a difficulty bias). Source: Liu et al. 2025
+    (arXiv 2503.20783), understand-r1-zero ``compute_monte_carlo_advantages``; TRL ``scale_rewards="none"``.
+    Vector: reference 2-J ("none")."""
     return grpo_advantages(rewards, scale=RewardScale.NONE)
 
 

@@ -16,8 +16,8 @@ from rlhf.core.choices import MissingEosPenalty, ScoreConvention
 
 
 def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
-    """Index of the first True along the last dimension, or the row length if there is none. Shapes: ``bools (..., T)``
-    → ``(...)`` long. TRL ``experimental/utils.py`` ``first_true_indices`` (L723-743); vector 2-B:
+    """Index of the first True along the last dimension, or the row length if there is none. Shapes:
+    ``bools (..., T)`` → ``(...)`` long. TRL ``experimental/utils.py`` ``first_true_indices`` (L723-743); vector 2-B:
     ``first_true_indices(post == PAD) = [3, 5]``."""
     length = bools.size(-1)
     positions = torch.arange(length, device=bools.device)
