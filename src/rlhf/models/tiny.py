@@ -1,12 +1,10 @@
 """Tiny random-init models and locally trained tokenizers, for tests and ``rlhf demo`` — no downloads.
 
-Built offline in seconds: byte-level BPE tokenizers trained with ``tokenizers`` on :func:`toy_corpus` (or
-any texts) and ``transformers`` causal LMs and reward models of :data:`ARCHS` with random weights, ordinary Hugging
-Face objects that :func:`save_tiny` writes and ``AutoTokenizer`` / ``AutoModelFor...`` load back like a hub
-checkpoint. :func:`train_tokenizer`'s conventions (distinct pad/bos/eos, no special tokens added to plain text,
-right padding) and chat format: docs/architecture.md, "How the code is tested". The tests' model families (each
-family's tokenizer quirks and architecture) and BERT classifier build on :func:`train_bpe_tokenizer`,
-:func:`tiny_config` and :func:`seeded`: tests/tiny_models.py.
+Built offline in seconds: byte-level BPE tokenizers trained on :func:`toy_corpus` (or any texts) and causal LMs and
+reward models of :data:`ARCHS` with random weights, ordinary Hugging Face objects that :func:`save_tiny` writes and
+``from_pretrained`` loads back like a hub checkpoint. Their conventions (distinct pad/bos/eos, no special tokens added
+to plain text, right padding) and chat format: docs/architecture.md, "How the code is tested". The tests' model families
+and BERT classifier (tests/tiny_models.py) build on :func:`train_bpe_tokenizer`, :func:`tiny_config` and :func:`seeded`.
 """
 
 from __future__ import annotations
@@ -71,13 +69,10 @@ _PLACES = ["in the park", "by the river", "at home", "under the tree", "on the h
 
 
 def toy_corpus(n: int = 2000, seed: int = 0) -> list[str]:
-    """``n`` short lines of a toy language, the same for the same ``(n, seed)``.
-
-    Four kinds of line, drawn uniformly: a simple sentence ("the red cat sees a dog in the park."),
-    an addition ("3 + 4 = 7"), counting ("count to 4: 1 2 3 4") and a question with its answer
-    ("what is 2 + 5? 7"). Enough structure for a tokenizer to learn useful merges and for a tiny model
-    to learn something within a CPU minute.
-    """
+    """``n`` short lines of a toy language, the same for the same ``(n, seed)``, of four kinds drawn uniformly: a
+    sentence ("the red cat sees a dog in the park."), an addition ("3 + 4 = 7"), counting ("count to 4: 1 2 3 4")
+    and a question with its answer ("what is 2 + 5? 7"). Enough structure for a tokenizer to learn useful merges
+    and for a tiny model to learn something within a CPU minute."""
     rng = random.Random(seed)
     lines = []
     for _ in range(n):
@@ -97,16 +92,13 @@ def toy_corpus(n: int = 2000, seed: int = 0) -> list[str]:
 def train_tokenizer(
     texts: Iterable[str], vocab_size: int = 512, *, model_max_length: int = 512, specials_last: bool = False
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``texts``, wrapped as a Hugging Face fast tokenizer with the
-    conventions of docs/architecture.md ("How the code is tested") and the chat template :data:`CHAT_TEMPLATE`.
-
-    Any text round-trips whatever the corpus (the 256 byte symbols are always in the vocabulary).
-    ``vocab_size`` counts the special tokens and is an upper bound (training stops when the corpus has no more
-    pairs to merge: ``len(tokenizer)`` is the real size); ``model_max_length`` is also the tiny models' number of
-    positions; ``specials_last`` puts the special tokens after the trained vocabulary (bos and eos before pad, as
-    GPT-2 and Llama 3 do) instead of at ids 0..5, so two tokenizers that differ here disagree on every
-    special-token id (what tests of re-encoding between tokenizers rely on).
-    """
+    """A byte-level BPE tokenizer trained on ``texts``, a Hugging Face fast tokenizer with the conventions of
+    docs/architecture.md ("How the code is tested") and :data:`CHAT_TEMPLATE`; any text round-trips (the 256 byte
+    symbols are always in the vocabulary). ``vocab_size`` counts the special tokens and is an upper bound (training
+    stops when the corpus has no more pairs to merge: ``len(tokenizer)`` is the real size); ``model_max_length`` is
+    also the tiny models' number of positions; ``specials_last`` puts the special tokens after the trained
+    vocabulary (bos and eos before pad, as GPT-2 and Llama 3 do) instead of at ids 0..5, so two tokenizers that
+    differ here disagree on every special-token id (what tests of re-encoding between tokenizers rely on)."""
     named = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN) if specials_last else (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
     spec = TokenizerSpec(
         "tiny",  # no model_type of its own: any of ARCHS
@@ -237,12 +229,6 @@ def seeded(build: Any, config: PretrainedConfig, seed: int) -> PreTrainedModel:
         return build(config)
 
 
-def _arch(arch: str) -> str:
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
-    return arch
-
-
 def tiny_causal_lm(
     arch: Arch,
     tokenizer: PreTrainedTokenizerBase,
@@ -255,21 +241,17 @@ def tiny_causal_lm(
     max_position_embeddings: int | None = None,
     reward: bool = False,
 ) -> PreTrainedModel:
-    """A randomly initialised causal LM (``AutoModelForCausalLM``) of architecture ``arch`` for ``tokenizer``, in
-    torch's default dtype and in train mode (as ``from_config`` returns it); with ``reward``, the same trunk as a
-    reward model (:func:`tiny_reward_model`).
-
-    ``vocab_size = len(tokenizer)``, pad/bos/eos ids from it, positions default to ``tokenizer.model_max_length``.
-    The architectures differ on purpose so the library is tested against them: gpt2 has learned absolute
-    positions, tied embeddings and dropout 0.1 by default; llama rotary positions, untied embeddings and no
-    dropout; qwen2 adds attention biases and grouped-query attention (``num_heads // 2`` key/value heads).
-    ``dropout``, when given, sets every dropout probability of the config (gpt2: residual, embedding, attention
-    and summary; llama/qwen2: attention); ``None`` keeps the architecture's, so code that must disable dropout
-    in RLHF is really exercised. The same ``seed`` gives the same weights; the global torch RNG is left as it was.
-    """
+    """A randomly initialised causal LM (``AutoModelForCausalLM``) of architecture ``arch`` for ``tokenizer``
+    (:func:`tiny_config`), in torch's default dtype and in train mode (as ``from_config`` returns it); with
+    ``reward``, the same trunk as a reward model (:func:`tiny_reward_model`). The architectures differ on purpose
+    so the library is tested against them: gpt2 has learned absolute positions, tied embeddings and dropout 0.1 by
+    default; llama rotary positions, untied embeddings and no dropout; qwen2 adds attention biases and
+    grouped-query attention. ``dropout=None`` keeps the architecture's, so code that must disable dropout in RLHF
+    is really exercised. The same ``seed`` gives the same weights; the global torch RNG is left as it was."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
     head = {"num_labels": 1} if reward else {}
-    positions = max_position_embeddings
-    config = tiny_config(_arch(arch), tokenizer, hidden_size, num_layers, num_heads, positions, dropout, **head)
+    config = tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings, dropout, **head)
     return seeded((AutoModelForSequenceClassification if reward else AutoModelForCausalLM).from_config, config, seed)
 
 
