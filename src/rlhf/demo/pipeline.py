@@ -1,17 +1,16 @@
-"""``rlhf demo``: the whole RLHF pipeline on the advice task (`rlhf.demo.task`), offline, on a CPU; what it shows
-and measures: the README's opening section.
+"""``rlhf demo``: the whole RLHF pipeline on the advice task (`rlhf.demo.task`), offline, on a CPU; what it shows and
+measures: the README's opening section.
 
-Stages, numbered as in `_stages`, each in its own directory under ``output_dir`` (the trainers through their
-public runners, each config written beside it as ``<command>.yaml``): 1 ``pretrain/`` (`pretrain`) → 2 ``sft/``
-on mostly unhelpful demonstrations (`Preset.sft_mix`) → 3 ``sample/``: k candidates per prompt → 4 ``label/``:
-the gold judge labels every pair (`label`) → 5 ``rm/`` from the pretrained LM, and ``dpo/`` from the SFT model on
-the very pairs the reward model saw → 6 ``ppo/``, and ``ppo_no_kl/`` (β = 0: what the KL leash is for) → 7
-``grpo/`` → 8 ``eval/``: best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold
-judge deciding (``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
+Stages, numbered as in `_stages`, each in its own directory under ``output_dir`` (the trainers through their public
+runners, each config written beside it as ``<command>.yaml``): 1 ``pretrain/`` (`pretrain`) → 2 ``sft/`` on mostly
+unhelpful demonstrations (`Preset.sft_mix`) → 3 ``sample/``: k candidates per prompt → 4 ``label/``: the gold judge
+labels every pair (`label`) → 5 ``rm/`` from the pretrained LM, and ``dpo/`` from the SFT model on the very pairs the
+reward model saw → 6 ``ppo/``, and ``ppo_no_kl/`` (β = 0: what the KL leash is for) → 7 ``grpo/`` → 8 ``eval/``:
+best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge deciding
+(``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
 
 ``summary.json`` is computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`);
-``report.html`` (`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it).
-"""
+``report.html`` (`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it)."""
 
 from __future__ import annotations
 
@@ -174,9 +173,8 @@ class _Script:
         self.paths[name] = self.stage(name, runner.run, cfg)
 
     def rl(self, name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> None:
-        """Stage ``name`` (ppo or grpo) from the SFT model against the reward model; the gold judge rides along
-        with weight 0 (logged, never optimised), so the report can set the proxy reward and the true score side
-        by side."""
+        """Stage ``name`` (ppo or grpo) from the SFT model against the reward model; the gold judge rides along with
+        weight 0 (logged, never optimised), so the report can set the proxy reward and the true score side by side."""
         rewards = [{"source": str(self.paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}]
         data = {"train": str(self.data / "prompts.jsonl"), "eval": str(self.data / "eval_prompts.jsonl")}
         fields = {"reward": {"source": rewards}, "sampling": self.sampling}

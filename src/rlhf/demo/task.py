@@ -1,8 +1,7 @@
 """The demo's task: advice prompts, responses of five qualities, and a gold judge standing in for human raters.
 
-Modelled on the classic RLHF example (InstructGPT / "learning to summarize"): people ask for advice, a model
-answers, raters compare two answers. Here the raters are a transparent rule, so every result can be checked
-against the truth:
+Modelled on the classic RLHF example (InstructGPT / "learning to summarize"): people ask for advice, a model answers,
+raters compare two answers. Here the raters are a transparent rule, so every result can be checked against the truth:
 
 - **prompts** — topics × question forms × openings, e.g. ``"Q: any tips for better sleep?\\nA:"``.
 - **responses** by quality class (`QUALITIES`): helpful (on-topic tips, polite, the right length, a proper
@@ -12,8 +11,7 @@ against the truth:
   function. The reward model never sees it: it learns only from the pairs `gold_label` labels, with
   Bradley–Terry noise, like a human rater.
 
-Pure Python (no torch): cheap to import from the reward loader and from tests.
-"""
+Pure Python (no torch): cheap to import from the reward loader and from tests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""How the doctor's rules check a history and are declared. Most rules check one shape, a metric past a fixed
-limit in each of its last few rows: a `Limit`, data. The others are functions whose keyword defaults are their
-numbers. Either way a rule's numbers are written once, and its text (``Rule.threshold``, the README's table)
-and its evidence are made from them; `RuleBook` collects the rules in the order they are declared."""
+"""How the doctor's rules check a history and are declared. Most rules check one shape, a metric past a fixed limit in
+each of its last few rows: a `Limit`, data. The others are functions whose keyword defaults are their numbers. Either
+way a rule's numbers are written once, and its text (``Rule.threshold``, the README's table) and its evidence are made
+from them; `RuleBook` collects the rules in the order they are declared."""
 
 from __future__ import annotations
 
@@ -87,8 +87,7 @@ class Limit:
 
 
 class RuleBook:
-    """Rules in the order they are declared: `check` adds the rule of a function, `limit` the rule of a
-    `Limit`."""
+    """Rules in the order they are declared: `check` adds the rule of a function, `limit` the rule of a `Limit`."""
 
     def __init__(self) -> None:
         self.rules: list[Rule] = []

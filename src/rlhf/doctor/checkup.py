@@ -1,11 +1,10 @@
-"""``rlhf doctor RUN_DIR``: read a run's ``metrics.jsonl`` and ``config.yaml`` (or those of each run in a
-directory of runs), replay the rules over it and print the verdict; ``--json`` prints the same for tools. What
-it reads, the verdict and the exit codes (`EXIT_CODES`): the README's 'Training doctor'.
+"""``rlhf doctor RUN_DIR``: read a run's ``metrics.jsonl`` and ``config.yaml`` (or those of each run in a directory of
+runs), replay the rules over it and print the verdict; ``--json`` prints the same for tools. What it reads, the verdict
+and the exit codes (`EXIT_CODES`): the README's 'Training doctor'.
 
-Reading is forgiving on purpose — the doctor is what a user reaches for when a run went wrong: a torn last
-line (the process died mid-write, or the run is writing it right now) and unreadable lines are skipped with a
-note saying so, never a traceback.
-"""
+Reading is forgiving on purpose — the doctor is what a user reaches for when a run went wrong: a torn last line (the
+process died mid-write, or the run is writing it right now) and unreadable lines are skipped with a note saying so,
+never a traceback."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
-"""The training doctor's rules: pure functions over a run's metric history that recognise the classic RLHF
-failures and name the fix to try. No model code, no torch: a rule reads ``metrics.jsonl`` rows (and the run's
-config, for limits such as ``max_new_tokens``) and nothing else.
+"""The training doctor's rules: pure functions over a run's metric history that recognise the classic RLHF failures and
+name the fix to try. No model code, no torch: a rule reads ``metrics.jsonl`` rows (and the run's config, for limits such
+as ``max_new_tokens``) and nothing else; how a rule is declared: `rlhf.doctor.checks`.
 
-A rule's ``check(history)`` looks at the history *up to its last row* and returns the evidence (a sentence with
-the numbers) when the failure shows there, else None. `Watch` follows the rules row by row for a finished run
-(`diagnose` replays the rows through one) and a live one (the trainer hands it each row it logs) alike, so a
-finding starts and clears at the same steps in both; a row without any of a rule's metrics leaves that rule as
-it was. Each threshold's reason is in its rule's texts; the table of rules, and why most wait several rows to
-start and to clear (``Rule.hold``): the README's 'Training doctor'. A rule's numbers are written once, and its
-text (``Rule.threshold``) and evidence are made from them (`rlhf.doctor.checks`: how a rule is declared). What
-the rules read and say (`History`, `Rule`, `Finding`, `Event`) is `rlhf.doctor.history`'s, and importable here.
-"""
+A rule's ``check(history)`` looks at the history *up to its last row* and returns the evidence (a sentence with the
+numbers) when the failure shows there, else None. `Watch` follows the rules row by row for a finished run (`diagnose`
+replays the rows through one) and a live one (the trainer hands it each row it logs) alike, so a finding starts and
+clears at the same steps in both; a row without any of a rule's metrics leaves that rule as it was. The table of rules,
+and why most wait several rows to start and to clear (``Rule.hold``): the README's 'Training doctor'. `History`, `Rule`,
+`Finding` and `Event` are `rlhf.doctor.history`'s, importable here."""
 
 from __future__ import annotations
 
@@ -535,8 +532,7 @@ class Watch:
 
 
 def diagnose(history: History, rules: Sequence[Rule] | None = None) -> list[Finding]:
-    """Every rule replayed over the history, row by row (as a live `Watch` sees it): the findings, most severe
-    first."""
+    """Every rule replayed over the history, row by row (as a live `Watch` sees it): the findings, most severe first."""
     watch = Watch(history.config, rules)
     for row in history.rows:
         watch.observe(row)

@@ -6,8 +6,7 @@
 - `judge` asks an OpenAI-compatible chat-completions server to compare pairs, in both orders;
 - `stats` counts labels per labeller and measures position bias and agreement.
 
-The labels file format is `rlhf.data.labels`; ``rlhf rm`` reads it directly. Nothing here loads torch.
-"""
+The labels file format is `rlhf.data.labels`; ``rlhf rm`` reads it directly. Nothing here loads torch."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """An LLM judge over any OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, a hosted API).
 
-Source ``openai:URL#MODEL`` (``judge.source``), asked as ``judge.llm`` says (`rlhf.config.LLMJudgeSection`). What it
-is asked, why both orders (an LLM judge prefers the first answer more often than chance), what is retried, the
-request-keyed cache that makes a rerun ask only what is missing, and the labels-file rows it writes:
-docs/labelling.md ("The LLM judge").
-"""
+Source ``openai:URL#MODEL`` (``judge.source``), asked as ``judge.llm`` says (`rlhf.config.LLMJudgeSection`). What it is
+asked, why both orders (an LLM judge prefers the first answer more often than chance), what is retried, the
+request-keyed cache that makes a rerun ask only what is missing, and the labels-file rows it writes: docs/labelling.md
+("The LLM judge")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The labelling web server: one page, a small JSON API, and the checks that make it safe to open to a network.
 
-The routes and the safety checks (token, loopback host, JSON bodies of at most `MAX_BODY` bytes, a 4xx with a
-one-line reason for bad input) are described for users in docs/labelling.md ("The API", "Safe by default").
-A label is answered ``{"saved": true, …}`` only after its line is fsynced (`LabelSession.label`). Every answer
-is built from data, never from markup: the page inserts texts with ``textContent``, so model output that
-looks like HTML shows as text.
-"""
+The routes and the safety checks (token, loopback host, JSON bodies of at most `MAX_BODY` bytes, a 4xx with a one-line
+reason for bad input) are described for users in docs/labelling.md ("The API", "Safe by default"). A label is answered
+``{"saved": true, …}`` only after its line is fsynced (`LabelSession.label`). Every answer is built from data, never
+from markup: the page inserts texts with ``textContent``, so model output that looks like HTML shows as text."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """A labelling session: which pair each labeller sees next, and every label appended to disk before it counts.
 
-The labels file (`rlhf.data.labels`) is the only state, replayed on start. Each change (a label, an undo) goes
-through one lock: the line is appended and fsynced (`rlhf.runlog.durable.AppendLog`), then the in-memory state
-follows, then the caller may acknowledge. A label sent twice (a retry after a lost reply) is saved once, by its id.
-How pairs are served, leased and placed left or right: docs/labelling.md ("Several labellers", "The page").
-"""
+The labels file (`rlhf.data.labels`) is the only state, replayed on start. Each change (a label, an undo) goes through
+one lock: the line is appended and fsynced (`rlhf.runlog.durable.AppendLog`), then the in-memory state follows, then the
+caller may acknowledge. A label sent twice (a retry after a lost reply) is saved once, by its id. How pairs are served,
+leased and placed left or right: docs/labelling.md ("Several labellers", "The page")."""
 
 from __future__ import annotations
 
@@ -155,9 +154,7 @@ class LabelSession:
         ratings: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Append ``labeller``'s label of a pair and return the row saved; the same ``label_id`` again is a no-op.
-
-        ``label`` is a, b, tie or skip (`rlhf.data.labels.LABELS`); ``left`` the answer shown on the left.
-        """
+        ``label`` is a, b, tie or skip (`rlhf.data.labels.LABELS`); ``left`` the answer shown on the left."""
         labeller = check_labeller(labeller)
         pair = self._pair(pair_id)
         if label not in LABELS:

@@ -1,9 +1,8 @@
 """``rlhf label --stats PREFS.jsonl [MORE.jsonl …]``: what the labels say about the labellers.
 
-Over the live labels of one or more labels files (a pair's id is the same in each, so a judge can be measured
-against people): counts per labeller, tie and skip rates, position bias (only labels that record the side shown)
-and agreement (`rlhf.core.agreement`), as docs/labelling.md ("Statistics") describes them.
-"""
+Over the live labels of one or more labels files (a pair's id is the same in each, so a judge can be measured against
+people): counts per labeller, tie and skip rates, position bias (only labels that record the side shown) and agreement
+(`rlhf.core.agreement`), as docs/labelling.md ("Statistics") describes them."""
 
 from __future__ import annotations
 

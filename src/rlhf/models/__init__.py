@@ -1,5 +1,4 @@
-"""Loading and building Hugging Face models (policies, value heads, critics, references, reward models, LoRA,
-FSDP2) and, in ``rlhf.models.tiny``, tiny offline ones; the map of its modules: docs/architecture.md.
+"""Loading and building Hugging Face models (policies, value heads, critics, references, reward models, LoRA, FSDP2)
+and, in ``rlhf.models.tiny``, tiny offline ones; the map of its modules: docs/architecture.md.
 
-Modules here import ``transformers`` (and ``peft`` where needed); ``import rlhf`` does not pull them in.
-"""
+Modules here import ``transformers`` (and ``peft`` where needed); ``import rlhf`` does not pull them in."""

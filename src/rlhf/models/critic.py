@@ -1,10 +1,8 @@
 """A separate value model for PPO (``critic: separate``): its own transformer trunk and a scalar head.
 
-Initialised from the reward model when the reward is a model sharing the policy's tokenizer (N+ ``ppo.py``
-L478-489, TRL ``PolicyAndValueWrapper``), so the value function starts from a network that already rates
-responses — with the reward model's stored normalisation folded into the head; otherwise from the policy's
-weights with a zero head.
-"""
+Initialised from the reward model when the reward is a model sharing the policy's tokenizer (N+ ``ppo.py`` L478-489, TRL
+``PolicyAndValueWrapper``), so the value function starts from a network that already rates responses — with the reward
+model's stored normalisation folded into the head; otherwise from the policy's weights with a zero head."""
 
 from __future__ import annotations
 

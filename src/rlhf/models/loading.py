@@ -1,11 +1,10 @@
 """Loading models the ordinary way (``from_pretrained`` on a hub id or a directory) and preparing them for RL.
 
-Every model that is scored is put through :func:`disable_dropout` (checklist item 7). The pad token (checklist
-item 1; README, "Models and tokenizers"): a tokenizer without one, or whose pad is its EOS, gets a new
-``<|pad|>`` (:func:`load_tokenizer`), and :func:`align_pad_token` makes every model loaded here embed it and
-name it in its config and generation config, so a saved ``final/`` works with plain ``transformers`` and loads
-back unchanged. What a pad position holds never matters: pad ids become 0 before every forward and are masked.
-"""
+Every model that is scored is put through :func:`disable_dropout` (checklist item 7). The pad token (checklist item 1;
+README, "Models and tokenizers"): a tokenizer without one, or whose pad is its EOS, gets a new ``<|pad|>``
+(:func:`load_tokenizer`), and :func:`align_pad_token` makes every model loaded here embed it and name it in its config
+and generation config, so a saved ``final/`` works with plain ``transformers`` and loads back unchanged. What a pad
+position holds never matters: pad ids become 0 before every forward and are masked."""
 
 from __future__ import annotations
 
@@ -75,11 +74,9 @@ def load_causal_lm(
 
 
 def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
-    """Make ``model`` embed ``tokenizer``'s pad id and record it in its config; returns the pad id.
-
-    The tokenizer must have a pad token distinct from EOS (:func:`~rlhf.data.tokenization.ensure_pad_token`).
-    The embedding matrix grows only when the pad id lies beyond it: spare rows (Pythia, Qwen2, Phi-3) are used.
-    """
+    """Make ``model`` embed ``tokenizer``'s pad id and record it in its config; returns the pad id. The tokenizer must
+    have a pad token distinct from EOS (:func:`~rlhf.data.tokenization.ensure_pad_token`). The embedding matrix grows
+    only when the pad id lies beyond it: spare rows (Pythia, Qwen2, Phi-3) are used."""
     pad = require_pad_token_id(tokenizer)
     if pad >= model.get_input_embeddings().num_embeddings:
         grow_embeddings(model, pad + 1)
@@ -91,12 +88,10 @@ def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
 
 @torch.no_grad()
 def grow_embeddings(model: nn.Module, rows: int) -> None:
-    """Resize the input (and output) embeddings to ``rows`` rows; each new row is the mean of the old ones.
-
-    Hewitt's initialisation: the new token's logit is the mean logit, so the distribution barely moves. The mean
-    rather than transformers' ``mean_resizing`` draw: no random numbers (the policy and its reference agree
-    exactly) and no (H, H) covariance of the vocabulary (seconds for a 128k × 4096 matrix on a CPU).
-    """
+    """Resize the input (and output) embeddings to ``rows`` rows; each new row is the mean of the old ones. Hewitt's
+    initialisation: the new token's logit is the mean logit, so the distribution barely moves. The mean rather than
+    transformers' ``mean_resizing`` draw: no random numbers (the policy and its reference agree exactly) and no (H, H)
+    covariance of the vocabulary (seconds for a 128k × 4096 matrix on a CPU)."""
     old = model.get_input_embeddings().num_embeddings
     model.resize_token_embeddings(rows, mean_resizing=False)
     for layer in (model.get_input_embeddings(), model.get_output_embeddings()):
@@ -108,11 +103,10 @@ def grow_embeddings(model: nn.Module, rows: int) -> None:
 
 
 def apply_lora(model: nn.Module, lora: LoRAConfig, task_type: str = "CAUSAL_LM") -> nn.Module:
-    """Wrap ``model`` in LoRA adapters (peft) on the layers :func:`lora_targets` names. The base weights are
-    frozen; only the adapters train. ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head
-    in full as well (and ``all-linear`` leaves it out of the adapted layers). A value head is not part of
-    ``model``: it trains in full beside the adapters.
-    """
+    """Wrap ``model`` in LoRA adapters (peft) on the layers :func:`lora_targets` names. The base weights are frozen;
+    only the adapters train. ``task_type="SEQ_CLS"`` for a reward model: peft then trains its scalar head in full as
+    well (and ``all-linear`` leaves it out of the adapted layers). A value head is not part of ``model``: it trains in
+    full beside the adapters."""
     from peft import LoraConfig, get_peft_model
 
     targets = lora_targets(model, lora.target_modules)
@@ -195,12 +189,11 @@ def compile_blocks(model: nn.Module) -> int:
     """``torch.compile`` each transformer block of ``model`` in place, with dynamic shapes; returns how many.
 
     The blocks are the largest ``nn.ModuleList`` of same-type modules (``layers`` in Llama, ``h`` in GPT-2),
-    LoRA-wrapped or not. Blocks, not the whole model: the model's forward (masks, caches, LM head) stays eager,
-    the blocks share one graph, and response lengths that change do not recompile. Inductor fuses each block's
-    elementwise work (norms, rotary, SwiGLU, their backward), what an update spends outside matrix products on
-    CPU: 9-10% off the PPO updates of the benchmark's 3.4M model (32 and 128 new tokens). The first forwards
-    compile (about 35 s on 2 cores, 8-10 s with inductor's on-disk cache warm).
-    """
+    LoRA-wrapped or not. Blocks, not the whole model: the model's forward (masks, caches, LM head) stays eager, the
+    blocks share one graph, and response lengths that change do not recompile. Inductor fuses each block's elementwise
+    work (norms, rotary, SwiGLU, their backward), what an update spends outside matrix products on CPU: 9-10% off the
+    PPO updates of the benchmark's 3.4M model (32 and 128 new tokens). The first forwards compile (about 35 s on 2
+    cores, 8-10 s with inductor's on-disk cache warm)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
     if not lists:
         raise ValueError(f"compile: found no list of transformer blocks in {type(model).__name__}")

@@ -1,9 +1,8 @@
 """The policy (a causal LM), its value function, its reference, and the one scoring forward every trainer shares.
 
-Notation: B sequences, C query (prompt) columns, T response columns, L = C + T, H hidden size, V vocab.
-Sequences are ``query ⊕ response``: the query is left-padded, the response right-padded after its stop
-token, so the T response positions are always the last T columns (checklist items 2, 4).
-"""
+Notation: B sequences, C query (prompt) columns, T response columns, L = C + T, H hidden size, V vocab. Sequences are
+``query ⊕ response``: the query is left-padded, the response right-padded after its stop token, so the T response
+positions are always the last T columns (checklist items 2, 4)."""
 
 from __future__ import annotations
 
@@ -20,11 +19,9 @@ from rlhf.data.collate import position_ids_from_mask
 
 
 def disable_dropout(model: nn.Module) -> None:
-    """Set every dropout probability to 0 (checklist item 7).
-
-    With dropout on, the first PPO ratio is not 1 and the KL penalty is not reproducible. Attention
-    dropout in many HF models is a float read from the config at call time, not an ``nn.Dropout``.
-    """
+    """Set every dropout probability to 0 (checklist item 7). With dropout on, the first PPO ratio is not 1 and the KL
+    penalty is not reproducible. Attention dropout in many HF models is a float read from the config at call time, not
+    an ``nn.Dropout``."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -76,11 +73,8 @@ class ScoredTokens(NamedTuple):
 
 
 class ValueHead(nn.Module):
-    """A scalar head on the last hidden state: V(s) = w·h + b.
-
-    Zero-initialised (OAI ``model.py`` L368, N-details L318) so the first advantages equal the shaped
-    rewards, not noise from a random head.
-    """
+    """A scalar head on the last hidden state: V(s) = w·h + b. Zero-initialised (OAI ``model.py`` L368, N-details L318)
+    so the first advantages equal the shaped rewards, not noise from a random head."""
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -106,15 +100,13 @@ def score_response_tokens(
 ) -> ScoredTokens:
     """One forward of ``query ⊕ response`` giving response log-probs (and values, entropy).
 
-    input_ids, attention_mask: (B, L); the response is the last ``response_length`` = T columns.
-    Logits at position i predict token i+1, so response token t is scored by the logits at C−1+t
-    (checklist item 9); logits are divided by the sampling temperature (item 10). Only the T needed
-    positions are projected onto the vocabulary (``logits_to_keep``), which saves B·C·V floats.
-    Pad ids are replaced by 0 before the forward and in the gathered tokens (item 1; padded log-probs are
-    masked by the caller) and explicit position ids are passed (item 2).
-    ``entropy_grad=False`` computes the entropy outside autograd: a metric only (entropy_coef 0) then costs
-    no softmax graph of B·T·V floats and no backward through it.
-    """
+    input_ids, attention_mask: (B, L); the response is the last ``response_length`` = T columns. Logits at position i
+    predict token i+1, so response token t is scored by the logits at C−1+t (checklist item 9); logits are divided by
+    the sampling temperature (item 10). Only the T needed positions are projected onto the vocabulary
+    (``logits_to_keep``), which saves B·C·V floats. Pad ids are replaced by 0 before the forward and in the gathered
+    tokens (item 1; padded log-probs are masked by the caller) and explicit position ids are passed (item 2).
+    ``entropy_grad=False`` computes the entropy outside autograd: a metric only (entropy_coef 0) then costs no softmax
+    graph of B·T·V floats and no backward through it."""
     T = response_length
     ids = input_ids.masked_fill(attention_mask == 0, 0)
     kwargs = dict(

@@ -1,13 +1,12 @@
-"""bfloat16 mixed precision (``model.bf16``): what HF Trainer's and TRL's ``bf16=True`` do, and verl's and
-OpenRLHF's defaults — the trained weights and AdamW's state stay in ``model.dtype`` (float32: the master weights),
-every forward computes in bfloat16 under ``torch.autocast``, and the frozen models (the reference copy, the reward
-models) are held in bfloat16. Why not pure bfloat16: a bfloat16 weight near 0.02 has a spacing of 1.2e-4, so an
-AdamW step of 1e-6 rounds away entirely (docs/precision.md measures it; ``update/changed_frac`` shows it in a run).
+"""bfloat16 mixed precision (``model.bf16``): what HF Trainer's and TRL's ``bf16=True`` do, and verl's and OpenRLHF's
+defaults — the trained weights and AdamW's state stay in ``model.dtype`` (float32: the master weights), every forward
+computes in bfloat16 under ``torch.autocast``, and the frozen models (the reference copy, the reward models) are held in
+bfloat16. Why not pure bfloat16: a bfloat16 weight near 0.02 has a spacing of 1.2e-4, so an AdamW step of 1e-6 rounds
+away entirely (docs/precision.md measures it; ``update/changed_frac`` shows it in a run).
 
-How: :func:`compute_in_bf16` hooks a model so that each call of it runs under autocast (and nothing else does:
-the backward runs outside, and the cast weights are cached only while one forward, or one rollout inside
-:func:`rollout_region`, lasts — never across an optimizer step, which would leave them stale).
-"""
+How: :func:`compute_in_bf16` hooks a model so that each call of it runs under autocast (and nothing else does: the
+backward runs outside, and the cast weights are cached only while one forward, or one rollout inside
+:func:`rollout_region`, lasts — never across an optimizer step, which would leave them stale)."""
 
 from __future__ import annotations
 

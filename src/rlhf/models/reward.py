@@ -2,22 +2,21 @@
 
 Notation: B sequences, L tokens (right-padded), H hidden size.
 
-**Two kinds**, told apart as every consumer tells them apart (:func:`decoder_parts`): a *decoder* (a causal LM
-loaded as ``AutoModelForSequenceClassification(num_labels=1)``: a ``score`` Linear(H, 1) on the causal trunk),
-whose score is read at the last real token of each right-padded row explicitly (checklist item 14), never
-through the pooled logits, which search for the pad token id (transformers#35909); an *encoder* (BERT-style:
-a ``classifier`` on its own pooled first token), whose forward is right as is with right padding.
+**Two kinds**, told apart as every consumer tells them apart (:func:`decoder_parts`): a *decoder* (a causal LM loaded as
+``AutoModelForSequenceClassification(num_labels=1)``: a ``score`` Linear(H, 1) on the causal trunk), whose score is read
+at the last real token of each right-padded row explicitly (checklist item 14), never through the pooled logits, which
+search for the pad token id (transformers#35909); an *encoder* (BERT-style: a ``classifier`` on its own pooled first
+token), whose forward is right as is with right padding.
 
-**A fresh head** (one the checkpoint did not hold: a causal LM, a bare encoder, or a classifier with another
-number of labels) is re-initialised ``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15; OAI ``fc_layer``,
-N-details, N+); a head the checkpoint holds (continuing a reward model) is kept.
+**A fresh head** (one the checkpoint did not hold: a causal LM, a bare encoder, or a classifier with another number of
+labels) is re-initialised ``W ~ N(0, 1/sqrt(H + 1))``, bias 0 (checklist item 15; OAI ``fc_layer``, N-details, N+); a
+head the checkpoint holds (continuing a reward model) is kept.
 
 **Pad token**: as for every model rlhf loads (``rlhf.models.loading``), the tokenizer padding on the right.
-``config.pad_token_id`` is never eos, so plain ``transformers`` pools a saved decoder's score at its last real
-token (the eos ending every training sequence), as rlhf does. **Normalisation** (checklist item 19):
-``reward = gain · score + bias``, stored in ``config.json`` (:data:`GAIN_KEY`, :data:`BIAS_KEY`; absent = 1
-and 0) so it travels with the model, applied by ``rlhf.rollout.rewards.RewardModelReward`` (docs/architecture.md,
-"Reward sources").
+``config.pad_token_id`` is never eos, so plain ``transformers`` pools a saved decoder's score at its last real token
+(the eos ending every training sequence), as rlhf does. **Normalisation** (checklist item 19):
+``reward = gain · score + bias``, stored in ``config.json`` (:data:`GAIN_KEY`, :data:`BIAS_KEY`; absent = 1 and 0) so it
+travels with the model, applied by ``rlhf.rollout.rewards.RewardModelReward`` (docs/architecture.md, "Reward sources").
 """
 
 from __future__ import annotations
@@ -79,11 +78,9 @@ def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
 
 
 def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) right-padded ids and mask → (B,) scores (raw head output, no normalisation), with autograd.
-
-    Decoders: the trunk runs with explicit position ids and the head reads each row's last real token, so
-    a score depends neither on the padding nor on the other rows. Encoders: the model's own pooled logits.
-    """
+    """(B, L) right-padded ids and mask → (B,) scores (raw head output, no normalisation), with autograd. Decoders: the
+    trunk runs with explicit position ids and the head reads each row's last real token, so a score depends neither on
+    the padding nor on the other rows. Encoders: the model's own pooled logits."""
     parts = decoder_parts(model)
     if parts is None:  # encoder classifiers: their own pooling (first token) is right here
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
@@ -101,11 +98,9 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
 
 @dataclass
 class TrainableRewardModel:
-    """What :func:`load_reward_model` returns.
-
-    ``model``: ``*ForSequenceClassification`` with one output (wrapped by peft with LoRA: :attr:`hf_model` scores
-    and saves). ``fresh_head``: the head was initialised here. ``max_positions``: None = unknown.
-    """
+    """What :func:`load_reward_model` returns. ``model``: ``*ForSequenceClassification`` with one output (wrapped by
+    peft with LoRA: :attr:`hf_model` scores and saves). ``fresh_head``: the head was initialised here.
+    ``max_positions``: None = unknown."""
 
     model: nn.Module
     tokenizer: Any

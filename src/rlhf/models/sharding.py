@@ -1,9 +1,8 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for the models the trainers hold: shard, load, generate, save.
 
 What it costs and saves, measured: docs/scaling.md, "FSDP2". Every model a sharded run holds is loaded by
-:func:`load_sharded`: policy, reference, critic, the reward model ``rlhf rm`` trains and the frozen reward
-models PPO and GRPO score with.
-"""
+:func:`load_sharded`: policy, reference, critic, the reward model ``rlhf rm`` trains and the frozen reward models PPO
+and GRPO score with."""
 
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = 
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``. One
     all-gather then brings in one layer at a time: the peak is one layer's full weights plus 1/world of the rest.
     ``root=False``: the layers only — a wrapper whose forward runs the model is sharded as the root instead.
-    ``mixed_precision``: see :func:`_precision`. Frozen models (reference, reward) and LoRA models shard the same
-    way: FSDP2 shards frozen parameters too and reduce-scatters only the gradients that exist.
-    """
+    ``mixed_precision``: see :func:`_precision`. Frozen models (reference, reward) and LoRA models shard the same way:
+    FSDP2 shards frozen parameters too and reduce-scatters only the gradients that exist."""
     policy = _precision(model, mixed_precision)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
@@ -77,13 +75,11 @@ def _precision(model: nn.Module, mixed: bool | None = None) -> MixedPrecisionPol
 
 def load_sharded(build: Callable[[str | torch.device], nn.Module], mesh: DeviceMesh) -> nn.Module:
     """A sharded model whose weights are ``build``'s, without a whole copy on every rank (docs/scaling.md).
-
-    ``build(device)`` is an ordinary loader (``from_pretrained`` and whatever the trainer does after it);
-    called with ``"meta"`` it must make the same architecture without reading any weights (see
-    :func:`~rlhf.models.loading.pretrained`). Every rank shards that empty model; rank 0 alone calls
-    ``build("cpu")`` and :func:`materialize` hands each rank its slice and rank 0's random state (so a fresh
-    head's or LoRA's draws, and every later one, are what one process draws).
-    """
+    ``build(device)`` is an ordinary loader (``from_pretrained`` and whatever the trainer does after it); called with
+    ``"meta"`` it must make the same architecture without reading any weights (see
+    :func:`~rlhf.models.loading.pretrained`). Every rank shards that empty model; rank 0 alone calls ``build("cpu")``
+    and :func:`materialize` hands each rank its slice and rank 0's random state (so a fresh head's or LoRA's draws, and
+    every later one, are what one process draws)."""
     with torch.device("meta"):
         model = build("meta")
     shard(model, mesh)
@@ -146,16 +142,15 @@ def fsdp_modules(model: nn.Module) -> list[FSDPModule]:
 
 @contextmanager
 def gathered(model: nn.Module) -> Iterator[nn.Module]:
-    """All-gather the full weights of a sharded ``model`` once for the whole block (a rollout, not each of its
-    per-token forwards; a reward model's scoring), reshard after it; costs one full copy on every rank meanwhile
+    """All-gather the full weights of a sharded ``model`` once for the whole block (a rollout, not each of its per-token
+    forwards; a reward model's scoring), reshard after it; costs one full copy on every rank meanwhile
     (docs/scaling.md).
 
-    Inside, every parameter is a plain tensor holding the full weight (``rollout.decoder`` packs it as an
-    unsharded model's), and forwards — any number, so they may differ between ranks — communicate nothing: each
-    FSDP module is told not to reshard after its forward, so FSDP's pre-forward finds its weights gathered. On
-    exit each module is resharded and gets back :func:`shard`'s setting (layers reshard after forward; the root
-    keeps its weights for backward).
-    """
+    Inside, every parameter is a plain tensor holding the full weight (``rollout.decoder`` packs it as an unsharded
+    model's), and forwards — any number, so they may differ between ranks — communicate nothing: each FSDP module is
+    told not to reshard after its forward, so FSDP's pre-forward finds its weights gathered. On exit each module is
+    resharded and gets back :func:`shard`'s setting (layers reshard after forward; the root keeps its weights for
+    backward)."""
     modules = fsdp_modules(model)
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
@@ -174,11 +169,9 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """The full, unsharded state dict on CPU on rank 0 (``save_pretrained`` of ``final/``); None elsewhere.
-
-    Gathered one tensor at a time and moved to CPU as it comes, so no rank holds a second full copy on the
-    accelerator. Every rank must call it (each tensor is a collective).
-    """
+    """The full, unsharded state dict on CPU on rank 0 (``save_pretrained`` of ``final/``); None elsewhere. Gathered one
+    tensor at a time and moved to CPU as it comes, so no rank holds a second full copy on the accelerator. Every rank
+    must call it (each tensor is a collective)."""
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state if dist.get_rank() == 0 else None
 

@@ -1,6 +1,5 @@
-"""The demo's ``report.html`` (its sections: the README, after the demo's results), read from the demo directory
-alone (``summary.json`` and the stages' own files), so ``rlhf report runs/demo`` rebuilds the same page.
-"""
+"""The demo's ``report.html`` (its sections: the README, after the demo's results), read from the demo directory alone
+(``summary.json`` and the stages' own files), so ``rlhf report runs/demo`` rebuilds the same page."""
 
 from __future__ import annotations
 

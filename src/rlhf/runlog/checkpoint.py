@@ -1,9 +1,8 @@
 """Checkpoints: the complete training state at a step, written atomically; resume from the newest.
 
-Layout: ``output_dir/checkpoints/step_NNNNNN/state.pt``. A checkpoint is first written to
-``step_NNNNNN.tmp`` and renamed into place, so a run killed mid-write never leaves a checkpoint that
-looks complete; the ``.tmp`` leftovers are ignored and overwritten.
-"""
+Layout: ``output_dir/checkpoints/step_NNNNNN/state.pt``. A checkpoint is first written to ``step_NNNNNN.tmp`` and
+renamed into place, so a run killed mid-write never leaves a checkpoint that looks complete; the ``.tmp`` leftovers are
+ignored and overwritten."""
 
 from __future__ import annotations
 
@@ -63,10 +62,9 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint directory of :func:`save_checkpoint`; of a sharded one, its plain state with ``"sharded":
-    <the directory>``, for `rlhf.runlog.sharded_checkpoint.load_sharded` to read the models and the optimizer.
-
-    ``weights_only=False``: the state holds Python's RNG state and other plain objects; load only your own.
+    """Load a checkpoint directory of :func:`save_checkpoint`; of a sharded one, its plain state with
+    ``"sharded": <the directory>``, for `rlhf.runlog.sharded_checkpoint.load_sharded` to read the models and the
+    optimizer. ``weights_only=False``: the state holds Python's RNG state and other plain objects; load only your own.
     """
     path = Path(path)
     if not (path / STATE_FILE).is_file() and (path / SHARDED_FILE).is_file():

@@ -1,11 +1,10 @@
 """One process, or many under ``torchrun``: the process group, this rank's device, and the reductions trainers use.
 
-Every trainer runs inside :func:`process_group` (through :func:`entry`) and talks to the other ranks only through
-the :class:`Dist` it yields, whose reductions are identities for one process: a single-process run takes exactly
-the code path of rank 0 of one. Results do not depend on the number of ranks because every batch stays global
-(each rank trains on a strided share, :meth:`Dist.shard`) and every normaliser is reduced over all ranks before
-use; docs/scaling.md explains this, and how a failing rank stops the others (``RLHF_DIST_TIMEOUT_S``).
-"""
+Every trainer runs inside :func:`process_group` (through :func:`entry`) and talks to the other ranks only through the
+:class:`Dist` it yields, whose reductions are identities for one process: a single-process run takes exactly the code
+path of rank 0 of one. Results do not depend on the number of ranks because every batch stays global (each rank trains
+on a strided share, :meth:`Dist.shard`) and every normaliser is reduced over all ranks before use; docs/scaling.md
+explains this, and how a failing rank stops the others (``RLHF_DIST_TIMEOUT_S``)."""
 
 from __future__ import annotations
 
@@ -178,11 +177,9 @@ def strategy(parallelism: str, world_size: int) -> str:
 @contextlib.contextmanager
 def process_group(parallelism: str = "auto") -> Iterator[Dist]:
     """Join the ``torchrun`` process group for the duration of a run (or run as one process); always leave it.
-
-    ``parallelism``: ``auto`` — DDP under ``torchrun``, one process otherwise; ``ddp`` / ``fsdp`` — that
-    strategy under ``torchrun`` (one process without it is the same computation, so it runs); ``none`` —
-    refuse ``torchrun``. A group someone else already set up (a notebook, a test) is used and left alone.
-    """
+    ``parallelism``: ``auto`` — DDP under ``torchrun``, one process otherwise; ``ddp`` / ``fsdp`` — that strategy under
+    ``torchrun`` (one process without it is the same computation, so it runs); ``none`` — refuse ``torchrun``. A group
+    someone else already set up (a notebook, a test) is used and left alone."""
     global _current
     group = ("WORLD_SIZE" in os.environ and "RANK" in os.environ) or dist.is_initialized()  # torchrun sets both
     owned = group and not dist.is_initialized()

@@ -1,11 +1,10 @@
 """Durable writes without torch: a directory's entries made durable, and an append-only JSONL log.
 
-`AppendLog` is what every "acknowledged means on disk" promise rests on (the labels of ``rlhf label``, the
-LLM judge's cache): each record is one line written with a single ``write`` on an ``O_APPEND`` descriptor
-and fsynced before `append` returns. A crash can only leave a *torn last line* (a record whose write never
-completed, so it was never acknowledged); `AppendLog.open` moves such a tail aside to ``<file>.torn-<n>``
-before appending, so every later line starts at a line boundary.
-"""
+`AppendLog` is what every "acknowledged means on disk" promise rests on (the labels of ``rlhf label``, the LLM judge's
+cache): each record is one line written with a single ``write`` on an ``O_APPEND`` descriptor and fsynced before
+`append` returns. A crash can only leave a *torn last line* (a record whose write never completed, so it was never
+acknowledged); `AppendLog.open` moves such a tail aside to ``<file>.torn-<n>`` before appending, so every later line
+starts at a line boundary."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Live alarms: the training doctor (`rlhf.doctor.rules`) watching a ppo/grpo run as it logs.
 
-Every logged row goes through a `rlhf.doctor.rules.Watch`, the same one ``rlhf doctor`` replays afterwards, so a
-finding starts and clears at the same steps live and after the fact (what users see: the README's "Training
-doctor"). Events are appended to ``output_dir/doctor.jsonl``, fsynced. A resumed run replays the rows it kept
-through the watch first, silently, and drops the events of the steps it will run again, as ``metrics.jsonl``
-drops their rows.
-"""
+Every logged row goes through a `rlhf.doctor.rules.Watch`, the same one ``rlhf doctor`` replays afterwards, so a finding
+starts and clears at the same steps live and after the fact (what users see: the README's "Training doctor"). Events are
+appended to ``output_dir/doctor.jsonl``, fsynced. A resumed run replays the rows it kept through the watch first,
+silently, and drops the events of the steps it will run again, as ``metrics.jsonl`` drops their rows."""
 
 from __future__ import annotations
 

@@ -53,11 +53,9 @@ class NoLogger:
 
 
 class MetricsLogger:
-    """Writes one JSON object per step to ``output_dir/metrics.jsonl`` and forwards to optional sinks.
-
-    ``resume_step`` keeps the earlier rows (``kept``) but drops any with ``step`` ≥ it, so a run that died after
-    logging but before checkpointing leaves no duplicate steps. ``health``: the doctor's live alarms, fed every row.
-    """
+    """Writes one JSON object per step to ``output_dir/metrics.jsonl`` and forwards to optional sinks. ``resume_step``
+    keeps the earlier rows (``kept``) but drops any with ``step`` ≥ it, so a run that died after logging but before
+    checkpointing leaves no duplicate steps. ``health``: the doctor's live alarms, fed every row."""
 
     health: HealthLog | None = None
 

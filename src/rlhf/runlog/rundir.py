@@ -1,13 +1,11 @@
 """The run directory belongs to one run at a time, and a finished run is never replaced without being asked.
 
-Every training command runs inside :func:`claims_output_dir`, which does all of :func:`claim` before any model
-loads; what users see of it is the README's "Run directory". The lock is an ``fcntl.flock``, which the kernel
-drops when the process dies: a killed run never leaves a stale lock. The old run is removed (:func:`clear_run`)
-only once the new one has loaded its models, so an ``--overwrite`` run that fails at start-up leaves it as it
-was. Files rewritten during a run go through :func:`atomic_open` / :func:`staged` (a temp file or directory in
-the same directory, fsynced, renamed into place, the directory fsynced): a crash leaves the old or the new
-version, never a torn one.
-"""
+Every training command runs inside :func:`claims_output_dir`, which does all of :func:`claim` before any model loads;
+what users see of it is the README's "Run directory". The lock is an ``fcntl.flock``, which the kernel drops when the
+process dies: a killed run never leaves a stale lock. The old run is removed (:func:`clear_run`) only once the new one
+has loaded its models, so an ``--overwrite`` run that fails at start-up leaves it as it was. Files rewritten during a
+run go through :func:`atomic_open` / :func:`staged` (a temp file or directory in the same directory, fsynced, renamed
+into place, the directory fsynced): a crash leaves the old or the new version, never a torn one."""
 
 from __future__ import annotations
 
@@ -221,11 +219,9 @@ def check_resumable(out: Path, config: CommandConfig, where: str) -> None:
 
 
 def config_changes(recorded: Path, config: CommandConfig) -> list[str]:
-    """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``.
-
-    The recorded file is read as a config of the same command, so a field added since the run was recorded
-    counts as its default, and a run recorded with the flat keys of version 0.1 compares field by field.
-    """
+    """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``. The recorded
+    file is read as a config of the same command, so a field added since the run was recorded counts as its default, and
+    a run recorded with the flat keys of version 0.1 compares field by field."""
     import warnings
 
     from rlhf.config import config_from_dict, config_to_dict, flat_config
@@ -250,11 +246,9 @@ def config_changes(recorded: Path, config: CommandConfig) -> list[str]:
 
 
 def load_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[str, Any] | None]:
-    """The newest checkpoint of ``config.output_dir`` that loads, and its state; (None, None) without resume.
-
-    A checkpoint whose ``state.pt`` cannot be read (a disk filled mid-write on a filesystem that renamed it
-    anyway, a truncated copy) is skipped with a message on stderr and the one before it is used.
-    """
+    """The newest checkpoint of ``config.output_dir`` that loads, and its state; (None, None) without resume. A
+    checkpoint whose ``state.pt`` cannot be read (a disk filled mid-write on a filesystem that renamed it anyway, a
+    truncated copy) is skipped with a message on stderr and the one before it is used."""
     if not config.run.resume:
         return None, None
     d = distributed.current()
@@ -290,10 +284,8 @@ def _pick_resume_checkpoint(config: TrainingConfig) -> tuple[Path | None, dict[s
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", replace: bool = True) -> Iterator[IO[Any]]:
     """Write ``path`` through a temp file in its directory, renamed into place when the block succeeds.
-
-    ``replace=False`` publishes with a hard link, which fails if ``path`` appeared meanwhile (another process
-    wrote it): ConfigError then, and that file is left alone.
-    """
+    ``replace=False`` publishes with a hard link, which fails if ``path`` appeared meanwhile (another process wrote it):
+    ConfigError then, and that file is left alone."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -1,8 +1,7 @@
-"""Samples on disk: the held-out answers of every eval step (``samples/step_NNNNNN.jsonl``) and, when a reward
-function logs columns, the training samples of a logged step (``completions/step_NNNNNN.jsonl``).
+"""Samples on disk: the held-out answers of every eval step (``samples/step_NNNNNN.jsonl``) and, when a reward function
+logs columns, the training samples of a logged step (``completions/step_NNNNNN.jsonl``).
 
-``scores`` is a :class:`rlhf.rollout.scoring.Scores` (read for ``raw``, ``names``, ``per_source``, ``extra``).
-"""
+``scores`` is a :class:`rlhf.rollout.scoring.Scores` (read for ``raw``, ``names``, ``per_source``, ``extra``)."""
 
 from __future__ import annotations
 

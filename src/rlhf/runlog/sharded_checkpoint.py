@@ -1,12 +1,11 @@
 """Checkpoints of sharded (FSDP2) training: every rank writes its own shards, any world size reads them back.
 
-Why ``torch.distributed.checkpoint`` (DCP) rather than :mod:`rlhf.runlog.checkpoint`'s single ``state.pt``:
-gathering a model and its optimizer state onto one rank would need a full copy there; DCP's shards load at any
-world size, resharding as they are read. ``directory`` holds DCP's files and ``extra.pt`` (rank 0's plain state),
-written into ``directory.tmp`` and renamed into place only once every rank has finished (docs/scaling.md,
-"Checkpoints and resume"). The models are saved under their names as one ``nn.ModuleDict``, so one optimizer may
-span several of them (a policy and its critic) and its state is keyed by the parameters' names, not their order.
-"""
+Why ``torch.distributed.checkpoint`` (DCP) rather than :mod:`rlhf.runlog.checkpoint`'s single ``state.pt``: gathering a
+model and its optimizer state onto one rank would need a full copy there; DCP's shards load at any world size,
+resharding as they are read. ``directory`` holds DCP's files and ``extra.pt`` (rank 0's plain state), written into
+``directory.tmp`` and renamed into place only once every rank has finished (docs/scaling.md, "Checkpoints and resume").
+The models are saved under their names as one ``nn.ModuleDict``, so one optimizer may span several of them (a policy and
+its critic) and its state is keyed by the parameters' names, not their order."""
 
 from __future__ import annotations
 
@@ -31,10 +30,8 @@ from rlhf.runlog.checkpoint import fsync_dir
 def save_sharded(
     directory: str | Path, models: dict[str, nn.Module], optimizer: torch.optim.Optimizer, extra: dict[str, Any]
 ) -> Path:
-    """Save ``models``, ``optimizer`` and ``extra`` into ``directory`` (replaced if it exists); returns it.
-
-    Every rank must call it with the same arguments. Works without a process group too (one process).
-    """
+    """Save ``models``, ``optimizer`` and ``extra`` into ``directory`` (replaced if it exists); returns it. Every rank
+    must call it with the same arguments. Works without a process group too (one process)."""
     final = Path(directory)
     tmp = final.with_name(final.name + ".tmp")
     if _rank() == 0:
@@ -65,11 +62,9 @@ def save_sharded(
 def load_sharded(
     directory: str | Path, models: dict[str, nn.Module], optimizer: torch.optim.Optimizer
 ) -> dict[str, Any]:
-    """Load a :func:`save_sharded` checkpoint into ``models`` and ``optimizer`` in place; returns ``extra``.
-
-    The models may be sharded over any number of ranks, or not at all, whatever the saving run used;
-    ``models`` must have the names and architectures it saved.
-    """
+    """Load a :func:`save_sharded` checkpoint into ``models`` and ``optimizer`` in place; returns ``extra``. The models
+    may be sharded over any number of ranks, or not at all, whatever the saving run used; ``models`` must have the names
+    and architectures it saved."""
     directory = Path(directory)
     container = nn.ModuleDict(models)
     # the current state, for its structure (and shards) to load into; it also creates the optimizer's
