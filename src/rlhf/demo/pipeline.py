@@ -368,20 +368,14 @@ def summarize(
     rm_rows = [row for row in read_jsonl(out / "rm" / "metrics.jsonl") if "eval/accuracy" in row]
     ppo_rows = [row for row in read_jsonl(out / "ppo" / "metrics.jsonl") if "kl/mean" in row]
     grpo_rows = [row for row in read_jsonl(out / "grpo" / "metrics.jsonl") if "reward/mean" in row]
-    ppo, grpo = results["ppo"], results["grpo"]
+    ppo, others = results["ppo"], ("grpo", "dpo", "best_of_n")  # PPO's win rate is gold/win_rate_vs_sft
     summary: dict[str, Any] = {
         "gold/sft_mean": ppo["baseline/reward/gold/mean"],
-        "gold/ppo_mean": ppo["reward/gold/mean"],
-        "gold/grpo_mean": grpo["reward/gold/mean"],
-        "gold/dpo_mean": results["dpo"]["reward/gold/mean"],
-        "gold/best_of_n_mean": results["best_of_n"]["reward/gold/mean"],
+        **{f"gold/{name}_mean": results[name]["reward/gold/mean"] for name in ("ppo", *others)},
         "gold/win_rate_vs_sft": ppo["win_rate"],
-        "gold/grpo_win_rate_vs_sft": grpo["win_rate"],
-        "gold/dpo_win_rate_vs_sft": results["dpo"]["win_rate"],
-        "gold/best_of_n_win_rate_vs_sft": results["best_of_n"]["win_rate"],
+        **{f"gold/{name}_win_rate_vs_sft": results[name]["win_rate"] for name in others},
         "rm/sft_mean": ppo["baseline/reward/rm/mean"],
-        "rm/ppo_mean": ppo["reward/rm/mean"],
-        "rm/grpo_mean": grpo["reward/rm/mean"],
+        **{f"rm/{name}_mean": results[name]["reward/rm/mean"] for name in ("ppo", "grpo")},
         "rm/accuracy": rm_rows[-1]["eval/accuracy"],
         "kl/final": ppo_rows[-1]["kl/mean"],
         "ppo/reward_first": ppo_rows[0].get("reward/mean"),

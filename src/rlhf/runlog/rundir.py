@@ -203,8 +203,7 @@ def check_resumable(out: Path, config: CommandConfig, where: str) -> None:
                 "(run.save_every: 0?); pass --run.overwrite instead of --run.resume to run it again"
             )
         return  # nothing to continue: the run starts afresh (open_run says so)
-    changed = config_changes(out / "config.yaml", config)
-    if changed:
+    if changed := config_changes(out / "config.yaml", config):
         from rlhf.config import config_to_dict, flat_config
 
         safe = sorted(
