@@ -216,12 +216,13 @@ def _plan(args: list[str], debug: bool) -> int:
         path, overrides = split_config_flag(rest)
         if path is None:
             raise ConfigError("plan: --config FILE.yaml is required (a sft, rm, dpo, ppo or grpo config)")
-        command = own.get("--command") or _trainer_of(path)
-        if command not in ("sft", "rm", "dpo", "ppo", "grpo"):
-            raise ConfigError(f"plan: --command {command!r} is not a trainer; use sft, rm, dpo, ppo or grpo")
-        config = load_config(command, path, overrides)
         from rlhf import planning
         from rlhf.runlog.progress import quiet_libraries
+
+        command = own.get("--command") or _trainer_of(path)
+        if command not in planning.TRAINERS:
+            raise ConfigError(f"plan: --command {command!r} is not a trainer; use sft, rm, dpo, ppo or grpo")
+        config = load_config(command, path, overrides)
 
         with quiet_libraries():  # peft's and transformers' warnings while the models are built empty
             text, fits = planning.report(

@@ -184,10 +184,10 @@ def test_kl_coef_zero_holds_one_model(tiny_llama_dir, monkeypatch):
     base = storage_bytes([load_causal_lm(str(tiny_llama_dir))])
     with monkeypatch.context() as patch:
         patch.setattr(sharding, "frozen_copy", lambda model: pytest.fail("kl_coef 0 must not copy the policy"))
-        none = grpo.build_models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
+        none = Models(make_config(tiny_llama_dir, Path("x"), Path("y")), SINGLE)
     assert none.reference is None
     assert storage_bytes(held_modules(none)) == base
-    with_ref = grpo.build_models(make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE)
+    with_ref = Models(make_config(tiny_llama_dir, Path("x"), Path("y"), **{"kl.coef": 0.1}), SINGLE)
     assert with_ref.reference.copy is not None
     assert storage_bytes(held_modules(with_ref)) == 2 * base
 
@@ -485,7 +485,7 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_dir: Path, prompts_file: Path,
                                                                      tmp_path: Path):  # fmt: skip
     config = make_config(tiny_llama_dir, prompts_file, tmp_path, **{"grpo.num_minibatches": 2, "kl.coef": 0.0})
-    models = grpo.build_models(config, SINGLE)
+    models = Models(config, SINGLE)
     assert not grpo.on_policy(config, models)  # a second minibatch sees an updated policy
     assert not grpo.on_policy(
         dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)), models

@@ -23,6 +23,7 @@ from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import sft, update
 from rlhf.trainers.rl import grpo, ppo
 from rlhf.trainers.rl.inputs import load_inputs
+from rlhf.trainers.rl.models import Models
 from rlhf.trainers.rl.rollout import sample_and_score
 from runs import (
     assert_rows_match,
@@ -73,9 +74,7 @@ def rollout_of(command: str, policy: Path, prompts: Path, out: Path, **overrides
     """One sampled and scored batch of episodes of ``command``'s config, the models and the inputs."""
     config = make_config(command, policy, prompts, out, **overrides)
     inputs = load_inputs(config)
-    models = (
-        grpo.build_models(config, SINGLE) if command == "grpo" else ppo.build_models(config, inputs.rewards, SINGLE)
-    )
+    models = Models(config, SINGLE) if command == "grpo" else ppo.build_models(config, inputs.rewards, SINGLE)
     batch = PromptBatch.of(inputs.train_prompts, range(4 if command == "grpo" else 16))  # 16 episodes either way
     repeat = config.grpo.group_size if command == "grpo" else 1
     sampled = sample_and_score(config, inputs, models, batch, torch.Generator().manual_seed(0), None, repeat=repeat)

@@ -6,6 +6,6 @@ trainer runs at start against the device's budget (`device`), the data's longest
 from rlhf.planning.command import TRAINERS, command_of, report
 from rlhf.planning.device import USABLE, available, budget, check, refusal, runtime_bytes
 from rlhf.planning.fixes import Fix, alternatives, candidates, cheapest_fix, single_changes
-from rlhf.planning.layout import REUSED, WORKSPACE, Plan, plan, render
+from rlhf.planning.layout import REUSED, WORKSPACE, Plan, has_reference, plan, render
 from rlhf.planning.lengths import data_positions, prompt_positions, sequence_positions
 from rlhf.planning.sizes import lora_params, model_sizes

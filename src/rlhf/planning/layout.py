@@ -80,20 +80,14 @@ def plan(
     that does not retain) and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
     bf16 = config.model.bf16 if config.model.bf16 is not None else not retains
     layout = _Layout(config, world_size, positions, bf16, gpu=not retains)
-    workspace = WORKSPACE if retains else 0
-    resident = {
-        "runtime": runtime,
-        **({"workspace (CPU libraries)": workspace} if workspace else {}),
-        **layout.resident(),
-    }
-    phases = layout.phases()
+    workspace = {"workspace (CPU libraries)": WORKSPACE} if retains else {}
     return Plan(
         command=config.COMMAND,
         world_size=world_size,
         parallelism=layout.parallelism,
         positions=layout.positions,
-        resident=resident,
-        phases=phases,
+        resident={"runtime": runtime, **workspace, **layout.resident()},
+        phases=layout.phases(),
         retains=retains,
         reused=REUSED,
         notes=tuple(dict.fromkeys(layout.notes)),
@@ -106,11 +100,15 @@ def micro_rows_now(config: TrainingConfig, world_size: int) -> int:
     return min(rows, config.batch.micro_size or rows)
 
 
+def has_reference(config: TrainingConfig) -> bool:
+    """Whether the run has a KL anchor, the reference policy: ppo always, grpo only with ``kl.coef > 0`` (with 0
+    not even a frozen copy in memory)."""
+    return isinstance(config, PPOConfig) or (isinstance(config, PolicyGradientConfig) and config.kl.coef > 0)
+
+
 def reference_copy(config: TrainingConfig) -> bool:
-    """Whether the run holds a frozen copy of the policy (ppo, grpo with kl.coef > 0; not with LoRA)."""
-    if not isinstance(config, PolicyGradientConfig) or config.model.lora:
-        return False
-    return isinstance(config, PPOConfig) or config.kl.coef > 0
+    """Whether the run holds a copy of the policy as its reference (not with LoRA: the base model is)."""
+    return has_reference(config) and not config.model.lora
 
 
 class _Layout:

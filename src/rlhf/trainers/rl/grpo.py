@@ -57,7 +57,7 @@ from rlhf.trainers import update
 from rlhf.trainers.rl import updates
 from rlhf.trainers.rl.inputs import Inputs
 from rlhf.trainers.rl.loop import Algorithm, train
-from rlhf.trainers.rl.models import Models, open_engine
+from rlhf.trainers.rl.models import Models
 from rlhf.trainers.rl.rollout import (
     Rollout,
     Sampled,
@@ -87,7 +87,7 @@ class GRPO(Algorithm):
 
     def __init__(self, config: GRPOConfig, inputs: Inputs):
         self.config, self.inputs = config, inputs
-        self.models = build_models(config, inputs.d)
+        self.models = Models(config, inputs.d)
         self.updates_per_step = config.grpo.num_iterations * config.grpo.num_minibatches
 
     def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
@@ -107,13 +107,6 @@ class GRPO(Algorithm):
         with watch("train"):
             clipped = updates.clipped_objective(self.config, step, self.inputs.d)
             return stats | grpo_update(self.config, self.models, rollout, state, clipped)
-
-
-def build_models(config: GRPOConfig, d: Dist) -> Models:
-    """The policy and, when ``kl.coef > 0``, its reference; with ``kl.coef: 0`` no reference at all (not even a
-    frozen copy in memory)."""
-    reference = config.kl.coef > 0
-    return Models(config.model, d, reference=reference, ema=config.kl.reference_ema, engine=open_engine(config, d))
 
 
 @distributed.entry

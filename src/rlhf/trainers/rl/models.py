@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf import planning
 from rlhf.config import PolicyGradientConfig
-from rlhf.config.sections import PolicyModel
 from rlhf.models.loading import compile_models, load_trainable_state, trainable_state
 from rlhf.models.policy import ActorCritic, Reference, ScoredTokens, ValueHead
 from rlhf.models.precision import bf16_enabled, frozen_dtype
@@ -35,24 +35,25 @@ class ValueFunction:
 
 
 class Models:
-    """What an RL run trains and scores against: the policy, its reference (None without a KL penalty in GRPO),
-    PPO's value function, `Trainable`, policy and value function as the ranks train them, and the ``engine`` that
-    samples (one of ours by name, or vLLM holding its own copy of the policy's weights). The checkpoint holds what
-    changes: the policy's trained weights, the value function and a moving reference."""
+    """What an RL run trains and scores against: the policy, its reference (`rlhf.planning.has_reference`: frozen,
+    or moving with ``kl.reference_ema``), PPO's value function (``value(policy)``), `Trainable`, policy and value
+    function as the ranks train them, and the ``engine`` that samples (one of ours by name, or vLLM holding its own
+    copy of the policy's weights). The checkpoint holds what changes: the policy's trained weights, the value
+    function and a moving reference."""
 
     def __init__(
-        self,
-        model: PolicyModel,
-        d: Dist,
-        *,
-        reference: bool,
-        ema: float | None = None,
-        value: Callable[[nn.Module], ValueFunction] | None = None,
-        engine: generation.LocalEngine | generation.Engine = generation.AUTO,
+        self, config: PolicyGradientConfig, d: Dist, value: Callable[[nn.Module], ValueFunction] | None = None
     ):
-        self.model, self.d, self.engine = model, d, engine
+        model = config.model
+        self.model, self.d = model, d
+        # vLLM holds its copy of the policy in bfloat16 under mixed precision (it never trains), else in model.dtype
+        dtype = frozen_dtype(model.dtype, bf16_enabled(model.bf16, d.device))
+        self.engine = generation.open_engine(
+            config.sampling, model.name, dtype=dtype, seed=config.run.seed, response_tokens=config.response_tokens
+        )
+        reference = planning.has_reference(config)
         self.policy, copy = load_policy(model, d, reference)
-        self.reference = Reference(self.policy, copy, ema) if reference else None
+        self.reference = Reference(self.policy, copy, config.kl.reference_ema) if reference else None
         self.value = value(self.policy) if value is not None else ValueFunction()
         if model.compile:
             compile_models([self.policy, copy, self.value.critic], d.device)
@@ -99,19 +100,6 @@ class Models:
                 load_trainable_state(module, state[name], "policy weights")
             else:
                 module.load_state_dict(state[name])
-
-
-def open_engine(config: PolicyGradientConfig, d: Dist) -> generation.LocalEngine | generation.Engine:
-    """The run's sampling engine (``sampling.engine``): `rlhf.rollout.generation.open_engine`; vLLM holds its copy of
-    the policy in bfloat16 under mixed precision (it never trains), else in ``model.dtype``."""
-    model = config.model
-    return generation.open_engine(
-        config.sampling,
-        model.name,
-        dtype=frozen_dtype(model.dtype, bf16_enabled(model.bf16, d.device)),
-        seed=config.run.seed,
-        response_tokens=config.response_tokens,
-    )
 
 
 def write_final(models: Models, tokenizer: Any, final: Path, d: Dist) -> None:

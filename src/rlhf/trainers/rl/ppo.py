@@ -47,7 +47,7 @@ from rlhf.trainers import update
 from rlhf.trainers.rl import updates
 from rlhf.trainers.rl.inputs import Inputs
 from rlhf.trainers.rl.loop import Algorithm, train
-from rlhf.trainers.rl.models import Models, ValueFunction, open_engine
+from rlhf.trainers.rl.models import Models, ValueFunction
 from rlhf.trainers.rl.rollout import (
     Rollout,
     Sampled,
@@ -114,10 +114,8 @@ class PPO(Algorithm):
 
 
 def build_models(config: PPOConfig, rewards: RewardSet, d: Dist) -> Models:
-    """The policy, its reference (frozen, or moving with ``kl.reference_ema``) and the value function."""
-    value = functools.partial(value_function, config, rewards, d)
-    engine = open_engine(config, d)
-    return Models(config.model, d, reference=True, ema=config.kl.reference_ema, value=value, engine=engine)
+    """The policy, its reference and the value function."""
+    return Models(config, d, value=functools.partial(value_function, config, rewards, d))
 
 
 def value_function(config: PPOConfig, rewards: RewardSet, d: Dist, policy: nn.Module) -> ValueFunction:
