@@ -25,14 +25,6 @@ def process_rss() -> int:
     return _proc_bytes("/proc/self/status", "VmRSS") or 0
 
 
-def mem_available() -> int:
-    """The kernel's estimate of memory available to new work (/proc/meminfo MemAvailable), in bytes."""
-    free = _proc_bytes("/proc/meminfo", "MemAvailable")
-    if free is None:
-        raise OSError("/proc/meminfo has no MemAvailable")
-    return free
-
-
 def _proc_bytes(path: str, key: str) -> int | None:
     """The ``key: N kB`` line of a /proc file, in bytes; None where there is none."""
     try:
@@ -48,9 +40,12 @@ def available(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * USABLE), f"{USABLE:.0%} of {device}'s free memory"
+    free = _proc_bytes("/proc/meminfo", "MemAvailable")  # the kernel's estimate of memory new work can take
+    if free is None:
+        raise OSError("/proc/meminfo has no MemAvailable")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     share = f" / {local} ranks" if local > 1 else ""
-    return process_rss() + int(mem_available() * USABLE) // local, f"this process + {USABLE:.0%} of MemAvailable{share}"
+    return process_rss() + int(free * USABLE) // local, f"this process + {USABLE:.0%} of MemAvailable{share}"
 
 
 def budget(device: torch.device, gib: float | None) -> tuple[int, str]:

@@ -29,7 +29,8 @@ def single_changes(config: TrainingConfig, world_size: int) -> tuple[list[str], 
     checkpointing, a bfloat16 reference, FSDP over the ranks, LoRA) that apply to ``config``."""
     model = config.model
     current = micro_rows_now(config, world_size)
-    micro = [f"--batch.micro_size={m}" for m in reversed(_divisors(config.minibatch_size)) if m < current]
+    n = config.minibatch_size
+    micro = [f"--batch.micro_size={m}" for m in range(current - 1, 0, -1) if n % m == 0]
     others = [
         *([] if model.gradient_checkpointing else ["--model.gradient_checkpointing=true"]),
         *(["--model.reference_dtype=bfloat16"] if reference_copy(config) and model.dtype == "float32" else []),
@@ -37,10 +38,6 @@ def single_changes(config: TrainingConfig, world_size: int) -> tuple[list[str], 
         *([] if model.lora else [LORA]),
     ]
     return micro, others
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def candidates(config: TrainingConfig, world_size: int) -> Iterator[tuple[str, ...]]:

@@ -1,8 +1,5 @@
-"""The loop PPO and GRPO share, as `rlhf.trainers.supervised` is sft's, rm's and dpo's: the algorithm supplies its
-models, how it samples, what it learns from a scored batch and what it adds after each step (`Algorithm`). The
-phases of a step are numbered in `train`; the same step function by function: docs/architecture.md, "One PPO
-step".
-"""
+"""The loop PPO and GRPO share (`train`, its phases numbered; function by function: docs/architecture.md, "One PPO
+step"), its held-out evaluation and the doctor's stop."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ import torch
 from rlhf.config import PolicyGradientConfig
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.rollout import generation, scoring
-from rlhf.runlog import samples
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import MetricsLogger, NoLogger, Stopwatch, open_run
 from rlhf.runlog.progress import StepProgress
@@ -94,10 +90,7 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             # in this step's row), the row (every run.log_every steps)
             logging = step % config.run.log_every == 0 or step == config.steps
             if d.is_main and logging and sampled.scores.extra:  # a reward function logged columns (log_extra)
-                generated = sampled.generated
-                samples.write_step(
-                    "completions", out, step, sampled.prompts, generated.completions, sampled.scores, generated.episodes
-                )
+                sampled.write("completions", out, step)
             every = config.run.eval_every
             evaluating = bool(inputs.eval_prompts) and ((every > 0 and step % every == 0) or step == config.steps)
             if evaluating:
@@ -139,11 +132,7 @@ def evaluate(
         config, inputs, models, batch, generator, trainer_state, max_rows=config.effective_micro_batch_size
     )
     if inputs.d.is_main:
-        generated = answered.generated
-        out = Path(config.output_dir)
-        samples.write_step(
-            "samples", out, step, batch.texts, generated.completions, answered.scores, generated.episodes
-        )
+        answered.write("samples", Path(config.output_dir), step)
     return scoring.reward_metrics(answered.scores, prefix="eval/reward") | {"time/eval_s": time.perf_counter() - t0}
 
 

@@ -4,8 +4,8 @@ sampling and scoring, the no-grad pass in the first update's micro-batches, and 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from rlhf.core.sequences import ResponseMasks, penalize_missing_eos, response_ma
 from rlhf.data.stream import PromptBatch
 from rlhf.models.policy import ScoredTokens
 from rlhf.rollout import generation, scoring
+from rlhf.runlog import samples
 from rlhf.runlog.distributed import Dist
 from rlhf.trainers import update
 from rlhf.trainers.rl.inputs import Inputs
@@ -35,6 +36,11 @@ class Sampled:
     rewards: torch.Tensor
     prompts: list[str]
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def write(self, folder: str, out: Path, step: int) -> None:
+        """The samples as ``out/<folder>/step_NNNNNN.jsonl`` (`rlhf.runlog.samples.write_step`)."""
+        generated = self.generated
+        samples.write_step(folder, out, step, self.prompts, generated.completions, self.scores, generated.episodes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +113,7 @@ def sample_and_score(
     one forward) and score the answers (GDPO within each prompt's ``repeat`` rows); ``rewards``: the combined
     scores. Each rank samples and scores its share of the prompts; every rank returns the whole batch."""
     d = inputs.d
-    sample = (
-        generation.generate
-        if inputs.episodes is None
-        else functools.partial(generation.generate_episodes, inputs.episodes)
-    )
-    generated = sample(
+    generated = generation.generate(
         models.policy,
         inputs.tokenizer,
         batch,
@@ -124,6 +125,7 @@ def sample_and_score(
         d=d,
         max_rows=max_rows,
         engine=models.engine,
+        episodes=inputs.episodes,
     )
     prompts = generation.repeat_each(batch.texts, repeat)
     columns = {name: generation.repeat_each(values, repeat) for name, values in batch.columns.items()}
