@@ -20,6 +20,8 @@ def ragged(generate: Callable[..., Any]) -> Callable[..., Any]:
 
     def generate_ragged(model, tokenizer, batch, params, stops, generator, device, repeat=1, **kwargs):
         g = generate(model, tokenizer, batch, params, stops, generator, device, repeat, **kwargs)
+        if kwargs.get("episodes") is not None:  # multi-turn episodes end as their turns do: left as they are
+            return g
         responses = g.responses.clone()
         B, T = responses.shape
         for i in range(B):

@@ -138,60 +138,41 @@ def generate(
     d: Dist = SINGLE,
     max_rows: int | None = None,
     engine: LocalEngine | Engine = AUTO,
+    episodes: EpisodeRunner | None = None,
 ) -> Generated:
     """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
 
     Under ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so
     every rank returns the whole batch; each row draws from its own stream (seeded by `row_seeds`), so the responses
     do not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
-    ``engine``: one of our own (`LocalEngine`) sampling ``model``, or an `Engine`.
+    ``engine``: one of our own (`LocalEngine`) sampling ``model``, or an `Engine`. ``episodes``: multi-turn episodes
+    instead (`rlhf.rollout.episodes`), ``repeat`` per prompt (a group opens alike), each rank running its shard's
+    episodes, environments and tools, every model turn one call of the same sampler (row ``i``'s turn ``k`` seeded by
+    ``row_seed(seed_i, k)``: the same episodes on any number of ranks).
     """
-    all_prompts = repeat_each(batch.input_ids, repeat)
-    rows = d.shard(len(all_prompts), unit=repeat)
-    sampler = _sampler(model, params, stops, tokenizer.pad_token_id, device, d=d, max_rows=max_rows, engine=engine)
-    sampled = sampler([all_prompts[row] for row in rows], row_seeds(generator, rows))
-    responses, logprobs = zip(*d.gather_rows(sampled, len(all_prompts), unit=repeat), strict=True)
-    return assemble(all_prompts, list(responses), tokenizer, stops, device, logprobs=list(logprobs))
-
-
-def generate_episodes(
-    runner: EpisodeRunner,
-    model: nn.Module,
-    tokenizer: Any,
-    batch: PromptBatch,
-    params: SamplingParams,
-    stops: list[int],
-    generator: torch.Generator,
-    device: torch.device,
-    repeat: int = 1,
-    d: Dist = SINGLE,
-    max_rows: int | None = None,
-    engine: LocalEngine | Engine = AUTO,
-) -> Generated:
-    """`generate` for multi-turn episodes (`rlhf.rollout.episodes`): ``repeat`` episodes per prompt (a group opens
-    alike), each rank running its shard's episodes, environments and tools, every model turn one call of the same
-    sampler (row ``i``'s turn ``k`` seeded by ``row_seed(seed_i, k)``: the same episodes on any number of ranks)."""
-    all_rows = repeat_each(episode_rows(batch), repeat)
+    all_rows = repeat_each(batch.input_ids if episodes is None else episode_rows(batch), repeat)
     rows = d.shard(len(all_rows), unit=repeat)
     seeds = row_seeds(generator, rows)
     sampler = _sampler(model, params, stops, tokenizer.pad_token_id, device, d=d, max_rows=max_rows, engine=engine)
+    if episodes is None:
+        sampled = sampler([all_rows[row] for row in rows], seeds)
+        responses, logprobs = zip(*d.gather_rows(sampled, len(all_rows), unit=repeat), strict=True)
+        return assemble(all_rows, list(responses), tokenizer, stops, device, logprobs=list(logprobs))
 
     def sample_turn(active: list[int], prompts: list[list[int]], turn: int) -> list[tuple[list[int], list[float]]]:
         return sampler(prompts, [seeds[i] if turn == 0 else row_seed(seeds[i], turn) for i in active])
 
-    episodes = runner.run([all_rows[row] for row in rows], sample_turn, group_size=repeat)
-    episodes = d.gather_rows(episodes, len(all_rows), unit=repeat)
-    return assemble_episodes(episodes, tokenizer, device)
+    played = episodes.run([all_rows[row] for row in rows], sample_turn, group_size=repeat)
+    return assemble_episodes(d.gather_rows(played, len(all_rows), unit=repeat), tokenizer, device)
 
 
 def episode_rows(batch: PromptBatch) -> list[dict[str, Any]]:
     """What an environment's ``reset`` gets for each prompt: its columns and ``prompt`` (the chat messages, or the
     prompt text)."""
-    rows = []
-    for i, (text, messages) in enumerate(zip(batch.texts, batch.messages, strict=True)):
-        columns = {key: values[i] for key, values in batch.columns.items()}
-        rows.append({**columns, "prompt": messages if messages is not None else text})
-    return rows
+    return [
+        {**{key: values[i] for key, values in batch.columns.items()}, "prompt": text if messages is None else messages}
+        for i, (text, messages) in enumerate(zip(batch.texts, batch.messages, strict=True))
+    ]
 
 
 Sampler = Callable[[list[list[int]], list[int]], list[tuple[list[int], list[float]]]]
@@ -304,7 +285,9 @@ def assemble_episodes(episodes: list[Episode], tokenizer: Any, device: torch.dev
 
 def response_metrics(generated: Generated) -> dict[str, float]:
     """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch (the model's own
-    tokens), and for episodes ``episode/*`` (`episode_metrics`)."""
+    tokens), and for episodes ``episode/turns_mean`` (model turns), ``tool_calls_mean``, ``tool_errors`` (failed calls
+    per episode, timeouts included), ``truncated`` (the share ended by max_turns, the token budget or a turn cut at
+    max_new_tokens) and ``length_mean`` (every token after the opening)."""
     lengths = generated.model_tokens.sum(-1).float()
     metrics = {
         "response/length_mean": lengths.mean().item(),
@@ -312,23 +295,16 @@ def response_metrics(generated: Generated) -> dict[str, float]:
         "response/eos_rate": generated.has_stop.float().mean().item(),
         "response/tokens": lengths.sum().item(),
     }
-    return metrics | episode_metrics(generated.episodes or [])
-
-
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """``episode/turns_mean`` (model turns), ``tool_calls_mean``, ``tool_errors`` (failed calls per episode, timeouts
-    included), ``truncated`` (the share ended by max_turns, the token budget or a turn cut at max_new_tokens) and
-    ``length_mean`` (every token after the opening); none without episodes."""
-    if not episodes:
-        return {}
-    n = len(episodes)
-    return {
-        "episode/turns_mean": sum(e.model_turns for e in episodes) / n,
-        "episode/tool_calls_mean": sum(e.tool_calls for e in episodes) / n,
-        "episode/tool_errors": sum(e.tool_errors for e in episodes) / n,
-        "episode/truncated": sum(e.truncated for e in episodes) / n,
-        "episode/length_mean": sum(len(e.ids) for e in episodes) / n,
-    }
+    if episodes := generated.episodes:
+        n = len(episodes)
+        metrics |= {
+            "episode/turns_mean": sum(e.model_turns for e in episodes) / n,
+            "episode/tool_calls_mean": sum(e.tool_calls for e in episodes) / n,
+            "episode/tool_errors": sum(e.tool_errors for e in episodes) / n,
+            "episode/truncated": sum(e.truncated for e in episodes) / n,
+            "episode/length_mean": sum(len(e.ids) for e in episodes) / n,
+        }
+    return metrics
 
 
 def repeat_each(values: list[Any], k: int) -> list[Any]:
