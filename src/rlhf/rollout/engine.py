@@ -55,11 +55,8 @@ class SamplingParams:
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """(B, V) -> (B, V) with tokens outside the top-k / nucleus set to −inf.
-
-    Nucleus: keep the smallest set of most-probable tokens whose mass reaches ``top_p`` (the token that
-    crosses the threshold is kept, so at least one token always survives).
-    """
+    """(B, V) -> (B, V) with tokens outside the top-k / nucleus set to −inf. Nucleus: the smallest set of most-probable
+    tokens whose mass reaches ``top_p`` (the token that crosses the threshold is kept: at least one always survives)."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -209,38 +206,26 @@ def sample(
     if cuda_graphs and decoder is not None:
         rollout = StaticDecode(decoder, decoder.prefill(prompt_ids, prompt_mask), uniforms, stops, params, pad_token_id)
         responses, logprobs = rollout.run(every, capture=device.type == "cuda")
-    else:
+    else:  # the eager loop, one forward per token
         step = _decode_steps(model, prompt_ids, prompt_mask, decoder)
-        responses, logprobs = _eager(step, uniforms, stops, params, pad_token_id, every)
+        logits = step(None)
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        columns: list[torch.Tensor] = []
+        column_logprobs: list[torch.Tensor] = []
+        for t in range(params.max_new_tokens):
+            token, logprob = draw_column(logits, uniforms[:, t], finished, params, pad_token_id)
+            columns.append(token)
+            column_logprobs.append(logprob)
+            finished |= torch.isin(token, stops)
+            if len(columns) == params.max_new_tokens or (len(columns) % every == 0 and bool(finished.all())):
+                break
+            # a finished row keeps feeding token 0 (its output is never read), so every row advances together
+            logits = step(token.masked_fill(finished, 0))
+        responses, logprobs = torch.stack(columns, dim=-1), torch.stack(column_logprobs, dim=-1)
     if every > 1:  # the columns after every row stopped (all padding): cut, one sync for the rollout
         kept = int((responses != pad_token_id).any(0).nonzero().max()) + 1
         responses, logprobs = responses[:, :kept], logprobs[:, :kept]
     return responses, logprobs
-
-
-def _eager(
-    step: Callable[[torch.Tensor | None], torch.Tensor],
-    uniforms: torch.Tensor,
-    stops: torch.Tensor,
-    params: SamplingParams,
-    pad_token_id: int,
-    every: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decode loop, one forward per token as its caller's ``step`` computes it: (B, T) tokens and log-probs."""
-    logits = step(None)
-    finished = torch.zeros(len(uniforms), dtype=torch.bool, device=uniforms.device)
-    columns: list[torch.Tensor] = []
-    logprobs: list[torch.Tensor] = []
-    for t in range(params.max_new_tokens):
-        token, logprob = draw_column(logits, uniforms[:, t], finished, params, pad_token_id)
-        columns.append(token)
-        logprobs.append(logprob)
-        finished |= torch.isin(token, stops)
-        if len(columns) == params.max_new_tokens or (len(columns) % every == 0 and bool(finished.all())):
-            break
-        # a finished row keeps feeding token 0 (its output is never read), so every row advances together
-        logits = step(token.masked_fill(finished, 0))
-    return torch.stack(columns, dim=-1), torch.stack(logprobs, dim=-1)
 
 
 CAPTURE_WARMUP = 3

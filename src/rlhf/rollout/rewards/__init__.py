@@ -69,22 +69,13 @@ def load_reward_source(
     return RewardModelReward.load(spec, **model)
 
 
-def load_reward_set(
-    reward: str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]],
-    *,
-    policy_tokenizer: Any = None,
-    device: str = "cpu",
-    batch_size: int = 16,
-    loader: ModelLoader | None = None,
-    dtype: str | None = None,
-) -> RewardSet:
+def load_reward_set(reward: str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]], **options: Any) -> RewardSet:
     """A :class:`RewardSet` from the config's ``reward:``: one spec string, or a list of spec strings (weight 1)
-    and mappings ``{"source": spec, "weight": float = 1.0, "name": str = default}``; the other arguments are
-    :func:`load_reward_source`'s."""
+    and mappings ``{"source": spec, "weight": float = 1.0, "name": str = default}``; ``options``: the other keyword
+    arguments of :func:`load_reward_source`."""
     entries = [reward] if isinstance(reward, str | Mapping) else list(reward)
     if not entries:
         raise ValueError("reward: the list of reward sources is empty")
-    model = dict(policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader, dtype=dtype)
     sources, weights = [], []
     for i, entry in enumerate(entries):
         if isinstance(entry, str):
@@ -99,6 +90,6 @@ def load_reward_set(
         weight = entry.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             raise ValueError(f"reward[{i}]: weight must be a number, got {weight!r}")
-        sources.append(load_reward_source(entry["source"], name=entry.get("name"), **model))
+        sources.append(load_reward_source(entry["source"], name=entry.get("name"), **options))
         weights.append(float(weight))
     return RewardSet(sources, weights)

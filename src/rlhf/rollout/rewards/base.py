@@ -114,14 +114,8 @@ class EnvironmentReward:
     def __init__(self, name: str = ENVIRONMENT):
         self.name = name
 
-    def score(
-        self,
-        prompts: list[str],
-        completions: list[str],
-        columns: dict[str, list],
-        context: RewardContext | None = None,
-        log: Any = None,
-    ) -> list[float | None]:
+    def score(self, *batch: Any, context: RewardContext | None = None, log: Any = None) -> list[float | None]:
+        """The episodes' returns; the batch's texts and columns (``batch``) are not read."""
         if context is None or context.episodes is None:
             raise RewardError(
                 "reward.source 'environment' scores multi-turn episodes; this run has none (set rollout.environment)"
