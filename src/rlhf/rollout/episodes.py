@@ -33,6 +33,7 @@ from rlhf.rollout.tools import (
     Tool,
     ToolCall,
     ToolFormat,
+    ToolResult,
     call_id,
     detect_format,
     parse_tool_calls,
@@ -199,10 +200,7 @@ class EpisodeRunner:
         return episodes
 
     def _make(self) -> Any:
-        try:
-            return self.factory()
-        except Exception as error:
-            raise EpisodeError(f"{self.name}: making an instance raised {type(error).__name__}: {error}") from error
+        return _guarded(f"{self.name}: making an instance", self.factory)
 
     def _open(self, row: dict[str, Any], env: Any, index: int) -> Episode:
         """The episode's opening: ``env.reset(row)``, or the row's own prompt (a TRL environment's reset text
@@ -210,11 +208,8 @@ class EpisodeRunner:
         where = f"{self.name}.reset (episode {index})"
         prompt = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
         opened = None
-        if env is not None:
-            try:  # ours takes the row; TRL's takes its columns as keywords and returns text for the last message
-                opened = env.reset(dict(row)) if has_step(env) else env.reset(**row)
-            except Exception as error:
-                raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
+        if env is not None:  # ours takes the row; TRL's its columns as keywords, returning text for the last message
+            opened = _guarded(where, lambda: env.reset(dict(row)) if has_step(env) else env.reset(**row))
         if env is not None and not has_step(env):
             if opened is not None and not isinstance(opened, str):
                 raise EpisodeError(f"{where}: an environment without step returns text or None, not {opened!r:.200}")
@@ -323,23 +318,20 @@ class EpisodeRunner:
         for k, call in enumerate(calls):
             if k < self.limits.max_tool_calls:
                 result = run_tool(call, tools, self.limits.tool_timeout)
-                content, error, timed_out = result.content, result.error, result.timed_out
             else:
-                content, error, timed_out = f"error: at most {self.limits.max_tool_calls} calls a turn", True, False
+                result = ToolResult(f"error: at most {self.limits.max_tool_calls} calls a turn", error=True)
             episode.tool_calls += 1
-            episode.tool_errors += error
-            episode.tool_timeouts += timed_out
-            messages.append({"role": "tool", "name": call.name or "tool", "content": content, "tool_call_id": call.id})
+            episode.tool_errors += result.error
+            episode.tool_timeouts += result.timed_out
+            message = {"role": "tool", "name": call.name or "tool", "content": result.content, "tool_call_id": call.id}
+            messages.append(message)
         return messages
 
     def _step(
         self, env: Any, message: dict[str, Any], episode: Episode, index: int
     ) -> tuple[list[dict[str, Any]], bool]:
         where = f"{self.name}.step (episode {index}, turn {episode.model_turns})"
-        try:
-            result = env.step(dict(message))
-        except Exception as error:
-            raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
+        result = _guarded(where, lambda: env.step(dict(message)))
         if not isinstance(result, tuple | list) or len(result) != 3:
             raise EpisodeError(f"{where} must return (messages, reward or None, done), not {result!r:.200}")
         messages, reward, done = result
@@ -353,11 +345,7 @@ class EpisodeRunner:
         if env is None or not callable(getattr(env, "get_reward", None)):
             return
         where = f"{self.name}.get_reward"
-        try:
-            reward = env.get_reward()
-        except Exception as error:
-            raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
-        self._reward(reward, episode, where)
+        self._reward(_guarded(where, env.get_reward), episode, where)
 
     @staticmethod
     def _reward(reward: Any, episode: Episode, where: str) -> None:
@@ -403,6 +391,14 @@ def _messages(value: Any, where: str, roles: Sequence[str]) -> list[dict[str, An
         if message.get("role") not in roles:
             raise EpisodeError(f"{where}: a message's role is one of {', '.join(roles)}, not {message.get('role')!r}")
     return [dict(m) for m in value]
+
+
+def _guarded(where: str, call: Callable[[], Any]) -> Any:
+    """``call()``; what it raises, as an `EpisodeError` naming ``where`` (the environment's method and episode)."""
+    try:
+        return call()
+    except Exception as error:
+        raise EpisodeError(f"{where} raised {type(error).__name__}: {error}") from error
 
 
 def _close(env: Any) -> None:

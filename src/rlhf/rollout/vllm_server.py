@@ -38,35 +38,17 @@ SETUP = (
     "VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model DIR --enable-scale-out "
     "--logprobs-mode processed_logprobs"
 )
-"""The server's command line (the class docstring says why each part)."""
+"""The server's command line (docs/vllm.md, "Server", says why each part)."""
 
 
 class VLLMServer:
-    """A client of the vLLM server (0.32) at ``url`` (``http://host:port``, with or without ``/v1``), started as::
-
-        VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model DIR \\
-            --enable-scale-out --logprobs-mode processed_logprobs [--dtype float32 --max-model-len N ...]
-
-    ``DIR``: the policy saved (architecture, tokenizer, starting weights). Why each part:
-
-    - ``--logprobs-mode processed_logprobs``: log-probs after temperature, top-k and top-p, the distribution the
-      tokens were drawn from (checked here at connection; vLLM's default is the raw model's).
-    - ``--enable-scale-out``: ``/inference/v1/generate``, token ids in and out, each token's log-prob with its token
-      id, and the weight version that sampled each token. The OpenAI ``/v1/completions`` has one seed per request
-      whatever the prompts, and applies the checkpoint's ``generation_config`` (e.g. a repetition penalty).
-    - ``VLLM_SERVER_DEV_MODE=1``: the endpoints that reload weights (``/collective_rpc``) and label them
-      (``/update_weight_version``, ``/weight_info``). They let anyone who reaches the port load any file the server
-      can read: bind the server to a trusted network.
-
-    :meth:`sync` writes the weights as safetensors to a temporary directory (``tempfile``: under ``$TMPDIR``) and
-    has the server load them from it (vLLM's in-place reload, as the colocated engine). The server must read that
-    directory: the same machine and user, or ``TMPDIR`` on a filesystem both see. The other way in, 0.32's
-    ``/update_weights``, takes tensors only through weight-transfer backends that need a GPU (on the CPU build NCCL
-    fails with "Cannot access accelerator device when none is available", CUDA IPC with "Torch not compiled with
-    CUDA enabled"); ``/collective_rpc`` passes JSON only, so a path and not the tensors.
-
-    ``timeout``: seconds per HTTP request (a reload of a large model, a long rollout); ``tries``: attempts per
-    request, 1 = no retry.
+    """A client of the vLLM server (0.32) at ``url`` (``http://host:port``, with or without ``/v1``), started as
+    :data:`SETUP` over the policy saved (architecture, tokenizer, starting weights); docs/vllm.md, "Server", says why
+    each part. :meth:`sync` writes the weights as safetensors to a temporary directory (``tempfile``: under
+    ``$TMPDIR``), which the server must read (the same machine and user, or a filesystem both see), and has it reload
+    them in place: ``/collective_rpc`` passes JSON only, a path and not the tensors, and 0.32's ``/update_weights``
+    takes tensors only through weight-transfer backends that need a GPU. ``timeout``: seconds per HTTP request (a
+    reload of a large model, a long rollout); ``tries``: attempts per request, 1 = no retry.
 
     Under torchrun every rank samples its rows from the one server; rank 0 alone pushes, and the others take its
     ``client`` and ``version`` (`rlhf.trainers.rl.models.Models.sync_engine`)."""
@@ -117,7 +99,11 @@ class VLLMServer:
         reset = self._call("POST", "/reset_prefix_cache", None, "resetting its prefix cache")
         if not isinstance(reset, dict) or reset.get("success") is not True:
             raise ServiceError(f"vLLM server {self.url} did not reset its prefix cache: {cut(json.dumps(reset))}")
-        served = self._served_version()
+        reply = self._call("GET", "/weight_info", None, "reading its weight version")
+        try:
+            served = reply["weight_version"]
+        except (KeyError, TypeError) as error:
+            raise self._unexpected("reading its weight version", error, reply) from error
         if served != label:
             raise ServiceError(
                 f"vLLM server {self.url} serves weight version {served!r} right after the push of {label!r}: "
@@ -180,13 +166,6 @@ class VLLMServer:
     def _label(self, version: int) -> str:
         """The server's weight version once :meth:`sync` has pushed ``version`` times."""
         return f"rlhf-{self.client}-{version}" if version else STARTUP_VERSION
-
-    def _served_version(self) -> Any:
-        reply = self._call("GET", "/weight_info", None, "reading its weight version")
-        try:
-            return reply["weight_version"]
-        except (KeyError, TypeError) as error:
-            raise self._unexpected("reading its weight version", error, reply) from error
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, what: str) -> Any:
         """The JSON reply to one request (None for an empty one); `ServiceError` naming the URL and each try."""
