@@ -26,12 +26,8 @@ CLASSIFIER_BASE = "a causal LM or an encoder to train as a reward model"
 
 # Which config fields hold models, per command, and what each must be.
 MODEL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "sft": (("model.name", CAUSAL_LM),),
+    **dict.fromkeys(("sft", "dpo", "ppo", "grpo", "sample"), (("model.name", CAUSAL_LM),)),
     "rm": (("model.name", CLASSIFIER_BASE), ("normalize.policy", CAUSAL_LM)),
-    "dpo": (("model.name", CAUSAL_LM),),
-    "ppo": (("model.name", CAUSAL_LM),),
-    "grpo": (("model.name", CAUSAL_LM),),
-    "sample": (("model.name", CAUSAL_LM),),
     "eval": (("model.name", CAUSAL_LM), ("baseline", CAUSAL_LM), ("reference", CAUSAL_LM)),
 }
 REWARD_FIELDS: dict[str, tuple[str, ...]] = {
@@ -86,13 +82,13 @@ def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
 def check_reward_source(field: str, source: str) -> None:
     """A reward-model source is checked as a model; ``file.py:function`` / ``module:function`` is imported."""
     spec = source.strip()
-    if spec == "environment":
-        return  # the episodes' own rewards (rollout.environment, checked with the config)
     if is_reward_model(spec):
         check_model(field, spec, REWARD_MODEL)
         return
-    if llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
-        return  # an LLM judge or HTTP reward is only reachable or not when asked: its own errors name the URL
+    # the episodes' own rewards (rollout.environment, checked with the config); an LLM judge or HTTP reward is only
+    # reachable or not when asked: its own errors name the URL
+    if spec == "environment" or llm_judge(spec) is not None or spec.lower().startswith(("http://", "https://")):
+        return
     from rlhf.rollout.rewards import FunctionReward, RewardError
 
     try:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -17,22 +18,27 @@ from rlhf.config import LoRAConfig
 from rlhf.config.sections import RewardSection
 from rlhf.core.memory import Transformer
 
+R = TypeVar("R")
 
+
+def _while_unchanged(function: Callable[..., R]) -> Callable[..., R]:
+    """``function`` of model names, remembered while each local model's config.json is unchanged (a directory
+    rewritten in place, a demo run again, is read again)."""
+    remembered = functools.cache(lambda args, kwargs, versions: function(*args, **dict(kwargs)))
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> R:
+        files = [Path(arg).expanduser() / "config.json" for arg in args if isinstance(arg, str)]
+        versions = tuple(file.stat().st_mtime if file.is_file() else None for file in files)  # None: a hub id
+        return remembered(args, tuple(kwargs.items()), versions)
+
+    return call
+
+
+@_while_unchanged
 def model_sizes(name: str, reward: bool = False) -> Transformer:
     """A model's sizes from its config.json: the model built on the ``meta`` device (no memory, no weights) to
     count its parameters exactly, whatever the architecture."""
-    return _model_sizes(name, reward, _version(name))
-
-
-def _version(name: str) -> float | None:
-    """When a local model's config.json last changed (None for a hub id): a directory rewritten in place (a demo
-    run again) is read again."""
-    path = Path(name).expanduser() / "config.json"
-    return path.stat().st_mtime if path.is_file() else None
-
-
-@functools.cache
-def _model_sizes(name: str, reward: bool, version: float | None) -> Transformer:
     model = _meta_model(name, reward)
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -53,13 +59,9 @@ def _model_sizes(name: str, reward: bool, version: float | None) -> Transformer:
     )
 
 
+@_while_unchanged
 def model_config(name: str) -> Any:
-    """``name``'s config.json (a hub id downloads this file only), remembered while the file is unchanged."""
-    return _model_config(name, _version(name))
-
-
-@functools.cache
-def _model_config(name: str, version: float | None) -> Any:
+    """``name``'s config.json (a hub id downloads this file only)."""
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(name)
@@ -94,14 +96,10 @@ def reward_models(reward: RewardSection) -> list[str]:
     return [spec for _, spec in reward_sources("reward.source", reward.source) if is_reward_model(spec)]
 
 
+@_while_unchanged
 def reads_policy_tokens(policy: str, reward_model: str) -> bool:
     """Whether the reward model ``reward_model`` reads the policy's token ids (`rlhf.models.critic.shares_vocabulary`
     of the two tokenizers, loaded as the trainer loads them: no weights)."""
-    return _reads_policy_tokens(policy, reward_model, _version(policy), _version(reward_model))
-
-
-@functools.cache
-def _reads_policy_tokens(policy: str, reward_model: str, *versions: float | None) -> bool:
     from rlhf.models.critic import shares_vocabulary
     from rlhf.models.loading import load_tokenizer
 

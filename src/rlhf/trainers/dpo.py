@@ -109,12 +109,11 @@ def reference_logps(model: torch.nn.Module, pairs: Sequence[TokenizedPreference]
     """Summed log-probs ``(n, 2)`` (chosen, rejected) of every pair under ``model`` as it is now: the reference.
     Every rank computes all of them (sharded, every rank is in every forward; the caller gathers the model)."""
     model.eval()
-    out = []
     size = batches.micro_batch_size
-    for start in range(0, len(pairs), size):
-        chunk = pairs[start : start + size]
-        logps, _ = sequence_logps(model, chunk, batches)
-        out.append(torch.stack([logps[: len(chunk)], logps[len(chunk) :]], dim=1).cpu())
+    out = []
+    for chunk in (pairs[start : start + size] for start in range(0, len(pairs), size)):
+        logps, _ = sequence_logps(model, chunk, batches)  # (2b,): the chosen sides, then the rejected ones
+        out.append(torch.stack(logps.split(len(chunk)), dim=1).cpu())
     model.train()
     return torch.cat(out) if out else torch.zeros(0, 2)
 
@@ -129,12 +128,11 @@ def pair_loss(
     """The mean loss of ``pairs`` (``reference`` their (b, 2) reference log-probs) and its stats (`METRICS`)."""
     b = len(pairs)
     logps, lengths = sequence_logps(model, pairs, batches)
-    ref = None if reference is None else reference.to(logps.device, logps.dtype)
+    ref = (None, None) if reference is None else reference.to(logps.device, logps.dtype).unbind(1)
     loss, stats = dpo_loss(
         logps[:b],
         logps[b:],
-        None if ref is None else ref[:, 0],
-        None if ref is None else ref[:, 1],
+        *ref,
         beta=config.dpo.beta,
         loss_type=config.dpo.loss,
         label_smoothing=config.dpo.label_smoothing,

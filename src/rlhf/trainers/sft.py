@@ -1,10 +1,8 @@
-"""Supervised fine-tuning (SFT): next-token cross-entropy on the response / assistant tokens, read in `run`.
-
-`run` loads the data and the model, then trains in the loop SFT, RM and DPO share (`rlhf.trainers.supervised`).
-This module supplies one step — micro-batches of ``micro_batch_size`` examples, right-padded or packed into rows
-of ``max_length`` tokens, each one's summed token loss divided by the label tokens of the WHOLE batch, so that
-accumulation gives exactly the batch's gradient — and ``eval/loss``. Its metrics: the README, "The pipeline by
-hand".
+"""Supervised fine-tuning (`rlhf sft`): next-token cross-entropy on the response / assistant tokens. `run` loads the
+data and the model and trains in the loop SFT, RM and DPO share (`rlhf.trainers.supervised`); this module supplies
+one step — micro-batches of ``micro_batch_size`` examples, right-padded or packed into rows of ``max_length``
+tokens, each one's summed token loss divided by the label tokens of the WHOLE batch, so that accumulation gives
+exactly the batch's gradient — and ``eval/loss``. Its metrics: the README, "The pipeline by hand".
 
 Conventions:
 - labels are `IGNORE_INDEX` on prompt, user/system and padding tokens (`rlhf.data.tokenize_sft`); the logits

@@ -149,28 +149,24 @@ def fill_batch(config: GRPOConfig, sample_round: Callable[[], Sampled]) -> Sampl
     filled with zero-signal groups (advantage 0: only the KL term moves them; verl raises an error instead), with
     the sampler's stats (``reward/zero_std_groups``, ``dynamic_sampling/*``)."""
     G, N = config.grpo.group_size, config.batch.size
-    first = sample_round()
-    signal = groups_with_signal(first.rewards.view(-1, G))
-    stats = {"reward/zero_std_groups": 1.0 - signal.float().mean().item()}
+    rounds = [sample_round()]
+    signals = [groups_with_signal(rounds[0].rewards.view(-1, G))]
+    stats = {"reward/zero_std_groups": 1.0 - signals[0].float().mean().item()}
     if not config.grpo.dynamic_sampling:
-        return dataclasses.replace(first, stats=stats)
-    kept, spare, n_kept, rounds, part = [], [], 0, 0, first
-    while True:
-        rounds += 1
-        signal = groups_with_signal(part.rewards.view(-1, G))
-        kept.append(_select_groups(part, signal.nonzero().flatten(), G))
-        spare.append(_select_groups(part, (~signal).nonzero().flatten(), G))
-        n_kept += int(signal.sum())
-        if n_kept >= N or rounds >= MAX_SAMPLING_ROUNDS:
-            break
-        part = sample_round()
-    merged = _concat(kept + spare)
+        return dataclasses.replace(rounds[0], stats=stats)
+    while sum(int(signal.sum()) for signal in signals) < N and len(rounds) < MAX_SAMPLING_ROUNDS:
+        rounds.append(sample_round())
+        signals.append(groups_with_signal(rounds[-1].rewards.view(-1, G)))
+    n_kept = sum(int(signal.sum()) for signal in signals)
+    pairs = list(zip(rounds, signals, strict=True))
+    kept = [_select_groups(part, signal.nonzero().flatten(), G) for part, signal in pairs]
+    spare = [_select_groups(part, (~signal).nonzero().flatten(), G) for part, signal in pairs]
     stats |= {
-        "dynamic_sampling/rounds": rounds,
-        "dynamic_sampling/dropped_groups": rounds * N - n_kept,
+        "dynamic_sampling/rounds": len(rounds),
+        "dynamic_sampling/dropped_groups": len(rounds) * N - n_kept,
         "dynamic_sampling/filled_groups": max(0, N - n_kept),
     }
-    return dataclasses.replace(_select_groups(merged, torch.arange(N), G), stats=stats)
+    return dataclasses.replace(_select_groups(_concat(kept + spare), torch.arange(N), G), stats=stats)
 
 
 @torch.no_grad()
