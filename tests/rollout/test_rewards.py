@@ -24,7 +24,6 @@ from rlhf.rollout.rewards import (
     RewardSet,
     load_reward_set,
     load_reward_source,
-    score_all,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +39,7 @@ def fn(name: str) -> FunctionReward:
 
 def score_one(source, completions, prompts=None, columns=None):
     prompts = prompts or ["p"] * len(completions)
-    return score_all([source], None, prompts, completions, columns or {})
+    return RewardSet([source]).score(prompts, completions, columns or {})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -69,7 +68,7 @@ def test_columns_are_passed_through_as_keyword_lists():
     module = sys.modules[source.function.__module__]
     module.CALLS.clear()
     columns = {"answer": ["5", "4", "x"], "level": [1, 2, 3]}
-    result = score_all([source], None, PROMPTS, COMPLETIONS, columns)
+    result = RewardSet([source]).score(PROMPTS, COMPLETIONS, columns)
     (call,) = module.CALLS
     # TRL's extra keyword arguments ride along (tests/rollout/test_trl_convention.py checks their values)
     assert call.keys() == {"prompts", "completions", *columns, "trainer_state", "log_metric", "log_extra"}
@@ -83,14 +82,14 @@ def test_columns_are_passed_through_as_keyword_lists():
 
 def test_function_without_kwargs_gets_only_declared_arguments():
     columns = {"answer": ["5", "1 2 3", "x"], "unrelated": [0, 0, 0]}
-    result = score_all([fn("exact_match"), fn("only_completions")], None, PROMPTS, COMPLETIONS, columns)
+    result = RewardSet([fn("exact_match"), fn("only_completions")]).score(PROMPTS, COMPLETIONS, columns)
     assert result.scores.tolist() == [[1.0, 0.5], [0.0, 0.5], [0.0, 0.5]]
     assert result.names == ["exact_match", "only_completions"]
 
 
 def test_function_missing_a_required_column_names_it():
     with pytest.raises(RewardError, match=r"exact_match.*requires answer.*available: prompts, completions, .*level"):
-        score_all([fn("exact_match")], None, PROMPTS, COMPLETIONS, {"level": [1, 2, 3]})
+        RewardSet([fn("exact_match")]).score(PROMPTS, COMPLETIONS, {"level": [1, 2, 3]})
 
 
 def test_function_without_completions_parameter_is_refused_at_load():
@@ -199,7 +198,7 @@ def server() -> Iterator[dict]:
 def test_http_success_with_columns(server):
     source = load_reward_source(server["url"])
     assert isinstance(source, HttpReward) and source.name == "127.0.0.1"
-    result = score_all([source], None, PROMPTS, COMPLETIONS, {"answer": ["5", "4", "x"]})
+    result = RewardSet([source]).score(PROMPTS, COMPLETIONS, {"answer": ["5", "4", "x"]})
     assert result.scores[:, 0].tolist() == [1.0, 7.0, 23.0]
     assert server["requests"] == [{"prompts": PROMPTS, "completions": COMPLETIONS, "answer": ["5", "4", "x"]}]
 
@@ -246,10 +245,10 @@ def test_http_bad_replies_fail_at_once(server, action, message):
     ],
 )
 def test_http_rewards_that_are_not_numbers_name_the_url(server, reply, message):
-    """Scored the way the trainers score (score_all): the error names the URL, not just the source's name."""
+    """Scored the way the trainers score (RewardSet.score): the error names the URL, not just the source's name."""
     server["plan"] = [("raw", reply)]
     with pytest.raises(RewardError, match=f"reward {server['url']}: " + message):
-        score_all([HttpReward(server["url"], backoff=0.01)], None, PROMPTS, COMPLETIONS)
+        RewardSet([HttpReward(server["url"], backoff=0.01)]).score(PROMPTS, COMPLETIONS)
     assert len(server["requests"]) == 1  # a malformed reply is not retried
 
 
@@ -431,13 +430,13 @@ def test_missing_reward_model_directory_is_named():
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_score_all_stacks_sources_with_names_and_times(rm):
-    result = score_all([fn("length_reward"), rm], [1.0, 0.5], PROMPTS, COMPLETIONS, {})
+def test_reward_set_stacks_sources_with_names_and_times(rm):
+    result = RewardSet([fn("length_reward"), rm], [1.0, 0.5]).score(PROMPTS, COMPLETIONS, {})
     assert result.scores.shape == (3, 2) and result.scores.dtype == torch.float32
     assert result.names == ["length_reward", rm.name]
     assert len(result.seconds) == 2 and all(s >= 0 for s in result.seconds)
     assert result.scores[:, 1].tolist() == pytest.approx(rm.score(PROMPTS, COMPLETIONS, {}), abs=1e-6)
-    empty = score_all([fn("length_reward")], None, [], [], {})
+    empty = RewardSet([fn("length_reward")]).score([], [], {})
     assert empty.scores.shape == (0, 1)
 
 
@@ -460,9 +459,9 @@ def test_reward_set_scores_the_policys_tokens_with_models_that_share_its_tokeniz
     assert result.scores[:, 2].tolist() == pytest.approx(rm_other.score(PROMPTS, texts, {}), abs=1e-6)
 
 
-def test_score_all_checks_its_inputs():
+def test_reward_set_checks_its_inputs():
     with pytest.raises(ValueError, match=r"column 'answer' has 1 values for 3 completions"):
-        score_all([fn("length_reward")], None, PROMPTS, COMPLETIONS, {"answer": ["5"]})
+        RewardSet([fn("length_reward")]).score(PROMPTS, COMPLETIONS, {"answer": ["5"]})
     with pytest.raises(ValueError, match=r"'length_reward' appear more than once"):
         RewardSet([fn("length_reward"), fn("length_reward")])
     with pytest.raises(ValueError, match=r"got 1 weights for 2"):

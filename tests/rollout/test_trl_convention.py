@@ -30,7 +30,7 @@ from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.rollout import generation, scoring, verifiers
 from rlhf.rollout.engine import SamplingParams
-from rlhf.rollout.rewards import FunctionReward, RewardContext, RewardError, RewardSet, score_all
+from rlhf.rollout.rewards import FunctionReward, RewardContext, RewardError, RewardSet
 from rlhf.runlog import samples
 from rlhf.trainers.rl import grpo, ppo
 
@@ -268,7 +268,7 @@ def test_a_plain_prompt_in_a_chat_batch_reads_as_one_user_message():
 
     chat = [{"role": "user", "content": "hi"}]
     context = RewardContext(messages=[chat, None])
-    score_all([FunctionReward(record, name="r")], None, ["<rendered>", "plain"], ["a", "b"], context=context)
+    RewardSet([FunctionReward(record, name="r")]).score(["<rendered>", "plain"], ["a", "b"], context=context)
     assert seen == [([chat, [{"role": "user", "content": "plain"}]], [[{"role": "assistant", "content": c}]
                                                                        for c in "ab"])]  # fmt: skip
 
@@ -276,14 +276,14 @@ def test_a_plain_prompt_in_a_chat_batch_reads_as_one_user_message():
 def test_a_function_without_kwargs_gets_only_what_it_declares():
     source = fn("declared_only")
     context = RewardContext(messages=[[{"role": "user", "content": "q"}]] * 2, completion_ids=[[7, 8], [9]])
-    result = score_all([source], None, ["q", "q"], ["abc", "de"], {"level": [1, 2]}, context=context)
+    result = RewardSet([source]).score(["q", "q"], ["abc", "de"], {"level": [1, 2]}, context=context)
     assert result.scores[:, 0].tolist() == [1.0, 1.0]  # 3 − 2 and 2 − 1 characters over tokens
 
 
 def test_a_missing_required_argument_is_named():
     """completion_ids are not available when answers of two models are judged together (rlhf eval)."""
     with pytest.raises(RewardError, match=r"example_1_token_length.*requires completion_ids"):
-        score_all([fn("example_1_token_length")], None, ["q"], ["a"])
+        RewardSet([fn("example_1_token_length")]).score(["q"], ["a"])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ def test_async_functions_run_concurrently_on_one_loop():
     sources = [FunctionReward(waiting_for("a", "b"), name="a"), FunctionReward(waiting_for("b", "a"), name="b")]
     for _ in range(2):
         started.clear()
-        result = score_all(sources, None, ["p"], ["c"])
+        result = RewardSet(sources).score(["p"], ["c"])
         assert result.scores.tolist() == [[1.0, 1.0]]
     assert len(loops) == 4 and len(set(map(id, loops))) == 1
 
@@ -320,7 +320,7 @@ def test_an_async_function_failing_on_one_sample_is_located():
         return [1.0 / len(c) for c in completions]  # an empty completion divides by zero
 
     with pytest.raises(RewardError, match=r"reward 'picky', sample 1 \(completion ''\): raised ZeroDivisionError"):
-        score_all([FunctionReward(picky), fn("example_5_async")], None, ["p"] * 3, ["ab", "", "c"])
+        RewardSet([FunctionReward(picky), fn("example_5_async")]).score(["p"] * 3, ["ab", "", "c"])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -348,7 +348,7 @@ def logging(metric_value=0.5, extra_values=None, metric_name="accuracy"):
 )
 def test_logging_mistakes_are_named(source, message):
     with pytest.raises(RewardError, match=message):
-        score_all([source], None, ["p", "q"], ["a", "b"])
+        RewardSet([source]).score(["p", "q"], ["a", "b"])
 
 
 def test_logged_metrics_are_averaged_per_step_and_land_under_reward():

@@ -22,7 +22,6 @@ from rlhf.rollout.rewards.base import (
     RewardScores,
     RewardSet,
     RewardSource,
-    score_all,
 )
 from rlhf.rollout.rewards.function import FunctionReward
 from rlhf.rollout.rewards.model import ModelLoader, RewardModelReward

@@ -1,5 +1,5 @@
-"""The reward-source interface, its error type, and :class:`RewardSet` / :func:`score_all`, which call every
-source and check what comes back. Notation: B samples (prompt, completion pairs), K reward sources.
+"""The reward-source interface, its error type, and :class:`RewardSet`, which calls every source and checks what
+comes back. Notation: B samples (prompt, completion pairs), K reward sources.
 
 A *reward source* has ``name: str`` (its scores are logged as ``reward/<name>/mean``) and ``score(prompts,
 completions, columns) -> list[float | None]``, ``None`` = could not be scored (NaN in the score matrix, never
@@ -53,7 +53,7 @@ class RewardSource(Protocol):
 
 
 class RewardScores(NamedTuple):
-    """What :func:`score_all` returns."""
+    """What :meth:`RewardSet.score` returns."""
 
     scores: torch.Tensor
     """(B, K) float32; column k holds source k's scores, NaN where it returned ``None`` (unscored)."""
@@ -227,10 +227,15 @@ class RewardSet:
         token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
         context: RewardContext | None = None,
     ) -> RewardScores:
-        """Score every sample with every source; see :func:`score_all` (``context`` None: plain-text prompts, no
-        completion ids, no trainer state). ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``,
-        both (B, L), which a reward model sharing the policy's tokenizer scores as they are (``score_ids``: no
-        decode and re-encode, docs/architecture.md, "Reward sources").
+        """Call every source on the batch and stack the validated scores into a (B, K) :class:`RewardScores`.
+
+        ``prompts``: B texts as the policy saw them (chat template applied); ``completions``: B texts decoded without
+        special tokens; ``columns``: extra dataset columns, B values each; ``context`` None: plain-text prompts, no
+        completion ids, no trainer state. ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``, both
+        (B, L), which a reward model sharing the policy's tokenizer scores as they are (``score_ids``: no decode and
+        re-encode, docs/architecture.md, "Reward sources"). Raises :class:`RewardError` when a source raises (the
+        sample whose scoring fails on its own is located and named) or returns a non-list, the wrong number of scores,
+        a non-number, NaN or ±inf.
         """
         sources, prompts, completions = self.sources, list(prompts), list(completions)
         batch = len(completions)
@@ -267,24 +272,6 @@ class RewardSet:
                 scores[:, k] = _validate(sources[k].name, raw, completions)
                 seconds[k] = elapsed
         return RewardScores(scores, list(self.names), seconds, log.metrics, log.extra)
-
-
-def score_all(
-    sources: Sequence[RewardSource],
-    weights: Sequence[float] | None,
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    columns: Mapping[str, Sequence] | None = None,
-    context: RewardContext | None = None,
-) -> RewardScores:
-    """Call every source on the batch and stack the validated scores into a (B, K) :class:`RewardScores`.
-
-    ``weights``: K, only validated here (``None`` = all 1); ``prompts``: B texts as the policy saw them (chat
-    template applied); ``completions``: B texts decoded without special tokens; ``columns``: extra dataset
-    columns, B values each. Raises :class:`RewardError` when a source raises (the sample whose scoring fails on
-    its own is located and named) or returns a non-list, the wrong number of scores, a non-number, NaN or ±inf.
-    """
-    return RewardSet(sources, weights).score(prompts, completions, columns, context=context)
 
 
 Call = tuple[tuple[list[str], list[str], dict[str, list]], dict[str, Any]]
