@@ -133,20 +133,19 @@ def load_scorer(config: RMConfig, d: Dist) -> tuple[TrainableRewardModel, Reward
     """The model to train and the `RewardScorer` module its forwards go through (the HF model's: LoRA layers
     sit inside it). Sharded runs build it empty on every rank, shard each decoder layer and the scorer as the
     root (embeddings, final norm, head), and fill it from rank 0's load (`rlhf.models.sharding.materialize`)."""
-    bf16 = bf16_enabled(config.model.bf16, d.device)
     if not d.sharded:
         rm = load_trainable_reward_model(config, d.device)
         scorer = RewardScorer(rm.hf_model)
-        return rm, compute_in_bf16(scorer, d.device) if bf16 else scorer
-    with torch.device("meta"):
-        rm = load_trainable_reward_model(config, "meta")
-    scorer = RewardScorer(rm.hf_model)
-    shard(rm.hf_model, d.mesh, root=False)
-    shard_small(scorer, d)
-    full = load_trainable_reward_model(config, "cpu") if d.is_main else None
-    materialize(scorer, RewardScorer(full.hf_model) if full is not None else None, d.mesh)
-    scorer = compute_in_bf16(scorer, d.device) if bf16 else scorer
-    return dataclasses.replace(rm, fresh_head=d.broadcast(full is not None and full.fresh_head)), scorer
+    else:
+        with torch.device("meta"):
+            rm = load_trainable_reward_model(config, "meta")
+        scorer = RewardScorer(rm.hf_model)
+        shard(rm.hf_model, d.mesh, root=False)
+        shard_small(scorer, d)
+        full = load_trainable_reward_model(config, "cpu") if d.is_main else None
+        materialize(scorer, RewardScorer(full.hf_model) if full is not None else None, d.mesh)
+        rm = dataclasses.replace(rm, fresh_head=d.broadcast(full is not None and full.fresh_head))
+    return rm, compute_in_bf16(scorer, d.device) if bf16_enabled(config.model.bf16, d.device) else scorer
 
 
 def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[TokenizedPreference], list]:

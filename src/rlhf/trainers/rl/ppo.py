@@ -192,8 +192,11 @@ def make_rollout(
     values are the first update's forward, returned with its graph: :func:`fuses_first_update`), KL-shaped rewards,
     GAE and whitening (one function: they share the rollout's masks), on the whole batch."""
     T = generated.responses.shape[1]
-    forward = functools.partial(_own_rows_forward, config, models, generated) if fused else None
-    passed = no_grad_pass(config, models, generated, unit=1, d=d, fused=forward)
+
+    def own_rows_forward(rows: torch.Tensor) -> ScoredTokens:  # the first update's forward over this rank's rows
+        return training_forward(config, models, generated.query_responses[rows], generated.attention_mask[rows], T)
+
+    passed = no_grad_pass(config, models, generated, unit=1, d=d, fused=own_rows_forward if fused else None)
     masks, logprobs, ref_logprobs = passed.masks, passed.logprobs, passed.ref_logprobs
     values = passed.values.masked_fill(masks.padding_mask_p1, 0.0)
     scores = scores.to(generated.query_responses.device)  # the reward sources answer on the CPU
@@ -225,14 +228,6 @@ def make_rollout(
     value_side = {"values": values, "returns": returns, "policy_mask": policy_mask, "value_mask": value_mask}
     rollout = PPORollout.of(generated, passed, advantages=advantages, entropy_keep=keep, **value_side)
     return rollout, stats, passed.first
-
-
-def _own_rows_forward(
-    config: PPOConfig, models: Models, generated: generation.Generated, rows: torch.Tensor
-) -> ScoredTokens:
-    """The first update's forward over ``rows`` of the rollout (this rank's), with its graph."""
-    ids, mask = generated.query_responses[rows], generated.attention_mask[rows]
-    return training_forward(config, models, ids, mask, generated.responses.shape[1])
 
 
 def ppo_update(
