@@ -274,8 +274,7 @@ def _no_scores(rewards: RewardSet) -> scoring.Scores:
 
 
 def _prompts(config: EvalConfig, tokenizer: Any) -> list[TokenizedPrompt]:
-    prompts = load_prompts(config.eval_data, tokenizer, config.sampling.max_prompt_length)
-    return prompts if config.max_prompts is None else prompts[: config.max_prompts]
+    return load_prompts(config.eval_data, tokenizer, config.sampling.max_prompt_length)[: config.max_prompts]
 
 
 def _write(path: str, text: str, overwrite: bool) -> None:

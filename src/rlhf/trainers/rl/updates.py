@@ -36,11 +36,10 @@ def is_weights(
         raise RuntimeError("sampling.is_correction needs the engine's log-probs of the rollout, and it has none")
     weights = importance_weights(old, sampler, mask, level=s.is_correction, cap=s.is_cap, mode=s.is_mode)
     capped = weights >= s.is_cap if s.is_mode == "truncate" else weights == 0
-    stats = {
-        "rollout/is_weight_mean": masked_mean(weights, mask),
-        "rollout/is_capped_frac": masked_mean(capped.float(), mask),
+    return weights, {
+        "rollout/is_weight_mean": masked_mean(weights, mask).item(),
+        "rollout/is_capped_frac": masked_mean(capped.float(), mask).item(),
     }
-    return weights, {key: value.item() for key, value in stats.items()}
 
 
 def objective(config: PolicyGradientConfig) -> Objective:
