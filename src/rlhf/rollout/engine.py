@@ -210,18 +210,16 @@ def sample(
         step = _decode_steps(model, prompt_ids, prompt_mask, decoder)
         logits = step(None)
         finished = torch.zeros(B, dtype=torch.bool, device=device)
-        columns: list[torch.Tensor] = []
-        column_logprobs: list[torch.Tensor] = []
-        for t in range(params.max_new_tokens):
-            token, logprob = draw_column(logits, uniforms[:, t], finished, params, pad_token_id)
-            columns.append(token)
-            column_logprobs.append(logprob)
+        drawn: list[tuple[torch.Tensor, torch.Tensor]] = []  # each column's (B,) tokens and log-probs
+        for t in range(1, params.max_new_tokens + 1):
+            token, logprob = draw_column(logits, uniforms[:, t - 1], finished, params, pad_token_id)
+            drawn.append((token, logprob))
             finished |= torch.isin(token, stops)
-            if len(columns) == params.max_new_tokens or (len(columns) % every == 0 and bool(finished.all())):
+            if t == params.max_new_tokens or (t % every == 0 and bool(finished.all())):
                 break
             # a finished row keeps feeding token 0 (its output is never read), so every row advances together
             logits = step(token.masked_fill(finished, 0))
-        responses, logprobs = torch.stack(columns, dim=-1), torch.stack(column_logprobs, dim=-1)
+        responses, logprobs = (torch.stack(column, dim=-1) for column in zip(*drawn, strict=True))
     if every > 1:  # the columns after every row stopped (all padding): cut, one sync for the rollout
         kept = int((responses != pad_token_id).any(0).nonzero().max()) + 1
         responses, logprobs = responses[:, :kept], logprobs[:, :kept]

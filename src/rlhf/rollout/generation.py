@@ -7,7 +7,7 @@ Notation: B sequences, C prompt columns, T response columns.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -115,12 +115,11 @@ def open_engine(
         return VLLMServer(vllm.url, timeout=vllm.timeout)
     from rlhf.rollout.vllm_engine import VLLMEngine
 
-    max_model_len = sampling.max_prompt_length + (response_tokens or sampling.max_new_tokens)
     return VLLMEngine(
         model,
         dtype=dtype,
         memory_fraction=vllm.memory_fraction,
-        max_model_len=max_model_len,
+        max_model_len=sampling.max_prompt_length + (response_tokens or sampling.max_new_tokens),
         seed=seed,
         sleep=vllm.sleep,
     )
@@ -144,58 +143,18 @@ def generate(
 
     Under ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so
     every rank returns the whole batch; each row draws from its own stream (seeded by `row_seeds`), so the responses
-    do not depend on the number of ranks. ``max_rows``: sample at most that many rows at a time (memory).
-    ``engine``: one of our own (`LocalEngine`) sampling ``model``, or an `Engine`. ``episodes``: multi-turn episodes
-    instead (`rlhf.rollout.episodes`), ``repeat`` per prompt (a group opens alike), each rank running its shard's
-    episodes, environments and tools, every model turn one call of the same sampler (row ``i``'s turn ``k`` seeded by
+    do not depend on the number of ranks. ``engine``: one of our own (`LocalEngine`) sampling ``model`` at most
+    ``max_rows`` rows at a time (memory), or an `Engine`. ``episodes``: multi-turn episodes instead
+    (`rlhf.rollout.episodes`), ``repeat`` per prompt (a group opens alike), each rank running its shard's episodes,
+    environments and tools, every model turn one call of the same sampler (row ``i``'s turn ``k`` seeded by
     ``row_seed(seed_i, k)``: the same episodes on any number of ranks).
     """
-    all_rows = repeat_each(batch.input_ids if episodes is None else episode_rows(batch), repeat)
-    rows = d.shard(len(all_rows), unit=repeat)
-    seeds = row_seeds(generator, rows)
-    sampler = _sampler(model, params, stops, tokenizer.pad_token_id, device, d=d, max_rows=max_rows, engine=engine)
-    if episodes is None:
-        sampled = sampler([all_rows[row] for row in rows], seeds)
-        responses, logprobs = zip(*d.gather_rows(sampled, len(all_rows), unit=repeat), strict=True)
-        return assemble(all_rows, list(responses), tokenizer, stops, device, logprobs=list(logprobs))
+    pad = tokenizer.pad_token_id
 
-    def sample_turn(active: list[int], prompts: list[list[int]], turn: int) -> list[tuple[list[int], list[float]]]:
-        return sampler(prompts, [seeds[i] if turn == 0 else row_seed(seeds[i], turn) for i in active])
-
-    played = episodes.run([all_rows[row] for row in rows], sample_turn, group_size=repeat)
-    return assemble_episodes(d.gather_rows(played, len(all_rows), unit=repeat), tokenizer, device)
-
-
-def episode_rows(batch: PromptBatch) -> list[dict[str, Any]]:
-    """What an environment's ``reset`` gets for each prompt: its columns and ``prompt`` (the chat messages, or the
-    prompt text)."""
-    return [
-        {**{key: values[i] for key, values in batch.columns.items()}, "prompt": text if messages is None else messages}
-        for i, (text, messages) in enumerate(zip(batch.texts, batch.messages, strict=True))
-    ]
-
-
-Sampler = Callable[[list[list[int]], list[int]], list[tuple[list[int], list[float]]]]
-"""``(prompt ids, seeds) → [(response ids, log-probs)]``: one response to each prompt (`_sampler`)."""
-
-
-def _sampler(
-    model: nn.Module,
-    params: SamplingParams,
-    stops: list[int],
-    pad: int,
-    device: torch.device,
-    *,
-    d: Dist,
-    max_rows: int | None,
-    engine: LocalEngine | Engine,
-) -> Sampler:
-    """One call that samples a response to each prompt with the row's seed, through ``engine``: an `Engine`, or one
-    of ours sampling ``model`` ``max_rows`` rows at a time."""
-    if not isinstance(engine, LocalEngine):
-        return lambda prompts, seeds: list(zip(*engine.sample(prompts, params, stops, pad, seeds), strict=True))
-
-    def sample_locally(prompt_ids: list[list[int]], seeds: list[int]) -> list[tuple[list[int], list[float]]]:
+    def sampler(prompt_ids: list[list[int]], seeds: list[int]) -> list[tuple[list[int], list[float]]]:
+        """A response to each prompt and its log-probs, row i drawn with ``seeds[i]``."""
+        if not isinstance(engine, LocalEngine):
+            return list(zip(*engine.sample(prompt_ids, params, stops, pad, seeds), strict=True))
         noise = RowGenerators.of(seeds)
         out = []
         step = max_rows or max(1, len(prompt_ids))
@@ -221,7 +180,28 @@ def _sampler(
                     out.append((row[:n], row_logprobs[:n]))
         return out
 
-    return sample_locally
+    all_rows = repeat_each(batch.input_ids if episodes is None else episode_rows(batch), repeat)
+    rows = d.shard(len(all_rows), unit=repeat)
+    seeds = row_seeds(generator, rows)
+    if episodes is None:
+        sampled = sampler([all_rows[row] for row in rows], seeds)
+        responses, logprobs = zip(*d.gather_rows(sampled, len(all_rows), unit=repeat), strict=True)
+        return assemble(all_rows, list(responses), tokenizer, stops, device, logprobs=list(logprobs))
+
+    def sample_turn(active: list[int], prompts: list[list[int]], turn: int) -> list[tuple[list[int], list[float]]]:
+        return sampler(prompts, [seeds[i] if turn == 0 else row_seed(seeds[i], turn) for i in active])
+
+    played = episodes.run([all_rows[row] for row in rows], sample_turn, group_size=repeat)
+    return assemble_episodes(d.gather_rows(played, len(all_rows), unit=repeat), tokenizer, device)
+
+
+def episode_rows(batch: PromptBatch) -> list[dict[str, Any]]:
+    """What an environment's ``reset`` gets for each prompt: its columns and ``prompt`` (the chat messages, or the
+    prompt text)."""
+    return [
+        {**{key: values[i] for key, values in batch.columns.items()}, "prompt": text if messages is None else messages}
+        for i, (text, messages) in enumerate(zip(batch.texts, batch.messages, strict=True))
+    ]
 
 
 def assemble(
