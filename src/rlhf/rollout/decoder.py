@@ -296,13 +296,10 @@ def packed_weights(model: nn.Module, rows: int) -> PackedWeights:
 
 
 class LlamaDecoder:
-    """Prefill a left-padded prompt batch, then decode one token per call; both return (B, V) logits.
-
-    ``prefill(prompt_ids, prompt_mask)`` scores the prompt and returns the logits after its last column;
-    ``step(tokens)`` appends one (B,) column (real for every row, as the sampler's mask says) and returns
-    the logits after it. Positions follow ``position_ids_from_mask``: the first real token is 0.
-    ``rows``: the batch size of the decode steps (a hint for the packed layout; any batch works).
-    """
+    """Prefill a left-padded prompt batch (:meth:`prefill`), then append one (B,) column per :meth:`step` (real for
+    every row, as the sampler's mask says); both return the (B, V) logits after the last column. Positions follow
+    ``position_ids_from_mask`` (the first real token is 0); ``rows``: the batch size of the decode steps (a hint for
+    the packed layout; any batch works)."""
 
     def __init__(self, model: nn.Module, total_length: int, rows: int = 1):
         model = unwrap(model)

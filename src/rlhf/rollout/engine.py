@@ -2,11 +2,9 @@
 
 Notation: B sequences, C prompt columns (left-padded), T generated columns (≤ max_new_tokens), V vocab.
 
-Why our own loop instead of ``model.generate``: we need exactly the distribution the trainer scores
-(temperature, top-k, top-p and nothing else — no repetition penalty or min-length processors that make
-the KL negative, checklist Part 3 §7), a ``torch.Generator`` whose state we checkpoint for exact
-resume, and an early exit as soon as every row has stopped.
-"""
+Why our own loop instead of ``model.generate``: we need exactly the distribution the trainer scores (temperature, top-k,
+top-p and nothing else — no repetition penalty or min-length processors that make the KL negative, checklist Part 3 §7),
+a ``torch.Generator`` whose state we checkpoint for exact resume, and an early exit as soon as every row has stopped."""
 
 from __future__ import annotations
 
@@ -71,13 +69,11 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 @dataclass
 class RowGenerators:
-    """One random stream per row (:meth:`of` :func:`row_seeds`), seeded by ``(seed, the row's index in the global batch)``.
-
-    A row's draws then depend on nothing but its index, not on the other rows or how the batch is split (so N
-    ranks sample exactly what one process samples: docs/scaling.md). The streams are CPU generators whatever the
-    rollout's device: a row draws the same numbers on any machine, and a rollout draws all of them at once
-    (:meth:`uniforms`, one call per row), none inside the decode loop.
-    """
+    """One random stream per row (:meth:`of` :func:`row_seeds`), seeded by
+    ``(seed, the row's index in the global batch)``. A row's draws then depend on nothing but its index, not on the
+    other rows or how the batch is split (so N ranks sample exactly what one process samples: docs/scaling.md). The
+    streams are CPU generators whatever the rollout's device: a row draws the same numbers on any machine, and a rollout
+    draws all of them at once (:meth:`uniforms`, one call per row), none inside the decode loop."""
 
     generators: list[torch.Generator]
 
@@ -128,16 +124,13 @@ def rollout_uniforms(
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """(B, V) probabilities, (B,) uniform [0, 1) numbers -> (B,) token ids, one draw per row from exactly that
-    distribution.
-
-    Inverse transform: row b's token is the first whose cumulative probability exceeds u_b times the row's total.
-    One number per row and token (the exponential race that ``torch.multinomial`` runs needs V of them), so a
-    rollout draws all its numbers before the loop (:func:`rollout_uniforms`) and a decode step reads a column of
-    them: nothing in the step depends on a generator's state, which is what lets it be captured as a CUDA graph.
-    The sum runs in float64: its rounding (≤ V·2⁻⁵³ relative, 2e-11 at V = 150k) is all that separates the drawn
-    distribution from ``probs``. A token of probability 0 adds nothing to the sum and cannot be the first to exceed
-    it; the clamp only guards u·total rounding up to the total itself (probability below 2⁻⁵³ a draw).
-    """
+    distribution. Inverse transform: row b's token is the first whose cumulative probability exceeds u_b times the row's
+    total. One number per row and token (the exponential race that ``torch.multinomial`` runs needs V of them), so a
+    rollout draws all its numbers before the loop (:func:`rollout_uniforms`) and a decode step reads a column of them:
+    nothing in the step depends on a generator's state, which is what lets it be captured as a CUDA graph. The sum runs
+    in float64: its rounding (≤ V·2⁻⁵³ relative, 2e-11 at V = 150k) is all that separates the drawn distribution from
+    ``probs``. A token of probability 0 adds nothing to the sum and cannot be the first to exceed it; the clamp only
+    guards u·total rounding up to the total itself (probability below 2⁻⁵³ a draw)."""
     cumulative = probs.double().cumsum(-1)
     threshold = uniforms[:, None] * cumulative[:, -1:]
     return torch.searchsorted(cumulative, threshold, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
@@ -185,18 +178,15 @@ def sample(
     stop_every: int | None = None,
     cuda_graphs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Responses (B, T) long, T ≤ max_new_tokens, sampled for a left-padded prompt batch (ids and mask: B, C), and
-    each token's log-prob (B, T) float32 under the distribution it was drawn from (after temperature, top-k and
-    top-p, as vLLM's ``processed_logprobs``; 0 after the stop).
-
-    Each row keeps its first stop token and is ``pad_token_id`` after it (checklist item 4); a row that never
-    stops runs to max_new_tokens; the loop ends once every row has stopped. ``engine``: one of `LOCAL_ENGINES`.
-    ``generator``: one stream for the batch, or :class:`RowGenerators` (one per row: the trainers' choice).
-    ``stop_every``: decode steps between the host's checks for every row having stopped (default:
+    """Responses (B, T) long, T ≤ max_new_tokens, sampled for a left-padded prompt batch (ids and mask: B, C), and each
+    token's log-prob (B, T) float32 under the distribution it was drawn from (after temperature, top-k and top-p, as
+    vLLM's ``processed_logprobs``; 0 after the stop). Each row keeps its first stop token and is ``pad_token_id`` after
+    it (checklist item 4); a row that never stops runs to max_new_tokens; the loop ends once every row has stopped.
+    ``engine``: one of `LOCAL_ENGINES`. ``generator``: one stream for the batch, or :class:`RowGenerators` (one per row:
+    the trainers' choice). ``stop_every``: decode steps between the host's checks for every row having stopped (default:
     :data:`STOP_CHECK_EVERY` of the device); the samples are the same for any value. ``cuda_graphs``: with the lean
     decoder, the static loop of :class:`StaticDecode`, whose step is captured as a CUDA graph and replayed on a CUDA
-    device (elsewhere it runs as is: what the CPU's tests check against the eager loop).
-    """
+    device (elsewhere it runs as is: what the CPU's tests check against the eager loop)."""
     B, C = prompt_ids.shape
     device = prompt_ids.device
     every = stop_every or STOP_CHECK_EVERY.get(device.type, 1)
@@ -233,14 +223,12 @@ their workspaces on the first calls, which a graph must not record); their write
 
 class StaticDecode:
     """The lean decoder's decode loop over buffers allocated once, so that one step is the same kernels on the same
-    memory every token and can be captured as a CUDA graph and replayed (:meth:`run`).
-
-    A step (:meth:`step`) draws column t from the logits (`draw_column`, with column t of the rollout's uniforms),
-    writes the tokens and log-probs into (B, T) buffers, updates the finished flags, and runs the decoder's
-    `LlamaDecoder.static_step` for the next logits; the column and the cache slot are device counters. Nothing is
-    read on the host inside a step, so the host only waits at the checks for every row having stopped. Eagerly on
-    any device it computes what the eager loop computes (up to the attention's summation order: tested equal on CPU).
-    """
+    memory every token and can be captured as a CUDA graph and replayed (:meth:`run`). A step (:meth:`step`) draws
+    column t from the logits (`draw_column`, with column t of the rollout's uniforms), writes the tokens and log-probs
+    into (B, T) buffers, updates the finished flags, and runs the decoder's `LlamaDecoder.static_step` for the next
+    logits; the column and the cache slot are device counters. Nothing is read on the host inside a step, so the host
+    only waits at the checks for every row having stopped. Eagerly on any device it computes what the eager loop
+    computes (up to the attention's summation order: tested equal on CPU)."""
 
     def __init__(
         self,

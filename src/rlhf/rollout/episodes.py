@@ -1,21 +1,20 @@
 """Multi-turn episodes: the policy talks with an environment and calls tools, token in, token out.
 
 An episode's token ids are built as it goes and never decoded and encoded again: the model's ids are kept exactly as
-sampled (env mask False), and everything else (tool results, the environment's replies, the template's turn markup)
-is appended as the chat template's *delta* (env mask True, log-prob 0). Decoding a turn and re-rendering the
-conversation would give other tokens than the model sampled (BPE is not a bijection: trl#5224), so the log-probs
-trained on would not be the policy's. `rlhf.data.chat.Format` finds the delta by rendering a fixed synthetic
-conversation with and without the new messages and taking the tokens after the assistant's end-of-turn token; that
-keeps the separator the template writes after it (ChatML's ``\\n`` after ``<|im_end|>``, which the model never
-samples: verl#6921) and works for templates that re-render earlier turns (Qwen3's think blocks). docs/episodes.md
-has the protocol, the rules and the references.
+sampled (env mask False), and everything else (tool results, the environment's replies, the template's turn markup) is
+appended as the chat template's *delta* (env mask True, log-prob 0). Decoding a turn and re-rendering the conversation
+would give other tokens than the model sampled (BPE is not a bijection: trl#5224), so the log-probs trained on would not
+be the policy's. `rlhf.data.chat.Format` finds the delta by rendering a fixed synthetic conversation with and without
+the new messages and taking the tokens after the assistant's end-of-turn token; that keeps the separator the template
+writes after it (ChatML's ``\\n`` after ``<|im_end|>``, which the model never samples: verl#6921) and works for
+templates that re-render earlier turns (Qwen3's think blocks). docs/episodes.md has the protocol, the rules and the
+references.
 
 The environment protocol (``rollout.environment: file.py:make_env``, one instance per episode):
 ``reset(row) -> messages | None`` (the opening turns from the data row; None: the row's own prompt),
 ``step(assistant_message) -> (messages, reward | None, done)``; optional ``tools`` (callables the model may call,
-besides ``rollout.tools``), ``get_reward() -> float | None`` (added to the step rewards at the end) and ``close()``.
-An environment written for TRL's ``environment_factory`` (no ``step``) runs as TRL runs it (`has_step`).
-"""
+besides ``rollout.tools``), ``get_reward() -> float | None`` (added to the step rewards at the end) and ``close()``. An
+environment written for TRL's ``environment_factory`` (no ``step``) runs as TRL runs it (`has_step`)."""
 
 from __future__ import annotations
 

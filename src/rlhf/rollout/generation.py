@@ -1,8 +1,7 @@
-"""A sampled batch of responses: generating it from a policy (``rollout.engine``) and assembling
-``query ⊕ response`` with the masks and decoded texts every later phase reads.
+"""A sampled batch of responses: generating it from a policy (``rollout.engine``) and assembling ``query ⊕ response``
+with the masks and decoded texts every later phase reads.
 
-Notation: B sequences, C prompt columns, T response columns.
-"""
+Notation: B sequences, C prompt columns, T response columns."""
 
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ class Generated:
     """(B, T) float32: each response token's log-prob under the distribution the engine drew it from (0 at padding);
     None when unknown (responses not sampled as they stand)."""
     env_mask: torch.Tensor | None = None
-    """(B, T) bool, multi-turn: True on the tokens the model did not sample (environment and tool turns, the
-    template's markup between turns), which carry no loss, advantage or KL; None: every response token is the
-    model's."""
+    """(B, T) bool, multi-turn: True on the tokens the model did not sample (environment and tool turns, the template's
+    markup between turns), which carry no loss, advantage or KL; None: every response token is the model's."""
     episodes: list[Episode] | None = None
     """Multi-turn: each row's episode (transcript, environment rewards, counts); None for single responses."""
 
@@ -71,9 +69,8 @@ class Generated:
 
 @dataclasses.dataclass(frozen=True)
 class LocalEngine:
-    """One of rlhf's own engines sampling the policy module itself: ``name`` one of
-    `rlhf.rollout.engine.LOCAL_ENGINES`; ``cuda_graphs``: on a CUDA device, the lean decoder's steps replay a captured
-    graph (``sampling.cuda_graphs``)."""
+    """One of rlhf's own engines sampling the policy module itself: ``name`` one of `rlhf.rollout.engine.LOCAL_ENGINES`;
+    ``cuda_graphs``: on a CUDA device, the lean decoder's steps replay a captured graph (``sampling.cuda_graphs``)."""
 
     name: str = "auto"
     cuda_graphs: bool = False
@@ -139,16 +136,14 @@ def generate(
     engine: LocalEngine | Engine = AUTO,
     episodes: EpisodeRunner | None = None,
 ) -> Generated:
-    """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``.
-
-    Under ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so
-    every rank returns the whole batch; each row draws from its own stream (seeded by `row_seeds`), so the responses
-    do not depend on the number of ranks. ``engine``: one of our own (`LocalEngine`) sampling ``model`` at most
-    ``max_rows`` rows at a time (memory), or an `Engine`. ``episodes``: multi-turn episodes instead
-    (`rlhf.rollout.episodes`), ``repeat`` per prompt (a group opens alike), each rank running its shard's episodes,
-    environments and tools, every model turn one call of the same sampler (row ``i``'s turn ``k`` seeded by
-    ``row_seed(seed_i, k)``: the same episodes on any number of ranks).
-    """
+    """Sample ``repeat`` responses per prompt (consecutive rows), decode them, and build ``query ⊕ response``. Under
+    ``torchrun`` each rank samples its shard of the rows (whole prompts) and the token ids are gathered, so every rank
+    returns the whole batch; each row draws from its own stream (seeded by `row_seeds`), so the responses do not depend
+    on the number of ranks. ``engine``: one of our own (`LocalEngine`) sampling ``model`` at most ``max_rows`` rows at a
+    time (memory), or an `Engine`. ``episodes``: multi-turn episodes instead (`rlhf.rollout.episodes`), ``repeat`` per
+    prompt (a group opens alike), each rank running its shard's episodes, environments and tools, every model turn one
+    call of the same sampler (row ``i``'s turn ``k`` seeded by ``row_seed(seed_i, k)``: the same episodes on any number
+    of ranks)."""
     pad = tokenizer.pad_token_id
 
     def sampler(prompt_ids: list[list[int]], seeds: list[int]) -> list[tuple[list[int], list[float]]]:

@@ -1,8 +1,7 @@
-"""Scoring a sampled batch with every reward source and combining the scores: the weighted sum or GDPO, what
-reward functions receive besides the texts, the ``reward/*`` metrics, and the watch for unscorable batches.
+"""Scoring a sampled batch with every reward source and combining the scores: the weighted sum or GDPO, what reward
+functions receive besides the texts, the ``reward/*`` metrics, and the watch for unscorable batches.
 
-Notation: B samples, K reward sources.
-"""
+Notation: B samples, K reward sources."""
 
 from __future__ import annotations
 
@@ -53,13 +52,10 @@ def reward_spec(reward: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Scores:
-    """Rewards of a batch of B samples from K sources.
-
-    ``per_source``: (B, K), NaN = unscored. ``raw``: (B,) the weighted sum of the scored sources (the user's
-    objective, ``reward/mean``), NaN when none scored the sample. ``combined``: (B,) what the advantages start
-    from: ``raw``, or with ``gdpo`` the GDPO-normalised combination (``normalized`` True). ``metrics`` /
-    ``extra``: as in :class:`~rlhf.rollout.rewards.RewardScores`.
-    """
+    """Rewards of a batch of B samples from K sources. ``per_source``: (B, K), NaN = unscored. ``raw``: (B,) the
+    weighted sum of the scored sources (the user's objective, ``reward/mean``), NaN when none scored the sample.
+    ``combined``: (B,) what the advantages start from: ``raw``, or with ``gdpo`` the GDPO-normalised combination
+    (``normalized`` True). ``metrics`` / ``extra``: as in :class:`~rlhf.rollout.rewards.RewardScores`."""
 
     per_source: torch.Tensor
     combined: torch.Tensor
@@ -90,11 +86,10 @@ def score(
     context: RewardContext | None = None,
     d: Dist = SINGLE,
 ) -> Scores:
-    """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows (PPO:
-    the whole batch, so rewards on different scales weigh as their weights say). ``token_ids``, ``context``:
-    ``RewardSet.score``'s. Every argument is the whole batch; under ``torchrun`` each rank scores its shard
-    (whole groups) and the scores are gathered before they are combined: every rank returns the whole batch's.
-    """
+    """Score with every source, then combine: weighted sum, or GDPO within groups of ``group_size`` rows (PPO: the whole
+    batch, so rewards on different scales weigh as their weights say). ``token_ids``, ``context``:
+    ``RewardSet.score``'s. Every argument is the whole batch; under ``torchrun`` each rank scores its shard (whole
+    groups) and the scores are gathered before they are combined: every rank returns the whole batch's."""
     start = time.perf_counter()
     B = len(prompts)
     if d.distributed:

@@ -1,10 +1,9 @@
-"""Tools a policy calls during a multi-turn episode: plain Python functions with type hints and a Google-style
-docstring (TRL's ``tools=`` convention), their JSON schemas for the chat template's ``tools=``, the calls parsed
-from a model turn in the format its chat template writes (:data:`FORMATS`: Hermes/Qwen ``<tool_call>{json}``,
-Llama-3.1's bare JSON, Mistral's ``[TOOL_CALLS] [...]``, Qwen3-Coder's ``<function=…>`` XML; the template's is found
-by rendering a sentinel call, :func:`detect_format`) and each call run under a time limit. The built-in
-:func:`calculator` is the worked example (README, "Multi-turn episodes").
-"""
+"""Tools a policy calls during a multi-turn episode: plain Python functions with type hints and a Google-style docstring
+(TRL's ``tools=`` convention), their JSON schemas for the chat template's ``tools=``, the calls parsed from a model turn
+in the format its chat template writes (:data:`FORMATS`: Hermes/Qwen ``<tool_call>{json}``, Llama-3.1's bare JSON,
+Mistral's ``[TOOL_CALLS] [...]``, Qwen3-Coder's ``<function=…>`` XML; the template's is found by rendering a sentinel
+call, :func:`detect_format`) and each call run under a time limit. The built-in :func:`calculator` is the worked example
+(README, "Multi-turn episodes")."""
 
 from __future__ import annotations
 

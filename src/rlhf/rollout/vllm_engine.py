@@ -1,11 +1,10 @@
 """vLLM as a rollout engine in the trainer's own process (colocate): a `vllm.LLM` that samples token ids with the
 log-probs of the distribution it drew them from, and takes the policy's weights after each update.
 
-vLLM is imported here only (the ``vllm`` extra). Its engine runs in this process, so new weights reach it as
-tensors, loaded in place by ``collective_rpc("reload_weights")``: vLLM's own checkpoint path (a plain
-``load_weights`` misses the layouts its CPU kernels repack at load). On its CPU build (0.32), tiny Llama: log-probs
-of its samples against the trainer's 1e-6 apart, 1.4 with stale weights after an update, 1e-6 again once synced.
-"""
+vLLM is imported here only (the ``vllm`` extra). Its engine runs in this process, so new weights reach it as tensors,
+loaded in place by ``collective_rpc("reload_weights")``: vLLM's own checkpoint path (a plain ``load_weights`` misses the
+layouts its CPU kernels repack at load). On its CPU build (0.32), tiny Llama: log-probs of its samples against the
+trainer's 1e-6 apart, 1.4 with stale weights after an update, 1e-6 again once synced."""
 
 from __future__ import annotations
 

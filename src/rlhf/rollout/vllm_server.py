@@ -1,13 +1,12 @@
-"""vLLM as a rollout engine over HTTP (server mode): a client of a running vLLM server that samples token ids with
-the log-probs of the distribution it drew them from, and pushes the policy's weights to it after each update. The
-same interface as the colocated `rlhf.rollout.vllm_engine.VLLMEngine`; standard library and torch only (vLLM runs
-in the server's environment, not this one).
+"""vLLM as a rollout engine over HTTP (server mode): a client of a running vLLM server that samples token ids with the
+log-probs of the distribution it drew them from, and pushes the policy's weights to it after each update. The same
+interface as the colocated `rlhf.rollout.vllm_engine.VLLMEngine`; standard library and torch only (vLLM runs in the
+server's environment, not this one).
 
-Never silently stale: each push labels the server's weights with a version of this client's own and reads it back,
-and vLLM reports the version that sampled every token, checked at each `VLLMServer.sample`. A server restarted
-behind the client's back (back at its startup checkpoint, version ``default``), a push lost or another client's
-push all raise `ServiceError`, as does every failure of the server (down, slow, HTTP errors, malformed replies).
-"""
+Never silently stale: each push labels the server's weights with a version of this client's own and reads it back, and
+vLLM reports the version that sampled every token, checked at each `VLLMServer.sample`. A server restarted behind the
+client's back (back at its startup checkpoint, version ``default``), a push lost or another client's push all raise
+`ServiceError`, as does every failure of the server (down, slow, HTTP errors, malformed replies)."""
 
 from __future__ import annotations
 
@@ -47,11 +46,10 @@ class VLLMServer:
     each part. :meth:`sync` writes the weights as safetensors to a temporary directory (``tempfile``: under
     ``$TMPDIR``), which the server must read (the same machine and user, or a filesystem both see), and has it reload
     them in place: ``/collective_rpc`` passes JSON only, a path and not the tensors, and 0.32's ``/update_weights``
-    takes tensors only through weight-transfer backends that need a GPU. ``timeout``: seconds per HTTP request (a
-    reload of a large model, a long rollout); ``tries``: attempts per request, 1 = no retry.
-
-    Under torchrun every rank samples its rows from the one server; rank 0 alone pushes, and the others take its
-    ``client`` and ``version`` (`rlhf.trainers.rl.models.Models.sync_engine`)."""
+    takes tensors only through weight-transfer backends that need a GPU. ``timeout``: seconds per HTTP request (a reload
+    of a large model, a long rollout); ``tries``: attempts per request, 1 = no retry. Under torchrun every rank samples
+    its rows from the one server; rank 0 alone pushes, and the others take its ``client`` and ``version``
+    (`rlhf.trainers.rl.models.Models.sync_engine`)."""
 
     shared = True
     """One server for all ranks (a colocated engine is each rank's own)."""

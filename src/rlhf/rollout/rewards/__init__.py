@@ -1,10 +1,9 @@
 """Reward sources for ``ppo`` / ``grpo`` (the ``reward:`` config field) and scoring a batch with all of them.
 
-:func:`load_reward_source` picks a source by the spec's form (README, "Reward sources"; the forms and their
-default names: docs/architecture.md, "Reward sources"). :func:`load_reward_set` turns the whole ``reward:``
-value into a :class:`RewardSet`, whose :meth:`~RewardSet.score` returns the (B, K) score matrix; combining the
-columns (weighted sum or GDPO) is ``rlhf.rollout.scoring``'s job.
-"""
+:func:`load_reward_source` picks a source by the spec's form (README, "Reward sources"; the forms and their default
+names: docs/architecture.md, "Reward sources"). :func:`load_reward_set` turns the whole ``reward:`` value into a
+:class:`RewardSet`, whose :meth:`~RewardSet.score` returns the (B, K) score matrix; combining the columns (weighted sum
+or GDPO) is ``rlhf.rollout.scoring``'s job."""
 
 from __future__ import annotations
 
@@ -40,15 +39,12 @@ def load_reward_source(
     loader: ModelLoader | None = None,
     dtype: str | None = None,
 ) -> RewardSource:
-    """The reward source ``spec`` names, ``name`` defaulting per the table in docs/architecture.md.
-
-    ``policy_tokenizer`` tells a reward function whether the policy writes reasoning traces (its chat template
-    renders ``reasoning_content``: conversational completions then carry the trace apart, as TRL's do). The other
-    arguments are for a reward model (``RewardModelReward.load``): ``policy_tokenizer`` lets it detect
-    a shared vocabulary (``shares_policy_tokenizer``, enabling its ``score_ids`` fast path), ``device`` and
-    ``batch_size`` are where its forwards run and their micro-batch size, ``loader`` how its weights load, ``dtype``
-    the dtype they load in (None: the checkpoint's).
-    """
+    """The reward source ``spec`` names, ``name`` defaulting per the table in docs/architecture.md. ``policy_tokenizer``
+    tells a reward function whether the policy writes reasoning traces (its chat template renders ``reasoning_content``:
+    conversational completions then carry the trace apart, as TRL's do). The other arguments are for a reward model
+    (``RewardModelReward.load``): ``policy_tokenizer`` lets it detect a shared vocabulary (``shares_policy_tokenizer``,
+    enabling its ``score_ids`` fast path), ``device`` and ``batch_size`` are where its forwards run and their
+    micro-batch size, ``loader`` how its weights load, ``dtype`` the dtype they load in (None: the checkpoint's)."""
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()

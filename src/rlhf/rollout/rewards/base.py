@@ -1,13 +1,12 @@
-"""The reward-source interface, its error type, and :class:`RewardSet`, which calls every source and checks what
-comes back. Notation: B samples (prompt, completion pairs), K reward sources.
+"""The reward-source interface, its error type, and :class:`RewardSet`, which calls every source and checks what comes
+back. Notation: B samples (prompt, completion pairs), K reward sources.
 
-A *reward source* has ``name: str`` (its scores are logged as ``reward/<name>/mean``) and ``score(prompts,
-completions, columns) -> list[float | None]``, ``None`` = could not be scored (NaN in the score matrix, never
-silently 0). With ``takes_context = True`` (:class:`~rlhf.rollout.rewards.function.FunctionReward`) ``score``
-also gets ``context=`` a :class:`RewardContext` and ``log=`` its ``(log_metric, log_extra)``, as TRL's
-``GRPOTrainer`` gives reward functions; with ``is_async = True`` it has ``score_async`` (same arguments), and a
-batch's async sources run concurrently on one event loop in a daemon thread, as TRL runs ``async def`` ones.
-"""
+A *reward source* has ``name: str`` (its scores are logged as ``reward/<name>/mean``) and
+``score(prompts, completions, columns) -> list[float | None]``, ``None`` = could not be scored (NaN in the score matrix,
+never silently 0). With ``takes_context = True`` (:class:`~rlhf.rollout.rewards.function.FunctionReward`) ``score`` also
+gets ``context=`` a :class:`RewardContext` and ``log=`` its ``(log_metric, log_extra)``, as TRL's ``GRPOTrainer`` gives
+reward functions; with ``is_async = True`` it has ``score_async`` (same arguments), and a batch's async sources run
+concurrently on one event loop in a daemon thread, as TRL runs ``async def`` ones."""
 
 from __future__ import annotations
 
@@ -69,15 +68,12 @@ class RewardScores(NamedTuple):
 
 @dataclass
 class RewardContext:
-    """What TRL's ``GRPOTrainer._calculate_rewards`` passes to a reward function besides the prompt texts,
-    completion texts and dataset columns; every list has one entry per sample (B).
-
-    ``messages``: each sample's chat prompt (None for a plain-text one), or None for a batch without any;
-    ``completion_ids``: as in the README's "Reward sources"; ``trainer_state``: a ``TrainerState`` or None;
-    ``episodes``: multi-turn episodes (`rlhf.rollout.episodes.Episode`), whose opening messages are the prompts and
-    whose turns (assistant, tool, user…) the completions, as TRL passes them, and whose environment rewards the
-    ``environment`` source gives.
-    """
+    """What TRL's ``GRPOTrainer._calculate_rewards`` passes to a reward function besides the prompt texts, completion
+    texts and dataset columns; every list has one entry per sample (B). ``messages``: each sample's chat prompt (None
+    for a plain-text one), or None for a batch without any; ``completion_ids``: as in the README's "Reward sources";
+    ``trainer_state``: a ``TrainerState`` or None; ``episodes``: multi-turn episodes (`rlhf.rollout.episodes.Episode`),
+    whose opening messages are the prompts and whose turns (assistant, tool, user…) the completions, as TRL passes them,
+    and whose environment rewards the ``environment`` source gives."""
 
     messages: list[list[dict[str, Any]] | None] | None = None
     completion_ids: list[list[int]] | None = None
@@ -228,15 +224,13 @@ class RewardSet:
         context: RewardContext | None = None,
     ) -> RewardScores:
         """Call every source on the batch and stack the validated scores into a (B, K) :class:`RewardScores`.
-
         ``prompts``: B texts as the policy saw them (chat template applied); ``completions``: B texts decoded without
         special tokens; ``columns``: extra dataset columns, B values each; ``context`` None: plain-text prompts, no
         completion ids, no trainer state. ``token_ids``: the policy's ``(query ⊕ response ids, attention mask)``, both
         (B, L), which a reward model sharing the policy's tokenizer scores as they are (``score_ids``: no decode and
-        re-encode, docs/architecture.md, "Reward sources"). Raises :class:`RewardError` when a source raises (the
-        sample whose scoring fails on its own is located and named) or returns a non-list, the wrong number of scores,
-        a non-number, NaN or ±inf.
-        """
+        re-encode, docs/architecture.md, "Reward sources"). Raises :class:`RewardError` when a source raises (the sample
+        whose scoring fails on its own is located and named) or returns a non-list, the wrong number of scores, a
+        non-number, NaN or ±inf."""
         sources, prompts, completions = self.sources, list(prompts), list(completions)
         batch = len(completions)
         if len(prompts) != batch:

@@ -1,10 +1,9 @@
 """Reward functions written in Python: ``path/to/file.py:function`` or ``package.module:function``.
 
-Called exactly the way TRL's ``GRPOTrainer._calculate_rewards`` calls its reward functions (TRL 1.16), so users
-bring theirs unchanged; the arguments and what they hold are the README's "Reward sources". ``async def``
-functions (and objects with an ``async def __call__``) of a batch run concurrently on one event loop, after
-the synchronous ones (as TRL does).
-"""
+Called exactly the way TRL's ``GRPOTrainer._calculate_rewards`` calls its reward functions (TRL 1.16), so users bring
+theirs unchanged; the arguments and what they hold are the README's "Reward sources". ``async def`` functions (and
+objects with an ``async def __call__``) of a batch run concurrently on one event loop, after the synchronous ones (as
+TRL does)."""
 
 from __future__ import annotations
 

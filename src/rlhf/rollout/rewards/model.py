@@ -1,10 +1,8 @@
 """A learned reward model as a reward source: a ``transformers`` sequence-classification model with one output.
 
-How a sample is scored (checklist items 7, 14, 19, 21: its own tokenizer, eos appended, read at the last real
-token, long sequences keep their last tokens, the stored normalisation), the pad token, the path for the
-policy's token ids and chat prompts: docs/architecture.md, "Reward sources". B samples, L tokens of
-``prompt ⊕ completion``.
-"""
+How a sample is scored (checklist items 7, 14, 19, 21: its own tokenizer, eos appended, read at the last real token,
+long sequences keep their last tokens, the stored normalisation), the pad token, the path for the policy's token ids and
+chat prompts: docs/architecture.md, "Reward sources". B samples, L tokens of ``prompt ⊕ completion``."""
 
 from __future__ import annotations
 
@@ -26,11 +24,9 @@ the model (see :meth:`RewardModelReward.load`)."""
 
 
 class RewardModelReward:
-    """A sequence-classification reward model with one output, scoring as docs/architecture.md says.
-
-    ``model`` (``config.num_labels == 1``) is frozen in place; ``tokenizer`` is its own; the policy's, if known,
-    sets ``shares_policy_tokenizer``; ``append_eos``: append eos to sequences that do not end with it.
-    """
+    """A sequence-classification reward model with one output, scoring as docs/architecture.md says. ``model``
+    (``config.num_labels == 1``) is frozen in place; ``tokenizer`` is its own; the policy's, if known, sets
+    ``shares_policy_tokenizer``; ``append_eos``: append eos to sequences that do not end with it."""
 
     def __init__(
         self,
@@ -82,12 +78,10 @@ class RewardModelReward:
         dtype: torch.dtype | str | None = None,
         loader: ModelLoader | None = None,
     ) -> RewardModelReward:
-        """Load model and tokenizer from a directory or a hub id; ``name`` defaults to its last path part.
-
-        The configuration is read first, so a model with ``num_labels != 1`` is refused before its weights
-        are loaded. ``dtype`` goes to ``from_pretrained`` when given; ``loader``: :data:`ModelLoader` (sharded
-        runs: ``rlhf.models.sharding.model_loader``), default ``build("cpu")``.
-        """
+        """Load model and tokenizer from a directory or a hub id; ``name`` defaults to its last path part. The
+        configuration is read first, so a model with ``num_labels != 1`` is refused before its weights are loaded.
+        ``dtype`` goes to ``from_pretrained`` when given; ``loader``: :data:`ModelLoader` (sharded runs:
+        ``rlhf.models.sharding.model_loader``), default ``build("cpu")``."""
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         from rlhf.data.tokenization import ensure_pad_token
@@ -156,13 +150,10 @@ class RewardModelReward:
         return rows
 
     def score_ids(self, query_response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids + (B, L) mask → (B,) float32 scores, on the ids' device.
-
-        For the trainer when ``shares_policy_tokenizer``: the ids are ``query ⊕ response`` in the policy's
-        layout (any padding: left, right or both; only positions with mask 1 are read). The eos rule of the
-        text path applies, so this equals :meth:`score` on the decoded texts whenever re-encoding the text
-        gives back the same tokens.
-        """
+        """(B, L) ids + (B, L) mask → (B,) float32 scores, on the ids' device. For the trainer when
+        ``shares_policy_tokenizer``: the ids are ``query ⊕ response`` in the policy's layout (any padding: left, right
+        or both; only positions with mask 1 are read). The eos rule of the text path applies, so this equals
+        :meth:`score` on the decoded texts whenever re-encoding the text gives back the same tokens."""
         if query_response_ids.shape != attention_mask.shape or query_response_ids.dim() != 2:
             raise ValueError(
                 f"query_response_ids {tuple(query_response_ids.shape)} and attention_mask "
