@@ -151,8 +151,7 @@ def reward_context(
     prompt, as `rlhf.rollout.generation.generate` lays them out), the completion ids of ``generated``, its
     episodes (multi-turn) and ``trainer_state``."""
     messages = repeat_each(batch.messages, repeat) if any(m is not None for m in batch.messages) else None
-    ids = generated.completion_ids if generated is not None else None
-    episodes = generated.episodes if generated is not None else None
+    ids, episodes = (None, None) if generated is None else (generated.completion_ids, generated.episodes)
     return RewardContext(messages=messages, completion_ids=ids, trainer_state=trainer_state, episodes=episodes)
 
 

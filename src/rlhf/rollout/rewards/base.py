@@ -82,12 +82,11 @@ class RewardContext:
 
     def select(self, rows: list[int]) -> RewardContext:
         """The context of the samples ``rows``, in that order (a rank's shard of a batch, one failing sample)."""
-        return RewardContext(
-            messages=None if self.messages is None else [self.messages[i] for i in rows],
-            completion_ids=None if self.completion_ids is None else [self.completion_ids[i] for i in rows],
-            trainer_state=self.trainer_state,
-            episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
-        )
+
+        def take(values: list | None) -> list | None:
+            return None if values is None else [values[i] for i in rows]
+
+        return RewardContext(take(self.messages), take(self.completion_ids), self.trainer_state, take(self.episodes))
 
     def copy(self) -> RewardContext:
         """Deep copies of the per-sample lists (a source that mutates them must not change what the next sees);

@@ -65,9 +65,7 @@ class FunctionReward:
 
     @classmethod
     def load(cls, spec: str, *, name: str | None = None, reasoning: bool = False) -> FunctionReward:
-        """``path/to/file.py:function`` (relative to the current directory) or ``package.module:function``; the
-        attribute may be dotted (``module:Class.method``). Errors name the file or module, with the original
-        import error, or the callables the module does have."""
+        """The function ``spec`` names, read by `rlhf.rollout.user_code.load_callable` (its forms and errors)."""
         obj = load_callable(spec, "reward", RewardError)
         return cls(obj, name=name or spec.rpartition(":")[2].rsplit(".", 1)[-1], spec=spec, reasoning=reasoning)
 
