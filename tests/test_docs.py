@@ -56,6 +56,8 @@ def test_readme_names_every_ppo_field_and_metric():
         "rollout/logprob_diff_frac",
         "rollout/is_weight_mean",
         "rollout/is_capped_frac",
+        "async/staleness",
+        "time/producer_idle_s",
         "episode/turns_mean",
         "episode/tool_calls_mean",
         "episode/tool_errors",

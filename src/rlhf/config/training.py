@@ -406,6 +406,7 @@ class PolicyGradientConfig(TrainingConfig):
                 "drop kl.reference_ema, or train without lora and with kl.coef > 0"
             )
         _check_objective(self)
+        _check_staleness(self)
         name = f"{self.COMMAND}.num_minibatches"
         _check_divides(name, self.algorithm.num_minibatches, self.num_sequences, self._sequences_text)
         super()._check()
@@ -503,6 +504,25 @@ def _check_objective(config: PolicyGradientConfig) -> None:
                 "the sampler's ratio into VESPO's sequence ratio instead of weighting each token, which rlhf does "
                 "not; set sampling.is_correction: none or choose another loss type"
             )
+
+
+def _check_staleness(config: PolicyGradientConfig) -> None:
+    """``sampling.max_staleness`` > 0 trains on samples of older weights: the loss needs their log-probs' weight
+    (the decoupled objective), and the sampler must be a worker of its own."""
+    sampling = config.sampling
+    if sampling.max_staleness == 0:
+        return
+    if sampling.is_correction == "none":
+        raise ConfigError(
+            f"sampling.max_staleness={sampling.max_staleness} trains on samples drawn by weights up to that many "
+            "updates old; the loss must weigh them by π_proximal/π_behaviour: set sampling.is_correction to token "
+            "(PPO's decoupled objective) or sequence"
+        )
+    if sampling.engine == "vllm":
+        raise ConfigError(
+            "sampling.max_staleness > 0 samples in a worker process with rlhf's own engines (lean, hf, auto); "
+            "with sampling.engine vllm it is not supported yet: set sampling.max_staleness: 0"
+        )
 
 
 def _check_rollout(config: PolicyGradientConfig) -> None:

@@ -90,14 +90,22 @@ class GRPO(Algorithm):
         self.models = Models(config, inputs.d)
         self.updates_per_step = config.grpo.num_iterations * config.grpo.num_minibatches
 
-    def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
+    @staticmethod
+    def draw(
+        config: GRPOConfig,
+        inputs: Inputs,
+        models: Models,
+        stream: PromptStream,
+        generator: torch.Generator,
+        trainer_state: Any,
+    ) -> Sampled:
         """Phases 1-2: ``group_size`` responses to each of the next prompts, scored; with dynamic sampling more
         rounds until enough groups carry a signal (:func:`fill_batch`)."""
 
         def sample_round() -> Sampled:
-            return sample_groups(self.config, self.models, self.inputs, next(stream), generator, trainer_state)
+            return sample_groups(config, models, inputs, next(stream), generator, trainer_state)
 
-        return fill_batch(self.config, sample_round)
+        return fill_batch(config, sample_round)
 
     def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
         """Phases 3-5: old (and reference) log-probs, group-relative advantages; ``num_iterations`` passes ×
@@ -222,7 +230,8 @@ def on_policy(config: GRPOConfig, models: Models) -> bool:
     one policy forward less per step, the same update (TRL's GRPO does the same). Not under
     ``top_entropy_quantile``, whose mask is chosen from that pass's entropies before any update."""
     one_update = config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1
-    return one_update and models.reference is None and config.grpo.top_entropy_quantile == 1
+    stale = config.sampling.max_staleness > 0  # the proximal policy is not the one that sampled
+    return one_update and models.reference is None and config.grpo.top_entropy_quantile == 1 and not stale
 
 
 def grpo_update(

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rlhf.config import PolicyGradientConfig
+from rlhf.config import ConfigError, PolicyGradientConfig
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.rollout import generation, scoring
 from rlhf.runlog.distributed import SINGLE, Dist
@@ -27,12 +27,23 @@ class Algorithm:
     """What PPO and GRPO supply to :func:`train`: their models, how they sample and what they learn; an algorithm
     with state of its own (PPO's β) also overrides the after-step and the checkpoint methods."""
 
+    config: PolicyGradientConfig
+    inputs: Inputs
     models: Models
     updates_per_step: int
     """Optimizer steps per iteration (the schedule spans ``steps`` × this)."""
 
-    def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
-        """Phases 1-2: sample responses to the next prompts and score them."""
+    @staticmethod
+    def draw(
+        config: Any,
+        inputs: Inputs,
+        models: Models,
+        stream: PromptStream,
+        generator: torch.Generator,
+        trainer_state: Any,
+    ) -> Sampled:
+        """Phases 1-2: sample responses to the next prompts of ``stream`` with ``models`` and score them; a function
+        of its arguments alone, which a sampling worker (`rlhf.trainers.rl.producer`) runs with models of its own."""
         raise NotImplementedError
 
     def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
@@ -70,19 +81,22 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     if start == 0 and inputs.eval_prompts:  # step 0 (a resumed run has its row): every curve's own starting point
         logger.log({"step": 0, **evaluate(config, inputs, models, 0, stream)})
     unscored = scoring.UnscoredSteps()
-    with StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health) as progress:
+    batches = open_batches(config, algorithm, state, stream, done=start, in_flight=saved.get("in_flight", []))
+    progressing = StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health)
+    with batches, progressing as progress:
         for step in range(start + 1, config.steps + 1):
             watch = Stopwatch("rollout", "logprobs", "train")
-            trainer_state = make_trainer_state(config, step - 1, stream)
-            with watch("rollout"):  # 1. sample and score
-                sampled = algorithm.sample(stream, state.generators["sampling"], trainer_state)
-            watch.seconds["rollout"] -= sampled.scores.seconds  # scoring has its own time/score_s
+            with watch("rollout"):  # 1. sample and score (k > 0: the worker's batch, drawn while the last one trained)
+                sampled = batches.take(step, make_trainer_state(config, step - 1, stream))
+            if not batches.overlapped:  # scoring has its own time/score_s (k > 0: rollout_s is the wait)
+                watch.seconds["rollout"] -= sampled.scores.seconds
             learned = {}
             if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else nothing to learn: no update
                 learned = algorithm.learn(step, sampled, state, watch)  # 2. rollout passes and update
                 models.sync_engine()  # vLLM samples the updated policy from the next rollout (and eval) on
                 if models.reference is not None:
                     models.reference.follow()  # 3. kl.reference_ema: the anchor moves after each update
+            batches.publish(step, models.policy)  # k > 0: the weights after this step, for the worker
             stats = sampled.stats | learned
             stats |= algorithm.after_step(stats)  # 4. e.g. PPO's β for the next step
             metrics = step_metrics(step, sampled, state.scheduler.get_last_lr()[0], watch, stats)
@@ -100,12 +114,67 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
             progress.update(step, metrics)
             stop = doctor_stops(config, logger, d)  # 6. doctor.stop_on: a finding that severe started
             if stop or (config.run.save_every and step % config.run.save_every == 0):  # 7.
-                state.save(out, step, models, algorithm.state_dict(), d)
+                state.save(out, step, models, algorithm.state_dict() | batches.in_flight(step), d)
             if stop:
                 break
     logger.close()
     write_final(models, inputs.tokenizer, out / "final", d)
     return out / "final"
+
+
+class InProcess:
+    """``sampling.max_staleness`` 0: the algorithm samples the batch of a step in this process, with the weights of
+    the step before (the loop's batches, as `rlhf.trainers.rl.producer.Producer` is for k > 0)."""
+
+    overlapped = False
+
+    def __init__(self, algorithm: Algorithm, stream: PromptStream, generator: torch.Generator):
+        self.algorithm, self.stream, self.generator = algorithm, stream, generator
+
+    def take(self, step: int, trainer_state: Any) -> Sampled:
+        algorithm = self.algorithm
+        return algorithm.draw(
+            algorithm.config, algorithm.inputs, algorithm.models, self.stream, self.generator, trainer_state
+        )
+
+    def publish(self, step: int, policy: torch.nn.Module) -> None:
+        """Nothing: the next batch is sampled by the policy itself."""
+
+    def in_flight(self, step: int) -> dict[str, Any]:
+        return {}
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def open_batches(
+    config: PolicyGradientConfig,
+    algorithm: Algorithm,
+    state: TrainState,
+    stream: PromptStream,
+    *,
+    done: int,
+    in_flight: list,
+) -> InProcess | Any:
+    """Where the steps' batches come from: this process, or with ``sampling.max_staleness`` > 0 a worker started
+    after step ``done`` with the batches a checkpoint held (``in_flight``)."""
+    generator = state.generators["sampling"]
+    if config.sampling.max_staleness == 0:
+        return InProcess(algorithm, stream, generator)
+    if algorithm.models.d.distributed:
+        raise ConfigError(
+            "sampling.max_staleness > 0 under torchrun is not supported yet (one worker per rank is planned); "
+            "run one process, or set sampling.max_staleness: 0"
+        )
+    from rlhf.trainers.rl.producer import Producer
+
+    policy = algorithm.models.policy
+    return Producer(
+        config, type(algorithm).draw, policy, done=done, pending=in_flight, stream=stream, generator=generator
+    )
 
 
 def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats: dict[str, float]) -> dict:

@@ -42,8 +42,14 @@ class Models:
     function and a moving reference."""
 
     def __init__(
-        self, config: PolicyGradientConfig, d: Dist, value: Callable[[nn.Module], ValueFunction] | None = None
+        self,
+        config: PolicyGradientConfig,
+        d: Dist,
+        value: Callable[[nn.Module], ValueFunction] | None = None,
+        *,
+        sampler: bool = False,
     ):
+        """``sampler``: the policy and its engine only, for a sampling worker (no reference, no value function)."""
         model = config.model
         self.model, self.d = model, d
         # vLLM holds its copy of the policy in bfloat16 under mixed precision (it never trains), else in model.dtype
@@ -51,7 +57,8 @@ class Models:
         self.engine = generation.open_engine(
             config.sampling, model.name, dtype=dtype, seed=config.run.seed, response_tokens=config.response_tokens
         )
-        reference = planning.has_reference(config)
+        reference = planning.has_reference(config) and not sampler
+        value = None if sampler else value
         self.policy, copy = load_policy(model, d, reference)
         self.reference = Reference(self.policy, copy, config.kl.reference_ema) if reference else None
         self.value = value(self.policy) if value is not None else ValueFunction()

@@ -81,9 +81,17 @@ class PPO(Algorithm):
         self.updates_per_step = config.ppo.epochs * config.ppo.num_minibatches
         self.kl_coef = config.kl.coef
 
-    def sample(self, stream: PromptStream, generator: torch.Generator, trainer_state: Any) -> Sampled:
-        """Phases 1-2: roll out the current policy, one response per prompt, and score the finished responses."""
-        return sample_and_score(self.config, self.inputs, self.models, next(stream), generator, trainer_state)
+    @staticmethod
+    def draw(
+        config: PPOConfig,
+        inputs: Inputs,
+        models: Models,
+        stream: PromptStream,
+        generator: torch.Generator,
+        trainer_state: Any,
+    ) -> Sampled:
+        """Phases 1-2: roll out the policy, one response per prompt, and score the finished responses."""
+        return sample_and_score(config, inputs, models, next(stream), generator, trainer_state)
 
     def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
         """Phases 3-6: old/ref log-probs and values, KL-shaped rewards, GAE and whitening; K epochs of clipped

@@ -1,0 +1,191 @@
+"""Asynchronous RL (``sampling.max_staleness`` k > 0): a worker process samples and scores the next batches while
+the trainer learns from this one.
+
+The schedule is fixed, not "whatever weights are newest": the batch trained at step s is drawn by the weights
+after update ``version(s, k)`` = max(0, s − 1 − k), so its staleness is min(k, s − 1), never more, and a run at k
+gives the same numbers however long each phase takes. The worker holds its own copy of the policy and its own
+prompt stream and sampling generator (continuing the trainer's); after each update the trainer copies the trained
+tensors (LoRA: the adapters) into shared memory and hands the worker their handles, never the data.
+
+A checkpoint after step s holds the batches of steps s+1…s+k, drawn already (their weights exist no more), each with
+the worker's stream and generator state after it: a resumed run takes them and restarts the worker after the last,
+so it trains on the very samples the uninterrupted run trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from rlhf.config import PolicyGradientConfig
+from rlhf.data.stream import PromptStream
+from rlhf.models.loading import load_trainable_state, trainable_state
+
+POLL_S = 1.0
+"""How often a wait on the worker checks that it is still alive."""
+
+
+def version(step: int, k: int) -> int:
+    """The policy version (updates done) that draws the batch trained at ``step`` under staleness ``k``."""
+    return max(0, step - 1 - k)
+
+
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """A batch from the worker: the step it is for, the version that drew it, the algorithm's ``Sampled``, the
+    seconds the worker spent waiting for that version's weights, and its prompt stream's and sampling generator's
+    state after drawing it (where a resumed worker goes on)."""
+
+    step: int
+    version: int
+    sampled: Any
+    idle_s: float
+    stream_state: dict
+    generator_state: torch.Tensor
+
+
+class Producer:
+    """The trainer's side of the worker: ``publish`` the weights after an update, ``take`` the batch of a step."""
+
+    overlapped = True
+    """Its batches are drawn while the trainer learns: ``time/rollout_s`` is the trainer's wait for one."""
+
+    def __init__(
+        self,
+        config: PolicyGradientConfig,
+        draw: Callable[..., Any],
+        policy: torch.nn.Module,
+        *,
+        done: int,
+        pending: list[Drawn],
+        stream: PromptStream,
+        generator: torch.Generator,
+    ):
+        """Start the worker after step ``done`` (a resumed run's checkpoint) with the batches already drawn
+        (``pending``, from the checkpoint): it draws from the batch after them on, its stream and generator where
+        the last of them left them (else where ``stream`` and ``generator`` are)."""
+        self.k, self.last = config.sampling.max_staleness, config.steps
+        self.stream, self.generator = stream, generator
+        self.pending = {drawn.step: drawn for drawn in pending}
+        first = max(self.pending, default=done) + 1
+        stream_state = pending[-1].stream_state if pending else stream.state_dict()
+        generator_state = pending[-1].generator_state if pending else generator.get_state()
+        context = mp.get_context("spawn")  # fork would copy the trainer's threads and its process group
+        self.weights, self.batches = context.Queue(), context.Queue()
+        self.process = context.Process(
+            target=_work,
+            args=(config, draw, first, stream_state, generator_state, self.weights, self.batches),
+            daemon=True,
+            name="rlhf-sampler",
+        )
+        self.process.start()
+        self.threads = torch.get_num_threads()  # the trainer's; the worker's cores are left to it
+        torch.set_num_threads(max(1, self.threads - config.sampling.worker_threads))
+        self.published = version(first, self.k) - 1
+        self.publish(done, policy)  # the weights the worker's first batch is drawn by
+
+    def publish(self, done: int, policy: torch.nn.Module) -> None:
+        """After update ``done`` (the policy's version): its trained tensors, when a later batch is drawn by them."""
+        if done > self.published and done <= version(self.last, self.k):
+            shared = {
+                name: t.detach().to("cpu", copy=True).share_memory_() for name, t in trainable_state(policy).items()
+            }
+            self.weights.put((done, shared))
+            self.published = done
+
+    def take(self, step: int, trainer_state: Any = None) -> Any:
+        """The batch of ``step`` (drawn already, or waited for), with ``async/*`` stats; the trainer's stream and
+        generator are left where drawing it left the worker's, as the synchronous loop leaves them."""
+        self._receive(step)
+        drawn = self.pending.pop(step)
+        self.stream.load_state_dict(drawn.stream_state)
+        self.generator.set_state(drawn.generator_state)
+        stats = {"async/staleness": step - 1 - drawn.version, "time/producer_idle_s": drawn.idle_s}
+        return dataclasses.replace(drawn.sampled, stats=drawn.sampled.stats | stats)
+
+    def in_flight(self, step: int) -> dict[str, list[Drawn]]:
+        """For a checkpoint after ``step``: the batches of the next k steps, waited for (their weights are gone
+        after this step), in order."""
+        until = min(step + self.k, self.last)
+        self._receive(until)
+        return {"in_flight": [self.pending[s] for s in range(step + 1, until + 1)]}
+
+    def _receive(self, step: int) -> None:
+        """Receive the worker's batches up to ``step``'s; RuntimeError when the worker died or failed."""
+        while step > max(self.pending, default=0):
+            try:
+                drawn = self.batches.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RuntimeError(
+                        f"the sampling worker (sampling.max_staleness) died with exit code {self.process.exitcode} "
+                        f"before the batch of step {step}"
+                    ) from None
+                continue
+            if isinstance(drawn, str):  # the worker's traceback
+                raise RuntimeError(f"the sampling worker (sampling.max_staleness) failed:\n{drawn}")
+            self.pending[drawn.step] = drawn
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, error: type[BaseException] | None, *exc: object) -> None:
+        """The worker ends: after the run, once the trainer holds every batch; on an error, at once."""
+        if error is None:
+            self.weights.put(None)
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        torch.set_num_threads(self.threads)
+
+
+def _work(
+    config: PolicyGradientConfig,
+    draw: Callable[..., Any],
+    first: int,
+    stream_state: dict,
+    generator_state: torch.Tensor,
+    weights: Any,
+    batches: Any,
+) -> None:
+    """The worker: the algorithm's ``draw`` (`rlhf.trainers.rl.loop.Algorithm.draw`) for steps first…, each after
+    loading its version's weights into a policy of its own."""
+    from rlhf.trainers.rl.inputs import load_inputs, make_trainer_state
+    from rlhf.trainers.rl.models import Models
+
+    torch.set_num_threads(config.sampling.worker_threads)
+    try:
+        inputs = load_inputs(config)
+        models = Models(config, inputs.d, sampler=True)
+        stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
+        stream.load_state_dict(stream_state)
+        generator = torch.Generator()
+        generator.set_state(generator_state)
+        loaded = -1
+        for step in range(first, config.steps + 1):
+            wanted, t0 = version(step, config.sampling.max_staleness), time.perf_counter()
+            while loaded < wanted:
+                item = weights.get()
+                if item is None:
+                    return
+                loaded, state = item
+                if loaded != wanted:  # the trainer publishes exactly the versions the schedule draws by, in order
+                    raise RuntimeError(f"the weights of update {loaded} came for a batch drawn by update {wanted}")
+                load_trainable_state(models.policy, state, "policy weights")
+            idle = time.perf_counter() - t0
+            trainer_state = make_trainer_state(config, step - 1, stream)
+            sampled = draw(config, inputs, models, stream, generator, trainer_state)
+            batches.put(Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state()))
+        while weights.get() is not None:  # the batches' tensors live in this process until the trainer is done
+            pass
+    except BaseException:  # the trainer raises it, with this traceback (text: any exception pickles so)
+        batches.put(traceback.format_exc())
+        raise

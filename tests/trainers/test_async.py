@@ -1,0 +1,101 @@
+"""Asynchronous RL (``sampling.max_staleness`` k > 0): a worker process samples the next batches while the trainer
+learns. The schedule is fixed (the batch of step s drawn by the weights after update max(0, s − 1 − k)), so a run
+at k is deterministic, its staleness is exactly min(k, s − 1), and a killed run resumes to the same numbers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import test_grpo
+from safetensors.torch import load_file
+from test_grpo import make_config
+from test_ppo import make_config as make_ppo_config
+
+from rlhf.config import ConfigError
+from rlhf.trainers.rl import grpo, ppo
+from runs import assert_rows_match, comparable, dies_after_checkpoint, max_abs_diff, train_rows
+
+prompts_file = test_grpo.prompts_file  # the fixture: 40 short prompts
+
+ASYNC = {"sampling.max_staleness": 1, "sampling.is_correction": "token"}
+
+
+def local(name: str) -> str:
+    return f"{Path(__file__).resolve()}:{name}"
+
+
+def dies_in_the_worker_at_step_3(completions, trainer_state, **kwargs):
+    """Scores by length, and ends the process that scores the batch of step 3 (the sampling worker's)."""
+    if trainer_state.global_step == 2:
+        os._exit(3)
+    return [len(c) / 10 for c in completions]
+
+
+def raises_in_the_worker_at_step_3(completions, trainer_state, **kwargs):
+    """Scores by length, and raises in the process that scores the batch of step 3 (the sampling worker's)."""
+    if trainer_state.global_step == 2:
+        raise ValueError("this reward cannot score step 3")
+    return [len(c) / 10 for c in completions]
+
+
+def rows(out: Path) -> list[dict]:
+    return comparable(train_rows(out))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_staleness_is_exactly_the_schedules_and_the_run_is_deterministic(tiny_llama_dir, prompts_file, tmp_path, k):
+    fields = {"grpo.steps": 4, "sampling.max_staleness": k, "sampling.is_correction": "token"}
+    grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "a", **fields))
+    grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "b", **fields))
+    synchronous = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "sync", **{"grpo.steps": 1}))
+    first, second = train_rows(tmp_path / "a"), rows(tmp_path / "b")
+    assert [row["async/staleness"] for row in first] == [min(k, step - 1) for step in range(1, 5)]
+    # the same schedule, the same samples and float32 operations in the same order: the same bits
+    assert_rows_match(rows(tmp_path / "a"), second, rel=0, abs=0)
+    # step 1 is drawn by the starting weights from the same stream and generator as the synchronous loop's
+    assert first[0]["reward/mean"] == train_rows(synchronous.parent)[0]["reward/mean"]
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "ppo"])
+def test_a_killed_async_run_resumes_to_the_uninterrupted_one(
+    tiny_llama_dir, prompts_file, tmp_path, monkeypatch, trainer
+):
+    module, make = (grpo, make_config) if trainer == "grpo" else (ppo, make_ppo_config)
+    steps = {"grpo": {"grpo.steps": 5}, "ppo": {"ppo.steps": 5}}[trainer]
+    fields = {**steps, "run.save_every": 2, **ASYNC, "sampling.max_staleness": 2}
+    whole = module.run(make(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
+    with dies_after_checkpoint(monkeypatch, 2):
+        module.run(make(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
+    resumed = module.run(make(tiny_llama_dir, prompts_file, tmp_path / "resumed", **{"run.resume": True}, **fields))
+    # the checkpoint of step 2 held the batches of steps 3 and 4 (drawn by the weights of steps 0 and 1, which the
+    # resumed run never had); trained on, they give the uninterrupted run's bits
+    assert_rows_match(rows(tmp_path / "whole"), rows(tmp_path / "resumed"), rel=0, abs=0)
+    assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) == 0
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("dies_in_the_worker_at_step_3", "sampling worker .* died with exit code 3 before the batch of step 3"),
+        ("raises_in_the_worker_at_step_3", "(?s)sampling worker .* failed:.*ValueError: this reward cannot score"),
+    ],
+)
+def test_a_worker_that_dies_or_fails_is_a_clean_error(tiny_llama_dir, prompts_file, tmp_path, function, message):
+    fields = {"grpo.steps": 4, "reward.source": local(function), **ASYNC}
+    with pytest.raises(RuntimeError, match=message):
+        grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"sampling.max_staleness": 1}, "set sampling.is_correction to token"),
+        ({**ASYNC, "sampling.engine": "vllm"}, "not supported yet"),
+        ({"sampling.max_staleness": -1}, "max_staleness"),
+    ],
+)
+def test_bad_staleness_settings_are_refused(tiny_llama_dir, prompts_file, tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields)
