@@ -58,19 +58,23 @@ def test_staleness_is_exactly_the_schedules_and_the_run_is_deterministic(tiny_ll
     assert first[0]["reward/mean"] == train_rows(synchronous.parent)[0]["reward/mean"]
 
 
-@pytest.mark.parametrize("trainer", ["grpo", "ppo"])
+@pytest.mark.parametrize("trainer", ["grpo", "ppo", "grpo with lora"])
 def test_a_killed_async_run_resumes_to_the_uninterrupted_one(
     tiny_llama_dir, prompts_file, tmp_path, monkeypatch, trainer
 ):
-    module, make = (grpo, make_config) if trainer == "grpo" else (ppo, make_ppo_config)
-    steps = {"grpo": {"grpo.steps": 5}, "ppo": {"ppo.steps": 5}}[trainer]
-    fields = {**steps, "run.save_every": 2, **ASYNC, "sampling.max_staleness": 2}
+    module, make = (ppo, make_ppo_config) if trainer == "ppo" else (grpo, make_config)
+    steps = {"ppo.steps": 5} if trainer == "ppo" else {"grpo.steps": 5}
+    # with LoRA the worker gets the adapters only: had it kept its first ones, the resumed worker (which starts from
+    # the checkpoint's) would draw other batches than the uninterrupted one
+    lora = {"model.lora": {"r": 4}} if "lora" in trainer else {}
+    fields = {**steps, **lora, "run.save_every": 2, **ASYNC, "sampling.max_staleness": 2}
     whole = module.run(make(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
     with dies_after_checkpoint(monkeypatch, 2):
         module.run(make(tiny_llama_dir, prompts_file, tmp_path / "resumed", **fields))
     resumed = module.run(make(tiny_llama_dir, prompts_file, tmp_path / "resumed", **{"run.resume": True}, **fields))
     # the checkpoint of step 2 held the batches of steps 3 and 4 (drawn by the weights of steps 0 and 1, which the
-    # resumed run never had); trained on, they give the uninterrupted run's bits
+    # resumed run never had); trained on, they give the uninterrupted run's bits. Step 5's batch is drawn by the
+    # weights of step 2, which the trainer publishes to the worker as it publishes every update's
     assert_rows_match(rows(tmp_path / "whole"), rows(tmp_path / "resumed"), rel=0, abs=0)
     assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) == 0
 
