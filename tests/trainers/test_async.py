@@ -98,6 +98,7 @@ def test_a_worker_that_dies_or_fails_is_a_clean_error(tiny_llama_dir, prompts_fi
         ({"sampling.max_staleness": 1}, "set sampling.is_correction to token"),
         ({**ASYNC, "sampling.engine": "vllm"}, "not supported yet"),
         ({"sampling.max_staleness": -1}, "max_staleness"),
+        ({**ASYNC, "rollout.tools": ["rlhf.rollout.tools:calculator"]}, "multi-turn episodes .* not supported yet"),
     ],
 )
 def test_bad_staleness_settings_are_refused(tiny_llama_dir, prompts_file, tmp_path, fields, message):

@@ -15,7 +15,6 @@ so it trains on the very samples the uninterrupted run trained on.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import time
 import traceback
 from collections.abc import Callable
@@ -78,14 +77,17 @@ class Producer:
         stream_state = pending[-1].stream_state if pending else stream.state_dict()
         generator_state = pending[-1].generator_state if pending else generator.get_state()
         context = mp.get_context("spawn")  # fork would copy the trainer's threads and its process group
-        self.weights, self.batches = context.Queue(), context.Queue()
+        # batches come through a pipe: its send pickles in the worker's own thread, so a batch that cannot be sent
+        # raises there (a queue's feeder thread would drop it, and the trainer would wait for ever)
+        self.weights, (self.batches, sender) = context.Queue(), context.Pipe(duplex=False)
         self.process = context.Process(
             target=_work,
-            args=(config, draw, first, stream_state, generator_state, self.weights, self.batches),
+            args=(config, draw, first, stream_state, generator_state, self.weights, sender),
             daemon=True,
             name="rlhf-sampler",
         )
         self.process.start()
+        sender.close()  # the worker's end: when it exits, this side reads the end of the pipe
         self.threads = torch.get_num_threads()  # the trainer's; the worker's cores are left to it
         torch.set_num_threads(max(1, self.threads - config.sampling.worker_threads))
         self.published = version(first, self.k) - 1
@@ -120,15 +122,16 @@ class Producer:
     def _receive(self, step: int) -> None:
         """Receive the worker's batches up to ``step``'s; RuntimeError when the worker died or failed."""
         while step > max(self.pending, default=0):
-            try:
-                drawn = self.batches.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self.process.is_alive():
-                    raise RuntimeError(
-                        f"the sampling worker (sampling.max_staleness) died with exit code {self.process.exitcode} "
-                        f"before the batch of step {step}"
-                    ) from None
+            if not self.batches.poll(POLL_S) and self.process.is_alive():
                 continue
+            try:
+                drawn = self.batches.recv()
+            except EOFError:  # the worker is gone
+                self.process.join(timeout=10)
+                raise RuntimeError(
+                    f"the sampling worker (sampling.max_staleness) died with exit code {self.process.exitcode} "
+                    f"before the batch of step {step}"
+                ) from None
             if isinstance(drawn, str):  # the worker's traceback
                 raise RuntimeError(f"the sampling worker (sampling.max_staleness) failed:\n{drawn}")
             self.pending[drawn.step] = drawn
@@ -183,9 +186,9 @@ def _work(
             idle = time.perf_counter() - t0
             trainer_state = make_trainer_state(config, step - 1, stream)
             sampled = draw(config, inputs, models, stream, generator, trainer_state)
-            batches.put(Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state()))
+            batches.send(Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state()))
         while weights.get() is not None:  # the batches' tensors live in this process until the trainer is done
             pass
     except BaseException:  # the trainer raises it, with this traceback (text: any exception pickles so)
-        batches.put(traceback.format_exc())
+        batches.send(traceback.format_exc())
         raise
