@@ -94,7 +94,8 @@ def _from_start(h: History, key: str, n: int, moved: Callable[[float, float], bo
 
 @warning(
     ("rollout/logprob_diff_mean",),
-    threshold="mean of the last {n} steps > {floor} nats per token and > {factor}× where it started (median of the first {n})",
+    threshold="mean of the last {n} steps > {floor} nats per token and > {factor}× where it started (median of the "
+    "first {n}), at sampling.max_staleness 0",
     reason="the engine that samples and the trainer compute the same policy; rounding keeps them a steady small "
     "distance apart, so a gap that grows means the engine's weights or numerics drift from the trainer's, and "
     "every update is off-policy by that much",
@@ -104,7 +105,95 @@ def _from_start(h: History, key: str, n: int, moved: Callable[[float, float], bo
     "bug: report it with the run's config",
 )
 def mismatch_growing(h: History, n: int = 3, floor: float = 0.05, factor: float = 3) -> str | None:
+    if _stale(h):  # the gap is then behaviour against proximal policy, and grows with staleness by design
+        return None  # how far is too far: stale_samples_hurt
     return _from_start(h, "rollout/logprob_diff_mean", n, lambda start, now: now > floor and now > factor * start)
+
+
+def _stale(h: History) -> bool:
+    """The run samples asynchronously: ``sampling.max_staleness`` > 0 (docs/async.md)."""
+    k = h.setting("sampling", "max_staleness", default=0)
+    return finite(k) and k > 0
+
+
+@warning(
+    ("rollout/is_capped_frac", "rollout/logprob_diff_mean"),
+    threshold="median of the last {n} steps at sampling.max_staleness > 0: rollout/is_capped_frac > {capped:%} of "
+    "the tokens, or rollout/logprob_diff_mean > {gap} nats per token",
+    reason="a stale token's loss is weighted by π_prox/π_behav, capped at sampling.is_cap. Under the sampler "
+    "these weights average 1, so on average at most 1/is_cap of them can reach the cap (a third at the default "
+    "3; a share like one half never shows): 5 % capped is a heavy tail of tokens the policy has moved far "
+    "towards. A mean gap of 0.5 nats puts a typical token's probability 1.6× off (ten times mismatch_growing's "
+    "rounding floor): the weights' spread, more than the advantages, then sets each token's step. The gap grows "
+    "with staleness by design, so it is held to a bound, not to where it started",
+    diagnosis="the batches are too stale for the importance weights to correct: the policy that sampled them is "
+    "far from the one learning from them",
+    fix="lower sampling.max_staleness (1 already overlaps a whole step; more only absorbs steps of uneven "
+    "length), make each update move less (optim.learning_rate, ppo.epochs / grpo.num_iterations), or, when "
+    "rollout/is_capped_frac is what fired, raise sampling.is_cap (less bias, more variance)",
+)
+def stale_samples_hurt(h: History, n: int = 5, capped: float = 0.05, gap: float = 0.5) -> str | None:
+    if not _stale(h):
+        return None
+    found = []
+    for key, bound, fmt in (("rollout/is_capped_frac", capped, ".1%"), ("rollout/logprob_diff_mean", gap, ".3g")):
+        last = tail(h.values(key), n)
+        if last and h.current(key) is not None and (median := statistics.median(last)) > bound:
+            found.append(f"{key} {median:{fmt}}")
+    if not found:
+        return None
+    k = h.setting("sampling", "max_staleness")
+    return f"{' and '.join(found)} (median of the last {n} steps; sampling.max_staleness {k})"
+
+
+ASYNC_TIMES = ("time/rollout_s", "time/producer_idle_s", "time/step_s")
+
+
+@info(
+    ASYNC_TIMES,
+    threshold="median of the last {n} steps after step {after} at sampling.max_staleness > 0: the trainer's wait "
+    "for its batch (time/rollout_s) or the worker's for its weights (time/producer_idle_s) > {share:%} of "
+    "time/step_s",
+    reason="the overlap hides the shorter of sampling and updating: balanced, both waits are near 0 and a step "
+    "takes the longer phase alone. A wait over half the step means one phase takes over twice the other, so "
+    "the overlap saves at most a third of a synchronous step (less, as the worker samples on fewer cores) "
+    "while the waiting side's cores sit idle over half the time. Step 1 is always waited for: nothing ran "
+    "before it",
+    diagnosis="the asynchronous pipeline is unbalanced: one side mostly waits for the other, so the overlap "
+    "hides little",
+    fix="when the trainer waits (time/rollout_s): give the worker more cores (sampling.worker_threads), or make "
+    "its work cheaper (it scores too: time/score_s is its scoring; sampling.max_new_tokens); when the worker idles "
+    "(time/producer_idle_s): give the trainer its cores back (a lower sampling.worker_threads), or sample "
+    "in the trainer (sampling.max_staleness: 0)",
+)
+def async_does_not_pay(h: History, n: int = 5, share: float = 0.5, after: int = 1) -> str | None:
+    found = _last_rows(h, ASYNC_TIMES, n)
+    if not _stale(h) or found is None or found[0][0] <= after:
+        return None
+    _, (waits, idles, steps) = found
+    waiting, idle = (statistics.median(v / max(s, 1e-9) for v, s in zip(x, steps, strict=True)) for x in (waits, idles))
+    if waiting > share:
+        return (
+            f"the trainer waited for its batch {waiting:.0%} of each step (time/rollout_s over time/step_s, "
+            f"median of the last {n} steps): sampling is the bottleneck"
+        )
+    if idle > share:
+        return (
+            f"the worker waited for its weights {idle:.0%} of each step (time/producer_idle_s over time/step_s, "
+            f"median of the last {n} steps): the update is the bottleneck"
+        )
+    return None
+
+
+def _last_rows(h: History, keys: Sequence[str], n: int) -> tuple[list[int], list[list[float]]] | None:
+    """The steps of the last ``n`` rows that log ``keys`` (together, as a step's row does) and each key's values
+    there, when the last row holds them all; else None."""
+    if any(h.current(key) is None for key in keys):
+        return None
+    steps = [h.steps(key)[-n:] for key in keys]
+    if len(steps[0]) < n or any(s != steps[0] for s in steps):
+        return None
+    return steps[0], [h.values(key)[-n:] for key in keys]
 
 
 @critical(
