@@ -144,6 +144,52 @@ def test_ppo_critic_as_the_trainer_builds_it_for_a_reward_model_with_another_tok
     assert separate.resident["optimizer state"] == 2 * 2 * policy.params * 4
 
 
+def test_the_sampling_worker_is_counted_at_k_above_0(
+    tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path, monkeypatch
+):
+    """``sampling.max_staleness`` k > 0: the worker's own policy, reward model, sampling and scoring, and the trained
+    weights handed to it, all in the CPU's memory; k = 0 plans as before (no worker)."""
+    import torch
+
+    from rlhf.runlog.distributed import Dist
+
+    values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path)
+    asynchronous = {"sampling.max_staleness": 1, "sampling.is_correction": "token"}
+    sync, k1 = (config_from_dict("ppo", nested(values | extra)) for extra in ({}, asynchronous))
+    policy = planning.model_sizes(str(tiny_llama_dir))
+    reward = planning.model_sizes(str(tiny_reward_model_dir), reward=True)
+    # by hand, in float32 (4 B) on the CPU, with batch.size 4 (4 rows, one micro-batch) of 20 positions: the
+    # worker's libraries and inputs (the trainer's runtime, 1000 B here, + the CPU workspace); its policy's and
+    # reward model's weights; the KV cache, 2 × layers × kv_heads × head_dim values per row and position; the lean
+    # decoder's packed copy of the policy's matrices; the reward model's forward, (4H + 2gd + 3I) values per row and
+    # position; and k + 1 = 2 shared copies of the trained weights (all the policy's)
+    kv = 2 * policy.layers * policy.kv_heads * policy.head_dim * 4 * 20 * 4
+    forward = 4 * 20 * (4 * reward.hidden + 2 * reward.kv_heads * reward.head_dim + 3 * reward.intermediate) * 4
+    weights = (policy.params + reward.params + policy.matmul_params) * 4
+    worker = 1000 + planning.WORKSPACE + weights + kv + forward + 2 * policy.params * 4
+    for retains in (True, False):
+        before, after = (planning.plan(c, positions=20, runtime=1000, retains=retains) for c in (sync, k1))
+        assert before.worker == {} and after.worker_total == worker  # a GPU plan's worker too: float32, on the CPU
+        assert after.resident == before.resident and after.phases == before.phases  # the trainer's own unchanged
+        # on CPU every phase holds the worker too; beside a GPU its peak is the GPU's, the worker below the table
+        assert [after.total(p) - before.total(p) for p in after.phases] == [worker if retains else 0] * 3
+        assert "sampling worker: shared trained weights ×2" in planning.render(after)
+        assert "sampling worker" not in planning.render(before)
+    # with LoRA the trainer hands over the adapters only (float32), k + 1 = 3 copies of them at k = 2
+    lora = with_flags(k1, ["--model.lora={r: 4}", "--sampling.max_staleness=2"])
+    adapters = planning.lora_params(str(tiny_llama_dir), lora.model.lora)
+    assert planning.plan(lora, positions=20).worker["sampling worker: shared trained weights ×3"] == 3 * adapters * 4
+
+    # beside a GPU the worker is checked against the CPU's free memory (this process's RSS: 1000 B, as above)
+    gpu, config = Dist(device=torch.device("cuda")), with_flags(k1, ["--run.memory_budget_gib=100"])
+    monkeypatch.setattr(planning.device, "process_rss", lambda: 1000)
+    monkeypatch.setattr(planning.device, "free_memory", lambda: (worker, "all of it"))
+    assert planning.check(config, gpu, positions=20) is not None
+    monkeypatch.setattr(planning.device, "free_memory", lambda: (worker // 2, "half of it"))
+    with pytest.raises(ConfigError, match=r"sampling worker .* does NOT fit.*--sampling.max_staleness 0"):
+        planning.check(config, gpu, positions=20)
+
+
 def test_cheapest_fix_is_the_first_that_fits(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):
     values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path) | {"batch.size": 16}
     config = config_from_dict("ppo", nested(values))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rlhf.config import TrainingConfig
 from rlhf.core.memory import GiB
-from rlhf.planning.device import budget, refusal, runtime_bytes
+from rlhf.planning.device import budget, process_rss, refusal, worker_fit
 from rlhf.planning.fixes import alternatives, cheapest_fix
 from rlhf.planning.layout import plan, render
 from rlhf.planning.lengths import data_positions
@@ -26,16 +26,17 @@ def report(config: TrainingConfig, *, world_size: int = 1, device_memory_gib: fl
     from rlhf.runlog.distributed import device_for_run  # the device a one-process run of this config would take
 
     device = device_for_run()
-    positions, runtime, retains = data_positions(config), runtime_bytes(device), device.type != "cuda"
+    positions, runtime, retains = data_positions(config), process_rss(), device.type != "cuda"
     predicted = plan(config, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
     gib = device_memory_gib if device_memory_gib is not None else config.run.memory_budget_gib
     limit, source = budget(device, gib)
-    fits = predicted.peak <= limit
+    fits, worker = predicted.peak <= limit, worker_fit(predicted)
     lines = [
         render(predicted),
         "",
         f"peak {predicted.peak / GiB:.2f} GiB per rank ({predicted.peak_phase}); budget {limit / GiB:.2f} GiB "
         f"({source}): {'fits' if fits else 'does NOT fit'}",
+        *([worker[1]] if worker else []),
         "",
         "what each change would make the peak:",
     ]
@@ -45,4 +46,4 @@ def report(config: TrainingConfig, *, world_size: int = 1, device_memory_gib: fl
     if not fits:
         fix = cheapest_fix(config, limit, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
         lines += ["", refusal(predicted, limit, source, fix).replace("; no weights were loaded", "")]
-    return "\n".join(lines), fits
+    return "\n".join(lines), fits and (worker is None or worker[0])

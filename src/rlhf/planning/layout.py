@@ -4,13 +4,15 @@ its validation: docs/memory.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from rlhf.config import DPOConfig, PolicyGradientConfig, PPOConfig, RMConfig, SFTConfig, TrainingConfig
 from rlhf.core import memory
 from rlhf.core.memory import Transformer
 from rlhf.models.critic import critic_layout
-from rlhf.models.precision import frozen_dtype
+from rlhf.models.precision import bf16_enabled, frozen_dtype
 from rlhf.planning.sizes import lora_params, model_config, model_sizes, reads_policy_tokens, reward_models
 from rlhf.runlog.distributed import strategy
 
@@ -42,7 +44,9 @@ class Plan:
     to the update, after whose optimizer steps the trainer trims the heap (:data:`AFTER_UPDATE`); on a GPU the
     caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
     ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
-    once, the largest, rather than added up."""
+    once, the largest, rather than added up. ``worker``: the sampling worker's parts (``sampling.max_staleness`` > 0,
+    `_Layout.worker`), held all run in the CPU's memory: on CPU in every phase's total; beside a GPU not in its
+    peak but `worker_total` against the CPU's own budget (`rlhf.planning.device.worker_fit`)."""
 
     command: str
     world_size: int
@@ -53,6 +57,11 @@ class Plan:
     retains: bool = True
     reused: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
+    worker: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def worker_total(self) -> int:
+        return sum(self.worker.values())
 
     def total(self, phase: str) -> int:
         names = list(self.phases)
@@ -60,7 +69,8 @@ class Plan:
         counted = [self.phases[p] for p in ([phase] if fresh else names[: names.index(phase) + 1])]
         added = [size for parts in counted for part, size in parts.items() if part not in self.reused]
         reused = [size for parts in counted for part, size in parts.items() if part in self.reused]
-        return sum(self.resident.values()) + sum(added) + max(reused, default=0)
+        beside = self.worker_total if self.retains else 0  # retains: the plan is the CPU's, the worker's memory too
+        return sum(self.resident.values()) + beside + sum(added) + max(reused, default=0)
 
     @property
     def peak(self) -> int:
@@ -75,9 +85,10 @@ def plan(
     config: TrainingConfig, *, world_size: int = 1, positions: int, runtime: int = 0, retains: bool = True
 ) -> Plan:
     """The plan of ``config`` on ``world_size`` ranks, rows at most ``positions`` tokens long (prompt and
-    response for ppo/grpo); ``runtime`` bytes the process holds before any model (libraries: this process's RSS
-    on CPU, 0 on a GPU); ``retains``: `Plan.retains` (CPU). ``model.bf16`` unset is mixed precision on a GPU (one
-    that does not retain) and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
+    response for ppo/grpo); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
+    CPU only (a GPU's plan counts the device's memory) and as the sampling worker's own (it loads the same);
+    ``retains``: `Plan.retains` (CPU). ``model.bf16`` unset is mixed precision on a GPU (one that does not retain)
+    and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
     bf16 = config.model.bf16 if config.model.bf16 is not None else not retains
     layout = _Layout(config, world_size, positions, bf16, gpu=not retains)
     workspace = {"workspace (CPU libraries)": WORKSPACE} if retains else {}
@@ -86,11 +97,12 @@ def plan(
         world_size=world_size,
         parallelism=layout.parallelism,
         positions=layout.positions,
-        resident={"runtime": runtime, **workspace, **layout.resident()},
+        resident={"runtime": runtime if retains else 0, **workspace, **layout.resident()},
         phases=layout.phases(),
         retains=retains,
         reused=REUSED,
         notes=tuple(dict.fromkeys(layout.notes)),
+        worker=layout.worker(runtime),
     )
 
 
@@ -180,19 +192,44 @@ class _Layout:
 
     def resident(self) -> dict[str, int]:
         """Held for the whole run: every model's weights and the optimizer's moments."""
-        policy = self.policy
-        parts = {"policy weights": self.share(memory.weights(policy.params, self.width))}
-        if self.config.model.lora:
-            parts["policy weights"] += self.share(memory.weights(self.trainable, memory.FLOAT32))
-        if reference_copy(self.config):
-            parts["reference weights"] = self.share(memory.weights(policy.params, self.reference_width))
-        for i, rm in enumerate(self.reward_models):
-            name = f"reward model {i + 1} weights" if i else "reward model weights"
-            parts[name] = self.share(memory.weights(rm.params, self.reward_width))
+        parts = self.weights(reference=reference_copy(self.config))
         if self.critic is not None:
             parts["critic weights"] = self.share(memory.weights(self.critic.params, self.width))
         parts["optimizer state"] = self.share(memory.adamw_state(self.all_trainable, self.trainable_width))
         return parts
+
+    def weights(self, reference: bool) -> dict[str, int]:
+        """The weights of the policy (LoRA's adapters with it), of its ``reference`` copy, of each reward model."""
+        policy = self.policy
+        parts = {"policy weights": self.share(memory.weights(policy.params, self.width))}
+        if self.config.model.lora:
+            parts["policy weights"] += self.share(memory.weights(self.trainable, memory.FLOAT32))
+        if reference:
+            parts["reference weights"] = self.share(memory.weights(policy.params, self.reference_width))
+        for i, rm in enumerate(self.reward_models):
+            name = f"reward model {i + 1} weights" if i else "reward model weights"
+            parts[name] = self.share(memory.weights(rm.params, self.reward_width))
+        return parts
+
+    def worker(self, runtime: int) -> dict[str, int]:
+        """``sampling.max_staleness`` k > 0: the sampling worker (`rlhf.trainers.rl.producer`), a process of its own
+        holding all run long its libraries and inputs (``runtime``, as this process's before its models, and the CPU
+        libraries' workspace), its policy and reward models, its rollout's parts and its reward models' widest
+        forward (each as this plan counts the trainer's), and the trained weights the trainer hands it in shared
+        memory. All on the CPU, whatever the trainer's device: spawned, the worker never joins the run's process
+        group, so its `Dist` is ``SINGLE``'s, and it loads its models in the dtypes a CPU run would."""
+        k = self.rl.sampling.max_staleness if self.rl else 0
+        if not k:
+            return {}
+        cpu = _Layout(self.config, 1, self.positions, bf16_enabled(self.config.model.bf16, torch.device("cpu")))
+        parts = {"libraries and inputs": runtime + WORKSPACE, **cpu.weights(reference=False), **cpu.rollout(self.rl)}
+        if cpu.reward_models:
+            parts["reward model forward"] = max(cpu.reward_forwards())
+        # up to k + 1 versions: waiting for the batch of step s (drawn by version s-1-k, which a worker slower than
+        # the trainer still holds) the trainer has published versions s-k ... s-1. The k batches in flight are left
+        # out: token ids, masks and log-probs, ~28 B per row and position (64 rows of 1024: 1.8 MiB each)
+        parts[f"shared trained weights ×{k + 1}"] = (k + 1) * memory.weights(self.trainable, self.trainable_width)
+        return {f"sampling worker: {name}": size for name, size in parts.items()}
 
     def rollout(self, config: PolicyGradientConfig) -> dict[str, int]:
         """Sampling: the KV cache of the rank's rows, the lean decoder's packed weights, FSDP's gathered policy."""
@@ -229,12 +266,11 @@ class _Layout:
     def scoring(self, config: PolicyGradientConfig) -> dict[str, int]:
         """The rollout's forwards without gradients (old log-probs, reference, values, rewards): the widest one."""
         policy, rows = self.policy, self.micro
-        forwards = [memory.inference_workspace(policy, rows, self.positions, self.compute_width)]
-        forwards += [
-            memory.inference_workspace(rm, rows, self.positions, self.reward_width) for rm in self.reward_models
-        ]
+        forward = max(
+            [memory.inference_workspace(policy, rows, self.positions, self.compute_width), *self.reward_forwards()]
+        )
         response = config.response_tokens + 1
-        parts = {"forward": max(forwards), "logits": memory.logits(rows, response, policy.vocab, copies=2)}
+        parts = {"forward": forward, "logits": memory.logits(rows, response, policy.vocab, copies=2)}
         if self.bf16 and not self.sharded:  # autocast keeps its bfloat16 casts of trained weights for a forward
             parts["bfloat16 copies of the trained weights (autocast)"] = memory.weights(self.trainable, 2)
         if self.sharded:  # each frozen model is gathered whole for its scoring, one at a time
@@ -244,6 +280,12 @@ class _Layout:
             if frozen:
                 parts["gathered frozen model (fsdp)"] = max(self.gathered(full) for full in frozen)
         return parts
+
+    def reward_forwards(self) -> list[int]:
+        """Each reward model's forward over a micro-batch, without gradients."""
+        return [
+            memory.inference_workspace(rm, self.micro, self.positions, self.reward_width) for rm in self.reward_models
+        ]
 
     def save(self) -> dict[str, int]:
         """FSDP: rank 0 writes final/ from the full state dict it gathers and the plain model it fills with it."""
@@ -281,10 +323,11 @@ class _Layout:
 
 
 def render(predicted: Plan) -> str:
-    """The plan as a table (MiB per rank): the resident parts, then each phase's own, one column per phase."""
+    """The plan as a table (MiB per rank): the resident parts, then each phase's own, one column per phase; the
+    sampling worker's parts with the resident ones on CPU, below the table beside a GPU (not in its peak)."""
     phases = list(predicted.phases)
     added = list(dict.fromkeys(part for phase in phases for part in predicted.phases[phase]))
-    width = max(len(part) for part in [*predicted.resident, *added, "peak per phase"])
+    width = max(len(part) for part in [*predicted.resident, *predicted.worker, *added, "peak per phase"])
 
     def row(name: str, cells: list[int | None]) -> str:
         return f"{name:<{width}}" + "".join(f"{'' if c is None else f'{c / 2**20:.0f}':>12}" for c in cells)
@@ -299,8 +342,16 @@ def render(predicted: Plan) -> str:
         f"{predicted.parallelism}, rows of up to {predicted.positions} tokens; MiB per rank ({how})",
         f"{'part':<{width}}" + "".join(f"{phase:>12}" for phase in phases),
     ]
+    columns = len(phases) if predicted.retains else 1  # beside a GPU: one figure each, below the table
+    worker = [row(part, [size] * columns) for part, size in predicted.worker.items()]
     lines += [row(part, [size] * len(phases)) for part, size in predicted.resident.items()]
+    lines += worker if predicted.retains else []
     lines += [row(part, [predicted.phases[p].get(part) for p in phases]) for part in added]
     lines.append(row("peak per phase", [predicted.total(phase) for phase in phases]))
+    if predicted.worker and not predicted.retains:
+        lines += [
+            f"sampling worker, in the CPU's memory (not in the peak): {predicted.worker_total / 2**20:.0f} MiB",
+            *worker,
+        ]
     lines += [f"note: {note}" for note in predicted.notes]
     return "\n".join(lines)
