@@ -180,14 +180,83 @@ def test_the_sampling_worker_is_counted_at_k_above_0(
     adapters = planning.lora_params(str(tiny_llama_dir), lora.model.lora)
     assert planning.plan(lora, positions=20).worker["sampling worker: shared trained weights ×3"] == 3 * adapters * 4
 
-    # beside a GPU the worker is checked against the CPU's free memory (this process's RSS: 1000 B, as above)
-    gpu, config = Dist(device=torch.device("cuda")), with_flags(k1, ["--run.memory_budget_gib=100"])
+    # beside a GPU a worker on the CPU is checked against the CPU's free memory (this process's RSS: 1000 B, above)
+    gpu = Dist(device=torch.device("cuda"))
+    config = with_flags(k1, ["--run.memory_budget_gib=100", "--sampling.worker_device=cpu"])
     monkeypatch.setattr(planning.device, "process_rss", lambda: 1000)
     monkeypatch.setattr(planning.device, "free_memory", lambda: (worker, "all of it"))
     assert planning.check(config, gpu, positions=20) is not None
     monkeypatch.setattr(planning.device, "free_memory", lambda: (worker // 2, "half of it"))
     with pytest.raises(ConfigError, match=r"sampling worker .* does NOT fit.*--sampling.max_staleness 0"):
         planning.check(config, gpu, positions=20)
+
+
+def test_a_sampling_worker_on_a_gpu_is_counted_there(
+    tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path, monkeypatch
+):
+    """``sampling.worker_device`` a GPU: the worker's models, sampling and scoring on it, in a one-process GPU run's
+    dtypes; its libraries and inputs and the shared trained weights in the CPU's memory. On the trainer's GPU they
+    are in every phase's total; on another GPU they are checked against that GPU; a CPU run is unchanged."""
+    import torch
+
+    from rlhf.runlog.distributed import Dist
+
+    values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path)
+    asynchronous = {"sampling.max_staleness": 1, "sampling.is_correction": "token", "run.memory_budget_gib": 100}
+    sync, k1 = (config_from_dict("ppo", nested(values | extra)) for extra in ({}, asynchronous))
+    policy = planning.model_sizes(str(tiny_llama_dir))
+    reward = planning.model_sizes(str(tiny_reward_model_dir), reward=True)
+    # by hand, as test_the_sampling_worker_is_counted_at_k_above_0's, in mixed precision: the policy's float32
+    # weights, the reward model's in bfloat16, and the KV cache, the lean decoder's bfloat16 copy of the policy's
+    # matrices and the reward model's forward in bfloat16 (2 B)
+    kv = 2 * policy.layers * policy.kv_heads * policy.head_dim * 4 * 20 * 2
+    forward = 4 * 20 * (4 * reward.hidden + 2 * reward.kv_heads * reward.head_dim + 3 * reward.intermediate) * 2
+    on_gpu = policy.params * 4 + reward.params * 2 + policy.matmul_params * 2 + kv + forward
+    on_cpu = 1000 + planning.WORKSPACE + 2 * policy.params * 4
+
+    monkeypatch.setattr(planning.device, "process_rss", lambda: 1000)
+    monkeypatch.setattr(planning.device, "free_memory", lambda: (on_cpu, "all of it"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    trainer = torch.device("cuda", 0)
+    assert planning.worker_place(k1, trainer) == ("trainer's GPU", trainer)  # auto: the only GPU, shared
+    before = planning.plan(sync, positions=20, runtime=1000, retains=False)
+    shared = planning.plan(k1, positions=20, runtime=1000, retains=False, worker_place="trainer's GPU")
+    assert sum(shared.worker_gpu.values()) == on_gpu and shared.worker_total == on_cpu
+    assert [shared.total(p) - before.total(p) for p in before.phases] == [on_gpu] * 3
+    assert "sampling worker: KV cache" in planning.render(shared).split("peak per phase")[0]  # a row of the table
+    # the check: the GPU's budget between the two peaks refuses the run, naming the worker; the CPU's parts fit
+    between = (before.peak + on_gpu // 2) / GiB
+    assert planning.check(with_flags(sync, [f"--run.memory_budget_gib={between}"]), Dist(device=trainer), 20)
+    with pytest.raises(ConfigError, match=r"sampling worker's 0\.\d+ GiB on this GPU .*--sampling.worker_device cpu"):
+        planning.check(with_flags(k1, [f"--run.memory_budget_gib={between}"]), Dist(device=trainer), 20)
+    assert planning.check(k1, Dist(device=trainer), 20) is not None
+    monkeypatch.setattr(planning.device, "free_memory", lambda: (on_cpu - 1, "all but a byte"))
+    with pytest.raises(ConfigError, match=r"takes .* GiB of the CPU's memory.*does NOT fit"):
+        planning.check(k1, Dist(device=trainer), 20)
+
+    # two GPUs: auto is the other one, checked against its own free memory; the trainer's peak as without a worker
+    monkeypatch.setattr(planning.device, "free_memory", lambda: (on_cpu, "all of it"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    free = {1: on_gpu * 2}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free[torch.device(device).index], 2**40))
+    second = torch.device("cuda", 1)
+    assert planning.worker_place(k1, trainer) == ("another GPU", second)
+    apart = planning.plan(k1, positions=20, runtime=1000, retains=False, worker_place="another GPU")
+    assert apart.peak == before.peak and apart.apart == {"cpu": shared.worker, "gpu": shared.worker_gpu}
+    assert "sampling worker, on another GPU (not in the peak)" in planning.render(apart)
+    assert planning.check(k1, Dist(device=trainer), 20) is not None
+    free[1] = on_gpu  # 90 % of it is usable
+    with pytest.raises(ConfigError, match=r"of cuda:1; .* does NOT fit.*--sampling.worker_device.*max_staleness 0"):
+        planning.check(k1, Dist(device=trainer), 20)
+    text, fits = planning.report(k1, device=trainer)  # `rlhf plan` places the worker as the run would
+    assert not fits and "does NOT fit" in text.split("what each change")[0] and "GiB of cuda:1" in text
+
+    # a CPU run: the worker on the CPU in every phase's total, as before; cpu beside a GPU trainer: below the table
+    cpu = torch.device("cpu")
+    assert planning.worker_place(k1, cpu) == ("cpu", cpu)
+    assert planning.worker_place(with_flags(k1, ["--sampling.worker_device=cpu"]), trainer)[0] == "cpu"
+    on_cpu_run = planning.plan(k1, positions=20, runtime=1000)
+    assert on_cpu_run.worker_gpu == {} and on_cpu_run.apart == {} and on_cpu_run.beside == on_cpu_run.worker
 
 
 def test_cheapest_fix_is_the_first_that_fits(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):

@@ -3,9 +3,13 @@ single change would make its peak, and whether it fits the budget."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from rlhf.config import TrainingConfig
 from rlhf.core.memory import GiB
-from rlhf.planning.device import budget, process_rss, refusal, worker_fit
+from rlhf.planning.device import budget, process_rss, refusal, worker_fits, worker_place
 from rlhf.planning.fixes import alternatives, cheapest_fix
 from rlhf.planning.layout import plan, render
 from rlhf.planning.lengths import data_positions
@@ -20,30 +24,42 @@ def command_of(sections: set[str]) -> str | None:
     return found[0] if len(set(found)) == 1 else None
 
 
-def report(config: TrainingConfig, *, world_size: int = 1, device_memory_gib: float | None = None) -> tuple[str, bool]:
+def report(
+    config: TrainingConfig,
+    *,
+    world_size: int = 1,
+    device_memory_gib: float | None = None,
+    device: torch.device | None = None,
+) -> tuple[str, bool]:
     """What `rlhf plan` prints for ``config`` on ``world_size`` ranks, and whether it fits the budget (the GPU or
-    this machine's free memory, ``run.memory_budget_gib``, or ``device_memory_gib``)."""
-    from rlhf.runlog.distributed import device_for_run  # the device a one-process run of this config would take
+    this machine's free memory, ``run.memory_budget_gib``, or ``device_memory_gib``); ``device``: the trainer's,
+    by default the one a one-process run of this config would take, and its sampling worker's beside it as the
+    run would place it (`worker_place`)."""
+    from rlhf.runlog.distributed import device_for_run
 
-    device = device_for_run()
+    device = device or device_for_run()
     positions, runtime, retains = data_positions(config), process_rss(), device.type != "cuda"
-    predicted = plan(config, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
+    place, home = worker_place(config, device)
+    where: dict[str, Any] = dict(
+        world_size=world_size, positions=positions, runtime=runtime, retains=retains, worker_place=place
+    )
+    predicted = plan(config, **where)
     gib = device_memory_gib if device_memory_gib is not None else config.run.memory_budget_gib
     limit, source = budget(device, gib)
-    fits, worker = predicted.peak <= limit, worker_fit(predicted)
+    fits, worker = predicted.peak <= limit, worker_fits(predicted, home)
     lines = [
         render(predicted),
         "",
         f"peak {predicted.peak / GiB:.2f} GiB per rank ({predicted.peak_phase}); budget {limit / GiB:.2f} GiB "
         f"({source}): {'fits' if fits else 'does NOT fit'}",
-        *([worker[1]] if worker else []),
+        *(sentence for _, sentence in worker),
         "",
         "what each change would make the peak:",
     ]
-    for fix in alternatives(config, world_size, positions, runtime, retains):
+    for fix in alternatives(config, world_size, positions, runtime, retains, place):
         mark = "fits" if fix.plan.peak <= limit else ""
         lines.append(f"  {' '.join(fix.flags):<48} {fix.plan.peak / GiB:8.2f} GiB  {mark}")
     if not fits:
-        fix = cheapest_fix(config, limit, world_size=world_size, positions=positions, runtime=runtime, retains=retains)
+        fix = cheapest_fix(config, limit, **where)
         lines += ["", refusal(predicted, limit, source, fix).replace("; no weights were loaded", "")]
-    return "\n".join(lines), fits and (worker is None or worker[0])
+    return "\n".join(lines), fits and all(ok for ok, _ in worker)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from rlhf.config import ConfigError, TrainingConfig
+from rlhf.config import ConfigError, PolicyGradientConfig, TrainingConfig
 from rlhf.core.memory import GiB
 from rlhf.planning.fixes import Fix, cheapest_fix
-from rlhf.planning.layout import Plan, plan, render
-from rlhf.runlog.distributed import Dist
+from rlhf.planning.layout import Plan, WorkerPlace, plan, render
+from rlhf.runlog.distributed import Dist, worker_device
 
 USABLE = 0.9
 """Share of the free memory a run may plan to use: the rest is headroom for what the plan leaves out (the
@@ -55,18 +56,41 @@ def free_memory() -> tuple[int, str]:
     return int(free * USABLE) // local, f"{USABLE:.0%} of MemAvailable{share}"
 
 
-def worker_fit(predicted: Plan) -> tuple[bool, str] | None:
-    """Beside a GPU, whose memory the plan's peak is, the sampling worker's CPU memory against `free_memory` (this
-    process's own is taken already): (fits, the sentence saying so); None without a worker, or on CPU, where the
-    worker is in the plan's peak."""
-    if predicted.retains or not predicted.worker:
-        return None
-    limit, source = free_memory()
-    fits = predicted.worker_total <= limit
-    return fits, (
-        f"the sampling worker (sampling.max_staleness) takes {predicted.worker_total / GiB:.2f} GiB of the CPU's "
-        f"memory; {limit / GiB:.2f} GiB there ({source}): {'fits' if fits else 'does NOT fit'}"
-    )
+def worker_place(config: TrainingConfig, device: torch.device) -> tuple[WorkerPlace, torch.device]:
+    """(Where, which device) the sampling worker (``sampling.max_staleness`` > 0) holds its models beside a trainer
+    on ``device``: ``sampling.worker_device`` resolved as the trainer resolves it
+    (`rlhf.runlog.distributed.worker_device`; ``cuda`` is GPU 0, as the worker names it). No worker: the CPU."""
+    if not isinstance(config, PolicyGradientConfig) or not config.sampling.max_staleness:
+        return "cpu", torch.device("cpu")
+    home = worker_device(config.sampling.worker_device, device)
+    if home.type != "cuda":
+        return "cpu", home
+    home = torch.device("cuda", home.index or 0)
+    shares = device.type == "cuda" and (device.index or 0) == home.index
+    return ("trainer's GPU" if shares else "another GPU"), home
+
+
+def worker_fits(predicted: Plan, home: torch.device) -> list[tuple[bool, str]]:
+    """The sampling worker's parts outside the trainer's memory (`Plan.apart`), each against its own: (fits, the
+    sentence saying so). Its CPU parts beside a GPU trainer against `free_memory` (this process's own is taken
+    already); its GPU parts on another GPU than the trainer's (``home``, `worker_place`) against that GPU's free
+    memory. [] when all of the worker is in the plan's peak, or there is no worker."""
+    fits = []
+    for pool, parts in predicted.apart.items():
+        size, cpu = sum(parts.values()), pool == "cpu"
+        (limit, source), where = (free_memory(), "the CPU's memory") if cpu else (gpu_free(home), str(home))
+        verdict = "fits" if size <= limit else "does NOT fit"
+        sentence = f"takes {size / GiB:.2f} GiB of {where}; {limit / GiB:.2f} GiB there ({source}): {verdict}"
+        fits.append((size <= limit, f"the sampling worker (sampling.max_staleness) {sentence}"))
+    return fits
+
+
+def gpu_free(device: torch.device) -> tuple[int, str]:
+    """`available` on a GPU other than the trainer's; none where the machine lacks it (the worker refuses it at its
+    start)."""
+    if (device.index or 0) >= torch.cuda.device_count():
+        return 0, f"this machine has {torch.cuda.device_count()} CUDA GPU(s)"
+    return available(device)
 
 
 def budget(device: torch.device, gib: float | None) -> tuple[int, str]:
@@ -79,26 +103,30 @@ def budget(device: torch.device, gib: float | None) -> tuple[int, str]:
 
 def check(config: TrainingConfig, d: Dist, positions: int) -> Plan | None:
     """At a trainer's start (``d``: its `Dist`), before any weight loads: the plan against the budget, silent when
-    it fits; when it does not, the plan on stderr and ConfigError naming the cheapest change that fits, or beside
-    a GPU the sampling worker that does not fit the CPU's memory (`worker_fit`) (``run.ignore_memory_plan``: a
+    it fits; when it does not, the plan on stderr and ConfigError naming the cheapest change that fits, or the
+    sampling worker's parts that do not fit their own memory (`worker_fits`) (``run.ignore_memory_plan``: a
     warning, and the run goes on). None when the plan cannot be made (a model whose config the plan cannot read):
     said, and the run goes on."""
     command, runtime, retains = config.COMMAND, process_rss(), d.device.type != "cuda"
+    place, home = worker_place(config, d.device)
+    where: dict[str, Any] = dict(
+        world_size=d.world_size, positions=positions, runtime=runtime, retains=retains, worker_place=place
+    )
     try:
-        predicted = plan(config, world_size=d.world_size, positions=positions, runtime=runtime, retains=retains)
+        predicted = plan(config, **where)
     except Exception as error:  # noqa: BLE001 - the plan advises; a model it cannot read must not stop a run
         if d.is_main:
             print(f"{command}: no memory plan ({type(error).__name__}: {error}); going on", file=sys.stderr)
         return None
     limit, source = budget(d.device, config.run.memory_budget_gib)
-    fits, worker = predicted.peak <= limit, worker_fit(predicted)
-    if fits and (worker is None or worker[0]):  # silent: `rlhf plan` shows the plan of a run that fits
+    fits, worker = predicted.peak <= limit, [sentence for ok, sentence in worker_fits(predicted, home) if not ok]
+    if fits and not worker:  # silent: `rlhf plan` shows the plan of a run that fits
         return predicted
     if d.is_main:
         print(render(predicted), file=sys.stderr)
     over = (
-        worker[1]
-        if fits and worker
+        "; ".join(worker)
+        if fits
         else f"the memory plan's peak {predicted.peak / GiB:.2f} GiB per rank does NOT fit the budget of "
         f"{limit / GiB:.2f} GiB ({source})"
     )
@@ -108,10 +136,11 @@ def check(config: TrainingConfig, d: Dist, positions: int) -> Plan | None:
         return predicted
     if fits:
         raise ConfigError(
-            f"{command}: {over}; no weights were loaded. --sampling.max_staleness 0 samples in the trainer's process "
-            "instead; to run anyway: --run.ignore_memory_plan true."
+            f"{command}: {over}; no weights were loaded. --sampling.worker_device puts the worker elsewhere (cpu, "
+            "cuda:N), --sampling.max_staleness 0 samples in the trainer's process instead; to run anyway: "
+            "--run.ignore_memory_plan true."
         )
-    fix = cheapest_fix(config, limit, world_size=d.world_size, positions=positions, runtime=runtime, retains=retains)
+    fix = cheapest_fix(config, limit, **where)
     raise ConfigError(f"{command}: {refusal(predicted, limit, source, fix)}")
 
 
@@ -126,6 +155,12 @@ def refusal(predicted: Plan, limit: int, source: str, fix: Fix | None) -> str:
         advice = "No change within reach fits (smaller micro-batches, checkpointing, a bfloat16 reference, FSDP, LoRA)."
     else:
         advice = f"The cheapest change that fits: {' '.join(fix.flags)} (peak {fix.plan.peak / GiB:.2f} GiB)."
+    if predicted.worker_place == "trainer's GPU":  # a change of place the fixes do not try
+        shared = sum(predicted.worker_gpu.values()) / GiB
+        advice += (
+            f" The sampling worker's {shared:.2f} GiB on this GPU are in the peak: --sampling.worker_device cpu (or "
+            "another GPU) moves them, --sampling.max_staleness 0 drops them."
+        )
     return (
         f"{head} {advice} To run anyway: --run.ignore_memory_plan true; to state the budget: --run.memory_budget_gib."
     )

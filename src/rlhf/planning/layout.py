@@ -5,14 +5,13 @@ its validation: docs/memory.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import Literal
 
 from rlhf.config import DPOConfig, PolicyGradientConfig, PPOConfig, RMConfig, SFTConfig, TrainingConfig
 from rlhf.core import memory
 from rlhf.core.memory import Transformer
 from rlhf.models.critic import critic_layout
-from rlhf.models.precision import bf16_enabled, frozen_dtype
+from rlhf.models.precision import frozen_dtype
 from rlhf.planning.sizes import lora_params, model_config, model_sizes, reads_policy_tokens, reward_models
 from rlhf.runlog.distributed import strategy
 
@@ -27,6 +26,11 @@ REUSED = frozenset(
 )
 """FSDP's gathers: each phase allocates whole-model (or whole-layer) buffers again in the blocks the last one
 freed, so on CPU they do not add up (`Plan.reused`)."""
+
+
+WorkerPlace = Literal["cpu", "trainer's GPU", "another GPU"]
+"""Where the sampling worker (``sampling.max_staleness`` > 0) holds its models (`rlhf.planning.device.worker_place`):
+the CPU, the trainer's own GPU (two processes share it), or a GPU the trainer does not use."""
 
 
 AFTER_UPDATE = frozenset({"save"})
@@ -44,9 +48,10 @@ class Plan:
     to the update, after whose optimizer steps the trainer trims the heap (:data:`AFTER_UPDATE`); on a GPU the
     caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
     ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
-    once, the largest, rather than added up. ``worker``: the sampling worker's parts (``sampling.max_staleness`` > 0,
-    `_Layout.worker`), held all run in the CPU's memory: on CPU in every phase's total; beside a GPU not in its
-    peak but `worker_total` against the CPU's own budget (`rlhf.planning.device.worker_fit`)."""
+    once, the largest, rather than added up. The sampling worker's parts (``sampling.max_staleness`` > 0,
+    `_Layout.worker`), held all run: ``worker`` in the CPU's memory, ``worker_gpu`` on its GPU (``worker_place``;
+    none when its models are on the CPU). Those in the trainer's own memory (`beside`) are in every phase's total;
+    the others are checked against their own memory (`rlhf.planning.device.worker_fits`)."""
 
     command: str
     world_size: int
@@ -58,10 +63,29 @@ class Plan:
     reused: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
     worker: dict[str, int] = field(default_factory=dict)
+    worker_gpu: dict[str, int] = field(default_factory=dict)
+    worker_place: WorkerPlace = "cpu"
 
     @property
     def worker_total(self) -> int:
+        """The worker's parts in the CPU's memory."""
         return sum(self.worker.values())
+
+    @property
+    def beside(self) -> dict[str, int]:
+        """The worker's parts in the trainer's memory: on CPU those in the CPU's, on the trainer's GPU those on it."""
+        return {**(self.worker if self.retains else {}), **(self.worker_gpu if self._shares else {})}
+
+    @property
+    def apart(self) -> dict[str, dict[str, int]]:
+        """The worker's other parts, by memory (``cpu`` beside a GPU trainer, ``gpu`` on another GPU than the
+        trainer's): in no phase's total, each checked against its own memory (`rlhf.planning.device.worker_fits`)."""
+        apart = {"cpu": {} if self.retains else self.worker, "gpu": {} if self._shares else self.worker_gpu}
+        return {pool: parts for pool, parts in apart.items() if parts}
+
+    @property
+    def _shares(self) -> bool:
+        return self.worker_place == "trainer's GPU"
 
     def total(self, phase: str) -> int:
         names = list(self.phases)
@@ -69,8 +93,8 @@ class Plan:
         counted = [self.phases[p] for p in ([phase] if fresh else names[: names.index(phase) + 1])]
         added = [size for parts in counted for part, size in parts.items() if part not in self.reused]
         reused = [size for parts in counted for part, size in parts.items() if part in self.reused]
-        beside = self.worker_total if self.retains else 0  # retains: the plan is the CPU's, the worker's memory too
-        return sum(self.resident.values()) + beside + sum(added) + max(reused, default=0)
+        # the worker holds its parts all run, whatever phase the trainer is in
+        return sum(self.resident.values()) + sum(self.beside.values()) + sum(added) + max(reused, default=0)
 
     @property
     def peak(self) -> int:
@@ -82,15 +106,20 @@ class Plan:
 
 
 def plan(
-    config: TrainingConfig, *, world_size: int = 1, positions: int, runtime: int = 0, retains: bool = True
+    config: TrainingConfig,
+    *,
+    world_size: int = 1,
+    positions: int,
+    runtime: int = 0,
+    retains: bool = True,
+    worker_place: WorkerPlace = "cpu",
 ) -> Plan:
     """The plan of ``config`` on ``world_size`` ranks, rows at most ``positions`` tokens long (prompt and
     response for ppo/grpo); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
     CPU only (a GPU's plan counts the device's memory) and as the sampling worker's own (it loads the same);
-    ``retains``: `Plan.retains` (CPU). ``model.bf16`` unset is mixed precision on a GPU (one that does not retain)
-    and float32 on a CPU, as the trainers resolve it (`rlhf.models.precision`)."""
-    bf16 = config.model.bf16 if config.model.bf16 is not None else not retains
-    layout = _Layout(config, world_size, positions, bf16, gpu=not retains)
+    ``retains``: `Plan.retains` (CPU); ``worker_place``: the sampling worker's models' device."""
+    layout = _Layout(config, world_size, positions, mixed(config, gpu=not retains), gpu=not retains)
+    worker, worker_gpu = layout.worker(runtime, gpu=worker_place != "cpu")
     workspace = {"workspace (CPU libraries)": WORKSPACE} if retains else {}
     return Plan(
         command=config.COMMAND,
@@ -102,8 +131,16 @@ def plan(
         retains=retains,
         reused=REUSED,
         notes=tuple(dict.fromkeys(layout.notes)),
-        worker=layout.worker(runtime),
+        worker=worker,
+        worker_gpu=worker_gpu,
+        worker_place=worker_place,
     )
+
+
+def mixed(config: TrainingConfig, gpu: bool) -> bool:
+    """``model.bf16`` as the trainers resolve it (`rlhf.models.precision.bf16_enabled`): unset is mixed precision on a
+    GPU (the plan takes one that computes in bfloat16) and float32 on a CPU."""
+    return config.model.bf16 if config.model.bf16 is not None else gpu
 
 
 def micro_rows_now(config: TrainingConfig, world_size: int) -> int:
@@ -211,25 +248,30 @@ class _Layout:
             parts[name] = self.share(memory.weights(rm.params, self.reward_width))
         return parts
 
-    def worker(self, runtime: int) -> dict[str, int]:
+    def worker(self, runtime: int, gpu: bool) -> tuple[dict[str, int], dict[str, int]]:
         """``sampling.max_staleness`` k > 0: the sampling worker (`rlhf.trainers.rl.producer`), a process of its own
-        holding all run long its libraries and inputs (``runtime``, as this process's before its models, and the CPU
-        libraries' workspace), its policy and reward models, its rollout's parts and its reward models' widest
-        forward (each as this plan counts the trainer's), and the trained weights the trainer hands it in shared
-        memory. All on the CPU, whatever the trainer's device: spawned, the worker never joins the run's process
-        group, so its `Dist` is ``SINGLE``'s, and it loads its models in the dtypes a CPU run would."""
+        holding all run long (in the CPU's memory; on its device, a ``gpu`` or the CPU): its libraries and inputs
+        (``runtime``, as this process's before its models, and the CPU libraries' workspace); its policy and reward
+        models, its rollout's parts and its reward models' widest forward, as a one-process run on its device holds
+        them (its `Dist` is its own, ``sampling.worker_device``'s, whatever the trainer's); and the trained weights
+        the trainer hands it through the CPU's shared memory, whatever the devices."""
         k = self.rl.sampling.max_staleness if self.rl else 0
         if not k:
-            return {}
-        cpu = _Layout(self.config, 1, self.positions, bf16_enabled(self.config.model.bf16, torch.device("cpu")))
-        parts = {"libraries and inputs": runtime + WORKSPACE, **cpu.weights(reference=False), **cpu.rollout(self.rl)}
-        if cpu.reward_models:
-            parts["reward model forward"] = max(cpu.reward_forwards())
+            return {}, {}
+        alone = _Layout(self.config, 1, self.positions, mixed(self.config, gpu), gpu=gpu)
+        models = {**alone.weights(reference=False), **alone.rollout(self.rl)}
+        if alone.reward_models:
+            models["reward model forward"] = max(alone.reward_forwards())
         # up to k + 1 versions: waiting for the batch of step s (drawn by version s-1-k, which a worker slower than
         # the trainer still holds) the trainer has published versions s-k ... s-1. The k batches in flight are left
         # out: token ids, masks and log-probs, ~28 B per row and position (64 rows of 1024: 1.8 MiB each)
-        parts[f"shared trained weights ×{k + 1}"] = (k + 1) * memory.weights(self.trainable, self.trainable_width)
-        return {f"sampling worker: {name}": size for name, size in parts.items()}
+        shared = {f"shared trained weights ×{k + 1}": (k + 1) * memory.weights(self.trainable, self.trainable_width)}
+        cpu = {"libraries and inputs": runtime + WORKSPACE, **({} if gpu else models), **shared}
+
+        def named(parts: dict[str, int]) -> dict[str, int]:
+            return {f"sampling worker: {name}": size for name, size in parts.items()}
+
+        return named(cpu), named(models) if gpu else {}
 
     def rollout(self, config: PolicyGradientConfig) -> dict[str, int]:
         """Sampling: the KV cache of the rank's rows, the lean decoder's packed weights, FSDP's gathered policy."""
@@ -324,10 +366,12 @@ class _Layout:
 
 def render(predicted: Plan) -> str:
     """The plan as a table (MiB per rank): the resident parts, then each phase's own, one column per phase; the
-    sampling worker's parts with the resident ones on CPU, below the table beside a GPU (not in its peak)."""
+    sampling worker's parts in the trainer's memory with the resident ones (`Plan.beside`), the others below the
+    table, by memory (not in its peak)."""
     phases = list(predicted.phases)
     added = list(dict.fromkeys(part for phase in phases for part in predicted.phases[phase]))
-    width = max(len(part) for part in [*predicted.resident, *predicted.worker, *added, "peak per phase"])
+    worker = {**predicted.worker, **predicted.worker_gpu}
+    width = max(len(part) for part in [*predicted.resident, *worker, *added, "peak per phase"])
 
     def row(name: str, cells: list[int | None]) -> str:
         return f"{name:<{width}}" + "".join(f"{'' if c is None else f'{c / 2**20:.0f}':>12}" for c in cells)
@@ -342,16 +386,12 @@ def render(predicted: Plan) -> str:
         f"{predicted.parallelism}, rows of up to {predicted.positions} tokens; MiB per rank ({how})",
         f"{'part':<{width}}" + "".join(f"{phase:>12}" for phase in phases),
     ]
-    columns = len(phases) if predicted.retains else 1  # beside a GPU: one figure each, below the table
-    worker = [row(part, [size] * columns) for part, size in predicted.worker.items()]
-    lines += [row(part, [size] * len(phases)) for part, size in predicted.resident.items()]
-    lines += worker if predicted.retains else []
+    lines += [row(part, [size] * len(phases)) for part, size in {**predicted.resident, **predicted.beside}.items()]
     lines += [row(part, [predicted.phases[p].get(part) for p in phases]) for part in added]
     lines.append(row("peak per phase", [predicted.total(phase) for phase in phases]))
-    if predicted.worker and not predicted.retains:
-        lines += [
-            f"sampling worker, in the CPU's memory (not in the peak): {predicted.worker_total / 2**20:.0f} MiB",
-            *worker,
-        ]
+    for pool, parts in predicted.apart.items():  # one figure each, below the table
+        where = "in the CPU's memory" if pool == "cpu" else "on another GPU"
+        lines.append(f"sampling worker, {where} (not in the peak): {sum(parts.values()) / 2**20:.0f} MiB")
+        lines += [row(part, [size]) for part, size in parts.items()]
     lines += [f"note: {note}" for note in predicted.notes]
     return "\n".join(lines)
