@@ -9,15 +9,22 @@ from pathlib import Path
 
 import pytest
 import test_grpo
+import test_multi_turn
+import torch
 from safetensors.torch import load_file
 from test_grpo import make_config
+from test_multi_turn import make_config as multi_turn_config
 from test_ppo import make_config as make_ppo_config
 
 from rlhf.config import ConfigError
+from rlhf.runlog.distributed import worker_device
 from rlhf.trainers.rl import grpo, ppo
+from rlhf.trainers.rl.producer import moved, sampling_device
+from rlhf.trainers.rl.rollout import Sampled
 from runs import assert_rows_match, comparable, dies_after_checkpoint, max_abs_diff, train_rows
 
 prompts_file = test_grpo.prompts_file  # the fixture: 40 short prompts
+word_prompts = test_multi_turn.word_prompts  # the fixture: 64 rows naming a code word
 
 ASYNC = {"sampling.max_staleness": 1, "sampling.is_correction": "token"}
 
@@ -98,9 +105,59 @@ def test_a_worker_that_dies_or_fails_is_a_clean_error(tiny_llama_dir, prompts_fi
         ({"sampling.max_staleness": 1}, "set sampling.is_correction to token"),
         ({**ASYNC, "sampling.engine": "vllm"}, "not supported yet"),
         ({"sampling.max_staleness": -1}, "max_staleness"),
-        ({**ASYNC, "rollout.tools": ["rlhf.rollout.tools:calculator"]}, "multi-turn episodes .* not supported yet"),
+        ({**ASYNC, "sampling.worker_device": "gpu"}, "worker_device"),
     ],
 )
 def test_bad_staleness_settings_are_refused(tiny_llama_dir, prompts_file, tmp_path, fields, message):
     with pytest.raises(ConfigError, match=message):
         make_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields)
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+def test_a_killed_async_run_of_episodes_resumes_to_the_uninterrupted_one(
+    tiny_llama_dir, word_prompts, tmp_path, monkeypatch, command
+):
+    """Multi-turn episodes (an environment, its replies in the transcript) drawn in the worker: each belongs to the
+    one policy version that drew its batch; the episodes in flight go into the checkpoint with their batches. The
+    last step saves a checkpoint too, with nothing in flight (this waited for ever on the batch already taken)."""
+    module = grpo if command == "grpo" else ppo
+    fields = {f"{command}.steps": 4, "run.save_every": 2, **ASYNC}
+    whole = module.run(multi_turn_config(command, tiny_llama_dir, word_prompts, tmp_path / "whole", **fields))
+    with dies_after_checkpoint(monkeypatch, 2):
+        module.run(multi_turn_config(command, tiny_llama_dir, word_prompts, tmp_path / "resumed", **fields))
+    resumed = module.run(
+        multi_turn_config(command, tiny_llama_dir, word_prompts, tmp_path / "resumed", **fields, **{"run.resume": True})
+    )
+    first = train_rows(tmp_path / "whole")
+    assert [row["async/staleness"] for row in first] == [0, 1, 1, 1]
+    assert all(1 <= row["episode/turns_mean"] <= 2 for row in first)  # episodes, played in the worker
+    assert_rows_match(rows(tmp_path / "whole"), rows(tmp_path / "resumed"), rel=0, abs=0)
+    assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) == 0
+
+
+def test_the_workers_device(monkeypatch):
+    """``sampling.worker_device: auto`` beside a CPU trainer is the CPU; beside a GPU the next GPU when there is
+    another, else the trainer's own; a GPU the machine lacks is refused at the start."""
+    cpu, first, second = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+    assert worker_device("auto", cpu) == cpu
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert worker_device("auto", first) == first
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert (worker_device("auto", first), worker_device("auto", second)) == (second, first)
+    assert (worker_device("cpu", first), worker_device("cuda:1", cpu)) == (cpu, second)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = make_config(
+        Path("unused"), Path("unused"), Path("unused"), **ASYNC, **{"sampling.worker_device": "cuda:1"}
+    )
+    with pytest.raises(ConfigError, match="sampling.worker_device 'cuda:1': this machine has 2 CUDA GPU"):
+        sampling_device(config, cpu)
+
+
+def test_moving_a_batch_between_devices_keeps_its_structure():
+    """What the worker sends a GPU trainer: its own device's tensors on the trainer's, the rest as they were."""
+    sampled = Sampled(generated=None, scores=None, rewards=torch.ones(2), prompts=["a", "b"], stats={"x": 1.0})
+    assert moved(sampled, torch.device("cpu"), torch.device("cpu")) is sampled
+    meta = moved(sampled, torch.device("cpu"), torch.device("meta"))
+    assert meta.rewards.device.type == "meta" and meta.prompts == ["a", "b"] and meta.stats == {"x": 1.0}
+    pair = moved((torch.ones(1), [torch.zeros(1, device="meta")]), torch.device("cpu"), torch.device("meta"))
+    assert pair[0].device.type == "meta" and isinstance(pair[1], list) and pair[1][0].device.type == "meta"

@@ -240,6 +240,8 @@ class PolicySampling(SamplingSection):
     """Asynchronous RL (TRL's name): the batch trained at step s is sampled, in a worker process with its own copy of the policy, by the weights of step s − 1 − max_staleness, so the next batches sample while this one trains; 0 = sample, then train (no worker). Needs is_correction (the decoupled objective: docs/async.md)."""
     worker_threads: Count = 1
     """CPU threads of the sampling worker under max_staleness > 0; the trainer keeps the rest."""
+    worker_device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
+    """Where the sampling worker under max_staleness > 0 holds its policy and samples: auto = the CPU in a CPU run; beside a GPU, a GPU the trainer does not use when the machine has one (the next), else the trainer's own (two processes share it); or cpu, cuda, cuda:N."""
 
 
 @section

@@ -523,11 +523,6 @@ def _check_staleness(config: PolicyGradientConfig) -> None:
             "sampling.max_staleness > 0 samples in a worker process with rlhf's own engines (lean, hf, auto); "
             "with sampling.engine vllm it is not supported yet: set sampling.max_staleness: 0"
         )
-    if config.rollout.multi_turn:
-        raise ConfigError(
-            "sampling.max_staleness > 0 with multi-turn episodes (rollout.environment, rollout.tools) is not "
-            "supported yet: set sampling.max_staleness: 0"
-        )
 
 
 def _check_rollout(config: PolicyGradientConfig) -> None:

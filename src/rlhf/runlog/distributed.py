@@ -154,6 +154,18 @@ def device_for_run() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def worker_device(setting: str, trainer: torch.device) -> torch.device:
+    """The device of a one-process run's sampling worker (``sampling.worker_device``): ``auto`` is the CPU beside a
+    CPU trainer; beside a GPU trainer the next GPU, one the trainer does not use, when the machine has another, else
+    the trainer's own (the two processes share it)."""
+    if setting != "auto":
+        return torch.device(setting)
+    if trainer.type != "cuda":
+        return torch.device("cpu")
+    index, count = trainer.index or 0, torch.cuda.device_count()
+    return torch.device("cuda", (index + 1) % count if count > 1 else index)
+
+
 def _device(local_rank: int) -> torch.device:
     """GPU ``LOCAL_RANK`` when there are GPUs (each rank of a node its own), else the CPU."""
     if not torch.cuda.is_available():

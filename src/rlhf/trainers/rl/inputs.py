@@ -42,13 +42,16 @@ class Inputs:
     """Multi-turn runs: what plays the episodes (``rollout``); None: one response per prompt."""
 
 
-def load_inputs(config: PolicyGradientConfig) -> Inputs:
+def load_inputs(config: PolicyGradientConfig, worker: Dist | None = None) -> Inputs:
     """After `rlhf.trainers.supervised.start` (every input checked, the seeds set): the policy's tokenizer, the stop
-    token ids, the training and held-out prompts, the reward sources and the sampling settings."""
+    token ids, the training and held-out prompts, the reward sources and the sampling settings. A sampling worker
+    (`rlhf.trainers.rl.producer`) gives its own ``worker`` Dist, and plans nothing: the trainer's plan counts it."""
     d = supervised.start(config)
     tokenizer = load_tokenizer(config.model.name, config.data.chat_template_kwargs)
     train_prompts, eval_prompts = run_prompts(config, tokenizer)
-    planning.check(config, d, planning.prompt_positions(train_prompts + eval_prompts, config.response_tokens))
+    if worker is None:
+        planning.check(config, d, planning.prompt_positions(train_prompts + eval_prompts, config.response_tokens))
+    d = worker or d
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
     episodes = episode_runner(config, tokenizer=tokenizer, stops=stops)  # its files fail before reward models load

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from rlhf.config import PolicyGradientConfig
+from rlhf.config import ConfigError, PolicyGradientConfig
 from rlhf.data.stream import PromptStream
 from rlhf.models.loading import load_trainable_state, trainable_state
+from rlhf.runlog.distributed import Dist, worker_device
 
 POLL_S = 1.0
 """How often a wait on the worker checks that it is still alive."""
@@ -73,16 +74,19 @@ class Producer:
         self.k, self.last = config.sampling.max_staleness, config.steps
         self.stream, self.generator = stream, generator
         self.pending = {drawn.step: drawn for drawn in pending}
-        first = max(self.pending, default=done) + 1
+        self.received = max(self.pending, default=done)  # the last step whose batch came (taken or pending)
+        first = self.received + 1
         stream_state = pending[-1].stream_state if pending else stream.state_dict()
         generator_state = pending[-1].generator_state if pending else generator.get_state()
+        home = next(policy.parameters()).device
+        device = sampling_device(config, home)
         context = mp.get_context("spawn")  # fork would copy the trainer's threads and its process group
         # batches come through a pipe: its send pickles in the worker's own thread, so a batch that cannot be sent
         # raises there (a queue's feeder thread would drop it, and the trainer would wait for ever)
         self.weights, (self.batches, sender) = context.Queue(), context.Pipe(duplex=False)
         self.process = context.Process(
             target=_work,
-            args=(config, draw, first, stream_state, generator_state, self.weights, sender),
+            args=(config, draw, (device, home), first, stream_state, generator_state, self.weights, sender),
             daemon=True,
             name="rlhf-sampler",
         )
@@ -121,7 +125,7 @@ class Producer:
 
     def _receive(self, step: int) -> None:
         """Receive the worker's batches up to ``step``'s; RuntimeError when the worker died or failed."""
-        while step > max(self.pending, default=0):
+        while step > self.received:
             if not self.batches.poll(POLL_S) and self.process.is_alive():
                 continue
             try:
@@ -134,7 +138,7 @@ class Producer:
                 ) from None
             if isinstance(drawn, str):  # the worker's traceback
                 raise RuntimeError(f"the sampling worker (sampling.max_staleness) failed:\n{drawn}")
-            self.pending[drawn.step] = drawn
+            self.pending[drawn.step], self.received = drawn, drawn.step
 
     def __enter__(self) -> Producer:
         return self
@@ -150,9 +154,23 @@ class Producer:
         torch.set_num_threads(self.threads)
 
 
+def sampling_device(config: PolicyGradientConfig, home: torch.device) -> torch.device:
+    """The worker's device beside a trainer on ``home`` (``sampling.worker_device``,
+    `rlhf.runlog.distributed.worker_device`), checked here."""
+    device = worker_device(config.sampling.worker_device, home)
+    device = torch.device("cuda", 0) if device == torch.device("cuda") else device  # as its tensors name it
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise ConfigError(
+            f"sampling.worker_device {config.sampling.worker_device!r}: this machine has "
+            f"{torch.cuda.device_count()} CUDA GPU(s); choose one of them, cpu, or auto"
+        )
+    return device
+
+
 def _work(
     config: PolicyGradientConfig,
     draw: Callable[..., Any],
+    devices: tuple[torch.device, torch.device],
     first: int,
     stream_state: dict,
     generator_state: torch.Tensor,
@@ -160,13 +178,18 @@ def _work(
     batches: Any,
 ) -> None:
     """The worker: the algorithm's ``draw`` (`rlhf.trainers.rl.loop.Algorithm.draw`) for steps first…, each after
-    loading its version's weights into a policy of its own."""
+    loading its version's weights into a policy of its own on the first of ``devices``; a batch's tensors reach the
+    trainer on the second, its own, as they would have in its process (a GPU's through CUDA's inter-process
+    handles, which this process keeps valid until the trainer is done)."""
+    device, home = devices
     from rlhf.trainers.rl.inputs import load_inputs, make_trainer_state
     from rlhf.trainers.rl.models import Models
 
     torch.set_num_threads(config.sampling.worker_threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     try:
-        inputs = load_inputs(config)
+        inputs = load_inputs(config, worker=Dist(device=device))
         models = Models(config, inputs.d, sampler=True)
         stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
         stream.load_state_dict(stream_state)
@@ -186,9 +209,28 @@ def _work(
             idle = time.perf_counter() - t0
             trainer_state = make_trainer_state(config, step - 1, stream)
             sampled = draw(config, inputs, models, stream, generator, trainer_state)
+            sampled = moved(sampled, device, home)
             batches.send(Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state()))
         while weights.get() is not None:  # the batches' tensors live in this process until the trainer is done
             pass
     except BaseException:  # the trainer raises it, with this traceback (text: any exception pickles so)
         batches.send(traceback.format_exc())
         raise
+
+
+def moved(value: Any, source: torch.device, target: torch.device) -> Any:
+    """``value`` (a batch: dataclasses, lists, tuples, dicts of tensors) with its tensors on ``source`` on ``target``
+    instead; the others (a CPU tensor beside a GPU's) where they are. The same object when the devices are one."""
+    if source == target:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(target) if value.device == source else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: moved(getattr(value, f.name), source, target) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **fields)
+    if isinstance(value, (list, tuple)):
+        items = [moved(item, source, target) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # a named tuple by field
+    if isinstance(value, dict):
+        return {key: moved(item, source, target) for key, item in value.items()}
+    return value
