@@ -5,6 +5,9 @@ at k is deterministic, its staleness is exactly min(k, s − 1), and a killed ru
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from test_grpo import make_config
 from test_multi_turn import make_config as multi_turn_config
 from test_ppo import make_config as make_ppo_config
 
-from rlhf.config import ConfigError
+from rlhf.config import ConfigError, config_to_yaml
 from rlhf.runlog.distributed import worker_device
 from rlhf.trainers.rl import grpo, ppo
 from rlhf.trainers.rl.producer import moved, sampling_device
@@ -161,3 +164,43 @@ def test_moving_a_batch_between_devices_keeps_its_structure():
     assert meta.rewards.device.type == "meta" and meta.prompts == ["a", "b"] and meta.stats == {"x": 1.0}
     pair = moved((torch.ones(1), [torch.zeros(1, device="meta")]), torch.device("cpu"), torch.device("meta"))
     assert pair[0].device.type == "meta" and isinstance(pair[1], list) and pair[1][0].device.type == "meta"
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: /proc/PID/task/*/children)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from Linux's /proc")
+def test_kill_9_mid_run_leaves_no_worker_and_resumes_to_the_uninterrupted_run(tiny_llama_dir, prompts_file, tmp_path):
+    """A real ``kill -9`` of ``rlhf grpo`` as soon as the checkpoint of step 2 is on disk: its sampling worker,
+    never told, ends by itself (no orphan holding a policy copy), and ``--run.resume`` gives the run never killed,
+    bit for bit. (Where the kill lands varies from run to run; the result may not.)"""
+    fields = {"grpo.steps": 6, "run.save_every": 2, **ASYNC, "sampling.max_staleness": 2}
+    whole = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "whole", **fields))
+    out = tmp_path / "killed"
+    config = tmp_path / "grpo.yaml"
+    config.write_text(config_to_yaml(make_config(tiny_llama_dir, prompts_file, out, **fields)))
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    trainer = subprocess.Popen([sys.executable, "-m", "rlhf", "grpo", "--config", str(config)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    workers: list[int] = []
+    while not (out / "checkpoints" / "step_000002").is_dir():
+        assert trainer.poll() is None, "the run ended before its checkpoint of step 2"
+        workers = children(trainer.pid) or workers
+        time.sleep(0.01)
+    trainer.kill()
+    trainer.wait()
+    assert workers and not (out / "final").exists()
+    deadline = time.monotonic() + 30  # the worker looks for its trainer every second
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+              for pid in workers):  # fmt: skip
+        assert time.monotonic() < deadline, "the sampling worker outlived its killed trainer"
+        time.sleep(0.1)
+    resumed = grpo.run(make_config(tiny_llama_dir, prompts_file, out, **fields, **{"run.resume": True}))
+    assert_rows_match(rows(tmp_path / "whole"), rows(out), rel=0, abs=0)
+    assert max_abs_diff(load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")) == 0

@@ -154,16 +154,23 @@ def device_for_run() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def collective_timeout() -> datetime.timedelta:
+    """How long a collective waits for its peers: ``RLHF_DIST_TIMEOUT_S``, else :data:`DEFAULT_TIMEOUT_S`."""
+    return datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+
+
 def worker_device(setting: str, trainer: torch.device) -> torch.device:
-    """The device of a one-process run's sampling worker (``sampling.worker_device``): ``auto`` is the CPU beside a
-    CPU trainer; beside a GPU trainer the next GPU, one the trainer does not use, when the machine has another, else
-    the trainer's own (the two processes share it)."""
+    """The device of the sampling worker of a trainer on ``trainer`` (``sampling.worker_device``): ``auto`` is the
+    CPU beside a CPU trainer; beside a GPU trainer a GPU no trainer uses when the machine has one for each of its
+    ranks (one process: the next GPU; under torchrun with L ranks here, the one L after the rank's), else the
+    trainer's own (the two processes share it)."""
     if setting != "auto":
         return torch.device(setting)
     if trainer.type != "cuda":
         return torch.device("cpu")
     index, count = trainer.index or 0, torch.cuda.device_count()
-    return torch.device("cuda", (index + 1) % count if count > 1 else index)
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the trainers on this machine, one GPU each
+    return torch.device("cuda", (index + here) % count if count >= 2 * here else index)
 
 
 def _device(local_rank: int) -> torch.device:
@@ -203,7 +210,7 @@ def process_group(parallelism: str = "auto") -> Iterator[Dist]:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = _device(local_rank)
         if owned:
-            timeout = datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+            timeout = collective_timeout()
             # on GPUs, NCCL for CUDA tensors and gloo for the CPU ones (the stats' sums, the objects' pickles):
             # NCCL alone cannot reduce a CPU tensor
             backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"

@@ -7,11 +7,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf.config import ConfigError, PolicyGradientConfig
+from rlhf.config import PolicyGradientConfig
 from rlhf.data.stream import PromptBatch, PromptStream
 from rlhf.rollout import generation, scoring
 from rlhf.runlog.distributed import SINGLE, Dist
@@ -21,6 +21,9 @@ from rlhf.runlog.train_state import TrainState
 from rlhf.trainers.rl.inputs import Inputs, load_inputs, make_trainer_state
 from rlhf.trainers.rl.models import Models, write_final
 from rlhf.trainers.rl.rollout import Sampled, sample_and_score
+
+if TYPE_CHECKING:
+    from rlhf.trainers.rl.producer import Producer
 
 
 class Algorithm:
@@ -158,22 +161,24 @@ def open_batches(
     *,
     done: int,
     in_flight: list,
-) -> InProcess | Any:
+) -> InProcess | Producer:
     """Where the steps' batches come from: this process, or with ``sampling.max_staleness`` > 0 a worker started
     after step ``done`` with the batches a checkpoint held (``in_flight``)."""
     generator = state.generators["sampling"]
     if config.sampling.max_staleness == 0:
         return InProcess(algorithm, stream, generator)
-    if algorithm.models.d.distributed:
-        raise ConfigError(
-            "sampling.max_staleness > 0 under torchrun is not supported yet (one worker per rank is planned); "
-            "run one process, or set sampling.max_staleness: 0"
-        )
     from rlhf.trainers.rl.producer import Producer
 
-    policy = algorithm.models.policy
+    models = algorithm.models
     return Producer(
-        config, type(algorithm).draw, policy, done=done, pending=in_flight, stream=stream, generator=generator
+        config,
+        type(algorithm).draw,
+        models.policy,
+        done=done,
+        pending=in_flight,
+        stream=stream,
+        generator=generator,
+        d=models.d,
     )
 
 

@@ -15,18 +15,22 @@ so it trains on the very samples the uninterrupted run trained on.
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlhf.config import ConfigError, PolicyGradientConfig
 from rlhf.data.stream import PromptStream
 from rlhf.models.loading import load_trainable_state, trainable_state
-from rlhf.runlog.distributed import Dist, worker_device
+from rlhf.runlog.distributed import Dist, collective_timeout, worker_device
 
 POLL_S = 1.0
 """How often a wait on the worker checks that it is still alive."""
@@ -67,10 +71,12 @@ class Producer:
         pending: list[Drawn],
         stream: PromptStream,
         generator: torch.Generator,
+        d: Dist,
     ):
         """Start the worker after step ``done`` (a resumed run's checkpoint) with the batches already drawn
         (``pending``, from the checkpoint): it draws from the batch after them on, its stream and generator where
-        the last of them left them (else where ``stream`` and ``generator`` are)."""
+        the last of them left them (else where ``stream`` and ``generator`` are). Under torchrun (``d``) every rank
+        starts its own worker, and the workers meet in a process group of their own."""
         self.k, self.last = config.sampling.max_staleness, config.steps
         self.stream, self.generator = stream, generator
         self.pending = {drawn.step: drawn for drawn in pending}
@@ -79,14 +85,17 @@ class Producer:
         stream_state = pending[-1].stream_state if pending else stream.state_dict()
         generator_state = pending[-1].generator_state if pending else generator.get_state()
         home = next(policy.parameters()).device
-        device = sampling_device(config, home)
+        place = Place(sampling_device(config, home), home, d.rank, d.world_size, d.local_rank)
+        if d.distributed:  # rank 0's host, where the workers' rendezvous listens
+            place = dataclasses.replace(place, address=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+            place = dataclasses.replace(place, port=d.broadcast(free_port() if d.is_main else None))
         context = mp.get_context("spawn")  # fork would copy the trainer's threads and its process group
         # batches come through a pipe: its send pickles in the worker's own thread, so a batch that cannot be sent
         # raises there (a queue's feeder thread would drop it, and the trainer would wait for ever)
         self.weights, (self.batches, sender) = context.Queue(), context.Pipe(duplex=False)
         self.process = context.Process(
             target=_work,
-            args=(config, draw, (device, home), first, stream_state, generator_state, self.weights, sender),
+            args=(config, draw, place, first, stream_state, generator_state, self.weights, sender, os.getpid()),
             daemon=True,
             name="rlhf-sampler",
         )
@@ -100,9 +109,9 @@ class Producer:
     def publish(self, done: int, policy: torch.nn.Module) -> None:
         """After update ``done`` (the policy's version): its trained tensors, when a later batch is drawn by them."""
         if done > self.published and done <= version(self.last, self.k):
-            shared = {
-                name: t.detach().to("cpu", copy=True).share_memory_() for name, t in trainable_state(policy).items()
-            }
+            state = trainable_state(policy).items()  # FSDP2: DTensors, gathered whole (every rank publishes)
+            whole = {name: t.full_tensor() if hasattr(t, "full_tensor") else t for name, t in state}
+            shared = {name: t.detach().to("cpu", copy=True).share_memory_() for name, t in whole.items()}
             self.weights.put((done, shared))
             self.published = done
 
@@ -154,6 +163,47 @@ class Producer:
         torch.set_num_threads(self.threads)
 
 
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where a worker runs: on ``device`` beside a trainer on ``home``; under torchrun the worker of ``rank`` of
+    ``world_size``, the workers meeting at ``address``:``port`` in a process group of their own (the draw's
+    collectives gather the ranks' shards of a batch as the trainers' would)."""
+
+    device: torch.device
+    home: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    address: str = ""
+    port: int = 0
+
+    def join(self) -> Dist:
+        """This worker's `Dist` (no DDP or FSDP: it never trains), after joining the workers' group."""
+        if self.world_size > 1:
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
+            # a store of their own, rank 0's worker its server: torchrun's environment would have every worker
+            # join the launcher's store as a client (TORCHELASTIC_USE_AGENT_STORE), and none would serve this port
+            timeout = collective_timeout()
+            store = dist.TCPStore(self.address, self.port, self.world_size, self.rank == 0, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout)
+        return Dist(self.rank, self.world_size, self.local_rank, self.device)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _orphaned(trainer: int) -> None:
+    """End this process once the trainer (pid ``trainer``) is gone: killed with -9, it never says so, and a worker
+    blocked in a queue or a collective would live on."""
+    while os.getppid() == trainer:
+        time.sleep(POLL_S)
+    os._exit(1)
+
+
 def sampling_device(config: PolicyGradientConfig, home: torch.device) -> torch.device:
     """The worker's device beside a trainer on ``home`` (``sampling.worker_device``,
     `rlhf.runlog.distributed.worker_device`), checked here."""
@@ -170,18 +220,20 @@ def sampling_device(config: PolicyGradientConfig, home: torch.device) -> torch.d
 def _work(
     config: PolicyGradientConfig,
     draw: Callable[..., Any],
-    devices: tuple[torch.device, torch.device],
+    place: Place,
     first: int,
     stream_state: dict,
     generator_state: torch.Tensor,
     weights: Any,
     batches: Any,
+    trainer: int,
 ) -> None:
     """The worker: the algorithm's ``draw`` (`rlhf.trainers.rl.loop.Algorithm.draw`) for steps first…, each after
-    loading its version's weights into a policy of its own on the first of ``devices``; a batch's tensors reach the
-    trainer on the second, its own, as they would have in its process (a GPU's through CUDA's inter-process
-    handles, which this process keeps valid until the trainer is done)."""
-    device, home = devices
+    loading its version's weights into a policy of its own on ``place.device``; a batch's tensors reach the trainer
+    on its own device, as they would have in its process (a GPU's through CUDA's inter-process handles, which this
+    process keeps valid until the trainer is done)."""
+    device, home = place.device, place.home
+    threading.Thread(target=_orphaned, args=(trainer,), daemon=True).start()
     from rlhf.trainers.rl.inputs import load_inputs, make_trainer_state
     from rlhf.trainers.rl.models import Models
 
@@ -189,7 +241,7 @@ def _work(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
-        inputs = load_inputs(config, worker=Dist(device=device))
+        inputs = load_inputs(config, worker=place.join())
         models = Models(config, inputs.d, sampler=True)
         stream = PromptStream(inputs.train_prompts, config.batch.size, seed=config.run.seed)
         stream.load_state_dict(stream_state)
@@ -213,6 +265,8 @@ def _work(
             batches.send(Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state()))
         while weights.get() is not None:  # the batches' tensors live in this process until the trainer is done
             pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
     except BaseException:  # the trainer raises it, with this traceback (text: any exception pickles so)
         batches.send(traceback.format_exc())
         raise
