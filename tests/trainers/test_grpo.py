@@ -457,11 +457,14 @@ def test_every_variant_raises_the_reward(tiny_llama_dir, prompts_file, tmp_path,
         assert max(row["policy/off_policy_masked"] for row in rows) > 0  # the second pass saw drifted sequences
 
 
+@pytest.mark.parametrize("staleness", [0, 1])
 def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
-    tiny_llama_dir: Path, prompts_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_dir: Path, prompts_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staleness: int
 ):
     """One minibatch, one iteration, no reference: the old log-probs come from the training forward (detached)
-    instead of a no-grad pass. Forcing the pass back on must give the same weights and metrics."""
+    instead of a no-grad pass. Forcing the pass back on must give the same weights and metrics. Asynchronous too
+    (sampling.max_staleness 1): the proximal policy is the weights at the update's start, that forward's own, and
+    the importance weights against the sampling worker's log-probs are the same from either."""
     calls = {"no_grad_scores": 0}
     old_scores = Models.old_scores
 
@@ -471,6 +474,8 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
 
     monkeypatch.setattr(Models, "old_scores", counting_old_scores)
     overrides = {"grpo.num_minibatches": 1, "grpo.steps": 3, "kl.coef": 0.0}
+    if staleness:
+        overrides |= {"sampling.max_staleness": staleness, "sampling.is_correction": "token"}
     skipped = grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "skip", **overrides))
     assert calls["no_grad_scores"] == 0
     monkeypatch.setattr(grpo, "on_policy", lambda config, models: False)
@@ -480,6 +485,7 @@ def test_on_policy_update_skips_the_old_logprob_pass_and_gives_the_same_model(
     for a, b in zip(train_rows(tmp_path / "skip"), train_rows(tmp_path / "pass"), strict=True):
         assert a["policy/first_ratio_max_dev"] == b["policy/first_ratio_max_dev"] == 0.0
         assert a["policy/loss"] == pytest.approx(b["policy/loss"], abs=1e-7)
+        assert a.get("rollout/is_weight_mean") == b.get("rollout/is_weight_mean")
 
 
 def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_dir: Path, prompts_file: Path,

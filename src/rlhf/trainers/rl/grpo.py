@@ -227,11 +227,12 @@ def make_rollout(
 def on_policy(config: GRPOConfig, models: Models) -> bool:
     """One optimizer step per rollout and no reference: the policy has not moved when the loss is computed,
     so the old log-probs equal the training forward's own (detached) and their no-grad pass is skipped —
-    one policy forward less per step, the same update (TRL's GRPO does the same). Not under
+    one policy forward less per step, the same update (TRL's GRPO does the same). At sampling.max_staleness > 0 too:
+    the proximal policy of the decoupled objective is the weights at the update's start, which that forward has, and
+    the importance weight against the behaviour policy comes from the engine's log-probs. Not under
     ``top_entropy_quantile``, whose mask is chosen from that pass's entropies before any update."""
     one_update = config.grpo.num_iterations == 1 and config.grpo.num_minibatches == 1
-    stale = config.sampling.max_staleness > 0  # the proximal policy is not the one that sampled
-    return one_update and models.reference is None and config.grpo.top_entropy_quantile == 1 and not stale
+    return one_update and models.reference is None and config.grpo.top_entropy_quantile == 1
 
 
 def grpo_update(
