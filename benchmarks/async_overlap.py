@@ -155,13 +155,13 @@ class RewardServer:
                 time.sleep(latency)
                 scores = [cheap_score(ids) for ids in body["completion_ids"]]
                 payload = json.dumps({"scores": scores}).encode()
+                with server.lock:  # counted before the answer leaves: a caller that has it sees it counted
+                    server.requests.append({"latency_s": latency, "rows": len(scores), "at": time.time()})
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
-                with server.lock:
-                    server.requests.append({"latency_s": latency, "rows": len(scores), "at": time.time()})
 
             def log_message(self, *args: Any) -> None:
                 pass
