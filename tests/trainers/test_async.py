@@ -148,6 +148,7 @@ def test_the_workers_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert (worker_device("auto", first), worker_device("auto", second)) == (second, first)
     assert (worker_device("cpu", first), worker_device("cuda:1", cpu)) == (cpu, second)
+    assert worker_device("cuda", second) == first  # GPU 0, named as its tensors name it
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     config = make_config(
         Path("unused"), Path("unused"), Path("unused"), **ASYNC, **{"sampling.worker_device": "cuda:1"}

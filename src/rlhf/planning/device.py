@@ -59,13 +59,12 @@ def free_memory() -> tuple[int, str]:
 def worker_place(config: TrainingConfig, device: torch.device) -> tuple[WorkerPlace, torch.device]:
     """(Where, which device) the sampling worker (``sampling.max_staleness`` > 0) holds its models beside a trainer
     on ``device``: ``sampling.worker_device`` resolved as the trainer resolves it
-    (`rlhf.runlog.distributed.worker_device`; ``cuda`` is GPU 0, as the worker names it). No worker: the CPU."""
+    (`rlhf.runlog.distributed.worker_device`: ``cuda`` is GPU 0, as the worker names it). No worker: the CPU."""
     if not isinstance(config, PolicyGradientConfig) or not config.sampling.max_staleness:
         return "cpu", torch.device("cpu")
     home = worker_device(config.sampling.worker_device, device)
     if home.type != "cuda":
         return "cpu", home
-    home = torch.device("cuda", home.index or 0)
     shares = device.type == "cuda" and (device.index or 0) == home.index
     return ("trainer's GPU" if shares else "another GPU"), home
 

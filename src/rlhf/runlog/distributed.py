@@ -165,7 +165,8 @@ def worker_device(setting: str, trainer: torch.device) -> torch.device:
     ranks (one process: the next GPU; under torchrun with L ranks here, the one L after the rank's), else the
     trainer's own (the two processes share it)."""
     if setting != "auto":
-        return torch.device(setting)
+        device = torch.device(setting)
+        return torch.device("cuda", 0) if device == torch.device("cuda") else device  # as its tensors name it
     if trainer.type != "cuda":
         return torch.device("cpu")
     index, count = trainer.index or 0, torch.cuda.device_count()

@@ -85,10 +85,10 @@ class Producer:
         stream_state = pending[-1].stream_state if pending else stream.state_dict()
         generator_state = pending[-1].generator_state if pending else generator.get_state()
         home = next(policy.parameters()).device
-        place = Place(sampling_device(config, home), home, d.rank, d.world_size, d.local_rank)
+        address, port = "", 0
         if d.distributed:  # rank 0's host, where the workers' rendezvous listens
-            place = dataclasses.replace(place, address=os.environ.get("MASTER_ADDR", "127.0.0.1"))
-            place = dataclasses.replace(place, port=d.broadcast(free_port() if d.is_main else None))
+            address, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), d.broadcast(free_port() if d.is_main else None)
+        place = Place(sampling_device(config, home), home, d.rank, d.world_size, d.local_rank, address, port)
         context = mp.get_context("spawn")  # fork would copy the trainer's threads and its process group
         # batches come through a pipe: its send pickles in the worker's own thread, so a batch that cannot be sent
         # raises there (a queue's feeder thread would drop it, and the trainer would wait for ever)
@@ -208,7 +208,6 @@ def sampling_device(config: PolicyGradientConfig, home: torch.device) -> torch.d
     """The worker's device beside a trainer on ``home`` (``sampling.worker_device``,
     `rlhf.runlog.distributed.worker_device`), checked here."""
     device = worker_device(config.sampling.worker_device, home)
-    device = torch.device("cuda", 0) if device == torch.device("cuda") else device  # as its tensors name it
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
         raise ConfigError(
             f"sampling.worker_device {config.sampling.worker_device!r}: this machine has "
