@@ -179,6 +179,18 @@ def test_the_sampling_worker_is_counted_at_k_above_0(
     lora = with_flags(k1, ["--model.lora={r: 4}", "--sampling.max_staleness=2"])
     adapters = planning.lora_params(str(tiny_llama_dir), lora.model.lora)
     assert planning.plan(lora, positions=20).worker["sampling worker: shared trained weights ×3"] == 3 * adapters * 4
+    # a vLLM server at k = 1 samples with memory of its own: the worker only pushes the weights to it (no KV cache,
+    # no packed copy), and the trainer answers its held-out prompts with its own engine (the lean decoder's parts)
+    server = {"sampling.engine": "vllm", "sampling.vllm.url": "http://127.0.0.1:1"}
+    sync_server, k1_server = (
+        planning.plan(config_from_dict("ppo", nested(values | server | extra)), positions=20, runtime=1000)
+        for extra in ({}, asynchronous)
+    )
+    assert k1_server.worker_total == worker - kv - policy.matmul_params * 4
+    assert (
+        sync_server.phases["rollout"] == {}
+        and k1_server.phases["rollout"] == planning.plan(k1, positions=20).phases["rollout"] != {}
+    )
 
     # beside a GPU a worker on the CPU is checked against the CPU's free memory (this process's RSS: 1000 B, above)
     gpu = Dist(device=torch.device("cuda"))

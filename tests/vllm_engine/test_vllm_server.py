@@ -1,7 +1,7 @@
 """`VLLMServer` against a real vLLM server (its CPU build), started from the vLLM virtualenv as the class docstring
 says; the client runs here, in the test suite's own environment (it needs HTTP and torch only). Skipped or failed
-without that virtualenv as test_vllm_engine.py is. The server starts three times: once, again for the restart test,
-and again for the training run that outlives it."""
+without that virtualenv as test_vllm_engine.py is. One server for the module, started again by the `server` fixture
+after each test that stops it (the restart test, the training runs that outlive it, the server gone)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from rlhf.httpclient import ServiceError
 from rlhf.models.tiny import save_tiny, tiny_causal_lm, toy_corpus, train_tokenizer
 from rlhf.rollout.engine import SamplingParams, sample
 from rlhf.rollout.vllm_server import VLLMServer
+from runs import assert_rows_match, comparable, train_rows
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +69,11 @@ class Server:
                 time.sleep(0.5)
         self.fail(f"no answer on /health within {STARTUP:g} s")
 
+    def up(self) -> None:
+        """Start it unless it runs."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop it (``SIGKILL``: at once, as a crash or an out-of-memory kill would)."""
         if self.process is None or self.process.poll() is not None:
@@ -94,13 +101,19 @@ def tiny(tmp_path_factory) -> tuple[Path, object]:
 
 
 @pytest.fixture(scope="module")
-def server(request, tmp_path_factory):
+def started(request, tmp_path_factory):
     python = vllm_python()  # skipped (or failed) before anything is built
     log = tmp_path_factory.mktemp("vllm_server_log") / "server.log"
     server = Server(python, request.getfixturevalue("tiny")[0], log)
-    server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def server(started):
+    """The module's server, running: started again when a test before stopped it."""
+    started.up()
+    return started
 
 
 def policy(tokenizer) -> torch.nn.Module:
@@ -206,18 +219,8 @@ def test_grpo_on_the_server_stops_cleanly_when_it_dies_and_resumes_once_it_is_ba
     run, the server ends it with exit 2 naming the URL (not an internal error); restarted, ``--run.resume`` on two
     ranks pushes the checkpoint's weights to it (rank 0 alone) and the run finishes, every step sampled by the
     trainer's weights (a resumed run that did not push would sample the server's startup checkpoint: stale)."""
-    prompts_file = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2])} for i, line in enumerate(toy_corpus(40, seed=5))]
-    prompts_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "rlhf", "grpo", "--model.name", str(tiny[0]), "--data.train", str(prompts_file)]
-    command += ["--output_dir", str(out), "--reward.source", f"{ROOT}/tests/trainers/ppo_rewards.py:digit_count"]
-    command += ["--grpo.steps", "10", "--batch.size", "4", "--grpo.group_size", "8", "--sampling.max_new_tokens", "8"]
-    command += ["--sampling.temperature", "1.0", "--optim.learning_rate", "2e-3", "--optim.scheduler", "constant"]
-    command += ["--sampling.engine", "vllm", "--sampling.vllm.url", server.url, "--sampling.vllm.timeout", "5"]
-    command += ["--run.save_every", "1", "--run.eval_every", "0", "--run.no_progress"]
-    if server.process is None or server.process.poll() is not None:  # run alone: the restart test stopped it
-        server.start()
+    command = [*grpo_command(tiny, server, tmp_path, out), "--grpo.steps", "10", "--run.save_every", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     while not (out / "checkpoints" / "step_000002").exists() and run.poll() is None:
@@ -241,6 +244,58 @@ def test_grpo_on_the_server_stops_cleanly_when_it_dies_and_resumes_once_it_is_ba
     # the weights the server sampled with were the trainer's, before and after the restart (float32: rounding
     # plus the pad term, < 0.01 per token)
     assert max(row["rollout/logprob_diff_max"] for row in train) < 0.05
+
+
+def grpo_command(tiny, server, tmp_path: Path, out: Path) -> list[str]:
+    """`rlhf grpo` of the tiny policy on short prompts, sampling from ``server``, writing to ``out``."""
+    prompts_file = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": " ".join(line.split()[: 3 + i % 2])} for i, line in enumerate(toy_corpus(40, seed=5))]
+    prompts_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    command = [sys.executable, "-m", "rlhf", "grpo", "--model.name", str(tiny[0]), "--data.train", str(prompts_file)]
+    command += ["--output_dir", str(out), "--reward.source", f"{ROOT}/tests/trainers/ppo_rewards.py:digit_count"]
+    command += ["--batch.size", "4", "--grpo.group_size", "8", "--sampling.max_new_tokens", "8"]
+    command += ["--sampling.temperature", "1.0", "--optim.learning_rate", "2e-3", "--optim.scheduler", "constant"]
+    command += ["--sampling.engine", "vllm", "--sampling.vllm.url", server.url, "--sampling.vllm.timeout", "5"]
+    return [*command, "--run.eval_every", "0", "--run.no_progress"]
+
+
+def test_grpo_samples_on_the_server_while_it_trains_and_resumes_what_was_in_flight(server, tiny, tmp_path):
+    """``sampling.max_staleness: 1`` with a server: the worker process pushes each version's weights to it and draws
+    the next batch there while the trainer updates (the trainer never pushes: a push of its own would relabel the
+    server's weights, and the worker's next batch would stop the run as stale). Killed (``kill -9``) after the
+    checkpoint of step 2, which holds the batch of step 3 drawn by the weights of step 1, the run resumes to the
+    uninterrupted run's numbers. The server killed under a run, the worker's error stops it as at k = 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    def command(out: Path, steps: int) -> list[str]:
+        fields = ["--grpo.steps", str(steps), "--run.save_every", "2", "--sampling.max_staleness", "1"]
+        return [*grpo_command(tiny, server, tmp_path, out), *fields, "--sampling.is_correction", "token"]
+
+    def killed_after_step_2(out: Path, steps: int, kill: Callable[[subprocess.Popen], None]) -> subprocess.Popen:
+        run = subprocess.Popen(command(out, steps), stderr=subprocess.PIPE, text=True, env=env)
+        while not (out / "checkpoints" / "step_000002").exists() and run.poll() is None:
+            time.sleep(0.05)
+        kill(run)
+        return run
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = subprocess.run(command(whole, 4), capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed_after_step_2(cut, 4, lambda run: run.kill()).communicate(timeout=60)
+    resumed = subprocess.run([*command(cut, 4), "--run.resume"], capture_output=True, text=True, env=env, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = train_rows(whole), train_rows(cut)
+    assert [row["async/staleness"] for row in got] == [0, 1, 1, 1]
+    # step 1 was drawn by the starting weights, which the trainer computes too (float32: rounding plus the pad term)
+    assert got[0]["rollout/logprob_diff_max"] < 0.05
+    # the same weights and row seeds on the server give the same samples, the same updates follow: the same bits
+    assert_rows_match(comparable(expected), comparable(got), rel=0, abs=0)
+    # the server gone under the worker (drawing step 4 or a later one of 20): the run stops with the clean error
+    # (exit 2, the URL) a synchronous run gives
+    run = killed_after_step_2(tmp_path / "gone", 20, lambda run: server.stop(signal.SIGKILL))
+    _, stderr = run.communicate(timeout=600)
+    assert run.returncode == 2, stderr[-3000:]
+    assert server.url in stderr and "try 1:" in stderr and "internal error" not in stderr, stderr[-3000:]
 
 
 def test_a_server_gone_fails_fast_naming_the_url_and_each_try(server, tiny):

@@ -237,7 +237,7 @@ class PolicySampling(SamplingSection):
     is_mode: Literal["truncate", "mask"] = "truncate"
     """What happens above the cap: truncate = the weight is C; mask = the weight is 0 (the token or sequence is left out)."""
     max_staleness: NonNegativeInt = 0
-    """Asynchronous RL (TRL's name): the batch trained at step s is sampled, in a worker process with its own copy of the policy, by the weights of step s − 1 − max_staleness, so the next batches sample while this one trains; 0 = sample, then train (no worker). Needs is_correction (the decoupled objective: docs/async.md)."""
+    """Asynchronous RL (TRL's name): the batch trained at step s is sampled, in a worker process with its own copy of the policy, by the weights of step s − 1 − max_staleness, so the next batches sample while this one trains (with rlhf's engines, or a vLLM server the worker pushes the weights to: vllm.url); 0 = sample, then train (no worker). Needs is_correction (the decoupled objective: docs/async.md)."""
     worker_threads: Count = 1
     """CPU threads of the sampling worker under max_staleness > 0; the trainer keeps the rest."""
     worker_device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"

@@ -508,7 +508,7 @@ def _check_objective(config: PolicyGradientConfig) -> None:
 
 def _check_staleness(config: PolicyGradientConfig) -> None:
     """``sampling.max_staleness`` > 0 trains on samples of older weights: the loss needs their log-probs' weight
-    (the decoupled objective), and the sampler must be a worker of its own."""
+    (the decoupled objective), and the sampler must be a worker of its own (or a vLLM server the worker drives)."""
     sampling = config.sampling
     if sampling.max_staleness == 0:
         return
@@ -518,10 +518,11 @@ def _check_staleness(config: PolicyGradientConfig) -> None:
             "updates old; the loss must weigh them by π_proximal/π_behaviour: set sampling.is_correction to token "
             "(PPO's decoupled objective) or sequence"
         )
-    if sampling.engine == "vllm":
+    if sampling.engine == "vllm" and sampling.vllm.url is None:
         raise ConfigError(
-            "sampling.max_staleness > 0 samples in a worker process with rlhf's own engines (lean, hf, auto); "
-            "with sampling.engine vllm it is not supported yet: set sampling.max_staleness: 0"
+            "sampling.max_staleness > 0 samples in a worker process, with rlhf's own engines (lean, hf, auto) or a "
+            "vLLM server (sampling.vllm.url); a vLLM engine in the trainer's process (no url) cannot sample while "
+            "that process trains: set sampling.vllm.url, another engine, or sampling.max_staleness: 0"
         )
 
 

@@ -259,7 +259,7 @@ class _Layout:
         if not k:
             return {}, {}
         alone = _Layout(self.config, 1, self.positions, mixed(self.config, gpu), gpu=gpu)
-        models = {**alone.weights(reference=False), **alone.rollout(self.rl)}
+        models = {**alone.weights(reference=False), **alone.rollout(self.rl, worker=True)}
         if alone.reward_models:
             models["reward model forward"] = max(alone.reward_forwards())
         # up to k + 1 versions: waiting for the batch of step s (drawn by version s-1-k, which a worker slower than
@@ -273,12 +273,15 @@ class _Layout:
 
         return named(cpu), named(models) if gpu else {}
 
-    def rollout(self, config: PolicyGradientConfig) -> dict[str, int]:
-        """Sampling: the KV cache of the rank's rows, the lean decoder's packed weights, FSDP's gathered policy."""
+    def rollout(self, config: PolicyGradientConfig, *, worker: bool = False) -> dict[str, int]:
+        """Sampling: the KV cache of the rank's rows, the lean decoder's packed weights, FSDP's gathered policy (of
+        the sampling ``worker`` at ``sampling.max_staleness`` > 0, or of the trainer)."""
         policy = self.policy
         rows = max(1, config.num_sequences // self.world)
         parts = {"KV cache": memory.kv_cache(policy, rows, self.positions, self.compute_width)}
         engine = config.sampling.engine
+        if engine == "vllm" and config.sampling.max_staleness and not worker:
+            engine = "auto"  # the worker drives the server; the trainer's own engine answers the held-out prompts
         if engine == "vllm":
             if config.sampling.vllm.url is None:
                 self.notes.append(

@@ -54,9 +54,15 @@ class Models:
         self.model, self.d = model, d
         # vLLM holds its copy of the policy in bfloat16 under mixed precision (it never trains), else in model.dtype
         dtype = frozen_dtype(model.dtype, bf16_enabled(model.bf16, d.device))
-        self.engine = generation.open_engine(
-            config.sampling, model.name, dtype=dtype, seed=config.run.seed, response_tokens=config.response_tokens
-        )
+        if config.sampling.max_staleness and config.sampling.engine == "vllm" and not sampler:
+            # the sampling worker drives the vLLM server (its pushes label the server's weights); the trainer's own
+            # engine answers the held-out prompts, by the weights it trains
+            self.engine = generation.AUTO
+        else:
+            response_tokens = config.response_tokens
+            self.engine = generation.open_engine(
+                config.sampling, model.name, dtype=dtype, seed=config.run.seed, response_tokens=response_tokens
+            )
         reference = planning.has_reference(config) and not sampler
         value = None if sampler else value
         self.policy, copy = load_policy(model, d, reference)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import socket
 import threading
 import time
@@ -145,8 +146,8 @@ class Producer:
                     f"the sampling worker (sampling.max_staleness) died with exit code {self.process.exitcode} "
                     f"before the batch of step {step}"
                 ) from None
-            if isinstance(drawn, str):  # the worker's traceback
-                raise RuntimeError(f"the sampling worker (sampling.max_staleness) failed:\n{drawn}")
+            if isinstance(drawn, Failure):
+                raise drawn.raised()
             self.pending[drawn.step], self.received = drawn, drawn.step
 
     def __enter__(self) -> Producer:
@@ -161,6 +162,31 @@ class Producer:
             self.process.terminate()
             self.process.join()
         torch.set_num_threads(self.threads)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """The exception that ended the worker, for the trainer to raise as its own: a reward source's, a server's or a
+    data error stays the clean error it is at k = 0. ``error`` is None for one that does not pickle."""
+
+    error: BaseException | None
+    text: str
+    """Its traceback in the worker."""
+
+    @classmethod
+    def of(cls, error: BaseException) -> Failure:
+        text = "".join(traceback.format_exception(error))
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # an exception class whose arguments are not its constructor's
+            return cls(None, text)
+        return cls(error, text)
+
+    def raised(self) -> BaseException:
+        if self.error is None:
+            return RuntimeError(f"the sampling worker (sampling.max_staleness) failed:\n{self.text}")
+        self.error.add_note(f"raised in the sampling worker (sampling.max_staleness):\n{self.text}")
+        return self.error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +275,7 @@ def _work(
         loaded = -1
         for step in range(first, config.steps + 1):
             wanted, t0 = version(step, config.sampling.max_staleness), time.perf_counter()
+            fresh = loaded < wanted
             while loaded < wanted:
                 item = weights.get()
                 if item is None:
@@ -258,6 +285,8 @@ def _work(
                     raise RuntimeError(f"the weights of update {loaded} came for a batch drawn by update {wanted}")
                 load_trainable_state(models.policy, state, "policy weights")
             idle = time.perf_counter() - t0
+            if fresh:
+                models.sync_engine()  # a vLLM server samples by them from now on (ours sample the policy itself)
             trainer_state = make_trainer_state(config, step - 1, stream)
             sampled = draw(config, inputs, models, stream, generator, trainer_state)
             sampled = moved(sampled, device, home)
@@ -266,8 +295,8 @@ def _work(
             pass
         if dist.is_initialized():
             dist.destroy_process_group()
-    except BaseException:  # the trainer raises it, with this traceback (text: any exception pickles so)
-        batches.send(traceback.format_exc())
+    except BaseException as error:  # the trainer raises it
+        batches.send(Failure.of(error))
         raise
 
 
