@@ -15,8 +15,7 @@ Scenarios (``--only compute,latency,long_tail``):
   algorithm, from the compute scenario or a short calibration run). Goal: GRPO at k = 1 at least 1.3× the steps/s
   of k = 0.
 - ``long_tail``: multi-turn episodes (``rollout.environment``, :class:`LongTail`) of which one in eight takes
-  8 model turns and the rest 2; skipped, and said so, when ``rollout.environment`` is refused with
-  ``sampling.max_staleness`` > 0 ("not supported yet").
+  8 model turns and the rest 2.
 
 Each (scenario, algorithm, k) run is ``python -m rlhf <algo> --config …`` in its own process (its sampling worker
 too), the runs of a scenario alternating k = 0 / k = 1 within each repeat and reversing the order from one repeat to
@@ -472,7 +471,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def render(results: dict) -> str:
-    """The markdown page: caption, table, the bounds, the goal, skipped scenarios, the legend."""
+    """The markdown page: caption, table, the bounds, the goal, the legend."""
     m, s = results["machine"], results["settings"]
     busy = max((r.get("cpu_busy_before", 0.0) for entry in results["scenarios"].values()
                 for run in entry.get("runs", {}).values() for r in run["repeats"]), default=0.0)  # fmt: skip
@@ -504,9 +503,6 @@ def render(results: dict) -> str:
     goal = goal_line(rows)
     if goal:
         parts.append(f"- {goal}")
-    for scenario, entry in results["scenarios"].items():
-        if entry.get("status") == "skipped":
-            parts.append(f"- {SCENARIO_NAMES[scenario]}: skipped: {entry['reason']}")
     return "\n".join(parts).rstrip() + "\n" + LEGEND
 
 
@@ -668,20 +664,6 @@ def run_config(run: Run, assets: dict, out_dir: Path, settings: dict) -> dict:
     return config
 
 
-def refusal(config: dict, algo: str) -> str | None:
-    """The config error of ``config`` when rlhf refuses it as "not supported yet" (the long tail at k > 0 before
-    multi-turn episodes ran in the worker); None when it is accepted. Any other config error is raised."""
-    from rlhf.config import ConfigError, config_from_dict
-
-    try:
-        config_from_dict(algo, config)
-    except ConfigError as error:
-        if "not supported yet" in str(error):
-            return str(error)
-        raise
-    return None
-
-
 def cpu_busy(seconds: float) -> float:
     """Share of all cores' time spent busy over the next ``seconds`` (/proc/stat), while this process waits."""
 
@@ -773,14 +755,6 @@ def run_scenario(scenario: str, args: argparse.Namespace, assets: dict, results:
     runs = scenario_runs("compute" if scenario == "calibration" else scenario, args.algorithms, args.threads)
     if scenario == "calibration":  # one k = 0 run per algorithm, for the reward server's latency
         runs = [Run("calibration", r.algo, 0) for r in runs if r.k == 0 and r.threads is None]
-    if scenario == "long_tail":
-        probe = Run(scenario, args.algorithms[0], 1)
-        reason = refusal(run_config(probe, assets, work / "probe", args.settings), probe.algo)
-        if reason:
-            entry.update(status="skipped", reason=f"rlhf refuses rollout.environment at k > 0: {reason}", runs={})
-            log(f"long tail skipped: {reason}")
-            write(results, args.out)
-            return
     repeats = 1 if scenario == "calibration" else args.repeats
     for run in runs:
         entry["runs"][run.key] = {"scenario": run.scenario, "algo": run.algo, "k": run.k, "threads": run.threads,
@@ -816,12 +790,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, assets: dict, results:
                 log(f"  {fmt_s(s['step_s'])} s/step: {where_it_goes(s)} (run {raw['wall_s']:.0f} s)")
             else:
                 log(f"  failed: {record['error']}")
-                if scenario == "long_tail" and run.k > 0 and "not supported yet" in record["error"]:
-                    entry.update(status="skipped", reason=f"rlhf refuses it at run time: {record['error']}")
             entry["runs"][run.key]["repeats"].append(record)
             write(results, args.out)
-            if entry["status"] == "skipped":
-                return
 
 
 def main(argv: list[str] | None = None) -> int:

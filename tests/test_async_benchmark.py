@@ -157,8 +157,7 @@ def _results(latency_k1: list[float | None]) -> dict:
             "settings": {"shape_name": "SmolLM2-135M's shape", "params": 134_515_008, "ppo_epochs": 4,
                          "max_new_tokens": 128},
             "scenarios": {"compute": {"status": "ran", "runs": compute},
-                          "latency": {"status": "ran", "runs": latency},
-                          "long_tail": {"status": "skipped", "reason": "not supported yet", "runs": {}}}}  # fmt: skip
+                          "latency": {"status": "ran", "runs": latency}}}  # fmt: skip
 
 
 def test_table_speedups_bounds_and_goal():
@@ -178,7 +177,7 @@ def test_table_speedups_bounds_and_goal():
     assert "| compute-bound | grpo | k=0, 2 threads | 93.0 (92.0–94.0) | 1 (base) |" in table
     page = bench.render(results)
     assert "the most k=1 can win here is 0.91× (compute-bound), 1.20× (latency-bound)" in page
-    assert "long tail: skipped: not supported yet" in page and "reward latency grpo 30.0 s" in page
+    assert "reward latency grpo 30.0 s" in page
 
 
 def test_a_failed_run_is_a_row_and_the_goal_says_so():
@@ -212,10 +211,9 @@ def test_rewards_the_server_and_the_environment(monkeypatch):
     assert env.get_reward() == pytest.approx(0.05)
 
 
-def test_the_runs_configs_and_a_refusal_that_skips(tmp_path):
-    """The configs rlhf accepts (nothing loads: paths are not opened), and a refusal as "not supported yet" (how the
-    long tail is skipped where rlhf refuses multi-turn episodes at k > 0) told apart from any other config error."""
-    from rlhf.config import ConfigError
+def test_rlhf_accepts_every_runs_config(tmp_path):
+    """The configs of every scenario, algorithm and k load (nothing is opened: the paths do not exist)."""
+    from rlhf.config import config_from_dict
 
     missing = str(tmp_path / "missing")
     assets = {"policy": missing, "policy_eos": missing, "prompts": missing, "eval": missing,
@@ -224,16 +222,11 @@ def test_the_runs_configs_and_a_refusal_that_skips(tmp_path):
     for scenario in ("compute", "latency", "long_tail"):
         for algo in ("grpo", "ppo"):
             for k in (0, 1):
-                config = bench.run_config(bench.Run(scenario, algo, k), assets, tmp_path / "out", settings)
-                reason = bench.refusal(config, algo)  # episodes at k > 0: accepted, or refused for now
-                assert reason is None or (scenario == "long_tail" and k > 0 and "not supported yet" in reason)
+                config_from_dict(
+                    algo, bench.run_config(bench.Run(scenario, algo, k), assets, tmp_path / "out", settings)
+                )
     grpo = bench.run_config(bench.Run("compute", "grpo", 1), assets, tmp_path / "out", settings)
     assert (grpo["batch"]["size"], grpo["grpo"]["group_size"], grpo["sampling"]["is_correction"]) == (8, 8, "token")
     ppo = bench.run_config(bench.Run("long_tail", "ppo", 0), assets, tmp_path / "out", settings)
     assert ppo["batch"]["size"] == 64 and "max_staleness" not in ppo["sampling"]  # k = 0: the synchronous default
     assert ppo["rollout"]["max_turns"] == 8 and ppo["reward"]["source"] == "environment"
-    grpo["sampling"]["engine"] = "vllm"
-    assert "not supported yet" in bench.refusal(grpo, "grpo")
-    grpo["sampling"] |= {"engine": "auto", "is_correction": "none"}
-    with pytest.raises(ConfigError, match="is_correction"):
-        bench.refusal(grpo, "grpo")
