@@ -243,6 +243,11 @@ class PolicySampling(SamplingSection):
     worker_device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
     """Where the sampling worker under max_staleness > 0 holds its policy and samples: auto = the CPU in a CPU run; beside a GPU, a GPU the trainer does not use when the machine has one (the next), else the trainer's own (two processes share it); or cpu, cuda, cuda:N."""
 
+    @property
+    def worker_drives_vllm(self) -> bool:
+        """At max_staleness > 0 a vLLM server (the only vLLM taken there) is the worker's: it pushes the weights and samples there, and the trainer answers its held-out prompts with its own engine (auto)."""
+        return self.max_staleness > 0 and self.engine == "vllm"
+
 
 @section
 class RolloutSection:

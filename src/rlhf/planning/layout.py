@@ -280,8 +280,8 @@ class _Layout:
         rows = max(1, config.num_sequences // self.world)
         parts = {"KV cache": memory.kv_cache(policy, rows, self.positions, self.compute_width)}
         engine = config.sampling.engine
-        if engine == "vllm" and config.sampling.max_staleness and not worker:
-            engine = "auto"  # the worker drives the server; the trainer's own engine answers the held-out prompts
+        if config.sampling.worker_drives_vllm and not worker:
+            engine = "auto"
         if engine == "vllm":
             if config.sampling.vllm.url is None:
                 self.notes.append(

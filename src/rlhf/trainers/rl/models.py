@@ -54,9 +54,7 @@ class Models:
         self.model, self.d = model, d
         # vLLM holds its copy of the policy in bfloat16 under mixed precision (it never trains), else in model.dtype
         dtype = frozen_dtype(model.dtype, bf16_enabled(model.bf16, d.device))
-        if config.sampling.max_staleness and config.sampling.engine == "vllm" and not sampler:
-            # the sampling worker drives the vLLM server (its pushes label the server's weights); the trainer's own
-            # engine answers the held-out prompts, by the weights it trains
+        if config.sampling.worker_drives_vllm and not sampler:  # its pushes label the server's weights
             self.engine = generation.AUTO
         else:
             response_tokens = config.response_tokens
