@@ -61,6 +61,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import async_overlap  # noqa: E402  (benchmarks/ is not a package: its runner, standard library only)
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = Path(__file__).resolve()
 RESULTS = HERE / "results"
@@ -117,15 +120,9 @@ def kernel_env(kernel: str) -> dict[str, str]:
         env["ATEN_CPU_CAPABILITY"] = kernel
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}  # fmt: skip
-    if not _rlhf_importable():
+    if not async_overlap.rlhf_importable():
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent / "src"), env.get("PYTHONPATH")]))
     return env
-
-
-def _rlhf_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("rlhf") is not None
 
 
 def idler_core(seconds: float = 0.5) -> int | None:
@@ -153,32 +150,12 @@ def idler_core(seconds: float = 0.5) -> int | None:
 
 
 def execute(command: list[str], env: dict[str, str], logfile: Path, timeout: float, pin: bool) -> dict[str, Any]:
-    """``command`` in its own session (a timeout kills its sampling worker too), its output into ``logfile``; pinned
-    to the idler core when ``pin``. Returns the exit code and seconds, with the log's tail when it failed."""
+    """``command`` run as the overlap benchmark runs its own (`async_overlap.run_in_session`), pinned to the idler
+    core when ``pin``: its exit code and seconds, with the log's tail when it failed, and the core."""
     logfile.parent.mkdir(parents=True, exist_ok=True)
     core = idler_core() if pin else None
     preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
-    start = time.perf_counter()
-    with logfile.open("w") as out:
-        out.write("$ " + " ".join(command) + "\n")
-        out.flush()
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                   preexec_fn=preexec)  # fmt: skip
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the trainer and its sampling worker
-            process.wait()
-            code = None
-        except BaseException:  # the sweep stopped (Ctrl-C, SIGTERM): its run in its own session goes with it
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    result: dict[str, Any] = {"exit_code": code, "wall_s": time.perf_counter() - start, "core": core}
-    if code != 0:
-        tail = " ".join(logfile.read_text(errors="replace").strip().splitlines()[-6:])
-        what = f"timed out after {timeout:.0f} s" if code is None else f"exit code {code}"
-        result["error"] = f"{what}: {tail[-900:]} (log: {logfile})"
-    return result
+    return async_overlap.run_in_session(command, env, logfile, timeout, preexec) | {"core": core}
 
 
 def rlhf(*args: str) -> list[str]:

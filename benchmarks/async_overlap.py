@@ -690,30 +690,45 @@ def execute(run: Run, config: dict, folder: Path, threads: int, timeout: float, 
     env = {**os.environ, **env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "WANDB_MODE": "disabled"}  # fmt: skip
-    if not _rlhf_importable():
+    if not rlhf_importable():
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent / "src"), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "rlhf", run.algo, "--config", str(config_path)]
+    result = run_in_session(command, env, folder / "log.txt", timeout)
+    metrics = folder / "out" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    return result | {"rows": rows}
+
+
+def run_in_session(
+    command: list[str], env: dict[str, str], logfile: Path, timeout: float, preexec: Any = None
+) -> dict[str, Any]:
+    """``command`` in its own session (run over ``timeout``, or this script stopped, it is killed with its sampling
+    worker), its output into ``logfile`` after the command line: ``exit_code`` (None: timed out) and ``wall_s``,
+    with ``error`` (the log's last lines) when it failed. ``preexec``: run in the child before the command."""
     start = time.perf_counter()
-    with (folder / "log.txt").open("w") as logfile:
-        process = subprocess.Popen(command, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with logfile.open("w") as out:
+        out.write("$ " + " ".join(command) + "\n")
+        out.flush()
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                   preexec_fn=preexec)  # fmt: skip
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # the trainer and its sampling worker
             process.wait()
             code = None
-    wall = time.perf_counter() - start
-    metrics = folder / "out" / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
-    result: dict[str, Any] = {"exit_code": code, "wall_s": wall, "rows": rows}
+        except BaseException:  # this script stopped (Ctrl-C, SIGTERM): its run, in a session of its own, goes too
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    result: dict[str, Any] = {"exit_code": code, "wall_s": time.perf_counter() - start}
     if code != 0:
-        tail = " ".join((folder / "log.txt").read_text(errors="replace").strip().splitlines()[-4:])
+        tail = " ".join(logfile.read_text(errors="replace").strip().splitlines()[-6:])
         what = f"timed out after {timeout:.0f} s" if code is None else f"exit code {code}"
-        result["error"] = f"{what}: {tail[-600:]} (log: {folder / 'log.txt'})"
+        result["error"] = f"{what}: {tail[-900:]} (log: {logfile})"
     return result
 
 
-def _rlhf_importable() -> bool:
+def rlhf_importable() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("rlhf") is not None
