@@ -281,13 +281,14 @@ def _internal_error(command: str, error: BaseException) -> int:
 def _is_input_error(error: Exception) -> bool:
     """Errors whose message already says what is wrong with the user's files, reward, services or machine (no
     traceback needed): data (file:line), reward sources, multi-turn environments, a server that is down or failing (its URL and each try),
-    and the OS refusing a path (missing, unreadable, disk full)."""
+    the OS refusing a path (missing, unreadable, disk full), and a sampling worker that died."""
     from rlhf.data.files import DataError  # imported here: `import rlhf.cli` stays free of torch
     from rlhf.httpclient import ServiceError
     from rlhf.rollout.episodes import EpisodeError
     from rlhf.rollout.rewards import RewardError
+    from rlhf.trainers.rl.producer import WorkerError
 
-    return isinstance(error, DataError | RewardError | EpisodeError | ServiceError | OSError)
+    return isinstance(error, DataError | RewardError | EpisodeError | ServiceError | OSError | WorkerError)
 
 
 def exit_process(code: int) -> None:

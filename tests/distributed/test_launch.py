@@ -141,7 +141,10 @@ def test_a_killed_async_run_of_two_ranks_resumes_to_the_uninterrupted_one(
     args = [str(out / "unused.pt"), "ppo", "--config", str(out / "in.yaml"), "--output_dir", str(out / "run")]
     result = subprocess.run(command_line(args, torchrun()), env={**environment(), "DIE_AT_STEP": "3"},
                             stdin=subprocess.PIPE, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
-    assert result.returncode != 0 and "sampling worker (sampling.max_staleness) died" in result.stderr
+    # each rank's trainer says its worker died, or (its worker's collective ended by the other's death) that another
+    # rank's did; torchrun may stop one trainer before it says so
+    assert result.returncode != 0 and "sampling worker (sampling.max_staleness)" in result.stderr, result.stderr[-3000:]
+    assert "died" in result.stderr
     assert sorted(path.name for path in (out / "run" / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     rows, _ = run("ppo", config, out, torchrun(), flags=("--run.resume",))
     assert [row["async/staleness"] for row in rows[1:]] == [0, 1, 1, 1]

@@ -78,7 +78,7 @@ class Producer:
         (``pending``, from the checkpoint): it draws from the batch after them on, its stream and generator where
         the last of them left them (else where ``stream`` and ``generator`` are). Under torchrun (``d``) every rank
         starts its own worker, and the workers meet in a process group of their own."""
-        self.k, self.last = config.sampling.max_staleness, config.steps
+        self.k, self.last, self.world_size = config.sampling.max_staleness, config.steps, d.world_size
         self.stream, self.generator = stream, generator
         self.pending = {drawn.step: drawn for drawn in pending}
         self.received = max(self.pending, default=done)  # the last step whose batch came (taken or pending)
@@ -134,20 +134,21 @@ class Producer:
         return {"in_flight": [self.pending[s] for s in range(step + 1, until + 1)]}
 
     def _receive(self, step: int) -> None:
-        """Receive the worker's batches up to ``step``'s; RuntimeError when the worker died or failed."""
+        """Receive the worker's batches up to ``step``'s; `WorkerError` when the worker died, the error it raised
+        when it failed."""
         while step > self.received:
             if not self.batches.poll(POLL_S) and self.process.is_alive():
                 continue
             try:
-                drawn = self.batches.recv()
-            except EOFError:  # the worker is gone
+                drawn = pickle.loads(self.batches.recv_bytes())
+            except (EOFError, OSError):  # the worker is gone (a batch cut short by its death included)
                 self.process.join(timeout=10)
-                raise RuntimeError(
+                raise WorkerError(
                     f"the sampling worker (sampling.max_staleness) died with exit code {self.process.exitcode} "
                     f"before the batch of step {step}"
                 ) from None
             if isinstance(drawn, Failure):
-                raise drawn.raised()
+                raise drawn.raised(self.world_size)
             self.pending[drawn.step], self.received = drawn, drawn.step
 
     def __enter__(self) -> Producer:
@@ -182,11 +183,24 @@ class Failure:
             return cls(None, text)
         return cls(error, text)
 
-    def raised(self) -> BaseException:
+    def raised(self, world_size: int) -> BaseException:
+        """The error for the trainer to raise. Under torchrun a collective's error (gloo's and NCCL's are plain
+        RuntimeErrors) most often means another rank's worker died, and that rank's trainer may be stopped before
+        it says so: the message says where to look."""
         if self.error is None:
-            return RuntimeError(f"the sampling worker (sampling.max_staleness) failed:\n{self.text}")
+            return WorkerError(f"the sampling worker (sampling.max_staleness) failed:\n{self.text}")
+        if world_size > 1 and type(self.error) in (RuntimeError, dist.DistError, dist.DistBackendError):
+            return WorkerError(
+                "the sampling worker (sampling.max_staleness) failed, most likely because another rank's worker "
+                f"died or failed (the workers' collectives end with it; that rank's error says why): {self.error}"
+            )
         self.error.add_note(f"raised in the sampling worker (sampling.max_staleness):\n{self.text}")
         return self.error
+
+
+class WorkerError(RuntimeError):
+    """The sampling worker died (killed, out of memory, a reward that ended its process) or failed with an error
+    that is not one it raises as itself; the CLI's exit 2, not an internal error."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,8 +269,9 @@ def _work(
 ) -> None:
     """The worker: the algorithm's ``draw`` (`rlhf.trainers.rl.loop.Algorithm.draw`) for steps first…, each after
     loading its version's weights into a policy of its own on ``place.device``; a batch's tensors reach the trainer
-    on its own device, as they would have in its process (a GPU's through CUDA's inter-process handles, which this
-    process keeps valid until the trainer is done)."""
+    on its own device, as they would have in its process. They go by value, not by shared-memory handles: a handle
+    is served by this process, so a worker that died between sending a batch and the trainer reading it would take
+    that batch with it."""
     device, home = place.device, place.home
     threading.Thread(target=_orphaned, args=(trainer,), daemon=True).start()
     from rlhf.trainers.rl.inputs import load_inputs, make_trainer_state
@@ -290,13 +305,12 @@ def _work(
             trainer_state = make_trainer_state(config, step - 1, stream)
             sampled = draw(config, inputs, models, stream, generator, trainer_state)
             sampled = moved(sampled, device, home)
-            batches.send(Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state()))
-        while weights.get() is not None:  # the batches' tensors live in this process until the trainer is done
-            pass
+            drawn = Drawn(step, loaded, sampled, idle, stream.state_dict(), generator.get_state())
+            batches.send_bytes(pickle.dumps(drawn))  # by value: a batch once sent outlives this process
         if dist.is_initialized():
             dist.destroy_process_group()
     except BaseException as error:  # the trainer raises it
-        batches.send(Failure.of(error))
+        batches.send_bytes(pickle.dumps(Failure.of(error)))
         raise
 
 
