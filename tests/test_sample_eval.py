@@ -17,11 +17,13 @@ import pytest
 import torch
 
 from configs import nested
+from ensembles import MEMBERS, write_ensemble
 from rlhf import cli, evaluate, sample
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.data import load_preferences, load_sft, read_prompts
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.tiny import toy_corpus
+from rlhf.rollout.rewards import RewardModelReward
 
 REWARDS = Path(__file__).resolve().parent / "sample_rewards.py"
 K = 4
@@ -450,3 +452,21 @@ def test_reference_with_another_vocabulary_is_refused(tiny_llama_dir, other_toke
     other = save_tiny(tiny_causal_lm("gpt2", tok, seed=0), tok, tmp_path / "other")
     with pytest.raises(ConfigError, match="has another vocabulary than the policy"):
         evaluate.run(eval_config(tiny_llama_dir, prompts_file, reference=str(other)))
+
+
+def test_an_ensemble_judges_best_of_n_by_its_worst_member_and_eval_logs_its_spread(
+    tiny_llama_dir, tokenizer_dir, prompts_file, candidates, tmp_path
+):
+    """`judge.source` an ensemble (wco): the kept answer is the candidate whose lowest member score is highest,
+    each member scoring as it does alone; `rlhf eval` with one as `reward.source` reports the members' spread."""
+    ensemble = write_ensemble(tmp_path / "rm", tokenizer_dir)
+    out = tmp_path / "best.jsonl"
+    sample.run(sample_config(tiny_llama_dir, prompts_file, out, mode="best_of_n", **{"judge.source": str(ensemble)}))
+    members = [RewardModelReward.load(str(ensemble / f"member_{m}")) for m in range(MEMBERS)]
+    for row, cands in zip(read_jsonl(out), candidates, strict=True):
+        prompts = [row["prompt"]] * len(cands["completions"])
+        worst = torch.tensor([m.score(prompts, cands["completions"]) for m in members]).amin(0)
+        assert row["response"] == cands["completions"][int(worst.argmax())]
+        assert row["reward"] == pytest.approx(worst.max().item(), rel=1e-6)
+    results = evaluate.run(eval_config(tiny_llama_dir, prompts_file, **{"reward.source": str(ensemble)}))
+    assert results["reward/rm/ensemble_std"] > 0 and "reward/rm/member_2" in results

@@ -82,11 +82,18 @@ def inference_dtype(config: SampleConfig | EvalConfig, device: torch.device) -> 
     return frozen_dtype(config.model.dtype, bf16_enabled(config.model.bf16, device))
 
 
-def load_rewards(source: Any, tokenizer: Any, device: torch.device, bf16: bool = False) -> RewardSet:
-    """The reward set of a config's ``source`` field (a string or a list of RewardSpec); ``bf16``: reward models
-    are held in bfloat16 (mixed precision), else in their checkpoint's dtype."""
-    spec = scoring.reward_spec(source)
-    return load_reward_set(spec, policy_tokenizer=tokenizer, device=str(device), dtype=scoring.reward_dtype(bf16))
+def load_rewards(section: Any, tokenizer: Any, device: torch.device, bf16: bool = False) -> RewardSet:
+    """The reward set of a config's reward or judge ``section`` (its ``source``, a string or a list of RewardSpec;
+    an ensemble's members combined as its ``ensemble`` says); ``bf16``: reward models are held in bfloat16 (mixed
+    precision), else in their checkpoint's dtype."""
+    return load_reward_set(
+        scoring.reward_spec(section.source),
+        policy_tokenizer=tokenizer,
+        device=str(device),
+        dtype=scoring.reward_dtype(bf16),
+        objective=section.ensemble.objective,
+        uwo_lambda=section.ensemble.uwo_lambda,
+    )
 
 
 def score_groups(

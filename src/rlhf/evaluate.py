@@ -55,7 +55,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
     prompts = _prompts(config, tokenizer)
     bf16 = bf16_enabled(config.model.bf16, device)
-    rewards = answering.load_rewards(config.reward.source, tokenizer, device, bf16)
+    rewards = answering.load_rewards(config.reward, tokenizer, device, bf16)
     selector = _or_reward(config.best_of, rewards, tokenizer, device, bf16) if config.best_of.n > 1 else None
     reference = reference_model(config, tokenizer, device)
     # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
@@ -156,7 +156,7 @@ def answer(
 
 def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, device: torch.device, bf16: bool) -> RewardSet:
     """The reward set of a judge's or best-of-N selector's ``source``, or ``rewards`` when it has none."""
-    return rewards if section.source is None else answering.load_rewards(section.source, tokenizer, device, bf16)
+    return rewards if section.source is None else answering.load_rewards(section, tokenizer, device, bf16)
 
 
 def best_of(

@@ -80,10 +80,23 @@ def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
 
 
 def check_reward_source(field: str, source: str) -> None:
-    """A reward-model source is checked as a model; ``file.py:function`` / ``module:function`` is imported."""
+    """A reward-model source is checked as a model (an ensemble's: its manifest, then each member);
+    ``file.py:function`` / ``module:function`` is imported."""
     spec = source.strip()
     if is_reward_model(spec):
-        check_model(field, spec, REWARD_MODEL)
+        from rlhf.rollout.rewards import RewardError
+        from rlhf.rollout.rewards.ensemble import is_ensemble, member_paths
+
+        path = Path(spec).expanduser()
+        if not is_ensemble(path):
+            check_model(field, spec, REWARD_MODEL)
+            return
+        try:
+            members = member_paths(path)
+        except RewardError as e:
+            raise ConfigError(f"{field}={spec!r}: {e}") from None
+        for member in members:
+            check_model(f"{field} (ensemble member {member.name})", str(member), REWARD_MODEL)
         return
     # the episodes' own rewards (rollout.environment, checked with the config); an LLM judge or HTTP reward is only
     # reachable or not when asked: its own errors name the URL

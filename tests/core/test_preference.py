@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from rlhf.core.preference import bradley_terry_loss, normalization_gain_bias, pairwise_accuracy
+from rlhf.core.preference import bradley_terry_loss, ensemble_reward, normalization_gain_bias, pairwise_accuracy
 from vectors import F64, close, t
 
 # r_c − r_r = [1, 0, −1] → −log σ = [0.3132616875, 0.6931471806 (= log 2), 1.3132616875]
@@ -64,3 +65,27 @@ def test_normalization_gain_bias_targets():
     out = gain * samples + bias
     close(out.mean(), 2.0)
     close(out.std(correction=0), 3.0)
+
+
+# Three samples scored by M = 3 members; by hand:
+#   [1, 2, 3]: mean 2, min 1, population variance ((−1)² + 0 + 1²)/3 = 2/3
+#   [0, 0, 0]: mean 0, min 0, variance 0 (the members agree: no penalty)
+#   [−1, 2, 5]: mean 2, min −1, variance (9 + 0 + 9)/3 = 6
+MEMBERS = t([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [-1.0, 2.0, 5.0]])
+
+
+def test_ensemble_objectives_by_hand():
+    close(ensemble_reward(MEMBERS, "mean"), t([2.0, 0.0, 2.0]))
+    close(ensemble_reward(MEMBERS, "wco"), t([1.0, 0.0, -1.0]))
+    close(ensemble_reward(MEMBERS, "uwo", uwo_lambda=0.5), t([2.0 - 0.5 * 2 / 3, 0.0, 2.0 - 0.5 * 6]))
+    close(ensemble_reward(MEMBERS, "uwo", uwo_lambda=0.0), ensemble_reward(MEMBERS, "mean"))
+
+
+def test_ensemble_of_one_member_is_that_member_and_an_unscored_member_leaves_the_sample_unscored():
+    one = t([[0.7], [-2.0]])
+    for objective in ("mean", "wco", "uwo"):
+        close(ensemble_reward(one, objective, uwo_lambda=3.0), t([0.7, -2.0]))
+        out = ensemble_reward(t([[1.0, math.nan], [1.0, 2.0]]), objective, uwo_lambda=1.0)
+        assert out[0].isnan() and not out[1].isnan()
+    with pytest.raises(ValueError, match="unknown ensemble objective 'max'"):
+        ensemble_reward(MEMBERS, "max")

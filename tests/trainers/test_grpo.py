@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from configs import nested
+from ensembles import MEMBERS, write_ensemble
 from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.models import sharding
@@ -497,3 +498,18 @@ def test_old_logprob_pass_stays_when_the_policy_moves_within_a_step(tiny_llama_d
         dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1, num_iterations=2)), models
     )
     assert grpo.on_policy(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, num_minibatches=1)), models)
+
+
+def test_grpo_trains_on_a_reward_model_ensemble_and_logs_its_disagreement(
+    tokenizer_dir, tiny_llama_dir, prompts_file, tmp_path
+):
+    """`reward.source` an ensemble directory: one reward (here uwo of 3 members), its members' spread and means
+    logged on every step (tests/rollout/test_ensemble.py checks the numbers)."""
+    ensemble_dir = write_ensemble(tmp_path / "rm", tokenizer_dir)
+    fields = {"reward.source": str(ensemble_dir), "reward.ensemble.objective": "uwo"}
+    grpo.run(make_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in rows if "reward/mean" in row]
+    assert len(trained) == 2
+    for row in trained:
+        assert row["reward/rm/ensemble_std"] > 0 and {f"reward/rm/member_{m}" for m in range(MEMBERS)} <= set(row)

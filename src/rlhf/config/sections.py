@@ -273,6 +273,16 @@ class RolloutSection:
 
 
 @section
+class EnsembleSection:
+    """How a reward-model ensemble (a directory `rlhf rm --rm.ensemble K` wrote) becomes one reward: its members' scores, each normalised on its own, combined by a conservative objective (docs/ensembles.md)."""
+
+    objective: Literal["mean", "wco", "uwo"] = "wco"
+    """mean of the members; wco = worst case, their minimum; uwo = uncertainty-weighted, mean − uwo_lambda · their variance (Coste et al. 2024)."""
+    uwo_lambda: NonNegative = 0.5
+    """λ of uwo: how much the members' disagreement (their variance) costs."""
+
+
+@section
 class JudgeSection:
     """A reward source that scores or compares responses, and how a list of them is combined."""
 
@@ -280,6 +290,8 @@ class JudgeSection:
     """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML); None = none."""
     aggregation: Literal["sum", "gdpo"] = "sum"
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
+    ensemble: EnsembleSection = _defaults(EnsembleSection)
+    """How a source that is a reward-model ensemble combines its members."""
 
 
 @section
@@ -355,6 +367,8 @@ class RewardSection:
     """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML, e.g. --reward.source '[{source: rewards.py:f, weight: 2}]')."""
     aggregation: Literal["sum", "gdpo"] = "sum"
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
+    ensemble: EnsembleSection = _defaults(EnsembleSection)
+    """How a source that is a reward-model ensemble combines its members."""
 
 
 @section

@@ -60,3 +60,18 @@ def normalization_gain_bias(
     std = samples.std(correction=1 if unbiased else 0)
     gain = target_std / std
     return gain, target_mean - gain * mean
+
+
+def ensemble_reward(scores: torch.Tensor, objective: str, uwo_lambda: float = 0.0) -> torch.Tensor:
+    """One reward per sample from an ensemble's ``scores (B, M)`` (M members, each normalised on its own), by
+    Coste et al.'s objectives (docs/ensembles.md): ``mean`` = (1/M)·Σ r_m; ``wco`` (worst case) = min_m r_m;
+    ``uwo`` (uncertainty-weighted) = mean − λ·Var_m(r_m), the members' population variance (1/M), λ =
+    ``uwo_lambda``. A NaN member score (unscored) makes the sample's reward NaN. Returns ``(B,)``."""
+    mean = scores.mean(-1)
+    if objective == "mean":
+        return mean
+    if objective == "wco":
+        return scores.amin(-1)  # NaN propagates, as in the mean
+    if objective == "uwo":
+        return mean - uwo_lambda * scores.var(-1, correction=0)
+    raise ValueError(f"unknown ensemble objective {objective!r} (mean, wco or uwo)")

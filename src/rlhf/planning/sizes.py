@@ -90,10 +90,17 @@ def lora_params(name: str, lora: LoRAConfig, reward: bool = False) -> int:
 
 
 def reward_models(reward: RewardSection) -> list[str]:
-    """The reward-model sources of ``reward.source`` (a directory or a hub id: not a function, URL or LLM judge)."""
+    """The reward models of ``reward.source`` (a directory or a hub id: not a function, URL or LLM judge), an
+    ensemble's members each."""
     from rlhf.inputs import is_reward_model, reward_sources
+    from rlhf.rollout.rewards.ensemble import is_ensemble, member_paths
 
-    return [spec for _, spec in reward_sources("reward.source", reward.source) if is_reward_model(spec)]
+    models = []
+    for _, spec in reward_sources("reward.source", reward.source):
+        if is_reward_model(spec):
+            path = Path(spec).expanduser()
+            models += [str(member) for member in member_paths(path)] if is_ensemble(path) else [spec]
+    return models
 
 
 @_while_unchanged

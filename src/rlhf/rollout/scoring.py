@@ -19,7 +19,7 @@ from rlhf.data.stream import PromptBatch
 from rlhf.models.sharding import model_loader
 from rlhf.models.sharding import sampling as sampling_weights
 from rlhf.rollout.generation import Generated, repeat_each
-from rlhf.rollout.rewards import RewardContext, RewardError, RewardModelReward, RewardSet, load_reward_set
+from rlhf.rollout.rewards import RewardContext, RewardError, RewardSet, load_reward_set, reward_models
 from rlhf.runlog.distributed import SINGLE, Dist
 
 MAX_UNSCORED_STEPS = 5
@@ -27,15 +27,18 @@ MAX_UNSCORED_STEPS = 5
 missing every reward), five in a row mean the rewards do not fit the data."""
 
 
-def load_rewards(source: Any, tokenizer: Any, d: Dist, bf16: bool = False) -> RewardSet:
-    """An RL trainer's ``reward.source``; when the run shards its models, each rank holds 1/world of every reward
-    model (they are gathered for scoring, see :func:`score`); ``bf16``: in bfloat16 (:func:`reward_dtype`)."""
+def load_rewards(reward: Any, tokenizer: Any, d: Dist, bf16: bool = False) -> RewardSet:
+    """An RL trainer's ``reward`` section: its sources, an ensemble's combined as ``reward.ensemble`` says; when the
+    run shards its models, each rank holds 1/world of every reward model (they are gathered for scoring, see
+    :func:`score`); ``bf16``: in bfloat16 (:func:`reward_dtype`)."""
     return load_reward_set(
-        reward_spec(source),
+        reward_spec(reward.source),
         policy_tokenizer=tokenizer,
         device=str(d.device),
         loader=model_loader(d),
         dtype=reward_dtype(bf16),
+        objective=reward.ensemble.objective,
+        uwo_lambda=reward.ensemble.uwo_lambda,
     )
 
 
@@ -100,8 +103,8 @@ def score(
         context = None if context is None else context.select(rows)
     with contextlib.ExitStack() as weights:  # sharded reward models: gathered once for all their micro-batches,
         for source in rewards.sources:  # however many each rank's share makes (like a rollout's policy)
-            if isinstance(source, RewardModelReward):
-                weights.enter_context(sampling_weights(source.model, d))
+            for model in reward_models(source):
+                weights.enter_context(sampling_weights(model.model, d))
         result = rewards.score(prompts, completions, columns, token_ids, context)
     per_source = result.scores.float()
     metrics, extra = dict(result.metrics), dict(result.extra)

@@ -22,6 +22,7 @@ from rlhf.rollout.rewards.base import (
     RewardSet,
     RewardSource,
 )
+from rlhf.rollout.rewards.ensemble import EnsembleReward, is_ensemble
 from rlhf.rollout.rewards.function import FunctionReward
 from rlhf.rollout.rewards.model import ModelLoader, RewardModelReward
 from rlhf.rollout.rewards.remote import HttpReward
@@ -38,13 +39,17 @@ def load_reward_source(
     batch_size: int = 16,
     loader: ModelLoader | None = None,
     dtype: str | None = None,
+    objective: str = "mean",
+    uwo_lambda: float = 0.0,
 ) -> RewardSource:
     """The reward source ``spec`` names, ``name`` defaulting per the table in docs/architecture.md. ``policy_tokenizer``
     tells a reward function whether the policy writes reasoning traces (its chat template renders ``reasoning_content``:
     conversational completions then carry the trace apart, as TRL's do). The other arguments are for a reward model
     (``RewardModelReward.load``): ``policy_tokenizer`` lets it detect a shared vocabulary (``shares_policy_tokenizer``,
     enabling its ``score_ids`` fast path), ``device`` and ``batch_size`` are where its forwards run and their
-    micro-batch size, ``loader`` how its weights load, ``dtype`` the dtype they load in (None: the checkpoint's)."""
+    micro-batch size, ``loader`` how its weights load, ``dtype`` the dtype they load in (None: the checkpoint's);
+    for a reward-model ensemble (a directory with ``ensemble.json``) ``objective`` and ``uwo_lambda`` combine its
+    members (`rlhf.rollout.rewards.ensemble`)."""
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
@@ -56,6 +61,8 @@ def load_reward_source(
         name=name, policy_tokenizer=policy_tokenizer, device=device, batch_size=batch_size, loader=loader, dtype=dtype
     )
     if Path(spec).expanduser().is_dir():
+        if is_ensemble(Path(spec).expanduser()):
+            return EnsembleReward.load(spec, objective=objective, uwo_lambda=uwo_lambda, **model)
         return RewardModelReward.load(spec, **model)
     if ":" in spec:  # `file.py:function` or `module:function` (hub ids never contain ':')
         return FunctionReward.load(spec, name=name, reasoning=chat.writes_reasoning(policy_tokenizer))
@@ -88,3 +95,10 @@ def load_reward_set(reward: str | Mapping[str, Any] | Sequence[str | Mapping[str
         sources.append(load_reward_source(entry["source"], name=entry.get("name"), **options))
         weights.append(float(weight))
     return RewardSet(sources, weights)
+
+
+def reward_models(source: RewardSource) -> list[RewardModelReward]:
+    """The reward models a source holds: itself, an ensemble's members, or none (a function, a URL)."""
+    if isinstance(source, EnsembleReward):
+        return list(source.members)
+    return [source] if isinstance(source, RewardModelReward) else []

@@ -252,7 +252,8 @@ class RewardSet:
                 continue
             start = time.perf_counter()
             if token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
-                scores[:, k] = _validate(source.name, source.score_ids(*token_ids).cpu(), completions)
+                logs = {"log": log.callbacks(source.name)} if getattr(source, "takes_context", False) else {}
+                scores[:, k] = _validate(source.name, source.score_ids(*token_ids, **logs).cpu(), completions)
             else:
                 call = _arguments(source, prompts, completions, columns, context, log)
                 scores[:, k] = _validate(source.name, _call(source, call, source.score), completions)

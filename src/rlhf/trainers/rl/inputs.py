@@ -18,7 +18,7 @@ from rlhf.models.precision import bf16_enabled
 from rlhf.rollout import scoring
 from rlhf.rollout.engine import SamplingParams
 from rlhf.rollout.episodes import EpisodeLimits, EpisodeRunner, load_environment
-from rlhf.rollout.rewards import EnvironmentReward, RewardModelReward, RewardSet
+from rlhf.rollout.rewards import EnvironmentReward, RewardSet, reward_models
 from rlhf.rollout.tools import Tool
 from rlhf.runlog.distributed import Dist
 from rlhf.trainers import supervised
@@ -55,7 +55,7 @@ def load_inputs(config: PolicyGradientConfig, worker: Dist | None = None) -> Inp
     sampling = SamplingParams.of(config.sampling)
     stops = stop_token_ids(tokenizer, config.sampling.stop)
     episodes = episode_runner(config, tokenizer=tokenizer, stops=stops)  # its files fail before reward models load
-    rewards = scoring.load_rewards(config.reward.source, tokenizer, d, bf16_enabled(config.model.bf16, d.device))
+    rewards = scoring.load_rewards(config.reward, tokenizer, d, bf16_enabled(config.model.bf16, d.device))
     if episodes is not None:
         check_episode_rewards(config, rewards, d)
     return Inputs(d, tokenizer, stops, train_prompts, eval_prompts, rewards, sampling, episodes)
@@ -71,10 +71,10 @@ def check_episode_rewards(config: PolicyGradientConfig, rewards: RewardSet, d: D
             "(step, get_reward) are not used",
             file=sys.stderr,
         )
-    for source in rewards.sources:
-        if isinstance(source, RewardModelReward) and not source.shares_policy_tokenizer:
+    for model in (model for source in rewards.sources for model in reward_models(source)):
+        if not model.shares_policy_tokenizer:
             raise ConfigError(
-                f"reward model {source.name!r} has another tokenizer than the policy; multi-turn episodes are "
+                f"reward model {model.name!r} has another tokenizer than the policy; multi-turn episodes are "
                 "scored on the policy's token ids, so a reward model must share the policy's tokenizer"
             )
 

@@ -38,7 +38,7 @@ from rlhf.models.policy import ScoredTokens, ValueHead
 from rlhf.models.precision import bf16_enabled
 from rlhf.models.sharding import load_sharded, shard_small
 from rlhf.rollout import generation
-from rlhf.rollout.rewards import RewardModelReward, RewardSet
+from rlhf.rollout.rewards import RewardSet, reward_models
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.runlog.metrics import Stopwatch
@@ -131,7 +131,8 @@ def value_function(config: PPOConfig, rewards: RewardSet, d: Dist, policy: nn.Mo
     ``auto``: `rlhf.models.critic.critic_layout`, said on stderr)."""
     # The critic reads the policy's token ids: a reward model with another tokenizer cannot start it (its
     # embeddings would index other tokens, or run out of range), so it starts from the policy.
-    rm = next((s for s in rewards.sources if isinstance(s, RewardModelReward) and s.shares_policy_tokenizer), None)
+    readers = (model for source in rewards.sources for model in reward_models(source) if model.shares_policy_tokenizer)
+    rm = next(readers, None)  # an ensemble's: its first member
     layout = critic_layout(config.ppo.critic, rm is not None)
     if config.ppo.critic == "auto" and d.is_main:
         started = (
