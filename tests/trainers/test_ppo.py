@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from configs import nested
+from ensembles import write_ensemble
 from rlhf import cli
 from rlhf.config import config_from_dict
 from rlhf.models import sharding
@@ -68,6 +69,10 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = [{"prompt": " ".join(line.split()[: 3 + i % 2])} for i, line in enumerate(lines)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+ENSEMBLE = "<a reward-model ensemble>"
+"""In a test's fields: replaced by the directory of tests/ensembles.py's ensemble."""
 
 
 def make_config(policy: Path, prompts: Path, out: Path, **overrides: object):
@@ -426,12 +431,21 @@ def test_auto_critic_is_separate_only_when_a_reward_model_can_start_it(
 
 @pytest.mark.parametrize(
     "variant",
-    [{}, {"model.lora": LORA, "ppo.critic": "separate"}, {"kl.reference_ema": 0.5}],
-    ids=["full-shared", "lora-separate", "moving-reference"],
+    [
+        {},
+        {"model.lora": LORA, "ppo.critic": "separate"},
+        {"kl.reference_ema": 0.5},
+        {"reward.source": ENSEMBLE, "reward.ensemble.objective": "uwo", "ppo.critic": "separate"},
+    ],
+    ids=["full-shared", "lora-separate", "moving-reference", "ensemble-reward"],
 )
-def test_resume_reproduces_the_uninterrupted_run(tiny_llama_dir, prompts_file, tmp_path, ragged, monkeypatch, variant):
+def test_resume_reproduces_the_uninterrupted_run(
+    tiny_llama_dir, tokenizer_dir, prompts_file, tmp_path, ragged, monkeypatch, variant
+):
     # adaptive β, linear decay, shuffled epochs, held-out samples (and a moving reference): all state the
-    # checkpoint must hold
+    # checkpoint must hold. A reward-model ensemble: its members score, the critic starts from the first
+    if variant.get("reward.source") == ENSEMBLE:
+        variant = variant | {"reward.source": str(write_ensemble(tmp_path / "rm", tokenizer_dir))}
     fields = {
         "ppo.steps": 4,
         "run.save_every": 2,
