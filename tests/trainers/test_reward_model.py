@@ -32,10 +32,12 @@ from rlhf.core.preference import bradley_terry_loss
 from rlhf.data import DataError
 from rlhf.models.reward import BIAS_KEY, GAIN_KEY, RewardScorer, load_reward_model, reward_normalization, reward_scores
 from rlhf.models.tiny import save_tiny, toy_corpus
-from rlhf.rollout.rewards import RewardError, RewardModelReward, load_reward_source
+from rlhf.rollout.rewards import EnsembleReward, RewardError, RewardModelReward, load_reward_source
+from rlhf.runlog import train_state
 from rlhf.runlog.seeding import seed_everything
 from rlhf.trainers import reward_model
 from runs import (
+    Interrupted,
     assert_rows_match,
     assert_same_checkpoint,
     comparable,
@@ -576,3 +578,47 @@ def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data, tmp_p
     recomputed = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "ckpt", **fields))
     # the backward pass replays the forward's own operations: the same floats, the same steps
     assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0
+
+
+def test_an_ensemble_is_its_members_runs_and_resumes_member_by_member(tiny_llama_dir, data, tmp_path, monkeypatch):
+    """`rm.ensemble 3`: member m is the run of run.seed + m in members/member_<m>/ (member 1 here against a single
+    run of seed 1, bit for bit); final/ is the ensemble, one reward source, its members hard links. Killed after
+    member 1's checkpoint, `--run.resume` keeps member 0 untouched, continues member 1 and trains member 2 into the
+    same ensemble; a resume with another config is refused naming the finished member."""
+    fields = {"rm.ensemble": 3, "run.save_every": 2}
+    whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
+    manifest = json.loads((whole / "ensemble.json").read_text())
+    assert manifest["members"] == ["member_0", "member_1", "member_2"] and manifest["seeds"] == [0, 1, 2]
+    accuracy = manifest["held_out_accuracy"]
+    assert set(accuracy) == {"member_0", "member_1", "member_2", "mean", "wco"}
+    assert all(0 <= value <= 1 for value in accuracy.values())
+    single = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "single", **{"run.seed": 1}))
+    weights = [load_file(whole / f"member_{m}" / "model.safetensors") for m in range(3)]
+    assert max_abs_diff(weights[1], load_file(single / "model.safetensors")) == 0
+    assert max_abs_diff(weights[0], weights[1]) > 0 and max_abs_diff(weights[1], weights[2]) > 0
+    trained = tmp_path / "whole" / "members" / "member_1" / "final" / "model.safetensors"
+    assert (whole / "member_1" / "model.safetensors").stat().st_ino == trained.stat().st_ino
+    assert isinstance(load_reward_source(str(whole)), EnsembleReward)
+
+    out, original = tmp_path / "resumed", train_state.save_checkpoint
+
+    def dies_in_member_1(output_dir, step, *args, **kwargs):
+        path = original(output_dir, step, *args, **kwargs)
+        if Path(output_dir).name == "member_1" and step == 2:
+            raise Interrupted
+        return path
+
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(train_state, "save_checkpoint", dies_in_member_1)
+        reward_model.run(make_config(tiny_llama_dir, data, out, **fields))
+    with pytest.raises(ConfigError, match="ensemble member member_0 was trained with optim.learning_rate"):
+        reward_model.run(
+            make_config(tiny_llama_dir, data, out, **fields, **{"run.resume": True, "optim.learning_rate": 5e-4})
+        )
+    kept = out / "members" / "member_0" / "final" / "model.safetensors"
+    before = kept.stat().st_mtime_ns
+    with counting(monkeypatch, reward_model, "train_step") as steps:
+        resumed = reward_model.run(make_config(tiny_llama_dir, data, out, **fields, **{"run.resume": True}))
+    assert len(steps) == 1 + 3 and kept.stat().st_mtime_ns == before  # member 1's step 3, member 2's three
+    for m in range(3):  # continued from a checkpoint, as the single-run resume above: the same float32 operations
+        assert max_abs_diff(load_file(resumed / f"member_{m}" / "model.safetensors"), weights[m]) <= 1e-6

@@ -62,6 +62,8 @@ class RMSection:
     """When a pair has a "margin" column, subtract it inside the sigmoid: −log σ(r_c − r_r − margin)."""
     center_rewards_coefficient: NonNegative | None = None
     """Weight of the auxiliary loss coef·mean((r_c + r_r)²) that keeps rewards centred at 0; None = off."""
+    ensemble: Count = 1
+    """Members of a reward-model ensemble, trained one after another alike but for run.seed (member m: seed + m; it draws the new head and the order of the pairs), into members/member_<m>/; final/ is then the ensemble (ensemble.json and each member's model), one reward.source (docs/ensembles.md). 1 = one reward model."""
 
 
 @section

@@ -39,9 +39,11 @@ RUN_ENTRIES = (
     "normalization.jsonl",
     "report.html",
     "doctor.jsonl",
+    "members",
 )
-"""What a training run writes into ``output_dir``: its presence means "a run is here"; ``overwrite`` removes
-exactly these (and nothing else, so ``output_dir: .`` never loses the user's own files)."""
+"""What a training run writes into ``output_dir`` (``members``: a reward-model ensemble's member runs): its presence
+means "a run is here"; ``overwrite`` removes exactly these (and nothing else, so ``output_dir: .`` never loses the
+user's own files)."""
 
 SAFE_ON_RESUME = frozenset(
     # how long it runs, and whether it continues or replaces

@@ -28,6 +28,8 @@ import dataclasses
 import functools
 import json
 import math
+import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,8 +39,8 @@ import torch
 from torch import nn
 
 from rlhf import planning
-from rlhf.config import RMConfig
-from rlhf.core.preference import bradley_terry_loss, normalization_gain_bias
+from rlhf.config import ConfigError, RMConfig, config_from_dict, config_to_dict
+from rlhf.core.preference import bradley_terry_loss, ensemble_reward, normalization_gain_bias, pairwise_accuracy
 from rlhf.data import (
     PromptExample,
     TokenizedPreference,
@@ -58,16 +60,20 @@ from rlhf.models.reward import (
     clear_reward_normalization,
     load_reward_model,
     max_positions,
+    reward_normalization,
     set_reward_normalization,
     tokenize_pairs,
 )
 from rlhf.models.sharding import materialize, shard, shard_small, unsharded
 from rlhf.rollout import generation
+from rlhf.rollout.rewards.ensemble import MANIFEST
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
 from rlhf.trainers import supervised
 from rlhf.trainers.update import Trainable
 
+MEMBERS = "members"
+"""In an ensemble's ``output_dir``: each member's run directory, ``members/member_<m>/``."""
 NORMALIZATION_FILE = "normalization.jsonl"
 """In ``output_dir``: one row per normalisation sample — prompt, completion, raw score, normalised score."""
 
@@ -75,7 +81,13 @@ NORMALIZATION_FILE = "normalization.jsonl"
 @distributed.entry
 @rundir.claims_output_dir
 def run(config: RMConfig) -> Path:
-    """Train a reward model on ``config.data.train``; returns the ``final/`` directory."""
+    """Train a reward model on ``config.data.train``, or an ensemble of ``rm.ensemble`` (:func:`train_ensemble`);
+    returns the ``final/`` directory."""
+    return train_ensemble(config) if config.rm.ensemble > 1 else train_one(config)
+
+
+def train_one(config: RMConfig) -> Path:
+    """Train one reward model into ``config.output_dir``; returns its ``final/`` directory."""
     out, d = Path(config.output_dir), supervised.start(config)
     # 1. every pair, tokenized as the model reads them (its architecture and tokenizer: no weights yet), the
     # memory plan, then the model (fresh head N(0, 1/sqrt(H+1)) when it has none)
@@ -116,6 +128,83 @@ def run(config: RMConfig) -> Path:
             model.save_pretrained(staging / "final")
             rm.tokenizer.save_pretrained(staging / "final")
     return out / "final"
+
+
+def train_ensemble(config: RMConfig) -> Path:
+    """``rm.ensemble`` reward models, member m trained by :func:`train_one` with ``run.seed`` + m (the new head's
+    draw and the order of the pairs) into ``members/member_<m>/``, a run directory of its own: on ``--run.resume``
+    a finished member is kept (its config checked unchanged) and the one in progress continues from its checkpoint.
+    Then ``final/``: ``ensemble.json`` and each member's model (hard links to its ``final/``), which
+    ``reward.source`` reads as one source (`rlhf.rollout.rewards.ensemble`)."""
+    out, d = Path(config.output_dir), distributed.current()
+    names = [f"member_{m}" for m in range(config.rm.ensemble)]
+    members = [member_config(config, m) for m in range(config.rm.ensemble)]
+    finished = [(Path(member.output_dir) / "final").is_dir() and config.run.resume for member in members]
+    for name, member, done in zip(names, members, finished, strict=True):
+        if done and (changed := rundir.config_changes(Path(member.output_dir) / "config.yaml", member)):
+            raise ConfigError(f"rm: resume: ensemble member {name} was trained with {'; '.join(changed)}")
+    if d.is_main:
+        if not config.run.resume:  # --run.overwrite: nothing of the previous run may pass for a finished member
+            rundir.clear_run(out)
+        rundir.write_run_config(out, config)
+    for m, (member, done) in enumerate(zip(members, finished, strict=True)):
+        if not done:
+            print(f"rm: ensemble member {m + 1} of {len(names)}, run.seed {member.run.seed}", file=sys.stderr)
+            rundir.claims_output_dir(train_one)(member)
+    if d.is_main:
+        accuracy = held_out_accuracy(config, [out / MEMBERS / name / "final" for name in names], d.device)
+        with rundir.staged(out / "final") as staging:
+            for name in names:
+                shutil.copytree(out / MEMBERS / name / "final", staging / "final" / name, copy_function=link_or_copy)
+            manifest = {"members": names, "seeds": [config.run.seed + m for m in range(len(names))]}
+            text = json.dumps(manifest | {"held_out_accuracy": accuracy}, indent=1) + "\n"
+            (staging / "final" / MANIFEST).write_text(text)
+    return out / "final"
+
+
+def member_config(config: RMConfig, m: int) -> RMConfig:
+    """The config of ensemble member ``m``: one reward model, ``run.seed`` + m, in ``members/member_<m>/``."""
+    values = config_to_dict(config)
+    values["output_dir"] = str(Path(config.output_dir) / MEMBERS / f"member_{m}")
+    values["run"]["seed"] = config.run.seed + m
+    values["rm"]["ensemble"] = 1
+    return config_from_dict("rm", values)
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link of ``source`` at ``target`` (no second copy of the weights), a copy where links fail."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+@torch.no_grad()
+def held_out_accuracy(config: RMConfig, members: list[Path], device: torch.device) -> dict[str, float]:
+    """Strict accuracy (r_c > r_r) on ``data.eval`` of each member and of the ensemble by each objective without a
+    parameter (mean, wco), every member's scores normalised as consumers read them; {} without held-out pairs."""
+    if not config.data.eval:
+        return {}
+    chosen, rejected = [], []
+    for path in members:
+        rm = load_reward_model(str(path), config.model.dtype, device, config.data.chat_template_kwargs)
+        scorer, pairs = RewardScorer(rm.hf_model).eval(), tokenize_pairs(config.data.eval, rm, config.data.max_length)
+        gain, bias = reward_normalization(rm.model.config)
+        size = config.effective_micro_batch_size
+        parts = [
+            pair_rewards(scorer, pairs[i : i + size], rm.tokenizer.pad_token_id, device)
+            for i in range(0, len(pairs), size)
+        ]
+        chosen.append(torch.cat([c for c, _, _ in parts]).cpu() * gain + bias)
+        rejected.append(torch.cat([r for _, r, _ in parts]).cpu() * gain + bias)
+    accuracy = {
+        path.parent.name: pairwise_accuracy(c, r).item() for path, c, r in zip(members, chosen, rejected, strict=True)
+    }
+    for objective in ("mean", "wco"):
+        ensemble = [ensemble_reward(torch.stack(scores, -1), objective) for scores in (chosen, rejected)]
+        accuracy[objective] = pairwise_accuracy(*ensemble).item()
+    print("rm: held-out accuracy " + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items()), file=sys.stderr)
+    return accuracy
 
 
 def load_trainable_reward_model(config: RMConfig, device: str | torch.device) -> TrainableRewardModel:
