@@ -175,6 +175,23 @@ def test_preference_trainers_two_ranks_equal_one_process(tiny_llama_dir, rm_data
     assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
+def test_a_reward_model_ensemble_under_fsdp_equals_one_process(tiny_llama_dir, rm_data, tmp_path):
+    """`rm.ensemble 2` under torchrun: the members train one after another in one launch, each sharded over the
+    ranks, and rank 0 writes the ensemble; the same members as one process trains."""
+    train, held_out = rm_data
+    config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), "rm.ensemble": 2,
+              "batch.size": 5, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "run.save_every": 0, "run.progress": False}  # fmt: skip
+    one_rows, one_grads = run("rm", config, tmp_path / "one", members=2)
+    two_rows, two_grads = run("rm", config | {"run.parallelism": "fsdp"}, tmp_path / "two", torchrun(), members=2)
+    assert len(one_grads) == 2 * 3  # two members of ceil(13 / 5) steps
+    assert_same_gradients(one_grads, two_grads)
+    assert_same_metrics(one_rows, two_rows)
+    one, two = tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final"
+    assert json.loads((one / "ensemble.json").read_text())["members"] == ["member_0", "member_1"]
+    for member in ("member_0", "member_1"):
+        assert_same_weights(one / member, two / member, 3 * 1e-3)
+
+
 @pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
 def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path, lora):
     """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout; with LoRA the

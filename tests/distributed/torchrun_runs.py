@@ -89,16 +89,18 @@ def launch(args: list[str], launchers: list[list[str] | None], gpus: bool = Fals
 
 def run(
     command: str, config: dict, out: Path, *launchers: list[str] | None, flags: tuple[str, ...] = (),
-    gpus: bool = False,
+    gpus: bool = False, members: int = 0,
 ) -> tuple[list[dict], list[dict[str, torch.Tensor]]]:  # fmt: skip
     """(metric rows, per-step gradients) of one run in ``out/run``: one process without launchers, else one
-    ``torchrun`` per launcher (:func:`torchrun`, :func:`two_nodes`). ``flags``: more command-line fields."""
+    ``torchrun`` per launcher (:func:`torchrun`, :func:`two_nodes`). ``flags``: more command-line fields.
+    ``members``: a reward-model ensemble's, whose rows are its members' in turn."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "in.yaml").write_text(yaml.safe_dump(nested(config)))
     record = out / f"grads{len(list(out.glob('grads*.pt')))}.pt"
     args = [str(record), command, "--config", str(out / "in.yaml"), "--output_dir", str(out / "run"), *flags]
     launch(args, list(launchers) or [None], gpus)
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    runs = [out / "run" / "members" / f"member_{m}" for m in range(members)] or [out / "run"]
+    rows = [json.loads(line) for run in runs for line in (run / "metrics.jsonl").read_text().splitlines()]
     return rows, torch.load(record)
 
 
