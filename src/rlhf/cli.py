@@ -286,7 +286,7 @@ def _is_input_error(error: Exception) -> bool:
     from rlhf.httpclient import ServiceError
     from rlhf.rollout.episodes import EpisodeError
     from rlhf.rollout.rewards import RewardError
-    from rlhf.trainers.rl.producer import WorkerError
+    from rlhf.runlog.distributed import WorkerError
 
     return isinstance(error, DataError | RewardError | EpisodeError | ServiceError | OSError | WorkerError)
 

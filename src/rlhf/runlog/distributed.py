@@ -159,6 +159,11 @@ def collective_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=float(os.environ.get("RLHF_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
 
 
+class WorkerError(RuntimeError):
+    """A sampling worker (`rlhf.trainers.rl.producer`) died (killed, out of memory, a reward that ended its process)
+    or failed with an error that is not one it raises as itself; the CLI's exit 2, not an internal error."""
+
+
 def worker_device(setting: str, trainer: torch.device) -> torch.device:
     """The device of the sampling worker of a trainer on ``trainer`` (``sampling.worker_device``): ``auto`` is the
     CPU beside a CPU trainer; beside a GPU trainer a GPU no trainer uses when the machine has one for each of its

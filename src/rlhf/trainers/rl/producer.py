@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from rlhf.config import ConfigError, PolicyGradientConfig
 from rlhf.data.stream import PromptStream
 from rlhf.models.loading import load_trainable_state, trainable_state
-from rlhf.runlog.distributed import Dist, collective_timeout, worker_device
+from rlhf.runlog.distributed import Dist, WorkerError, collective_timeout, worker_device
 
 POLL_S = 1.0
 """How often a wait on the worker checks that it is still alive."""
@@ -196,11 +196,6 @@ class Failure:
             )
         self.error.add_note(f"raised in the sampling worker (sampling.max_staleness):\n{self.text}")
         return self.error
-
-
-class WorkerError(RuntimeError):
-    """The sampling worker died (killed, out of memory, a reward that ended its process) or failed with an error
-    that is not one it raises as itself; the CLI's exit 2, not an internal error."""
 
 
 @dataclasses.dataclass(frozen=True)
