@@ -137,26 +137,26 @@ def train_ensemble(config: RMConfig) -> Path:
     Then ``final/``: ``ensemble.json`` and each member's model (hard links to its ``final/``), which
     ``reward.source`` reads as one source (`rlhf.rollout.rewards.ensemble`)."""
     out, d = Path(config.output_dir), distributed.current()
-    names = [f"member_{m}" for m in range(config.rm.ensemble)]
     members = [member_config(config, m) for m in range(config.rm.ensemble)]
-    finished = [(Path(member.output_dir) / "final").is_dir() and config.run.resume for member in members]
-    for name, member, done in zip(names, members, finished, strict=True):
-        if done and (changed := rundir.config_changes(Path(member.output_dir) / "config.yaml", member)):
-            raise ConfigError(f"rm: resume: ensemble member {name} was trained with {'; '.join(changed)}")
+    runs = [Path(member.output_dir) for member in members]
+    finished = [config.run.resume and (run / "final").is_dir() for run in runs]
+    for member, run, done in zip(members, runs, finished, strict=True):
+        if done and (changed := rundir.config_changes(run / "config.yaml", member)):
+            raise ConfigError(f"rm: resume: ensemble member {run.name} was trained with {'; '.join(changed)}")
     if d.is_main:
         if not config.run.resume:  # --run.overwrite: nothing of the previous run may pass for a finished member
             rundir.clear_run(out)
         rundir.write_run_config(out, config)
     for m, (member, done) in enumerate(zip(members, finished, strict=True)):
         if not done:
-            print(f"rm: ensemble member {m + 1} of {len(names)}, run.seed {member.run.seed}", file=sys.stderr)
+            print(f"rm: ensemble member {m + 1} of {len(members)}, run.seed {member.run.seed}", file=sys.stderr)
             rundir.claims_output_dir(train_one)(member)
     if d.is_main:
-        accuracy = held_out_accuracy(config, [out / MEMBERS / name / "final" for name in names], d.device)
+        accuracy = held_out_accuracy(config, [run / "final" for run in runs], d.device)
         with rundir.staged(out / "final") as staging:
-            for name in names:
-                shutil.copytree(out / MEMBERS / name / "final", staging / "final" / name, copy_function=link_or_copy)
-            manifest = {"members": names, "seeds": [config.run.seed + m for m in range(len(names))]}
+            for run in runs:
+                shutil.copytree(run / "final", staging / "final" / run.name, copy_function=link_or_copy)
+            manifest = {"members": [run.name for run in runs], "seeds": [member.run.seed for member in members]}
             text = json.dumps(manifest | {"held_out_accuracy": accuracy}, indent=1) + "\n"
             (staging / "final" / MANIFEST).write_text(text)
     return out / "final"
