@@ -467,6 +467,7 @@ def test_an_ensemble_judges_best_of_n_by_its_worst_member_and_eval_logs_its_spre
         prompts = [row["prompt"]] * len(cands["completions"])
         worst = torch.tensor([m.score(prompts, cands["completions"]) for m in members]).amin(0)
         assert row["response"] == cands["completions"][int(worst.argmax())]
+        # the judge's float32 scores against the members' own, read back through JSON: a few float32 ulp
         assert row["reward"] == pytest.approx(worst.max().item(), rel=1e-6)
     results = evaluate.run(eval_config(tiny_llama_dir, prompts_file, **{"reward.source": str(ensemble)}))
     assert results["reward/rm/ensemble_std"] > 0 and "reward/rm/member_2" in results
