@@ -4,9 +4,10 @@ measures: the README's opening section.
 Stages, numbered as in `_stages`, each in its own directory under ``output_dir`` (the trainers through their public
 runners, each config written beside it as ``<command>.yaml``): 1 ``pretrain/`` (`pretrain`) → 2 ``sft/`` on mostly
 unhelpful demonstrations (`Preset.sft_mix`) → 3 ``sample/``: k candidates per prompt → 4 ``label/``: the gold judge
-labels every pair (`label`) → 5 ``rm/`` from the pretrained LM, and ``dpo/`` from the SFT model on the very pairs the
-reward model saw → 6 ``ppo/``, and ``ppo_no_kl/`` (β = 0: what the KL leash is for) → 7 ``grpo/`` → 8 ``eval/``:
-best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge deciding
+labels every pair (`label`) → 5 ``rm/``: an ensemble of reward models from the pretrained LM (member 0 is the reward
+model of every later stage), and ``dpo/`` from the SFT model on the very pairs the reward models saw → 6 ``ppo/``,
+``ppo_no_kl/`` (β = 0: what the KL leash is for) and ``ppo_no_kl_ensemble/`` (β = 0 against the ensemble) → 7
+``grpo/`` → 8 ``eval/``: best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge deciding
 (``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
 
 ``summary.json`` is computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`);
@@ -36,6 +37,10 @@ from rlhf.runlog.seeding import environment
 GOLD = "rlhf.demo.task:gold"
 """The gold judge as a reward source (module:function)."""
 
+ENSEMBLE_OBJECTIVE = "uwo"
+"""How the ``ppo_no_kl_ensemble`` stage combines the reward models (``reward.ensemble.objective``): measured over
+the demo's bases in docs/ensembles.md."""
+
 MAX_LENGTH = 128
 """``data.max_length`` of sft, rm and dpo: the tiny model's positions. The task's longest demonstration is about 75
 tokens (prompt and response, small preset), so every example is trained on whole; batches pad to their own
@@ -60,6 +65,8 @@ class Preset:
     """How many training prompts the SFT model answers for the preference pairs (at most all of them)."""
     num_samples: int = 8
     rm_epochs: int = 3
+    rm_members: int = 4
+    """Members of the reward-model ensemble (`rlhf rm --rm.ensemble`); member 0 is the demo's one reward model."""
     ppo_steps: int = 60
     ppo_batch: int = 32
     grpo_steps: int = 40
@@ -103,6 +110,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
             sample_prompts=16,
             num_samples=4,
             rm_epochs=1,
+            rm_members=2,
             ppo_steps=2,
             ppo_batch=8,
             grpo_steps=2,
@@ -118,7 +126,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
 )
 """Preset name → sizes (`DemoConfig.preset`)."""
 
-STAGES = ("pretrain", "sft", "sample", "label", "rm", "dpo", "ppo", "ppo_no_kl", "grpo", "eval")
+STAGES = ("pretrain", "sft", "sample", "label", "rm", "dpo", "ppo", "ppo_no_kl", "ppo_no_kl_ensemble", "grpo", "eval")
 
 METHODS = ("sft", "best_of_n", "dpo", "ppo", "grpo")
 """The methods the demo compares on equal labels, in the order of its table."""
@@ -172,12 +180,21 @@ class _Script:
         runner = {"sft": sft, "rm": reward_model, "dpo": dpo, "ppo": ppo, "grpo": grpo}[command]
         self.paths[name] = self.stage(name, runner.run, cfg)
 
-    def rl(self, name: str, learning_rate: float, kl_coef: float, batch_size: int, **algorithm: Any) -> None:
-        """Stage ``name`` (ppo or grpo) from the SFT model against the reward model; the gold judge rides along with
-        weight 0 (logged, never optimised), so the report can set the proxy reward and the true score side by side."""
-        rewards = [{"source": str(self.paths["rm"]), "name": "rm"}, {"source": GOLD, "name": "gold", "weight": 0.0}]
+    def rl(
+        self, name: str, learning_rate: float, kl_coef: float, batch_size: int, ensemble: bool = False, **algorithm: Any
+    ) -> None:
+        """Stage ``name`` (ppo or grpo) from the SFT model against the reward model (``ensemble``: against the whole
+        ensemble by `ENSEMBLE_OBJECTIVE`); the gold judge rides along with weight 0 (logged, never optimised), so the
+        report can set the proxy reward and the true score side by side, and so does the ensemble beside one reward
+        model (its members' disagreement, ``reward/ensemble/ensemble_std``, is the doctor's label-free warning)."""
+        ensemble_source = str(self.paths["rm_ensemble"])
+        rewards = [{"source": ensemble_source if ensemble else str(self.paths["rm"]), "name": "rm"}]
+        rewards.append({"source": GOLD, "name": "gold", "weight": 0.0})
+        if not ensemble:
+            rewards.append({"source": ensemble_source, "name": "ensemble", "weight": 0.0})
         data = {"train": str(self.data / "prompts.jsonl"), "eval": str(self.data / "eval_prompts.jsonl")}
-        fields = {"reward": {"source": rewards}, "sampling": self.sampling}
+        reward = {"source": rewards, "ensemble": {"objective": ENSEMBLE_OBJECTIVE}}
+        fields = {"reward": reward, "sampling": self.sampling}
         fields["run"] = self.run | {"eval_every": self.preset.eval_every}
         optim = {"learning_rate": learning_rate, "scheduler": "constant"}
         self.trained(name, "sft", algorithm, data, optim, batch_size, kl={"coef": kl_coef}, **fields)
@@ -199,11 +216,13 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     script.stage("sample", lambda: [sample.run(cfg) for cfg in samples])
     # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
     labels = script.stage("label", label, out / "sample", script.labelled, config.seed)
-    # 5. reward model from the pretrained LM; it only ever sees the labels
+    # 5. reward models from the pretrained LM, an ensemble differing by seed; they only ever see the labels
     labelled = script.labelled
     pairs = {"train": str(labelled / "preferences.jsonl"), "eval": str(labelled / "eval_preferences.jsonl")}
     pairs["max_length"] = MAX_LENGTH
-    script.trained("rm", "pretrain", {"epochs": preset.rm_epochs}, pairs, {"learning_rate": 1e-3})
+    rm = {"epochs": preset.rm_epochs, "ensemble": preset.rm_members}
+    script.trained("rm", "pretrain", rm, pairs, {"learning_rate": 1e-3})
+    script.paths["rm_ensemble"], script.paths["rm"] = script.paths["rm"], script.paths["rm"] / "member_0"
     # 5b. DPO from the SFT model on the same labelled pairs: no reward model, no sampling
     script.trained("dpo", "sft", {"epochs": preset.dpo_epochs}, pairs, {"learning_rate": preset.dpo_learning_rate})
     # 6-7. PPO and GRPO from the SFT model against the reward model (`_Script.rl`)
@@ -215,6 +234,9 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
     # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
     script.rl("ppo_no_kl", preset.ppo_learning_rate, 0.0, preset.ppo_batch, **ppo_algorithm, critic="shared")
+    # The same unleashed run against the ensemble, optimised conservatively (docs/ensembles.md)
+    no_kl = {**ppo_algorithm, "critic": "shared", "ensemble": True}
+    script.rl("ppo_no_kl_ensemble", preset.ppo_learning_rate, 0.0, preset.ppo_batch, **no_kl)
     grpo = {"steps": config.steps or preset.grpo_steps, "group_size": preset.group_size}
     script.rl("grpo", preset.learning_rate, preset.kl_coef, preset.grpo_batch, **grpo)
     # 8. every method against the SFT baseline (best-of-N samples the SFT model itself: its KL is the log N bound)
@@ -365,7 +387,10 @@ def summarize(
     total: float,
 ) -> dict[str, Any]:
     """summary.json, from the stages' own outputs: the eval results, the rm and ppo/grpo metrics files."""
-    rm_rows = [row for row in read_jsonl(out / "rm" / "metrics.jsonl") if "eval/accuracy" in row]
+    rm_rows = [
+        row for row in read_jsonl(out / "rm" / "members" / "member_0" / "metrics.jsonl") if "eval/accuracy" in row
+    ]
+    ensemble = json.loads((out / "rm" / "final" / "ensemble.json").read_text())["held_out_accuracy"]
     ppo_rows = [row for row in read_jsonl(out / "ppo" / "metrics.jsonl") if "kl/mean" in row]
     grpo_rows = [row for row in read_jsonl(out / "grpo" / "metrics.jsonl") if "reward/mean" in row]
     ppo, others = results["ppo"], ("grpo", "dpo", "best_of_n")  # PPO's win rate is gold/win_rate_vs_sft
@@ -377,6 +402,7 @@ def summarize(
         "rm/sft_mean": ppo["baseline/reward/rm/mean"],
         **{f"rm/{name}_mean": results[name]["reward/rm/mean"] for name in ("ppo", "grpo")},
         "rm/accuracy": rm_rows[-1]["eval/accuracy"],
+        **{f"rm/ensemble_accuracy_{objective}": ensemble[objective] for objective in ("mean", "wco")},
         "kl/final": ppo_rows[-1]["kl/mean"],
         "ppo/reward_first": ppo_rows[0].get("reward/mean"),
         "ppo/reward_last": ppo_rows[-1].get("reward/mean"),
@@ -384,6 +410,7 @@ def summarize(
         "grpo/reward_last": grpo_rows[-1]["reward/mean"],
         **_held_out_end("ppo", ppo_rows),
         **_held_out_end("ppo_no_kl", read_jsonl(out / "ppo_no_kl" / "metrics.jsonl")),
+        **_held_out_end("ppo_no_kl_ensemble", read_jsonl(out / "ppo_no_kl_ensemble" / "metrics.jsonl")),
         **labels,
         "seconds": total,
         **{f"time/{name}_s": value for name, value in seconds.items()},

@@ -69,12 +69,13 @@ def is_run(path: Path) -> bool:
 
 
 def run_dirs(path: Path) -> list[Path]:
-    """``path`` itself when it is a run, else the runs directly inside it (e.g. an ``rlhf demo`` directory)."""
+    """``path`` itself when it is a run, else the runs directly inside it (e.g. an ``rlhf demo`` directory); an
+    ``rlhf rm --rm.ensemble`` run directory, there or given itself, stands for its members' runs."""
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is not a directory: pass the output_dir of an rlhf run")
     if is_run(path):
         return [path]
-    runs = sorted(child for child in path.iterdir() if child.is_dir() and is_run(child))
+    runs = [run for child in (path, *sorted(path.iterdir())) if child.is_dir() for run in _runs_of(child)]
     if not runs:
         missing = [name for name in ("metrics.jsonl", "config.yaml") if not (path / name).is_file()]
         raise FileNotFoundError(
@@ -82,6 +83,14 @@ def run_dirs(path: Path) -> list[Path]:
             "pass the output_dir of an rlhf sft/rm/dpo/ppo/grpo run, or of rlhf demo"
         )
     return runs
+
+
+def _runs_of(directory: Path) -> list[Path]:
+    """``directory`` when it is a run, its members' runs when it is a reward-model ensemble's, else none."""
+    if is_run(directory):
+        return [directory]
+    members = directory / "members"  # rlhf.trainers.reward_model.MEMBERS (the doctor imports no trainer)
+    return sorted(m for m in members.iterdir() if is_run(m)) if members.is_dir() else []
 
 
 def read_run(path: Path) -> RunRecord:

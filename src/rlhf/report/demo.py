@@ -22,14 +22,16 @@ STAGE_NOTES = (
      "the comparisons must be about what this policy actually writes"),
     ("label", "gold judge compares pairs with Bradley–Terry noise",
      "stands in for human raters; the only place the gold rule is used for training data"),
-    ("rm", "reward model: LM + scalar head, −log σ(r_chosen − r_rejected)",
-     "a learned, imperfect proxy of the raters, cheap to query"),
+    ("rm", "reward models: LM + scalar head, −log σ(r_chosen − r_rejected), an ensemble differing by seed",
+     "a learned, imperfect proxy of the raters, cheap to query; member 0 is the reward model of every later stage"),
     ("dpo", "DPO from the SFT model on the same labelled pairs",
      "the offline alternative: the same labels, no reward model, no sampling"),
     ("ppo", "PPO against the reward model, KL penalty to the SFT model",
      "climbs the proxy while the KL leash keeps it near text the proxy understands"),
     ("ppo_no_kl", "the same PPO with β = 0: no KL penalty",
      "shows what the leash prevents: far from the reference the gold score falls while the proxy does not"),
+    ("ppo_no_kl_ensemble", "β = 0 again, against the ensemble, optimised conservatively",
+     "where the members disagree the policy is paid less: the other defence against over-optimisation"),
     ("grpo", "GRPO against the same reward model: G answers per prompt, no critic",
      "the critic-free alternative, same reward, same leash"),
     ("eval", "held-out prompts, gold judge decides best-of-N, DPO, PPO, GRPO vs SFT",
@@ -37,11 +39,16 @@ STAGE_NOTES = (
 )  # fmt: skip
 
 
+UNLEASHED = (("ppo_no_kl", "PPO, β = 0"), ("ppo_no_kl_ensemble", "PPO, β = 0, ensemble"))
+"""The β = 0 stages (a demo from before one was added lacks it) and their names in the curves."""
+
+
 def demo_report(out: Path, max_samples: int = 12) -> str:
     summary = json.loads((out / "summary.json").read_text())
     runs = [load_run(out / "ppo", "PPO"), load_run(out / "grpo", "GRPO")]
-    if (out / "ppo_no_kl" / "metrics.jsonl").is_file():
-        runs.insert(1, load_run(out / "ppo_no_kl", "PPO, β = 0"))
+    for position, (stage, label) in enumerate(UNLEASHED, start=1):
+        if (out / stage / "metrics.jsonl").is_file():
+            runs.insert(position, load_run(out / stage, label))
     body = [
         "<h1>rlhf demo report</h1>",
         f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
@@ -90,11 +97,12 @@ def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
     if dpo := _logged(out, "dpo", "eval/rewards/accuracies"):
         numbers["dpo"] = f"held-out accuracy {r.fmt(dpo[-1])}"
     numbers["ppo"] = f"reward {r.fmt(summary.get('ppo/reward_first'))} → {r.fmt(summary.get('ppo/reward_last'))}"
-    if "ppo_no_kl/kl_last" in summary:
-        numbers["ppo_no_kl"] = (
-            f"held-out rm {r.fmt(summary.get('ppo_no_kl/held_out_rm_last'))}, gold "
-            f"{r.fmt(summary.get('ppo_no_kl/held_out_gold_last'))}, KL {r.fmt(summary['ppo_no_kl/kl_last'])}"
-        )
+    for stage, _ in UNLEASHED:
+        if f"{stage}/kl_last" in summary:
+            numbers[stage] = (
+                f"held-out rm {r.fmt(summary.get(f'{stage}/held_out_rm_last'))}, gold "
+                f"{r.fmt(summary.get(f'{stage}/held_out_gold_last'))}, KL {r.fmt(summary[f'{stage}/kl_last'])}"
+            )
     numbers["grpo"] = f"reward {r.fmt(summary.get('grpo/reward_first'))} → {r.fmt(summary.get('grpo/reward_last'))}"
     numbers["eval"] = f"win rate PPO {r.fmt(summary.get('gold/win_rate_vs_sft'))}"
     return numbers
@@ -114,12 +122,17 @@ RESULT_ROWS = (
     ("rm/ppo_mean", "reward-model score of the PPO answers"),
     ("rm/grpo_mean", "reward-model score of the GRPO answers"),
     ("rm/accuracy", "reward model's accuracy on held-out pairs ordered by the noiseless gold rule"),
+    ("rm/ensemble_accuracy_mean", "… the ensemble's, by the mean of its members"),
+    ("rm/ensemble_accuracy_wco", "… and by their minimum"),
     ("kl/final", "PPO's KL to the SFT reference at the last step (nats per answer)"),
     ("ppo/held_out_gold_last", "PPO's gold score on the held-out prompts at its last step"),
     ("ppo/held_out_rm_last", "… and its reward-model score"),
     ("ppo_no_kl/held_out_gold_last", "the same for PPO without the KL penalty (β = 0): gold score …"),
     ("ppo_no_kl/held_out_rm_last", "… its reward-model score"),
     ("ppo_no_kl/kl_last", "… and its KL to the reference at the last step"),
+    ("ppo_no_kl_ensemble/held_out_gold_last", "the same against the ensemble, optimised conservatively: gold …"),
+    ("ppo_no_kl_ensemble/held_out_rm_last", "… its ensemble score"),
+    ("ppo_no_kl_ensemble/kl_last", "… and its KL"),
     ("seconds", "wall time of the whole demo"),
 )
 
