@@ -27,7 +27,11 @@ SUMMARY_KEYS = (
     "gold/best_of_n_mean",
     "gold/best_of_n_win_rate_vs_sft",
     "rm/accuracy",
+    "rm/ensemble_accuracy_mean",
+    "rm/ensemble_accuracy_wco",
     "kl/final",
+    "ppo_no_kl_ensemble/held_out_gold_last",
+    "ppo_no_kl_ensemble/kl_last",
     "seconds",
 )
 
@@ -130,11 +134,18 @@ def demo_dir(tmp_path_factory) -> Path:
 
 
 def test_every_stage_writes_its_run(demo_dir):
-    for model in ("pretrain", "sft", "rm", "dpo", "ppo", "ppo_no_kl", "grpo"):
+    for model in ("pretrain", "sft", "dpo", "ppo", "ppo_no_kl", "ppo_no_kl_ensemble", "grpo"):
         assert (demo_dir / model / "final" / "config.json").is_file(), model
-    for run in ("sft", "rm", "dpo", "ppo", "grpo"):
+    for run in ("sft", "dpo", "ppo", "grpo"):
         assert (demo_dir / run / f"{run}.yaml").is_file()  # the config the stage ran, for `rlhf <cmd> --config`
         assert _read_jsonl(demo_dir / run / "metrics.jsonl")
+    # the reward models: an ensemble of the tiny preset's two members, each a run of its own
+    assert (demo_dir / "rm" / "rm.yaml").is_file()
+    manifest = json.loads((demo_dir / "rm" / "final" / "ensemble.json").read_text())
+    assert manifest["members"] == ["member_0", "member_1"]
+    for member in manifest["members"]:
+        assert (demo_dir / "rm" / "final" / member / "config.json").is_file()
+        assert _read_jsonl(demo_dir / "rm" / "members" / member / "metrics.jsonl")
     assert _read_jsonl(demo_dir / "sample" / "candidates.jsonl")
     assert _read_jsonl(demo_dir / "label" / "preferences.jsonl")
     assert _read_jsonl(demo_dir / "label" / "eval_preferences.jsonl")
@@ -148,14 +159,25 @@ def test_summary_is_computed_from_the_runs(demo_dir):
     summary = json.loads((demo_dir / "summary.json").read_text())
     for key in SUMMARY_KEYS:
         assert isinstance(summary[key], int | float) and math.isfinite(summary[key]), key
-    rm_rows = [row for row in _read_jsonl(demo_dir / "rm" / "metrics.jsonl") if "eval/accuracy" in row]
+    # rm/accuracy is member 0's, the reward model of every later stage; the ensemble's are in its manifest
+    rm_rows = [row for row in _read_jsonl(demo_dir / "rm" / "members" / "member_0" / "metrics.jsonl")
+               if "eval/accuracy" in row]  # fmt: skip
     assert summary["rm/accuracy"] == rm_rows[-1]["eval/accuracy"]
+    accuracy = json.loads((demo_dir / "rm" / "final" / "ensemble.json").read_text())["held_out_accuracy"]
+    # the same count of pairs over the same total, one in float32 (its rounding: 6e-8 relative)
+    assert accuracy["member_0"] == pytest.approx(summary["rm/accuracy"], rel=1e-7)
+    assert summary["rm/ensemble_accuracy_mean"] == accuracy["mean"]
+    assert summary["rm/ensemble_accuracy_wco"] == accuracy["wco"]
     ppo_rows = [row for row in _read_jsonl(demo_dir / "ppo" / "metrics.jsonl") if "kl/mean" in row]
     assert summary["kl/final"] == ppo_rows[-1]["kl/mean"]
     no_kl_rows = _read_jsonl(demo_dir / "ppo_no_kl" / "metrics.jsonl")[1:]  # after step 0's held-out answers
     assert all(row["kl/coef"] == 0.0 for row in no_kl_rows)  # the unleashed run: β = 0 throughout
     assert summary["ppo_no_kl/kl_last"] == no_kl_rows[-1]["kl/mean"]
     assert summary["ppo_no_kl/held_out_gold_last"] == no_kl_rows[-1]["eval/reward/gold/mean"]
+    ensemble_rows = _read_jsonl(demo_dir / "ppo_no_kl_ensemble" / "metrics.jsonl")[1:]
+    assert all(row["kl/coef"] == 0.0 for row in ensemble_rows)
+    assert summary["ppo_no_kl_ensemble/kl_last"] == ensemble_rows[-1]["kl/mean"]
+    assert summary["ppo_no_kl_ensemble/held_out_gold_last"] == ensemble_rows[-1]["eval/reward/gold/mean"]
     ppo_eval = json.loads((demo_dir / "eval" / "ppo.json").read_text())
     grpo_eval = json.loads((demo_dir / "eval" / "grpo.json").read_text())
     assert summary["gold/win_rate_vs_sft"] == ppo_eval["win_rate"]
@@ -221,15 +243,22 @@ def test_the_demo_data_fits_its_own_max_length(demo_dir):
 def test_reward_model_never_sees_the_gold_rule(demo_dir):
     rm_config = (demo_dir / "rm" / "rm.yaml").read_text()
     assert "rlhf.demo.task" not in rm_config  # it trains on the labelled pairs only
-    for run in ("ppo", "ppo_no_kl", "grpo"):  # the policy optimises the reward model; gold rides with weight 0
-        command = run.removesuffix("_no_kl")
-        rewards = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())["reward"]["source"]
-        weights = {entry["source"]: entry["weight"] for entry in rewards}
-        assert weights == {str(demo_dir / "rm" / "final"): 1.0, "rlhf.demo.task:gold": 0.0}
+    ensemble, member_0 = demo_dir / "rm" / "final", demo_dir / "rm" / "final" / "member_0"
+    # the policy optimises one reward model (the ensemble's member 0), or the ensemble in the ensemble stage; gold
+    # rides with weight 0, and beside one reward model the ensemble too (its members' disagreement is logged)
+    optimised = {"ppo": member_0, "ppo_no_kl": member_0, "grpo": member_0, "ppo_no_kl_ensemble": ensemble}
+    for run, source in optimised.items():
+        command = run.partition("_")[0]
+        config = yaml.safe_load((demo_dir / run / f"{command}.yaml").read_text())
+        weights = {entry["source"]: entry["weight"] for entry in config["reward"]["source"]}
+        monitors = {"rlhf.demo.task:gold": 0.0} | ({str(ensemble): 0.0} if source == member_0 else {})
+        assert weights == {str(source): 1.0} | monitors
         rows = _read_jsonl(demo_dir / run / "metrics.jsonl")[1:]  # the training steps
         for row in rows:  # so reward/mean is the reward model's score alone
             assert row["reward/mean"] == pytest.approx(row["reward/rm/mean"], abs=1e-6)
         assert all("reward/gold/mean" in row for row in rows)
+        disagreement = "reward/ensemble/ensemble_std" if source == member_0 else "reward/rm/ensemble_std"
+        assert all(row[disagreement] >= 0 for row in rows)
 
 
 def test_report_shows_every_part_of_the_demo(demo_dir):
@@ -240,11 +269,12 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
         assert f"<h2>{heading}</h2>" in page, heading
     # (clip fraction and response length may be flat lines in a 2-step run, and flat charts are left out)
     for title in ("Reward source 'gold'", "Reward source 'rm'", "KL to the reference", "Entropy", "Value loss",
-                  "Seconds per step — PPO", "Methods compared"):  # fmt: skip
+                  "Seconds per step — PPO", "Methods compared", "Disagreement of the ensemble 'ensemble'",
+                  "Seconds per step — PPO, β = 0, ensemble"):  # fmt: skip
         assert f'alt="{html.escape(title)}"' in page, title
     # Reward against KL needs a step whose KL estimate rose above 0: after one update of a 2-step run the batch's
     # estimate is noise around 0 and may be negative in every run (the samples decide, so the CPU's kernels do too)
-    rose = any(row.get("kl/mean", 0) > 0 for run in ("ppo", "ppo_no_kl", "grpo")
+    rose = any(row.get("kl/mean", 0) > 0 for run in ("ppo", "ppo_no_kl", "ppo_no_kl_ensemble", "grpo")
                for row in _read_jsonl(demo_dir / run / "metrics.jsonl"))  # fmt: skip
     assert ("<h2>Reward against KL</h2>" in page) == rose and ('alt="Reward against KL"' in page) == rose
     assert "<th>SFT</th><th>best-of-N</th><th>DPO</th><th>PPO</th><th>GRPO</th>" in page
@@ -314,8 +344,9 @@ def test_default_demo_meets_its_targets(tmp_path):
     # kernels) seed 0's rm run has one gradient spike, 12× the median at step 190, which max_grad_norm clips
     from rlhf.doctor.checkup import examine
 
-    verdicts = {checkup.record.path.name: checkup for checkup in examine(tmp_path)}
-    for name in ("sft", "rm", "dpo", "ppo", "grpo"):
+    verdicts = {str(checkup.record.path.relative_to(tmp_path)): checkup for checkup in examine(tmp_path)}
+    members = [f"rm/members/member_{m}" for m in range(4)]
+    for name in ("sft", *members, "dpo", "ppo", "grpo"):
         serious = [f.rule.name for f in verdicts[name].findings if f.rule.severity != "info"]
         assert serious == [], (name, serious)
     assert "over_optimisation" in {f.rule.name for f in verdicts["ppo_no_kl"].findings}

@@ -44,10 +44,13 @@ FIGURES = (
     ("gold/dpo_win_rate_vs_sft", "win rate of DPO vs SFT under the gold judge", 2, True),
     ("gold/best_of_n_win_rate_vs_sft", "win rate of best-of-8 vs SFT under the gold judge", 2, True),
     ("rm/accuracy", "reward-model accuracy on held-out gold pairs", 2, True),
+    ("rm/ensemble_accuracy_mean", "the ensemble's accuracy (the mean of 4 members)", 2, True),
     ("kl/final", "KL to the reference at the end of PPO (nats per response)", 1, False),
     ("ppo/held_out_gold_last", "PPO, held-out gold score at its last step", 2, True),
     ("ppo_no_kl/kl_last", "PPO without the KL penalty: KL at the end", 0, False),
     ("ppo_no_kl/held_out_gold_last", "PPO without the KL penalty: held-out gold score at the end", 2, True),
+    ("ppo_no_kl_ensemble/kl_last", "the same against the ensemble (UWO): KL at the end", 0, False),
+    ("ppo_no_kl_ensemble/held_out_gold_last", "the same against the ensemble (UWO): held-out gold at the end", 2, True),
 )
 """(summary.json key, what the README calls it, digits, whether higher is better: the worst run is the lowest)."""
 FIGURES_BLOCK = ("<!-- demo-figures:start -->", "<!-- demo-figures:end -->")

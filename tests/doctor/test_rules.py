@@ -278,3 +278,16 @@ def test_value_loss_rising_from_a_lowest_median_of_zero():
     rows = stream(20, value__loss=lambda s, rng: 0.0 if s <= 10 else 0.1 * 1.5 ** (s - 10))
     found = {f.rule.name: f for f in diagnose(History(rows))}
     assert found["value_loss_rising"].first.endswith("= inf× its lowest (0)")
+
+
+def test_kl_blowup_is_measured_per_response_token():
+    """A healthy demo PPO run (seed 5, avx2 kernels) whose KL rose from 0.94 to 3.81 nats in one step as the policy
+    left the reference, then stayed near 4 with a held-out gold score of 2.1-2.7: 2.87 more nats over 22.9-token
+    answers is 0.125 per token, under the rule's 0.5. The same jump over 4-token answers (0.72 per token) fires."""
+    kls = [0.0, 0.02, 0.28, 0.06, 0.64, 0.94, 3.81, 5.0, 3.23, 4.87, 2.61, 3.44]
+
+    def history(length):
+        return History([{"step": s, "kl/mean": kl, "response/length_mean": length} for s, kl in enumerate(kls, 1)])
+
+    assert "kl_blowup" not in fired(history(22.9))
+    assert fired(history(4.0))["kl_blowup"] == [(7, 7)]

@@ -179,7 +179,25 @@ def source_charts(runs: Sequence[Run]) -> list[str]:
         weights = {run.reward_weights().get(name, 1.0) for run in present}
         role = "a monitor (weight 0): logged, never optimised" if weights == {0.0} else "optimised"
         blocks.append(_figure_html(fig, title, f"Batch mean (line) and held-out mean (dots); {role}."))
+        if disagreement := _disagreement_chart(runs, name):
+            blocks.append(disagreement)
     return blocks
+
+
+def _disagreement_chart(runs: Sequence[Run], name: str) -> str | None:
+    """The members' disagreement of a source that is a reward-model ensemble (``reward/<name>/ensemble_std``)."""
+    key = f"reward/{name}/ensemble_std"
+    present = [run for run in runs if run.has(key)]
+    if not present:
+        return None
+    title = f"Disagreement of the ensemble '{name}'"
+    fig, ax = _figure(title, "step", "members' std, batch mean")
+    for run, color in zip(present, itertools.cycle(COLORS)):
+        _plot_trend(ax, *run.series(key), run.label, color)
+    _mark_findings(ax, [(run, key) for run in present], multiple=len(runs) > 1)
+    ax.legend(fontsize=7)
+    caption = "The standard deviation of the members' normalised scores of each sample, averaged over the batch."
+    return _figure_html(fig, title, caption)
 
 
 def time_charts(runs: Sequence[Run]) -> list[str]:

@@ -1,0 +1,275 @@
+"""Reward-model ensembles against over-optimisation, in the demo's gold set-up (Coste et al. 2024's comparison):
+one reward model against the ensemble's mean, WCO and UWO, in best-of-n and in PPO without and with a small KL
+penalty, over the demo's bases (seeds × CPU kernel families).
+
+    python tools/demo_figures.py --jobs 2 --out runs/demo_figures_ens   # the bases: 10 demos, each with its ensemble
+    python benchmarks/ensembles.py --jobs 2                             # then this, over every demo found there
+    python benchmarks/ensembles.py --from-results                       # re-render the .md from the saved .json
+
+Each base is one ``rlhf demo`` directory: its SFT model, its reward-model ensemble (``rm/final``, 4 members differing
+by seed; member 0 is the demo's one reward model), its prompts and its gold judge (``rlhf.demo.task:gold``), which
+the reward models never see. For each base:
+
+- **best-of-n**: 64 samples of the SFT model per held-out prompt (``rlhf sample --mode candidates``, the demo's
+  sampling), each scored by every member (its own normalisation) and by the gold judge; for n in 1, 4, 16, 64 the
+  64 are cut into 64/n groups of n, each objective picks its best in every group, and the gold scores of the picks
+  are averaged (every sample used once: the estimate with the least variance from one draw). The KL of best-of-n
+  from the SFT model is the bound log n − (n − 1)/n.
+- **PPO**: the demo's β = 0 stage (shared critic, 60 steps, the same seed) against one reward model (the demo's
+  ``ppo_no_kl``), the ensemble by UWO (the demo's ``ppo_no_kl_ensemble``), and here by the mean and by WCO; then
+  all four again with β = 0.02, a tenth of the demo's leashed PPO. The single reward model's runs here leave out the
+  ensemble the demo logs beside it, so their score time is one model's. Read: the held-out gold score at the last
+  step and its best over the run, the KL at the end, and the score phase's seconds per step.
+
+Every run is its own process with one torch thread under its base's kernel family (``ATEN_CPU_CAPABILITY``); a run
+whose output is there is read, not run again. Writes benchmarks/results/ensembles.{json,md}. Notes: docs/ensembles.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+OBJECTIVES = ("single", "mean", "wco", "uwo")
+"""One reward model (the ensemble's member 0), then the ensemble by each objective (UWO with λ = 0.5, the default)."""
+UWO_LAMBDA = 0.5
+BEST_OF = (1, 4, 16, 64)
+SMALL_BETA = 0.02
+DEMO_STAGE = {"uwo": "ppo_no_kl_ensemble"}
+"""The β = 0 run the demo itself made (its ``ppo_no_kl`` logs the ensemble beside the one reward model, so it is run
+again here without: the same numbers, checked, and one model's score time)."""
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def base_env(base: Path) -> dict[str, str]:
+    """One thread, under the kernel family the base's directory name gives (``<kernel>_seed_<s>``)."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    kernel = base.name.partition("_seed_")[0]
+    if kernel != "default":
+        env["ATEN_CPU_CAPABILITY"] = kernel
+    return env | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def rlhf(command: str, config: dict[str, Any], where: Path, env: dict[str, str]) -> None:
+    """``rlhf <command> --config where.yaml`` with ``config`` written there; the log beside it."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    path = where.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(config))
+    with where.with_suffix(".log").open("w") as logfile:
+        done = subprocess.run([sys.executable, "-m", "rlhf", command, "--config", str(path)], env=env,
+                              stdout=logfile, stderr=subprocess.STDOUT)  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"rlhf {command} failed ({done.returncode}): see {where.with_suffix('.log')}")
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# PPO
+# -------------------------------------------------------------------------------------------------------------------
+
+
+def ppo_config(base: Path, objective: str, beta: float, out: Path) -> dict[str, Any]:
+    """The demo's β = 0 stage's config against ``objective``'s reward, with ``beta``, into ``out``."""
+    config = yaml.safe_load((base / "ppo_no_kl_ensemble" / "ppo.yaml").read_text())
+    rm = next(source for source in config["reward"]["source"] if source["name"] == "rm")
+    if objective == "single":
+        rm["source"] = str(Path(rm["source"]) / "member_0")
+    else:
+        config["reward"]["ensemble"] = {"objective": objective, "uwo_lambda": UWO_LAMBDA}
+    config["kl"]["coef"] = beta
+    config["output_dir"] = str(out)
+    return config
+
+
+def ppo_run(base: Path, objective: str, beta: float) -> dict[str, Any]:
+    """The run's numbers; trained now unless the demo or an earlier sweep did."""
+    if beta == 0 and objective in DEMO_STAGE:
+        run = base / DEMO_STAGE[objective]
+    else:
+        run = base / "ensembles" / f"ppo_beta{beta:g}_{objective}"
+        if not (run / "final").is_dir():
+            log(f"{base.name}: ppo β={beta:g} {objective}")
+            rlhf("ppo", ppo_config(base, objective, beta, run) | {"run": _fresh(base)}, run, base_env(base))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [(row["step"], row["eval/reward/gold/mean"], row.get("kl/mean", 0.0)) for row in rows
+             if "eval/reward/gold/mean" in row]  # fmt: skip
+    steps = [row for row in rows if "kl/mean" in row]
+    return {
+        "gold_last": evals[-1][1],
+        "gold_best": max(gold for _, gold, _ in evals),
+        "gold_start": evals[0][1],
+        "kl_last": steps[-1]["kl/mean"],
+        "score_s": statistics.median(row["time/score_s"] for row in steps),
+        "path": [[step, gold, kl] for step, gold, kl in evals],
+    }
+
+
+def _fresh(base: Path) -> dict[str, Any]:
+    run = yaml.safe_load((base / "ppo_no_kl_ensemble" / "ppo.yaml").read_text())["run"]
+    return run | {"overwrite": True, "progress": False}
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Best-of-n
+# -------------------------------------------------------------------------------------------------------------------
+
+
+def best_of_n(base: Path) -> dict[str, Any]:
+    """Gold score and KL bound of best-of-n for each n of `BEST_OF` and each objective (module docstring)."""
+    out = base / "ensembles" / "candidates"
+    candidates = out.with_suffix(".jsonl")
+    if not candidates.is_file():
+        log(f"{base.name}: {max(BEST_OF)} candidates per held-out prompt")
+        demo = yaml.safe_load((base / "sample" / "candidates" / "sample.yaml").read_text())
+        config = demo | {"output": str(candidates), "num_samples": max(BEST_OF), "overwrite": True}
+        rlhf("sample", config | {"prompts": str(base / "data" / "eval_prompts.jsonl")}, out, base_env(base))
+    scores = score_candidates(base, candidates)
+    table = {}
+    for n in BEST_OF:
+        table[n] = {"kl_bound": math.log(n) - (n - 1) / n}
+        for objective in OBJECTIVES:
+            picks = [
+                gold[max(range(start, start + n), key=lambda i: chosen[i])]
+                for gold, chosen in zip(scores["gold"], scores[objective], strict=True)
+                for start in range(0, len(gold) - n + 1, n)
+            ]
+            table[n][objective] = statistics.fmean(picks)
+    return table
+
+
+def score_candidates(base: Path, candidates: Path) -> dict[str, list[list[float]]]:
+    """Per prompt, each candidate's gold score and its reward by each objective (cached beside the candidates)."""
+    cache = candidates.with_name("scores.json")
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    import torch
+
+    from rlhf.core.preference import ensemble_reward
+    from rlhf.demo import task
+    from rlhf.rollout.rewards import load_reward_source
+    from rlhf.rollout.rewards.ensemble import member_paths
+
+    rows = [json.loads(line) for line in candidates.read_text().splitlines() if line.strip()]
+    prompts = [row["prompt"] for row in rows for _ in row["completions"]]
+    completions = [c for row in rows for c in row["completions"]]
+    members = [load_reward_source(str(p), batch_size=64) for p in member_paths(base / "rm" / "final")]
+    matrix = torch.stack([torch.tensor(m.score(prompts, completions, {})) for m in members], dim=-1)  # (N, M)
+    flat = {"gold": task.gold(prompts, completions), "single": matrix[:, 0].tolist()}
+    for objective in OBJECTIVES[1:]:
+        flat[objective] = ensemble_reward(matrix, objective, UWO_LAMBDA).tolist()
+    k = len(rows[0]["completions"])
+    scores = {name: [values[i : i + k] for i in range(0, len(values), k)] for name, values in flat.items()}
+    cache.write_text(json.dumps(scores))
+    return scores
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The sweep and its tables
+# -------------------------------------------------------------------------------------------------------------------
+
+
+def measure(base: Path) -> dict[str, Any]:
+    ppo = {f"{beta:g}": {o: ppo_run(base, o, beta) for o in OBJECTIVES} for beta in (0.0, SMALL_BETA)}
+    demo = json.loads((base / "summary.json").read_text())["ppo_no_kl/held_out_gold_last"]
+    if ppo["0"]["single"]["gold_last"] != demo:
+        raise RuntimeError(
+            f"{base.name}: ppo β=0 single ends at gold {ppo['0']['single']['gold_last']}, the demo's at {demo}"
+        )
+    return {"base": base.name, "best_of_n": {str(n): v for n, v in best_of_n(base).items()}, "ppo": ppo}
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.2f} ± {sd:.2f} (worst {min(values):.2f})"
+
+
+def render(results: dict[str, Any]) -> str:
+    bases = results["bases"]
+    lines = [
+        "# Reward-model ensembles against over-optimisation",
+        "",
+        f"{results['machine']}; {len(bases)} bases ({', '.join(b['base'] for b in bases)}): the demo (small preset), "
+        f"{results['members']} members differing by seed, UWO λ = {UWO_LAMBDA}. `python benchmarks/ensembles.py`; method: its docstring.",
+        "",
+        "Gold score (the hidden judge; the reward models never see it): mean ± sd over the bases (worst base).",
+        "",
+        "## Best-of-n (the SFT model's samples on the 48 held-out prompts)",
+        "",
+        "| n | KL bound | " + " | ".join(OBJECTIVES) + " |",
+        "|---|---|" + "---|" * len(OBJECTIVES),
+    ]
+    for n in BEST_OF:
+        cells = [spread([b["best_of_n"][str(n)][o] for b in bases]) for o in OBJECTIVES]
+        lines.append(f"| {n} | {bases[0]['best_of_n'][str(n)]['kl_bound']:.2f} | " + " | ".join(cells) + " |")
+    lines += ["", "## PPO (the demo's β = 0 stage: shared critic, 60 steps; held-out prompts every 10 steps)", ""]
+    lines += [
+        "| β | reward | gold at the end | best gold of the run | KL at the end | score s/step | ends above the single RM |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for beta in (f"{0.0:g}", f"{SMALL_BETA:g}"):
+        for o in OBJECTIVES:
+            runs = [b["ppo"][beta][o] for b in bases]
+            above = sum(b["ppo"][beta][o]["gold_last"] > b["ppo"][beta]["single"]["gold_last"] for b in bases)
+            kls = [r["kl_last"] for r in runs]
+            lines.append(
+                f"| {beta} | {o} | {spread([r['gold_last'] for r in runs])} | "
+                f"{spread([r['gold_best'] for r in runs])} | {statistics.fmean(kls):.1f} (max {max(kls):.1f}) | "
+                f"{statistics.median(r['score_s'] for r in runs):.3f} | "
+                + ("—" if o == "single" else f"{above} of {len(bases)}")
+                + " |"
+            )
+    start = [b["ppo"]["0"]["single"]["gold_start"] for b in bases]
+    lines += ["", f"The SFT policy's held-out gold (every run's step 0): {spread(start)}.", ""]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())  # fmt: skip
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demos", type=Path, default=Path("runs/demo_figures_ens"), help="the demos' directory")
+    parser.add_argument("--jobs", type=int, default=1, help="bases at once (each run has one thread)")
+    parser.add_argument("--results", type=Path, default=HERE / "results" / "ensembles")
+    parser.add_argument("--from-results", action="store_true")
+    args = parser.parse_args(argv)
+    json_path, md_path = args.results.with_suffix(".json"), args.results.with_suffix(".md")
+    if not args.from_results:
+        bases = sorted(p for p in args.demos.iterdir() if (p / "summary.json").is_file())
+        if not bases:
+            parser.error(f"no finished demo under {args.demos}: run tools/demo_figures.py --out {args.demos} first")
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            measured = list(pool.map(measure, bases))
+        members = len(json.loads((bases[0] / "rm" / "final" / "ensemble.json").read_text())["members"])
+        results = {"machine": machine(), "members": members, "bases": measured}
+        json_path.write_text(json.dumps(results, indent=1) + "\n")
+    md_path.write_text(render(json.loads(json_path.read_text())))
+    print(md_path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
