@@ -14,6 +14,8 @@ import yaml
 
 from rlhf.doctor.rules import RULES, History, Watch, diagnose
 
+RULES_BY_NAME = {rule.name: rule for rule in RULES}
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HEALTHY = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and "no_kl" not in p.name)
 
@@ -64,6 +66,7 @@ def healthy(s, rng):
         "response/eos_rate": 0.8 + rng.uniform(-0.1, 0.1), "grad/norm": 0.5 + rng.uniform(0, 0.5),
         "policy/loss": rng.gauss(0, 0.1), "policy/first_ratio_max_dev": 0.0,
         "rollout/logprob_diff_mean": 0.02 + 0.005 * math.sin(s),  # no draw: the other metrics keep their noise
+        "reward/rm/ensemble_std": 0.3 + 0.03 * math.sin(s),  # the same
     }  # fmt: skip
 
 
@@ -116,6 +119,7 @@ FAILURES = {
     "off_policy_masked_high": (setter("policy/off_policy_masked", lambda s, r: 0.5 if s >= 41 else 0.02), 43),
     "episodes_truncated": (setter("episode/truncated", lambda s, r: 0.8 if s >= 41 else 0.1), 45),
     "tool_errors_high": (setter("episode/tool_errors", lambda s, r: 1.5 if s >= 41 else 0.1), 45),
+    "ensemble_disagreement_rising": (setter("reward/rm/ensemble_std", lambda s, r: 0.3 * 1.03 ** (s - 40) if s > 40 else None), 41),
     "over_optimisation": (lambda s, r: r.update({"reward/gold/mean": 1.6 - 0.05 * (s - 40) + r["reward/gold/mean"] - 0.04 * s,
                                                  "reward/mean": 2.0 + 0.05 * (s - 40)}) if s > 40 else None, 41),
 }  # fmt: skip
@@ -291,3 +295,22 @@ def test_kl_blowup_is_measured_per_response_token():
 
     assert "kl_blowup" not in fired(history(22.9))
     assert fired(history(4.0))["kl_blowup"] == [(7, 7)]
+
+
+def test_ensemble_disagreement_rising_compares_the_last_window_with_the_start():
+    """Start: the median of the first 5 values of reward/rm/ensemble_std (0.40); now: the mean of the last 5. The
+    reward rises throughout (0.1 per step). At 0.50 = 1.25× the start it is silent (not above), at 0.51 it fires;
+    with the reward back at its start it is silent again."""
+    spreads = [0.38, 0.40, 0.45, 0.35, 0.42] + [0.40] * 5
+
+    def evidence(last, reward_now=None):
+        rows = [{"step": s, "reward/mean": 0.1 * s, "reward/rm/ensemble_std": v}
+                for s, v in enumerate(spreads + [last] * 5, 1)]  # fmt: skip
+        if reward_now is not None:
+            for row in rows[-5:]:
+                row["reward/mean"] = reward_now
+        return RULES_BY_NAME["ensemble_disagreement_rising"].check(History(rows))
+
+    assert evidence(0.50) is None
+    assert evidence(0.51) == "reward/rm/ensemble_std 0.51 (mean of the last 5 steps), 1.27× its start 0.4"
+    assert evidence(0.51, reward_now=0.3) is None  # the first 5 rewards' median is 0.3: not above it

@@ -528,6 +528,33 @@ def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
 
 
 @warning(
+    ("reward/mean", "reward/<ensemble>/ensemble_std"),
+    threshold="the members' disagreement (mean of the last {window} steps) > {factor}× where it started (median of "
+    "the first {window}) while reward/mean is above its start",
+    reason="reward models trained alike agree where their pairs taught them; samples they disagree about more and "
+    "more are where the policy has gone beyond what they learned, the ground over-optimisation grows on (Coste "
+    "et al. 2024); a label-free warning, no gold needed",
+    diagnosis="the ensemble's reward models disagree more and more about the policy's samples while the reward rises",
+    fix="raise kl.coef (or kl.control: adaptive with a kl.target), optimise the ensemble conservatively "
+    "(reward.ensemble.objective: wco or uwo), use an earlier checkpoint, or label the policy's current samples and "
+    "retrain the reward models",
+)
+def ensemble_disagreement_rising(h: History, window: int = 5, factor: float = 1.25) -> str | None:
+    row, reward = h.last_row(), h.values("reward/mean")
+    spreads = [key for key in row if key.startswith("reward/") and key.endswith("/ensemble_std")]
+    if len(reward) < 2 * window or not spreads:
+        return None
+    for key in spreads:
+        values = h.values(key)
+        if len(values) < 2 * window:
+            continue
+        start, now = started_at(values, window), statistics.fmean(values[-window:])
+        if now > factor * start and statistics.fmean(reward[-window:]) > started_at(reward, window):
+            return f"{key} {now:.3g} (mean of the last {window} steps), {now / start:.2f}× its start {start:.3g}"
+    return None
+
+
+@warning(
     ("rewards/accuracies", "train/accuracy"),
     threshold="|mean of {n} steps − {chance}| < {margin} after step {after}",
     reason="a preference model (or DPO policy) at 50 % has learnt nothing from the pairs",
