@@ -137,7 +137,11 @@ def best_of_n(base: Path) -> dict[str, Any]:
         demo = yaml.safe_load((base / "sample" / "candidates" / "sample.yaml").read_text())
         config = demo | {"output": str(candidates), "num_samples": max(BEST_OF), "overwrite": True}
         rlhf("sample", config | {"prompts": str(base / "data" / "eval_prompts.jsonl")}, out, base_env(base))
-    scores = score_candidates(base, candidates)
+    return best_of_table(score_candidates(base, candidates))
+
+
+def best_of_table(scores: dict[str, list[list[float]]]) -> dict[int, dict[str, float]]:
+    """n → the KL bound and each objective's mean gold score of its picks (module docstring)."""
     table = {}
     for n in BEST_OF:
         table[n] = {"kl_bound": math.log(n) - (n - 1) / n}
@@ -151,9 +155,13 @@ def best_of_n(base: Path) -> dict[str, Any]:
     return table
 
 
-def score_candidates(base: Path, candidates: Path) -> dict[str, list[list[float]]]:
-    """Per prompt, each candidate's gold score and its reward by each objective (cached beside the candidates)."""
-    cache = candidates.with_name("scores.json")
+def score_candidates(base: Path, candidates: Path, ensemble: Path | None = None) -> dict[str, list[list[float]]]:
+    """Per prompt, each candidate's gold score, its reward by each objective and the members' standard deviation
+    (``std``), by ``ensemble`` (the base's ``rm/final`` by default; cached beside the candidates)."""
+    ensemble = ensemble or base / "rm" / "final"
+    cache = candidates.with_name(
+        "scores.json" if ensemble == base / "rm" / "final" else f"scores_{ensemble.parent.name}.json"
+    )
     if cache.is_file():
         return json.loads(cache.read_text())
     import torch
@@ -166,9 +174,10 @@ def score_candidates(base: Path, candidates: Path) -> dict[str, list[list[float]
     rows = [json.loads(line) for line in candidates.read_text().splitlines() if line.strip()]
     prompts = [row["prompt"] for row in rows for _ in row["completions"]]
     completions = [c for row in rows for c in row["completions"]]
-    members = [load_reward_source(str(p), batch_size=64) for p in member_paths(base / "rm" / "final")]
+    members = [load_reward_source(str(p), batch_size=64) for p in member_paths(ensemble)]
     matrix = torch.stack([torch.tensor(m.score(prompts, completions, {})) for m in members], dim=-1)  # (N, M)
     flat = {"gold": task.gold(prompts, completions), "single": matrix[:, 0].tolist()}
+    flat["std"] = matrix.std(-1, correction=0).tolist()
     for objective in OBJECTIVES[1:]:
         flat[objective] = ensemble_reward(matrix, objective, UWO_LAMBDA).tolist()
     k = len(rows[0]["completions"])
