@@ -39,6 +39,17 @@ def test_ppo_without_the_kl_penalty_is_reward_hacking():
     assert "reward/gold/mean fell from" in found.last
 
 
+def test_the_ensembles_disagreement_warns_before_the_gold_falls_in_the_demo():
+    """The demo's β = 0 PPO (seed 0, AVX-512 kernels) with its four-member ensemble logged beside the one reward model
+    it optimises: the members drift apart from step 23, when the batch's gold score has just left its peak (1.99,
+    5-step mean at step 18), 17 steps before the gold-based over_optimisation can name it. The same seed's leashed
+    PPO and GRPO (ensemble_seed0_ppo, ensemble_seed0_grpo) draw nothing: test_silent_on_the_healthy_demo_runs."""
+    findings = {f.rule.name: f for f in diagnose(fixture("ensemble_seed0_ppo_no_kl"))}
+    disagreement = findings["ensemble_disagreement_rising"]
+    assert disagreement.steps[0] == 23 and findings["over_optimisation"].steps[0] == 40
+    assert disagreement.last.startswith("reward/ensemble/ensemble_std")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Synthetic streams: each rule fires on its failure, and stays silent on noise around a healthy trend
 # ---------------------------------------------------------------------------------------------------------------
