@@ -191,10 +191,25 @@ def score_candidates(base: Path, candidates: Path, ensemble: Path | None = None)
 # -------------------------------------------------------------------------------------------------------------------
 
 
+def doctor(base: Path) -> dict[str, dict[str, int | None]]:
+    """Per RL stage of the demo, the first step of the doctor's label-free ``ensemble_disagreement_rising`` and of
+    the gold-based ``over_optimisation`` (None: it never fired), replayed over the run's metrics."""
+    from rlhf.doctor.checkup import read_run
+    from rlhf.doctor.rules import History, diagnose
+
+    first = {}
+    for stage in ("ppo", "grpo", "ppo_no_kl", "ppo_no_kl_ensemble"):
+        record = read_run(base / stage)
+        found = {f.rule.name: f.steps[0] for f in diagnose(History(record.rows, record.config))}
+        first[stage] = {rule: found.get(rule) for rule in ("ensemble_disagreement_rising", "over_optimisation")}
+    return first
+
+
 def measure(base: Path) -> dict[str, Any]:
     ppo = {f"{beta:g}": {o: ppo_run(base, o, beta) for o in OBJECTIVES} for beta in (0.0, SMALL_BETA)}
     ppo["0"]["single"]["score_s"] = None
-    return {"base": base.name, "best_of_n": {str(n): v for n, v in best_of_n(base).items()}, "ppo": ppo}
+    best_of = {str(n): v for n, v in best_of_n(base).items()}
+    return {"base": base.name, "best_of_n": best_of, "ppo": ppo, "doctor": doctor(base)}
 
 
 def spread(values: list[float]) -> str:
@@ -241,7 +256,25 @@ def render(results: dict[str, Any]) -> str:
             )
     start = [b["ppo"]["0"]["single"]["gold_start"] for b in bases]
     lines += ["", f"The SFT policy's held-out gold (every run's step 0): {spread(start)}.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + doctor_table(bases))
+
+
+def doctor_table(bases: list[dict[str, Any]]) -> list[str]:
+    """The doctor's label-free warning against its gold-based rule, per demo stage over the bases."""
+    lines = ["## The doctor's warning from the members' disagreement", "",
+             "| demo stage | bases | `over_optimisation` (gold) fired | `ensemble_disagreement_rising` fired | "
+             "both: steps the disagreement came first (median, range) | disagreement without the gold rule |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for stage in ("ppo", "grpo", "ppo_no_kl", "ppo_no_kl_ensemble"):
+        firsts = [b["doctor"][stage] for b in bases]
+        gold = [f["over_optimisation"] for f in firsts]
+        warned = [f["ensemble_disagreement_rising"] for f in firsts]
+        ahead = [g - w for g, w in zip(gold, warned, strict=True) if g is not None and w is not None]
+        lead = f"{statistics.median(ahead):+g} ({min(ahead):+d} to {max(ahead):+d})" if ahead else "—"
+        alone = sum(w is not None and g is None for g, w in zip(gold, warned, strict=True))
+        lines.append(f"| {stage} | {len(firsts)} | {sum(g is not None for g in gold)} | "
+                     f"{sum(w is not None for w in warned)} | {lead} | {alone} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def _median(values: Any) -> str:
