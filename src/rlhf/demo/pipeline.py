@@ -7,8 +7,8 @@ unhelpful demonstrations (`Preset.sft_mix`) → 3 ``sample/``: k candidates per 
 labels every pair (`label`) → 5 ``rm/``: an ensemble of reward models from the pretrained LM (member 0 is the reward
 model of every later stage), and ``dpo/`` from the SFT model on the very pairs the reward models saw → 6 ``ppo/``,
 ``ppo_no_kl/`` (β = 0: what the KL leash is for) and ``ppo_no_kl_ensemble/`` (β = 0 against the ensemble) → 7
-``grpo/`` → 8 ``eval/``: best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge deciding
-(``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
+``grpo/`` → 8 ``eval/``: best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge
+deciding (``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
 
 ``summary.json`` is computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`);
 ``report.html`` (`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it)."""
