@@ -133,3 +133,20 @@ def test_a_run_whose_config_is_unreadable_is_still_diagnosed(tmp_path, capsys):
     assert "note: config.yaml is not readable YAML" in out
     # without the config the gold monitor is unknown (it is a weight-0 source there): no over-optimisation call
     assert "over_optimisation" not in out and code == 1
+
+
+def test_an_rm_ensemble_is_diagnosed_member_by_member(tmp_path, capsys):
+    """`rlhf rm --rm.ensemble` writes config.yaml at the top and each member's run in members/member_<m>/: the
+    doctor reads the members, given the ensemble's directory or a directory holding it (a demo's rm/)."""
+    ensemble = tmp_path / "rm"
+    for m in range(2):
+        member = copy_run("seed0_rm", ensemble / "members")
+        member.rename(ensemble / "members" / f"member_{m}")
+    shutil.copy(FIXTURES / "seed0_rm" / "config.yaml", ensemble / "config.yaml")
+    copy_run("seed0_ppo", tmp_path)
+    for where, runs in ((ensemble, 2), (tmp_path, 3)):
+        code, out, _ = doctor(capsys, where)
+        assert code == 0 and out.count("(rlhf ") == runs
+        assert (
+            f"{ensemble / 'members' / 'member_0'} (rlhf rm, " in out and f"{ensemble / 'members' / 'member_1'}" in out
+        )
