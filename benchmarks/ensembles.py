@@ -238,10 +238,8 @@ def render(results: dict[str, Any]) -> str:
         cells = [spread([b["best_of_n"][str(n)][o] for b in bases]) for o in OBJECTIVES]
         lines.append(f"| {n} | {bases[0]['best_of_n'][str(n)]['kl_bound']:.2f} | " + " | ".join(cells) + " |")
     lines += ["", "## PPO (the demo's β = 0 stage: shared critic, 60 steps; held-out prompts every 10 steps)", ""]
-    lines += [
-        "| β | reward | gold at the end | best gold of the run | KL at the end | score s/step | ends above the single RM |"
-    ]
-    lines += ["|---|---|---|---|---|---|---|"]
+    lines += ["| β | reward | gold at the end | best gold of the run | KL at the end | score s/step | ends above the single RM "
+              "| kept ≥ ½ of its best gain |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for beta in (f"{0.0:g}", f"{SMALL_BETA:g}"):
         for o in OBJECTIVES:
             runs = [b["ppo"][beta][o] for b in bases]
@@ -252,11 +250,17 @@ def render(results: dict[str, Any]) -> str:
                 f"{spread([r['gold_best'] for r in runs])} | {statistics.fmean(kls):.1f} (max {max(kls):.1f}) | "
                 f"{_median(r['score_s'] for r in runs)} | "
                 + ("—" if o == "single" else f"{above} of {len(bases)}")
-                + " |"
+                + f" | {sum(map(kept, runs))} of {len(bases)} |"
             )
     start = [b["ppo"]["0"]["single"]["gold_start"] for b in bases]
     lines += ["", f"The SFT policy's held-out gold (every run's step 0): {spread(start)}.", ""]
     return "\n".join(lines + doctor_table(bases))
+
+
+def kept(run: dict[str, Any]) -> bool:
+    """Whether the run ended with at least half of its best held-out gain over its start: it did not give back
+    more than the doctor's `over_optimisation` calls a fall."""
+    return run["gold_last"] - run["gold_start"] >= 0.5 * (run["gold_best"] - run["gold_start"])
 
 
 def doctor_table(bases: list[dict[str, Any]]) -> list[str]:
