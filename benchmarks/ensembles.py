@@ -35,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,16 @@ def best_of_table(scores: dict[str, list[list[float]]]) -> dict[int, dict[str, f
 
 def score_candidates(base: Path, candidates: Path, ensemble: Path | None = None) -> dict[str, list[list[float]]]:
     """Per prompt, each candidate's gold score, its reward by each objective and the members' standard deviation
-    (``std``), by ``ensemble`` (the base's ``rm/final`` by default; cached beside the candidates)."""
+    (``std``), by ``ensemble`` (the base's ``rm/final`` by default; cached beside the candidates). One base at a
+    time: transformers' lazy imports are not safe from two threads at once."""
+    with _SCORING:
+        return _score_candidates(base, candidates, ensemble)
+
+
+_SCORING = threading.Lock()
+
+
+def _score_candidates(base: Path, candidates: Path, ensemble: Path | None) -> dict[str, list[list[float]]]:
     ensemble = ensemble or base / "rm" / "final"
     cache = candidates.with_name(
         "scores.json" if ensemble == base / "rm" / "final" else f"scores_{ensemble.parent.name}.json"
