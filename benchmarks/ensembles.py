@@ -92,7 +92,7 @@ def ppo_config(base: Path, objective: str, beta: float, out: Path) -> dict[str, 
     else:
         config["reward"]["ensemble"] = {"objective": objective, "uwo_lambda": UWO_LAMBDA}
     config["kl"]["coef"] = beta
-    config["output_dir"] = str(out)
+    config["output_dir"], config["run"] = str(out), config["run"] | {"overwrite": True, "progress": False}
     return config
 
 
@@ -104,7 +104,7 @@ def ppo_run(base: Path, objective: str, beta: float) -> dict[str, Any]:
         run = base / "ensembles" / f"ppo_beta{beta:g}_{objective}"
         if not (run / "final").is_dir():
             log(f"{base.name}: ppo β={beta:g} {objective}")
-            rlhf("ppo", ppo_config(base, objective, beta, run) | {"run": _fresh(base)}, run, base_env(base))
+            rlhf("ppo", ppo_config(base, objective, beta, run), run, base_env(base))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [(row["step"], row["eval/reward/gold/mean"], row.get("kl/mean", 0.0)) for row in rows
              if "eval/reward/gold/mean" in row]  # fmt: skip
@@ -117,11 +117,6 @@ def ppo_run(base: Path, objective: str, beta: float) -> dict[str, Any]:
         "score_s": statistics.median(row["time/score_s"] for row in steps),
         "path": [[step, gold, kl] for step, gold, kl in evals],
     }
-
-
-def _fresh(base: Path) -> dict[str, Any]:
-    run = yaml.safe_load((base / "ppo_no_kl_ensemble" / "ppo.yaml").read_text())["run"]
-    return run | {"overwrite": True, "progress": False}
 
 
 # -------------------------------------------------------------------------------------------------------------------

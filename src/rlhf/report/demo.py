@@ -45,10 +45,10 @@ UNLEASHED = (("ppo_no_kl", "PPO, β = 0"), ("ppo_no_kl_ensemble", "PPO, β = 0, 
 
 def demo_report(out: Path, max_samples: int = 12) -> str:
     summary = json.loads((out / "summary.json").read_text())
-    runs = [load_run(out / "ppo", "PPO"), load_run(out / "grpo", "GRPO")]
-    for position, (stage, label) in enumerate(UNLEASHED, start=1):
-        if (out / stage / "metrics.jsonl").is_file():
-            runs.insert(position, load_run(out / stage, label))
+    unleashed = [
+        load_run(out / stage, label) for stage, label in UNLEASHED if (out / stage / "metrics.jsonl").is_file()
+    ]
+    runs = [load_run(out / "ppo", "PPO"), *unleashed, load_run(out / "grpo", "GRPO")]
     body = [
         "<h1>rlhf demo report</h1>",
         f'<p class="muted">{r.esc(out.resolve())} · {r.fmt_seconds(summary.get("seconds"))} on this machine · every '
