@@ -200,7 +200,8 @@ def doctor(base: Path) -> dict[str, dict[str, int | None]]:
     """Per RL stage of the demo, the first step of the doctor's label-free ``ensemble_disagreement_rising`` and of
     the gold-based ``over_optimisation`` (None: it never fired), replayed over the run's metrics."""
     from rlhf.doctor.checkup import read_run
-    from rlhf.doctor.rules import History, diagnose
+    from rlhf.doctor.rules import History
+    from rlhf.doctor.watch import diagnose
 
     first = {}
     for stage in ("ppo", "grpo", "ppo_no_kl", "ppo_no_kl_ensemble"):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.doctor.rules import History, diagnose
+from rlhf.doctor.rules import History
+from rlhf.doctor.watch import diagnose
 
 ASYNC = {"sampling": {"max_staleness": 2, "is_correction": "token", "is_cap": 3.0}}
 SYNCHRONOUS = [{"sampling": {"max_staleness": 0}}, {}]  # k = 0 written out, and a run without its config

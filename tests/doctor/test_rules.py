@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.doctor.rules import RULES, History, Watch, diagnose
+from rlhf.doctor.rules import RULES, History
+from rlhf.doctor.watch import Watch, diagnose
 
 RULES_BY_NAME = {rule.name: rule for rule in RULES}
 

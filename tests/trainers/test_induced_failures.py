@@ -20,7 +20,8 @@ import test_sft
 import yaml
 
 from rlhf import cli
-from rlhf.doctor.rules import History, diagnose
+from rlhf.doctor.rules import History
+from rlhf.doctor.watch import diagnose
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog.health import EVENTS_FILE
 from rlhf.trainers import sft

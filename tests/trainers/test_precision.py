@@ -28,7 +28,8 @@ from transformers import AutoModelForCausalLM
 from configs import nested
 from rlhf import evaluate, sample
 from rlhf.config import config_from_dict
-from rlhf.doctor.rules import History, diagnose
+from rlhf.doctor.rules import History
+from rlhf.doctor.watch import diagnose
 from rlhf.models.precision import compute_dtype, compute_in_bf16
 from rlhf.models.sharding import load_policy
 from rlhf.rollout.decoder import build_decoder

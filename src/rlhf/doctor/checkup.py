@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from rlhf.doctor.rules import RULES, SEVERITIES, Finding, History, count_text, diagnose
+from rlhf.doctor.rules import RULES, SEVERITIES, Finding, History, count_text
+from rlhf.doctor.watch import diagnose
 
 EXIT_CODES = {"no_data": 0, "healthy": 0, "info": 0, "warning": 1, "critical": 2}
 """A run's status, from the least to the most worrying → the exit code of ``rlhf doctor`` (the worst run's, for

@@ -1,6 +1,6 @@
 """What the doctor's rules read and what they say: a run's metric history (`History`), a rule (`Rule`), what it
-found over a whole run (`Finding`) and a finding starting or clearing at a step (`Event`). The rules themselves,
-and `Watch` that follows them row by row: `rlhf.doctor.rules`."""
+found over a whole run (`Finding`) and a finding starting or clearing at a step (`Event`). The rules themselves:
+`rlhf.doctor.rules`; `Watch`, that follows them row by row: `rlhf.doctor.watch`."""
 
 from __future__ import annotations
 

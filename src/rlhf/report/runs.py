@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from rlhf.config import ConfigError
-from rlhf.doctor.rules import Finding, History, diagnose
+from rlhf.doctor.rules import Finding, History
+from rlhf.doctor.watch import diagnose
 
 RL_COMMANDS = ("ppo", "grpo")
 

@@ -1,6 +1,6 @@
 """Live alarms: the training doctor (`rlhf.doctor.rules`) watching a ppo/grpo run as it logs.
 
-Every logged row goes through a `rlhf.doctor.rules.Watch`, the same one ``rlhf doctor`` replays afterwards, so a finding
+Every logged row goes through a `rlhf.doctor.watch.Watch`, the same one ``rlhf doctor`` replays afterwards, so a finding
 starts and clears at the same steps live and after the fact (what users see: the README's "Training doctor"). Events are
 appended to ``output_dir/doctor.jsonl``, fsynced. A resumed run replays the rows it kept through the watch first,
 silently, and drops the events of the steps it will run again, as ``metrics.jsonl`` drops their rows."""
@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf.doctor.rules import SEVERITIES, Event, Watch
+from rlhf.doctor.rules import SEVERITIES, Event
+from rlhf.doctor.watch import Watch
 from rlhf.runlog.durable import AppendLog
 from rlhf.runlog.rundir import atomic_open
 

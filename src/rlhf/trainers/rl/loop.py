@@ -38,7 +38,7 @@ class Algorithm:
 
     @staticmethod
     def draw(
-        config: Any,
+        config: PolicyGradientConfig,
         inputs: Inputs,
         models: Models,
         stream: PromptStream,
