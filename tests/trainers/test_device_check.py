@@ -225,6 +225,17 @@ def test_reward_model(tiny_llama_dir, pairs, few_prompts, tmp_path, fake_gpu):
     assert fake_gpu.ops > 0
 
 
+def test_a_reward_model_ensemble(tiny_llama_dir, pairs, prompts_file, tmp_path, fake_gpu):
+    """`rm.ensemble 2` trained on the device, then PPO optimising its members' worst case with a critic started
+    from the first member: the members score on the device and their spread is logged."""
+    values = pair_values(tiny_llama_dir, pairs, tmp_path / "rm") | {"rm.ensemble": 2}
+    ensemble = reward_model.run(config_from_dict("rm", nested(values)))
+    fields = {"reward.source": str(ensemble), "reward.ensemble.objective": "wco", "ppo.critic": "separate"}
+    ppo.run(ppo_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields))
+    rows = train_rows(tmp_path / "run")
+    assert rows and all(finite(row, ["policy/loss", "value/loss", "reward/final/ensemble_std"]) for row in rows)
+
+
 @pytest.mark.parametrize("loss", ["sigmoid", "simpo"])
 def test_dpo(tiny_qwen2_dir, pairs, tmp_path, fake_gpu, loss):
     values = pair_values(tiny_qwen2_dir, pairs, tmp_path / "run") | {"dpo.loss": loss, "model.lora": LORA}

@@ -197,6 +197,30 @@ def test_sft_rm_and_dpo_run(tiny_llama_dir, tiny_reward_model_dir, data_dir, dpo
     _check_rows(tmp_path / "rm", ("train/loss", "grad/norm"))
 
 
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_a_reward_model_ensemble_trains_and_scores_in_bf16(
+    tiny_llama_dir, tiny_reward_model_dir, prompts_file, dpo_data, tmp_path, precision
+):
+    """`rlhf rm --rm.ensemble 2` in each precision, then GRPO optimising its members' UWO in the same precision:
+    every member's run and the GRPO run log finite numbers, the members' spread among them."""
+    fields = PRECISIONS[precision]
+    config = test_reward_model.make_config(
+        tiny_reward_model_dir, dpo_data, tmp_path / "rm", **fields, **{"rm.ensemble": 2}
+    )
+    ensemble = reward_model.run(config)
+    for m in range(2):
+        _check_rows(tmp_path / "rm" / "members" / f"member_{m}", ("train/loss", "grad/norm"))
+        saved = {torch.float32 if precision == "mixed" else torch.bfloat16}
+        assert _weights_dtypes(ensemble / f"member_{m}") == saved
+    grpo_fields = {"reward.source": str(ensemble), "reward.ensemble.objective": "uwo", "kl.coef": 0.05}
+    grpo.run(test_grpo.make_config(tiny_llama_dir, prompts_file, tmp_path / "run", **fields, **grpo_fields))
+    rows = _check_rows(tmp_path / "run", ("reward/mean", "policy/loss", "grad/norm"))
+    spreads = [
+        v for row in rows for key, v in row.items() if key.startswith("reward/") and key.endswith("/ensemble_std")
+    ]
+    assert len(spreads) == len(rows) and all(math.isfinite(v) and v >= 0 for v in spreads)
+
+
 def test_sample_and_eval_hold_the_policy_and_judges_in_bf16(
     tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path
 ):
