@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from rlhf.config import ConfigError, config_to_yaml
 from rlhf.rollout.rewards import RewardError
 from rlhf.runlog.distributed import worker_device
 from rlhf.trainers.rl import grpo, ppo
-from rlhf.trainers.rl.producer import Producer, moved, sampling_device
+from rlhf.trainers.rl.producer import Inbox, Producer, moved, sampling_device
 from rlhf.trainers.rl.rollout import Sampled
 from runs import assert_rows_match, comparable, dies_after_checkpoint, max_abs_diff, train_rows
 
@@ -179,6 +180,21 @@ def test_the_workers_device(monkeypatch):
     )
     with pytest.raises(ConfigError, match="sampling.worker_device 'cuda:1': this machine has 2 CUDA GPU"):
         sampling_device(config, cpu)
+
+
+def test_the_worker_sends_its_batches_before_the_trainer_takes_them():
+    """Batches are larger than a pipe's buffer (64 KiB on Linux): the trainer's end reads them as they come, so the
+    worker's sends return and it draws on (left unread, the second send would wait for ever), and the trainer gets
+    them in order, then the end of the pipe once the worker is gone."""
+    receiver, sender = torch.multiprocessing.get_context("spawn").Pipe(duplex=False)
+    inbox = Inbox(receiver)
+    batches = [bytes([i]) * (1 << 20) for i in range(3)]
+    worker = threading.Thread(target=lambda: [sender.send_bytes(batch) for batch in batches], daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive()  # every send returned, none taken yet
+    sender.close()
+    assert [inbox.get() for _ in range(4)] == [*batches, None]
 
 
 def test_moving_a_batch_between_devices_keeps_its_structure():

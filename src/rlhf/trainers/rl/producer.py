@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import queue
 import socket
 import threading
 import time
@@ -93,7 +94,7 @@ class Producer:
         context = mp.get_context("spawn")  # fork would copy the trainer's threads and its process group
         # batches come through a pipe: its send pickles in the worker's own thread, so a batch that cannot be sent
         # raises there (a queue's feeder thread would drop it, and the trainer would wait for ever)
-        self.weights, (self.batches, sender) = context.Queue(), context.Pipe(duplex=False)
+        self.weights, (receiver, sender) = context.Queue(), context.Pipe(duplex=False)
         self.process = context.Process(
             target=_work,
             args=(config, draw, place, first, stream_state, generator_state, self.weights, sender, os.getpid()),
@@ -102,6 +103,7 @@ class Producer:
         )
         self.process.start()
         sender.close()  # the worker's end: when it exits, this side reads the end of the pipe
+        self.inbox = Inbox(receiver)
         self.threads = torch.get_num_threads()  # the trainer's; the worker's cores are left to it
         torch.set_num_threads(max(1, self.threads - config.sampling.worker_threads))
         self.published = version(first, self.k) - 1
@@ -137,16 +139,14 @@ class Producer:
         """Receive the worker's batches up to ``step``'s; `WorkerError` when the worker died, the error it raised
         when it failed."""
         while step > self.received:
-            if not self.batches.poll(POLL_S) and self.process.is_alive():
-                continue
-            try:
-                drawn = pickle.loads(self.batches.recv_bytes())
-            except (EOFError, OSError):  # the worker is gone (a batch cut short by its death included)
+            data = self.inbox.get()
+            if data is None:  # the worker is gone (a batch cut short by its death included)
                 self.process.join(timeout=10)
                 raise WorkerError(
                     f"the sampling worker (sampling.max_staleness) died with exit code {self.process.exitcode} "
                     f"before the batch of step {step}"
-                ) from None
+                )
+            drawn = pickle.loads(data)
             if isinstance(drawn, Failure):
                 raise drawn.raised(self.world_size)
             self.pending[drawn.step], self.received = drawn, drawn.step
@@ -163,6 +163,29 @@ class Producer:
             self.process.terminate()
             self.process.join()
         torch.set_num_threads(self.threads)
+
+
+class Inbox:
+    """The trainer's end of the worker's pipe, read by a thread of its own as the batches come. A send returns only
+    once the pipe's buffer (64 KiB on Linux) holds the rest, which a batch can exceed (PPO's 64 rows of 128 tokens
+    did): read only when the trainer took a batch, the worker would wait in its send instead of drawing the next
+    one, and count none of that wait as idle."""
+
+    def __init__(self, connection: Any):
+        self._items: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(connection,), daemon=True, name="rlhf-sampler-inbox").start()
+
+    def _read(self, connection: Any) -> None:
+        while True:
+            try:
+                self._items.put(connection.recv_bytes())
+            except (EOFError, OSError):  # every sender closed: the worker exited, or died mid-batch
+                self._items.put(None)
+                return
+
+    def get(self) -> bytes | None:
+        """The next message the worker sent, in order (waited for); None once the worker is gone."""
+        return self._items.get()
 
 
 @dataclasses.dataclass(frozen=True)
