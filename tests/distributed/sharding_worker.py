@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.models.sharding import fsdp_modules, full_state_dict, gathered, load_sharded, load_sharded_causal_lm, shard
+from rlhf.models.sharding import fsdp_modules, full_state_dict, gathered, load_sharded, shard
 from rlhf.rollout.engine import SamplingParams, sample
 from rlhf.runlog import sharded_checkpoint
 
@@ -132,14 +132,14 @@ def task_load(mesh: DeviceMesh, big: str, gpt2: str, small: str, reward: str) ->
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(big))
     gc.collect()
     before, headroom = rss_bytes(), peak_rss_bytes() - rss_bytes()
-    model = load_sharded_causal_lm(big, mesh, tokenizer)
+    model = load_sharded(lambda device: load_causal_lm(big, device=device, tokenizer=tokenizer), mesh)
     grown = peak_rss_bytes() - before
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # DTensor: global shape
     results = {"load_peak_over_full": grown / full_bytes, "load_headroom_over_full": headroom / full_bytes}
     results["load_difference"] = {big: compare_loaded(model, big, tokenizer)}
     del model
     gpt2_tokenizer = load_tokenizer(gpt2)
-    model = load_sharded_causal_lm(gpt2, mesh, gpt2_tokenizer)
+    model = load_sharded(lambda device: load_causal_lm(gpt2, device=device, tokenizer=gpt2_tokenizer), mesh)
     results["load_difference"][gpt2] = compare_loaded(model, gpt2, gpt2_tokenizer)
     results["gpt2_rows"] = int(model.get_input_embeddings().weight.shape[0])
     results |= task_gather(mesh, small)
@@ -177,7 +177,7 @@ def task_gather(mesh: DeviceMesh, small: str) -> dict:
     however many tokens are drawn."""
     tokenizer = load_tokenizer(small)
     reference = load_causal_lm(small, tokenizer=tokenizer)
-    model = load_sharded_causal_lm(small, mesh, tokenizer)
+    model = load_sharded(lambda device: load_causal_lm(small, device=device, tokenizer=tokenizer), mesh)
     ids, mask = batch(len(tokenizer), rows=3, length=6, seed=1)
     ids = ids.masked_fill(mask == 0, tokenizer.pad_token_id).flip(-1)  # left-padded prompts
     mask = mask.flip(-1)

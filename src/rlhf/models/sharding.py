@@ -102,23 +102,6 @@ def materialize(model: nn.Module, full: nn.Module | None, mesh: DeviceMesh) -> n
     return model
 
 
-def load_sharded_causal_lm(
-    name_or_path: str,
-    mesh: DeviceMesh,
-    tokenizer: Any,
-    dtype: str = "float32",
-    prepare: Callable[[nn.Module], nn.Module] | None = None,
-) -> nn.Module:
-    """:func:`~rlhf.models.loading.load_causal_lm` sharded (:func:`load_sharded`). ``prepare`` (e.g. adding LoRA
-    adapters) is applied before sharding; the adapters' random initial weights are rank 0's on every rank."""
-
-    def build(device: str | torch.device) -> nn.Module:
-        model = load_causal_lm(name_or_path, dtype, device, tokenizer=tokenizer)
-        return prepare(model) if prepare is not None else model
-
-    return load_sharded(build, mesh)
-
-
 @torch.no_grad()
 def _broadcast_non_persistent_buffers(model: nn.Module, full: nn.Module | None) -> None:
     """Fill the buffers no state dict carries (rotary ``inv_freq``, say) — ``to_empty`` left them garbage —
@@ -180,12 +163,15 @@ def load_lm(
     name_or_path: str, dtype: str, d: Dist, prepare: Callable[[nn.Module], nn.Module] | None = None
 ) -> nn.Module:
     """The trainers' causal LM: :func:`~rlhf.models.loading.load_causal_lm` on this rank's device, or, when
-    the run shards its models (``parallelism: fsdp``), :func:`load_sharded_causal_lm`. ``prepare``: applied
-    before sharding (LoRA adapters)."""
-    if d.sharded:
-        return load_sharded_causal_lm(name_or_path, d.mesh, load_tokenizer(name_or_path), dtype, prepare)
-    model = load_causal_lm(name_or_path, dtype, d.device)
-    return prepare(model) if prepare is not None else model
+    the run shards its models (``parallelism: fsdp``), sharded by :func:`load_sharded`. ``prepare`` (e.g. adding
+    LoRA adapters) is applied before sharding; the adapters' random initial weights are rank 0's on every rank."""
+    tokenizer = load_tokenizer(name_or_path)
+
+    def build(device: str | torch.device) -> nn.Module:
+        model = load_causal_lm(name_or_path, dtype, device, tokenizer=tokenizer)
+        return prepare(model) if prepare is not None else model
+
+    return load_sharded(build, d.mesh) if d.sharded else build(d.device)
 
 
 def model_loader(d: Dist) -> Callable[[Callable[[str | torch.device], nn.Module]], nn.Module] | None:
