@@ -191,9 +191,8 @@ def compile_blocks(model: nn.Module) -> int:
     The blocks are the largest ``nn.ModuleList`` of same-type modules (``layers`` in Llama, ``h`` in GPT-2),
     LoRA-wrapped or not. Blocks, not the whole model: the model's forward (masks, caches, LM head) stays eager, the
     blocks share one graph, and response lengths that change do not recompile. Inductor fuses each block's elementwise
-    work (norms, rotary, SwiGLU, their backward), what an update spends outside matrix products on CPU: 9-10% off the
-    PPO updates of the benchmark's 3.4M model (32 and 128 new tokens). The first forwards compile (about 35 s on 2
-    cores, 8-10 s with inductor's on-disk cache warm)."""
+    work (norms, rotary, SwiGLU, their backward), what an update spends outside matrix products on CPU (measured:
+    ``model.compile`` in docs/config.md, benchmarks/results/results.md)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
     if not lists:
         raise ValueError(f"compile: found no list of transformer blocks in {type(model).__name__}")

@@ -137,8 +137,7 @@ class Stepped(NamedTuple):
 
 
 def optimizer_step(trainable: Trainable, optimizer: Any, scheduler: Any, max_grad_norm: float | None) -> Stepped:
-    """Clip the global gradient norm, step the optimizer and the schedule; returns the norm before clipping and the
-    share of the weights that moved (:class:`Stepped`)."""
+    """Clip the global gradient norm, step the optimizer and the schedule (:class:`Stepped`)."""
     params = trainable.parameters()
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
@@ -193,14 +192,8 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def release_freed_heap() -> None:
-    """Give the heap pages freed since the last update back to the system (glibc's ``malloc_trim``).
-
-    Why after every update on CPU: glibc keeps what a process frees in its heap, and the update's many tensors of
-    different sizes (under FSDP2: each layer gathered and freed twice per minibatch) leave holes it can neither
-    reuse whole nor return, so a PPO run's RSS crept ~300 MB past its live tensors over four epochs (25M, 2 ranks).
-    Trimmed, RSS follows what is alive and the memory plan (docs/memory.md) holds. The cost: ~20 ms to hand back
-    200 MB of holes (2-core EPYC), and those pages are zeroed again on their next use — the 3-step PPO 25M FSDP2
-    run took 28 s trimmed against 29-30 s untrimmed, inside its noise."""
+    """Give the heap pages freed since the last update back to the system (glibc's ``malloc_trim``); why after
+    every update on CPU, and what it costs: docs/memory.md, "Phases"."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
