@@ -159,8 +159,7 @@ class Reference:
     adapter switched off (no copy)."""
 
     def __init__(self, policy: nn.Module, copy: nn.Module | None, ema: float | None = None):
-        if ema is not None and copy is None:
-            raise ValueError("a moving reference (kl.reference_ema) needs a copy of the policy: not with lora")
+        # kl.reference_ema comes with a copy: the config refuses it with lora (`PolicyGradientConfig`)
         self.policy, self.copy, self.ema = policy, copy, ema
 
     def logprobs(self, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float) -> torch.Tensor:

@@ -96,8 +96,6 @@ def train_step(
 def _examples(config: SFTConfig, tokenizer: Any) -> tuple[list[TokenizedSFT], list[TokenizedSFT]]:
     """Training examples, and held-out ones: ``data.eval``, else a small deterministic slice of ``data.train``."""
     train = load_sft(config.data.train, tokenizer, config.data.max_length)
-    if not train:
-        raise ConfigError(f"sft: data.train {config.data.train!r} holds no examples")
     if config.data.eval:
         return train, load_sft(config.data.eval, tokenizer, config.data.max_length)
     return held_out(train, min(MAX_HELD_OUT, len(train) // HELD_OUT_FRACTION), seed=config.run.seed)
