@@ -73,8 +73,8 @@ def load_causal_lm(
     return model
 
 
-def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
-    """Make ``model`` embed ``tokenizer``'s pad id and record it in its config; returns the pad id. The tokenizer must
+def align_pad_token(model: nn.Module, tokenizer: Any) -> None:
+    """Make ``model`` embed ``tokenizer``'s pad id and record it in its config. The tokenizer must
     have a pad token distinct from EOS (:func:`~rlhf.data.tokenization.ensure_pad_token`). The embedding matrix grows
     only when the pad id lies beyond it: spare rows (Pythia, Qwen2, Phi-3) are used."""
     pad = require_pad_token_id(tokenizer)
@@ -83,7 +83,6 @@ def align_pad_token(model: nn.Module, tokenizer: Any) -> int:
     model.config.pad_token_id = pad
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = pad
-    return pad
 
 
 @torch.no_grad()

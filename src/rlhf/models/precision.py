@@ -73,9 +73,6 @@ def rollout_region(model: nn.Module) -> Iterator[None]:
     token (autocast caches the casts of leaf tensors until its outermost region ends). The weights do not change
     inside a rollout, so the cache is never stale."""
     dtype = compute_dtype(model)
-    if dtype is None:
-        yield
-        return
-    device = next(model.parameters()).device
-    with torch.autocast(device.type, dtype=dtype):
+    device = None if dtype is None else next(model.parameters()).device
+    with contextlib.nullcontext() if device is None else torch.autocast(device.type, dtype=dtype):
         yield

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from rlhf.data.collate import position_ids_from_mask
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
@@ -59,12 +61,11 @@ def set_reward_normalization(config: PretrainedConfig, gain: float, bias: float)
     reward_normalization(config)  # validates
 
 
-def clear_reward_normalization(config: PretrainedConfig) -> bool:
-    """Remove a stored normalisation (it describes the head before training changed it); True if there was one."""
-    found = [key for key in (GAIN_KEY, BIAS_KEY) if hasattr(config, key)]
-    for key in found:
-        delattr(config, key)
-    return bool(found)
+def clear_reward_normalization(config: PretrainedConfig) -> None:
+    """Remove a stored normalisation (it describes the head before training changed it)."""
+    for key in (GAIN_KEY, BIAS_KEY):
+        if hasattr(config, key):
+            delattr(config, key)
 
 
 def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
@@ -85,9 +86,7 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     if parts is None:  # encoder classifiers: their own pooling (first token) is right here
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
     trunk, head = parts
-    # Right padding: the real tokens sit at positions 0..n-1, as the default position ids assume; they are
-    # passed explicitly anyway (checklist item 2).
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids_from_mask(attention_mask)  # right padding: 0..n-1, passed explicitly (checklist item 2)
     out = trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
     hidden = out[0]  # (B, L, H)
     last = attention_mask.sum(-1) - 1  # (B,) index of the last real token

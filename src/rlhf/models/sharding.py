@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ from rlhf.models.precision import bf16_enabled, compute_dtype, compute_in_bf16, 
 from rlhf.runlog.distributed import Dist
 
 if TYPE_CHECKING:
-    from rlhf.config.sections import TrainModel
+    from rlhf.config.sections import PolicyModel, TrainModel
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -47,8 +47,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
-def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = None, root: bool = True) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head); returns ``model``. One
+def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = None, root: bool = True) -> None:
+    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head), in place. One
     all-gather then brings in one layer at a time: the peak is one layer's full weights plus 1/world of the rest.
     ``root=False``: the layers only — a wrapper whose forward runs the model is sharded as the root instead.
     ``mixed_precision``: see :func:`_precision`. Frozen models (reference, reward) and LoRA models shard the same way:
@@ -58,7 +58,6 @@ def shard(model: nn.Module, mesh: DeviceMesh, *, mixed_precision: bool | None = 
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     if root:
         fully_shard(model, mesh=mesh, mp_policy=policy)
-    return model
 
 
 def _precision(model: nn.Module, mixed: bool | None = None) -> MixedPrecisionPolicy:
@@ -209,15 +208,14 @@ def preparation(model: TrainModel, device: torch.device) -> Callable[[nn.Module]
     return prepare
 
 
-def load_policy(model: Any, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
+def load_policy(model: PolicyModel, d: Dist, reference: bool) -> tuple[nn.Module, nn.Module | None]:
     """(policy, reference) for an RL trainer from a config's ``model`` section (``name``, ``dtype``, ``bf16``,
     ``lora``, ``reference_dtype``). The reference is a frozen copy of the initial policy, in ``reference_dtype``
     when set (bfloat16 under mixed precision, else ``dtype``) — or None when not wanted, or with LoRA (the base
     model with the adapter switched off is the reference, no copy). Sharded runs load the reference as a second
     sharded model (a copy of a sharded module is not one)."""
     name_or_path, dtype, prepare = model.name, model.dtype, preparation(model, d.device)
-    frozen_default = frozen_dtype(dtype, bf16_enabled(model.bf16, d.device))
-    reference_dtype = getattr(model, "reference_dtype", None) or frozen_default
+    reference_dtype = model.reference_dtype or frozen_dtype(dtype, bf16_enabled(model.bf16, d.device))
     copy = reference and not model.lora
     if d.sharded:
         frozen = load_lm(name_or_path, reference_dtype, d).eval().requires_grad_(False) if copy else None

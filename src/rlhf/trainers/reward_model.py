@@ -6,11 +6,9 @@ and rejected in one forward → (7) optional reward normalisation → (8) ``fina
 ``rlhf.core.preference``.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
-- input = prompt ⊕ response + eos, the reward read at the last real token (items 14, 21), right padding;
-- a decoder reward model is a causal LM's trunk with a fresh one-output ``score`` head, ``W ~ N(0,
-  1/sqrt(H+1))``, bias 0 (item 15); an encoder (BERT-style) keeps its own classifier and pooling and its
-  tokenizer's ``[CLS] prompt+response [SEP]`` — one text, the way ``RewardModelReward`` scores it, no eos;
-  see ``rlhf.models.reward``;
+- input = prompt ⊕ response + eos, the reward read at the last real token (items 14, 21), right padding; a
+  decoder gets a fresh ``score`` head (item 15), an encoder keeps its classifier and reads its tokenizer's
+  ``[CLS] prompt+response [SEP]``, no eos, as ``RewardModelReward`` scores it (``rlhf.models.reward``);
 - loss ``−log σ(r_c − r_r − margin)`` (margin when ``use_margin`` and the data has one, else 0) plus
   ``center_rewards_coefficient · mean((r_c + r_r)²)`` (item 16, TRL); accuracy is strict, ``r_c > r_r``
   (item 17);
@@ -323,10 +321,10 @@ def evaluate(
 
 def normalize(
     config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path, d: Dist = SINGLE
-) -> tuple[float, float]:
+) -> None:
     """Phase 7 (checklist item 19): score ``normalize.samples`` responses of ``normalize.policy`` with the trained
     model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0) and store gain and bias in
-    ``model.config``; writes ``normalization.jsonl`` (rank 0); returns (gain, bias). Each rank scores its share.
+    ``model.config``; writes ``normalization.jsonl`` (rank 0). Each rank scores its share.
     Sampling, scoring and storing stay together: they are one measurement, read in order."""
     from rlhf.models.loading import load_causal_lm, load_tokenizer
     from rlhf.rollout.engine import SamplingParams
@@ -363,7 +361,7 @@ def normalize(
         )
     set_reward_normalization(model.config, gain, bias)
     if not d.is_main:
-        return gain, bias
+        return
     with rundir.atomic_open(out / NORMALIZATION_FILE) as f:
         for prompt, completion, score in zip(texts, completions, scores, strict=True):
             row = {"prompt": prompt, "completion": completion, "score": score, "normalized": gain * score + bias}
@@ -373,7 +371,6 @@ def normalize(
         f"{raw.mean().item():.4g}, std {raw.std(correction=0).item():.4g} → gain {gain:.4g}, bias {bias:.4g}",
         file=sys.stderr,
     )
-    return gain, bias
 
 
 def normalization_prompts(config: RMConfig, tokenizer: Any, positions: int | None) -> list[TokenizedPrompt]:

@@ -73,9 +73,8 @@ def start(config: TrainingConfig) -> Dist:
     from rlhf.inputs import check_inputs
 
     check_inputs(config)
-    d = distributed.current()
     seed_everything(config.run.seed)
-    return d
+    return distributed.current()
 
 
 def train(config: TrainingConfig, task: Task, num_examples: int, fingerprint: str, epochs: int, d: Dist) -> None:
