@@ -191,7 +191,7 @@ def compile_blocks(model: nn.Module) -> int:
     LoRA-wrapped or not. Blocks, not the whole model: the model's forward (masks, caches, LM head) stays eager, the
     blocks share one graph, and response lengths that change do not recompile. Inductor fuses each block's elementwise
     work (norms, rotary, SwiGLU, their backward), what an update spends outside matrix products on CPU (measured:
-    ``model.compile`` in docs/config.md, benchmarks/results/results.md)."""
+    benchmarks/results/results.md, summed up in docs/config.md)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
     if not lists:
         raise ValueError(f"compile: found no list of transformer blocks in {type(model).__name__}")
