@@ -56,7 +56,7 @@ def report(
         "",
         "what each change would make the peak:",
     ]
-    for fix in alternatives(config, world_size, positions, runtime, retains, place):
+    for fix in alternatives(config, **where):
         mark = "fits" if fix.plan.peak <= limit else ""
         lines.append(f"  {' '.join(fix.flags):<48} {fix.plan.peak / GiB:8.2f} GiB  {mark}")
     if not fits:

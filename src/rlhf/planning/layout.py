@@ -43,15 +43,12 @@ class Plan:
     """Predicted bytes per rank: ``resident`` parts (held all run: the libraries, weights, optimizer state) and
     what each phase adds (``phases[phase][part]``, phases in the order a step runs them).
 
-    ``retains``: on CPU the allocator keeps most of what a phase frees (glibc returns little of a fragmented
-    heap to the system), so a phase's total is the resident parts plus what it and every earlier phase add — up
-    to the update, after whose optimizer steps the trainer trims the heap (:data:`AFTER_UPDATE`); on a GPU the
-    caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
-    ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
-    once, the largest, rather than added up. The sampling worker's parts (``sampling.max_staleness`` > 0,
-    `_Layout.worker`), held all run: ``worker`` in the CPU's memory, ``worker_gpu`` on its GPU (``worker_place``;
-    none when its models are on the CPU). Those in the trainer's own memory (`beside`) are in every phase's total;
-    the others are checked against their own memory (`rlhf.planning.device.worker_fits`)."""
+    ``retains``: a CPU's plan, whose allocator keeps what a phase frees: a phase's total adds every earlier
+    phase's parts, up to the heap's trim after the update (:data:`AFTER_UPDATE`); a GPU's reuses them (why:
+    docs/memory.md, "Phases"). ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of
+    full weights): counted once, the largest. The sampling worker's parts (`_Layout.worker`, docs/async.md):
+    ``worker`` in the CPU's memory, ``worker_gpu`` on its GPU (``worker_place``), in the trainer's memory
+    (`beside`) or not (`apart`)."""
 
     command: str
     world_size: int
@@ -65,11 +62,6 @@ class Plan:
     worker: dict[str, int] = field(default_factory=dict)
     worker_gpu: dict[str, int] = field(default_factory=dict)
     worker_place: WorkerPlace = "cpu"
-
-    @property
-    def worker_total(self) -> int:
-        """The worker's parts in the CPU's memory."""
-        return sum(self.worker.values())
 
     @property
     def beside(self) -> dict[str, int]:
@@ -249,12 +241,10 @@ class _Layout:
         return parts
 
     def worker(self, runtime: int, gpu: bool) -> tuple[dict[str, int], dict[str, int]]:
-        """``sampling.max_staleness`` k > 0: the sampling worker (`rlhf.trainers.rl.producer`), a process of its own
-        holding all run long (in the CPU's memory; on its device, a ``gpu`` or the CPU): its libraries and inputs
-        (``runtime``, as this process's before its models, and the CPU libraries' workspace); its policy and reward
-        models, its rollout's parts and its reward models' widest forward, as a one-process run on its device holds
-        them (its `Dist` is its own, ``sampling.worker_device``'s, whatever the trainer's); and the trained weights
-        the trainer hands it through the CPU's shared memory, whatever the devices."""
+        """``sampling.max_staleness`` k > 0: what the sampling worker (`rlhf.trainers.rl.producer`) holds all run, in
+        the CPU's memory and on its ``gpu``: its models and rollout as a one-process run on its device holds them (its
+        `Dist` is its own), its libraries and inputs (``runtime``, as this process's), and the trained weights the
+        trainer shares with it through the CPU's memory (docs/async.md, "Memory")."""
         k = self.rl.sampling.max_staleness if self.rl else 0
         if not k:
             return {}, {}
