@@ -110,7 +110,7 @@ def plan(
     response for ppo/grpo); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
     CPU only (a GPU's plan counts the device's memory) and as the sampling worker's own (it loads the same);
     ``retains``: `Plan.retains` (CPU); ``worker_place``: the sampling worker's models' device."""
-    layout = _Layout(config, world_size, positions, mixed(config, gpu=not retains), gpu=not retains)
+    layout = _Layout(config, world_size, positions, gpu=not retains)
     worker, worker_gpu = layout.worker(runtime, gpu=worker_place != "cpu")
     workspace = {"workspace (CPU libraries)": WORKSPACE} if retains else {}
     return Plan(
@@ -127,12 +127,6 @@ def plan(
         worker_gpu=worker_gpu,
         worker_place=worker_place,
     )
-
-
-def mixed(config: TrainingConfig, gpu: bool) -> bool:
-    """``model.bf16`` as the trainers resolve it (`rlhf.models.precision.bf16_enabled`): unset is mixed precision on a
-    GPU (the plan takes one that computes in bfloat16) and float32 on a CPU."""
-    return config.model.bf16 if config.model.bf16 is not None else gpu
 
 
 def micro_rows_now(config: TrainingConfig, world_size: int) -> int:
@@ -155,8 +149,11 @@ def reference_copy(config: TrainingConfig) -> bool:
 class _Layout:
     """What one rank of ``config`` holds, part by part (a class only to share the run's sizes between phases)."""
 
-    def __init__(self, config: TrainingConfig, world_size: int, positions: int, bf16: bool, gpu: bool = False):
-        self.config, self.world, self.bf16, self.gpu = config, world_size, bf16, gpu
+    def __init__(self, config: TrainingConfig, world_size: int, positions: int, gpu: bool):
+        self.config, self.world, self.gpu = config, world_size, gpu
+        # model.bf16 as the trainers resolve it (`rlhf.models.precision.bf16_enabled`): unset is mixed precision on
+        # a GPU (the plan takes one that computes in bfloat16) and float32 on a CPU
+        self.bf16 = config.model.bf16 if config.model.bf16 is not None else gpu
         packed = isinstance(config, SFTConfig) and config.sft.packing  # packed rows are filled to data.max_length
         self.positions = config.data.max_length if packed else positions
         self.parallelism = strategy(config.run.parallelism, world_size)
@@ -166,10 +163,10 @@ class _Layout:
         model, reward = config.model, isinstance(config, RMConfig)
         self.width = memory.DTYPE_BYTES[model.dtype]  # the trained weights' (float32 master weights when mixed)
         # mixed precision: activations, KV cache and the decoder's packed weights in bfloat16, frozen models too
-        self.compute_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else self.width
+        self.compute_width = memory.DTYPE_BYTES["bfloat16"] if self.bf16 else self.width
         reference_dtype = self.rl.model.reference_dtype if self.rl else None
-        self.reference_width = memory.DTYPE_BYTES[reference_dtype or frozen_dtype(model.dtype, bf16)]
-        self.reward_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else memory.FLOAT32
+        self.reference_width = memory.DTYPE_BYTES[reference_dtype or frozen_dtype(model.dtype, self.bf16)]
+        self.reward_width = memory.DTYPE_BYTES["bfloat16"] if self.bf16 else memory.FLOAT32
         self.policy = model_sizes(model.name, reward=reward)
         self.trainable = lora_params(model.name, model.lora, reward) if model.lora else self.policy.params
         # LoRA's adapters and their moments are float32 whatever the base's dtype
@@ -248,7 +245,7 @@ class _Layout:
         k = self.rl.sampling.max_staleness if self.rl else 0
         if not k:
             return {}, {}
-        alone = _Layout(self.config, 1, self.positions, mixed(self.config, gpu), gpu=gpu)
+        alone = _Layout(self.config, 1, self.positions, gpu=gpu)
         models = {**alone.weights(reference=False), **alone.rollout(self.rl, worker=True)}
         if alone.reward_models:
             models["reward model forward"] = max(alone.reward_forwards())

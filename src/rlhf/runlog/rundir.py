@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -223,8 +224,6 @@ def config_changes(recorded: Path, config: CommandConfig) -> list[str]:
     """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``. The recorded
     file is read as a config of the same command, so a field added since the run was recorded counts as its default, and
     a run recorded with the flat keys of version 0.1 compares field by field."""
-    import warnings
-
     from rlhf.config import config_from_dict, config_to_dict, flat_config
 
     if not recorded.is_file():
