@@ -240,8 +240,8 @@ class _Layout:
     def worker(self, runtime: int, gpu: bool) -> tuple[dict[str, int], dict[str, int]]:
         """``sampling.max_staleness`` k > 0: what the sampling worker (`rlhf.trainers.rl.producer`) holds all run, in
         the CPU's memory and on its ``gpu``: its models and rollout as a one-process run on its device holds them (its
-        `Dist` is its own), its libraries and inputs (``runtime``, as this process's), and the trained weights the
-        trainer shares with it through the CPU's memory (docs/async.md, "Memory")."""
+        `Dist` is its own, ``sampling.worker_device``'s), its libraries and inputs (``runtime``, as this process's),
+        and the trained weights the trainer shares with it through the CPU's memory (docs/async.md, "Memory")."""
         k = self.rl.sampling.max_staleness if self.rl else 0
         if not k:
             return {}, {}
