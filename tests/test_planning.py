@@ -169,7 +169,9 @@ def test_the_sampling_worker_is_counted_at_k_above_0(
     worker = 1000 + planning.WORKSPACE + weights + kv + forward + 2 * policy.params * 4
     for retains in (True, False):
         before, after = (planning.plan(c, positions=20, runtime=1000, retains=retains) for c in (sync, k1))
-        assert before.worker == {} and after.worker_total == worker  # a GPU plan's worker too: float32, on the CPU
+        assert (
+            before.worker == {} and sum(after.worker.values()) == worker
+        )  # a GPU plan's worker too: float32, on the CPU
         assert after.resident == before.resident and after.phases == before.phases  # the trainer's own unchanged
         # on CPU every phase holds the worker too; beside a GPU its peak is the GPU's, the worker below the table
         assert [after.total(p) - before.total(p) for p in after.phases] == [worker if retains else 0] * 3
@@ -186,7 +188,7 @@ def test_the_sampling_worker_is_counted_at_k_above_0(
         planning.plan(config_from_dict("ppo", nested(values | server | extra)), positions=20, runtime=1000)
         for extra in ({}, asynchronous)
     )
-    assert k1_server.worker_total == worker - kv - policy.matmul_params * 4
+    assert sum(k1_server.worker.values()) == worker - kv - policy.matmul_params * 4
     assert (
         sync_server.phases["rollout"] == {}
         and k1_server.phases["rollout"] == planning.plan(k1, positions=20).phases["rollout"] != {}
@@ -233,7 +235,7 @@ def test_a_sampling_worker_on_a_gpu_is_counted_there(
     assert planning.worker_place(k1, trainer) == ("trainer's GPU", trainer)  # auto: the only GPU, shared
     before = planning.plan(sync, positions=20, runtime=1000, retains=False)
     shared = planning.plan(k1, positions=20, runtime=1000, retains=False, worker_place="trainer's GPU")
-    assert sum(shared.worker_gpu.values()) == on_gpu and shared.worker_total == on_cpu
+    assert sum(shared.worker_gpu.values()) == on_gpu and sum(shared.worker.values()) == on_cpu
     assert [shared.total(p) - before.total(p) for p in before.phases] == [on_gpu] * 3
     assert "sampling worker: KV cache" in planning.render(shared).split("peak per phase")[0]  # a row of the table
     # the check: the GPU's budget between the two peaks refuses the run, naming the worker; the CPU's parts fit

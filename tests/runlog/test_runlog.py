@@ -22,8 +22,8 @@ def test_checkpoints_newest_wins_and_partial_writes_are_ignored(tmp_path):
     (tmp_path / "checkpoints" / "step_000020.tmp" / "state.pt").write_bytes(b"partial")
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000010"]
     assert load_checkpoint(list_checkpoints(tmp_path)[-1])["x"].item() == 10.0
-    save_checkpoint(tmp_path, 20, {"x": torch.tensor([20.0])}, keep_last=2)
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000010", "step_000020"]
+    save_checkpoint(tmp_path, 20, {"x": torch.tensor([20.0])})  # over the .tmp leftover
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000010", "step_000020"]
     assert list_checkpoints(tmp_path / "nothing") == []
 
 

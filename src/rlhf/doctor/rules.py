@@ -5,8 +5,7 @@ as ``max_new_tokens``) and nothing else; how a rule is declared: `rlhf.doctor.ch
 A rule's ``check(history)`` looks at the history *up to its last row* and returns the evidence (a sentence with the
 numbers) when the failure shows there, else None; `rlhf.doctor.watch` follows the rules row by row, live and
 afterwards alike, and a row without any of a rule's metrics leaves that rule as it was. The table of rules,
-and why most wait several rows to start and to clear (``Rule.hold``): the README's 'Training doctor'. `History`, `Rule`,
-`Finding` and `Event` are `rlhf.doctor.history`'s, importable here."""
+and why most wait several rows to start and to clear (``Rule.hold``): the README's 'Training doctor'."""
 
 from __future__ import annotations
 

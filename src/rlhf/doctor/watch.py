@@ -4,7 +4,7 @@ both. The rules themselves: `rlhf.doctor.rules`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from rlhf.doctor.history import SEVERITIES, Event, Finding, History, Rule
@@ -17,9 +17,8 @@ class Watch:
     the first row where its check fires and clears once the check has been silent for ``rule.hold`` rows in a
     row; its episodes span from a start to the last row where the check fired."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, rules: Sequence[Rule] | None = None):
+    def __init__(self, config: Mapping[str, Any] | None = None):
         self.history = History([], config)
-        self.rules = RULES if rules is None else tuple(rules)
         self.holding: dict[str, str] = {}
         """Rule name → its latest evidence, for the findings that hold at the last row."""
         self._held: dict[str, list[Any]] = {}  # rule name → [steps fired, episodes, first evidence, last evidence]
@@ -28,7 +27,7 @@ class Watch:
     def observe(self, row: Mapping[str, Any]) -> list[Event]:
         self.history.append(row)
         step, events = self.history.step, []
-        for rule in self.rules:
+        for rule in RULES:
             if not any(key in row for key in rule.metrics):
                 continue  # a row without any of the rule's metrics says nothing new about it
             found, name = rule.check(self.history), rule.name
@@ -53,7 +52,7 @@ class Watch:
         """The findings that hold at the last row, most severe first: (rule, the step it started, evidence)."""
         holding = [
             (rule, self._held[rule.name][1][-1][0], self.holding[rule.name])
-            for rule in self.rules
+            for rule in RULES
             if rule.name in self.holding
         ]
         return sorted(holding, key=lambda h: -SEVERITIES.index(h[0].severity))
@@ -62,16 +61,16 @@ class Watch:
         """Every rule that held at some row so far, most severe first."""
         found = [
             Finding(rule, list(steps), list(episodes), first, last)
-            for rule in self.rules
+            for rule in RULES
             if rule.name in self._held
             for steps, episodes, first, last in [self._held[rule.name]]
         ]
         return sorted(found, key=lambda f: -SEVERITIES.index(f.rule.severity))
 
 
-def diagnose(history: History, rules: Sequence[Rule] | None = None) -> list[Finding]:
+def diagnose(history: History) -> list[Finding]:
     """Every rule replayed over the history, row by row (as a live `Watch` sees it): the findings, most severe first."""
-    watch = Watch(history.config, rules)
+    watch = Watch(history.config)
     for row in history.rows:
         watch.observe(row)
     return watch.findings()

@@ -13,6 +13,7 @@ from rlhf.planning.device import budget, process_rss, refusal, worker_fits, work
 from rlhf.planning.fixes import alternatives, cheapest_fix
 from rlhf.planning.layout import plan, render
 from rlhf.planning.lengths import data_positions
+from rlhf.runlog.distributed import device_for_run
 
 TRAINERS = ("sft", "rm", "dpo", "ppo", "grpo")
 
@@ -35,8 +36,6 @@ def report(
     this machine's free memory, ``run.memory_budget_gib``, or ``device_memory_gib``); ``device``: the trainer's,
     by default the one a one-process run of this config would take, and its sampling worker's beside it as the
     run would place it (`worker_place`)."""
-    from rlhf.runlog.distributed import device_for_run
-
     device = device or device_for_run()
     positions, runtime, retains = data_positions(config), process_rss(), device.type != "cuda"
     place, home = worker_place(config, device)
@@ -56,7 +55,7 @@ def report(
         "",
         "what each change would make the peak:",
     ]
-    for fix in alternatives(config, world_size, positions, runtime, retains, place):
+    for fix in alternatives(config, **where):
         mark = "fits" if fix.plan.peak <= limit else ""
         lines.append(f"  {' '.join(fix.flags):<48} {fix.plan.peak / GiB:8.2f} GiB  {mark}")
     if not fits:

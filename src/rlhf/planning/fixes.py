@@ -11,7 +11,7 @@ from typing import Any
 
 from rlhf.config import ConfigError, TrainingConfig
 from rlhf.config.loading import with_flags
-from rlhf.planning.layout import Plan, WorkerPlace, micro_rows_now, plan, reference_copy
+from rlhf.planning.layout import Plan, micro_rows_now, plan, reference_copy
 
 LORA = "--model.lora '{r: 8}'"
 """LoRA with its defaults at rank 8, as the command line takes it (YAML)."""
@@ -65,8 +65,7 @@ def candidates(config: TrainingConfig, world_size: int) -> Iterator[tuple[str, .
 
 def _planned(config: TrainingConfig, flags: tuple[str, ...], **where: Any) -> Fix | None:
     """``flags`` applied by the command line's own parser (`rlhf.config.loading.with_flags`) and the plan they
-    give (``where``: `plan`'s world_size, positions, runtime, retains and worker_place); None for a combination
-    refused."""
+    give; None for a combination refused."""
     try:
         changed = with_flags(config, [word for flag in flags for word in shlex.split(flag)])
     except ConfigError:
@@ -74,36 +73,15 @@ def _planned(config: TrainingConfig, flags: tuple[str, ...], **where: Any) -> Fi
     return Fix(flags, plan(changed, **where))
 
 
-def cheapest_fix(
-    config: TrainingConfig,
-    budget: int,
-    *,
-    world_size: int,
-    positions: int,
-    runtime: int,
-    retains: bool = True,
-    worker_place: WorkerPlace = "cpu",
-) -> Fix | None:
-    """The first of `candidates` whose plan fits ``budget`` bytes, or None."""
-    where: dict[str, Any] = dict(
-        world_size=world_size, positions=positions, runtime=runtime, retains=retains, worker_place=worker_place
-    )
-    fixes = (_planned(config, flags, **where) for flags in candidates(config, world_size))
+def cheapest_fix(config: TrainingConfig, budget: int, **where: Any) -> Fix | None:
+    """The first of `candidates` whose plan fits ``budget`` bytes, or None (``where``: `plan`'s world_size,
+    positions, runtime, retains and worker_place)."""
+    fixes = (_planned(config, flags, **where) for flags in candidates(config, where["world_size"]))
     return next((fix for fix in fixes if fix is not None and fix.plan.peak <= budget), None)
 
 
-def alternatives(
-    config: TrainingConfig,
-    world_size: int,
-    positions: int,
-    runtime: int,
-    retains: bool,
-    worker_place: WorkerPlace = "cpu",
-) -> list[Fix]:
-    """Each single change (`single_changes`) with its plan: what `rlhf plan` lists."""
-    micro, others = single_changes(config, world_size)
-    where: dict[str, Any] = dict(
-        world_size=world_size, positions=positions, runtime=runtime, retains=retains, worker_place=worker_place
-    )
+def alternatives(config: TrainingConfig, **where: Any) -> list[Fix]:
+    """Each single change (`single_changes`) with its plan: what `rlhf plan` lists (``where``: as `cheapest_fix`)."""
+    micro, others = single_changes(config, where["world_size"])
     fixes = (_planned(config, (change,), **where) for change in micro + others)
     return [fix for fix in fixes if fix is not None]

@@ -43,15 +43,12 @@ class Plan:
     """Predicted bytes per rank: ``resident`` parts (held all run: the libraries, weights, optimizer state) and
     what each phase adds (``phases[phase][part]``, phases in the order a step runs them).
 
-    ``retains``: on CPU the allocator keeps most of what a phase frees (glibc returns little of a fragmented
-    heap to the system), so a phase's total is the resident parts plus what it and every earlier phase add — up
-    to the update, after whose optimizer steps the trainer trims the heap (:data:`AFTER_UPDATE`); on a GPU the
-    caching allocator reuses freed blocks, so a phase's total is the resident parts plus its own.
-    ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of full weights): counted
-    once, the largest, rather than added up. The sampling worker's parts (``sampling.max_staleness`` > 0,
-    `_Layout.worker`), held all run: ``worker`` in the CPU's memory, ``worker_gpu`` on its GPU (``worker_place``;
-    none when its models are on the CPU). Those in the trainer's own memory (`beside`) are in every phase's total;
-    the others are checked against their own memory (`rlhf.planning.device.worker_fits`)."""
+    ``retains``: a CPU's plan, whose allocator keeps what a phase frees: a phase's total adds every earlier
+    phase's parts, up to the heap's trim after the update (:data:`AFTER_UPDATE`); a GPU's reuses them (why:
+    docs/memory.md, "Phases"). ``reused``: parts whose blocks later phases allocate again whole (FSDP's gathers of
+    full weights): counted once, the largest. The sampling worker's parts (`_Layout.worker`, docs/async.md):
+    ``worker`` in the CPU's memory, ``worker_gpu`` on its GPU (``worker_place``), in the trainer's memory
+    (`beside`) or not (`apart`)."""
 
     command: str
     world_size: int
@@ -65,11 +62,6 @@ class Plan:
     worker: dict[str, int] = field(default_factory=dict)
     worker_gpu: dict[str, int] = field(default_factory=dict)
     worker_place: WorkerPlace = "cpu"
-
-    @property
-    def worker_total(self) -> int:
-        """The worker's parts in the CPU's memory."""
-        return sum(self.worker.values())
 
     @property
     def beside(self) -> dict[str, int]:
@@ -118,7 +110,7 @@ def plan(
     response for ppo/grpo); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
     CPU only (a GPU's plan counts the device's memory) and as the sampling worker's own (it loads the same);
     ``retains``: `Plan.retains` (CPU); ``worker_place``: the sampling worker's models' device."""
-    layout = _Layout(config, world_size, positions, mixed(config, gpu=not retains), gpu=not retains)
+    layout = _Layout(config, world_size, positions, gpu=not retains)
     worker, worker_gpu = layout.worker(runtime, gpu=worker_place != "cpu")
     workspace = {"workspace (CPU libraries)": WORKSPACE} if retains else {}
     return Plan(
@@ -135,12 +127,6 @@ def plan(
         worker_gpu=worker_gpu,
         worker_place=worker_place,
     )
-
-
-def mixed(config: TrainingConfig, gpu: bool) -> bool:
-    """``model.bf16`` as the trainers resolve it (`rlhf.models.precision.bf16_enabled`): unset is mixed precision on a
-    GPU (the plan takes one that computes in bfloat16) and float32 on a CPU."""
-    return config.model.bf16 if config.model.bf16 is not None else gpu
 
 
 def micro_rows_now(config: TrainingConfig, world_size: int) -> int:
@@ -163,8 +149,11 @@ def reference_copy(config: TrainingConfig) -> bool:
 class _Layout:
     """What one rank of ``config`` holds, part by part (a class only to share the run's sizes between phases)."""
 
-    def __init__(self, config: TrainingConfig, world_size: int, positions: int, bf16: bool, gpu: bool = False):
-        self.config, self.world, self.bf16, self.gpu = config, world_size, bf16, gpu
+    def __init__(self, config: TrainingConfig, world_size: int, positions: int, gpu: bool):
+        self.config, self.world, self.gpu = config, world_size, gpu
+        # model.bf16 as the trainers resolve it (`rlhf.models.precision.bf16_enabled`): unset is mixed precision on
+        # a GPU (the plan takes one that computes in bfloat16) and float32 on a CPU
+        self.bf16 = config.model.bf16 if config.model.bf16 is not None else gpu
         packed = isinstance(config, SFTConfig) and config.sft.packing  # packed rows are filled to data.max_length
         self.positions = config.data.max_length if packed else positions
         self.parallelism = strategy(config.run.parallelism, world_size)
@@ -174,10 +163,10 @@ class _Layout:
         model, reward = config.model, isinstance(config, RMConfig)
         self.width = memory.DTYPE_BYTES[model.dtype]  # the trained weights' (float32 master weights when mixed)
         # mixed precision: activations, KV cache and the decoder's packed weights in bfloat16, frozen models too
-        self.compute_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else self.width
+        self.compute_width = memory.DTYPE_BYTES["bfloat16"] if self.bf16 else self.width
         reference_dtype = self.rl.model.reference_dtype if self.rl else None
-        self.reference_width = memory.DTYPE_BYTES[reference_dtype or frozen_dtype(model.dtype, bf16)]
-        self.reward_width = memory.DTYPE_BYTES["bfloat16"] if bf16 else memory.FLOAT32
+        self.reference_width = memory.DTYPE_BYTES[reference_dtype or frozen_dtype(model.dtype, self.bf16)]
+        self.reward_width = memory.DTYPE_BYTES["bfloat16"] if self.bf16 else memory.FLOAT32
         self.policy = model_sizes(model.name, reward=reward)
         self.trainable = lora_params(model.name, model.lora, reward) if model.lora else self.policy.params
         # LoRA's adapters and their moments are float32 whatever the base's dtype
@@ -249,16 +238,14 @@ class _Layout:
         return parts
 
     def worker(self, runtime: int, gpu: bool) -> tuple[dict[str, int], dict[str, int]]:
-        """``sampling.max_staleness`` k > 0: the sampling worker (`rlhf.trainers.rl.producer`), a process of its own
-        holding all run long (in the CPU's memory; on its device, a ``gpu`` or the CPU): its libraries and inputs
-        (``runtime``, as this process's before its models, and the CPU libraries' workspace); its policy and reward
-        models, its rollout's parts and its reward models' widest forward, as a one-process run on its device holds
-        them (its `Dist` is its own, ``sampling.worker_device``'s, whatever the trainer's); and the trained weights
-        the trainer hands it through the CPU's shared memory, whatever the devices."""
+        """``sampling.max_staleness`` k > 0: what the sampling worker (`rlhf.trainers.rl.producer`) holds all run, in
+        the CPU's memory and on its ``gpu``: its models and rollout as a one-process run on its device holds them (its
+        `Dist` is its own, ``sampling.worker_device``'s), its libraries and inputs (``runtime``, as this process's),
+        and the trained weights the trainer shares with it through the CPU's memory (docs/async.md, "Memory")."""
         k = self.rl.sampling.max_staleness if self.rl else 0
         if not k:
             return {}, {}
-        alone = _Layout(self.config, 1, self.positions, mixed(self.config, gpu), gpu=gpu)
+        alone = _Layout(self.config, 1, self.positions, gpu=gpu)
         models = {**alone.weights(reference=False), **alone.rollout(self.rl, worker=True)}
         if alone.reward_models:
             models["reward model forward"] = max(alone.reward_forwards())

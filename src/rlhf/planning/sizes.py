@@ -44,7 +44,6 @@ def model_sizes(name: str, reward: bool = False) -> Transformer:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
     inner = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
-    module_names = [module_name for module_name, _ in model.named_modules()]
     return Transformer(
         layers=int(text.num_hidden_layers),
         hidden=hidden,
@@ -55,7 +54,7 @@ def model_sizes(name: str, reward: bool = False) -> Transformer:
         vocab=int(text.vocab_size),
         params=sum(p.numel() for p in model.parameters()),
         matmul_params=sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)),
-        gated=any(n.endswith("gate_proj") for n in module_names),
+        gated=any(name.endswith("gate_proj") for name, _ in model.named_modules()),
     )
 
 

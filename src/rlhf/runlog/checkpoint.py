@@ -26,9 +26,8 @@ def checkpoint_path(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step:06d}"
 
 
-def save_checkpoint(output_dir: str | Path, step: int, state: dict[str, Any], keep_last: int | None = None) -> Path:
-    """Write ``state`` (any ``torch.save``-able dict) as the checkpoint of ``step``; returns its directory.
-    ``keep_last`` deletes all but the newest ``keep_last`` checkpoints afterwards (None keeps all)."""
+def save_checkpoint(output_dir: str | Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``state`` (any ``torch.save``-able dict) as the checkpoint of ``step``; returns its directory."""
     final = checkpoint_path(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -42,9 +41,6 @@ def save_checkpoint(output_dir: str | Path, step: int, state: dict[str, Any], ke
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(final.parent)  # the rename itself must survive a power cut, not only the file's bytes
-    if keep_last is not None:
-        for old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old)
     return final
 
 

@@ -68,7 +68,6 @@ class MetricsLogger:
         run_name: str | None = None,
     ):
         self.path = Path(output_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.kept = [] if resume_step is None else [row for row in self._rows() if row.get("step", -1) < resume_step]
         # a temp file renamed over the old one: a kill mid-rewrite leaves the old rows, never an empty file
         with atomic_open(self.path) as f:

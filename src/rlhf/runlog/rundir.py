@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -86,14 +87,14 @@ def claims_output_dir(run: F) -> F:
 
 
 @contextlib.contextmanager
-def claim(config: CommandConfig, field: str = "output_dir", entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
+def claim(config: CommandConfig, entries: tuple[str, ...] = RUN_ENTRIES) -> Iterator[Path]:
     """Usable directory, lock, refusal of existing work, resume check — everything before any work starts;
     ``entries``: the names whose presence means "a run is here" (the demo has its own)."""
-    out = Path(getattr(config, field))
+    out = Path(config.output_dir)
     where = f"{config.COMMAND}: "
     created = not out.exists()
-    ensure_directory(out, where + field)
-    with lock(out, where + field):
+    ensure_directory(out, f"{where}output_dir")
+    with lock(out, f"{where}output_dir"):
         try:
             remove_leftovers(out, entries)
             found = [name for name in entries if (out / name).exists()]
@@ -103,7 +104,7 @@ def claim(config: CommandConfig, field: str = "output_dir", entries: tuple[str, 
                 flag = "--run." if settings is not config else "--"
                 resume_hint = f"pass {flag}resume to continue it or " if hasattr(settings, "resume") else "pass "
                 raise ConfigError(
-                    f"{where}{field} {str(out)!r} already holds a run ({', '.join(found)}); {resume_hint}"
+                    f"{where}output_dir {str(out)!r} already holds a run ({', '.join(found)}); {resume_hint}"
                     f"{flag}overwrite to replace it, or choose another output_dir"
                 )
             if resume and found:
@@ -223,8 +224,6 @@ def config_changes(recorded: Path, config: CommandConfig) -> list[str]:
     """``field: old → new`` for every field outside :data:`SAFE_ON_RESUME` that differs from ``recorded``. The recorded
     file is read as a config of the same command, so a field added since the run was recorded counts as its default, and
     a run recorded with the flat keys of version 0.1 compares field by field."""
-    import warnings
-
     from rlhf.config import config_from_dict, config_to_dict, flat_config
 
     if not recorded.is_file():
