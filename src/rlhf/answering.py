@@ -138,11 +138,6 @@ def response_metrics(stats: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> dict
     }
 
 
-def nan_to_none(values: Sequence[float]) -> list[float | None]:
-    """Scores as JSON values: NaN (unscored) → None."""
-    return [None if math.isnan(v) else v for v in values]
-
-
 def json_safe(data: Any) -> Any:
     """``data`` with every non-finite float replaced by None (JSON has no NaN)."""
     if isinstance(data, dict):

@@ -89,7 +89,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         for i, row in enumerate(rows):
             row["baseline_completion"] = baseline.completions[i]
             row |= {f"baseline_{key}": value for key, value in _reward_fields(baseline.scores, i).items()}
-            row["judge_policy"], row["judge_baseline"] = answering.nan_to_none([a[i].item(), b[i].item()])
+            row["judge_policy"], row["judge_baseline"] = a[i].item(), b[i].item()
             row["outcome"] = _outcome(a[i].item(), b[i].item())
         times |= {"time/baseline_s": baseline.seconds, "time/judge_s": time.perf_counter() - t0}
     # 5. results
@@ -261,9 +261,9 @@ def _outcome(a: float, b: float) -> str | None:
 def _reward_fields(scores: scoring.Scores, i: int) -> dict[str, Any]:
     """``reward`` (the weighted sum of the raw rewards), with several sources ``rewards`` by name, and the
     ``log_extra`` columns as ``extra``, of row ``i``."""
-    fields: dict[str, Any] = {"reward": answering.nan_to_none([scores.raw[i].item()])[0]}
+    fields: dict[str, Any] = {"reward": scores.raw[i].item()}
     if len(scores.names) > 1:
-        fields["rewards"] = dict(zip(scores.names, answering.nan_to_none(scores.per_source[i].tolist()), strict=True))
+        fields["rewards"] = dict(zip(scores.names, scores.per_source[i].tolist(), strict=True))
     if scores.extra:
         fields["extra"] = {key: values[i] for key, values in scores.extra.items()}
     return fields

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -114,7 +115,7 @@ class Pass:
             aggregation = config.judge.aggregation
             scores = answering.score_groups(self.judge, batch, generated.completions, aggregation, k, generated)
             self.scores.append(scores)
-            rewards = answering.nan_to_none(scores.combined.tolist())
+            rewards = [None if math.isnan(r) else r for r in scores.combined.tolist()]  # NaN: unscored
         rows = []
         for i, index in enumerate(batch.indices):
             group, prompt = slice(i * k, (i + 1) * k), self.prompts[index]
