@@ -259,11 +259,6 @@ class TrainingConfig(CommandConfig):
         """Sequences per forward/backward pass (batch.micro_size, or the whole minibatch when it is None)."""
         return self.batch.micro_size or self.minibatch_size
 
-    @property
-    def grad_accum_steps(self) -> int:
-        """Forward/backward passes per optimizer step."""
-        return self.minibatch_size // self.effective_micro_batch_size
-
 
 @section
 class SFTConfig(TrainingConfig, command="sft"):
