@@ -20,6 +20,7 @@ from rlhf.core.masked import masked_sum
 from rlhf.core.sequences import response_masks
 from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.inputs import check_inputs
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.precision import bf16_enabled
@@ -44,8 +45,6 @@ class Answers:
 def run(config: EvalConfig) -> dict[str, Any]:
     """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results. One
     function: its steps read top to bottom, and split up each part would need most of the others' state."""
-    from rlhf.inputs import check_inputs
-
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     rundir.check_outputs(config, {"output": config.output, "samples_output": config.samples_output})

@@ -23,6 +23,7 @@ from rlhf.data import load_prompts
 from rlhf.data.labels import pair_id
 from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.inputs import check_inputs
 from rlhf.labelling.judge import LLMJudge, cache_path_for
 from rlhf.labelling.pairs import Pair
 from rlhf.models.loading import load_tokenizer
@@ -40,8 +41,6 @@ Rows = tuple[list[Row], dict[str, int]]
 def run(config: SampleConfig) -> dict[str, Any]:
     """Sample ``config.num_samples`` completions per prompt and write ``config.output`` (rows by the functions
     of `ROWS`); returns the summary."""
-    from rlhf.inputs import check_inputs
-
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     out = Path(config.output)
