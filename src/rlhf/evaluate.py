@@ -49,13 +49,14 @@ def run(config: EvalConfig) -> dict[str, Any]:
     start = time.perf_counter()
     rundir.check_outputs(config, {"output": config.output, "samples_output": config.samples_output})
     seed_everything(config.seed)
-    device = distributed.device_for_run()
+    d = distributed.Dist(device=distributed.device_for_run())  # one process: reward models load whole
+    device = d.device
     # 1. prompts (through the policy's tokenizer) and the reward
     tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
     prompts = _prompts(config, tokenizer)
     bf16 = bf16_enabled(config.model.bf16, device)
-    rewards = answering.load_rewards(config.reward, tokenizer, device, bf16)
-    selector = _or_reward(config.best_of, rewards, tokenizer, device, bf16) if config.best_of.n > 1 else None
+    rewards = scoring.load_rewards(config.reward, tokenizer, d, bf16)
+    selector = _or_reward(config.best_of, rewards, tokenizer, d, bf16) if config.best_of.n > 1 else None
     reference = reference_model(config, tokenizer, device)
     # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
     policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy", selector, reference)
@@ -81,7 +82,7 @@ def run(config: EvalConfig) -> dict[str, Any]:
         baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device, "baseline")
         # 4. the judge compares the two answers to each prompt
         t0 = time.perf_counter()
-        judge = _or_reward(config.judge, rewards, tokenizer, device, bf16)
+        judge = _or_reward(config.judge, rewards, tokenizer, d, bf16)
         a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
         results["baseline"] = config.baseline
         results |= {f"baseline/{key}": value for key, value in baseline.metrics.items()} | win_rate(a, b)
@@ -153,9 +154,9 @@ def answer(
     return Answers(completions, scores, metrics, time.perf_counter() - start, kl)
 
 
-def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, device: torch.device, bf16: bool) -> RewardSet:
+def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, d: distributed.Dist, bf16: bool) -> RewardSet:
     """The reward set of a judge's or best-of-N selector's ``source``, or ``rewards`` when it has none."""
-    return rewards if section.source is None else answering.load_rewards(section, tokenizer, device, bf16)
+    return rewards if section.source is None else scoring.load_rewards(section, tokenizer, d, bf16)
 
 
 def best_of(

@@ -98,7 +98,7 @@ class Pass:
             make_rows = functools.partial(judged_pair_rows, comparer)
         elif config.judge.source is not None:
             bf16 = bf16_enabled(config.model.bf16, device)
-            judge = answering.load_rewards(config.judge, tokenizer, device, bf16)
+            judge = scoring.load_rewards(config.judge, tokenizer, distributed.Dist(device=device), bf16)  # loaded whole
         sampler = answering.Sampler(config.model.name, tokenizer, config, device)
         return cls(config, sampler, prompts, judge=judge, comparer=comparer, make_rows=make_rows)
 
