@@ -19,7 +19,7 @@ from rlhf.models.precision import bf16_enabled, frozen_dtype
 from rlhf.rollout import generation, scoring
 from rlhf.rollout.decoder import keep_packed
 from rlhf.rollout.engine import SamplingParams
-from rlhf.rollout.rewards import RewardSet, load_reward_set
+from rlhf.rollout.rewards import RewardSet
 
 
 def prompt_value(prompt: TokenizedPrompt) -> str | list[dict[str, Any]]:
@@ -82,20 +82,6 @@ def inference_dtype(config: SampleConfig | EvalConfig, device: torch.device) -> 
     return frozen_dtype(config.model.dtype, bf16_enabled(config.model.bf16, device))
 
 
-def load_rewards(section: Any, tokenizer: Any, device: torch.device, bf16: bool = False) -> RewardSet:
-    """The reward set of a config's reward or judge ``section`` (its ``source``, a string or a list of RewardSpec;
-    an ensemble's members combined as its ``ensemble`` says); ``bf16``: reward models are held in bfloat16 (mixed
-    precision), else in their checkpoint's dtype."""
-    return load_reward_set(
-        scoring.reward_spec(section.source),
-        policy_tokenizer=tokenizer,
-        device=str(device),
-        dtype=scoring.reward_dtype(bf16),
-        objective=section.ensemble.objective,
-        uwo_lambda=section.ensemble.uwo_lambda,
-    )
-
-
 def score_groups(
     rewards: RewardSet,
     batch: PromptBatch,
@@ -136,11 +122,6 @@ def response_metrics(stats: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> dict
         "response/length_mean": torch.cat(lengths).float().mean().item(),
         "response/eos_rate": torch.cat(stopped).float().mean().item(),
     }
-
-
-def nan_to_none(values: Sequence[float]) -> list[float | None]:
-    """Scores as JSON values: NaN (unscored) → None."""
-    return [None if math.isnan(v) else v for v in values]
 
 
 def json_safe(data: Any) -> Any:

@@ -20,6 +20,7 @@ from rlhf.core.masked import masked_sum
 from rlhf.core.sequences import response_masks
 from rlhf.data import load_prompts
 from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.inputs import check_inputs
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.policy import score_response_tokens
 from rlhf.models.precision import bf16_enabled
@@ -44,19 +45,18 @@ class Answers:
 def run(config: EvalConfig) -> dict[str, Any]:
     """Evaluate ``config.model.name`` (and its win rate against ``config.baseline``); returns the results. One
     function: its steps read top to bottom, and split up each part would need most of the others' state."""
-    from rlhf.inputs import check_inputs
-
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     rundir.check_outputs(config, {"output": config.output, "samples_output": config.samples_output})
     seed_everything(config.seed)
-    device = distributed.device_for_run()
+    d = distributed.Dist(device=distributed.device_for_run())  # one process: reward models load whole
+    device = d.device
     # 1. prompts (through the policy's tokenizer) and the reward
     tokenizer = load_tokenizer(config.model.name, config.chat_template_kwargs)
     prompts = _prompts(config, tokenizer)
     bf16 = bf16_enabled(config.model.bf16, device)
-    rewards = answering.load_rewards(config.reward, tokenizer, device, bf16)
-    selector = _or_reward(config.best_of, rewards, tokenizer, device, bf16) if config.best_of.n > 1 else None
+    rewards = scoring.load_rewards(config.reward, tokenizer, d, bf16)
+    selector = _or_reward(config.best_of, rewards, tokenizer, d, bf16) if config.best_of.n > 1 else None
     reference = reference_model(config, tokenizer, device)
     # 2. the policy answers every prompt (the best of n with a selector); the reward scores the answers
     policy = answer(config, config.model.name, tokenizer, prompts, rewards, device, "policy", selector, reference)
@@ -82,14 +82,14 @@ def run(config: EvalConfig) -> dict[str, Any]:
         baseline = answer(config, config.baseline, baseline_tokenizer, baseline_prompts, rewards, device, "baseline")
         # 4. the judge compares the two answers to each prompt
         t0 = time.perf_counter()
-        judge = _or_reward(config.judge, rewards, tokenizer, device, bf16)
+        judge = _or_reward(config.judge, rewards, tokenizer, d, bf16)
         a, b = judge_pairs(judge, prompts, policy.completions, baseline.completions, config)
         results["baseline"] = config.baseline
         results |= {f"baseline/{key}": value for key, value in baseline.metrics.items()} | win_rate(a, b)
         for i, row in enumerate(rows):
             row["baseline_completion"] = baseline.completions[i]
             row |= {f"baseline_{key}": value for key, value in _reward_fields(baseline.scores, i).items()}
-            row["judge_policy"], row["judge_baseline"] = answering.nan_to_none([a[i].item(), b[i].item()])
+            row["judge_policy"], row["judge_baseline"] = a[i].item(), b[i].item()
             row["outcome"] = _outcome(a[i].item(), b[i].item())
         times |= {"time/baseline_s": baseline.seconds, "time/judge_s": time.perf_counter() - t0}
     # 5. results
@@ -154,9 +154,9 @@ def answer(
     return Answers(completions, scores, metrics, time.perf_counter() - start, kl)
 
 
-def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, device: torch.device, bf16: bool) -> RewardSet:
+def _or_reward(section: Any, rewards: RewardSet, tokenizer: Any, d: distributed.Dist, bf16: bool) -> RewardSet:
     """The reward set of a judge's or best-of-N selector's ``source``, or ``rewards`` when it has none."""
-    return rewards if section.source is None else answering.load_rewards(section, tokenizer, device, bf16)
+    return rewards if section.source is None else scoring.load_rewards(section, tokenizer, d, bf16)
 
 
 def best_of(
@@ -261,9 +261,9 @@ def _outcome(a: float, b: float) -> str | None:
 def _reward_fields(scores: scoring.Scores, i: int) -> dict[str, Any]:
     """``reward`` (the weighted sum of the raw rewards), with several sources ``rewards`` by name, and the
     ``log_extra`` columns as ``extra``, of row ``i``."""
-    fields: dict[str, Any] = {"reward": answering.nan_to_none([scores.raw[i].item()])[0]}
+    fields: dict[str, Any] = {"reward": scores.raw[i].item()}
     if len(scores.names) > 1:
-        fields["rewards"] = dict(zip(scores.names, answering.nan_to_none(scores.per_source[i].tolist()), strict=True))
+        fields["rewards"] = dict(zip(scores.names, scores.per_source[i].tolist(), strict=True))
     if scores.extra:
         fields["extra"] = {key: values[i] for key, values in scores.extra.items()}
     return fields

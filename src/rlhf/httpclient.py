@@ -26,16 +26,11 @@ class HttpFailure(Exception):
         self.final = final
 
 
-def post(url: str, data: bytes, headers: Mapping[str, str], timeout: float, tries: int, backoff: float) -> bytes:
-    """The reply body of POSTing ``data`` to ``url``, trying up to ``tries`` times (``backoff`` seconds before
-    the second try, doubled before each further one); `HttpFailure` otherwise."""
-    return send("POST", url, data, headers, timeout, tries, backoff)
-
-
 def send(
     method: str, url: str, data: bytes | None, headers: Mapping[str, str], timeout: float, tries: int, backoff: float
 ) -> bytes:
-    """The reply body of a ``method`` request (``GET``, ``POST``…) to ``url``, tried as `post` tries."""
+    """The reply body of a ``method`` request (``GET``, ``POST``…) to ``url``, trying up to ``tries`` times
+    (``backoff`` seconds before the second try, doubled before each further one); `HttpFailure` otherwise."""
     failures = []
     for attempt in range(tries):
         if attempt:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlhf.config import CommandConfig, ConfigError, RewardSpec, llm_judge
+from rlhf.config import CommandConfig, ConfigError, llm_judge
 
 CAUSAL_LM = "a causal LM"
 REWARD_MODEL = "a reward model"
@@ -76,7 +76,7 @@ def reward_sources(field: str, value: Any) -> Iterator[tuple[str, str]]:
         yield field, value
     elif value is not None:
         for i, spec in enumerate(value):
-            yield f"{field}[{i}].source", spec.source if isinstance(spec, RewardSpec) else str(spec)
+            yield f"{field}[{i}].source", spec.source
 
 
 def check_reward_source(field: str, source: str) -> None:
@@ -130,7 +130,7 @@ def check_model(field: str, spec: str, kind: str) -> None:
         _check_model_dir(where, path, kind)
     elif path.exists():
         raise ConfigError(f"{where} is a file; expected {VALID_MODEL}")
-    elif not HUB_ID.match(spec) or spec.startswith("."):
+    elif not HUB_ID.match(spec):
         raise ConfigError(f"{where}: no such directory ({path.resolve()}); expected {VALID_MODEL}")
     else:
         try:

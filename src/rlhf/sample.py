@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from rlhf.data import load_prompts
 from rlhf.data.labels import pair_id
 from rlhf.data.stream import PromptBatch
 from rlhf.data.tokenization import TokenizedPrompt
+from rlhf.inputs import check_inputs
 from rlhf.labelling.judge import LLMJudge, cache_path_for
 from rlhf.labelling.pairs import Pair
 from rlhf.models.loading import load_tokenizer
@@ -39,8 +41,6 @@ Rows = tuple[list[Row], dict[str, int]]
 def run(config: SampleConfig) -> dict[str, Any]:
     """Sample ``config.num_samples`` completions per prompt and write ``config.output`` (rows by the functions
     of `ROWS`); returns the summary."""
-    from rlhf.inputs import check_inputs
-
     check_inputs(config)  # every model path, reward source and stop_token, before anything loads
     start = time.perf_counter()
     out = Path(config.output)
@@ -98,7 +98,7 @@ class Pass:
             make_rows = functools.partial(judged_pair_rows, comparer)
         elif config.judge.source is not None:
             bf16 = bf16_enabled(config.model.bf16, device)
-            judge = answering.load_rewards(config.judge, tokenizer, device, bf16)
+            judge = scoring.load_rewards(config.judge, tokenizer, distributed.Dist(device=device), bf16)  # loaded whole
         sampler = answering.Sampler(config.model.name, tokenizer, config, device)
         return cls(config, sampler, prompts, judge=judge, comparer=comparer, make_rows=make_rows)
 
@@ -114,7 +114,7 @@ class Pass:
             aggregation = config.judge.aggregation
             scores = answering.score_groups(self.judge, batch, generated.completions, aggregation, k, generated)
             self.scores.append(scores)
-            rewards = answering.nan_to_none(scores.combined.tolist())
+            rewards = [None if math.isnan(r) else r for r in scores.combined.tolist()]  # NaN: unscored
         rows = []
         for i, index in enumerate(batch.indices):
             group, prompt = slice(i * k, (i + 1) * k), self.prompts[index]

@@ -283,15 +283,23 @@ class EnsembleSection:
 
 
 @section
-class JudgeSection:
-    """A reward source that scores or compares responses, and how a list of them is combined."""
+class RewardSection:
+    """The reward: one source or a weighted list, and how a list is combined."""
 
-    source: OptionalRewardSources = None
-    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML); None = none."""
+    source: RewardSources
+    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML, e.g. --reward.source '[{source: rewards.py:f, weight: 2}]')."""
     aggregation: Literal["sum", "gdpo"] = "sum"
     """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
     ensemble: EnsembleSection = _defaults(EnsembleSection)
     """How a source that is a reward-model ensemble combines its members."""
+
+
+@section
+class JudgeSection(RewardSection):
+    """A reward source that scores or compares responses, and how a list of them is combined."""
+
+    source: OptionalRewardSources = None
+    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML); None = none."""
 
 
 @section
@@ -357,18 +365,6 @@ class SampleJudgeSection(JudgeSection):
     """A reward-model directory, file.py:function, module:function, URL or a list of {source, weight, name} that scores each answer; or openai:URL#MODEL, an LLM over an OpenAI-compatible API that compares two; None = none."""
     llm: LLMJudgeSection = _defaults(LLMJudgeSection)
     """How the LLM judge is asked (source openai:URL#MODEL only)."""
-
-
-@section
-class RewardSection:
-    """The reward: one source or a weighted list, and how a list is combined."""
-
-    source: RewardSources
-    """A reward-model directory, file.py:function, module:function, URL, or a list of {source, weight, name} (on the command line as YAML, e.g. --reward.source '[{source: rewards.py:f, weight: 2}]')."""
-    aggregation: Literal["sum", "gdpo"] = "sum"
-    """How a list is combined: weighted sum, or gdpo (normalise each reward, sum, normalise the sum)."""
-    ensemble: EnsembleSection = _defaults(EnsembleSection)
-    """How a source that is a reward-model ensemble combines its members."""
 
 
 @section

@@ -259,11 +259,6 @@ class TrainingConfig(CommandConfig):
         """Sequences per forward/backward pass (batch.micro_size, or the whole minibatch when it is None)."""
         return self.batch.micro_size or self.minibatch_size
 
-    @property
-    def grad_accum_steps(self) -> int:
-        """Forward/backward passes per optimizer step."""
-        return self.minibatch_size // self.effective_micro_batch_size
-
 
 @section
 class SFTConfig(TrainingConfig, command="sft"):
@@ -530,9 +525,8 @@ def _check_staleness(config: PolicyGradientConfig) -> None:
 
 def _check_rollout(config: PolicyGradientConfig) -> None:
     """``reward.source: environment`` needs an environment; DAPO's length shaping is for single responses."""
-    sources = (
-        [config.reward.source] if isinstance(config.reward.source, str) else [s.source for s in config.reward.source]
-    )
+    reward = config.reward.source
+    sources = [reward] if isinstance(reward, str) else [spec.source for spec in reward]
     if "environment" in [s.strip() for s in sources] and config.rollout.environment is None:
         raise ConfigError(
             "reward.source 'environment' is the rewards of a multi-turn environment, and rollout.environment is "

@@ -21,7 +21,7 @@ from typing import Any
 
 from rlhf.config import ConfigError, LLMJudgeSection, SampleJudgeSection, llm_judge
 from rlhf.data.files import read_records
-from rlhf.httpclient import HttpFailure, ServiceError, cut, post
+from rlhf.httpclient import HttpFailure, ServiceError, cut, send
 from rlhf.labelling.pairs import Pair, PairFile
 from rlhf.runlog.durable import AlreadyOpen, AppendLog
 
@@ -165,7 +165,7 @@ class LLMJudge:
             if attempt:
                 time.sleep(settings.backoff * 2 ** (attempt - 1))
             try:
-                reply = post(self.url, data, self.headers, settings.timeout, tries=1, backoff=0.0)
+                reply = send("POST", self.url, data, self.headers, settings.timeout, tries=1, backoff=0.0)
                 content = json.loads(reply)["choices"][0]["message"]["content"]
                 if not isinstance(content, str):
                     raise TypeError(f"content is {type(content).__name__}")

@@ -28,7 +28,7 @@ missing every reward), five in a row mean the rewards do not fit the data."""
 
 
 def load_rewards(reward: Any, tokenizer: Any, d: Dist, bf16: bool = False) -> RewardSet:
-    """An RL trainer's ``reward`` section: its sources, an ensemble's combined as ``reward.ensemble`` says; when the
+    """A ``reward`` (or judge) section's sources, an ensemble's combined as ``reward.ensemble`` says; when the
     run shards its models, each rank holds 1/world of every reward model (they are gathered for scoring, see
     :func:`score`); ``bf16``: in bfloat16 (:func:`reward_dtype`)."""
     return load_reward_set(

@@ -15,7 +15,7 @@ import math
 import urllib.parse
 from collections.abc import Mapping
 
-from rlhf.httpclient import HttpFailure, cut, post
+from rlhf.httpclient import HttpFailure, cut, send
 from rlhf.rollout.rewards.base import RewardError
 
 _JSON_TYPES = {str: "string", list: "array", dict: "object", bool: "boolean"}
@@ -54,7 +54,7 @@ class HttpReward:
         except (TypeError, ValueError) as error:
             raise RewardError(f"reward {self.url}: the batch is not JSON-serialisable: {error}") from error
         try:
-            reply = post(self.url, data, self.headers, self.timeout, self.tries, self.backoff)
+            reply = send("POST", self.url, data, self.headers, self.timeout, self.tries, self.backoff)
         except HttpFailure as error:
             raise RewardError(f"reward {self.url} {error}") from error
         try:
