@@ -260,34 +260,30 @@ def clipped_policy_loss(
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy's surrogate loss per token — PPO's clip, CISPO's clipped weight, SAPO's soft gate or VESPO's
-    sequence kernel — on token or sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term.
+    sequence kernel — on token or sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term. Why
+    each, and where it differs from TRL and verl: docs/grpo_variants.md.
 
     ``ρ = exp(log ρ)`` with ``log ρ`` from :func:`importance_log_ratio` at ``importance_level``. By ``objective``:
 
     - ``clip``: ``pg1 = −A·ρ``; ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``; ``ℓ = max(pg1, pg2)`` (= −min(ρA,
       clip(ρ)A), TRL's ``coef_1``/``coef_2`` form); dual clip (Ye et al. 2020, c > 1): for A < 0,
       ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl clip_ratio_c).
-    - ``cispo`` (the MiniMax-M1 report, 2025, arXiv 2506.13585): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``; no lower
-      bound (the paper sets ε_low so large it never acts; TRL caps at ``epsilon_high`` = our 1 + ε_high). Its
-      gradient ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
+    - ``cispo`` (the MiniMax-M1 report, 2025, arXiv 2506.13585): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``, no lower
+      bound; its gradient ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
     - ``sapo`` (Soft Adaptive Policy Optimization, 2025, arXiv 2511.20347): ``ℓ = −(4/τ)·σ(τ(ρ−1))·A``,
       τ = ``sapo_temperatures[0]`` for A > 0 else ``[1]``.
     - ``vespo`` (Variational Sequence-level Soft Policy Optimization, 2026, arXiv 2602.10693):
-      ``ℓ = −sg(φ(W))·A·log π`` with ``W = Π_t ρ_t`` the sequence's ratio (the product of its token ratios, whatever
-      ``importance_level``: only ``token`` is accepted) and ``φ(W) = e^λ·W^k·e^{−λW}`` (φ(1) = 1), (k, λ) =
-      ``vespo_kernels[0]`` where A ≥ 0, else ``[1]``. Its gradient ``−φ(W)·A·∇log π``: the policy gradient, damped
-      smoothly for sequences whose ratio has moved far either way.
+      ``ℓ = −sg(φ(W))·A·log π`` with ``W = Π_t ρ_t`` the product of the sequence's token ratios (``importance_level``
+      ``token`` only) and ``φ(W) = e^λ·W^k·e^{−λW}`` (φ(1) = 1), (k, λ) = ``vespo_kernels[0]`` where A ≥ 0, else
+      ``[1]``.
 
     Then the weights w (the sampler correction, `rlhf.core.mismatch.importance_weights`, and the entropy and
     off-policy masks): ``ℓ = w·ℓ``, before the KL term (TRL's order); KL in the loss (GRPO): ``ℓ += β · k3``,
     ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via ``rlhf.core.kl``; TRL grpo_trainer
-    L3069-3076). Its gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40);
+    L3069-3076), whose gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
     ``kl_bias_correction`` (DeepSeek-V3.2, arXiv 2512.02556; TRL's ``use_bias_correction_kl``) makes it so:
-    ``ℓ += β · ρ · k3`` with ρ the ratio above, gradient and all. At the token level ∇(ρ·k3) = ρ·(log π −
-    log π_ref)·∇log π (∇ρ = ρ·∇log π, ∇k3 = (1 − π_ref/π)·∇log π), whose expectation under π_old is
-    E_π[(log π − log π_ref)·∇log π] = ∇KL(π‖π_ref): unbiased on- and off-policy. Even at ρ = 1 the gradient
-    differs from the plain term's (1 − π_ref/π)·∇log π, by k3·∇log π. At a sequence level ρ is the sequence's
-    (as in TRL), and the identity holds for the sequence's weight, not per token.
+    ``ℓ += β · ρ · k3`` with ρ the ratio above, gradient and all (the derivation: docs/grpo_variants.md, "The KL
+    term in the loss"); at a sequence level ρ is the sequence's, as in TRL.
 
     Args:
         logp, old_logp: ``(B, T)`` log-probs of the sampled tokens under the current / rollout policy.
@@ -309,10 +305,11 @@ def clipped_policy_loss(
         gate 4σ(1−σ) below ½; ``vespo``: φ(W) below ½. ``clip_ratio/low`` / ``clip_ratio/high``: ``clip`` ρ <
         1−ε_low with A < 0 / ρ > 1+ε_high with A > 0 (TRL grpo_trainer); ``cispo`` 0 / capped with A > 0 (TRL's
         ``cispo_clip_ratio``); ``sapo`` damped with ρ < 1 / ρ > 1, ``vespo`` damped with W < 1 / W > 1;
-        ``clip_ratio/region`` either; ``vespo_phi_mean`` (vespo) the mean φ(W) over the tokens. Under a sequence level a sequence's
-        tokens share its ratio, so these count the tokens of the sequences concerned. ``approx_kl`` = ½·mean((logp
-        − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used ``clip_ratio/dual`` (the −c·A cap
-        is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K; tests/core/test_losses.py.
+        ``clip_ratio/region`` either; ``vespo_phi_mean`` (vespo) the mean φ(W) over the tokens. Under a sequence
+        level a sequence's tokens share its ratio, so these count the tokens of the sequences concerned.
+        ``approx_kl`` = ½·mean((logp − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used
+        ``clip_ratio/dual`` (the −c·A cap is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K;
+        tests/core/test_losses.py.
     """
     kind, eps_high, dual_clip = objective.kind, objective.eps_high, objective.dual_clip
     logp = _neutral(logp, mask)
