@@ -16,48 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
 import torch
-from torch import Tensor
 
 from rlhf.core.choices import ImportanceLevel, LossAggregation, PolicyObjective
 from rlhf.core.kl import KLEstimator, kl_estimate
 from rlhf.core.masked import masked_mean, masked_sum, masked_var
 
 Denominator = int | float | torch.Tensor
-
-
-def _token_mean(per_token: Tensor, mask: Tensor, *, num_tokens: Denominator, **_: Denominator) -> Tensor:
-    # Σ_{i,t} ℓ·m / N_tokens — every token of the global batch weighs the same.
-    return masked_sum(per_token, mask) / num_tokens
-
-
-def _seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, **_: Denominator) -> Tensor:
-    # Σ_i (Σ_t ℓ·m / |o_i|) / N_seqs. |o_i| is local to the sequence, so splitting by sequences is exact.
-    # An empty row contributes 0 but still counts in N_seqs (TRL clamps |o_i| at 1).
-    lengths = mask.to(per_token.dtype).sum(-1).clamp(min=1)
-    return (masked_sum(per_token, mask, dim=-1) / lengths).sum() / num_seqs
-
-
-def _seq_mean_token_sum(per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, **_: Denominator) -> Tensor:
-    # Σ_{i,t} ℓ·m / N_seqs — longer sequences get proportionally more weight.
-    return masked_sum(per_token, mask) / num_seqs
-
-
-def _seq_mean_token_sum_norm(
-    per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, max_len: Denominator, **_: Denominator
-) -> Tensor:
-    # Σ_{i,t} ℓ·m / (N_seqs · L_max): a constant normaliser, no length bias (Dr. GRPO).
-    return masked_sum(per_token, mask) / (num_seqs * max_len)
-
-
-_AGGREGATORS: dict[LossAggregation, Callable[..., torch.Tensor]] = {
-    LossAggregation.TOKEN_MEAN: _token_mean,
-    LossAggregation.SEQ_MEAN_TOKEN_MEAN: _seq_mean_token_mean,
-    LossAggregation.SEQ_MEAN_TOKEN_SUM: _seq_mean_token_sum,
-    LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM: _seq_mean_token_sum_norm,
-}
 
 
 def aggregate(
@@ -86,13 +52,19 @@ def aggregate(
     place that owns the backward call. Source: TRL grpo_trainer L3124-3150 (``dapo`` uses the global
     ``num_items_in_batch``); torchtune PR #1875 ("(x1/n1)+(x2/n2) ≠ (x1+x2)/(n1+n2)").
     """
-    return _AGGREGATORS[LossAggregation(mode)](
-        per_token,
-        mask,
-        num_tokens=mask.to(per_token.dtype).sum() if num_tokens is None else num_tokens,
-        num_seqs=mask.shape[0] if num_seqs is None else num_seqs,
-        max_len=mask.shape[-1] if max_len is None else max_len,
-    )
+    mode = LossAggregation(mode)
+    num_seqs = mask.shape[0] if num_seqs is None else num_seqs
+    if mode == LossAggregation.TOKEN_MEAN:  # every token of the global batch weighs the same
+        return masked_sum(per_token, mask) / (mask.to(per_token.dtype).sum() if num_tokens is None else num_tokens)
+    if mode == LossAggregation.SEQ_MEAN_TOKEN_MEAN:
+        # |o_i| is local to the sequence, so splitting by sequences is exact. An empty row contributes 0 but still
+        # counts in N_seqs (TRL clamps |o_i| at 1).
+        lengths = mask.to(per_token.dtype).sum(-1).clamp(min=1)
+        return (masked_sum(per_token, mask, dim=-1) / lengths).sum() / num_seqs
+    if mode == LossAggregation.SEQ_MEAN_TOKEN_SUM:  # longer sequences get proportionally more weight
+        return masked_sum(per_token, mask) / num_seqs
+    # seq-mean-token-sum-norm: a constant normaliser, no length bias (Dr. GRPO)
+    return masked_sum(per_token, mask) / (num_seqs * (mask.shape[-1] if max_len is None else max_len))
 
 
 def _neutral(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
