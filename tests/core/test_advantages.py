@@ -8,7 +8,7 @@ import torch
 from rlhf.core.advantages import gae, whiten_advantages
 from rlhf.core.kl import kl_estimate, kl_shaped_rewards
 from rlhf.core.logprobs import INVALID_LOGPROB
-from rlhf.core.masked import masked_mean, masked_var, masked_whiten, whiten
+from rlhf.core.masked import masked_mean, masked_var, masked_whiten
 from rlhf.core.sequences import response_masks, score_index
 
 F64 = torch.float64
@@ -16,6 +16,11 @@ F64 = torch.float64
 
 def _t(x, dtype=F64) -> torch.Tensor:
     return torch.tensor(x, dtype=dtype)
+
+
+def whiten(x: torch.Tensor, shift_mean: bool, unbiased: bool) -> torch.Tensor:
+    """Whitening over every entry (OAI ``core.whiten``), as `masked_whiten` with nothing masked."""
+    return masked_whiten(x, torch.ones_like(x, dtype=torch.bool), shift_mean=shift_mean, unbiased=unbiased)
 
 
 def _close(actual: torch.Tensor, expected, rtol: float = 1e-9, atol: float = 1e-10) -> None:

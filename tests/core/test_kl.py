@@ -11,7 +11,6 @@ from rlhf.core.kl import (
     KLControl,
     KLEstimator,
     adaptive_kl_coef,
-    fixed_kl_coef,
     follow_,
     kl_estimate,
     kl_k1,
@@ -194,7 +193,7 @@ def test_adaptive_kl_trl_legacy_defaults():
 
 
 def test_fixed_kl_unchanged():
-    assert fixed_kl_coef(0.05, 100.0, 6.0, 10_000, 512) == 0.05
+    assert update_kl_coef("fixed", 0.05, 100.0, 6.0, 10_000, 512) == 0.05
     assert update_kl_coef(KLControl.FIXED, 0.05, 100.0, 6.0, 10_000, 512) == 0.05
     assert update_kl_coef("adaptive", 0.05, 100.0, 6.0, 10_000, 512) != 0.05
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf.core.logprobs import INVALID_LOGPROB, entropy_from_logits, selective_log_softmax, token_logprobs
+from rlhf.core.logprobs import INVALID_LOGPROB, entropy_from_logits, selective_log_softmax
 
 F64 = torch.float64
 
@@ -40,7 +40,7 @@ def _data(dtype=F64) -> tuple[torch.Tensor, torch.Tensor]:
 def _response(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
     """The response tokens' log-probs of ``query ⊕ response``: the logits at C−1+t predict token C+t (checklist item
     9), the slice `rlhf.models.policy.score_response_tokens` takes."""
-    return token_logprobs(logits[:, C - 1 : -1], ids[:, C:], temperature)
+    return selective_log_softmax(logits[:, C - 1 : -1], ids[:, C:], temperature)
 
 
 def test_response_logprobs_shift_t1():
@@ -52,7 +52,7 @@ def test_response_logprobs_shift_t1():
 def test_response_logprobs_off_by_one_is_wrong():
     logits, ids = _data()
     # The classic bug: logits[:, C:] paired with input_ids[:, C:] (same position instead of previous one).
-    wrong = token_logprobs(logits[:, C:], ids[:, C:], temperature=1.0)
+    wrong = selective_log_softmax(logits[:, C:], ids[:, C:], temperature=1.0)
     _close(wrong, [WRONG_OFF_BY_ONE])
     assert _differs(wrong, [CORRECT_T1])
 
@@ -75,7 +75,7 @@ def test_response_logprobs_float32():
     _close(out, [CORRECT_T07], rtol=1e-6, atol=1e-7)
 
 
-def test_token_logprobs_rejects_a_zero_temperature():
+def test_response_logprobs_reject_a_zero_temperature():
     logits, ids = _data()
     with pytest.raises(ValueError, match="temperature"):
         _response(logits, ids, 0.0)

@@ -10,10 +10,8 @@ from rlhf.core.sequences import (
     ScoreConvention,
     first_true_indices,
     penalize_missing_eos,
-    replace_missing_eos_score,
     response_masks,
     score_index,
-    subtract_missing_eos_penalty,
 )
 
 PAD, EOS = 0, 2
@@ -61,8 +59,6 @@ def test_missing_eos_penalty_variants():
     assert subtract.tolist() == [1.0, -0.5]  # TRL: 0.5 − 1
     assert replace.tolist() == [1.0, -1.0]  # OAI/N+: −1
     assert not torch.equal(subtract, replace)
-    assert torch.equal(subtract, subtract_missing_eos_penalty(scores, has_eos, 1.0))
-    assert torch.equal(replace, replace_missing_eos_score(scores, has_eos, 1.0))
     assert scores.tolist() == [1.0, 0.5]
     with pytest.raises(ValueError):
         penalize_missing_eos(scores, has_eos, "mask", 1.0)

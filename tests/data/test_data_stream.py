@@ -58,10 +58,6 @@ def test_columns_arrive_as_keyword_lists():
     batch = next(stream)
     assert batch.indices == [0, 1, 2, 3]
     assert batch.columns == {"answer": [None, 1, None, 3]}
-    half = batch.shard(1, 2)
-    assert half.indices == [1, 3] and half.columns == {"answer": [1, 3]} and half.texts == ["prompt 1", "prompt 3"]
-    with pytest.raises(ValueError, match="does not split evenly"):
-        batch.shard(0, 3)
 
 
 def test_resume_with_other_prompts_is_refused():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf.core.logprobs import token_logprobs
+from rlhf.core.logprobs import selective_log_softmax
 from rlhf.models.policy import ValueHead, disable_dropout, score_response_tokens
 
 
@@ -21,11 +21,11 @@ def test_logprobs_match_full_logits_reference(tiny_llama_dir):
     mask = torch.ones_like(ids)
     scored = score_response_tokens(model, ids, mask, response_length=4, temperature=0.7, with_entropy=True)
     full = model(ids).logits  # every position's logits; those at 4 … 7 predict the response tokens 5 … 8
-    expected = token_logprobs(full[:, 4:-1], ids[:, 5:], temperature=0.7)
+    expected = selective_log_softmax(full[:, 4:-1], ids[:, 5:], temperature=0.7)
     torch.testing.assert_close(scored.logprobs, expected, rtol=1e-5, atol=1e-6)
     assert scored.entropy.shape == (3, 4) and bool((scored.entropy > 0).all())
     # without the temperature the numbers differ: the test can tell the two apart
-    assert not torch.allclose(scored.logprobs, token_logprobs(full[:, 4:-1], ids[:, 5:], 1.0))
+    assert not torch.allclose(scored.logprobs, selective_log_softmax(full[:, 4:-1], ids[:, 5:], 1.0))
 
 
 def test_left_padding_does_not_change_logprobs(tiny_gpt2_dir, tokenizer):

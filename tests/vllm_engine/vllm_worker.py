@@ -9,7 +9,7 @@ import peft
 import torch
 
 from rlhf.config import ConfigError
-from rlhf.core.logprobs import token_logprobs
+from rlhf.core.logprobs import selective_log_softmax
 from rlhf.data import left_pad
 from rlhf.models.tiny import save_tiny, tiny_causal_lm, toy_corpus, train_tokenizer
 from rlhf.rollout.engine import SamplingParams, sample
@@ -25,7 +25,7 @@ def trainer_gap(policy, prompts, ids, logprobs, pad) -> float:
         with torch.no_grad():
             logits = policy(seq).logits.float()
             logits[..., pad] = float("-inf")
-            ours = token_logprobs(logits[:, len(prompt) - 1 : -1], seq[:, len(prompt) :], temperature=1.0)[0]
+            ours = selective_log_softmax(logits[:, len(prompt) - 1 : -1], seq[:, len(prompt) :], temperature=1.0)[0]
         worst = max(worst, (ours - torch.tensor(theirs)).abs().max().item())
     return worst
 

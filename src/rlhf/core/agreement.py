@@ -63,17 +63,15 @@ def fleiss_kappa(items: Sequence[Sequence[str]]) -> float | None:
     return None if math.isclose(p_e, 1.0) else (p_bar - p_e) / (1 - p_e)
 
 
-def pairwise_cohen(
-    labels: Mapping[str, Mapping[str, str]], min_overlap: int = 1
-) -> dict[tuple[str, str], tuple[int, float | None]]:
+def pairwise_cohen(labels: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], tuple[int, float | None]]:
     """Cohen's kappa of every two labellers over the items both labelled: ``{(x, y): (overlap, kappa)}``. ``labels`` is
-    labeller → item → label; pairs of labellers with fewer than ``min_overlap`` shared items are left out."""
+    labeller → item → label; pairs of labellers with no shared item are left out."""
     names = sorted(labels)
     out: dict[tuple[str, str], tuple[int, float | None]] = {}
     for i, x in enumerate(names):
         for y in names[i + 1 :]:
             shared = sorted(set(labels[x]) & set(labels[y]))
-            if len(shared) >= min_overlap:
+            if shared:
                 out[(x, y)] = (len(shared), cohen_kappa([labels[x][k] for k in shared], [labels[y][k] for k in shared]))
     return out
 

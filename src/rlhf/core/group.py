@@ -41,27 +41,6 @@ def _nan_std(x: torch.Tensor, valid: torch.Tensor, dim: int | tuple[int, ...]) -
     return torch.where(n > 1, var, torch.zeros_like(var)).sqrt()
 
 
-def _scale_group(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
-    return _nan_std(rewards, valid, dim=1) + eps
-
-
-def _scale_batch(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
-    # std of the raw rewards over all N·G samples (reference 2-J: 0.4438126823), not of the centred ones.
-    return _nan_std(rewards, valid, dim=(0, 1)) + eps
-
-
-def _scale_none(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
-    # No division and no eps: exactly r − mean_g (Dr. GRPO).
-    return torch.ones((1, 1), dtype=rewards.dtype, device=rewards.device)
-
-
-_SCALES: dict[RewardScale, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
-    RewardScale.GROUP: _scale_group,
-    RewardScale.BATCH: _scale_batch,
-    RewardScale.NONE: _scale_none,
-}
-
-
 def grpo_advantages(
     rewards: torch.Tensor, *, scale: RewardScale | str = RewardScale.GROUP, eps: float = 1e-4
 ) -> torch.Tensor:
@@ -75,7 +54,11 @@ def grpo_advantages(
     """
     valid = _valid(rewards)
     centred = rewards - _nan_mean(rewards, valid, dim=1)
-    adv = centred / _SCALES[RewardScale(scale)](rewards, valid, eps)
+    scale = RewardScale(scale)
+    if scale is RewardScale.NONE:  # no division and no eps: exactly r − mean_g (Dr. GRPO)
+        adv = centred
+    else:  # batch: the std of the raw rewards over all N·G samples, not the centred ones' (reference 2-J: 0.4438126823)
+        adv = centred / (_nan_std(rewards, valid, dim=1 if scale is RewardScale.GROUP else (0, 1)) + eps)
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 

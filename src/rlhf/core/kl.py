@@ -77,11 +77,6 @@ def kl_shaped_rewards(
     return rewards, non_score_reward
 
 
-def fixed_kl_coef(coef: float, observed_kl: float, target: float, horizon: float, n_steps: int) -> float:
-    """β unchanged; the other arguments are accepted so both controllers share one signature."""
-    return coef
-
-
 def adaptive_kl_coef(coef: float, observed_kl: float, target: float, horizon: float, n_steps: int) -> float:
     """Proportional controller of Ziegler et al. 2019, eq. (2).
 
@@ -95,17 +90,13 @@ def adaptive_kl_coef(coef: float, observed_kl: float, target: float, horizon: fl
     return coef * (1.0 + error * n_steps / horizon)
 
 
-KL_CONTROLLERS: dict[KLControl, Callable[[float, float, float, float, int], float]] = {
-    KLControl.FIXED: fixed_kl_coef,
-    KLControl.ADAPTIVE: adaptive_kl_coef,
-}
-
-
 def update_kl_coef(
     kind: KLControl | str, coef: float, observed_kl: float, target: float, horizon: float, n_steps: int
 ) -> float:
-    """Next β from the ``kind`` controller (see ``adaptive_kl_coef`` for the arguments)."""
-    return KL_CONTROLLERS[KLControl(kind)](coef, observed_kl, target, horizon, n_steps)
+    """Next β from the ``kind`` controller: ``fixed`` keeps it, ``adaptive`` is `adaptive_kl_coef` (its arguments)."""
+    if KLControl(kind) is KLControl.FIXED:
+        return coef
+    return adaptive_kl_coef(coef, observed_kl, target, horizon, n_steps)
 
 
 @torch.no_grad()

@@ -1,8 +1,11 @@
 """Per-token log-probabilities and entropy from language-model logits.
 
 Shapes: ``B`` sequences, ``C`` query (context) tokens, ``T`` response tokens, ``V`` vocabulary.
-Logits at position ``i`` predict token ``i + 1`` (checklist item 9), and log-probs are taken from the
-temperature-scaled distribution the tokens were sampled from (item 10).
+Logits at position ``i`` predict token ``i + 1`` (checklist item 9): of ``query ⊕ response`` with C query tokens,
+``logits[:, C-1:-1]`` pairs with ``input_ids[:, C:]`` (OAI ``policy.py`` L119-125; N+ ``ppo.py`` L640, L732-737; TRL
+``ppo_trainer.py`` L712-713, GRPO ``grpo_trainer.py`` L1514-1521), the slice `rlhf.models.policy.score_response_tokens`
+takes. Log-probs are taken from the temperature-scaled distribution the tokens were sampled from (item 10), τ exactly
+as given (TRL's ``+1e-7`` is not added). Reference vectors 2-A.
 
 Memory: a ``(B, T, V)`` float32 log-softmax copy is the largest tensor of a PPO step for big vocabularies,
 so nothing here materialises one; work is done ``chunk_rows`` rows of ``V`` at a time.
@@ -73,22 +76,6 @@ def selective_log_softmax(
         scaled = rows / temperature if temperature != 1.0 else rows
         pieces.append(scaled.gather(-1, idx).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
     return torch.cat(pieces).reshape(index.shape)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of ``tokens`` under already-aligned ``logits`` at sampling temperature τ.
-
-    Shapes: ``logits (B, T, V)`` where ``logits[:, t]`` predicts ``tokens[:, t]``; ``tokens (B, T)`` → ``(B, T)``.
-
-        logp[b, t] = log softmax(logits[b, t] / τ)[tokens[b, t]]
-
-    The caller slices: logits at position i predict token i+1, so of ``query ⊕ response`` with C query tokens
-    ``logits[:, C-1:-1]`` pairs with ``input_ids[:, C:]`` (OAI ``policy.py`` L119-125; N+ ``ppo.py`` L640,
-    L732-737; TRL ``ppo_trainer.py`` L712-713, GRPO ``grpo_trainer.py`` L1514-1521), as
-    `rlhf.models.policy.score_response_tokens` does. τ is used exactly as given: TRL's ``+1e-7`` is not added.
-    Reference vectors 2-A.
-    """
-    return selective_log_softmax(logits, tokens, temperature=temperature)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 256) -> torch.Tensor:

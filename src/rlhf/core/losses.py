@@ -16,48 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
 import torch
-from torch import Tensor
 
 from rlhf.core.choices import ImportanceLevel, LossAggregation, PolicyObjective
 from rlhf.core.kl import KLEstimator, kl_estimate
 from rlhf.core.masked import masked_mean, masked_sum, masked_var
 
 Denominator = int | float | torch.Tensor
-
-
-def _token_mean(per_token: Tensor, mask: Tensor, *, num_tokens: Denominator, **_: Denominator) -> Tensor:
-    # Σ_{i,t} ℓ·m / N_tokens — every token of the global batch weighs the same.
-    return masked_sum(per_token, mask) / num_tokens
-
-
-def _seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, **_: Denominator) -> Tensor:
-    # Σ_i (Σ_t ℓ·m / |o_i|) / N_seqs. |o_i| is local to the sequence, so splitting by sequences is exact.
-    # An empty row contributes 0 but still counts in N_seqs (TRL clamps |o_i| at 1).
-    lengths = mask.to(per_token.dtype).sum(-1).clamp(min=1)
-    return (masked_sum(per_token, mask, dim=-1) / lengths).sum() / num_seqs
-
-
-def _seq_mean_token_sum(per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, **_: Denominator) -> Tensor:
-    # Σ_{i,t} ℓ·m / N_seqs — longer sequences get proportionally more weight.
-    return masked_sum(per_token, mask) / num_seqs
-
-
-def _seq_mean_token_sum_norm(
-    per_token: Tensor, mask: Tensor, *, num_seqs: Denominator, max_len: Denominator, **_: Denominator
-) -> Tensor:
-    # Σ_{i,t} ℓ·m / (N_seqs · L_max): a constant normaliser, no length bias (Dr. GRPO).
-    return masked_sum(per_token, mask) / (num_seqs * max_len)
-
-
-_AGGREGATORS: dict[LossAggregation, Callable[..., torch.Tensor]] = {
-    LossAggregation.TOKEN_MEAN: _token_mean,
-    LossAggregation.SEQ_MEAN_TOKEN_MEAN: _seq_mean_token_mean,
-    LossAggregation.SEQ_MEAN_TOKEN_SUM: _seq_mean_token_sum,
-    LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM: _seq_mean_token_sum_norm,
-}
 
 
 def aggregate(
@@ -86,13 +52,19 @@ def aggregate(
     place that owns the backward call. Source: TRL grpo_trainer L3124-3150 (``dapo`` uses the global
     ``num_items_in_batch``); torchtune PR #1875 ("(x1/n1)+(x2/n2) ≠ (x1+x2)/(n1+n2)").
     """
-    return _AGGREGATORS[LossAggregation(mode)](
-        per_token,
-        mask,
-        num_tokens=mask.to(per_token.dtype).sum() if num_tokens is None else num_tokens,
-        num_seqs=mask.shape[0] if num_seqs is None else num_seqs,
-        max_len=mask.shape[-1] if max_len is None else max_len,
-    )
+    mode = LossAggregation(mode)
+    num_seqs = mask.shape[0] if num_seqs is None else num_seqs
+    if mode == LossAggregation.TOKEN_MEAN:  # every token of the global batch weighs the same
+        return masked_sum(per_token, mask) / (mask.to(per_token.dtype).sum() if num_tokens is None else num_tokens)
+    if mode == LossAggregation.SEQ_MEAN_TOKEN_MEAN:
+        # |o_i| is local to the sequence, so splitting by sequences is exact. An empty row contributes 0 but still
+        # counts in N_seqs (TRL clamps |o_i| at 1).
+        lengths = mask.to(per_token.dtype).sum(-1).clamp(min=1)
+        return (masked_sum(per_token, mask, dim=-1) / lengths).sum() / num_seqs
+    if mode == LossAggregation.SEQ_MEAN_TOKEN_SUM:  # longer sequences get proportionally more weight
+        return masked_sum(per_token, mask) / num_seqs
+    # seq-mean-token-sum-norm: a constant normaliser, no length bias (Dr. GRPO)
+    return masked_sum(per_token, mask) / (num_seqs * (mask.shape[-1] if max_len is None else max_len))
 
 
 def _neutral(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -260,34 +232,30 @@ def clipped_policy_loss(
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy's surrogate loss per token — PPO's clip, CISPO's clipped weight, SAPO's soft gate or VESPO's
-    sequence kernel — on token or sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term.
+    sequence kernel — on token or sequence ratios (GSPO), optionally dual-clipped, weighted and with a KL term. Why
+    each, and where it differs from TRL and verl: docs/grpo_variants.md.
 
     ``ρ = exp(log ρ)`` with ``log ρ`` from :func:`importance_log_ratio` at ``importance_level``. By ``objective``:
 
     - ``clip``: ``pg1 = −A·ρ``; ``pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``; ``ℓ = max(pg1, pg2)`` (= −min(ρA,
       clip(ρ)A), TRL's ``coef_1``/``coef_2`` form); dual clip (Ye et al. 2020, c > 1): for A < 0,
       ``ℓ = min(ℓ, −c·A)`` (caps the loss of a very large ratio on a negative advantage; verl clip_ratio_c).
-    - ``cispo`` (the MiniMax-M1 report, 2025, arXiv 2506.13585): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``; no lower
-      bound (the paper sets ε_low so large it never acts; TRL caps at ``epsilon_high`` = our 1 + ε_high). Its
-      gradient ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
+    - ``cispo`` (the MiniMax-M1 report, 2025, arXiv 2506.13585): ``ℓ = −sg(min(ρ, 1+ε_high))·A·log π``, no lower
+      bound; its gradient ``−w·A·∇log π`` reaches every token, the capped ones with weight 1+ε_high.
     - ``sapo`` (Soft Adaptive Policy Optimization, 2025, arXiv 2511.20347): ``ℓ = −(4/τ)·σ(τ(ρ−1))·A``,
       τ = ``sapo_temperatures[0]`` for A > 0 else ``[1]``.
     - ``vespo`` (Variational Sequence-level Soft Policy Optimization, 2026, arXiv 2602.10693):
-      ``ℓ = −sg(φ(W))·A·log π`` with ``W = Π_t ρ_t`` the sequence's ratio (the product of its token ratios, whatever
-      ``importance_level``: only ``token`` is accepted) and ``φ(W) = e^λ·W^k·e^{−λW}`` (φ(1) = 1), (k, λ) =
-      ``vespo_kernels[0]`` where A ≥ 0, else ``[1]``. Its gradient ``−φ(W)·A·∇log π``: the policy gradient, damped
-      smoothly for sequences whose ratio has moved far either way.
+      ``ℓ = −sg(φ(W))·A·log π`` with ``W = Π_t ρ_t`` the product of the sequence's token ratios (``importance_level``
+      ``token`` only) and ``φ(W) = e^λ·W^k·e^{−λW}`` (φ(1) = 1), (k, λ) = ``vespo_kernels[0]`` where A ≥ 0, else
+      ``[1]``.
 
     Then the weights w (the sampler correction, `rlhf.core.mismatch.importance_weights`, and the entropy and
     off-policy masks): ``ℓ = w·ℓ``, before the KL term (TRL's order); KL in the loss (GRPO): ``ℓ += β · k3``,
     ``k3 = exp(ref − logp) − (ref − logp) − 1`` (Schulman's k3, via ``rlhf.core.kl``; TRL grpo_trainer
-    L3069-3076). Its gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40);
+    L3069-3076), whose gradient is not the gradient of reverse KL off-policy (trl#3025, #4637; checklist item 40).
     ``kl_bias_correction`` (DeepSeek-V3.2, arXiv 2512.02556; TRL's ``use_bias_correction_kl``) makes it so:
-    ``ℓ += β · ρ · k3`` with ρ the ratio above, gradient and all. At the token level ∇(ρ·k3) = ρ·(log π −
-    log π_ref)·∇log π (∇ρ = ρ·∇log π, ∇k3 = (1 − π_ref/π)·∇log π), whose expectation under π_old is
-    E_π[(log π − log π_ref)·∇log π] = ∇KL(π‖π_ref): unbiased on- and off-policy. Even at ρ = 1 the gradient
-    differs from the plain term's (1 − π_ref/π)·∇log π, by k3·∇log π. At a sequence level ρ is the sequence's
-    (as in TRL), and the identity holds for the sequence's weight, not per token.
+    ``ℓ += β · ρ · k3`` with ρ the ratio above, gradient and all (the derivation: docs/grpo_variants.md, "The KL
+    term in the loss"); at a sequence level ρ is the sequence's, as in TRL.
 
     Args:
         logp, old_logp: ``(B, T)`` log-probs of the sampled tokens under the current / rollout policy.
@@ -309,10 +277,11 @@ def clipped_policy_loss(
         gate 4σ(1−σ) below ½; ``vespo``: φ(W) below ½. ``clip_ratio/low`` / ``clip_ratio/high``: ``clip`` ρ <
         1−ε_low with A < 0 / ρ > 1+ε_high with A > 0 (TRL grpo_trainer); ``cispo`` 0 / capped with A > 0 (TRL's
         ``cispo_clip_ratio``); ``sapo`` damped with ρ < 1 / ρ > 1, ``vespo`` damped with W < 1 / W > 1;
-        ``clip_ratio/region`` either; ``vespo_phi_mean`` (vespo) the mean φ(W) over the tokens. Under a sequence level a sequence's
-        tokens share its ratio, so these count the tokens of the sequences concerned. ``approx_kl`` = ½·mean((logp
-        − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used ``clip_ratio/dual`` (the −c·A cap
-        is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K; tests/core/test_losses.py.
+        ``clip_ratio/region`` either; ``vespo_phi_mean`` (vespo) the mean φ(W) over the tokens. Under a sequence
+        level a sequence's tokens share its ratio, so these count the tokens of the sequences concerned.
+        ``approx_kl`` = ½·mean((logp − old_logp)²) of the token log-ratios (OAI L360, TRL L857), and when used
+        ``clip_ratio/dual`` (the −c·A cap is active) and ``kl`` (mean k3). Vectors: reference 2-E, 2-K;
+        tests/core/test_losses.py.
     """
     kind, eps_high, dual_clip = objective.kind, objective.eps_high, objective.dual_clip
     logp = _neutral(logp, mask)

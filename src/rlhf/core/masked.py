@@ -38,19 +38,13 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return var * n / (n - 1) if unbiased else var
 
 
-def whiten(x: torch.Tensor, shift_mean: bool = True, unbiased: bool = False, eps: float = 1e-8) -> torch.Tensor:
-    """(x − μ)/sqrt(σ² + eps), over all entries; with ``shift_mean=False`` the mean is added back. ``shift_mean=False``
-    rescales but keeps the mean (OAI reward whitening). eps sits inside the square root, as in OAI ``core.whiten`` and
-    TRL ``masked_whiten``. Vectors: reference Part 2-D."""
-    return masked_whiten(x, torch.ones_like(x, dtype=torch.bool), shift_mean=shift_mean, unbiased=unbiased, eps=eps)
-
-
 def masked_whiten(
     x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, unbiased: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
-    """Whiten ``x`` with mean and variance taken over the masked entries only. Every entry is transformed, masked ones
-    included (reference 2-D: the 100s become 51.58): callers zero-fill padding afterwards. ``unbiased`` defaults to True
-    as in TRL; OAI and N+ use the population variance."""
+    """``(x − μ)/sqrt(σ² + eps)`` with the masked entries' mean and variance (eps inside the root, as in OAI
+    ``core.whiten`` and TRL ``masked_whiten``); ``shift_mean=False`` adds the mean back (OAI reward whitening). Every
+    entry is transformed, masked ones included (reference 2-D: the 100s become 51.58): callers zero-fill padding
+    afterwards. ``unbiased`` defaults to True as in TRL; OAI and N+ use the population variance."""
     mean = masked_mean(x, mask)
     var = masked_var(x, mask, unbiased=unbiased)
     whitened = (x - mean) * torch.rsqrt(var + eps)

@@ -7,7 +7,6 @@ id, never the EOS/stop id (checklist item 1). Conventions follow TRL ``experimen
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -62,58 +61,32 @@ def response_masks(post_responses: torch.Tensor, pad_token_id: int) -> ResponseM
     )
 
 
-def replace_missing_eos_score(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
-    """score ← −``penalty`` where the response lacks the stop token (OAI/N+ ``penalty_reward_value`` = −1). Shapes:
-    ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` with 1."""
-    return torch.where(has_eos, scores, torch.full_like(scores, -penalty))
-
-
-def subtract_missing_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor, penalty: float) -> torch.Tensor:
-    """score ← score − ``penalty`` where the response lacks the stop token (TRL ``missing_eos_penalty``, e.g. 1).
-    Shapes: ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −0.5]`` with 1."""
-    return torch.where(has_eos, scores, scores - penalty)
-
-
-MISSING_EOS_PENALTIES: dict[MissingEosPenalty, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
-    MissingEosPenalty.REPLACE: replace_missing_eos_score,
-    MissingEosPenalty.SUBTRACT: subtract_missing_eos_penalty,
-}
-
-
 def penalize_missing_eos(
     scores: torch.Tensor, has_eos: torch.Tensor, kind: MissingEosPenalty | str, penalty: float
 ) -> torch.Tensor:
-    """Apply the ``kind`` missing-EOS penalty of size ``penalty`` ≥ 0: ``"replace"`` makes the score −penalty
-    (OAI: 1), ``"subtract"`` takes penalty off it (TRL: 1.0). A NaN score (not scored) stays NaN: there is no
-    score to penalise. Shapes: ``(B,)`` → ``(B,)``.
+    """Apply the ``kind`` missing-EOS penalty of size ``penalty`` ≥ 0 where ``has_eos`` is False: ``"replace"`` makes
+    the score −penalty (OAI/N+ ``penalty_reward_value`` = −1), ``"subtract"`` takes penalty off it (TRL
+    ``missing_eos_penalty``, e.g. 1.0). A NaN score (not scored) stays NaN: there is no score to penalise. Shapes:
+    ``scores (B,)``, ``has_eos (B,)`` bool → ``(B,)``. Vector 2-B: ``[1, 0.5] → [1, −1]`` (replace) or
+    ``[1, −0.5]`` (subtract) with 1.
     """
     if penalty < 0:
         raise ValueError(f"missing-EOS penalty must be >= 0 (its size), got {penalty}")
-    penalized = MISSING_EOS_PENALTIES[MissingEosPenalty(kind)](scores, has_eos, penalty)
+    if MissingEosPenalty(kind) is MissingEosPenalty.REPLACE:
+        penalized = torch.where(has_eos, scores, torch.full_like(scores, -penalty))
+    else:
+        penalized = torch.where(has_eos, scores, scores - penalty)
     return torch.where(scores.isnan(), scores, penalized)
-
-
-def score_index_after_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:
-    """First PAD after the EOS when there is room, else the last token: ``where(seq+1 < T, seq+1, seq)``. Shapes:
-    ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C2: seq ``[2, 4]``, T=5 → ``[3, 4]``."""
-    return torch.where(sequence_lengths + 1 < response_length, sequence_lengths + 1, sequence_lengths)
-
-
-def score_index_eos(sequence_lengths: torch.Tensor, response_length: int) -> torch.Tensor:
-    """The EOS / last real token itself: ``seq_len`` (clamped to 0 for an empty response so it is a valid index).
-    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. Vector 2-C3: seq ``[2, 4]`` → ``[2, 4]``."""
-    return sequence_lengths.clamp(min=0)
-
-
-SCORE_INDICES: dict[ScoreConvention, Callable[[torch.Tensor, int], torch.Tensor]] = {
-    ScoreConvention.AFTER_EOS: score_index_after_eos,
-    ScoreConvention.EOS: score_index_eos,
-}
 
 
 def score_index(
     sequence_lengths: torch.Tensor, response_length: int, convention: ScoreConvention | str
 ) -> torch.Tensor:
-    """Response index where the terminal score is added, per ``convention``. Shapes: ``(B,)`` → ``(B,)`` long. The two
-    conventions give different advantages (reference 2-C2 vs 2-C3; trl#1893, trl#3750)."""
-    return SCORE_INDICES[ScoreConvention(convention)](sequence_lengths, response_length)
+    """Response index where the terminal score is added, per ``convention``: ``after_eos``, the first PAD after the
+    EOS when there is room, else the last token (vector 2-C2: seq ``[2, 4]``, T=5 → ``[3, 4]``); ``eos``, the EOS /
+    last real token itself, clamped to 0 for an empty response so it is a valid index (vector 2-C3: → ``[2, 4]``).
+    Shapes: ``sequence_lengths (B,)`` → ``(B,)`` long. The two conventions give different advantages (reference 2-C2
+    vs 2-C3; trl#1893, trl#3750)."""
+    if ScoreConvention(convention) is ScoreConvention.EOS:
+        return sequence_lengths.clamp(min=0)
+    return torch.where(sequence_lengths + 1 < response_length, sequence_lengths + 1, sequence_lengths)

@@ -229,19 +229,15 @@ def turn_spans(
 ) -> tuple[list[int], list[tuple[int, int]]]:
     """The ids of the whole conversation, the text the model reads when it writes the last turn, and where each
     assistant message lies in them: ``(begin, end)``, what the model writes for it (its think block, content and
-    tool calls, through its end-of-turn token: the last eos, else the last special token, e.g. Gemma's
-    ``<end_of_turn>``).
+    tool calls, through its end-of-turn token: `_end_of_turn`).
 
     The template renders ``messages[:i]`` with the generation prompt and ``messages[:i+1]`` without, and the tokens
-    the second adds are what the model writes for message ``i``. The first place after the previous turn where the
-    generation prompt (or the bare role header, where the history omits what the prompt adds, such as the empty
-    think block of Qwen3's ``enable_thinking: false``) is followed by those tokens, or by a tail of them, is the
-    turn. A tail because a template may drop the start of a turn from the history: Qwen3 keeps a think block in the
-    history only for a turn after the last user query that has a ``reasoning_content`` (the empty one only in the
-    last turn), so an earlier turn is trained as the history shows it (``docs/episodes.md``, "SFT on
-    conversations"). The last turn is checked to be exactly the generation prompt's continuation. `Problem`, naming
-    the message (and the known causes), when a turn does not continue its own generation prompt or is not found in
-    the conversation as such a tail."""
+    the second adds are what the model writes for message ``i``; the turn is the first place after the previous one
+    where the generation prompt (or the bare role header) is followed by those tokens, or by a tail of them (`_find`).
+    Why a tail, and the templates that need it (Qwen3's think blocks): ``docs/episodes.md``, "SFT on conversations".
+    The last turn is checked to be exactly the generation prompt's continuation. `Problem`, naming the message (and
+    the known causes), when a turn does not continue its own generation prompt or is not found in the conversation
+    as such a tail."""
     ids = encode(tokenizer, messages, add_generation_prompt=False, tools=tools)
     turns = [_turn(tokenizer, messages, i, tools, marks) for i, m in enumerate(messages) if m["role"] == "assistant"]
     spans = [(0, 0)]

@@ -50,16 +50,6 @@ class PromptBatch:
             indices=list(indices),
         )
 
-    def shard(self, rank: int, world_size: int) -> PromptBatch:
-        """This rank's share of a global batch: rows ``rank, rank + world_size, ...``."""
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if len(self) % world_size:
-            raise ValueError(f"a batch of {len(self)} prompts does not split evenly over {world_size} ranks")
-        rows = slice(rank, None, world_size)
-        columns = {k: v[rows] for k, v in self.columns.items()}
-        return PromptBatch(self.texts[rows], self.input_ids[rows], columns, self.messages[rows], self.indices[rows])
-
 
 @functools.lru_cache(maxsize=2)  # a batch may straddle two epochs
 def _permutation(n: int, key: str) -> tuple[int, ...]:

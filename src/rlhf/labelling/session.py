@@ -278,8 +278,6 @@ def _existing(out: Path, pairs: PairFile) -> list:
         if "holds no records" in str(error):
             return []
         raise ConfigError(f"--out {out} exists but is not a labels file this command can continue: {error}") from None
-    if not records:
-        return records
     first = records[0].data
     if first.get("kind") != "session":
         raise ConfigError(

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from rlhf.core.kl import follow_
-from rlhf.core.logprobs import entropy_from_logits, token_logprobs
+from rlhf.core.logprobs import entropy_from_logits, selective_log_softmax
 from rlhf.data.collate import position_ids_from_mask
 
 
@@ -121,7 +121,7 @@ def score_response_tokens(
     out = model(**kwargs)
     logits = out.logits[:, -(T + 1) : -1]  # (B, T, V): positions C−1 … L−2
     # ids, not input_ids: a padded response position holds 0, which any vocabulary has, whatever the pad id
-    logprobs = token_logprobs(logits, ids[:, -T:], temperature)
+    logprobs = selective_log_softmax(logits, ids[:, -T:], temperature)
     values = None if value_head is None else value_head(out.hidden_states[-1][:, -(T + 1) : -1]).float()
     entropy = None
     if with_entropy:
