@@ -1,17 +1,10 @@
 """``rlhf demo``: the whole RLHF pipeline on the advice task (`rlhf.demo.task`), offline, on a CPU; what it shows and
 measures: the README's opening section.
 
-Stages, numbered as in `_stages`, each in its own directory under ``output_dir`` (the trainers through their public
-runners, each config written beside it as ``<command>.yaml``): 1 ``pretrain/`` (`pretrain`) → 2 ``sft/`` on mostly
-unhelpful demonstrations (`Preset.sft_mix`) → 3 ``sample/``: k candidates per prompt → 4 ``label/``: the gold judge
-labels every pair (`label`) → 5 ``rm/``: an ensemble of reward models from the pretrained LM (member 0 is the reward
-model of every later stage), and ``dpo/`` from the SFT model on the very pairs the reward models saw → 6 ``ppo/``,
-``ppo_no_kl/`` (β = 0: what the KL leash is for) and ``ppo_no_kl_ensemble/`` (β = 0 against the ensemble) → 7
-``grpo/`` → 8 ``eval/``: best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge
-deciding (``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
-
-``summary.json`` is computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`);
-``report.html`` (`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it)."""
+Each stage of `STAGES` (numbered and explained in `_stages`) runs in its own directory under ``output_dir``, the
+trainers through their public runners, each config written beside it as ``<command>.yaml``. ``summary.json`` is
+computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`); ``report.html``
+(`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it)."""
 
 from __future__ import annotations
 
@@ -206,7 +199,7 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     train_prompts, eval_prompts = task.split_prompts(config.seed)
     # 1. tokenizer + tiny Llama pretrained on the corpus
     script.paths["pretrain"] = script.stage("pretrain", pretrain, out / "pretrain", train_prompts, preset, config)
-    # 2. SFT on mixed-quality demonstrations
+    # 2. SFT on mixed-quality demonstrations, mostly unhelpful ones (`Preset.sft_mix`)
     sft_data = _write_data(script, train_prompts, eval_prompts)
     script.trained("sft", "pretrain", {"epochs": preset.sft_epochs}, sft_data, {"learning_rate": 3e-3})
     # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
