@@ -1,17 +1,10 @@
 """``rlhf demo``: the whole RLHF pipeline on the advice task (`rlhf.demo.task`), offline, on a CPU; what it shows and
 measures: the README's opening section.
 
-Stages, numbered as in `_stages`, each in its own directory under ``output_dir`` (the trainers through their public
-runners, each config written beside it as ``<command>.yaml``): 1 ``pretrain/`` (`pretrain`) → 2 ``sft/`` on mostly
-unhelpful demonstrations (`Preset.sft_mix`) → 3 ``sample/``: k candidates per prompt → 4 ``label/``: the gold judge
-labels every pair (`label`) → 5 ``rm/``: an ensemble of reward models from the pretrained LM (member 0 is the reward
-model of every later stage), and ``dpo/`` from the SFT model on the very pairs the reward models saw → 6 ``ppo/``,
-``ppo_no_kl/`` (β = 0: what the KL leash is for) and ``ppo_no_kl_ensemble/`` (β = 0 against the ensemble) → 7
-``grpo/`` → 8 ``eval/``: best-of-N, DPO, PPO and GRPO against the SFT model on the held-out prompts, the gold judge
-deciding (``judge: rlhf.demo.task:gold``), with the KL of each one's answers from the SFT reference.
-
-``summary.json`` is computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`);
-``report.html`` (`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it)."""
+Each stage of `STAGES` (numbered and explained in `_stages`) runs in its own directory under ``output_dir``, the
+trainers through their public runners, each config written beside it as ``<command>.yaml``. ``summary.json`` is
+computed from those outputs only (`summarize`, its ``methods`` table `compare_methods`); ``report.html``
+(`rlhf.report.demo`) from the same files (``rlhf report OUTPUT_DIR`` rebuilds it)."""
 
 from __future__ import annotations
 
@@ -42,9 +35,8 @@ ENSEMBLE_OBJECTIVE = "uwo"
 the demo's bases in docs/ensembles.md."""
 
 MAX_LENGTH = 128
-"""``data.max_length`` of sft, rm and dpo: the tiny model's positions. The task's longest demonstration is about 75
-tokens (prompt and response, small preset), so every example is trained on whole; batches pad to their own
-longest row, so the room costs nothing."""
+"""``data.max_length`` of sft, rm and dpo: the tiny model's positions, so every example is trained on whole
+(docs/ppo_study.md, finding 1); batches pad to their own longest row, so the room costs nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +143,7 @@ class _Script:
 
     def __init__(self, config: DemoConfig, out: Path):
         self.config, self.out, self.preset = config, out, PRESETS[config.preset]
-        self.data, self.labelled = out / "data", out / "label"
+        self.data = out / "data"
         self.seconds: dict[str, float] = {}
         self.paths: dict[str, Path] = {}
         self.quiet = {"seed": config.seed, "progress": config.progress}
@@ -194,8 +186,7 @@ class _Script:
             rewards.append({"source": ensemble_source, "name": "ensemble", "weight": 0.0})
         data = {"train": str(self.data / "prompts.jsonl"), "eval": str(self.data / "eval_prompts.jsonl")}
         reward = {"source": rewards, "ensemble": {"objective": ENSEMBLE_OBJECTIVE}}
-        fields = {"reward": reward, "sampling": self.sampling}
-        fields["run"] = self.run | {"eval_every": self.preset.eval_every}
+        fields = {"reward": reward, "sampling": self.sampling, "run": self.run | {"eval_every": self.preset.eval_every}}
         optim = {"learning_rate": learning_rate, "scheduler": "constant"}
         self.trained(name, "sft", algorithm, data, optim, batch_size, kl={"coef": kl_coef}, **fields)
 
@@ -208,16 +199,16 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     train_prompts, eval_prompts = task.split_prompts(config.seed)
     # 1. tokenizer + tiny Llama pretrained on the corpus
     script.paths["pretrain"] = script.stage("pretrain", pretrain, out / "pretrain", train_prompts, preset, config)
-    # 2. SFT on mixed-quality demonstrations
+    # 2. SFT on mixed-quality demonstrations, mostly unhelpful ones (`Preset.sft_mix`)
     sft_data = _write_data(script, train_prompts, eval_prompts)
     script.trained("sft", "pretrain", {"epochs": preset.sft_epochs}, sft_data, {"learning_rate": 3e-3})
     # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
     samples = _sample_configs(script)
     script.stage("sample", lambda: [sample.run(cfg) for cfg in samples])
     # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
-    labels = script.stage("label", label, out / "sample", script.labelled, config.seed)
+    labelled = out / "label"
+    labels = script.stage("label", label, out / "sample", labelled, config.seed)
     # 5. reward models from the pretrained LM, an ensemble differing by seed; they only ever see the labels
-    labelled = script.labelled
     pairs = {"train": str(labelled / "preferences.jsonl"), "eval": str(labelled / "eval_preferences.jsonl")}
     pairs["max_length"] = MAX_LENGTH
     rm = {"epochs": preset.rm_epochs, "ensemble": preset.rm_members}
@@ -229,10 +220,8 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     ppo_algorithm = {"steps": config.steps or preset.ppo_steps, "num_minibatches": 2, "epochs": 4}
     script.rl("ppo", preset.ppo_learning_rate, preset.kl_coef, preset.ppo_batch, **ppo_algorithm)
     # PPO without the KL leash (β = 0): the reward model gets exploited, and the gold monitor shows it. It keeps the
-    # shared critic, whose value loss also moves the policy's trunk, so nothing but the leash holds the policy
-    # near the reference: with β = 0.2 the same run was healthy on all 10 runs of docs/ppo_study.md (its row
-    # "shared_critic"), with β = 0 every one over-optimised (KL 33-159). With the default critic (separate, started from
-    # the reward model) a β = 0 run drifts too slowly (KL ≈ 13 after 60 steps) to show it within the demo.
+    # shared critic, whose value loss also moves the policy's trunk: with the default separate critic a β = 0 run drifts
+    # too slowly to show it within the demo (docs/ppo_study.md, finding 2 and its row "shared_critic").
     script.rl("ppo_no_kl", preset.ppo_learning_rate, 0.0, preset.ppo_batch, **ppo_algorithm, critic="shared")
     # The same unleashed run against the ensemble, optimised conservatively (docs/ensembles.md)
     no_kl = {**ppo_algorithm, "critic": "shared", "ensemble": True}
@@ -252,12 +241,11 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
 def _write_data(script: _Script, train_prompts: list[str], eval_prompts: list[str]) -> dict[str, Any]:
     """The prompt files of the later stages and SFT's demonstrations; returns SFT's data section."""
     preset, data = script.preset, script.data
-    rm_eval_prompts = eval_prompts[preset.eval_prompts :] or eval_prompts
     for name, prompts in (
         ("prompts", train_prompts),
         ("eval_prompts", eval_prompts[: preset.eval_prompts]),
         ("sample_prompts", train_prompts[: preset.sample_prompts]),
-        ("rm_eval_prompts", rm_eval_prompts),
+        ("rm_eval_prompts", eval_prompts[preset.eval_prompts :] or eval_prompts),
     ):
         _write_jsonl(data / f"{name}.jsonl", [{"prompt": p} for p in prompts])
     rng = random.Random(script.config.seed)
@@ -349,9 +337,9 @@ def label(sample_dir: Path, out: Path, seed: int) -> dict[str, float]:
     accuracy is its agreement with the truth). Ties (equal text or gold score) and empty responses are skipped."""
     rng = random.Random(seed + 2)
     stats: dict[str, float] = {}
-    for source, target, noisy in (
-        ("candidates.jsonl", "preferences.jsonl", True),
-        ("eval_candidates.jsonl", "eval_preferences.jsonl", False),
+    for source, target, kind in (
+        ("candidates.jsonl", "preferences.jsonl", "train"),
+        ("eval_candidates.jsonl", "eval_preferences.jsonl", "eval"),
     ):
         rows, agree = [], 0
         for record in read_jsonl(sample_dir / source):
@@ -360,7 +348,7 @@ def label(sample_dir: Path, out: Path, seed: int) -> dict[str, float]:
                 score_a, score_b = task.gold_score(prompt, a), task.gold_score(prompt, b)
                 if a == b or score_a == score_b or not a.strip() or not b.strip():
                     continue
-                if noisy:
+                if kind == "train":
                     row = task.gold_label((prompt, a, b), rng)
                 else:
                     better, worse = (a, b) if score_a > score_b else (b, a)
@@ -373,7 +361,6 @@ def label(sample_dir: Path, out: Path, seed: int) -> dict[str, float]:
                 "use a larger preset"
             )
         _write_jsonl(out / target, rows)
-        kind = "train" if noisy else "eval"
         stats[f"label/{kind}_pairs"] = len(rows)
         stats[f"label/{kind}_gold_agreement"] = agree / len(rows)
     return stats
@@ -434,11 +421,10 @@ def compare_methods(
         result = results[name]
         rows = read_jsonl(out / "eval" / f"{name}_samples.jsonl")
         best_of = name == "best_of_n"
-        successes = result["wins"] + 0.5 * result["ties"]
         table[name] = {
             **_gold(row["rewards"]["gold"] for row in rows),
             "win_rate": result["win_rate"],
-            "win_rate_ci95": wilson_interval(successes, result["compared"]),
+            "win_rate_ci95": wilson_interval(result["wins"] + 0.5 * result["ties"], result["compared"]),
             "kl": result["kl/best_of_n_bound" if best_of else "kl/mean"],
             "kl_is_bound": best_of,
             # best-of-N's own cost is sampling N answers per prompt and scoring them: its eval's policy phase
@@ -446,8 +432,7 @@ def compare_methods(
             "needs": "reward model" if name != "dpo" else "preference labels",
         }
         if best_of:
-            table[name]["n"] = result["best_of/n"]
-            table[name]["samples"] = result["best_of/n"] * result["num_prompts"]
+            table[name] |= {"n": result["best_of/n"], "samples": result["best_of/n"] * result["num_prompts"]}
     return table
 
 

@@ -178,18 +178,18 @@ def gold_score(prompt: str, response_: str) -> float:
     return sum(gold_terms(prompt, response_).values())
 
 
-def preference_probability(score_a: float, score_b: float, temperature: float = BT_TEMPERATURE) -> float:
-    """Bradley–Terry: P(a preferred over b) = σ((score_a − score_b) / temperature)."""
-    return 1.0 / (1.0 + math.exp(-(score_a - score_b) / temperature))
+def preference_probability(score_a: float, score_b: float) -> float:
+    """Bradley–Terry: P(a preferred over b) = σ((score_a − score_b) / BT_TEMPERATURE)."""
+    return 1.0 / (1.0 + math.exp(-(score_a - score_b) / BT_TEMPERATURE))
 
 
-def gold_label(pair: tuple[str, str, str], rng: random.Random, temperature: float = BT_TEMPERATURE) -> dict[str, Any]:
+def gold_label(pair: tuple[str, str, str], rng: random.Random) -> dict[str, Any]:
     """A rater's label of `pair` = (prompt, a, b): {prompt, chosen, rejected, gold_margin}, a chosen with probability
-    σ((gold(a) − gold(b)) / temperature): close pairs almost at random, clear ones almost always right.
+    σ((gold(a) − gold(b)) / BT_TEMPERATURE): close pairs almost at random, clear ones almost always right.
     ``gold_margin`` (negative when the noise flipped the label) is for analysis only: `rlhf rm` reads "margin"."""
     prompt, a, b = pair
     score_a, score_b = gold_score(prompt, a), gold_score(prompt, b)
-    a_wins = rng.random() < preference_probability(score_a, score_b, temperature)
+    a_wins = rng.random() < preference_probability(score_a, score_b)
     chosen, rejected = (a, b) if a_wins else (b, a)
     margin = score_a - score_b if a_wins else score_b - score_a
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "gold_margin": margin}

@@ -3,7 +3,7 @@
 The page reads only what the run wrote — ``config.yaml``, ``metrics.jsonl`` and ``samples/step_*.jsonl`` —
 and embeds every plot as a PNG data URI, so the file can be mailed or attached to an issue as it is. Its
 sections: the README (after the demo's results); how to read the reward-against-KL plot: `gain_chart`'s
-caption. The pieces: `rlhf.report.pages` (HTML), `rlhf.report.charts` (plots), `rlhf.report.runs` (a run directory); the demo's page, built from them: `rlhf.report.demo`.
+caption. Its modules: docs/architecture.md.
 """
 
 from __future__ import annotations

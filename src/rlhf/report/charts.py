@@ -27,8 +27,7 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
 
 def smoothing_window(n: int) -> int:
     """About a fifteenth of the run, odd, at least 1: enough to see trends without hiding turns."""
-    window = max(1, n // 15)
-    return window if window % 2 else window + 1
+    return max(1, n // 15) | 1  # an even window grows by one
 
 
 def reward_gain(means: Sequence[float], first_std: float) -> list[float]:
@@ -127,9 +126,8 @@ def curve_chart(runs: Sequence[Run], chart: Chart) -> str | None:
         return None  # every run's values are one number (a fixed β, a length always at max_new_tokens): flat lines
     fig, ax = _figure(chart.title, "step", chart.ylabel)
     for (run, key), color in zip(drawn, itertools.cycle(COLORS)):
-        clipped = run.clipped_from
         _plot_trend(ax, *run.series(key), run.label, color)
-        if clipped is not None:  # the end of the vanilla policy-gradient warm-up
+        if (clipped := run.clipped_from) is not None:  # the end of the vanilla policy-gradient warm-up
             ax.axvline(
                 clipped, color=color, linestyle=":", linewidth=1.0, label=f"{run.label}: clipped from step {clipped}"
             )

@@ -1,6 +1,5 @@
-"""The pieces of the report pages (tables, cards, escaping, sections) and the page of one ppo or grpo run
-(:func:`run_report`); the demo's page (`rlhf.report.demo`) is built from the same pieces, the plots from
-`rlhf.report.charts`. See `rlhf.report`."""
+"""The report pages' HTML pieces (tables, cards, escaping, sections), the demo's page's too, and the page of one
+ppo or grpo run (`run_report`)."""
 
 from __future__ import annotations
 
@@ -43,15 +42,11 @@ def esc(value: Any) -> str:
     return html.escape(str(value))
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: Any) -> str:
     """A number for a table cell: 3 significant digits, '—' for missing or NaN."""
-    if value is None:
-        return "—"
-    if isinstance(value, int):  # and bool
-        return str(value)
     if isinstance(value, float):
-        return "—" if not math.isfinite(value) else f"{value:.{digits}g}"
-    return esc(value)
+        return f"{value:.3g}" if math.isfinite(value) else "—"
+    return "—" if value is None else esc(value)
 
 
 def fmt_seconds(value: float | None) -> str:
@@ -190,7 +185,6 @@ def _scores(row: dict[str, Any]) -> str:
 
 
 def run_report(run: Run, max_samples: int) -> str:
-    title = f"rlhf {run.command} — {run.path}"
     body = [
         f"<h1>rlhf {esc(run.command)} report</h1>",
         f'<p class="muted">{esc(run.path.resolve())} · policy {esc(run.policy)}</p>',
@@ -202,4 +196,4 @@ def run_report(run: Run, max_samples: int) -> str:
         "<h2>Config</h2>",
         config_block("config.yaml", run.config_text, open_=True),
     ]
-    return page(title, body)
+    return page(f"rlhf {run.command} — {run.path}", body)

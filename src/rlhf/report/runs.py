@@ -16,8 +16,6 @@ from rlhf.config import ConfigError
 from rlhf.doctor.rules import Finding, History
 from rlhf.doctor.watch import diagnose
 
-RL_COMMANDS = ("ppo", "grpo")
-
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -84,7 +82,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             )
     config_text = (path / "config.yaml").read_text()
     command = _command_of(config_text)
-    if command not in RL_COMMANDS:
+    if command not in ("ppo", "grpo"):
         raise ConfigError(f"{path} is the output of `rlhf {command}`; rlhf report reads ppo and grpo runs")
     rows = [row for row in read_jsonl(path / "metrics.jsonl") if "step" in row]
     samples = {
