@@ -55,8 +55,6 @@ class VLLMServer:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"vLLM server URL {url!r} must look like http://host:port")
-        if tries < 1 or timeout <= 0:
-            raise ValueError(f"vLLM server {url}: need tries >= 1 and timeout > 0")
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout, self.tries = float(timeout), int(tries)
         self.version = 0

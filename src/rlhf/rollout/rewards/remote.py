@@ -31,8 +31,6 @@ class HttpReward:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise RewardError(f"reward URL {url!r} must look like http://host[:port]/path or https://…")
-        if tries < 1 or timeout <= 0 or backoff < 0:
-            raise ValueError(f"reward {url}: need tries >= 1, timeout > 0, backoff >= 0")
         self.url = url
         self.name = name or parsed.hostname
         self.timeout, self.tries, self.backoff = float(timeout), int(tries), float(backoff)
