@@ -258,10 +258,8 @@ def assemble_episodes(episodes: list[Episode], tokenizer: Any, device: torch.dev
 
 
 def response_metrics(generated: Generated) -> dict[str, float]:
-    """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch (the model's own
-    tokens), and for episodes ``episode/turns_mean`` (model turns), ``tool_calls_mean``, ``tool_errors`` (failed calls
-    per episode, timeouts included), ``truncated`` (the share ended by max_turns, the token budget or a turn cut at
-    max_new_tokens) and ``length_mean`` (every token after the opening)."""
+    """The ``response/*`` metrics of a sampled batch (the model's own tokens) and, for episodes, ``episode/*``: what
+    each means is the README's "Metrics" table."""
     lengths = generated.model_tokens.sum(-1).float()
     metrics = {
         "response/length_mean": lengths.mean().item(),
