@@ -2,19 +2,10 @@
 
 An episode's token ids are built as it goes and never decoded and encoded again: the model's ids are kept exactly as
 sampled (env mask False), and everything else (tool results, the environment's replies, the template's turn markup) is
-appended as the chat template's *delta* (env mask True, log-prob 0). Decoding a turn and re-rendering the conversation
-would give other tokens than the model sampled (BPE is not a bijection: trl#5224), so the log-probs trained on would not
-be the policy's. `rlhf.data.chat.Format` finds the delta by rendering a fixed synthetic conversation with and without
-the new messages and taking the tokens after the assistant's end-of-turn token; that keeps the separator the template
-writes after it (ChatML's ``\\n`` after ``<|im_end|>``, which the model never samples: verl#6921) and works for
-templates that re-render earlier turns (Qwen3's think blocks). docs/episodes.md has the protocol, the rules and the
-references.
-
-The environment protocol (``rollout.environment: file.py:make_env``, one instance per episode):
-``reset(row) -> messages | None`` (the opening turns from the data row; None: the row's own prompt),
-``step(assistant_message) -> (messages, reward | None, done)``; optional ``tools`` (callables the model may call,
-besides ``rollout.tools``), ``get_reward() -> float | None`` (added to the step rewards at the end) and ``close()``. An
-environment written for TRL's ``environment_factory`` (no ``step``) runs as TRL runs it (`has_step`)."""
+appended as the chat template's *delta* (env mask True, log-prob 0; `rlhf.data.chat.Format`). Decoding a turn and
+re-rendering the conversation would give other tokens than the model sampled (BPE is not a bijection: trl#5224), so
+the log-probs trained on would not be the policy's. The environment protocols (rlhf's ``reset``/``step``, TRL's
+``environment_factory``: `has_step`), the rules and the references: docs/episodes.md."""
 
 from __future__ import annotations
 
@@ -360,9 +351,8 @@ RESERVED = ("reset", "step", "get_reward", "close", "tools")
 
 
 def has_step(env: Any) -> bool:
-    """Whether ``env`` follows rlhf's protocol (``reset(row)``, ``step``); else TRL's ``environment_factory``
-    protocol: ``reset(**columns) -> text | None`` appended to the prompt's last message, every public method a
-    tool, the episode over at the first turn without a tool call, scored by ``get_reward``."""
+    """Whether ``env`` follows rlhf's protocol (``reset(row)``, ``step``), else TRL's ``environment_factory`` one
+    (docs/episodes.md, "The two protocols")."""
     return callable(getattr(env, "step", None))
 
 

@@ -205,11 +205,11 @@ def assemble(
     tokenizer: Any,
     stops: list[int],
     device: torch.device,
-    logprobs: list[list[float]] | None = None,
+    logprobs: list[list[float]],
     has_stop: torch.Tensor | None = None,
     completions: list[str] | None = None,
 ) -> Generated:
-    """A `Generated` batch from unpadded prompt and response ids (and the sampler's log-probs of them, if known):
+    """A `Generated` batch from unpadded prompt and response ids and the sampler's log-probs of them:
     prompts left-padded, responses right-padded to the longest one (at least one column). ``has_stop``: (B,) bool,
     whether each response ended as it should (None: it holds one of ``stops``); ``completions``: the responses' texts
     (None: decoded without special tokens)."""
@@ -217,11 +217,10 @@ def assemble(
     query, query_mask = left_pad(prompt_ids, pad)
     T = max(1, max(map(len, responses), default=1))
     response = torch.full((len(responses), T), pad, dtype=torch.long)
-    sampler = torch.zeros(len(responses), T) if logprobs is not None else None
+    sampler = torch.zeros(len(responses), T)
     for i, ids in enumerate(responses):
         response[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        if sampler is not None:
-            sampler[i, : len(ids)] = torch.tensor(logprobs[i], dtype=torch.float32)
+        sampler[i, : len(ids)] = torch.tensor(logprobs[i], dtype=torch.float32)
     query, query_mask, response = query.to(device), query_mask.to(device), response.to(device)
     response_mask = (response != pad).long()
     if has_stop is None:
@@ -235,7 +234,7 @@ def assemble(
         completions=completions,
         has_stop=has_stop,
         pad_token_id=pad,
-        sampler_logprobs=sampler.to(device) if sampler is not None else None,
+        sampler_logprobs=sampler.to(device),
     )
 
 
@@ -259,10 +258,8 @@ def assemble_episodes(episodes: list[Episode], tokenizer: Any, device: torch.dev
 
 
 def response_metrics(generated: Generated) -> dict[str, float]:
-    """``response/length_mean``, ``length_max``, ``eos_rate`` and ``tokens`` of a sampled batch (the model's own
-    tokens), and for episodes ``episode/turns_mean`` (model turns), ``tool_calls_mean``, ``tool_errors`` (failed calls
-    per episode, timeouts included), ``truncated`` (the share ended by max_turns, the token budget or a turn cut at
-    max_new_tokens) and ``length_mean`` (every token after the opening)."""
+    """The ``response/*`` metrics of a sampled batch (the model's own tokens) and, for episodes, ``episode/*``: what
+    each means is the README's "Metrics" table."""
     lengths = generated.model_tokens.sum(-1).float()
     metrics = {
         "response/length_mean": lengths.mean().item(),

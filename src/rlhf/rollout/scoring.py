@@ -198,8 +198,7 @@ class UnscoredSteps:
     move the policy (Adam's momentum, weight decay, the KL and entropy terms) on nothing. :meth:`skip` says
     whether to skip this step's update, warning on stderr; :data:`MAX_UNSCORED_STEPS` in a row raise RewardError."""
 
-    def __init__(self, limit: int = MAX_UNSCORED_STEPS):
-        self.limit = limit
+    def __init__(self):
         self.in_a_row = 0
 
     def skip(self, step: int, rewards: torch.Tensor, names: list[str]) -> bool:
@@ -209,7 +208,7 @@ class UnscoredSteps:
             return False
         self.in_a_row += 1
         sources = ", ".join(map(repr, names))
-        if self.in_a_row >= self.limit:
+        if self.in_a_row >= MAX_UNSCORED_STEPS:
             raise RewardError(
                 f"step {step}: no sample of the last {self.in_a_row} batches could be scored (reward {sources} "
                 "returned None for every one): check that the reward functions fit the data, e.g. the dataset "
@@ -218,7 +217,7 @@ class UnscoredSteps:
         print(
             f"warning: step {step}: no sample of the batch could be scored (reward {sources} returned None for "
             f"all {len(rewards)}); the update is skipped ({self.in_a_row} such step(s) in a row, the run stops "
-            f"at {self.limit})",
+            f"at {MAX_UNSCORED_STEPS})",
             file=sys.stderr,
         )
         return True

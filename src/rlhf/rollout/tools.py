@@ -1,9 +1,8 @@
 """Tools a policy calls during a multi-turn episode: plain Python functions with type hints and a Google-style docstring
 (TRL's ``tools=`` convention), their JSON schemas for the chat template's ``tools=``, the calls parsed from a model turn
-in the format its chat template writes (:data:`FORMATS`: Hermes/Qwen ``<tool_call>{json}``, Llama-3.1's bare JSON,
-Mistral's ``[TOOL_CALLS] [...]``, Qwen3-Coder's ``<function=…>`` XML; the template's is found by rendering a sentinel
-call, :func:`detect_format`) and each call run under a time limit. The built-in :func:`calculator` is the worked example
-(README, "Multi-turn episodes")."""
+in the format its chat template writes (:data:`FORMATS`, found by :func:`detect_format`; docs/episodes.md, "Tool-call
+formats") and each call run under a time limit. The built-in :func:`calculator` is the worked example (README,
+"Multi-turn episodes")."""
 
 from __future__ import annotations
 
@@ -231,10 +230,9 @@ class ToolResult:
 
 
 def run_tool(call: ToolCall, tools: dict[str, Tool], timeout: float) -> ToolResult:
-    """Run ``call`` with at most ``timeout`` seconds. A call that could not be parsed, names no tool, has arguments
-    the function does not take, raises or times out gives an ``error:`` message for the model (the episode goes
-    on). The function runs in a daemon thread: one that does not return in time is left running (Python cannot
-    stop a thread) and its result is discarded; a tool that can hang should bound its own waits."""
+    """Run ``call`` with at most ``timeout`` seconds, in a daemon thread (one that overruns is left running, its
+    result discarded: docs/episodes.md). A call that could not be parsed, names no tool, has arguments the function
+    does not take, raises or times out gives an ``error:`` message for the model (the episode goes on)."""
     if call.error is not None:
         return ToolResult(f"error: {call.error}", error=True)
     tool = tools.get(call.name)

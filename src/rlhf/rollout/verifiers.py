@@ -3,9 +3,8 @@
 Each follows TRL's reward-function convention (``rlhf.rollout.rewards.function``): ``fn(prompts, completions,
 **columns) -> list[float | None]``, one value per completion, ``None`` = cannot score this one (NaN: advantage
 0). A completion is a string, or for chat prompts TRL's ``[{"role": "assistant", "content": text}]``: both
-work. The dataset column each function reads is its keyword parameter: ``exact_match`` ``answer``,
-``format_regex`` ``format_pattern`` (optional), ``length_penalty`` ``target_length`` (optional). Weighting
-them, and another pattern for every row: docs/architecture.md, "Reward sources".
+work. The dataset column each function reads is its keyword parameter. Weighting them, and another pattern for
+every row: docs/architecture.md, "Reward sources".
 """
 
 from __future__ import annotations

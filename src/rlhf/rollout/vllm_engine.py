@@ -2,9 +2,7 @@
 log-probs of the distribution it drew them from, and takes the policy's weights after each update.
 
 vLLM is imported here only (the ``vllm`` extra). Its engine runs in this process, so new weights reach it as tensors,
-loaded in place by ``collective_rpc("reload_weights")``: vLLM's own checkpoint path (a plain ``load_weights`` misses the
-layouts its CPU kernels repack at load). On its CPU build (0.32), tiny Llama: log-probs of its samples against the
-trainer's 1e-6 apart, 1.4 with stale weights after an update, 1e-6 again once synced."""
+loaded in place by ``collective_rpc("reload_weights")`` (why, and the log-probs measured: docs/vllm.md, "Colocate")."""
 
 from __future__ import annotations
 

@@ -3,10 +3,9 @@ log-probs of the distribution it drew them from, and pushes the policy's weights
 interface as the colocated `rlhf.rollout.vllm_engine.VLLMEngine`; standard library and torch only (vLLM runs in the
 server's environment, not this one).
 
-Never silently stale: each push labels the server's weights with a version of this client's own and reads it back, and
-vLLM reports the version that sampled every token, checked at each `VLLMServer.sample`. A server restarted behind the
-client's back (back at its startup checkpoint, version ``default``), a push lost or another client's push all raise
-`ServiceError`, as does every failure of the server (down, slow, HTTP errors, malformed replies)."""
+Never silently stale (docs/vllm.md, "How the weights travel"): the version of each push is read back and checked
+against the one vLLM reports for every sampled token; a mismatch raises `ServiceError`, as does every failure of the
+server (down, slow, HTTP errors, malformed replies)."""
 
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ SETUP = (
 class VLLMServer:
     """A client of the vLLM server (0.32) at ``url`` (``http://host:port``, with or without ``/v1``), started as
     :data:`SETUP` over the policy saved (architecture, tokenizer, starting weights); docs/vllm.md, "Server", says why
-    each part. :meth:`sync` writes the weights as safetensors to a temporary directory (``tempfile``: under
-    ``$TMPDIR``), which the server must read (the same machine and user, or a filesystem both see), and has it reload
-    them in place: ``/collective_rpc`` passes JSON only, a path and not the tensors, and 0.32's ``/update_weights``
-    takes tensors only through weight-transfer backends that need a GPU. ``timeout``: seconds per HTTP request (a reload
+    each part. :meth:`sync` has it reload the weights from a temporary directory (under ``$TMPDIR``) it must be able to
+    read (docs/vllm.md, "How the weights travel", says why this way). ``timeout``: seconds per HTTP request (a reload
     of a large model, a long rollout); ``tries``: attempts per request, 1 = no retry. Under torchrun every rank samples
     its rows from the one server; rank 0 alone pushes, and the others take its ``client`` and ``version``
     (`rlhf.trainers.rl.models.Models.sync_engine`)."""
@@ -58,8 +55,6 @@ class VLLMServer:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"vLLM server URL {url!r} must look like http://host:port")
-        if tries < 1 or timeout <= 0:
-            raise ValueError(f"vLLM server {url}: need tries >= 1 and timeout > 0")
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout, self.tries = float(timeout), int(tries)
         self.version = 0
@@ -117,8 +112,6 @@ class VLLMServer:
     ) -> Samples:
         """As `VLLMEngine.sample`; `ServiceError` if any token was sampled by other weights than the last :meth:`sync`
         pushed (before any: the server's startup checkpoint)."""
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts, {len(seeds)} seeds")
         # this endpoint takes vLLM's SamplingParams as they are (the OpenAI ones clamp logit_bias to ±100)
         sampling = request(params, stops, pad_token_id)
         bodies = [

@@ -15,7 +15,6 @@ import copy
 import functools
 import math
 import numbers
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -58,8 +57,6 @@ class RewardScores(NamedTuple):
     """(B, K) float32; column k holds source k's scores, NaN where it returned ``None`` (unscored)."""
     names: list[str]
     """K source names, in column order."""
-    seconds: list[float]
-    """K wall-clock times (s) spent in each source's ``score``, for ``time/`` metrics."""
     metrics: dict[str, list[float]] = {}
     """``log_metric`` calls of this batch: ``"<source>/<name>"`` → the values logged, in call order."""
     extra: dict[str, list[Any]] = {}
@@ -245,27 +242,23 @@ class RewardSet:
 
         log = RewardLog(batch)
         scores = torch.full((batch, len(sources)), float("nan"), dtype=torch.float32)
-        seconds = [0.0] * len(sources)
         concurrent = [k for k, source in enumerate(sources) if batch and getattr(source, "is_async", False)]
         for k, source in enumerate(sources):
             if not batch or k in concurrent:  # async sources run together after the others, as TRL does
                 continue
-            start = time.perf_counter()
             if token_ids is not None and getattr(source, "shares_policy_tokenizer", False):
                 logs = {"log": log.callbacks(source.name)} if getattr(source, "takes_context", False) else {}
                 scores[:, k] = _validate(source.name, source.score_ids(*token_ids, **logs).cpu(), completions)
             else:
                 call = _arguments(source, prompts, completions, columns, context, log)
                 scores[:, k] = _validate(source.name, _call(source, call, source.score), completions)
-            seconds[k] = time.perf_counter() - start
         if concurrent:
             calls = [_arguments(sources[k], prompts, completions, columns, context, log) for k in concurrent]
             results = run_coroutine(_gather([sources[k] for k in concurrent], calls))
-            for k, call, (result, elapsed) in zip(concurrent, calls, results, strict=True):
+            for k, call, result in zip(concurrent, calls, results, strict=True):
                 raw = _call(sources[k], call, functools.partial(_reraise, result))
                 scores[:, k] = _validate(sources[k].name, raw, completions)
-                seconds[k] = elapsed
-        return RewardScores(scores, list(self.names), seconds, log.metrics, log.extra)
+        return RewardScores(scores, list(self.names), log.metrics, log.extra)
 
 
 Call = tuple[tuple[list[str], list[str], dict[str, list]], dict[str, Any]]
@@ -319,19 +312,17 @@ def _reraise(result: Any, *call: Any, **keywords: Any) -> Any:
     return result
 
 
-async def _gather(sources: list[RewardSource], calls: list[Call]) -> list[tuple[Any, float]]:
+async def _gather(sources: list[RewardSource], calls: list[Call]) -> list[Any]:
     """Every async source's ``score_async`` at once (TRL: ``asyncio.gather`` of the async reward functions);
-    each result is its scores or the exception it raised, with the seconds until it finished."""
-    start = time.perf_counter()
+    each result is its scores or the exception it raised."""
 
-    async def timed(source: RewardSource, call: Call) -> tuple[Any, float]:
+    async def kept(source: RewardSource, call: Call) -> Any:
         try:
-            result = await source.score_async(*call[0], **call[1])
+            return await source.score_async(*call[0], **call[1])
         except Exception as error:  # kept, so the other sources' results still arrive
-            result = error
-        return result, time.perf_counter() - start
+            return error
 
-    return await asyncio.gather(*(timed(s, c) for s, c in zip(sources, calls, strict=True)))
+    return await asyncio.gather(*(kept(s, c) for s, c in zip(sources, calls, strict=True)))
 
 
 def _validate(name: str, raw: Any, completions: list[str]) -> torch.Tensor:

@@ -21,8 +21,6 @@ from rlhf.rollout.rewards.model import RewardModelReward
 MANIFEST = "ensemble.json"
 """The file that makes a directory an ensemble (and lists its members)."""
 
-OBJECTIVES = ("mean", "wco", "uwo")
-
 
 def is_ensemble(path: Path) -> bool:
     return (path / MANIFEST).is_file()
@@ -58,10 +56,6 @@ class EnsembleReward:
     takes_context = True  # for the log callbacks; the context itself is not read
 
     def __init__(self, members: list[RewardModelReward], *, name: str, objective: str, uwo_lambda: float):
-        if objective not in OBJECTIVES:
-            raise RewardError(
-                f"reward ensemble {name!r}: objective {objective!r} is not one of {', '.join(OBJECTIVES)}"
-            )
         if uwo_lambda < 0:
             raise RewardError(f"reward ensemble {name!r}: uwo_lambda must be ≥ 0 (a penalty on disagreement)")
         self.members, self.name = members, name

@@ -33,8 +33,6 @@ class FunctionReward:
     def __init__(
         self, function: Callable[..., Any], *, name: str | None = None, spec: str | None = None, reasoning: bool = False
     ):
-        if not callable(function):
-            raise RewardError(f"reward {spec or function!r} is a {type(function).__name__}, not a callable")
         self.function = function
         self.reasoning = reasoning  # conversational completions carry the trace apart (assistant_message)
         self.name = name or getattr(function, "__name__", None) or type(function).__name__

@@ -40,8 +40,6 @@ class RewardModelReward:
         append_eos: bool = True,
     ):
         _check_one_output(name, getattr(getattr(model, "config", None), "num_labels", None))
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         from rlhf.models.critic import shares_vocabulary
         from rlhf.models.policy import disable_dropout  # lazily: function/HTTP sources need no models
         from rlhf.models.reward import max_positions, reward_normalization
@@ -154,11 +152,6 @@ class RewardModelReward:
         ``shares_policy_tokenizer``: the ids are ``query ⊕ response`` in the policy's layout (any padding: left, right
         or both; only positions with mask 1 are read). The eos rule of the text path applies, so this equals
         :meth:`score` on the decoded texts whenever re-encoding the text gives back the same tokens."""
-        if query_response_ids.shape != attention_mask.shape or query_response_ids.dim() != 2:
-            raise ValueError(
-                f"query_response_ids {tuple(query_response_ids.shape)} and attention_mask "
-                f"{tuple(attention_mask.shape)} must be the same (B, L) shape"
-            )
         mask = attention_mask.bool().cpu()
         ids = query_response_ids.cpu()
         rows = [self._with_eos(row[keep].tolist()) for row, keep in zip(ids, mask, strict=True)]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import urllib.parse
-from collections.abc import Mapping
 
 from rlhf.httpclient import HttpFailure, cut, send
 from rlhf.rollout.rewards.base import RewardError
@@ -24,27 +23,18 @@ _JSON_TYPES = {str: "string", list: "array", dict: "object", bool: "boolean"}
 class HttpReward:
     """POSTs each batch to ``url`` (module docstring). ``name`` defaults to the URL's host; ``timeout``: seconds
     per reply; ``tries``: attempts per batch (1 = no retry); ``backoff``: seconds slept before the second attempt,
-    doubled before each further one; ``headers``: extra HTTP headers (e.g. ``Authorization``)."""
+    doubled before each further one."""
 
     def __init__(
-        self,
-        url: str,
-        *,
-        name: str | None = None,
-        timeout: float = 30.0,
-        tries: int = 3,
-        backoff: float = 1.0,
-        headers: Mapping[str, str] | None = None,
+        self, url: str, *, name: str | None = None, timeout: float = 30.0, tries: int = 3, backoff: float = 1.0
     ):
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise RewardError(f"reward URL {url!r} must look like http://host[:port]/path or https://…")
-        if tries < 1 or timeout <= 0 or backoff < 0:
-            raise ValueError(f"reward {url}: need tries >= 1, timeout > 0, backoff >= 0")
         self.url = url
         self.name = name or parsed.hostname
         self.timeout, self.tries, self.backoff = float(timeout), int(tries), float(backoff)
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
 
     def score(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[float | None]:
         body = {key: value for key, value in columns.items() if key not in ("prompts", "completions")}
