@@ -63,8 +63,7 @@ class Producer:
     ):
         """Start the worker after step ``done`` (a resumed run's checkpoint) with the batches already drawn
         (``pending``, from the checkpoint): it draws from the batch after them on, its stream and generator where
-        the last of them left them (else where ``stream`` and ``generator`` are). Under torchrun (``d``) every rank
-        starts its own worker, and the workers meet in a process group of their own."""
+        the last of them left them (else where ``stream`` and ``generator`` are); under torchrun, each rank's own."""
         self.k, self.last, self.world_size = config.sampling.max_staleness, config.steps, d.world_size
         self.stream, self.generator = stream, generator
         self.pending = {drawn.step: drawn for drawn in pending}
