@@ -2,7 +2,7 @@
 VESPO) with DAPO's options: the algorithm `GRPO` inside the RL loop of `rlhf.trainers.rl`, read top to bottom from
 `GRPO`.
 
-One iteration: (1)-(2) G = ``group_size`` scored responses per prompt (`GRPO.sample`, with dynamic sampling
+One iteration: (1)-(2) G = ``group_size`` scored responses per prompt (`GRPO.draw`, with dynamic sampling
 `fill_batch`) → (3)-(4) old and reference log-probs, group-relative advantages (`make_rollout`) → (5)
 ``num_iterations`` passes of the clipped per-token loss (`grpo_update`) → the loop's metrics, log, checkpoint.
 All math is in ``rlhf.core``; each phase is one call.
@@ -101,11 +101,7 @@ class GRPO(Algorithm):
     ) -> Sampled:
         """Phases 1-2: ``group_size`` responses to each of the next prompts, scored; with dynamic sampling more
         rounds until enough groups carry a signal (:func:`fill_batch`)."""
-
-        def sample_round() -> Sampled:
-            return sample_groups(config, models, inputs, next(stream), generator, trainer_state)
-
-        return fill_batch(config, sample_round)
+        return fill_batch(config, lambda: sample_groups(config, models, inputs, next(stream), generator, trainer_state))
 
     def learn(self, step: int, sampled: Sampled, state: TrainState, watch: Stopwatch) -> dict[str, float]:
         """Phases 3-5: old (and reference) log-probs, group-relative advantages; ``num_iterations`` passes ×
@@ -134,8 +130,7 @@ def sample_groups(
 ) -> Sampled:
     """Phases 1-2 for one prompt batch: G samples per prompt, scores (GDPO within each group), and as ``rewards``
     the combined score (B,) with the missing-EOS and DAPO overlong penalties (NaN stays NaN)."""
-    G = config.grpo.group_size
-    sampled = sample_and_score(config, inputs, models, batch, generator, trainer_state, repeat=G)
+    sampled = sample_and_score(config, inputs, models, batch, generator, trainer_state, repeat=config.grpo.group_size)
     generated = sampled.generated
     rewards = missing_eos_penalized(config, sampled.scores.combined.float(), generated.has_stop.cpu())
     if config.grpo.overlong_buffer > 0:

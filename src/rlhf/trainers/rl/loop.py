@@ -84,14 +84,24 @@ def train(config: PolicyGradientConfig, make: Callable[[Any, Inputs], Algorithm]
     if start == 0 and inputs.eval_prompts:  # step 0 (a resumed run has its row): every curve's own starting point
         logger.log({"step": 0, **evaluate(config, inputs, models, 0, stream)})
     unscored = scoring.UnscoredSteps()
-    batches = open_batches(config, algorithm, state, stream, done=start, in_flight=saved.get("in_flight", []))
+    generator = state.generators["sampling"]
+    if config.sampling.max_staleness == 0:
+        batches: InProcess | Producer = InProcess(algorithm, stream, generator)
+    else:  # a worker, started after step start with the batches the checkpoint held
+        from rlhf.trainers.rl.producer import Producer
+
+        pending = saved.get("in_flight", [])
+        draw = type(algorithm).draw
+        batches = Producer(
+            config, draw, models.policy, done=start, pending=pending, stream=stream, generator=generator, d=d
+        )
     progressing = StepProgress(config.steps, start, enabled=config.run.progress and d.is_main, health=logger.health)
     with batches, progressing as progress:
         for step in range(start + 1, config.steps + 1):
             watch = Stopwatch("rollout", "logprobs", "train")
             with watch("rollout"):  # 1. sample and score (k > 0: the worker's batch, drawn while the last one trained)
-                sampled = batches.take(step, make_trainer_state(config, step - 1, stream))
-            if not batches.overlapped:  # scoring has its own time/score_s (k > 0: rollout_s is the wait)
+                sampled = batches.take(step)
+            if isinstance(batches, InProcess):  # scoring has its own time/score_s (k > 0: rollout_s is the wait)
                 watch.seconds["rollout"] -= sampled.scores.seconds
             learned = {}
             if not unscored.skip(step, sampled.rewards, sampled.scores.names):  # else nothing to learn: no update
@@ -129,15 +139,14 @@ class InProcess:
     """``sampling.max_staleness`` 0: the algorithm samples the batch of a step in this process, with the weights of
     the step before (the loop's batches, as `rlhf.trainers.rl.producer.Producer` is for k > 0)."""
 
-    overlapped = False
-
     def __init__(self, algorithm: Algorithm, stream: PromptStream, generator: torch.Generator):
         self.algorithm, self.stream, self.generator = algorithm, stream, generator
 
-    def take(self, step: int, trainer_state: Any) -> Sampled:
-        algorithm = self.algorithm
+    def take(self, step: int) -> Sampled:
+        algorithm, stream = self.algorithm, self.stream
+        trainer_state = make_trainer_state(algorithm.config, step - 1, stream)
         return algorithm.draw(
-            algorithm.config, algorithm.inputs, algorithm.models, self.stream, self.generator, trainer_state
+            algorithm.config, algorithm.inputs, algorithm.models, stream, self.generator, trainer_state
         )
 
     def publish(self, step: int, policy: torch.nn.Module) -> None:
@@ -151,35 +160,6 @@ class InProcess:
 
     def __exit__(self, *exc: object) -> None:
         pass
-
-
-def open_batches(
-    config: PolicyGradientConfig,
-    algorithm: Algorithm,
-    state: TrainState,
-    stream: PromptStream,
-    *,
-    done: int,
-    in_flight: list,
-) -> InProcess | Producer:
-    """Where the steps' batches come from: this process, or with ``sampling.max_staleness`` > 0 a worker started
-    after step ``done`` with the batches a checkpoint held (``in_flight``)."""
-    generator = state.generators["sampling"]
-    if config.sampling.max_staleness == 0:
-        return InProcess(algorithm, stream, generator)
-    from rlhf.trainers.rl.producer import Producer
-
-    models = algorithm.models
-    return Producer(
-        config,
-        type(algorithm).draw,
-        models.policy,
-        done=done,
-        pending=in_flight,
-        stream=stream,
-        generator=generator,
-        d=models.d,
-    )
 
 
 def step_metrics(step: int, sampled: Sampled, lr: float, watch: Stopwatch, stats: dict[str, float]) -> dict:

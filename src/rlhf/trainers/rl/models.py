@@ -57,15 +57,13 @@ class Models:
         if config.sampling.worker_drives_vllm and not sampler:  # its pushes label the server's weights
             self.engine = generation.AUTO
         else:
-            response_tokens = config.response_tokens
             self.engine = generation.open_engine(
-                config.sampling, model.name, dtype=dtype, seed=config.run.seed, response_tokens=response_tokens
+                config.sampling, model.name, dtype=dtype, seed=config.run.seed, response_tokens=config.response_tokens
             )
         reference = planning.has_reference(config) and not sampler
-        value = None if sampler else value
         self.policy, copy = load_policy(model, d, reference)
         self.reference = Reference(self.policy, copy, config.kl.reference_ema) if reference else None
-        self.value = value(self.policy) if value is not None else ValueFunction()
+        self.value = value(self.policy) if value is not None and not sampler else ValueFunction()
         if model.compile:
             compile_models([self.policy, copy, self.value.critic], d.device)
         self.trainable = update.Trainable(ActorCritic(self.policy, self.value.head, self.value.critic), d)

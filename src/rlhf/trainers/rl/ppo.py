@@ -2,7 +2,7 @@
 loop of `rlhf.trainers.rl` (`train` runs the iterations; this file is read top to bottom from `PPO`).
 
 One iteration, phase by phase with the functions that run it: docs/architecture.md, "One PPO step" (1-2
-`PPO.sample`, 3-6 `PPO.learn`, 7 `PPO.after_step`). All math is in ``rlhf.core``; each phase below is one call.
+`PPO.draw`, 3-6 `PPO.learn`, 7 `PPO.after_step`). All math is in ``rlhf.core``; each phase below is one call.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - the score sits on the first PAD after EOS (TRL/N+, item 25) or on the EOS (``score_position: eos``);

@@ -1,15 +1,7 @@
 """Asynchronous RL (``sampling.max_staleness`` k > 0): a worker process samples and scores the next batches while
-the trainer learns from this one.
-
-The schedule is fixed, not "whatever weights are newest": the batch trained at step s is drawn by the weights
-after update ``version(s, k)`` = max(0, s − 1 − k), so its staleness is min(k, s − 1), never more, and a run at k
-gives the same numbers however long each phase takes. The worker holds its own copy of the policy and its own
-prompt stream and sampling generator (continuing the trainer's); after each update the trainer copies the trained
-tensors (LoRA: the adapters) into shared memory and hands the worker their handles, never the data.
-
-A checkpoint after step s holds the batches of steps s+1…s+k, drawn already (their weights exist no more), each with
-the worker's stream and generator state after it: a resumed run takes them and restarts the worker after the last,
-so it trains on the very samples the uninterrupted run trained on.
+the trainer learns from this one, on a fixed schedule (:func:`version`), so a run at k gives the same numbers however
+long each phase takes. The schedule, how the weights and batches travel, and the batches in flight that a checkpoint
+holds: docs/async.md.
 """
 
 from __future__ import annotations
@@ -34,9 +26,6 @@ from rlhf.data.stream import PromptStream
 from rlhf.models.loading import load_trainable_state, trainable_state
 from rlhf.runlog.distributed import Dist, WorkerError, collective_timeout, worker_device
 
-POLL_S = 1.0
-"""How often a wait on the worker checks that it is still alive."""
-
 
 def version(step: int, k: int) -> int:
     """The policy version (updates done) that draws the batch trained at ``step`` under staleness ``k``."""
@@ -60,9 +49,6 @@ class Drawn:
 class Producer:
     """The trainer's side of the worker: ``publish`` the weights after an update, ``take`` the batch of a step."""
 
-    overlapped = True
-    """Its batches are drawn while the trainer learns: ``time/rollout_s`` is the trainer's wait for one."""
-
     def __init__(
         self,
         config: PolicyGradientConfig,
@@ -77,8 +63,7 @@ class Producer:
     ):
         """Start the worker after step ``done`` (a resumed run's checkpoint) with the batches already drawn
         (``pending``, from the checkpoint): it draws from the batch after them on, its stream and generator where
-        the last of them left them (else where ``stream`` and ``generator`` are). Under torchrun (``d``) every rank
-        starts its own worker, and the workers meet in a process group of their own."""
+        the last of them left them (else where ``stream`` and ``generator`` are); under torchrun, each rank's own."""
         self.k, self.last, self.world_size = config.sampling.max_staleness, config.steps, d.world_size
         self.stream, self.generator = stream, generator
         self.pending = {drawn.step: drawn for drawn in pending}
@@ -118,7 +103,7 @@ class Producer:
             self.weights.put((done, shared))
             self.published = done
 
-    def take(self, step: int, trainer_state: Any = None) -> Any:
+    def take(self, step: int) -> Any:
         """The batch of ``step`` (drawn already, or waited for), with ``async/*`` stats; the trainer's stream and
         generator are left where drawing it left the worker's, as the synchronous loop leaves them."""
         self._receive(step)
@@ -166,10 +151,9 @@ class Producer:
 
 
 class Inbox:
-    """The trainer's end of the worker's pipe, read by a thread of its own as the batches come. A send returns only
-    once the pipe's buffer (64 KiB on Linux) holds the rest, which a batch can exceed (PPO's 64 rows of 128 tokens
-    did): read only when the trainer took a batch, the worker would wait in its send instead of drawing the next
-    one, and count none of that wait as idle."""
+    """The trainer's end of the worker's pipe, read by a thread of its own as the batches come: a send returns once
+    the pipe's buffer (64 KiB on Linux) holds the rest, so a larger batch (PPO's 64 rows of 128 tokens) would hold
+    the worker in its send, neither drawing nor counted idle, until the trainer took it."""
 
     def __init__(self, connection: Any):
         self._items: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
@@ -258,7 +242,7 @@ def _orphaned(trainer: int) -> None:
     """End this process once the trainer (pid ``trainer``) is gone: killed with -9, it never says so, and a worker
     blocked in a queue or a collective would live on."""
     while os.getppid() == trainer:
-        time.sleep(POLL_S)
+        time.sleep(1.0)
     os._exit(1)
 
 
@@ -287,9 +271,8 @@ def _work(
 ) -> None:
     """The worker: the algorithm's ``draw`` (`rlhf.trainers.rl.loop.Algorithm.draw`) for steps first…, each after
     loading its version's weights into a policy of its own on ``place.device``; a batch's tensors reach the trainer
-    on its own device, as they would have in its process. They go by value, not by shared-memory handles: a handle
-    is served by this process, so a worker that died between sending a batch and the trainer reading it would take
-    that batch with it."""
+    on its own device, as they would have in its process, and by value (docs/async.md: a batch once sent is the
+    trainer's even if the worker dies)."""
     device, home = place.device, place.home
     threading.Thread(target=_orphaned, args=(trainer,), daemon=True).start()
     from rlhf.trainers.rl.inputs import load_inputs, make_trainer_state

@@ -60,25 +60,15 @@ class Rollout:
     entropy_keep: torch.Tensor | None
 
     @classmethod
-    def of(
-        cls,
-        generated: generation.Generated,
-        passed: NoGradPass,
-        *,
-        advantages: torch.Tensor,
-        entropy_keep: torch.Tensor | None,
-        **fields: torch.Tensor,
-    ) -> Rollout:
-        """The rollout of ``generated`` with ``passed``'s log-probs, ``advantages`` and ``entropy_keep``; an algorithm's
-        own ``fields`` beside them."""
+    def of(cls, generated: generation.Generated, passed: NoGradPass, **fields: torch.Tensor | None) -> Rollout:
+        """The rollout of ``generated`` with ``passed``'s log-probs; ``fields``: ``advantages``, ``entropy_keep`` and an
+        algorithm's own."""
         return cls(
             query_responses=generated.query_responses,
             attention_mask=generated.attention_mask,
             logprobs=passed.logprobs,
             ref_logprobs=passed.ref_logprobs,
-            advantages=advantages,
             sampler_logprobs=generated.sampler_logprobs,
-            entropy_keep=entropy_keep,
             **fields,
         )
 
@@ -253,11 +243,13 @@ def pass_stats(
     mask: torch.Tensor,
     scored: torch.Tensor,
 ) -> dict[str, float]:
-    """``kl/*`` over ``mask`` (with a reference: :func:`kl_stats`) and ``rollout/logprob_diff_*`` (with old log-probs:
-    :func:`mismatch_stats`)."""
+    """With a reference, ``kl/mean``: per-sequence Σ (log π − log π_ref) over ``mask``, averaged over the scored
+    sequences (the name users know it by; NaN when none was), and ``kl/estimator_mean``: the same of the estimator's
+    per-token ``kl``; with old log-probs, ``rollout/logprob_diff_*`` (:func:`mismatch_stats`)."""
     stats = {}
     if passed.ref_logprobs is not None:
-        stats |= kl_stats(passed.logprobs, passed.ref_logprobs, kl, mask, scored)
+        stats["kl/mean"] = masked_sum(passed.logprobs - passed.ref_logprobs, mask, dim=-1)[scored].mean().item()
+        stats["kl/estimator_mean"] = masked_sum(kl, mask, dim=-1)[scored].mean().item()
     if passed.logprobs is not None:
         stats |= mismatch_stats(passed.logprobs, generated.sampler_logprobs, mask)
     return stats
@@ -269,17 +261,6 @@ def missing_eos_penalized(config: PolicyGradientConfig, scores: torch.Tensor, ha
     if reward.missing_eos_penalty is None:
         return scores
     return penalize_missing_eos(scores, has_stop, reward.missing_eos_mode, reward.missing_eos_penalty)
-
-
-def kl_stats(
-    logprobs: torch.Tensor, ref: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, scored: torch.Tensor
-) -> dict[str, float]:
-    """``kl/mean``: per-sequence Σ (log π − log π_ref) over ``mask``, averaged over the scored sequences (the name
-    users know it by; NaN when none was); ``kl/estimator_mean``: the same of the estimator's per-token ``kl``."""
-    return {
-        "kl/mean": masked_sum(logprobs - ref, mask, dim=-1)[scored].mean().item(),
-        "kl/estimator_mean": masked_sum(kl, mask, dim=-1)[scored].mean().item(),
-    }
 
 
 MISMATCH_THRESHOLD = 0.5
