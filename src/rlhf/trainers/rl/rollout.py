@@ -60,15 +60,25 @@ class Rollout:
     entropy_keep: torch.Tensor | None
 
     @classmethod
-    def of(cls, generated: generation.Generated, passed: NoGradPass, **fields: torch.Tensor | None) -> Rollout:
-        """The rollout of ``generated`` with ``passed``'s log-probs; ``fields``: ``advantages``, ``entropy_keep`` and an
-        algorithm's own."""
+    def of(
+        cls,
+        generated: generation.Generated,
+        passed: NoGradPass,
+        *,
+        advantages: torch.Tensor,
+        entropy_keep: torch.Tensor | None,
+        **fields: torch.Tensor,
+    ) -> Rollout:
+        """The rollout of ``generated`` with ``passed``'s log-probs, ``advantages`` and ``entropy_keep``; an algorithm's
+        own ``fields`` beside them."""
         return cls(
             query_responses=generated.query_responses,
             attention_mask=generated.attention_mask,
             logprobs=passed.logprobs,
             ref_logprobs=passed.ref_logprobs,
             sampler_logprobs=generated.sampler_logprobs,
+            advantages=advantages,
+            entropy_keep=entropy_keep,
             **fields,
         )
 
