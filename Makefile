@@ -21,11 +21,16 @@ STAMP := $(VENV)/.rlhf-installed
 demo: $(STAMP)
 	$(BIN)/rlhf demo --overwrite $(ARGS)
 
+# The suite runs in TEST_WORKERS processes at once (pytest-xdist), each test file whole in one of them so that its
+# fixtures are built once; files go out in the order collected, the longest test first (tests/conftest.py). Every
+# test process computes on one thread, so 2 suits CI's 2 cores; `make test TEST_WORKERS=auto` takes every core.
 # pytest's exit code 5 means "no test collected": not a failure of the suite.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS) || [ $$? -eq 5 ]
 
 setup: $(STAMP)
 

@@ -33,6 +33,7 @@ bfloat16 GPU).
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -48,16 +49,24 @@ if TYPE_CHECKING:
 # (tests/core) do not pay for them.
 ARCHS = ("llama", "gpt2", "qwen2")  # = rlhf.models.tiny.ARCHS, checked in tests/models/test_tiny.py
 
-# One intra-op thread. The suite must not crawl on a busy machine: with two threads, OpenMP's threads spin
-# waiting for each other whenever another process holds a core (measured on 2 cores with two CPU-bound
-# processes beside it: tests/trainers/test_grpo.py 77 s with two threads, 10 s with one). On an idle machine the
-# whole suite takes 254 s instead of 188 s. Results do not depend on it: every comparison is within one process,
-# and the demo's figures were measured identical with 1 and 2 threads (docs/reproducibility.md).
+# One intra-op thread, here and in the processes a test starts (torch reads OMP_NUM_THREADS when it is imported).
+# The suite must not crawl on a busy machine, and `make test` runs two test processes at once on CI's 2 cores
+# (pytest-xdist): with two threads, OpenMP's threads spin waiting for each other whenever another process holds a
+# core (measured on 2 cores with two CPU-bound processes beside it: tests/trainers/test_grpo.py 77 s with two
+# threads, 10 s with one; the default demo's test 2,285 s with two threads beside the other test process, 955 s
+# alone). Results do not depend on it: every comparison is within one process or between processes that compute
+# alike, and the demo's figures were measured identical with 1 and 2 threads (docs/reproducibility.md).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` when no CUDA device is available."""
+    """The tests marked ``longest`` first; skip tests marked ``gpu`` when no CUDA device is available.
+
+    Run in parallel (`make test`: ``-n 2 --dist loadfile --no-loadscope-reorder``), the suite hands out whole files
+    in this order: the default demo's test (10 minutes or more on 2 cores) then runs beside the rest instead of
+    alone at the end."""
+    items.sort(key=lambda item: "longest" not in item.keywords)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

@@ -4,6 +4,7 @@ at k is deterministic, its staleness is exactly min(k, s − 1), and a killed ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -211,7 +212,9 @@ def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (Linux: /proc/PID/task/*/children)."""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
+        # a thread may end between the listing and the read: its children pass to a thread still listed
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            found += [int(child) for child in (task / "children").read_text().split()]
     return found
 
 
