@@ -53,8 +53,8 @@ ARCHS = ("llama", "gpt2", "qwen2")  # = rlhf.models.tiny.ARCHS, checked in tests
 # The suite must not crawl on a busy machine, and `make test` runs two test processes at once on CI's 2 cores
 # (pytest-xdist): with two threads, OpenMP's threads spin waiting for each other whenever another process holds a
 # core (measured on 2 cores with two CPU-bound processes beside it: tests/trainers/test_grpo.py 77 s with two
-# threads, 10 s with one; the default demo's test 2,285 s with two threads beside the other test process, 955 s
-# alone). Results do not depend on it: every comparison is within one process or between processes that compute
+# threads, 10 s with one; the default demo's test 2,285 s with two threads beside the other test process, 1,788 s
+# with one, 955 s alone with two). Results do not depend on it: every comparison is within one process or between processes that compute
 # alike, and the demo's figures were measured identical with 1 and 2 threads (docs/reproducibility.md).
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
