@@ -54,8 +54,9 @@ ARCHS = ("llama", "gpt2", "qwen2")  # = rlhf.models.tiny.ARCHS, checked in tests
 # (pytest-xdist): with two threads, OpenMP's threads spin waiting for each other whenever another process holds a
 # core (measured on 2 cores with two CPU-bound processes beside it: tests/trainers/test_grpo.py 77 s with two
 # threads, 10 s with one; the default demo's test 2,285 s with two threads beside the other test process, 1,788 s
-# with one, 955 s alone with two). Results do not depend on it: every comparison is within one process or between processes that compute
-# alike, and the demo's figures were measured identical with 1 and 2 threads (docs/reproducibility.md).
+# with one, 955 s alone with two). Results do not depend on it: every comparison is within one process or between
+# processes that compute alike, and the demo's figures were measured identical with 1 and 2 threads
+# (docs/reproducibility.md).
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
