@@ -3,6 +3,8 @@
 #   make demo    set up .venv (once) and run the whole pipeline on a tiny model
 #   make test    set up .venv (once) and run the linter and the test suite
 #
+# and `make test-demo`: the default demo's acceptance test, which `make test` leaves out (tests/test_demo.py).
+#
 # Extra arguments go through ARGS, e.g. `make demo ARGS="--preset tiny"` or `make test ARGS="-x tests/core"`.
 # The virtualenv is rebuilt only when pyproject.toml changes (or after `make clean`).
 
@@ -15,22 +17,27 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlhf-installed
 
-.PHONY: demo test setup clean vllm-venv
+.PHONY: demo test test-demo setup clean vllm-venv
 
 # Safe to repeat: a second `make demo` replaces the demo's own output directory (runs/demo) instead of refusing it.
 demo: $(STAMP)
 	$(BIN)/rlhf demo --overwrite $(ARGS)
 
 # The suite runs in TEST_WORKERS processes at once (pytest-xdist), each test file whole in one of them so that its
-# fixtures are built once; files go out in the order collected, the longest test first (tests/conftest.py). Every
+# fixtures are built once; files go out in the order collected, the longest files first (tests/conftest.py). Every
 # test process computes on one thread, so 2 suits CI's 2 cores; `make test TEST_WORKERS=auto` takes every core.
+# The default demo's acceptance test (marker `demo`) is left out: alone it is the whole suite's time again
+# (tests/test_demo.py says why); `make test-demo` runs it on every core.
 # pytest's exit code 5 means "no test collected": not a failure of the suite.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not demo" $(ARGS) || [ $$? -eq 5 ]
+
+test-demo: $(STAMP)
+	$(BIN)/python -m pytest -q -m demo $(ARGS)
 
 setup: $(STAMP)
 

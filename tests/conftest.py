@@ -65,8 +65,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tests marked ``longest`` first; skip tests marked ``gpu`` when no CUDA device is available.
 
     Run in parallel (`make test`: ``-n 2 --dist loadfile --no-loadscope-reorder``), the suite hands out whole files
-    in this order: the default demo's test (10 minutes or more on 2 cores) then runs beside the rest instead of
-    alone at the end."""
+    in this order, the longest first (each 200-600 s of one process: the torchrun, kill-and-resume, vLLM and
+    multi-turn files), so that the two processes end together on short files instead of one waiting for the
+    other's last long file."""
     items.sort(key=lambda item: "longest" not in item.keywords)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return

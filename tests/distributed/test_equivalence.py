@@ -27,7 +27,7 @@ from torchrun_runs import assert_same_gradients, assert_same_metrics, assert_sam
 
 from rlhf.models.tiny import toy_corpus
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 REWARDS = Path(__file__).resolve().parents[1] / "trainers" / "ppo_rewards.py"
 

@@ -23,7 +23,7 @@ from torchrun_runs import (
 
 from configs import nested
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 REWARDS = Path(__file__).resolve().parent / "dist_rewards.py"
 

@@ -30,6 +30,8 @@ from rlhf.trainers.rl.producer import Inbox, Producer, moved, sampling_device
 from rlhf.trainers.rl.rollout import Sampled
 from runs import assert_rows_match, comparable, dies_after_checkpoint, max_abs_diff, train_rows
 
+pytestmark = pytest.mark.longest  # its kill-and-resume runs: minutes (tests/conftest.py)
+
 prompts_file = test_grpo.prompts_file  # the fixture: 40 short prompts
 word_prompts = test_multi_turn.word_prompts  # the fixture: 64 rows naming a code word
 

@@ -36,6 +36,8 @@ from runs import (
     train_rows,
 )
 
+pytestmark = pytest.mark.longest  # its learning tests and tool-calling fixtures: minutes (tests/conftest.py)
+
 ENVS = Path(__file__).resolve().parents[1] / "episode_envs.py"
 EPISODE_METRICS = ["episode/turns_mean", "episode/tool_calls_mean", "episode/tool_errors", "episode/truncated"]
 

@@ -28,7 +28,7 @@ from rlhf.rollout.engine import SamplingParams, sample
 from rlhf.rollout.vllm_server import VLLMServer
 from runs import assert_rows_match, comparable, train_rows
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 STARTUP = 600.0
 """Seconds a server may take to answer /health (about 30 on two cores)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_vllm_engine import ROOT, vllm_python
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 REWARD = ROOT / "tests" / "trainers" / "ppo_rewards.py"
 COMMON = {
