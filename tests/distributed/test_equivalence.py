@@ -32,6 +32,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.longest]
 REWARDS = Path(__file__).resolve().parents[1] / "trainers" / "ppo_rewards.py"
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory):
+    """``one_process(command, config)``: (metric rows, per-step gradients, run directory) of the config's one-process
+    run, run once per module: a trainer's DDP and FSDP cases compare their ranks with the same one (7 runs fewer)."""
+    done: dict[str, tuple[list[dict], list[dict], Path]] = {}
+
+    def run_once(command: str, config: dict) -> tuple[list[dict], list[dict], Path]:
+        key = json.dumps([command, config], sort_keys=True)
+        if key not in done:
+            out = tmp_path_factory.mktemp(f"one_{command}")
+            done[key] = (*run(command, config, out), out / "run")
+        return done[key]
+
+    return run_once
+
+
 def rl_config(command: str, policy: Path, prompts: Path, **overrides: object) -> dict:
     """3 steps, ragged responses, 2 passes × 2 minibatches (the second pass shuffled), held-out samples.
     Keys are dotted paths (``**{"batch.size": 8}``)."""
@@ -46,22 +62,22 @@ def rl_config(command: str, policy: Path, prompts: Path, **overrides: object) ->
 @pytest.mark.parametrize(
     ("critic", "parallelism"), [("shared", "ddp"), ("separate", "ddp"), ("shared", "fsdp"), ("separate", "fsdp")]
 )
-def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, critic, parallelism):
+def test_ppo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, one_process, critic, parallelism):
     """DDP, and FSDP2 (policy, reference, value head or critic sharded; a rollout gathers the policy once). With a
     separate critic the two ranks also recompute their activations (model.gradient_checkpointing, policy and critic):
     the same gradients as one process that keeps them."""
     config = rl_config("ppo", tiny_llama_dir, prompts, **{"batch.size": 8, "ppo.epochs": 2, "ppo.critic": critic,
                                                     "kl.control": "adaptive"})  # fmt: skip
-    one_rows, one_grads = run("ppo", config, tmp_path / "one")
+    one_rows, one_grads, one = one_process("ppo", config)
     two = config | {"run.parallelism": parallelism, "model.gradient_checkpointing": critic == "separate"}
     two_rows, two_grads = run("ppo", two, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
-    samples = sorted((tmp_path / "one" / "run" / "samples").iterdir())
+    samples = sorted((one / "samples").iterdir())
     assert [p.read_text() for p in samples] == [
         (tmp_path / "two" / "run" / "samples" / p.name).read_text() for p in samples
     ]  # the same held-out answers, written once
-    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+    assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
 def test_ppo_fsdp_with_a_reward_model_equals_one_process(tiny_llama_dir, tiny_reward_model_dir, prompts, tmp_path):
@@ -87,14 +103,14 @@ GRPO_VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", list(GRPO_VARIANTS))
-def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, variant):
+def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, one_process, variant):
     """Also with LoRA (only the adapters train and synchronise; the reference is the adapter switched off), and with
     the variants whose masks span the batch: the entropy mask is chosen over every rank's rows, the off-policy mask
     (acting in the second iteration) per sequence, so neither depends on the number of ranks."""
     config = rl_config("grpo", tiny_llama_dir, prompts, **{
         "batch.size": 4, "grpo.group_size": 4, "grpo.num_iterations": 2, "kl.coef": 0.05, "batch.micro_size": 2,
     } | GRPO_VARIANTS[variant])  # fmt: skip
-    one_rows, one_grads = run("grpo", config, tmp_path / "one")
+    one_rows, one_grads, one = one_process("grpo", config)
     two_rows, two_grads = run("grpo", config, tmp_path / "two", torchrun())
     if variant == "variants":  # both masks acted
         train = [row for row in one_rows if "policy/loss" in row]
@@ -102,7 +118,7 @@ def test_grpo_two_ranks_equal_one_process(tiny_llama_dir, prompts, tmp_path, var
         assert any(row["policy/off_policy_masked"] > 0 for row in train), train
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
-    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+    assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
 EPISODES = Path(__file__).resolve().parents[1] / "episode_envs.py"
@@ -147,32 +163,34 @@ def rm_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path, parallelism):
+def test_sft_two_ranks_equal_one_process(tiny_llama_dir, sft_data, tmp_path, one_process, parallelism):
     config = {"model.name": str(tiny_llama_dir), "data.train": str(sft_data), "data.eval": str(sft_data), "sft.epochs": 2,
               "batch.size": 4, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "data.max_length": 64, "run.eval_every": 2,
               "run.save_every": 0, "run.progress": False}  # fmt: skip
-    one_rows, one_grads = run("sft", config, tmp_path / "one")
+    one_rows, one_grads, one = one_process("sft", config)
     two_rows, two_grads = run("sft", config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 6  # 2 epochs of ceil(11 / 4) steps
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
-    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 6 * 1e-3)
+    assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 6 * 1e-3)
 
 
 # dpo's reference pass runs before the optimizer is built: a sharded root left gathered by it would give the
 # optimizer the gathered copies (step 2 diverged in the embeddings before models.sharding.gathered wrapped it)
 @pytest.mark.parametrize(("command", "parallelism"), [("rm", "ddp"), ("rm", "fsdp"), ("dpo", "ddp"), ("dpo", "fsdp")])
-def test_preference_trainers_two_ranks_equal_one_process(tiny_llama_dir, rm_data, tmp_path, command, parallelism):
+def test_preference_trainers_two_ranks_equal_one_process(
+    tiny_llama_dir, rm_data, tmp_path, one_process, command, parallelism
+):
     train, held_out = rm_data
     config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), f"{command}.epochs": 1,
               "batch.size": 5, "batch.micro_size": 1, "optim.learning_rate": 1e-3, "run.eval_every": 2, "run.save_every": 0,
               "run.progress": False}  # fmt: skip
-    one_rows, one_grads = run(command, config, tmp_path / "one")
+    one_rows, one_grads, one = one_process(command, config)
     two_rows, two_grads = run(command, config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
     assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
-    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+    assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
 
 
 def test_a_reward_model_ensemble_under_fsdp_equals_one_process(tiny_llama_dir, rm_data, tmp_path):
@@ -192,18 +210,18 @@ def test_a_reward_model_ensemble_under_fsdp_equals_one_process(tiny_llama_dir, r
         assert_same_weights(one / member, two / member, 3 * 1e-3)
 
 
-@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8, "dropout": 0.0}], ids=["full", "lora"])
-def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path, lora):
+@pytest.mark.parametrize("variant", ["full", "lora"])
+def test_grpo_fsdp_equals_one_process(tiny_llama_dir, prompts, tmp_path, one_process, variant):
     """FSDP2: the policy and the reference sharded over 2 ranks, weights gathered once per rollout; with LoRA the
     adapters are added before sharding (rank 0's initial adapters on every rank) and only they train, and the ranks
     recompute their activations in the backward pass (model.gradient_checkpointing)."""
+    # the config (and so the one-process run) of test_grpo_two_ranks_equal_one_process's case
     config = rl_config("grpo", tiny_llama_dir, prompts, **{
         "batch.size": 4, "grpo.group_size": 4, "grpo.num_iterations": 2, "kl.coef": 0.05, "batch.micro_size": 2,
-        "model.lora": lora,
-    })  # fmt: skip
-    one_rows, one_grads = run("grpo", config, tmp_path / "one")
-    two = config | {"run.parallelism": "fsdp", "model.gradient_checkpointing": lora is not None}
+    } | GRPO_VARIANTS[variant])  # fmt: skip
+    one_rows, one_grads, one = one_process("grpo", config)
+    two = config | {"run.parallelism": "fsdp", "model.gradient_checkpointing": variant == "lora"}
     two_rows, two_grads = run("grpo", two, tmp_path / "two", torchrun())
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
-    assert_same_weights(tmp_path / "one" / "run" / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
+    assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)

@@ -3,6 +3,7 @@ that fails. Real torchrun, gloo, processes on this machine."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,22 +59,26 @@ def crash(config: dict, out: Path, die_at: int) -> None:
     assert (out / "run" / "checkpoints" / f"step_{die_at:06d}").is_dir()
 
 
-@pytest.mark.parametrize(("parallelism", "ranks_after"), [("ddp", 2), ("ddp", 1), ("fsdp", 2), ("fsdp", 1)])
-def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path, parallelism, ranks_after):
-    """Both ranks die after step 2 of 4; ``--resume`` with 2 ranks or 1 process ends where the uninterrupted
-    2-rank run ends: the checkpoint holds global state only (weights, optimizer, schedule, prompt position,
-    random streams, KL coefficient, the moving reference), so the world size may change. FSDP2 writes sharded
-    (DCP) checkpoints, which one process reads back whole."""
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path, parallelism):
+    """Both ranks die after step 2 of 4; ``--resume`` with 2 ranks, and again from the same crashed directory with 1
+    process, ends where the uninterrupted 2-rank run ends: the checkpoint holds global state only (weights,
+    optimizer, schedule, prompt position, random streams, KL coefficient, the moving reference), so the world size
+    may change. FSDP2 writes sharded (DCP) checkpoints, which one process reads back whole."""
     config = ppo_config(tiny_llama_dir, prompts, **{"ppo.steps": 4, "run.save_every": 1, "kl.control": "adaptive",
                                                 "kl.reference_ema": 0.5, "run.parallelism": parallelism})  # fmt: skip
     whole_rows, whole_grads = run("ppo", config, tmp_path / "whole", torchrun())
-    crash(config, tmp_path / "resumed", die_at=2)
-    launcher = [torchrun()] if ranks_after == 2 else []
-    rows, grads = run("ppo", config, tmp_path / "resumed", *launcher, flags=("--run.resume",))
-    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # step 0: the held-out answers before training
-    assert_same_gradients(whole_grads[2 * 4 :], grads)  # steps 3-4 (4 optimizer steps each: 2 epochs × 2)
-    assert_same_metrics(whole_rows, rows)
-    assert_same_weights(tmp_path / "whole" / "run" / "final", tmp_path / "resumed" / "run" / "final", 2 * 1e-3)
+    out = tmp_path / "resumed"
+    crash(config, out, die_at=2)
+    shutil.copytree(out, tmp_path / "crashed")  # the second resume starts from the same crash, at the same path
+    for launcher in ([torchrun()], []):
+        rows, grads = run("ppo", config, out, *launcher, flags=("--run.resume",))
+        assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # step 0: the held-out answers before training
+        assert_same_gradients(whole_grads[2 * 4 :], grads)  # steps 3-4 (4 optimizer steps each: 2 epochs × 2)
+        assert_same_metrics(whole_rows, rows)
+        assert_same_weights(tmp_path / "whole" / "run" / "final", out / "run" / "final", 2 * 1e-3)
+        shutil.rmtree(out)
+        shutil.copytree(tmp_path / "crashed", out)
 
 
 def test_a_failing_rank_stops_every_rank_with_its_error(tiny_llama_dir, prompts, tmp_path):
