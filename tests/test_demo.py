@@ -309,9 +309,9 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
 
 
 # Marked `demo`, which `make test` (and so CI) leaves out: alone on 2 idle cores it takes the demo's 9 minutes, but
-# beside the rest of the suite, on one core, 1,650-1,790 s, and with it the suite's two processes took 2,490-2,780 s
-# against 1,600 without it (measured on CI's 2 cores). `make test-demo` runs it; run it after changing a trainer,
-# the demo or its presets, and `python tools/demo_figures.py` for the README's figures over seeds and kernels.
+# beside the rest of the suite, on one core, 1,650-1,790 s. Measured on 2 cores the same day, `make test` took
+# 2,487 s with it and 1,708 s without it. `make test-demo` runs it; run it after changing a trainer, the demo or its
+# presets, and `python tools/demo_figures.py` for the README's figures over seeds and kernels.
 @pytest.mark.slow
 @pytest.mark.demo
 def test_default_demo_meets_its_targets(tmp_path):
