@@ -34,7 +34,8 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not demo" $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not demo" $(ARGS) \
+		|| [ $$? -eq 5 ]
 
 test-demo: $(STAMP)
 	$(BIN)/python -m pytest -q -m demo $(ARGS)
