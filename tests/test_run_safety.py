@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from configs import nested
 from rlhf import cli, evaluate, sample
@@ -121,6 +124,28 @@ def test_resume_skips_a_torn_newest_checkpoint(tiny_llama_dir, data, tmp_path, c
     assert "resuming from" in err and "step_000002 (step 2)" in err
     assert "dropping the torn last line" in err
     assert steps_of(out) == list(range(1, 9))  # 3-4 again from step 2, then the new epoch, once each
+
+
+def test_a_run_directory_moved_elsewhere_resumes_there(tiny_llama_dir, data, tmp_path):
+    """``output_dir`` may change on resume (to another disk, say): the moved run continues from its checkpoint to
+    the weights the run left in place ends with, bit for bit, and records where it now lives."""
+    finals = []
+    for name, moved in (("stayed", None), ("moved", tmp_path / "elsewhere" / "run")):
+        out = tmp_path / name
+        config = sft_yaml(tmp_path / f"{name}.yaml", tiny_llama_dir, data, out, **{"run.save_every": 2})
+        assert cli.main(["sft", "--config", str(config)]) == 0  # epoch 1 of 2
+        if moved is not None:
+            moved.parent.mkdir()
+            out = Path(shutil.move(out, moved))
+        assert (
+            cli.main(["sft", "--config", str(config), "--output_dir", str(out), "--run.resume", "--sft.epochs", "2"])
+            == 0
+        )
+        assert steps_of(out) == list(range(1, 9))
+        assert yaml.safe_load((out / "config.yaml").read_text())["output_dir"] == str(out)
+        finals.append(load_file(out / "final" / "model.safetensors"))
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][name], finals[1][name]) for name in finals[0])
 
 
 # --------------------------------------------------------------------------------------------------------------

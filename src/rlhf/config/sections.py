@@ -462,7 +462,7 @@ class RunSection:
     name: Text | None = None
     """Run name for tensorboard / wandb / trackio; None = the name of output_dir."""
     resume: bool = False
-    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except the fields listed in rlhf.runlog.rundir.SAFE_ON_RESUME (steps, epochs, logging, checkpoints, micro-batching, compile, parallelism; a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
+    """Continue the run in output_dir from its newest checkpoint that loads. The config must match the run's config.yaml except the fields listed in rlhf.runlog.rundir.SAFE_ON_RESUME (steps, epochs, logging, checkpoints, micro-batching, compile, parallelism, memory budget, output_dir itself: a moved run resumes where it now is; a changed steps/epochs re-times the learning-rate schedule from the resume point); any other difference is refused, listing each field. Without a checkpoint the run starts afresh (refused if it finished with a final/)."""
     overwrite: bool = False
     """Replace the run already in output_dir: its config.yaml, metrics.jsonl, samples/, checkpoints/, final/ and tensorboard/ are deleted once the new run has loaded its models (other files there are left alone). Without resume or overwrite, a non-empty run directory is refused."""
     progress: bool = True

@@ -56,6 +56,8 @@ SAFE_ON_RESUME = frozenset(
     | {"run.parallelism", "batch.micro_size", "batch.micro_tokens", "model.compile"}
     # what memory the run may plan on (the machine may have changed)
     | {"run.memory_budget_gib", "run.ignore_memory_plan"}
+    # where the run lives: a run directory moved or copied elsewhere resumes there
+    | {"output_dir"}
 )
 """Fields that may differ between a run and its ``--resume``. Any other change would silently make the resumed
 run a different one, so it is refused."""
