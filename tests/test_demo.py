@@ -308,8 +308,8 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-# Marked `demo`, which `make test` (and so CI) leaves out: alone on 2 idle cores it takes the demo's 9 minutes, but
-# beside the rest of the suite, on one core, 1,650-1,790 s. Measured on 2 cores the same day, `make test` took
+# Marked `demo`, which `make test` (and so CI) leaves out: alone on 2 cores it takes 553-1,099 s (`make test-demo`,
+# a quiet day and a slow one), but beside the rest of the suite, on one core, 1,650-1,790 s. Measured on 2 cores the same day, `make test` took
 # 2,487 s with it and 1,708 s without it. `make test-demo` runs it; run it after changing a trainer, the demo or its
 # presets, and `python tools/demo_figures.py` for the README's figures over seeds and kernels.
 @pytest.mark.slow

@@ -68,17 +68,15 @@ def test_killed_run_resumes_at_any_world_size(tiny_llama_dir, prompts, tmp_path,
     config = ppo_config(tiny_llama_dir, prompts, **{"ppo.steps": 4, "run.save_every": 1, "kl.control": "adaptive",
                                                 "kl.reference_ema": 0.5, "run.parallelism": parallelism})  # fmt: skip
     whole_rows, whole_grads = run("ppo", config, tmp_path / "whole", torchrun())
-    out = tmp_path / "resumed"
-    crash(config, out, die_at=2)
-    shutil.copytree(out, tmp_path / "crashed")  # the second resume starts from the same crash, at the same path
-    for launcher in ([torchrun()], []):
+    crash(config, tmp_path / "resumed", die_at=2)
+    # the same crash, copied (a run directory resumes wherever it now is), is resumed again by one process
+    shutil.copytree(tmp_path / "resumed", tmp_path / "resumed_alone")
+    for out, launcher in ((tmp_path / "resumed", [torchrun()]), (tmp_path / "resumed_alone", [])):
         rows, grads = run("ppo", config, out, *launcher, flags=("--run.resume",))
         assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # step 0: the held-out answers before training
         assert_same_gradients(whole_grads[2 * 4 :], grads)  # steps 3-4 (4 optimizer steps each: 2 epochs × 2)
         assert_same_metrics(whole_rows, rows)
         assert_same_weights(tmp_path / "whole" / "run" / "final", out / "run" / "final", 2 * 1e-3)
-        shutil.rmtree(out)
-        shutil.copytree(tmp_path / "crashed", out)
 
 
 def test_a_failing_rank_stops_every_rank_with_its_error(tiny_llama_dir, prompts, tmp_path):
