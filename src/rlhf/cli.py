@@ -255,8 +255,14 @@ def _trainer_of(path: str) -> str:
 
 
 def _run(command: str, config: CommandConfig, verbose: bool) -> Any:
-    """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet."""
+    """Run the command (it checks its models first: `rlhf.inputs`) with the libraries kept quiet, and with Hub
+    kernels as its ``model.use_kernels`` says (off by default: `rlhf.models.loading.HUB_KERNELS`)."""
     run = runner(command)
+    model = getattr(config, "model", None)
+    if model is not None:
+        from rlhf.models.loading import use_hub_kernels
+
+        use_hub_kernels(model.use_kernels)
     if command in ("report", "label", "doctor") or verbose:  # they load no model: no library to quiet
         return run(config)
     from rlhf.runlog.progress import quiet_libraries

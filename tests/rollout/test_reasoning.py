@@ -34,8 +34,9 @@ def test_completions_split_as_trls_grpo_parses_qwen3s():
     try:  # TRL recognises Qwen3 by its template's exact text: ours without the fixture's source comment
         tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
         add_response_schema(tokenizer)
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True)
-        prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else prompt
+        # the prompt's ids as rlhf renders them (apply_chat_template's own return type changed in transformers 5.25:
+        # a BatchEncoding, which parse_response cannot read as a prefix)
+        prefix = chat.encode(tokenizer, [{"role": "user", "content": "?"}], add_generation_prompt=True)
         for text in TEXTS:
             ended = text + ("" if text.startswith("<think>\ncut") else "<|im_end|>")  # a cut turn has no end
             ids = tokenizer(ended, add_special_tokens=False)["input_ids"]

@@ -118,6 +118,8 @@ class ModelSection:
     """The weights' dtype (TRL's model_init_kwargs dtype): with bf16 mixed precision the float32 master weights and optimizer state, else the compute dtype as well. bfloat16 without bf16 is pure bfloat16: an AdamW step smaller than a weight's bfloat16 spacing (1.2e-4 near 0.02) is rounded away, so small learning rates barely move the model (update/changed_frac shows it; README "GPUs and precision")."""
     bf16: bool | None = None
     """bfloat16 mixed precision (TRL's and HF Trainer's bf16): the weights stay in dtype, every forward computes in bfloat16 under torch.autocast, frozen models (the reference copy, reward models) are held in bfloat16. None = on for a CUDA GPU with bfloat16 support, off on CPU (where most processors have no bfloat16 units and runs stay comparable)."""
+    use_kernels: bool = False
+    """Let transformers replace layers (rotary embedding, RMSNorm, attention, …) with kernels it fetches from the Hub at run time (transformers' use_kernels, TRL's model_init_kwargs use_kernels; transformers 5.25 turns them on by default): needs the network, runs code downloaded at run time, and changes the numerics, so a run resumes bit for bit only with the same kernels. False = every model of the command runs its own torch code, whatever the transformers version (docs/dependencies.md)."""
 
     def __post_init__(self) -> None:
         if self.bf16 and self.dtype == "float16":

@@ -43,13 +43,32 @@ def load_tokenizer(
     return tokenizer
 
 
+HUB_KERNELS = "USE_HUB_KERNELS"
+"""transformers' own switch for layers replaced by kernels fetched from the Hub. rlhf reads it as off unless it is
+set to a true value (transformers, since 5.25, as on); each command sets it from ``model.use_kernels``, so the
+processes a run starts (torchrun ranks, the rollout worker) load their models alike (docs/dependencies.md)."""
+
+
+def hub_kernels_wanted() -> bool:
+    """Whether models load with kernels fetched from the Hub: only when :data:`HUB_KERNELS` says so."""
+    return os.environ.get(HUB_KERNELS, "").strip().lower() in ("1", "true", "y", "yes", "on")
+
+
+def use_hub_kernels(wanted: bool) -> None:
+    """Set :data:`HUB_KERNELS` for this process and the processes it starts (a command's ``model.use_kernels``)."""
+    os.environ[HUB_KERNELS] = "1" if wanted else "0"
+
+
 def pretrained(auto_class: Any, name_or_path: str, device: str | torch.device, **kwargs: Any) -> nn.Module:
     """``auto_class.from_pretrained(name_or_path, **kwargs)``; on the ``"meta"`` device, the same architecture
     with no weights read (``from_config``; call it inside ``with torch.device("meta")``), which is how a
     sharded run builds a model before rank 0 sends the weights (:func:`rlhf.models.sharding.load_sharded`).
-    Config overrides among ``kwargs`` (``num_labels``) apply to both."""
+    Config overrides among ``kwargs`` (``num_labels``) apply to both. Hub kernels stay off unless asked for
+    (:func:`hub_kernels_wanted`): transformers 5.25 turns them on by default and fetches code from the Hub when the
+    model goes to a GPU or into training mode, which an offline machine cannot do and a run should not do unasked.
+    ``from_config`` never fetches any."""
     if torch.device(device).type != "meta":
-        return auto_class.from_pretrained(name_or_path, **kwargs)
+        return auto_class.from_pretrained(name_or_path, use_kernels=hub_kernels_wanted(), **kwargs)
     from transformers import AutoConfig
 
     overrides = {key: kwargs.pop(key) for key in ("num_labels",) if key in kwargs}
