@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+import offline
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -59,6 +61,12 @@ ARCHS = ("llama", "gpt2", "qwen2")  # = rlhf.models.tiny.ARCHS, checked in tests
 # (docs/reproducibility.md).
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# No test needs the network (tests/offline.py): the Hub's client answers from the cache here and in the processes a
+# test starts (set before huggingface_hub is imported: it reads the variable once), and this process refuses any
+# connection outside the machine, failing the test that tried (`_offline`).
+os.environ["HF_HUB_OFFLINE"] = "1"
+offline.install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -84,6 +92,15 @@ def _float32_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     float32's. Runs that set ``model.bf16`` get what they set; processes a test starts get the real default."""
     if torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+
+
+@pytest.fixture(autouse=True)
+def _offline() -> Iterator[None]:
+    """A test that reached for a host outside this machine fails, whether or not the code under test swallowed the
+    refusal (a library that falls back to its cache, say)."""
+    offline.ATTEMPTS.clear()
+    yield
+    assert not offline.ATTEMPTS, f"the test reached for the network: {sorted(set(offline.ATTEMPTS))}"
 
 
 @pytest.fixture(autouse=True)
