@@ -48,11 +48,13 @@ def oldest() -> str:
 
 
 def pinned(lock: Path) -> dict[str, str]:
-    """``name == version`` lines of a constraints file (comments and markers aside)."""
+    """The ``name==version`` lines of a constraints file whose environment marker holds for this interpreter."""
+    from packaging.markers import Marker
+
     pins = {}
     for line in lock.read_text().splitlines():
-        match = re.match(r"([A-Za-z0-9_.-]+)==([^\s;]+)", line)
-        if match:
+        match = re.match(r"([A-Za-z0-9_.-]+)==([^\s;]+)\s*(?:;(.*))?$", line)
+        if match and (match[3] is None or Marker(match[3]).evaluate()):
             pins[canonical(match[1])] = match[2]
     return pins
 
