@@ -315,3 +315,14 @@ def test_libraries_are_quiet_during_a_run_unless_verbose(
     bars, level, library_warning = seen[0]
     assert bars is not quiet and (level == logging.ERROR) is quiet and library_warning is not quiet
     assert (hf_logging.is_progress_bar_enabled(), logging.getLogger("transformers").level) == before  # restored
+
+
+def test_version_names_the_libraries_a_run_depends_on(capsys):
+    """`rlhf --version`: rlhf's, then each installed library's, without importing any (the CLI stays light)."""
+    import torch
+    import transformers
+
+    assert cli.main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "rlhf 0.1.0"
+    assert f"torch {torch.__version__}" in lines and f"transformers {transformers.__version__}" in lines

@@ -21,7 +21,7 @@ import yaml
 from safetensors.torch import load_file
 
 from configs import nested
-from rlhf import cli, evaluate, sample
+from rlhf import __version__, cli, evaluate, sample
 from rlhf.config import ConfigError, config_from_dict, config_to_yaml
 from rlhf.models.tiny import toy_corpus
 from rlhf.runlog import rundir
@@ -103,7 +103,10 @@ def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(tiny_llam
     )
     assert steps_of(out) == list(range(1, 9))
     assert not (out / "checkpoints").exists()
-    assert yaml.safe_load((out / "config.yaml").read_text())["sft"]["epochs"] == 2
+    recorded = (out / "config.yaml").read_text()
+    assert yaml.safe_load(recorded)["sft"]["epochs"] == 2
+    # its first line names the versions it ran with (a comment: the config read back is unchanged)
+    assert recorded.startswith(f"# rlhf {__version__}, torch {torch.__version__}, transformers ")
     assert cli.main(["sft", "--config", str(config), "--run.resume", "--run.save_every", "0", "--sft.epochs", "2"]) == 2
     assert "finished without a checkpoint" in capsys.readouterr().err
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [rundir.LOCK_FILE]  # no temp leftovers

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rlhf import __version__
+from rlhf import __version__, library_versions
 from rlhf.config import COMMANDS, CommandConfig, ConfigError, load_config
 
 # Command → (module whose `run(config)` carries it out, one line for `rlhf --help`).
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage())
         return 0
     if args[0] == "--version":
-        print(f"rlhf {__version__}")
+        print(f"rlhf {__version__}", *(f"{name} {version}" for name, version in library_versions().items()), sep="\n")
         return 0
     command, rest = args[0], args[1:]
     positional = {"report": "--run_dir", "doctor": "--run_dir", "label": "--pairs"}.get(command)

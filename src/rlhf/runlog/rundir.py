@@ -23,6 +23,7 @@ from typing import IO, Any, TypeVar
 
 import yaml
 
+from rlhf import __version__, library_versions
 from rlhf.config import CommandConfig, ConfigError, TrainingConfig, config_to_yaml
 from rlhf.runlog import distributed
 from rlhf.runlog.checkpoint import fsync_dir, list_checkpoints, load_checkpoint
@@ -348,5 +349,7 @@ def staged(target: Path) -> Iterator[Path]:
 
 
 def write_run_config(output_dir: Path, config: CommandConfig) -> None:
-    """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with)."""
-    atomic_write_text(output_dir / "config.yaml", config_to_yaml(config))
+    """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with),
+    after a comment naming the versions of rlhf and the libraries it ran with."""
+    versions = ", ".join(f"{name} {version}" for name, version in {"rlhf": __version__, **library_versions()}.items())
+    atomic_write_text(output_dir / "config.yaml", f"# {versions}\n{config_to_yaml(config)}")
