@@ -28,8 +28,8 @@ def is_local(host: Any) -> bool:
         return True
     name = host.decode() if isinstance(host, bytes) else str(host)
     name = name.strip("[]").split("%", 1)[0]  # an IPv6 literal in brackets, or with a zone
-    if name in ("", "localhost", "localhost.localdomain") or name.endswith(".localhost"):
-        return True
+    if name in ("", "localhost", "localhost.localdomain", socket.gethostname()) or name.endswith(".localhost"):
+        return True  # the machine's own name too: gloo and servers resolve it to bind
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
