@@ -105,8 +105,8 @@ def test_rerun_is_refused_untouched_and_overwrite_leaves_nothing_stale(tiny_llam
     assert not (out / "checkpoints").exists()
     recorded = (out / "config.yaml").read_text()
     assert yaml.safe_load(recorded)["sft"]["epochs"] == 2
-    # its first line names the versions it ran with (a comment: the config read back is unchanged)
-    assert recorded.startswith(f"# rlhf {__version__}, torch {torch.__version__}, transformers ")
+    # its second line names the versions it ran with (a comment: the config read back is unchanged)
+    assert recorded.splitlines()[1].startswith(f"# rlhf {__version__}, torch {torch.__version__}, transformers ")
     assert cli.main(["sft", "--config", str(config), "--run.resume", "--run.save_every", "0", "--sft.epochs", "2"]) == 2
     assert "finished without a checkpoint" in capsys.readouterr().err
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [rundir.LOCK_FILE]  # no temp leftovers

@@ -349,7 +349,8 @@ def staged(target: Path) -> Iterator[Path]:
 
 
 def write_run_config(output_dir: Path, config: CommandConfig) -> None:
-    """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with),
-    after a comment naming the versions of rlhf and the libraries it ran with."""
+    """``config.yaml``: the run's whole config, every default filled in (what ``--run.resume`` compares with); its
+    second line, a comment, names the versions of rlhf and the libraries it ran with (the first names the command)."""
     versions = ", ".join(f"{name} {version}" for name, version in {"rlhf": __version__, **library_versions()}.items())
-    atomic_write_text(output_dir / "config.yaml", f"# {versions}\n{config_to_yaml(config)}")
+    command, rest = config_to_yaml(config).split("\n", 1)
+    atomic_write_text(output_dir / "config.yaml", f"{command}\n# {versions}\n{rest}")
