@@ -50,23 +50,19 @@ test-demo: $(STAMP)
 
 setup: $(STAMP)
 
-# torch first, so that the package's `torch>=…` requirement is already met and pulls nothing more: torch==VERSION
-# (the lock leaves torch to TORCH_VERSION, which picks the build: CUDA on a machine with an NVIDIA GPU, else CPU).
-define install_torch
-	@if $(1)/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(2)')" 2>/dev/null; then \
-		echo "torch $(2) is installed"; \
-	elif command -v nvidia-smi >/dev/null 2>&1; then \
-		$(1)/python -m pip install --quiet torch==$(2); \
-	else \
-		echo "no NVIDIA GPU: installing the CPU build of torch $(2)"; \
-		$(1)/python -m pip install --quiet --retries 1 torch==$(2) --extra-index-url $(TORCH_CPU_INDEX); \
-	fi
-endef
-
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(call install_torch,$(BIN),$(TORCH_VERSION))
+	@# torch first, so that the package's `torch>=…` requirement is already met and pulls nothing more (the lock
+	@# leaves torch out: TORCH_VERSION picks it, the CUDA build on a machine with an NVIDIA GPU, else the CPU one).
+	@if $(BIN)/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null; then \
+		echo "torch $(TORCH_VERSION) is installed"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION); \
+	else \
+		echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_VERSION)"; \
+		$(BIN)/python -m pip install --quiet --retries 1 torch==$(TORCH_VERSION) --extra-index-url $(TORCH_CPU_INDEX); \
+	fi
 	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	touch $@
 

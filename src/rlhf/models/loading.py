@@ -44,9 +44,9 @@ def load_tokenizer(
 
 
 HUB_KERNELS = "USE_HUB_KERNELS"
-"""transformers' own switch for layers replaced by kernels fetched from the Hub. rlhf reads it as off unless it is
-set to a true value (transformers, since 5.25, as on); each command sets it from ``model.use_kernels``, so the
-processes a run starts (torchrun ranks, the rollout worker) load their models alike (docs/dependencies.md)."""
+"""transformers' own switch for layers replaced by kernels fetched from the Hub. Unset, transformers 5.25 reads it as
+on and rlhf as off; each command sets it from ``model.use_kernels``, so the processes a run starts (torchrun ranks,
+the rollout worker) load their models alike (docs/dependencies.md)."""
 
 
 def hub_kernels_wanted() -> bool:
@@ -64,8 +64,8 @@ def pretrained(auto_class: Any, name_or_path: str, device: str | torch.device, *
     with no weights read (``from_config``; call it inside ``with torch.device("meta")``), which is how a
     sharded run builds a model before rank 0 sends the weights (:func:`rlhf.models.sharding.load_sharded`).
     Config overrides among ``kwargs`` (``num_labels``) apply to both. Hub kernels stay off unless asked for
-    (:func:`hub_kernels_wanted`): transformers 5.25 turns them on by default and fetches code from the Hub when the
-    model goes to a GPU or into training mode, which an offline machine cannot do and a run should not do unasked.
+    (:func:`hub_kernels_wanted`): transformers 5.25 turns them on by default and, on a GPU, fetches code from the Hub at
+    the model's first ``train()``, which an offline machine cannot do and a run should not do unasked.
     ``from_config`` never fetches any."""
     if torch.device(device).type != "meta":
         return auto_class.from_pretrained(name_or_path, use_kernels=hub_kernels_wanted(), **kwargs)
