@@ -465,6 +465,7 @@ def _cuda_functions() -> dict[str, Any]:
         "get_device_capability": lambda device=None: (properties.major, properties.minor),
         "is_bf16_supported": lambda including_emulation=True: True,
         "synchronize": synchronize,
+        "is_current_stream_capturing": lambda: False,  # no CUDA graph is captured (torch 2.10's optimizers ask)
         "empty_cache": nothing,
         "mem_get_info": lambda device=None: (TOTAL_MEMORY, TOTAL_MEMORY),
         "memory_allocated": no_memory,
@@ -496,6 +497,9 @@ class FakeGPU:
     ops: int = 0
 
 
+_NOT_CAPTURING = types.SimpleNamespace(is_capturing=lambda: False)
+"""The fake GPU's one stream, as a CUDA build of torch asks for it (a CPU build never does): no graph is captured."""
+
 _active: list[FakeGPU] = []
 _ABSENT = object()
 
@@ -517,6 +521,8 @@ def fake_cuda(seed: int = 0) -> Iterator[FakeGPU]:
         for name, value in _cuda_functions().items():
             patch(torch.cuda, name, value)
         patch(torch, "Generator", Generator)
+        if hasattr(torch, "accelerator"):  # torch ≥ 2.12's optimizers ask it whether the stream is capturing a graph
+            patch(torch.accelerator, "current_stream", lambda device=None: _NOT_CAPTURING)
         with FakeCudaMode(), DeviceFunctionMode():
             yield gpu
     finally:

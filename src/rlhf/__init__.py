@@ -12,14 +12,17 @@ records them."""
 
 
 def library_versions() -> dict[str, str]:
-    """The installed version of each of :data:`LIBRARIES` (read from the package metadata: nothing is imported);
-    a library that is not installed is left out."""
+    """The version of each of :data:`LIBRARIES` installed: an imported module's own ``__version__`` (torch's names
+    its build, ``2.14.1+cu130``, which the package metadata of a PyPI wheel does not), else the package metadata
+    (nothing is imported); a library that is not installed is left out."""
+    import sys
     from importlib import metadata
 
     versions = {}
     for name in LIBRARIES:
+        loaded = getattr(sys.modules.get(name), "__version__", None)
         try:
-            versions[name] = metadata.version(name)
+            versions[name] = str(loaded) if loaded is not None else metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
     return versions

@@ -75,7 +75,9 @@ def _meta_model(name: str, reward: bool) -> nn.Module:
         config.num_labels = 1  # a reward model's one score
     auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
     with torch.device("meta"):
-        return auto.from_config(config)
+        model = auto.from_config(config)
+    model.tie_weights()  # as from_pretrained does (transformers 5.0's from_config leaves tied embeddings apart)
+    return model
 
 
 def lora_params(name: str, lora: LoRAConfig, reward: bool = False) -> int:

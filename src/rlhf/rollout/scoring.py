@@ -161,10 +161,11 @@ def reward_context(
 def make_trainer_state(**fields: Any) -> Any:
     """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's):
     ``fields`` as the training loop fills them (`rlhf.trainers.rl.inputs.make_trainer_state`); without any (``rlhf
-    sample``, ``rlhf eval``) a fresh state, as TRL's before training: step 0 of 0."""
+    sample``, ``rlhf eval``) a fresh state, as TRL's before training: step 0 of 0, epoch 0 (a number on every
+    transformers version: before 5.x's later releases a fresh state's epoch was None)."""
     from transformers import TrainerState  # only here: importing transformers costs seconds
 
-    return TrainerState(**fields)
+    return TrainerState(**{"epoch": 0.0, **fields})
 
 
 def _mean_std(values: torch.Tensor) -> tuple[float, float]:
