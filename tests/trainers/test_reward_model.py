@@ -580,6 +580,32 @@ def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data, tmp_p
     assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0
 
 
+def test_an_ensemble_normalises_its_members_on_one_shared_sample(tiny_llama_dir, data, tmp_path):
+    """With normalize.policy, every member is normalised on the same responses of the policy (the same prompts and
+    answers, sampled once after the last member): under each member they score mean 0, std 1, so wco and uwo compare
+    the members on one scale. The members' own runs are trained without normalising."""
+    out = tmp_path / "ensemble"
+    fields = {"rm.ensemble": 2, "normalize.policy": str(tiny_llama_dir), "normalize.prompts": str(data["prompts"]),
+              "normalize.samples": 12, "normalize.max_new_tokens": 8, "batch.micro_size": 4}  # fmt: skip
+    final = reward_model.run(make_config(tiny_llama_dir, data, out, **fields))
+    runs = [out / "members" / f"member_{m}" for m in range(2)]
+    rows = [
+        [json.loads(line) for line in (run / reward_model.NORMALIZATION_FILE).read_text().splitlines()] for run in runs
+    ]
+    assert [(r["prompt"], r["completion"]) for r in rows[0]] == [(r["prompt"], r["completion"]) for r in rows[1]]
+    assert len({r["completion"] for r in rows[0]}) > 6  # really sampled, not one answer repeated
+    assert [r["score"] for r in rows[0]] != [r["score"] for r in rows[1]]  # two models: two raw scales
+    for m, run in enumerate(runs):
+        assert yaml.safe_load((run / "config.yaml").read_text())["normalize"]["policy"] is None
+        # the ensemble's copy of the member (a hard link) carries the normalisation a consumer applies
+        assert (final / f"member_{m}" / "config.json").stat().st_ino == (run / "final" / "config.json").stat().st_ino
+        consumer = RewardModelReward.load(str(final / f"member_{m}"))
+        scores = torch.tensor(consumer.score([r["prompt"] for r in rows[m]], [r["completion"] for r in rows[m]], {}))
+        # re-scored in other batches than the measurement's: float32 rounding of the forward only
+        assert scores.mean().item() == pytest.approx(0.0, abs=1e-5)
+        assert scores.std(correction=0).item() == pytest.approx(1.0, abs=1e-5)
+
+
 def test_an_ensemble_is_its_members_runs_and_resumes_member_by_member(tiny_llama_dir, data, tmp_path, monkeypatch):
     """`rm.ensemble 3`: member m is the run of run.seed + m in members/member_<m>/ (member 1 here against a single
     run of seed 1, bit for bit); final/ is the ensemble, one reward source, its members hard links. Killed after
