@@ -580,6 +580,33 @@ def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data, tmp_p
     assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0
 
 
+def rankings_and_pairs(seed: int) -> tuple[list[dict], list[dict]]:
+    """8 ranking rows (one per noun: a happy, a calm and a sad answer, listed worst first and ranked [2, 1, 0]) and
+    the 24 pairs they imply, written out in the order a ranking is read (best against each worse, then the next)."""
+    rng, rankings, pairs = random.Random(seed), [], []
+    for noun in NOUNS:
+        prompt = f"tell me about a {noun}:"
+        answers = [
+            f" the {mood} {noun} {rng.choice(VERBS)} a {rng.choice(NOUNS)}." for mood in ("happy", "calm", "sad")
+        ]
+        rankings.append({"prompt": prompt, "completions": answers[::-1], "ranking": [2, 1, 0]})
+        pairs += [{"prompt": prompt, "chosen": answers[i], "rejected": answers[j]} for i, j in ((0, 1), (0, 2), (1, 2))]
+    return rankings, pairs
+
+
+def test_rankings_train_as_the_pairs_they_imply(tiny_llama_dir, data, tmp_path):
+    """A file of rankings (k = 3: C(3,2) = 3 pairs each) trains the same model, bit for bit, as the file of its pairs:
+    a ranking is read as its pairs, in order."""
+    rankings, pairs = rankings_and_pairs(seed=4)
+    ranked = data | {"train": write_jsonl(tmp_path / "rankings.jsonl", rankings)}
+    paired = data | {"train": write_jsonl(tmp_path / "pairs.jsonl", pairs)}
+    from_rankings = reward_model.run(make_config(tiny_llama_dir, ranked, tmp_path / "ranked"))
+    from_pairs = reward_model.run(make_config(tiny_llama_dir, paired, tmp_path / "paired"))
+    assert (
+        max_abs_diff(load_file(from_rankings / "model.safetensors"), load_file(from_pairs / "model.safetensors")) == 0
+    )
+
+
 def test_an_ensemble_normalises_its_members_on_one_shared_sample(tiny_llama_dir, data, tmp_path):
     """With normalize.policy, every member is normalised on the same responses of the policy (the same prompts and
     answers, sampled once after the last member): under each member they score mean 0, std 1, so wco and uwo compare
