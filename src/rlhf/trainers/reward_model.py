@@ -352,16 +352,9 @@ def normalization_sample(config: RMConfig, device: torch.device, d: Dist = SINGL
     stops = stop_token_ids(policy_tokenizer, "eos")
     generator = torch.Generator().manual_seed(config.run.seed)  # row seeds only: the same on any device
     batch = PromptBatch.of(prompts, picks)
+    size = config.effective_micro_batch_size
     generated = generation.generate(
-        policy,
-        policy_tokenizer,
-        batch,
-        sampling,
-        stops,
-        generator,
-        device,
-        d=d,
-        max_rows=config.effective_micro_batch_size,
+        policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d, max_rows=size
     )
     return NormalizationSample(policy_tokenizer, batch.texts, generated.completions, batch.columns)
 
@@ -382,13 +375,9 @@ def normalize(
     from rlhf.rollout.rewards import RewardModelReward
 
     clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
+    size = config.effective_micro_batch_size
     scorer = RewardModelReward(
-        model,
-        tokenizer,
-        name="rm",
-        policy_tokenizer=sample.policy_tokenizer,
-        device=device,
-        batch_size=config.effective_micro_batch_size,
+        model, tokenizer, name="rm", policy_tokenizer=sample.policy_tokenizer, device=device, batch_size=size
     )
     mine = d.shard(len(sample.prompts))
     columns = {key: [values[i] for i in mine] for key, values in sample.columns.items()}
