@@ -580,6 +580,59 @@ def test_gradient_checkpointing_gives_the_same_model(tiny_llama_dir, data, tmp_p
     assert max_abs_diff(load_file(plain / "model.safetensors"), load_file(recomputed / "model.safetensors")) == 0
 
 
+def rankings_and_pairs(seed: int) -> tuple[list[dict], list[dict]]:
+    """8 ranking rows (one per noun: a happy, a calm and a sad answer, listed worst first and ranked [2, 1, 0]) and
+    the 24 pairs they imply, written out in the order a ranking is read (best against each worse, then the next)."""
+    rng, rankings, pairs = random.Random(seed), [], []
+    for noun in NOUNS:
+        prompt = f"tell me about a {noun}:"
+        answers = [
+            f" the {mood} {noun} {rng.choice(VERBS)} a {rng.choice(NOUNS)}." for mood in ("happy", "calm", "sad")
+        ]
+        rankings.append({"prompt": prompt, "completions": answers[::-1], "ranking": [2, 1, 0]})
+        pairs += [{"prompt": prompt, "chosen": answers[i], "rejected": answers[j]} for i, j in ((0, 1), (0, 2), (1, 2))]
+    return rankings, pairs
+
+
+def test_rankings_train_as_the_pairs_they_imply(tiny_llama_dir, data, tmp_path):
+    """A file of rankings (k = 3: C(3,2) = 3 pairs each) trains the same model, bit for bit, as the file of its pairs:
+    a ranking is read as its pairs, in order."""
+    rankings, pairs = rankings_and_pairs(seed=4)
+    ranked = data | {"train": write_jsonl(tmp_path / "rankings.jsonl", rankings)}
+    paired = data | {"train": write_jsonl(tmp_path / "pairs.jsonl", pairs)}
+    from_rankings = reward_model.run(make_config(tiny_llama_dir, ranked, tmp_path / "ranked"))
+    from_pairs = reward_model.run(make_config(tiny_llama_dir, paired, tmp_path / "paired"))
+    assert (
+        max_abs_diff(load_file(from_rankings / "model.safetensors"), load_file(from_pairs / "model.safetensors")) == 0
+    )
+
+
+def test_an_ensemble_normalises_its_members_on_one_shared_sample(tiny_llama_dir, data, tmp_path):
+    """With normalize.policy, every member is normalised on the same responses of the policy (the same prompts and
+    answers, sampled once after the last member): under each member they score mean 0, std 1, so wco and uwo compare
+    the members on one scale. The members' own runs are trained without normalising."""
+    out = tmp_path / "ensemble"
+    fields = {"rm.ensemble": 2, "normalize.policy": str(tiny_llama_dir), "normalize.prompts": str(data["prompts"]),
+              "normalize.samples": 12, "normalize.max_new_tokens": 8, "batch.micro_size": 4}  # fmt: skip
+    final = reward_model.run(make_config(tiny_llama_dir, data, out, **fields))
+    runs = [out / "members" / f"member_{m}" for m in range(2)]
+    rows = [
+        [json.loads(line) for line in (run / reward_model.NORMALIZATION_FILE).read_text().splitlines()] for run in runs
+    ]
+    assert [(r["prompt"], r["completion"]) for r in rows[0]] == [(r["prompt"], r["completion"]) for r in rows[1]]
+    assert len({r["completion"] for r in rows[0]}) > 6  # really sampled, not one answer repeated
+    assert [r["score"] for r in rows[0]] != [r["score"] for r in rows[1]]  # two models: two raw scales
+    for m, run in enumerate(runs):
+        assert yaml.safe_load((run / "config.yaml").read_text())["normalize"]["policy"] is None
+        # the ensemble's copy of the member (a hard link) carries the normalisation a consumer applies
+        assert (final / f"member_{m}" / "config.json").stat().st_ino == (run / "final" / "config.json").stat().st_ino
+        consumer = RewardModelReward.load(str(final / f"member_{m}"))
+        scores = torch.tensor(consumer.score([r["prompt"] for r in rows[m]], [r["completion"] for r in rows[m]], {}))
+        # re-scored in other batches than the measurement's: float32 rounding of the forward only
+        assert scores.mean().item() == pytest.approx(0.0, abs=1e-5)
+        assert scores.std(correction=0).item() == pytest.approx(1.0, abs=1e-5)
+
+
 def test_an_ensemble_is_its_members_runs_and_resumes_member_by_member(tiny_llama_dir, data, tmp_path, monkeypatch):
     """`rm.ensemble 3`: member m is the run of run.seed + m in members/member_<m>/ (member 1 here against a single
     run of seed 1, bit for bit); final/ is the ensemble, one reward source, its members hard links. Killed after

@@ -87,7 +87,7 @@ class NormalizeSection:
     """Reward normalisation after training: gain and bias so the policy's responses score mean 0, std 1."""
 
     policy: Text | None = None
-    """Causal LM (hub id or directory; usually the SFT/reference policy) whose responses are sampled and scored; the gain and bias are stored with the model for every consumer. None = no normalisation."""
+    """Causal LM (hub id or directory; usually the SFT/reference policy) whose responses are sampled and scored; the gain and bias are stored with the model for every consumer; an ensemble's members are all normalised on the same responses. None = no normalisation."""
     prompts: Text | None = None
     """Prompts file ({"prompt"} or {"messages"} rows) to sample the responses for; None = the prompts of the training data."""
     samples: Annotated[int, Field(ge=2)] = 256

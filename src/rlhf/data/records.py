@@ -219,6 +219,63 @@ def _preference(r: Record) -> PreferenceExample:
     return PreferenceExample(r.where, prompt, chosen, rejected, margin=margin)
 
 
+def _ranking_order(ranking: Any, k: int) -> list[list[int]]:
+    """The tiers of a ``"ranking"`` over ``k`` completions, best first: each entry an index, or a list of indices
+    that tie. Every index from 0 to k − 1 exactly once."""
+    if not isinstance(ranking, list) or len(ranking) < 2:
+        raise Problem(
+            f'"ranking" must list the completions\' indices, best first, in at least 2 places (a list of indices ties '
+            f"them), got {_got(ranking)}"
+        )
+    tiers: list[list[int]] = []
+    for entry in ranking:
+        tier = entry if isinstance(entry, list) else [entry]
+        if not tier or any(isinstance(i, bool) or not isinstance(i, int) for i in tier):
+            raise Problem(
+                f'"ranking" entries are indices or lists of tied indices (e.g. [2, [0, 3], 1]), got {_got(entry)}'
+            )
+        tiers.append(tier)
+    named = [i for tier in tiers for i in tier]
+    if bad := sorted({i for i in named if not 0 <= i < k}):
+        raise Problem(f'"ranking" names {bad} but "completions" has {k} (indices 0 to {k - 1})')
+    if repeated := sorted({i for i in named if named.count(i) > 1}):
+        raise Problem(f'"ranking" names {repeated} more than once')
+    if missing := sorted(set(range(k)) - set(named)):
+        raise Problem(f'"ranking" leaves out {missing}: rank every completion (tied ones in one list)')
+    return tiers
+
+
+def _ranking(r: Record) -> list[PreferenceExample]:
+    """A ranking row, ``{"prompt", "completions": [...], "ranking": [best, ..., worst]}``, as its C(k,2) pairs (less
+    the pairs within a tie), best answer first in the ranking's order: every answer is preferred to each one ranked
+    below it."""
+    data = r.data
+    completions = _get(data, "completions")
+    if not isinstance(completions, list) or len(completions) < 2:
+        raise Problem(f'"completions" must be a list of at least 2 answers, got {_got(completions)}')
+    if "margin" in data:
+        raise Problem('"margin" applies to a pair, not to a ranking; drop it or write the pairs')
+    tiers = _ranking_order(_get(data, "ranking"), len(completions))
+    pairs = []
+    for t, better in enumerate(tiers):
+        for worse in tiers[t + 1 :]:
+            for i in better:
+                for j in worse:
+                    row = {"prompt": data.get("prompt"), "chosen": completions[i], "rejected": completions[j]}
+                    try:
+                        pairs.append(_preference(Record({k: v for k, v in row.items() if v is not None}, r.where)))
+                    except Problem as problem:
+                        raise Problem(f"completions {i} and {j}: {problem}") from None
+    return pairs
+
+
+def _preferences(r: Record) -> list[PreferenceExample]:
+    """A preference row: one pair, or a ranking (:func:`_ranking`) as its pairs."""
+    if "ranking" in r.data or "completions" in r.data:
+        return _ranking(r)
+    return [_preference(r)]
+
+
 T = TypeVar("T")
 
 
@@ -243,5 +300,6 @@ def validate_sft(records: Sequence[Record]) -> list[SFTExample]:
 
 
 def validate_preferences(records: Sequence[Record]) -> list[PreferenceExample]:
-    """Check preference records; raises `DataError` listing every bad record."""
-    return _validate(records, _preference)
+    """Check preference records, pairs and rankings (each ranking as its pairs, in the file's order); raises
+    `DataError` listing every bad record."""
+    return [pair for pairs in _validate(records, _preferences) for pair in pairs]

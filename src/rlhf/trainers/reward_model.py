@@ -13,8 +13,8 @@ Conventions (checklist numbers from ``docs/ppo_checklist.md``):
   ``center_rewards_coefficient · mean((r_c + r_r)²)`` (item 16, TRL); accuracy is strict, ``r_c > r_r``
   (item 17);
 - normalisation (item 19, OAI "after training" only): ``gain = 1/σ_D``, ``bias = −gain·μ_D`` over the raw
-  scores of ``normalize.samples`` responses of ``normalize.policy``, population std (OAI); how consumers apply
-  it: docs/architecture.md, "Reward sources".
+  scores of ``normalize.samples`` responses of ``normalize.policy``, population std (OAI), an ensemble's members
+  all on the same responses; how consumers apply it: docs/architecture.md, "Reward sources".
 Deviations from the references: several epochs are allowed (OAI/N+ train one); the schedule is the shared
 ``lr_scheduler`` (``linear`` = OAI's anneal to 0); no "before training" normalisation (OAI sets one so that
 the untrained head matches the label scale — irrelevant for comparisons).
@@ -119,7 +119,9 @@ def train_one(config: RMConfig) -> Path:
     model = peft_or_hf.merge_and_unload() if hasattr(peft_or_hf, "merge_and_unload") else peft_or_hf
     # 7. gain and bias so that the policy's responses score mean 0, std 1 (stored in config.json)
     if config.normalize.policy:
-        normalize(config, model, rm.tokenizer, d.device, out, SINGLE if d.sharded else d)
+        d_norm = SINGLE if d.sharded else d
+        sample = normalization_sample(config, d.device, d_norm)
+        normalize(config, model, rm.tokenizer, sample, device=d.device, out=out, d=d_norm)
     # 8. final/: loads with AutoModelForSequenceClassification (one output) and AutoTokenizer
     if d.is_main:
         with rundir.staged(out / "final") as staging:  # a crash while saving keeps the previous final/
@@ -132,8 +134,9 @@ def train_ensemble(config: RMConfig) -> Path:
     """``rm.ensemble`` reward models, member m trained by :func:`train_one` with ``run.seed`` + m (the new head's
     draw and the order of the pairs) into ``members/member_<m>/``, a run directory of its own: on ``--run.resume``
     a finished member is kept (its config checked unchanged) and the one in progress continues from its checkpoint.
-    Then ``final/``: ``ensemble.json`` and each member's model (hard links to its ``final/``), which
-    ``reward.source`` reads as one source (`rlhf.rollout.rewards.ensemble`)."""
+    With ``normalize.policy``, every member is then normalised on the same sample (:func:`normalize_members`). Then
+    ``final/``: ``ensemble.json`` and each member's model (hard links to its ``final/``), which ``reward.source``
+    reads as one source (`rlhf.rollout.rewards.ensemble`)."""
     out, d = Path(config.output_dir), distributed.current()
     members = [member_config(config, m) for m in range(config.rm.ensemble)]
     runs = [Path(member.output_dir) for member in members]
@@ -150,6 +153,8 @@ def train_ensemble(config: RMConfig) -> Path:
             print(f"rm: ensemble member {m + 1} of {len(members)}, run.seed {member.run.seed}", file=sys.stderr)
             rundir.claims_output_dir(train_one)(member)
     if d.is_main:
+        if config.normalize.policy:  # after every member, on one sample (each member trained without normalize)
+            normalize_members(config, runs, d.device)
         accuracy = held_out_accuracy(config, [run / "final" for run in runs], d.device)
         with rundir.staged(out / "final") as staging:
             for run in runs:
@@ -161,11 +166,13 @@ def train_ensemble(config: RMConfig) -> Path:
 
 
 def member_config(config: RMConfig, m: int) -> RMConfig:
-    """The config of ensemble member ``m``: one reward model, ``run.seed`` + m, in ``members/member_<m>/``."""
+    """The config of ensemble member ``m``: one reward model, ``run.seed`` + m, in ``members/member_<m>/``, not
+    normalised on its own (the ensemble normalises its members together: :func:`normalize_members`)."""
     values = config_to_dict(config)
     values["output_dir"] = str(Path(config.output_dir) / MEMBERS / f"member_{m}")
     values["run"]["seed"] = config.run.seed + m
     values["rm"]["ensemble"] = 1
+    values["normalize"] = {}
     return config_from_dict("rm", values)
 
 
@@ -319,39 +326,63 @@ def evaluate(
     return d.sum_values(totals)
 
 
-def normalize(
-    config: RMConfig, model: nn.Module, tokenizer: Any, device: torch.device, out: Path, d: Dist = SINGLE
-) -> None:
-    """Phase 7 (checklist item 19): score ``normalize.samples`` responses of ``normalize.policy`` with the trained
-    model exactly as consumers do (``RewardModelReward.score``, gain 1, bias 0) and store gain and bias in
-    ``model.config``; writes ``normalization.jsonl`` (rank 0). Each rank scores its share.
-    Sampling, scoring and storing stay together: they are one measurement, read in order."""
+@dataclasses.dataclass(frozen=True)
+class NormalizationSample:
+    """The responses a reward model is normalised on: ``normalize.samples`` answers of ``normalize.policy``, the
+    same for every member of an ensemble (its members then share one scale, which wco and uwo compare)."""
+
+    policy_tokenizer: Any
+    prompts: list[str]
+    completions: list[str]
+    columns: dict[str, list]
+
+
+def normalization_sample(config: RMConfig, device: torch.device, d: Dist = SINGLE) -> NormalizationSample:
+    """Phase 7a: sample ``normalize.samples`` responses of ``normalize.policy`` (prompts drawn with ``run.seed``,
+    cycling when few; each rank generates its share)."""
     from rlhf.models.loading import load_causal_lm, load_tokenizer
     from rlhf.rollout.engine import SamplingParams
-    from rlhf.rollout.rewards import RewardModelReward
 
     policy_tokenizer = load_tokenizer(config.normalize.policy, config.data.chat_template_kwargs)
     policy = load_causal_lm(config.normalize.policy, config.model.dtype, device)
     prompts = normalization_prompts(config, policy_tokenizer, max_positions(policy.config))
-    clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
-    size = config.effective_micro_batch_size
-    scorer = RewardModelReward(
-        model, tokenizer, name="rm", policy_tokenizer=policy_tokenizer, device=device, batch_size=size
-    )
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(config.run.seed))
     picks = [int(order[i % len(prompts)]) for i in range(config.normalize.samples)]  # cycles when few
     sampling = SamplingParams(config.normalize.max_new_tokens, config.normalize.temperature)
     stops = stop_token_ids(policy_tokenizer, "eos")
     generator = torch.Generator().manual_seed(config.run.seed)  # row seeds only: the same on any device
     batch = PromptBatch.of(prompts, picks)
+    size = config.effective_micro_batch_size
     generated = generation.generate(
         policy, policy_tokenizer, batch, sampling, stops, generator, device, d=d, max_rows=size
     )
-    texts, completions = batch.texts, generated.completions
-    mine = d.shard(len(picks))
-    columns = {key: [values[i] for i in mine] for key, values in batch.columns.items()}
-    local = scorer.score([texts[i] for i in mine], [completions[i] for i in mine], columns)
-    scores = d.gather_rows(local, len(picks))
+    return NormalizationSample(policy_tokenizer, batch.texts, generated.completions, batch.columns)
+
+
+def normalize(
+    config: RMConfig,
+    model: nn.Module,
+    tokenizer: Any,
+    sample: NormalizationSample,
+    *,
+    device: torch.device,
+    out: Path,
+    d: Dist = SINGLE,
+) -> None:
+    """Phase 7b (checklist item 19): score ``sample`` with the trained model exactly as consumers do
+    (``RewardModelReward.score``, gain 1, bias 0) and store gain and bias in ``model.config``; writes
+    ``normalization.jsonl`` into ``out`` (rank 0). Each rank scores its share."""
+    from rlhf.rollout.rewards import RewardModelReward
+
+    clear_reward_normalization(model.config)  # measure the raw head (OAI resets gain 1, bias 0 first)
+    size = config.effective_micro_batch_size
+    scorer = RewardModelReward(
+        model, tokenizer, name="rm", policy_tokenizer=sample.policy_tokenizer, device=device, batch_size=size
+    )
+    mine = d.shard(len(sample.prompts))
+    columns = {key: [values[i] for i in mine] for key, values in sample.columns.items()}
+    local = scorer.score([sample.prompts[i] for i in mine], [sample.completions[i] for i in mine], columns)
+    scores = d.gather_rows(local, len(sample.prompts))
     raw = torch.tensor(scores, dtype=torch.float64)
     gain, bias = (float(x) for x in normalization_gain_bias(raw, unbiased=False))
     if not (math.isfinite(gain) and math.isfinite(bias)):
@@ -363,7 +394,7 @@ def normalize(
     if not d.is_main:
         return
     with rundir.atomic_open(out / NORMALIZATION_FILE) as f:
-        for prompt, completion, score in zip(texts, completions, scores, strict=True):
+        for prompt, completion, score in zip(sample.prompts, sample.completions, scores, strict=True):
             row = {"prompt": prompt, "completion": completion, "score": score, "normalized": gain * score + bias}
             f.write(json.dumps(row) + "\n")
     print(
@@ -371,6 +402,17 @@ def normalize(
         f"{raw.mean().item():.4g}, std {raw.std(correction=0).item():.4g} → gain {gain:.4g}, bias {bias:.4g}",
         file=sys.stderr,
     )
+
+
+def normalize_members(config: RMConfig, runs: list[Path], device: torch.device) -> None:
+    """Normalise every member of an ensemble on one sample of the policy's responses (rank 0): the same prompts and
+    answers score mean 0, std 1 under each member, so the members' scores share a scale (docs/ensembles.md). Each
+    member's gain and bias go into its ``final/config.json``, its scores into its ``normalization.jsonl``."""
+    sample = normalization_sample(config, device)
+    for run in runs:
+        rm = load_reward_model(str(run / "final"), config.model.dtype, device, config.data.chat_template_kwargs)
+        normalize(config, rm.hf_model, rm.tokenizer, sample, device=device, out=run)
+        rundir.atomic_write_text(run / "final" / "config.json", rm.hf_model.config.to_json_string())
 
 
 def normalization_prompts(config: RMConfig, tokenizer: Any, positions: int | None) -> list[TokenizedPrompt]:
