@@ -6,12 +6,13 @@ and 16 held out. Each run is a real `rlhf.trainers.dpo.run(config)`, a few steps
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_reward_model import happy_pairs, rankings_and_pairs, write_jsonl
+from test_reward_model import assert_rankings_train_as_their_pairs, happy_pairs, write_jsonl
 from transformers import AutoModelForCausalLM
 
 from configs import nested
@@ -176,14 +177,8 @@ def test_a_labels_file_trains_as_it_is(tiny_llama_dir, data, tmp_path):
 
 def test_rankings_train_as_the_pairs_they_imply(tiny_llama_dir, data, tmp_path):
     """As for the reward model (tests/trainers/test_reward_model.py): a ranking is read as its pairs, in order."""
-    rankings, pairs = rankings_and_pairs(seed=5)
-    ranked = data | {"train": write_jsonl(tmp_path / "rankings.jsonl", rankings)}
-    paired = data | {"train": write_jsonl(tmp_path / "pairs.jsonl", pairs)}
-    from_rankings = dpo.run(make_config(tiny_llama_dir, ranked, tmp_path / "ranked"))
-    from_pairs = dpo.run(make_config(tiny_llama_dir, paired, tmp_path / "paired"))
-    assert (
-        max_abs_diff(load_file(from_rankings / "model.safetensors"), load_file(from_pairs / "model.safetensors")) == 0
-    )
+    config = functools.partial(make_config, tiny_llama_dir)
+    assert_rankings_train_as_their_pairs(dpo.run, config, data, tmp_path, seed=5)
 
 
 def test_refused_combinations(tiny_llama_dir, data, tmp_path):

@@ -12,6 +12,7 @@ a wrong one — and train a tiny Llama from scratch (≈ 12 s) and a tiny BERT w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -594,17 +595,21 @@ def rankings_and_pairs(seed: int) -> tuple[list[dict], list[dict]]:
     return rankings, pairs
 
 
+def assert_rankings_train_as_their_pairs(run, config, data: dict[str, Path], tmp_path: Path, seed: int) -> None:
+    """``run(config(train=…))`` on a file of rankings and on the file of their pairs gives the same model, bit for bit:
+    the same pairs in the same order, the same float32 operations."""
+    rankings, pairs = rankings_and_pairs(seed)
+    finals = [
+        run(config(data | {"train": write_jsonl(tmp_path / f"{name}.jsonl", rows)}, tmp_path / name))
+        for name, rows in (("rankings", rankings), ("pairs", pairs))
+    ]
+    assert max_abs_diff(*(load_file(final / "model.safetensors") for final in finals)) == 0
+
+
 def test_rankings_train_as_the_pairs_they_imply(tiny_llama_dir, data, tmp_path):
-    """A file of rankings (k = 3: C(3,2) = 3 pairs each) trains the same model, bit for bit, as the file of its pairs:
-    a ranking is read as its pairs, in order."""
-    rankings, pairs = rankings_and_pairs(seed=4)
-    ranked = data | {"train": write_jsonl(tmp_path / "rankings.jsonl", rankings)}
-    paired = data | {"train": write_jsonl(tmp_path / "pairs.jsonl", pairs)}
-    from_rankings = reward_model.run(make_config(tiny_llama_dir, ranked, tmp_path / "ranked"))
-    from_pairs = reward_model.run(make_config(tiny_llama_dir, paired, tmp_path / "paired"))
-    assert (
-        max_abs_diff(load_file(from_rankings / "model.safetensors"), load_file(from_pairs / "model.safetensors")) == 0
-    )
+    """A file of rankings (k = 3: C(3,2) = 3 pairs each) trains the same reward model as the file of its pairs."""
+    config = functools.partial(make_config, tiny_llama_dir)
+    assert_rankings_train_as_their_pairs(reward_model.run, config, data, tmp_path, seed=4)
 
 
 def test_an_ensemble_normalises_its_members_on_one_shared_sample(tiny_llama_dir, data, tmp_path):
