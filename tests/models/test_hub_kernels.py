@@ -18,11 +18,14 @@ from rlhf.models.loading import HUB_KERNELS, checkpointed, hub_kernels_wanted, l
 
 @pytest.fixture
 def hub_reachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Hub client believes it is online (the suite sets HF_HUB_OFFLINE) and USE_HUB_KERNELS is unset."""
+    """The Hub client believes it is online (the suite sets HF_HUB_OFFLINE) and USE_HUB_KERNELS is unset; whatever
+    the test sets it to is undone afterwards (setenv records the value to restore, which delenv of an absent name
+    would not)."""
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.delenv(HUB_KERNELS, raising=False)
+    monkeypatch.setenv(HUB_KERNELS, "")
+    monkeypatch.delenv(HUB_KERNELS)
 
 
 @pytest.mark.usefixtures("hub_reachable")
@@ -55,15 +58,6 @@ def test_a_command_sets_the_switch_from_its_config(monkeypatch, tmp_path, flags,
     """``rlhf <command>`` writes ``model.use_kernels`` to USE_HUB_KERNELS before it loads anything, so the processes
     a run starts (torchrun ranks, the rollout worker) load alike; a value left in the environment does not decide."""
     monkeypatch.setenv(HUB_KERNELS, "1" if switch == "0" else "0")
-    args = [
-        "sft",
-        "--model.name",
-        str(tmp_path / "no"),
-        "--data.train",
-        "x.jsonl",
-        "--output_dir",
-        str(tmp_path),
-        *flags,
-    ]
-    assert main(args) == 2  # refused at the model's check, after the switch was set
+    args = ["sft", "--data.train", "x.jsonl", "--model.name", str(tmp_path / "no"), "--output_dir", str(tmp_path)]
+    assert main([*args, *flags]) == 2  # refused at the model's check, after the switch was set
     assert os.environ[HUB_KERNELS] == switch
