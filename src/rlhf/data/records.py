@@ -256,16 +256,14 @@ def _ranking(r: Record) -> list[PreferenceExample]:
     if "margin" in data:
         raise Problem('"margin" applies to a pair, not to a ranking; drop it or write the pairs')
     tiers = _ranking_order(_get(data, "ranking"), len(completions))
+    ordered = [(i, j) for t, better in enumerate(tiers) for worse in tiers[t + 1 :] for i in better for j in worse]
+    prompt = {"prompt": data["prompt"]} if data.get("prompt") is not None else {}  # absent: implicit (chat form)
     pairs = []
-    for t, better in enumerate(tiers):
-        for worse in tiers[t + 1 :]:
-            for i in better:
-                for j in worse:
-                    row = {"prompt": data.get("prompt"), "chosen": completions[i], "rejected": completions[j]}
-                    try:
-                        pairs.append(_preference(Record({k: v for k, v in row.items() if v is not None}, r.where)))
-                    except Problem as problem:
-                        raise Problem(f"completions {i} and {j}: {problem}") from None
+    for i, j in ordered:
+        try:
+            pairs.append(_preference(Record({**prompt, "chosen": completions[i], "rejected": completions[j]}, r.where)))
+        except Problem as problem:
+            raise Problem(f"completions {i} and {j}: {problem}") from None
     return pairs
 
 
