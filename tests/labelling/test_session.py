@@ -12,7 +12,9 @@ from rlhf.config import ConfigError
 from rlhf.data import read_preferences
 from rlhf.data.files import DataError
 from rlhf.data.labels import pair_id
-from rlhf.labelling.pairs import read_pairs
+from rlhf.data.files import Record
+from rlhf.data.labels import live_preferences
+from rlhf.labelling.pairs import read_candidates, read_pairs
 from rlhf.labelling.session import LabelSession, Refused
 
 
@@ -46,6 +48,39 @@ def test_candidates_become_every_pair_of_distinct_answers(tmp_path):
     assert [(p.a, p.b) for p in pairs.pairs] == [("x", "y"), ("x", "z"), ("y", "z"), ("u", "v")]
     assert (pairs.identical, pairs.repeated) == (1, 2)
     assert pairs.pairs[3].prompt == [{"role": "user", "content": "hi"}]
+
+
+def test_candidates_to_rank_keep_each_rows_distinct_answers_and_their_ranking_reads_as_pairs(tmp_path):
+    path = tmp_path / "candidates.jsonl"
+    chat = [{"role": "user", "content": "hi"}]
+    rows = [
+        {"prompt": "p", "completions": ["x", "y", "z", "x"]},
+        {"prompt": "p", "completions": ["z", "y", "x"]},  # the same item in another order: repeated
+        {"messages": chat, "completions": ["u", "v"]},
+        {"prompt": "p", "completions": ["w", "w"]},
+        {"prompt": "p", "a": "x", "b": "y"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as error:
+        read_candidates(path)
+    assert 'candidates.jsonl:4: "completions" are all the same text' in str(error.value)
+    assert 'candidates.jsonl:5: expected "completions"' in str(error.value)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    items = read_candidates(path)
+    assert [item.answers for item in items.items] == [("x", "y", "z"), ("u", "v")]
+    assert (items.identical, items.repeated) == (1, 1)
+    # a ranking row is a label like a preference: kept, counted, and read as its pairs (best first, ties apart)
+    row = items.items[0].ranking_row([1, [0, 2]], id="r1")
+    chat_row = items.items[1].ranking_row([1, 0], id="r2")
+    assert chat_row["completions"][0] == [{"role": "assistant", "content": "u"}]
+    kept, counts = live_preferences([Record(row, "l:1"), Record(chat_row, "l:2")])
+    assert (counts.preferences, counts.rankings) == (0, 2)
+    assert len(kept) == 2
+    path = tmp_path / "labels.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(chat_row) + "\n")
+    pairs = [(p.chosen, p.rejected) for p in read_preferences(path)]
+    assert pairs[:2] == [("y", "x"), ("y", "z")]
+    assert pairs[2] == ([{"role": "assistant", "content": "v"}], [{"role": "assistant", "content": "u"}])
 
 
 def test_bad_pair_rows_are_listed_with_their_lines(tmp_path):
@@ -196,7 +231,9 @@ def test_the_reward_model_reads_live_preferences_only(tmp_path, capsys):
     session.close()
     examples = read_preferences(tmp_path / "prefs.jsonl")
     assert len(examples) == 2
-    assert "2 preferences kept; left out 1 ties, 1 skips and 1 retracted labels" in capsys.readouterr().err
+    assert (
+        "2 preferences and 0 rankings kept; left out 1 ties, 1 skips and 1 retracted labels" in capsys.readouterr().err
+    )
     empty = tmp_path / "only_ties.jsonl"
     empty.write_text(json.dumps({"kind": "tie", "id": "x", "prompt": "p", "a": "x", "b": "y"}) + "\n")
     with pytest.raises(DataError, match="no preference to train on"):

@@ -1,9 +1,9 @@
 """The labels file: what ``rlhf label`` (a person in the browser) and the LLM judge write, and ``rlhf rm`` reads.
 
 One JSON object per line, appended and never rewritten; ``"kind"`` says what a line is (``session``,
-``preference``, ``tie``, ``skip``, ``retraction``; each kind's fields: docs/labelling.md, "The labels file").
-Ties, skips and retracted labels never reach a reward model: `live_preferences` keeps the preference rows
-that no retraction took back. A file without ``"kind"`` keys is a plain preferences file and is read as is.
+``preference``, ``ranking``, ``tie``, ``skip``, ``retraction``; each kind's fields: docs/labelling.md, "The labels
+file"). Ties, skips and retracted labels never reach a reward model: `live_preferences` keeps the preference and
+ranking rows that no retraction took back (a ranking row is read as its pairs, `rlhf.data.records`). A file without ``"kind"`` keys is a plain preferences file and is read as is.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ LABELS = ("a", "b", "tie", "skip")
 """What a labeller can answer for a pair: answer a is better, answer b is better, tie, skip."""
 RATINGS = ("good", "okay", "bad")
 """The optional per-answer rating (👍 😐 👎)."""
+LABEL_KINDS = ("preference", "ranking", "tie", "skip")
+"""The kinds of row that are a label (a retraction may take one back)."""
 
 
 def pair_id(prompt: Any, a: str, b: str) -> str:
@@ -27,6 +29,13 @@ def pair_id(prompt: Any, a: str, b: str) -> str:
     position in a file: a person's and a judge's label of the same two answers share the id, so their agreement can be
     measured, and a label always refers to the texts it was given for."""
     text = json.dumps([prompt, sorted([a, b])], ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def candidates_id(prompt: Any, answers: Sequence[str]) -> str:
+    """A ranking item's id: a hash of its prompt and its k answers, whatever their order (for k = 2 not the pair's
+    `pair_id`: a ranking and a pair label are different questions)."""
+    text = json.dumps([prompt, sorted(answers), "ranking"], ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -40,13 +49,14 @@ class LabelCounts:
     """What `live_preferences` kept and left out."""
 
     preferences: int = 0
+    rankings: int = 0
     ties: int = 0
     skips: int = 0
     retracted: int = 0
 
     def summary(self) -> str:
         return (
-            f"{self.preferences} preferences kept; left out {self.ties} ties, {self.skips} skips and "
+            f"{self.preferences} preferences and {self.rankings} rankings kept; left out {self.ties} ties, {self.skips} skips and "
             f"{self.retracted} retracted labels"
         )
 
@@ -57,11 +67,9 @@ def retracted_ids(records: Sequence[Record]) -> set[str]:
 
 
 def live_labels(records: Sequence[Record]) -> list[Record]:
-    """The label rows (preference, tie, skip) that no retraction took back, in file order."""
+    """The label rows (`LABEL_KINDS`) that no retraction took back, in file order."""
     gone = retracted_ids(records)
-    return [
-        r for r in records if r.data.get("kind") in ("preference", "tie", "skip") and str(r.data.get("id")) not in gone
-    ]
+    return [r for r in records if r.data.get("kind") in LABEL_KINDS and str(r.data.get("id")) not in gone]
 
 
 def live_preferences(records: Sequence[Record]) -> tuple[list[Record], LabelCounts]:
@@ -72,7 +80,7 @@ def live_preferences(records: Sequence[Record]) -> tuple[list[Record], LabelCoun
     kept: list[Record] = []
     for r in records:
         kind = r.data.get("kind")
-        if kind in ("preference", "tie", "skip") and str(r.data.get("id")) in gone:
+        if kind in LABEL_KINDS and str(r.data.get("id")) in gone:
             counts.retracted += 1
         elif kind == "tie":
             counts.ties += 1
@@ -81,4 +89,5 @@ def live_preferences(records: Sequence[Record]) -> tuple[list[Record], LabelCoun
         elif kind not in ("session", "retraction"):  # a preference, a plain row, or an unknown kind
             kept.append(r)
             counts.preferences += kind == "preference"
+            counts.rankings += kind == "ranking"
     return kept, counts

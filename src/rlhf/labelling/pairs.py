@@ -1,5 +1,6 @@
-"""The pairs to label, read from what ``rlhf sample --mode pairs`` or ``--mode candidates`` (every pair of a row's
-k answers) writes, each with its content id; the rows accepted: docs/labelling.md ("The pairs")."""
+"""What to label, read from what ``rlhf sample --mode pairs`` or ``--mode candidates`` writes, each with its content
+id: pairs (`read_pairs`: every pair of a row's k answers) or, to rank k answers at once, candidates
+(`read_candidates`); the rows accepted: docs/labelling.md ("The pairs")."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.data.files import DataError, ProblemList, Record, read_records
-from rlhf.data.labels import pair_id
+from rlhf.data.labels import candidates_id, pair_id
 from rlhf.data.records import Message, validate_prompts
 
 
@@ -31,9 +32,46 @@ class Pair:
         if label in ("tie", "skip"):
             return {"kind": label, "prompt": self.prompt, "a": self.a, "b": self.b, **meta}
         chosen, rejected = (self.a, self.b) if label == "a" else (self.b, self.a)
-        if isinstance(self.prompt, list):
-            chosen, rejected = [{"role": "assistant", "content": chosen}], [{"role": "assistant", "content": rejected}]
+        chosen, rejected = _answer(self.prompt, chosen), _answer(self.prompt, rejected)
         return {"kind": "preference", "prompt": self.prompt, "chosen": chosen, "rejected": rejected, **meta}
+
+
+def _answer(prompt: str | list[Message], text: str) -> str | list[Message]:
+    """An answer as a labels-file row holds it: text, or (a chat prompt) one assistant message, as `rlhf sample`
+    writes them."""
+    return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """k ≥ 2 distinct answers to one prompt, to be ranked; ``id`` is `rlhf.data.labels.candidates_id` of them."""
+
+    id: str
+    prompt: str | list[Message]
+    answers: tuple[str, ...]
+    where: str
+
+    def ranking_row(self, ranking: list[int | list[int]], **meta: Any) -> dict[str, Any]:
+        """The labels-file row of these answers ranked ``ranking`` (indices into ``answers``, best first; a list of
+        indices ties them: the format `rlhf.data.records` reads), ending with ``meta``."""
+        completions = [_answer(self.prompt, a) for a in self.answers]
+        return {"kind": "ranking", "prompt": self.prompt, "completions": completions, "ranking": ranking, **meta}
+
+
+@dataclass(frozen=True)
+class CandidatesFile:
+    """The ranking items of a candidates file, in file order, with the file's SHA-256."""
+
+    path: str
+    items: list[Candidates]
+    sha256: str
+    identical: int
+    """Answers left out because an earlier answer of the same row is the same text."""
+    repeated: int
+    """Rows left out because an earlier row has the same prompt and answers."""
+
+    def by_id(self) -> dict[str, Candidates]:
+        return {item.id: item for item in self.items}
 
 
 @dataclass(frozen=True)
@@ -93,6 +131,46 @@ def read_pairs(path: str | os.PathLike[str]) -> PairFile:
     if not pairs:
         raise DataError([f"{path}: no pair to label (every row's answers are the same text)"])
     return PairFile(str(path), pairs, sha, identical, repeated)
+
+
+def read_candidates(path: str | os.PathLike[str]) -> CandidatesFile:
+    """Every ranking item of a candidates file (``{"prompt" or "messages", "completions": [k answers]}`` rows), each
+    row's repeated answers dropped; a row left with fewer than 2 distinct answers is refused (there is nothing to
+    rank). `DataError` lists each bad row as ``file:line``."""
+    sha = file_sha256(path)
+    problems = ProblemList()
+    items: list[Candidates] = []
+    seen: set[str] = set()
+    identical = repeated = 0
+    for record in read_records(path):
+        try:
+            prompt, answers = _candidates_row(record)
+        except ValueError as error:
+            problems.add(f"{record.where}: {error}")
+            continue
+        identical += len(record.data["completions"]) - len(answers)
+        item = Candidates(candidates_id(prompt, answers), prompt, answers, record.where)
+        if item.id in seen:
+            repeated += 1
+            continue
+        seen.add(item.id)
+        items.append(item)
+    problems.raise_if_any()
+    if not items:
+        raise DataError([f"{path}: no row to rank"])
+    return CandidatesFile(str(path), items, sha, identical, repeated)
+
+
+def _candidates_row(record: Record) -> tuple[str | list[Message], tuple[str, ...]]:
+    """(prompt, distinct answers in the row's order) of a candidates row; ValueError says what is wrong with it."""
+    if "completions" not in record.data:
+        keys = ", ".join(record.data) or "none"
+        raise ValueError(f'expected "completions" (k answers to rank); keys present: {keys}')
+    prompt, _ = _row(record)
+    answers = tuple(dict.fromkeys(record.data["completions"]))
+    if len(answers) < 2:
+        raise ValueError(f'"completions" are all the same text: nothing to rank')
+    return prompt, answers
 
 
 def _row(record: Record) -> tuple[str | list[Message], list[tuple[str, str]]]:
