@@ -10,10 +10,8 @@ from label_servers import read_lines, write_pairs
 
 from rlhf.config import ConfigError
 from rlhf.data import read_preferences
-from rlhf.data.files import DataError
-from rlhf.data.labels import pair_id
-from rlhf.data.files import Record
-from rlhf.data.labels import live_preferences
+from rlhf.data.files import DataError, Record
+from rlhf.data.labels import live_preferences, pair_id
 from rlhf.labelling.pairs import read_candidates, read_pairs
 from rlhf.labelling.session import LabelSession, Refused
 

@@ -169,7 +169,7 @@ def _candidates_row(record: Record) -> tuple[str | list[Message], tuple[str, ...
     prompt, _ = _row(record)
     answers = tuple(dict.fromkeys(record.data["completions"]))
     if len(answers) < 2:
-        raise ValueError(f'"completions" are all the same text: nothing to rank')
+        raise ValueError('"completions" are all the same text: nothing to rank')
     return prompt, answers
 
 
