@@ -192,6 +192,8 @@ class LabelConfig(CommandConfig, command="label"):
     """Port to listen on; 0 = any free one (the URL printed says which)."""
     token: str | None = None
     """Access token required on every request; None = $RLHF_LABEL_TOKEN, else generated when host is not loopback (and printed in the URL), else none."""
+    mode: Literal["auto", "pairs", "ranking"] = "auto"
+    """How a candidates file ({prompt, completions}) is labelled: ranking = its k answers put in order at once (one row, kind ranking, read as its k(k−1)/2 pairs); pairs = two answers at a time; auto = ranking on the page when a row has 3 or more answers, pairs with an LLM judge. A pairs file ({prompt, a, b}) is always labelled in pairs."""
     labels_per_pair: Count = 1
     """How many different labellers decide each pair (agreement needs ≥ 2); a pair is never shown twice to one labeller."""
     lease_seconds: Positive = 600.0
