@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from rlhf.core.preference import bradley_terry_loss, ensemble_reward, normalization_gain_bias, pairwise_accuracy
+from rlhf.core.preference import (
+    bradley_terry_loss,
+    ensemble_reward,
+    normalization_gain_bias,
+    pairwise_accuracy,
+    ranking_loss,
+)
 from vectors import F64, close, t
 
 # r_c − r_r = [1, 0, −1] → −log σ = [0.3132616875, 0.6931471806 (= log 2), 1.3132616875]
@@ -34,6 +40,33 @@ def test_bradley_terry_center_term_2i():
     # 0.01·mean((r_c + r_r)²) = 0.01·(9 + 1 + 1)/3 = 0.0366666667
     loss, _ = bradley_terry_loss(CHOSEN, REJECTED, center_coef=0.01)
     close(loss, 0.7732235185321303 + 0.03666666666666667)
+
+
+def test_ranking_loss_with_mean_weights_is_the_pairwise_loss_of_its_pairs():
+    # the three pairs above as indices into one reward per answer: answers [2, 1, 0.5, −1, 0]
+    rewards = t([2.0, 1.0, 0.5, -1.0, 0.0])
+    better, worse = torch.tensor([0, 2, 3]), torch.tensor([1, 2, 4])
+    weights = t([1 / 3] * 3)
+    margin = t([0.5, 0.0, 0.0])
+    loss, stats = ranking_loss(rewards, better, worse, weights, margin, center_coef=0.01)
+    close(loss, 0.8268286174194248 + 0.03666666666666667)  # the margin and centre vectors above, summed
+    close(stats["correct"], 1.0)
+    close(stats["margin_sum"], 0.0)
+
+
+def test_ranking_loss_weighs_each_prompt_by_the_mean_of_its_pairs():
+    # prompt 1 ranks answers [a0 > a1 > a2] with rewards [1, 0, 0]: pairs (0,1) diff 1, (0,2) diff 1, (1,2) diff 0;
+    # prompt 2 has one pair (3 > 4) with rewards [0, 2]: diff −2. Prompt weighting: each prompt ½, its pairs
+    # averaged: ½·(2·log(1+e⁻¹) + log 2)/3 + ½·log(1+e²)
+    rewards = t([1.0, 0.0, 0.0, 0.0, 2.0])
+    better, worse = torch.tensor([0, 0, 1, 3]), torch.tensor([1, 2, 2, 4])
+    weights = t([1 / 6, 1 / 6, 1 / 6, 1 / 2])
+    loss, stats = ranking_loss(rewards, better, worse, weights)
+    expected = 0.5 * (2 * math.log1p(math.exp(-1)) + math.log(2)) / 3 + 0.5 * math.log1p(math.exp(2))
+    close(loss, expected)
+    close(loss, 1.2834090981208848)  # 0.5·1.3196797 / 3 + 0.5·2.1269280
+    close(stats["correct"], 2.0)  # (0,1) and (0,2); the tie (1,2) and the reversed pair are wrong
+    close(stats["margin_sum"], 0.0)  # 1 + 1 + 0 − 2
 
 
 def test_pairwise_accuracy_ties_count_wrong_2i():

@@ -30,7 +30,7 @@ from configs import nested
 from rlhf import cli
 from rlhf.config import ConfigError, config_from_dict
 from rlhf.core.preference import bradley_terry_loss
-from rlhf.data import DataError
+from rlhf.data import DataError, collate_preferences
 from rlhf.models.reward import BIAS_KEY, GAIN_KEY, RewardScorer, load_reward_model, reward_normalization, reward_scores
 from rlhf.models.tiny import save_tiny, toy_corpus
 from rlhf.rollout.rewards import EnsembleReward, RewardError, RewardModelReward, load_reward_source
@@ -60,17 +60,18 @@ PLACES = ["in the park", "by the river", "at home", "under the tree", "on the hi
 
 
 def happy_pairs(n: int, seed: int, margins: bool = False) -> list[dict]:
-    """``n`` comparisons of the toy preference (module docstring); ``margins`` adds a "margin" in [0, 1)."""
+    """``n`` comparisons of the toy preference (module docstring), each of its own prompt (one pair per prompt: a step
+    of ``batch.size`` prompts is that many pairs); ``margins`` adds a "margin" in [0, 1)."""
     rng = random.Random(seed)
     rows = []
-    for _ in range(n):
+    for i in range(n):
         noun = rng.choice(NOUNS)
 
         def sentence(adjective: str, noun: str = noun) -> str:
             verb, other, place = rng.choice(VERBS), rng.choice(NOUNS), rng.choice(PLACES)
             return f" the {adjective} {noun} {verb} a {other} {place}."
 
-        row = {"prompt": f"tell me about a {noun}:", "chosen": sentence("happy")}
+        row = {"prompt": f"tell me about a {noun}, {i}:", "chosen": sentence("happy")}
         row["rejected"] = sentence(rng.choice(ADJECTIVES))
         if margins:
             row["margin"] = round(rng.random(), 2)
@@ -239,7 +240,9 @@ def test_smoke_one_epoch(tiny_model_dir_factory, data, tmp_path, arch):
 
 
 def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, tmp_path):
-    """Step 1's train/loss is the core loss of the untouched model on all 24 pairs (one step = the whole set)."""
+    """Step 1's train/loss is the core loss of the untouched model on all 24 pairs (one step = the whole set), each
+    pair's two answers forwarded together as the pairwise trainer did: one pair per prompt, the grouped loss is
+    exactly the pairwise one."""
     fields = {"data.train": str(data["margins"]), "data.eval": None, "batch.size": 24, "batch.micro_size": 6,
               "rm.center_rewards_coefficient": 0.01, "run.seed": 3}  # fmt: skip
     config = make_config(tiny_llama_dir, data, tmp_path / "run", **fields)
@@ -250,9 +253,7 @@ def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, t
     rm = load_reward_model(str(tiny_llama_dir))
     pairs, _ = reward_model.load_pairs(config, rm)
     with torch.no_grad():
-        chosen, rejected, margin = reward_model.pair_rewards(
-            RewardScorer(rm.model), pairs, rm.tokenizer.pad_token_id, "cpu"
-        )
+        chosen, rejected, margin = pairwise_rewards(RewardScorer(rm.model), pairs, rm.tokenizer.pad_token_id)
     assert margin.abs().sum() > 0  # the file's margins arrived
     loss, stats = bradley_terry_loss(chosen, rejected, margin, center_coef=0.01)
     assert row["train/loss"] == pytest.approx(loss.item(), rel=1e-5)
@@ -267,6 +268,15 @@ def test_loss_is_bradley_terry_with_margin_and_centering(tiny_llama_dir, data, t
     )
     (row,) = metric_rows(tmp_path / "no_margin")
     assert row["train/loss"] == pytest.approx(without_margin.item(), rel=1e-5)
+
+
+def pairwise_rewards(scorer, pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(r_chosen, r_rejected, margin) of each pair, chosen and rejected in one (2b, L) forward: how a pairwise
+    trainer scores them (the reference the grouped trainer is held to)."""
+    batch = collate_preferences(pairs, pad_id)
+    ids = torch.cat([batch.chosen_input_ids, batch.rejected_input_ids])
+    scores = scorer(ids, torch.cat([batch.chosen_attention_mask, batch.rejected_attention_mask]))
+    return scores[: len(pairs)], scores[len(pairs) :], batch.margin
 
 
 def test_lora_run_saves_a_plain_merged_model(tiny_llama_dir, data, tmp_path):
@@ -484,11 +494,13 @@ def test_normalisation_gives_policy_samples_mean_0_std_1_for_consumers(tiny_llam
 
 
 def test_normalisation_prompts_default_to_the_distinct_prompts_of_train_data(tiny_llama_dir, data, tmp_path):
-    config = make_config(tiny_llama_dir, data, tmp_path, **{"normalize.policy": str(tiny_llama_dir)})
+    rows = happy_pairs(6, seed=1)
+    train = write_jsonl(tmp_path / "train.jsonl", rows + happy_pairs(3, seed=1))  # 3 prompts again
+    fields = {"normalize.policy": str(tiny_llama_dir), "data.train": str(train)}
+    config = make_config(tiny_llama_dir, data, tmp_path, **fields)
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
     prompts = reward_model.normalization_prompts(config, tokenizer, positions=512)
-    expected = list(dict.fromkeys(row["prompt"] for row in happy_pairs(24, seed=1)))
-    assert [p.text for p in prompts] == expected and len(expected) < 24
+    assert [p.text for p in prompts] == [row["prompt"] for row in rows]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -497,13 +509,15 @@ def test_normalisation_prompts_default_to_the_distinct_prompts_of_train_data(tin
 
 
 def sum_pairs(n: int, seed: int) -> list[dict]:
-    """The learning task: ``what is a + b?`` with the correct sum chosen over a wrong one (0..18), a, b < 10."""
+    """The learning task: ``what is a + b?`` with the correct sum chosen over a wrong one (0..18), a, b < 10, each
+    question asked by its own user (``user 17: what is …``): one pair per prompt, so a step of 32 prompts is 32 pairs
+    of as many questions (the grouping of a prompt's pairs is tested on rankings above)."""
     rng = random.Random(seed)
     rows = []
-    for _ in range(n):
+    for i in range(n):
         a, b = rng.randrange(10), rng.randrange(10)
         wrong = rng.choice([x for x in range(19) if x != a + b])
-        rows.append({"prompt": f"what is {a} + {b}?", "chosen": f" {a + b}", "rejected": f" {wrong}"})
+        rows.append({"prompt": f"user {i}: what is {a} + {b}?", "chosen": f" {a + b}", "rejected": f" {wrong}"})
     return rows
 
 
@@ -527,14 +541,15 @@ def learn(model: Path, sums: dict[str, Path], out: Path, epochs: int) -> tuple[P
 
 @pytest.mark.slow
 def test_tiny_llama_from_scratch_learns_to_prefer_correct_sums(tiny_llama_dir, sums, tmp_path):
-    """≥ 95% strict held-out accuracy within a CPU minute: 10 epochs of 2000 pairs (630 steps).
+    """≥ 90% strict held-out accuracy within a CPU minute: 10 epochs of 2000 pairs (630 steps).
 
-    Measured (2 threads, idle machine), held-out accuracy before training and after each epoch:
-    49.5%, 59.5, 65.5, 79.5, 92, 94, 93.5, 97, 97.5, 99, 99% — ≈ 12 s for the whole run.
+    Measured (2 threads): 48.5% before training, 91.5% after the 10th epoch. (Without the ``user i:`` tag, the 100
+    questions asked ~20 times each, the same run reached 99%; grouped by prompt, each question is then one example
+    and 4 a step take 30 epochs to reach 92%: docs/rankings.md.)
     """
     final, rows, seconds = learn(tiny_llama_dir, sums, tmp_path / "run", epochs=10)
     assert [row["step"] for row in rows] == [63 * e for e in range(11)]  # before training, each epoch
-    assert rows[0]["eval/accuracy"] < 0.6 and rows[-1]["eval/accuracy"] >= 0.95, (rows, seconds)
+    assert rows[0]["eval/accuracy"] < 0.6 and rows[-1]["eval/accuracy"] >= 0.9, (rows, seconds)
     assert rows[-1]["eval/loss"] < rows[0]["eval/loss"] / 4
     # the saved model, scored the way ppo / eval score with it (text re-encoded, eos appended), agrees
     assert held_out_accuracy(final, sums["eval"]) == pytest.approx(rows[-1]["eval/accuracy"], abs=1e-6)
@@ -610,6 +625,58 @@ def test_rankings_train_as_the_pairs_they_imply(tiny_llama_dir, data, tmp_path):
     """A file of rankings (k = 3: C(3,2) = 3 pairs each) trains the same reward model as the file of its pairs."""
     config = functools.partial(make_config, tiny_llama_dir)
     assert_rankings_train_as_their_pairs(reward_model.run, config, data, tmp_path, seed=4)
+
+
+def test_a_step_forwards_each_answer_once_and_its_loss_averages_each_prompts_pairs(tiny_llama_dir, data, tmp_path):
+    """InstructGPT's grouping: 8 rankings of 3 answers (24 pairs) in one step forward 24 sequences, not 48, and
+    step 1's loss is the mean over the prompts of the mean of each prompt's Bradley–Terry losses, with every reward
+    as a pairwise forward of the pair gives it (the untouched model, the run's seed)."""
+    rankings, _ = rankings_and_pairs(seed=5)
+    rankings[0] |= {"completions": [*rankings[0]["completions"], " a fourth answer."], "ranking": [2, 1, 3, 0]}
+    train = write_jsonl(tmp_path / "rankings.jsonl", rankings)
+    fields = {"data.train": str(train), "data.eval": None, "batch.size": 8, "run.seed": 3}
+    config = make_config(tiny_llama_dir, data, tmp_path / "run", **fields)
+    sequences: list[int] = []
+    original = reward_model.answer_rewards
+
+    def counted(scorer, groups, pad_id, device, chunk=None):
+        rewards = original(scorer, groups, pad_id, device, chunk)
+        sequences.append(len(rewards))
+        return rewards
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reward_model, "answer_rewards", counted)
+        reward_model.run(config)
+    assert sequences == [25]  # one pass: 7 prompts × 3 answers + 4 answers, each once
+    (row,) = metric_rows(tmp_path / "run")
+
+    seed_everything(3)  # the run's seed: the same fresh head
+    rm = load_reward_model(str(tiny_llama_dir))
+    pairs, _ = reward_model.load_pairs(config, rm)
+    assert len(pairs) == 7 * 3 + 6
+    with torch.no_grad():
+        chosen, rejected, _ = pairwise_rewards(RewardScorer(rm.model), pairs, rm.tokenizer.pad_token_id)
+    losses = -torch.nn.functional.logsigmoid(chosen - rejected)
+    per_prompt = [losses[6:9].mean()] + [losses[i : i + 3].mean() for i in range(9, 27, 3)] + [losses[:6].mean()]
+    assert row["train/loss"] == pytest.approx(torch.stack(per_prompt).mean().item(), rel=1e-5)
+    assert row["train/accuracy"] == pytest.approx((chosen > rejected).float().mean().item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("micro_size", [5, 2, 1])
+def test_passes_of_fewer_answers_train_the_same_model(tiny_llama_dir, data, tmp_path, micro_size):
+    """Rankings of 3 and 4 answers in passes of 5 answers (prompts packed whole), 2 or 1 (every prompt split over
+    passes, its gradient through the rewards scored first) train the model one pass trains. Tolerance: the same
+    float32 sums regrouped by other padding widths and accumulation order, a few ulp per term (≲ 1e-6 relative)
+    and over 2 AdamW steps at lr 1e-3 at most ~1e-5 apart where a gradient is near 0."""
+    rankings, _ = rankings_and_pairs(seed=6)
+    rankings[3] |= {"completions": [*rankings[3]["completions"], " the end."], "ranking": [2, [1, 3], 0]}
+    train = write_jsonl(tmp_path / "rankings.jsonl", rankings)
+    fields = {"data.train": str(train), "batch.size": 4, "rm.center_rewards_coefficient": 0.01}
+    whole = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "whole", **fields))
+    fields["batch.micro_size"] = micro_size
+    passes = reward_model.run(make_config(tiny_llama_dir, data, tmp_path / "passes", **fields))
+    assert max_abs_diff(load_file(whole / "model.safetensors"), load_file(passes / "model.safetensors")) < 2e-5
+    assert_rows_match(*(comparable(metric_rows(tmp_path / run)) for run in ("whole", "passes")), rel=1e-4, abs=1e-6)
 
 
 def test_an_ensemble_normalises_its_members_on_one_shared_sample(tiny_llama_dir, data, tmp_path):

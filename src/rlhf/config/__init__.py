@@ -30,6 +30,7 @@ from rlhf.config.sections import (
     LoRAConfig,
     OptimSection,
     PolicyBatch,
+    RankingBatch,
     RewardSpec,
     SampleJudgeSection,
     llm_judge,

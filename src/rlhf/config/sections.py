@@ -426,6 +426,16 @@ class BatchSection:
 
 
 @section
+class RankingBatch(BatchSection):
+    """The batch of rm: prompts per optimizer step, each with all its labelled answers, and answers per pass."""
+
+    size: Count = 32
+    """Prompts per optimizer step, over all ranks, each with every pair labelled on it (a ranking of k answers: its k(k−1)/2 pairs; data with one pair per prompt: pairs per step); the loss averages each prompt's pairs, then the prompts (InstructGPT)."""
+    micro_size: Count | None = None
+    """Answers per forward/backward pass (gradient accumulation): prompts are packed whole while they fit, and a prompt with more answers is split over passes with the gradient of one (each answer then takes one more forward without gradient). None = the step in one pass."""
+
+
+@section
 class PolicyBatch(BatchSection):
     """The rollout batch of ppo and grpo, and how it is cut for the updates."""
 

@@ -17,6 +17,7 @@ from rlhf.config.sections import (
     PolicyModel,
     PolicyReward,
     PolicySampling,
+    RankingBatch,
     RolloutSection,
     RunSection,
     TextData,
@@ -239,6 +240,9 @@ class TrainingConfig(CommandConfig):
                 "run.resume and run.overwrite are both set; resume continues the run in output_dir, "
                 "overwrite replaces it — choose one"
             )
+        self._check_micro_size()
+
+    def _check_micro_size(self) -> None:
         _check_divides("batch.micro_size", self.batch.micro_size, self.minibatch_size, self._minibatch_text)
 
     @property
@@ -279,11 +283,16 @@ class RMConfig(TrainingConfig, command="rm"):
     model: TrainModel
     """The model to start from (a causal LM gets a fresh one-output score head)."""
     data: TextData
-    """Preference pairs ({"prompt", "chosen", "rejected"} rows; batch.size counts pairs)."""
+    """Preference pairs ({"prompt", "chosen", "rejected"} rows), rankings ({"prompt", "completions", "ranking"} rows) or a labels file of rlhf label; the pairs of one prompt are trained together, each answer forwarded once (docs/rankings.md)."""
+    batch: RankingBatch = _defaults(RankingBatch)
+    """Prompts per step, answers per pass."""
     rm: RMSection = _defaults(RMSection)
     """Epochs, margin and centring."""
     normalize: NormalizeSection = _defaults(NormalizeSection)
     """Reward normalisation after training."""
+
+    def _check_micro_size(self) -> None:
+        pass  # batch.micro_size counts answers, batch.size prompts: a prompt's answers may take several passes
 
     def _check(self) -> None:
         super()._check()

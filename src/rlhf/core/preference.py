@@ -1,7 +1,8 @@
 """Reward-model losses and metrics on scalar rewards.
 
 Shapes: ``chosen``, ``rejected``, ``margin`` are ``(B,)`` (one scalar reward per response of a preference
-pair); ``samples`` for normalisation is ``(S,)``.
+pair); `ranking_loss` reads ``(N,)`` rewards, one per answer, and ``(P,)`` index pairs into them; ``samples`` for
+normalisation is ``(S,)``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,38 @@ def bradley_terry_loss(
             "chosen_mean": chosen.mean(),
             "rejected_mean": rejected.mean(),
         }
+    return loss, stats
+
+
+def ranking_loss(
+    rewards: torch.Tensor,
+    better: torch.Tensor,
+    worse: torch.Tensor,
+    weights: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    center_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Bradley–Terry over the pairs of rankings, every answer scored once (InstructGPT §3.5): ``Σ_p w_p ·
+    [−log σ(r_b − r_w − m_p) + center_coef · (r_b + r_w)²]`` with ``b = better[p]``, ``w = worse[p]``.
+
+    Args:
+        rewards: ``(N,)`` one reward per answer (all the answers of the pairs' prompts).
+        better, worse: ``(P,)`` int64 indices into ``rewards``: pair p prefers answer ``better[p]``.
+        weights: ``(P,)`` each pair's weight; 1/P each is :func:`bradley_terry_loss` of the pairs (the mean),
+            1/(G·n_g) each averages every prompt's n_g pairs and then the G prompts (InstructGPT's weighting).
+        margin: optional ``(P,)`` required gap; center_coef: as in :func:`bradley_terry_loss`.
+
+    Returns:
+        ``(loss, stats)``, stats detached *sums* over the pairs (the caller divides by its pair count):
+        ``correct`` (strict, r_b > r_w) and ``margin_sum`` = Σ (r_b − r_w). Vector: tests/core/test_preference.py.
+    """
+    chosen, rejected = rewards[better], rewards[worse]
+    diff = chosen - rejected
+    logits = diff if margin is None else diff - margin
+    per_pair = -F.logsigmoid(logits) + center_coef * (chosen + rejected) ** 2
+    loss = (weights * per_pair).sum()
+    with torch.no_grad():
+        stats = {"correct": (chosen > rejected).sum().to(rewards.dtype), "margin_sum": diff.sum()}
     return loss, stats
 
 

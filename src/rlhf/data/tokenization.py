@@ -17,6 +17,7 @@ found in it by `rlhf.data.chat.turn_spans`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,9 @@ class TokenizedPreference:
     rejected_ids: list[int]
     margin: float = 0.0
     truncated: bool = False
+    prompt_key: str = ""
+    """Encoded as one text: the prompt (JSON), which groups the pairs of one prompt (`rlhf.data.groups`); else "" (the
+    prompt ids group them)."""
 
 
 def require_pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -354,7 +358,8 @@ def _joined_preferences(
             chosen, rejected = (
                 list(tokenizer(text, truncation=True, max_length=max_length)["input_ids"]) for text in pair
             )
-        out.append(TokenizedPreference(ex.where, [], chosen, rejected, ex.margin, truncated))
+        key = json.dumps(ex.prompt, ensure_ascii=False, sort_keys=True)
+        out.append(TokenizedPreference(ex.where, [], chosen, rejected, ex.margin, truncated, prompt_key=key))
     return out
 
 

@@ -12,7 +12,7 @@ from rlhf.core.memory import GiB
 from rlhf.planning.device import budget, process_rss, refusal, worker_fits, worker_place
 from rlhf.planning.fixes import alternatives, cheapest_fix
 from rlhf.planning.layout import plan, render
-from rlhf.planning.lengths import data_positions
+from rlhf.planning.lengths import data_answers, data_positions
 from rlhf.runlog.distributed import device_for_run
 
 TRAINERS = ("sft", "rm", "dpo", "ppo", "grpo")
@@ -42,6 +42,7 @@ def report(
     where: dict[str, Any] = dict(
         world_size=world_size, positions=positions, runtime=runtime, retains=retains, worker_place=place
     )
+    where["answers"] = data_answers(config)
     predicted = plan(config, **where)
     gib = device_memory_gib if device_memory_gib is not None else config.run.memory_budget_gib
     limit, source = budget(device, gib)

@@ -100,17 +100,18 @@ def budget(device: torch.device, gib: float | None) -> tuple[int, str]:
     return available(device)
 
 
-def check(config: TrainingConfig, d: Dist, positions: int) -> Plan | None:
+def check(config: TrainingConfig, d: Dist, positions: int, answers: int = 2) -> Plan | None:
     """At a trainer's start (``d``: its `Dist`), before any weight loads: the plan against the budget, silent when
     it fits; when it does not, the plan on stderr and ConfigError naming the cheapest change that fits, or the
     sampling worker's parts that do not fit their own memory (`worker_fits`) (``run.ignore_memory_plan``: a
     warning, and the run goes on). None when the plan cannot be made (a model whose config the plan cannot read):
-    said, and the run goes on."""
+    said, and the run goes on. ``answers``: rm, the most answers of a prompt (`plan`)."""
     command, runtime, retains = config.COMMAND, process_rss(), d.device.type != "cuda"
     place, home = worker_place(config, d.device)
     where: dict[str, Any] = dict(
         world_size=d.world_size, positions=positions, runtime=runtime, retains=retains, worker_place=place
     )
+    where["answers"] = answers
     try:
         predicted = plan(config, **where)
     except Exception as error:  # noqa: BLE001 - the plan advises; a model it cannot read must not stop a run

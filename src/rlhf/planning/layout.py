@@ -105,12 +105,15 @@ def plan(
     runtime: int = 0,
     retains: bool = True,
     worker_place: WorkerPlace = "cpu",
+    answers: int = 2,
 ) -> Plan:
     """The plan of ``config`` on ``world_size`` ranks, rows at most ``positions`` tokens long (prompt and
-    response for ppo/grpo); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
+    response for ppo/grpo); ``answers``: rm, the most answers of one prompt (`rlhf.planning.lengths.most_answers`;
+    a pass holds the rank's share of ``batch.size`` prompts with that many each, unless ``batch.micro_size`` caps
+    it); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
     CPU only (a GPU's plan counts the device's memory) and as the sampling worker's own (it loads the same);
     ``retains``: `Plan.retains` (CPU); ``worker_place``: the sampling worker's models' device."""
-    layout = _Layout(config, world_size, positions, gpu=not retains)
+    layout = _Layout(config, world_size, positions, gpu=not retains, answers=answers)
     worker, worker_gpu = layout.worker(runtime, gpu=worker_place != "cpu")
     workspace = {"workspace (CPU libraries)": WORKSPACE} if retains else {}
     return Plan(
@@ -149,8 +152,8 @@ def reference_copy(config: TrainingConfig) -> bool:
 class _Layout:
     """What one rank of ``config`` holds, part by part (a class only to share the run's sizes between phases)."""
 
-    def __init__(self, config: TrainingConfig, world_size: int, positions: int, gpu: bool):
-        self.config, self.world, self.gpu = config, world_size, gpu
+    def __init__(self, config: TrainingConfig, world_size: int, positions: int, gpu: bool, answers: int = 2):
+        self.config, self.world, self.gpu, self.answers = config, world_size, gpu, answers
         # model.bf16 as the trainers resolve it (`rlhf.models.precision.bf16_enabled`): unset is mixed precision on
         # a GPU (the plan takes one that computes in bfloat16) and float32 on a CPU
         self.bf16 = config.model.bf16 if config.model.bf16 is not None else gpu
@@ -182,7 +185,10 @@ class _Layout:
     def _micro_rows(self) -> int:
         """Rows of one forward/backward (per rank): micro_size, or what micro_tokens lets in."""
         rows = micro_rows_now(self.config, self.world)
-        if isinstance(self.config, RMConfig | DPOConfig):
+        if isinstance(self.config, RMConfig):  # micro_size counts answers, batch.size prompts of up to `answers`
+            whole = max(1, self.config.batch.size // self.world) * self.answers
+            rows = min(whole, self.config.batch.micro_size or whole)
+        elif isinstance(self.config, DPOConfig):
             rows *= 2  # chosen and rejected go through the model together
         budget = self.rl.batch.micro_tokens if self.rl else None
         if budget is not None:

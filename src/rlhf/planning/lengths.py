@@ -24,6 +24,24 @@ def sequence_positions(sequences: Sequence[Any]) -> int:
     return max((len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)) for p in sequences), default=1)
 
 
+def most_answers(pairs: Sequence[Any]) -> int:
+    """rm: the most distinct answers of one prompt, which a pass forwards together (`rlhf.data.groups`)."""
+    from rlhf.data.groups import group_preferences
+
+    return max((len(group.answers) for group in group_preferences(pairs)), default=2)
+
+
+def data_answers(config: TrainingConfig) -> int:
+    """rm: `most_answers` of its training data, tokenized as `data_positions` does; 2 for the other trainers."""
+    if not isinstance(config, RMConfig):
+        return 2
+    with torch.device("meta"):
+        from rlhf.models.reward import load_reward_model, tokenize_pairs
+
+        shell = load_reward_model(config.model.name, config.model.dtype, "meta", config.data.chat_template_kwargs)
+    return most_answers(tokenize_pairs(config.data.train, shell, config.data.max_length))
+
+
 def data_positions(config: TrainingConfig) -> int:
     """The longest row of ``config``'s data, tokenized as its trainer does (rm: as the model reads pairs, an
     encoder or a decoder, from its architecture built on the ``meta`` device)."""

@@ -29,7 +29,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,17 @@ from torch import nn
 
 from rlhf import planning
 from rlhf.config import ConfigError, RMConfig, config_from_dict, config_to_dict
-from rlhf.core.preference import bradley_terry_loss, ensemble_reward, normalization_gain_bias, pairwise_accuracy
+from rlhf.core.preference import ensemble_reward, normalization_gain_bias, pairwise_accuracy, ranking_loss
 from rlhf.data import (
     PromptExample,
     TokenizedPreference,
     TokenizedPrompt,
-    collate_preferences,
     read_preferences,
     read_prompts,
+    right_pad,
     tokenize_prompts,
 )
+from rlhf.data.groups import AnswerBatch, PreferenceGroup, answer_batches, group_preferences
 from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora, checkpointed
@@ -67,7 +68,7 @@ from rlhf.rollout import generation
 from rlhf.rollout.rewards.ensemble import MANIFEST
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.trainers import supervised
+from rlhf.trainers import supervised, update
 from rlhf.trainers.update import Trainable
 
 MEMBERS = "members"
@@ -92,20 +93,24 @@ def train_one(config: RMConfig) -> Path:
     with torch.device("meta"):
         shell = load_reward_model(config.model.name, config.model.dtype, "meta", config.data.chat_template_kwargs)
     train, held_out = load_pairs(config, shell)
-    planning.check(config, d, planning.sequence_positions(train + held_out))
+    groups, held_out_groups = group_preferences(train), group_preferences(held_out)
+    check_passes(config, groups + held_out_groups, d)
+    positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(train)
+    planning.check(config, d, positions, answers=answers)
     rm, scorer = load_scorer(config, d)
-    say_pairs(rm, train, held_out, config.data.max_length)
-    # 2-6. evaluation before training, then the steps: micro-batched Bradley–Terry, AdamW, evaluation, checkpoints
+    say_pairs(rm, groups, held_out_groups, config.data.max_length)
+    # 2-6. evaluation before training, then the steps: every answer of the step's prompts forwarded once, the
+    # Bradley–Terry loss over their pairs, AdamW, evaluation, checkpoints
     trainable = Trainable(scorer, d)
     task = supervised.Task(
         trainable,
         supervised.OneModel("scorer", scorer, rm.model),
-        step=functools.partial(train_step, config, rm, trainable, train),
-        evaluate=functools.partial(evaluate, config, scorer, rm, held_out, d) if held_out else None,
-        tokens=functools.partial(supervised.pair_tokens, train),
+        step=functools.partial(train_step, config, rm, trainable, groups),
+        evaluate=functools.partial(evaluate, config, scorer, rm, held_out_groups, d) if held_out else None,
+        tokens=lambda rows: sum(groups[i].tokens() for i in rows),
     )
-    fingerprint = fingerprint_of((p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in train)
-    supervised.train(config, task, len(train), fingerprint, config.rm.epochs, d)
+    fingerprint = fingerprint_of((g.prompt_ids, *g.answers, g.better, g.worse) for g in groups)
+    supervised.train(config, task, len(groups), fingerprint, config.rm.epochs, d)
     # sharded: rank 0 alone continues, with a whole copy in a fresh model of the same build (the others are done)
     whole = [rm]
 
@@ -193,15 +198,14 @@ def held_out_accuracy(config: RMConfig, members: list[Path], device: torch.devic
     chosen, rejected = [], []
     for path in members:
         rm = load_reward_model(str(path), config.model.dtype, device, config.data.chat_template_kwargs)
-        scorer, pairs = RewardScorer(rm.hf_model).eval(), tokenize_pairs(config.data.eval, rm, config.data.max_length)
+        scorer = RewardScorer(rm.hf_model).eval()
+        groups = group_preferences(tokenize_pairs(config.data.eval, rm, config.data.max_length))
         gain, bias = reward_normalization(rm.model.config)
         size = config.effective_micro_batch_size
-        parts = [
-            pair_rewards(scorer, pairs[i : i + size], rm.tokenizer.pad_token_id, device)
-            for i in range(0, len(pairs), size)
-        ]
-        chosen.append(torch.cat([c for c, _, _ in parts]).cpu() * gain + bias)
-        rejected.append(torch.cat([r for _, r, _ in parts]).cpu() * gain + bias)
+        rewards = torch.cat(group_rewards(scorer, groups, rm.tokenizer.pad_token_id, size, Dist(device=device)))
+        pairs = group_pairs(groups, len(groups))
+        chosen.append(rewards[pairs["better"]] * gain + bias)
+        rejected.append(rewards[pairs["worse"]] * gain + bias)
     accuracy = {
         path.parent.name: pairwise_accuracy(c, r).item() for path, c, r in zip(members, chosen, rejected, strict=True)
     }
@@ -250,79 +254,177 @@ def load_pairs(config: RMConfig, rm: TrainableRewardModel) -> tuple[list[Tokeniz
     return train, held_out
 
 
-def say_pairs(rm: TrainableRewardModel, train: list[TokenizedPreference], held_out: list, max_length: int) -> None:
-    """One line on stderr: the model's kind, its head's origin, the pairs and how many were cut."""
+def say_pairs(rm: TrainableRewardModel, train: list[PreferenceGroup], held_out: list, max_length: int) -> None:
+    """One line on stderr: the model's kind, its head's origin, the prompts, answers and pairs and how many pairs
+    were cut; a second when some prompt has contradicting labels."""
     kind = "decoder (score head on the causal trunk)" if rm.is_decoder else "encoder (its own classifier)"
     head = "fresh head N(0, 1/sqrt(H+1))" if rm.fresh_head else "head from the checkpoint"
-    cut = sum(p.truncated for p in train)
+    pairs, answers = sum(g.num_pairs for g in train), sum(len(g.answers) for g in train)
+    cut = sum(g.truncated for g in train)
     print(
-        f"rm: {kind}, {head}; {len(train)} training pairs ({cut} cut to data.max_length={max_length}), "
-        f"{len(held_out)} held out",
+        f"rm: {kind}, {head}; {len(train)} training prompts with {answers} answers, each forwarded once per epoch, "
+        f"and {pairs} pairs among them ({cut} cut to data.max_length={max_length}); "
+        f"{sum(g.num_pairs for g in held_out)} pairs of {len(held_out)} prompts held out",
         file=sys.stderr,
     )
+    if contradicting := sum(g.contradictions() > 0 for g in train):
+        print(
+            f"rm: {contradicting} training prompts have labels that contradict each other (a preferred to b and b "
+            "to a): all are kept, as Bradley–Terry reads label noise (docs/rankings.md)",
+            file=sys.stderr,
+        )
 
 
-def pair_rewards(
+def check_passes(config: RMConfig, groups: list[PreferenceGroup], d: Dist) -> None:
+    """Sharded (FSDP), every forward is a collective that every rank runs: a prompt with more answers than a pass
+    holds needs an extra forward of its own (`spanning_gradient`) that the other ranks would not run."""
+    most = max((len(group.answers) for group in groups), default=0)
+    if d.sharded and config.batch.micro_size is not None and most > config.batch.micro_size:
+        raise ConfigError(
+            f"batch.micro_size={config.batch.micro_size} answers is fewer than the {most} answers of a prompt; with "
+            f"run.parallelism fsdp every prompt's answers must fit one pass: set batch.micro_size ≥ {most}"
+        )
+
+
+def answer_rewards(
     scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    pairs: list[TokenizedPreference],
+    groups: Sequence[PreferenceGroup],
     pad_id: int,
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(r_chosen (b,), r_rejected (b,), margin (b,)) of ``b`` pairs: one right-padded (2b, L) forward of
-    ``scorer`` (`RewardScorer`, or the wrapper that trains it)."""
-    batch = collate_preferences(pairs, pad_id)
-    ids = torch.cat([batch.chosen_input_ids, batch.rejected_input_ids]).to(device)
-    mask = torch.cat([batch.chosen_attention_mask, batch.rejected_attention_mask]).to(device)
-    scores = scorer(ids, mask).float()
-    b = len(pairs)
-    return scores[:b], scores[b:], batch.margin.to(device)
+    chunk: slice | None = None,
+) -> torch.Tensor:
+    """(N,) the rewards of the groups' answers, group after group (``chunk``: of the one group's answers only): one
+    right-padded forward of ``scorer`` (`RewardScorer`, or the wrapper that trains it)."""
+    sequences = [s for group in groups for s in group.sequences()]
+    ids, mask = right_pad(sequences if chunk is None else sequences[chunk], pad_id)
+    return scorer(ids.to(device), mask.to(device)).float()
+
+
+def group_pairs(groups: Sequence[PreferenceGroup], step_groups: int) -> dict[str, torch.Tensor]:
+    """The pairs of ``groups`` as indices into their answers' rewards laid end to end (`answer_rewards`): ``better``,
+    ``worse``, ``margin`` and each pair's ``weight``, 1/(G·n_g) for a group of n_g pairs among the step's G =
+    ``step_groups`` prompts: each prompt's pairs averaged, then the prompts (InstructGPT; why: docs/rankings.md)."""
+    better, worse, margin, weight, offset = [], [], [], [], 0
+    for group in groups:
+        better += [offset + b for b in group.better]
+        worse += [offset + w for w in group.worse]
+        margin += group.margins
+        weight += [1.0 / (step_groups * group.num_pairs)] * group.num_pairs
+        offset += len(group.answers)
+    return {
+        "better": torch.tensor(better),
+        "worse": torch.tensor(worse),
+        "margin": torch.tensor(margin),
+        "weight": torch.tensor(weight, dtype=torch.float64),
+    }
+
+
+def groups_loss(
+    config: RMConfig, rewards: torch.Tensor, groups: Sequence[PreferenceGroup], step_groups: int, step_pairs: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The groups' share of the step's loss (`rlhf.core.preference.ranking_loss`; the step has ``step_groups``
+    prompts and ``step_pairs`` pairs over all ranks) and their share of its ``loss``, ``accuracy`` (strict, over
+    pairs) and ``reward_margin`` (mean r_better − r_worse over pairs)."""
+    pairs = {key: value.to(rewards.device) for key, value in group_pairs(groups, step_groups).items()}
+    margin = pairs["margin"].to(rewards.dtype) if config.rm.use_margin else None
+    center = config.rm.center_rewards_coefficient or 0.0
+    weights = pairs["weight"].to(rewards.dtype)
+    loss, sums = ranking_loss(rewards, pairs["better"], pairs["worse"], weights, margin, center)
+    return loss, {
+        "loss": loss.item(),
+        "accuracy": sums["correct"].item() / step_pairs,
+        "reward_margin": sums["margin_sum"].item() / step_pairs,
+    }
 
 
 def train_step(
-    config: RMConfig,
-    rm: TrainableRewardModel,
-    trainable: Trainable,
-    pairs: list[TokenizedPreference],
-    indices: list[int],
+    config: RMConfig, rm: TrainableRewardModel, trainable: Trainable, groups: list[PreferenceGroup], indices: list[int]
 ) -> dict[str, float]:
-    """Phase 4: backward of the mean loss over the step's pairs ``indices`` (`rlhf.trainers.supervised.pair_step`);
+    """Phase 4: backward of the step's loss over the prompts ``indices``, every answer forwarded once: this rank's
+    share of the prompts in passes of at most ``batch.micro_size`` answers (`rlhf.data.groups.answer_batches`);
     returns the step's train stats over all ranks."""
+    d, pad = trainable.d, rm.tokenizer.pad_token_id
+    mine = [groups[i] for i in indices[d.rank :: d.world_size]]
+    step_groups, step_pairs = len(indices), sum(groups[i].num_pairs for i in indices)
+    passes = answer_batches([len(group.answers) for group in mine], config.batch.micro_size)
+    spanning: dict[str, torch.Tensor] = {}
 
-    def loss_of(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, stats = pair_loss(config, trainable.forward, rm, [pairs[i] for i in micro], trainable.d.device)
+    def micro_step(batch: AnswerBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        members = [mine[g] for g in batch.groups]
+        if batch.chunk is None:
+            rewards = answer_rewards(trainable.forward, members, pad, d.device)
+            loss, stats = groups_loss(config, rewards, members, step_groups, step_pairs)
+        else:  # one chunk of a prompt with more answers than a pass holds
+            stats = {}
+            if batch.chunk.start == 0:
+                spanning["grad"], stats = spanning_gradient(config, trainable, members[0], pad, step_groups, step_pairs)
+            rewards = answer_rewards(trainable.forward, members, pad, d.device, batch.chunk)
+            loss = (rewards * spanning["grad"][batch.chunk]).sum()
         return loss, {f"train/{key}": value for key, value in stats.items()}
 
-    return supervised.pair_step(trainable, indices, config.effective_micro_batch_size, loss_of)
+    def step(batch: AnswerBatch | None) -> tuple[torch.Tensor, dict[str, float]]:
+        if batch is None:  # a filler pass (another rank has more passes): one answer, weighted 0 by `accumulate`
+            return answer_rewards(trainable.forward, [groups[indices[0]]], pad, d.device, slice(0, 1)).sum(), {}
+        return micro_step(batch)
+
+    return update.reduce_stats(update.accumulate(trainable, passes, lambda: None, step), d)
 
 
-def pair_loss(
-    config: RMConfig, scorer: Callable[..., torch.Tensor], rm: TrainableRewardModel, pairs: list, device: torch.device
+def spanning_gradient(
+    config: RMConfig, trainable: Trainable, group: PreferenceGroup, pad_id: int, step_groups: int, step_pairs: int
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The Bradley–Terry loss of ``pairs`` (their mean) and its ``loss``, ``accuracy`` (strict, r_c > r_r) and
-    ``reward_margin`` (mean r_c − r_r)."""
-    chosen, rejected, margin = pair_rewards(scorer, pairs, rm.tokenizer.pad_token_id, device)
-    center = config.rm.center_rewards_coefficient or 0.0
-    loss, stats = bradley_terry_loss(chosen, rejected, margin if config.rm.use_margin else None, center)
-    return loss, {
-        "loss": loss.item(),
-        "accuracy": stats["accuracy"].item(),
-        "reward_margin": stats["margin_mean"].item(),
-    }
+    """A prompt whose answers take several passes: the gradient of its loss with respect to its answers' rewards,
+    computed from rewards scored without gradient (passes of ``batch.micro_size`` answers), and its stats. Each
+    pass's forward then backpropagates its slice of that gradient (``Σ r_a·∂L/∂r_a``): by the chain rule the weights
+    get the gradient of the loss over all the answers at once, holding one pass's activations (GradCache, Gao et
+    al. 2021; docs/rankings.md), at the cost of one more forward of these answers."""
+    size = config.batch.micro_size
+    with torch.no_grad():
+        parts = [
+            answer_rewards(trainable.module, [group], pad_id, trainable.d.device, chunk)
+            for chunk in (slice(start, start + size) for start in range(0, len(group.answers), size))
+        ]
+    rewards = torch.cat(parts).requires_grad_()
+    loss, stats = groups_loss(config, rewards, [group], step_groups, step_pairs)
+    (grad,) = torch.autograd.grad(loss, rewards)
+    return grad, stats
+
+
+@torch.no_grad()
+def group_rewards(
+    scorer: nn.Module, groups: Sequence[PreferenceGroup], pad_id: int, size: int, d: Dist = SINGLE
+) -> list[torch.Tensor]:
+    """The rewards of this rank's share of ``groups`` (every ``d.world_size``-th from ``d.rank``), one (k,) tensor per
+    group, scored in passes of ``size`` answers evened out over the ranks (sharded, every rank runs each pass)."""
+    mine = groups[d.rank :: d.world_size]
+    sequences = [s for group in mine for s in group.sequences()]
+    passes = [list(range(start, min(start + size, len(sequences)))) for start in range(0, len(sequences), size)]
+    filler = groups[0].sequences()[:1]
+    scores = []
+    for rows, real, _ in update.evenly(passes, lambda: None, d):
+        ids, mask = right_pad([sequences[i] for i in rows] if real else filler, pad_id)
+        out = scorer(ids.to(d.device), mask.to(d.device)).float().cpu()
+        if real:
+            scores.append(out)
+    flat = torch.cat(scores) if scores else torch.zeros(0)
+    return list(flat.split([len(group.answers) for group in mine]))
 
 
 @torch.no_grad()
 def evaluate(
-    config: RMConfig, scorer: nn.Module, rm: TrainableRewardModel, pairs: list[TokenizedPreference], d: Dist = SINGLE
+    config: RMConfig, scorer: nn.Module, rm: TrainableRewardModel, groups: list[PreferenceGroup], d: Dist = SINGLE
 ) -> dict[str, float]:
-    """The training objective, strict accuracy and mean r_c − r_r over all held-out pairs (each rank scores
-    its share; the sums are added over ranks)."""
+    """The training objective over all held-out prompts (each weighed as a step weighs its prompts), strict
+    accuracy and mean r_better − r_worse over their pairs (each rank scores its share; the sums are added over
+    ranks)."""
+    pad, size = rm.tokenizer.pad_token_id, config.effective_micro_batch_size
+    mine = groups[d.rank :: d.world_size]
+    rewards = group_rewards(scorer, groups, pad, size, d)
     totals = {"eval/loss": 0.0, "eval/accuracy": 0.0, "eval/reward_margin": 0.0}
-    for micro, real, _ in supervised.held_out_batches(len(pairs), config.effective_micro_batch_size, d):
-        _, stats = pair_loss(config, scorer, rm, [pairs[i] for i in micro], d.device)
-        share = len(micro) / len(pairs)
-        if real:
-            for key, value in stats.items():
-                totals[f"eval/{key}"] += value * share
+    if mine:
+        num_pairs = sum(group.num_pairs for group in groups)
+        _, stats = groups_loss(config, torch.cat(rewards), mine, len(groups), num_pairs)
+        totals = {f"eval/{key}": value for key, value in stats.items()}
     return d.sum_values(totals)
 
 
