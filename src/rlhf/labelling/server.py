@@ -223,7 +223,8 @@ NAME_PAGE = """<!doctype html>
 <title>rlhf label</title><link rel="stylesheet" href="/static/label.css"></head>
 <body class="name-page">
 <main><h1>Which answer is better?</h1>
-<p>You will see a prompt and two answers, and pick the better one. Your labels are saved under your name.</p>
+<p>You will see a prompt and two answers, and pick the better one; or several answers, and put them in order.
+Your labels are saved under your name.</p>
 <!--error-->
 <form method="get" action="/" id="name-form">
 <label for="labeller">Your name</label>
@@ -260,12 +261,19 @@ LABEL_PAGE = """<!doctype html>
 </header>
 <main id="work">
   <section id="prompt" class="prompt" aria-label="prompt"></section>
-  <div class="answers">
+  <div class="answers pair-only">
 {answers}  </div>
+  <p class="hint rank-only">Tap the answers from best to worst, or press their numbers. Tap a ranked answer to take
+  it out; <b>= tie</b> ties an answer with the one ranked just above it.</p>
+  <div id="candidates" class="candidates rank-only" aria-label="answers to rank"></div>
   <nav class="choices">
-    <button type="button" id="choose-left" data-choice="left"><kbd>1</kbd> Answer 1 is better</button>
-    <button type="button" id="choose-right" data-choice="right"><kbd>2</kbd> Answer 2 is better</button>
-    <button type="button" id="tie" data-choice="tie"><kbd>t</kbd> Tie</button>
+    <p id="rank-order" class="rank-order rank-only" aria-live="polite"></p>
+    <button type="button" class="pair-only" id="choose-left" data-choice="left"><kbd>1</kbd> Answer 1 is better</button>
+    <button type="button" class="pair-only" id="choose-right" data-choice="right"><kbd>2</kbd> Answer 2 is better</button>
+    <button type="button" class="pair-only" id="tie" data-choice="tie"><kbd>t</kbd> Tie</button>
+    <button type="button" class="rank-only" id="submit-ranking"><kbd>Enter</kbd> Submit ranking</button>
+    <button type="button" class="rank-only" id="rank-back"><kbd>⌫</kbd> Back one</button>
+    <button type="button" class="rank-only" id="rank-clear"><kbd>c</kbd> Clear</button>
     <button type="button" id="skip" data-choice="skip"><kbd>s</kbd> Skip</button>
     <button type="button" id="undo"><kbd>u</kbd> Undo last</button>
   </nav>
