@@ -17,6 +17,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -219,7 +220,7 @@ class LabelSession:
         row = (lambda: item.skip_row(**meta)) if ranking == "skip" else (lambda: item.ranking_row(ranking, **meta))
         return self._save(labeller=labeller, item=item, label_id=label_id, row=row)
 
-    def _save(self, *, labeller: str, item: Item, label_id: Any, row: Any) -> dict[str, Any]:
+    def _save(self, *, labeller: str, item: Item, label_id: Any, row: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Append the row ``row()`` builds, unless this label id is already saved (then that row): one line per
         label, on disk before anything counts it."""
         if not isinstance(label_id, str) or not LABEL_ID.match(label_id):
