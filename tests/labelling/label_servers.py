@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from rlhf.labelling.pairs import read_pairs
+from rlhf.labelling.pairs import read_items
 from rlhf.labelling.server import bind, make_app
 from rlhf.labelling.session import LabelSession
 
@@ -32,6 +32,25 @@ def write_pairs(path: Path, n: int, hostile: bool = False) -> Path:
         rows[0]["a"] = HOSTILE
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+def write_candidates(path: Path, n: int, k: int) -> Path:
+    """``n`` {prompt, completions} rows of ``k`` answers each, in a scrambled order; answer text ``grade g`` is better
+    the higher g (`gold_order` gives the best-first indices)."""
+    rows = [{"prompt": f"Item {i}: say something good.", "completions": [f"Item {i}, grade {((k - 1) * j + i) % k}."
+             for j in range(k)]} for i in range(n)]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def grade(text: str) -> int:
+    """The grade a `write_candidates` answer says it has."""
+    return int(text.rsplit("grade ", 1)[1].rstrip("."))
+
+
+def gold_order(answers: list[str]) -> list[int]:
+    """Indices of ``answers`` (written by `write_candidates`), best first."""
+    return sorted(range(len(answers)), key=lambda i: -grade(answers[i]))
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -76,9 +95,10 @@ def label_next(base: str, labeller: str, choice: str = "left", **fields: Any) ->
 
 @contextlib.contextmanager
 def server_thread(pairs: Path, out: Path, *, token: str | None = None, loopback: bool = True,
-                  labels_per_pair: int = 1) -> Iterator[str]:  # fmt: skip
-    """A label server in this process on a free port; yields its base URL."""
-    session = LabelSession(read_pairs(pairs), out, labels_per_pair=labels_per_pair)
+                  labels_per_pair: int = 1, mode: str = "auto") -> Iterator[str]:  # fmt: skip
+    """A label server in this process on a free port, reading ``pairs`` in ``label.mode`` ``mode``; yields its base
+    URL."""
+    session = LabelSession(read_items(pairs, mode=mode), out, labels_per_pair=labels_per_pair)
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(make_app(session, token, loopback), log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

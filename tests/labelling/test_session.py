@@ -12,7 +12,7 @@ from rlhf.config import ConfigError
 from rlhf.data import read_preferences
 from rlhf.data.files import DataError, Record
 from rlhf.data.labels import live_preferences, pair_id
-from rlhf.labelling.pairs import read_candidates, read_pairs
+from rlhf.labelling.pairs import read_candidates, read_items, read_pairs
 from rlhf.labelling.session import LabelSession, Refused
 
 
@@ -20,13 +20,13 @@ def open_session(tmp_path: Path, n: int = 4, **kwargs) -> LabelSession:
     pairs = tmp_path / "pairs.jsonl"
     if not pairs.exists():
         write_pairs(pairs, n)
-    return LabelSession(read_pairs(pairs), tmp_path / "prefs.jsonl", **kwargs)
+    return LabelSession(read_items(pairs, mode="pairs"), tmp_path / "prefs.jsonl", **kwargs)
 
 
 def label(session: LabelSession, who: str, label: str = "a", **kwargs):
     served = session.next(who)
     assert served is not None
-    return served, session.label(who, served.pair.id, label, served.label_id, served.left, **kwargs)
+    return served, session.label(who, served.item.id, label, served.label_id, served.left, **kwargs)
 
 
 def test_pair_ids_ignore_which_answer_is_called_a():
@@ -104,7 +104,7 @@ def test_each_label_is_a_line_on_disk_when_label_returns(tmp_path):
     lines = read_lines(tmp_path / "prefs.jsonl")  # read back before the session closes: already on disk
     assert lines[0]["kind"] == "session" and lines[0]["pairs_count"] == 4
     assert lines[1] == row
-    pair = served.pair
+    pair = served.item
     assert row["kind"] == "preference" and (row["chosen"], row["rejected"]) == (pair.a, pair.b)
     assert row["left"] == ("chosen" if served.left == "a" else "rejected")
     assert row["ratings"] == {"chosen": "good", "rejected": "bad"}
@@ -115,13 +115,13 @@ def test_each_label_is_a_line_on_disk_when_label_returns(tmp_path):
 def test_pairs_go_out_in_order_each_to_labels_per_pair_labellers_never_twice_to_one(tmp_path):
     session = open_session(tmp_path, n=3, labels_per_pair=2)
     ana, bo, cy = (session.next(who) for who in ("ana", "bo", "cy"))
-    assert ana.pair.id == bo.pair.id  # the first pair is leased to two labellers: it needs two labels
-    assert cy.pair.id != ana.pair.id  # …and no third
+    assert ana.item.id == bo.item.id  # the first pair is leased to two labellers: it needs two labels
+    assert cy.item.id != ana.item.id  # …and no third
     assert session.next("ana").label_id == ana.label_id  # a reload shows the same pair, same id
-    session.label("ana", ana.pair.id, "a", ana.label_id, ana.left)
-    assert session.next("ana").pair.id != ana.pair.id  # never the same pair twice to one labeller
+    session.label("ana", ana.item.id, "a", ana.label_id, ana.left)
+    assert session.next("ana").item.id != ana.item.id  # never the same pair twice to one labeller
     with pytest.raises(Refused) as error:
-        session.label("ana", ana.pair.id, "b", "another-id-123", ana.left)
+        session.label("ana", ana.item.id, "b", "another-id-123", ana.left)
     assert error.value.status == 409
     session.close()
 
@@ -129,11 +129,11 @@ def test_pairs_go_out_in_order_each_to_labels_per_pair_labellers_never_twice_to_
 def test_a_label_sent_twice_is_saved_once(tmp_path):
     session = open_session(tmp_path)
     served, row = label(session, "ana")
-    again = session.label("ana", served.pair.id, "a", served.label_id, served.left)
+    again = session.label("ana", served.item.id, "a", served.label_id, served.left)
     assert again == row
     assert len(read_lines(tmp_path / "prefs.jsonl")) == 2  # the session line and one label
     with pytest.raises(Refused, match="already used"):
-        session.label("bo", served.pair.id, "a", served.label_id, served.left)
+        session.label("bo", served.item.id, "a", served.label_id, served.left)
     session.close()
 
 
@@ -149,7 +149,7 @@ def test_undo_appends_a_retraction_and_gives_the_pair_back(tmp_path):
     lines = read_lines(tmp_path / "prefs.jsonl")
     assert [line["kind"] for line in lines] == ["session", "preference", "tie", "retraction"]
     assert lines[3]["retracts"] == row2["id"]
-    assert session.next("ana").pair.id == second.pair.id  # label it again
+    assert session.next("ana").item.id == second.item.id  # label it again
     session.undo("ana")
     with pytest.raises(Refused, match="no label to undo"):
         session.undo("ana")
@@ -166,7 +166,7 @@ def test_a_restart_replays_the_file_and_continues(tmp_path):
     again = open_session(tmp_path)
     assert again.history["ana"] == [kept["id"]]
     assert again.progress("ana")["last"] == kept["id"]
-    assert again.next("bo").pair.id != skipped.pair.id  # bo skipped it: not shown to bo again
+    assert again.next("bo").item.id != skipped.item.id  # bo skipped it: not shown to bo again
     assert again.progress("ana")["done"] == 1  # a skip decides nothing
     assert len([line for line in read_lines(tmp_path / "prefs.jsonl") if line["kind"] == "session"]) == 1
     again.close()
@@ -183,7 +183,7 @@ def test_a_changed_pairs_file_or_a_second_session_is_refused(tmp_path):
     foreign = tmp_path / "foreign.jsonl"
     foreign.write_text(json.dumps({"prompt": "p", "chosen": "x", "rejected": "y"}) + "\n")
     with pytest.raises(ConfigError, match="not started by `rlhf label`"):
-        LabelSession(read_pairs(tmp_path / "pairs.jsonl"), foreign)
+        LabelSession(read_items(tmp_path / "pairs.jsonl", mode="pairs"), foreign)
 
 
 def test_a_torn_last_line_is_set_aside_and_never_read_as_a_label(tmp_path, capsys):
@@ -209,7 +209,7 @@ def test_bad_values_are_refused_with_4xx(tmp_path):
         (dict(label_id="short"), 422), (dict(seconds=-1), 422), (dict(seconds=float("nan")), 422),
         (dict(ratings={"a": "great"}), 422), (dict(ratings={"c": "good"}), 422), (dict(ratings=[1]), 422),
     ]  # fmt: skip
-    base = dict(labeller="ana", pair_id=served.pair.id, label="a", label_id=served.label_id, left=served.left)
+    base = dict(labeller="ana", pair_id=served.item.id, label="a", label_id=served.label_id, left=served.left)
     for change, status in cases:
         with pytest.raises(Refused) as error:
             session.label(**(base | change))

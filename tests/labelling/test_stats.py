@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from rlhf import cli
-from rlhf.labelling.stats import label_stats
+from rlhf.data.files import DataError
+from rlhf.data.labels import pair_id
+from rlhf.labelling.stats import format_stats, label_stats
 
 
 def pref(pair: str, who: str, winner: str, left: str = "chosen", **extra) -> dict:
@@ -42,6 +44,7 @@ def test_counts_rates_bias_and_agreement_by_hand(tmp_path):
     assert stats["tie_rate"] == pytest.approx(2 / 7) and stats["skip_rate"] == pytest.approx(1 / 7)
     assert stats["labellers"]["ana"] | {"left_wins": None} == {
         "labels": 4,
+        "rankings": 0,
         "preferences": 2,
         "ties": 1,
         "skips": 1,
@@ -69,3 +72,32 @@ def test_the_command_prints_a_table_and_refuses_files_that_are_not_labels(tmp_pa
     assert cli.main(["label", "--stats", str(plain)]) == 2
     assert "not a labels file" in capsys.readouterr().err
     assert cli.main(["label", "--stats", str(labels), "--pairs", str(labels)]) == 2
+
+
+def test_a_ranking_counts_as_its_pairs_beside_pair_labels_of_the_same_answers(tmp_path):
+    def ranking(who: str, order: list, shown: list[int]) -> dict:
+        return {"kind": "ranking", "id": f"{who}-r", "item": "i1", "labeller": who, "prompt": "p",
+                "completions": ["x", "y", "z"], "ranking": order, "shown": shown, "seconds": 9.0}  # fmt: skip
+
+    xy, xz = pair_id("p", "x", "y"), pair_id("p", "x", "z")
+    rows = [
+        ranking("ana", [1, 0, 2], shown=[2, 0, 1]),  # y > x > z, shown z, x, y: the one shown earlier lost each time
+        ranking("dan", [[0, 1], 2], shown=[0, 1, 2]),  # x = y > z, shown in order: the earlier one won twice
+        pref(xy, "bo", "y", "chosen") | {"pair": xy},  # bo agrees with ana on x vs y
+        other("tie", xz, "cy"),  # cy ties x and z, which ana and dan ranked x > z
+    ]
+    path = write(tmp_path / "prefs.jsonl", rows)
+    stats = label_stats([str(path)])
+    assert (stats["labels"], stats["rankings"], stats["ranking_pairs"], stats["pairs"]) == (4, 2, 6, 3)
+    assert stats["labellers"]["ana"]["rankings"] == 1 and stats["labellers"]["ana"]["preferences"] == 3
+    assert (stats["labellers"]["dan"]["preferences"], stats["labellers"]["dan"]["ties"]) == (2, 1)
+    assert stats["tie_rate"] == pytest.approx(2 / 8)  # of 8 pair judgements: 3 + 3 implied, bo's, cy's
+    assert stats["labellers"]["ana"]["left_wins"]["rate"] == 0.0 and stats["labellers"]["dan"]["left_wins"]["n"] == 2
+    assert (stats["position_bias"]["rate"], stats["position_bias"]["n"]) == (0.5, 6)  # ana 0/3, dan 2/2, bo 1/1
+    # x vs y: ana y, bo y, dan tie (1 of 3 label pairs agree); x vs z: ana x, dan x, cy tie (1 of 3); y vs z: 1 of 1
+    assert stats["agreement"]["pairs"] == 3 and stats["agreement"]["percent"] == pytest.approx(3 / 7)
+    text = format_stats(stats)
+    assert "4 live labels (2 rankings, implying 6 pairs) of 3 pairs" in text and "shown first" in text
+    bad = write(tmp_path / "bad.jsonl", [ranking("ana", [0, 0, 2], shown=[0, 1, 2])])
+    with pytest.raises(DataError, match=r"bad.jsonl:1: ranking names \[0\] more than once"):
+        label_stats([str(bad)])

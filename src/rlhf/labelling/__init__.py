@@ -21,7 +21,7 @@ from rlhf.config import LabelConfig, llm_judge
 
 def run(config: LabelConfig) -> dict[str, Any]:
     """Print statistics (``stats``), label with an LLM judge (``judge.source``), or serve the labelling page."""
-    from rlhf.labelling.pairs import read_pairs
+    from rlhf.labelling.pairs import read_items, read_pairs
     from rlhf.labelling.stats import format_stats, label_stats
 
     if config.stats:
@@ -29,24 +29,24 @@ def run(config: LabelConfig) -> dict[str, Any]:
         print(json.dumps(stats, indent=2) if config.json else format_stats(stats))
         return stats
     assert config.pairs is not None and config.out is not None  # checked by LabelConfig
-    pairs = read_pairs(config.pairs)
     if llm_judge(config.judge.source) is not None:
         from rlhf.labelling.judge import judge_pair_file
 
-        return judge_pair_file(pairs, config.out, config.judge)
-    return serve(config, pairs)
+        return judge_pair_file(read_pairs(config.pairs), config.out, config.judge)
+    return serve(config, read_items(config.pairs, mode=config.mode))
 
 
-def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
+def serve(config: LabelConfig, items: Any) -> dict[str, Any]:
     """Serve the labelling page until Ctrl-C; returns the labelling progress at the end."""
     import uvicorn
 
+    from rlhf.labelling.pairs import Candidates
     from rlhf.labelling.server import bind, is_loopback, make_app
     from rlhf.labelling.session import LabelSession
 
     loopback = is_loopback(config.host)
     token = config.token or os.environ.get("RLHF_LABEL_TOKEN") or (None if loopback else secrets.token_urlsafe(18))
-    session = LabelSession(pairs, config.out, config.labels_per_pair, config.lease_seconds)
+    session = LabelSession(items, config.out, config.labels_per_pair, config.lease_seconds)
     try:
         sock = bind(config.host, config.port)
         port = sock.getsockname()[1]
@@ -54,10 +54,11 @@ def serve(config: LabelConfig, pairs: Any) -> dict[str, Any]:
         host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/" + (f"?token={token}" if token else "")
         done, total = session.overall()
+        rankings = items.count(Candidates)
         print(
-            f"label: {len(pairs.pairs)} pairs from {pairs.path} ({pairs.identical} with the same text twice and "
-            f"{pairs.repeated} repeated left out), {config.labels_per_pair} label(s) each; "
-            f"{done} / {total} done; labels go to {config.out}",
+            f"label: {len(items.items) - rankings} pairs and {rankings} items to rank (--mode {items.mode}) from "
+            f"{items.path} ({items.identical} repeated answers and {items.repeated} repeated items left out), "
+            f"{config.labels_per_pair} label(s) each; {done} / {total} done; labels go to {config.out}",
             file=sys.stderr,
         )
         if config.host in ("0.0.0.0", "::"):

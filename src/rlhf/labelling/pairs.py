@@ -57,6 +57,15 @@ class Candidates:
         completions = [_answer(self.prompt, a) for a in self.answers]
         return {"kind": "ranking", "prompt": self.prompt, "completions": completions, "ranking": ranking, **meta}
 
+    def skip_row(self, **meta: Any) -> dict[str, Any]:
+        """The labels-file row of a labeller passing on these answers (a skip: no preference, not trained on)."""
+        completions = [_answer(self.prompt, a) for a in self.answers]
+        return {"kind": "skip", "prompt": self.prompt, "completions": completions, **meta}
+
+
+Item = Pair | Candidates
+"""What the page shows at once: two answers to compare, or k answers to put in order."""
+
 
 @dataclass(frozen=True)
 class CandidatesFile:
@@ -88,6 +97,28 @@ class PairFile:
 
     def by_id(self) -> dict[str, Pair]:
         return {pair.id: pair for pair in self.pairs}
+
+    def as_items(self) -> ItemFile:
+        """These pairs as the items of a session in mode pairs."""
+        return ItemFile(self.path, list(self.pairs), self.sha256, "pairs", self.identical, self.repeated)
+
+
+@dataclass(frozen=True)
+class ItemFile:
+    """What a labelling session serves, in file order: pairs, candidates to rank, or both (`read_items`)."""
+
+    path: str
+    items: list[Item]
+    sha256: str
+    mode: str
+    """The ``label.mode`` the items were read in (a restart in another mode would serve other items)."""
+    identical: int
+    """Answers left out because they repeat another answer of their row."""
+    repeated: int
+    """Items left out because an earlier row has the same one."""
+
+    def count(self, kind: type) -> int:
+        return sum(isinstance(item, kind) for item in self.items)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -159,6 +190,52 @@ def read_candidates(path: str | os.PathLike[str]) -> CandidatesFile:
     if not items:
         raise DataError([f"{path}: no row to rank"])
     return CandidatesFile(str(path), items, sha, identical, repeated)
+
+
+def read_items(path: str | os.PathLike[str], *, mode: str) -> ItemFile:
+    """The items of a pairs or candidates file for ``label.mode`` ``mode``: ``pairs`` = every pair (`read_pairs`);
+    ``ranking`` = each candidates row's answers ranked at once; ``auto`` = ranked when a row has 3 or more distinct
+    answers. A pair row (``a``, ``b``), and in auto a row of 2 distinct answers, stays a pair. `DataError` lists each
+    bad row as ``file:line``."""
+    if mode == "pairs":
+        return read_pairs(path).as_items()
+    fewest = {"ranking": 2, "auto": 3}[mode]
+    sha = file_sha256(path)
+    problems = ProblemList()
+    items: list[Item] = []
+    seen: set[str] = set()
+    identical = repeated = 0
+    for record in read_records(path):
+        try:
+            row_items, left_out = _items(record, fewest=fewest)
+        except ValueError as error:
+            problems.add(f"{record.where}: {error}")
+            continue
+        identical += left_out
+        for item in row_items:
+            if item.id in seen:
+                repeated += 1
+                continue
+            seen.add(item.id)
+            items.append(item)
+    problems.raise_if_any()
+    if not items:
+        raise DataError([f"{path}: nothing to label (every row's answers are the same text)"])
+    return ItemFile(str(path), items, sha, mode, identical, repeated)
+
+
+def _items(record: Record, *, fewest: int) -> tuple[list[Item], int]:
+    """(the row's items, its answers left out as repeats): one `Candidates` when the row has ``fewest`` or more
+    distinct answers, else its pairs."""
+    completions = record.data.get("completions")
+    texts = isinstance(completions, list) and all(isinstance(c, str) for c in completions)
+    if texts and len(set(completions)) >= fewest:  # other rows: `_row` says what is wrong with them
+        prompt, answers = _candidates_row(record)
+        item = Candidates(candidates_id(prompt, answers), prompt, answers, record.where)
+        return [item], len(completions) - len(answers)
+    prompt, answer_pairs = _row(record)
+    pairs = [Pair(pair_id(prompt, a, b), prompt, a, b, record.where) for a, b in answer_pairs if a != b]
+    return pairs, len(answer_pairs) - len(pairs)
 
 
 def _candidates_row(record: Record) -> tuple[str | list[Message], tuple[str, ...]]:

@@ -1,8 +1,8 @@
 """The labelling web server: one page, a small JSON API, and the checks that make it safe to open to a network.
 
 The routes and the safety checks (token, loopback host, JSON bodies of at most `MAX_BODY` bytes, a 4xx with a one-line
-reason for bad input) are described for users in docs/labelling.md ("The API", "Safe by default"). A label is answered
-``{"saved": true, …}`` only after its line is fsynced (`LabelSession.label`). Every answer is built from data, never
+reason for bad input) are described for users in docs/labelling.md ("The API", "Safe by default"). A label or ranking is
+answered ``{"saved": true, …}`` only after its line is fsynced (`LabelSession.label`, `LabelSession.rank`). Every answer is built from data, never
 from markup: the page inserts texts with ``textContent``, so model output that looks like HTML shows as text."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlhf.data.labels import RATINGS
-from rlhf.labelling.session import LabelSession, Refused, check_labeller
+from rlhf.labelling.pairs import Pair
+from rlhf.labelling.session import LabelSession, Refused, Served, check_labeller, item_of
 
 MAX_BODY = 64 * 1024
 """Largest request body, in bytes (a label is a few hundred)."""
@@ -66,7 +67,7 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
         body = LABEL_PAGE.format(
             labeller=html.escape(labeller, quote=True),
             ratings="on" if ratings else "off",
-            total=len(session.pairs) * session.labels_per_pair,
+            total=len(session.items) * session.labels_per_pair,
             answers=ANSWERS,
         )
         return HTMLResponse(body)
@@ -77,9 +78,7 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
         progress = await run_in_threadpool(session.progress, labeller)
         if served is None:
             return JSONResponse({"done": True, "progress": progress})
-        pair = served.pair
-        shown = dict(id=pair.id, prompt=pair.prompt, a=pair.a, b=pair.b, left=served.left, label_id=served.label_id)
-        return JSONResponse({"done": False, "pair": shown, "progress": progress})
+        return JSONResponse({"done": False, **shown(served), "progress": progress})
 
     async def label(request: Request) -> Response:
         body = await read_json(request)
@@ -88,10 +87,23 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
         progress = await run_in_threadpool(session.progress, row["labeller"])
         return JSONResponse({"saved": True, "id": row["id"], "kind": row["kind"], "progress": progress})
 
+    async def rank(request: Request) -> Response:
+        body = await read_json(request)
+        fields = {
+            "labeller": "labeller",
+            "item_id": "item",
+            "ranking": "ranking",
+            "label_id": "id",
+            "seconds": "seconds",
+        }
+        row = await run_in_threadpool(lambda: session.rank(**{arg: body.get(key) for arg, key in fields.items()}))
+        progress = await run_in_threadpool(session.progress, row["labeller"])
+        return JSONResponse({"saved": True, "id": row["id"], "kind": row["kind"], "progress": progress})
+
     async def undo(request: Request) -> Response:
         body = await read_json(request)
         row = await run_in_threadpool(session.undo, body.get("labeller"), body.get("id"))
-        return JSONResponse({"undone": row["id"], "pair": row["pair"]})
+        return JSONResponse({"undone": row["id"], "item": item_of(row)})
 
     async def refused(request: Request, error: Exception) -> Response:
         assert isinstance(error, Refused)
@@ -103,12 +115,25 @@ def make_app(session: LabelSession, token: str | None, loopback_only: bool, rati
             Route("/favicon.ico", lambda request: Response(status_code=204)),
             Route("/api/next", next_pair),
             Route("/api/label", label, methods=["POST"]),
+            Route("/api/rank", rank, methods=["POST"]),
             Route("/api/undo", undo, methods=["POST"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         exception_handlers={Refused: refused},
     )
     return Guard(app, token, loopback_only)
+
+
+def shown(served: Served) -> dict[str, Any]:
+    """What the page gets of a served item: a pair (``a``, ``b`` and the side on the left, as always), or an item to
+    rank with its answers already in the order shown (``shown``: their indices in the item)."""
+    item = served.item
+    if isinstance(item, Pair):
+        pair = dict(id=item.id, prompt=item.prompt, a=item.a, b=item.b, left=served.left, label_id=served.label_id)
+        return {"pair": pair}
+    answers = [item.answers[i] for i in served.shown]
+    ranked = dict(id=item.id, prompt=item.prompt, answers=answers, shown=list(served.shown), label_id=served.label_id)
+    return {"rank": ranked}
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -198,7 +223,8 @@ NAME_PAGE = """<!doctype html>
 <title>rlhf label</title><link rel="stylesheet" href="/static/label.css"></head>
 <body class="name-page">
 <main><h1>Which answer is better?</h1>
-<p>You will see a prompt and two answers, and pick the better one. Your labels are saved under your name.</p>
+<p>You will see a prompt and two answers, and pick the better one; or several answers, and put them in order.
+Your labels are saved under your name.</p>
 <!--error-->
 <form method="get" action="/" id="name-form">
 <label for="labeller">Your name</label>
@@ -235,12 +261,19 @@ LABEL_PAGE = """<!doctype html>
 </header>
 <main id="work">
   <section id="prompt" class="prompt" aria-label="prompt"></section>
-  <div class="answers">
+  <div class="answers pair-only">
 {answers}  </div>
+  <p class="hint rank-only">Tap the answers from best to worst, or press their numbers. Tap a ranked answer to take
+  it out; <b>= tie</b> ties an answer with the one ranked just above it.</p>
+  <div id="candidates" class="candidates rank-only" aria-label="answers to rank"></div>
   <nav class="choices">
-    <button type="button" id="choose-left" data-choice="left"><kbd>1</kbd> Answer 1 is better</button>
-    <button type="button" id="choose-right" data-choice="right"><kbd>2</kbd> Answer 2 is better</button>
-    <button type="button" id="tie" data-choice="tie"><kbd>t</kbd> Tie</button>
+    <p id="rank-order" class="rank-order rank-only" aria-live="polite"></p>
+    <button type="button" class="pair-only" id="choose-left" data-choice="left"><kbd>1</kbd> Answer 1 is better</button>
+    <button type="button" class="pair-only" id="choose-right" data-choice="right"><kbd>2</kbd> Answer 2 is better</button>
+    <button type="button" class="pair-only" id="tie" data-choice="tie"><kbd>t</kbd> Tie</button>
+    <button type="button" class="rank-only" id="submit-ranking"><kbd>Enter</kbd> Submit ranking</button>
+    <button type="button" class="rank-only" id="rank-back"><kbd>⌫</kbd> Back one</button>
+    <button type="button" class="rank-only" id="rank-clear"><kbd>c</kbd> Clear</button>
     <button type="button" id="skip" data-choice="skip"><kbd>s</kbd> Skip</button>
     <button type="button" id="undo"><kbd>u</kbd> Undo last</button>
   </nav>
