@@ -363,8 +363,8 @@ def test_a_rerun_asks_only_what_is_missing_from_the_cache_and_the_labels(candida
         assert len(stub.requests) == 4
         run(config)  # the 2 cached items are not asked again
         assert len(stub.requests) == 2 * M
-        run(config)  # every item is in the labels file
-        assert len(stub.requests) == 2 * M
+        assert run(config)["judged"] == 0  # every item is in the labels file: none ranked twice
+        assert len(stub.requests) == 2 * M and len(read_lines(out)) == 1 + M
         out.unlink()
         run(config)  # a new labels file: every reply from the cache
         assert len(stub.requests) == 2 * M
