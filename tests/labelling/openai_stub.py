@@ -1,8 +1,10 @@
 """A local OpenAI-compatible chat-completions server for the judge tests: real HTTP on 127.0.0.1.
 
-Its judgement is a rule over the two answers it is shown (``longer``: the longer answer wins; ``first``: always
-"A", a judge with pure position bias), and its manners are set per test: a few failures first (HTTP 500,
-a body that is not JSON, a reply slower than the client waits), a reply with no verdict, an API key it wants.
+Its judgement is a rule over the answers it is shown, two (a pair) or k (a listwise prompt, ``[Answer 1]`` …):
+``longer``: the longer answer wins, or the order longest first; ``first``: always "A", or the order shown, a judge
+with pure position bias; or ``rank``, a function of the answers shown. Its manners are set per test: a few
+failures first (HTTP 500, a body that is not JSON, a reply slower than the client waits), a reply with no verdict,
+an API key it wants.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,18 +30,38 @@ class StubJudge:
     reply: str | None = None  # every request gets this content
     api_key: str | None = None  # required as "Authorization: Bearer <key>"
     delay: float = 0.0
+    rank: Callable[[list[str]], str] | None = None  # the reply to k answers shown in this order (listwise)
     requests: list[dict[str, Any]] = field(default_factory=list)
     in_flight: int = 0
     most_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def answer(self, user: str) -> str:
+        if "[Answer 1]\n" in user:  # k answers to rank (rlhf.labelling.listwise)
+            return self.order(shown_answers(user))
         first, second = re.search(r"\[Answer A\]\n(.*?)\n\n\[Answer B\]\n(.*?)\n\n", user, re.S).groups()
         if self.rule == "first":
             return "A"
         if len(first) == len(second):
             return "tie"
         return "A" if len(first) > len(second) else "B"
+
+    def order(self, answers: list[str]) -> str:
+        """The reply to k answers shown in this order: ``rank`` when given, else by the rule (``longer``: the longest
+        first, equal lengths in the order shown; ``first``: the order shown)."""
+        if self.rank is not None:
+            return self.rank(answers)
+        order = (
+            range(len(answers)) if self.rule == "first" else sorted(range(len(answers)), key=lambda i: -len(answers[i]))
+        )
+        return " > ".join(f"[{i + 1}]" for i in order)
+
+
+def shown_answers(user: str) -> list[str]:
+    """The answers of a listwise prompt, in the order shown: each ``[Answer n]`` and its text, up to the
+    instructions' paragraph (the answers here hold no blank line)."""
+    body = user[user.index("[Answer 1]\n") : user.rindex("\n\n")]
+    return re.split(r"\n\n\[Answer \d+\]\n", body.removeprefix("[Answer 1]\n"))
 
 
 def serve(stub: StubJudge) -> tuple[ThreadingHTTPServer, str]:

@@ -14,7 +14,9 @@ from rlhf import cli
 from rlhf.config import ConfigError, load_config
 from rlhf.data import read_preferences
 from rlhf.labelling import run
-from rlhf.labelling.judge import parse_verdict
+from rlhf.labelling.judge import cache_path_for, parse_verdict
+from rlhf.labelling.listwise import ListwiseJudge, combine, parse_ranking
+from rlhf.labelling.pairs import read_candidates
 
 N = 6
 
@@ -214,3 +216,187 @@ def test_a_cache_cut_by_a_crash_is_read_without_its_torn_line(pairs, tmp_path, c
     assert len(again.requests) == 1  # only the reply whose line was cut is asked again
     assert Path(f"{cache}.torn-1").read_text() == lines[-1][:20]
     assert "cut off by a crash" in capsys.readouterr().err
+
+
+# k answers at once (label mode ranking): rlhf.labelling.listwise
+
+M = 4
+
+
+@pytest.fixture
+def candidates(tmp_path: Path) -> Path:
+    """M items of 3 answers whose lengths differ, the longest in a different place in each."""
+    rows = []
+    for i in range(M):
+        answers = [f"Yes {i}: {'and more ' * n}" for n in (1, 3, 2)]
+        answers = answers[i % 3 :] + answers[: i % 3]
+        rows.append({"prompt": f"Is {i} fine?", "completions": answers})
+    path = tmp_path / "candidates.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def ranked(stub: StubJudge, candidates: Path, out: Path, *flags: str) -> list[dict]:
+    return judged(stub, candidates, out, "--mode", "ranking", *flags)
+
+
+def completions(path: Path) -> list[list[str]]:
+    return [json.loads(line)["completions"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("reply", "k", "order"),
+    [("[2] > [3] > [1]", 3, [1, 2, 0]), ("2 > 3 > 1", 3, [1, 2, 0]), ("[2], [3], [1].", 3, [1, 2, 0]),
+     ("Best first: [Answer 2] > [Answer 3] > [Answer 1]", 3, [1, 2, 0]),
+     ("[3] is thin and [1] is wrong.\nSo: [2] > [1] > [3]", 3, [1, 0, 2]),
+     ("1. [3]\n2. [1]\n3. [2]", 3, [2, 0, 1]), ("[1] > [2]", 2, [0, 1]),
+     ("I like them all.", 3, None), ("", 3, None), ("[2] > [1]", 3, None), ("[2] > [2] > [1]", 3, None),
+     ("[4] > [2] > [1]", 3, None), ("[2] > [3] > [1]", 4, None), ("[0] > [1] > [2]", 3, None),
+     ("So: [2] > [1] > [3] > [3]", 3, None)],
+)  # fmt: skip
+def test_parse_ranking(reply, k, order):
+    assert parse_ranking(reply, k) == order
+
+
+@pytest.mark.parametrize(
+    ("rankings", "combined"),
+    [
+        ([[1, 0, 2]], [1, 0, 2]),
+        ([[1, 0, 2], [1, 0, 2]], [1, 0, 2]),  # the orders agree
+        ([[0, 1, 2], [1, 0, 2]], [[0, 1], 2]),  # mean ranks 0.5, 0.5, 2
+        ([[0, 1, 2], [2, 1, 0]], [[0, 1, 2]]),  # the order shown, both times: position alone, every mean rank 1
+        ([[0, 1, 2, 3], [2, 3, 1, 0]], [2, [0, 1], 3]),  # mean ranks 1.5, 1.5, 1, 2
+        ([[0, 1, 2], [2, 0, 1]], [0, 2, 1]),  # mean ranks 0.5, 1.5, 1
+    ],
+)
+def test_two_rankings_combine_by_mean_rank_and_equal_means_tie(rankings, combined):
+    assert combine(rankings) == combined
+
+
+def test_the_listwise_prompt_shows_the_answers_as_given_then_reversed(candidates, tmp_path):
+    stub = StubJudge()
+    ranked(stub, candidates, tmp_path / "judge.jsonl")
+    users = {r["body"]["messages"][-1]["content"] for r in stub.requests}
+    a = completions(candidates)[0]
+    for shown in (a, a[::-1]):
+        assert (
+            "[The user's request]\nIs 0 fine?\n\n"
+            f"[Answer 1]\n{shown[0]}\n\n[Answer 2]\n{shown[1]}\n\n[Answer 3]\n{shown[2]}\n\n"
+            "Rank the 3 answers from best to worst. Reply with one line only: the answers' numbers in brackets, best "
+            'first, separated by ">", for example [2] > [3] > [1]. Name every answer exactly once.'
+        ) in users
+    assert len(users) == len(stub.requests) == 2 * M
+    assert {r["body"]["max_tokens"] for r in stub.requests} == {16 + 8 * 3}  # room for the order of 3
+    assert stub.requests[0]["body"]["messages"][0]["role"] == "system"
+
+
+def test_a_consistent_judge_ranks_each_item_in_one_row(candidates, tmp_path):
+    stub = StubJudge(rule="longer")
+    out = tmp_path / "judge.jsonl"
+    rows = ranked(stub, candidates, out)
+    assert [row["kind"] for row in rows] == ["ranking"] * M
+    for row, answers in zip(rows, completions(candidates), strict=True):
+        longest_first = sorted(range(3), key=lambda i: -len(answers[i]))
+        assert row["ranking"] == longest_first and row["completions"] == answers
+        assert [o["shown"] for o in row["judge"]] == [[0, 1, 2], [2, 1, 0]]
+        assert [o["ranking"] for o in row["judge"]] == [longest_first] * 2
+        assert row["source"] == row["labeller"] == "openai:stub-model" and row["item"] and row["id"]
+    pairs = read_preferences(out)  # what `rlhf rm` reads: each ranking as its 3 pairs, the longer answer chosen
+    assert len(pairs) == 3 * M and all(len(p.chosen) > len(p.rejected) for p in pairs)
+    assert json.loads(out.read_text().splitlines()[0])["mode"] == "ranking"
+
+
+def test_a_judge_with_pure_position_bias_gives_ties(candidates, tmp_path):
+    rows = ranked(StubJudge(rule="first"), candidates, tmp_path / "judge.jsonl")
+    assert [row["kind"] for row in rows] == ["tie"] * M
+    assert all("ranking" not in row and len(row["completions"]) == 3 for row in rows)
+    assert [o["ranking"] for o in rows[0]["judge"]] == [[0, 1, 2], [2, 1, 0]]
+
+
+def test_rankings_that_disagree_tie_the_answers_of_equal_mean_rank(candidates, tmp_path):
+    given = completions(candidates)
+
+    def rank(shown: list[str]) -> str:  # as given: 0 > 1 > 2; reversed (2, 1, 0): [2] > [3] > [1] = 1 > 0 > 2
+        return "[1] > [2] > [3]" if shown in given else "[2] > [3] > [1]"
+
+    out = tmp_path / "judge.jsonl"
+    rows = ranked(StubJudge(rank=rank), candidates, out)
+    assert [row["ranking"] for row in rows] == [[[0, 1], 2]] * M
+    assert [(p.chosen, p.rejected) for p in read_preferences(out)][:2] == [(given[0][0], given[0][2]),
+                                                                            (given[0][1], given[0][2])]  # fmt: skip
+
+
+def test_one_order_only_when_asked_for_k_answers(candidates, tmp_path):
+    stub = StubJudge(rule="first")
+    rows = ranked(stub, candidates, tmp_path / "judge.jsonl", "--judge.llm.no_both_orders")
+    assert len(stub.requests) == M and [row["ranking"] for row in rows] == [[0, 1, 2]] * M
+
+
+@pytest.mark.parametrize("reply", ["I cannot rank these.", "[2] > [1]", "[2] > [2] > [1]"])
+def test_a_reply_that_is_no_order_is_asked_again_then_skipped(candidates, tmp_path, reply):
+    stub = StubJudge(reply=reply)
+    rows = ranked(stub, candidates, tmp_path / "judge.jsonl", "--judge.llm.tries", "2")
+    assert [row["kind"] for row in rows] == ["skip"] * M and len(stub.requests) == 2 * M * 2
+    assert rows[0]["reason"] == f"no order of the 3 answers in the reply {reply!r}"
+    assert rows[0]["judge"][0]["reply"] == reply and rows[0]["judge"][0]["ranking"] is None
+
+
+def test_one_unreadable_item_is_skipped_and_the_others_ranked(candidates, tmp_path):
+    bad = completions(candidates)[2]
+
+    def rank(shown: list[str]) -> str:
+        return "no idea" if sorted(shown) == sorted(bad) else "[1] > [2] > [3]"
+
+    rows = ranked(StubJudge(rank=rank), candidates, tmp_path / "judge.jsonl", "--judge.llm.tries", "1")
+    assert [row["kind"] for row in rows] == ["tie", "tie", "skip", "tie"]
+
+
+def test_a_rerun_asks_only_what_is_missing_from_the_cache_and_the_labels(candidates, tmp_path):
+    out = tmp_path / "judge.jsonl"
+    stub = StubJudge()
+    server, url = serve(stub)
+    try:
+        config = judge_config(url, candidates, out, "--mode", "ranking")
+        judge = ListwiseJudge(config.judge.source, config.judge.llm, cache_path_for(config.judge.llm, out))
+        judge.rank(read_candidates(candidates).items[:2])  # interrupted before its rows were written
+        judge.close()
+        assert len(stub.requests) == 4
+        run(config)  # the 2 cached items are not asked again
+        assert len(stub.requests) == 2 * M
+        assert run(config)["judged"] == 0  # every item is in the labels file: none ranked twice
+        assert len(stub.requests) == 2 * M and len(read_lines(out)) == 1 + M
+        out.unlink()
+        run(config)  # a new labels file: every reply from the cache
+        assert len(stub.requests) == 2 * M
+    finally:
+        server.shutdown()
+    assert [row["kind"] for row in read_lines(out)] == ["session"] + ["ranking"] * M
+
+
+def test_label_mode_picks_the_question(candidates, pairs, tmp_path):
+    stub = StubJudge()
+    rows = judged(stub, candidates, tmp_path / "auto.jsonl")  # auto: pairs with an LLM judge
+    assert [row["kind"] for row in rows] == ["preference"] * 3 * M and len(stub.requests) == 2 * 3 * M
+    rows = judged(StubJudge(), candidates, tmp_path / "in_pairs.jsonl", "--mode", "pairs")
+    assert [row["kind"] for row in rows] == ["preference"] * 3 * M
+    rows = ranked(StubJudge(), pairs, tmp_path / "a_pairs_file.jsonl")  # a pairs file is labelled in pairs
+    assert [row["kind"] for row in rows] == ["preference"] * N
+    with pytest.raises(ConfigError, match=r"judge\.jsonl was not started by `rlhf label --mode ranking`"):
+        out = tmp_path / "judge.jsonl"
+        judged(StubJudge(), candidates, out)
+        ranked(StubJudge(), candidates, out)
+
+
+def test_a_listwise_template_of_ones_own_and_max_tokens(candidates, tmp_path):
+    template = tmp_path / "template.txt"
+    template.write_text("Order these {k}.\n{prompt}\n\n{answers}\n\nBest first, like {example}.")
+    stub = StubJudge()
+    rows = ranked(stub, candidates, tmp_path / "judge.jsonl", "--judge.llm.template", str(template),
+                  "--judge.llm.max_tokens", "7")  # fmt: skip
+    assert [row["kind"] for row in rows] == ["ranking"] * M
+    assert any(r["body"]["messages"][-1]["content"].startswith("Order these 3.\nIs 0 fine?\n\n[Answer 1]\n")
+               for r in stub.requests)  # fmt: skip
+    assert {r["body"]["max_tokens"] for r in stub.requests} == {7}
+    template.write_text("Order these: {prompt}")
+    with pytest.raises(ConfigError, match=r"does not contain \{answers\}"):
+        ranked(StubJudge(), candidates, tmp_path / "judge2.jsonl", "--judge.llm.template", str(template))

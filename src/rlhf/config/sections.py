@@ -334,13 +334,13 @@ class LLMJudgeSection:
     """How an LLM judge (a judge source openai:URL#MODEL) is asked, over any OpenAI-compatible chat-completions API."""
 
     template: Text | None = None
-    """A text file with the judge's prompt, holding {prompt}, {answer_a} and {answer_b}, asking for A, B or tie; None = the built-in template (docs/labelling.md)."""
+    """A text file with the judge's prompt: for a pair, holding {prompt}, {answer_a} and {answer_b}, asking for A, B or tie; for k answers at once (label mode ranking), holding {prompt} and {answers} ({k} and {example} optional), asking for their order best first; None = the built-in template (docs/labelling.md)."""
     system: str | None = None
     """The system message; None = the built-in one (an impartial judge)."""
     api_key_env: Text = "OPENAI_API_KEY"
     """Environment variable holding the API key (sent as a Bearer token); unset = no key (a local server)."""
     both_orders: bool = True
-    """Ask with the answers in both orders and record a tie when the verdicts disagree (controls position bias)."""
+    """Ask with the answers in both orders (k answers at once: as given, then reversed) and record a tie when the verdicts disagree (the pair's) or the mean ranks are equal (k answers'); controls position bias."""
     timeout: Positive = 60.0
     """Seconds to wait for each reply."""
     tries: Count = 4
@@ -351,8 +351,8 @@ class LLMJudgeSection:
     """Requests in flight at once."""
     chat_template_kwargs: TemplateKwargs = None
     """Sent as the request's chat_template_kwargs (vLLM's and SGLang's servers pass them to the judge model's chat template), e.g. {enable_thinking: false} for a Qwen3 judge that should answer without a reasoning trace; None = not sent."""
-    max_tokens: Count = 16
-    """Longest reply in tokens (the verdict is one word)."""
+    max_tokens: Count | None = None
+    """Longest reply in tokens; None = room for the answer asked for: 16 for a verdict on a pair (one word), 16 + 8 per answer for an order of k answers (label mode ranking: "[3] > [1] > [2]" is about 4 tokens an answer)."""
     temperature: NonNegative = 0.0
     """Sampling temperature of the judge."""
     cache: Text | None = None

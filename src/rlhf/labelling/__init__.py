@@ -3,7 +3,8 @@
 - `pairs` reads what ``rlhf sample`` writes (pairs, or k candidates per prompt) and gives each pair its id;
 - `session` keeps the state of a labelling session, every change appended to the labels file first;
 - `server` is the web page and its JSON API, with the token, host and size checks;
-- `judge` asks an OpenAI-compatible chat-completions server to compare pairs, in both orders;
+- `judge` asks an OpenAI-compatible chat-completions server to compare pairs, in both orders, and `listwise` to
+  rank a candidates row's k answers at once (``mode: ranking``), as given and reversed;
 - `stats` counts labels per labeller and measures position bias and agreement.
 
 The labels file format is `rlhf.data.labels`; ``rlhf rm`` reads it directly. Nothing here loads torch."""
@@ -29,11 +30,23 @@ def run(config: LabelConfig) -> dict[str, Any]:
         print(json.dumps(stats, indent=2) if config.json else format_stats(stats))
         return stats
     assert config.pairs is not None and config.out is not None  # checked by LabelConfig
+    if llm_judge(config.judge.source) is not None and config.mode == "ranking" and has_candidates(config.pairs):
+        from rlhf.labelling.listwise import judge_candidates_file
+        from rlhf.labelling.pairs import read_candidates
+
+        return judge_candidates_file(read_candidates(config.pairs), config.out, config.judge)
     if llm_judge(config.judge.source) is not None:
         from rlhf.labelling.judge import judge_pair_file
 
         return judge_pair_file(read_pairs(config.pairs), config.out, config.judge)
     return serve(config, read_items(config.pairs, mode=config.mode))
+
+
+def has_candidates(path: str) -> bool:
+    """Whether a file holds candidates rows (``completions``) to rank; a pairs file is always labelled in pairs."""
+    from rlhf.data.files import read_records
+
+    return any("completions" in record.data for record in read_records(path))
 
 
 def serve(config: LabelConfig, items: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ Which answer is better? Reply with exactly one word: A, B, or tie."""
 PLACEHOLDERS = ("{prompt}", "{answer_a}", "{answer_b}")
 _VERDICT = re.compile(r"^\W*(?:answer\s*)?(a|b|tie)\b", re.IGNORECASE)
 _MARKED = re.compile(r"\[\[\s*(a|b|tie)\s*\]\]", re.IGNORECASE)
+VERDICT_TOKENS = 16
+"""The reply's room for a verdict (one word) when ``judge.llm.max_tokens`` is None."""
 PAIRS_PER_CHUNK = 64
 """Pairs judged before their rows are appended to the labels file (``rlhf label --judge.source``)."""
 
@@ -71,13 +73,22 @@ def render_prompt(prompt: str | list[dict[str, Any]]) -> str:
 class LLMJudge:
     """Compares pairs with ``model`` at ``url``; see the module docstring."""
 
-    def __init__(self, source: str, settings: LLMJudgeSection, cache_path: str | Path):
+    def __init__(
+        self,
+        source: str,
+        settings: LLMJudgeSection,
+        cache_path: str | Path,
+        placeholders: tuple[str, ...] = PLACEHOLDERS,
+        template: str = TEMPLATE,
+    ):
+        """``placeholders`` and ``template``: what ``judge.llm.template`` must hold, and the built-in prompt, for
+        the question asked (a pair here; k answers at once: `rlhf.labelling.listwise`)."""
         parsed = llm_judge(source)
         assert parsed is not None, source
         self.url, self.model = parsed
         self.source = f"openai:{self.model}"
         self.settings = settings
-        self.template = _template(settings.template)
+        self.template = _template(settings.template, placeholders, template)
         self.system = SYSTEM if settings.system is None else settings.system
         key = os.environ.get(settings.api_key_env)
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -119,12 +130,18 @@ class LLMJudge:
         user = self.template
         for placeholder, text in zip(PLACEHOLDERS, (render_prompt(pair.prompt), first, second), strict=True):
             user = user.replace(placeholder, text)
+        return self.reply(user, VERDICT_TOKENS, lambda content: parse_verdict(content) is not None)
+
+    def reply(self, user: str, max_tokens: int, readable: Callable[[str], bool]) -> str:
+        """The judge's reply to the user message ``user`` (from the cache when it was asked before); a reply that is
+        not ``readable`` is asked again, as `_content` says. ``max_tokens``: the reply's room when
+        ``judge.llm.max_tokens`` is None."""
         system = [{"role": "system", "content": self.system}] if self.system else []
         body = {
             "model": self.model,
             "messages": [*system, {"role": "user", "content": user}],
             "temperature": self.settings.temperature,
-            "max_tokens": self.settings.max_tokens,
+            "max_tokens": max_tokens if self.settings.max_tokens is None else self.settings.max_tokens,
         }
         if self.settings.chat_template_kwargs is not None:  # vLLM's and SGLang's extension of the API
             body["chat_template_kwargs"] = self.settings.chat_template_kwargs
@@ -133,7 +150,7 @@ class LLMJudge:
         with self._lock:
             if key in self.cache:
                 return self.cache[key]
-        content = self._content(data)
+        content = self._content(data, readable)
         with self._lock:
             self.cache[key] = content
             self._cache_log.append({"key": key, "model": self.model, "content": content})
@@ -157,9 +174,10 @@ class LLMJudge:
         # orders that disagree make a tie: position decided it, not the answers
         return pair.label_row("tie" if len(set(in_ab)) > 1 else in_ab[0], **meta)
 
-    def _content(self, data: bytes) -> str:
+    def _content(self, data: bytes, readable: Callable[[str], bool]) -> str:
         """The reply's message text, each failure one try (docs/labelling.md, "Failures"): after ``tries`` a reply
-        with no verdict is returned (the pair becomes a skip), anything else raises `JudgeError` naming the URL."""
+        that is not ``readable`` (no verdict, no ranking) is returned (its pair or answers become a skip), anything
+        else raises `JudgeError` naming the URL."""
         settings, problems, answered = self.settings, [], None
         for attempt in range(settings.tries):
             if attempt:
@@ -177,10 +195,10 @@ class LLMJudge:
             except (ValueError, KeyError, IndexError, TypeError) as error:
                 problems.append(f"not a chat-completions reply ({type(error).__name__}: {error}): {cut(reply)}")
                 continue
-            if parse_verdict(content) is not None:
+            if readable(content):
                 return content
             answered = content
-            problems.append(f"no verdict in {cut(content)}")
+            problems.append(f"nothing readable in {cut(content)}")
         if answered is not None:
             return answered
         tries = "; ".join(f"try {i + 1}: {problem}" for i, problem in enumerate(problems))
@@ -195,17 +213,17 @@ def _as_answer(verdict: str | None, swapped: bool) -> str | None:
     return first if verdict == "A" else second
 
 
-def _template(path: str | None) -> str:
+def _template(path: str | None, placeholders: tuple[str, ...], built_in: str) -> str:
     if path is None:
-        return TEMPLATE
+        return built_in
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"judge.llm.template={path!r}: cannot read it ({error.strerror})") from None
-    missing = [p for p in PLACEHOLDERS if p not in text]
+    missing = [p for p in placeholders if p not in text]
     if missing:
         raise ConfigError(
-            f"judge.llm.template={path!r} does not contain {', '.join(missing)}; the judge would not see the pair"
+            f"judge.llm.template={path!r} does not contain {', '.join(missing)}; the judge would not see what it judges"
         )
     return text
 
