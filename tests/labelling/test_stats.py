@@ -101,3 +101,13 @@ def test_a_ranking_counts_as_its_pairs_beside_pair_labels_of_the_same_answers(tm
     bad = write(tmp_path / "bad.jsonl", [ranking("ana", [0, 0, 2], shown=[0, 1, 2])])
     with pytest.raises(DataError, match=r"bad.jsonl:1: ranking names \[0\] more than once"):
         label_stats([str(bad)])
+
+
+def test_the_judges_tie_and_skip_rows_over_k_answers_count_as_their_pairs(tmp_path):
+    """The listwise judge writes a tie (every answer's mean rank equal) or a skip (no readable order) as one row
+    with the item's k answers: each is k(k−1)/2 tied or skipped pair judgements, under the pairs' own ids."""
+    answers = {"prompt": "p", "completions": ["x", "y", "z"], "source": "judge"}
+    rows = [{"kind": "tie", "id": "t1", **answers}, {"kind": "skip", "id": "s1", **answers, "prompt": "q"}]
+    stats = label_stats([str(write(tmp_path / "judge.jsonl", rows))])
+    assert stats["tie_rate"] == pytest.approx(3 / 6) and stats["skip_rate"] == pytest.approx(3 / 6)
+    assert stats["labellers"]["judge"]["ties"] == 3 and stats["pairs"] == 3  # the three tied pairs of "p"

@@ -39,7 +39,12 @@ def label_stats(paths: Sequence[str]) -> dict[str, Any]:
         per[who][kind] += 1
         if isinstance(row.get("seconds"), int | float):
             seconds[who].append(float(row["seconds"]))
-        judged = implied_pairs(record) if kind == "ranking" else [(str(row.get("pair")), *_pair_judgement(row))]
+        if kind == "ranking":
+            judged = implied_pairs(record)
+        elif "completions" in row:  # a tie or skip of k answers to rank (the LLM judge's listwise rows)
+            judged = unranked_pairs(row)
+        else:
+            judged = [(str(row.get("pair")), *_pair_judgement(row))]
         for pair, verdict, first_won in judged:
             per[who]["judged " + ("skip" if verdict is None else "tie" if verdict == "tie" else "preference")] += 1
             per[who]["implied"] += kind == "ranking"
@@ -126,6 +131,13 @@ def implied_pairs(record: Record) -> list[tuple[str, str, bool | None]]:
         first_won = None if position is None else position[won] < position[lost]
         pairs.append((pid, "first" if texts[won] < texts[lost] else "second", first_won))
     return pairs
+
+
+def unranked_pairs(row: dict[str, Any]) -> list[tuple[str, str | None, None]]:
+    """The k(k−1)/2 pairs of a tie or skip row over k answers: each a tie, or each skipped (None)."""
+    texts = [_text(c) for c in row.get("completions") or []]
+    verdict = "tie" if row["kind"] == "tie" else None
+    return [(pair_id(row.get("prompt"), a, b), verdict, None) for a, b in itertools.combinations(texts, 2)]
 
 
 def decision(row: dict[str, Any]) -> str:
