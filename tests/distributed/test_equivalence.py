@@ -183,14 +183,14 @@ def test_preference_trainers_two_ranks_equal_one_process(
 ):
     train, held_out = rm_data
     # rm's micro_size counts answers: 1 splits every prompt's two answers over two passes (ddp: the gradient through
-    # the rewards scored first); fsdp needs a prompt's answers in one pass (2)
-    micro = 2 if (command, parallelism) == ("rm", "fsdp") else 1
+    # the rewards scored first); fsdp needs a prompt's answers in one pass (the data's most: 4, two prompts repeat)
+    micro = 4 if (command, parallelism) == ("rm", "fsdp") else 1
     config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), f"{command}.epochs": 1,
               "batch.size": 5, "batch.micro_size": micro, "optim.learning_rate": 1e-3, "run.eval_every": 2, "run.save_every": 0,
               "run.progress": False}  # fmt: skip
     one_rows, one_grads, one = one_process(command, config)
     two_rows, two_grads = run(command, config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
-    assert len(one_grads) == 3  # ceil(13 / 5) steps, the last of 3 pairs
+    assert len(one_grads) == 3  # ceil(13 / 5) steps of pairs (dpo), of prompts (rm: 11 prompts, also 3)
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)
@@ -201,7 +201,7 @@ def test_a_reward_model_ensemble_under_fsdp_equals_one_process(tiny_llama_dir, r
     ranks, and rank 0 writes the ensemble; the same members as one process trains."""
     train, held_out = rm_data
     config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), "rm.ensemble": 2,
-              "batch.size": 5, "batch.micro_size": 2, "optim.learning_rate": 1e-3, "run.save_every": 0, "run.progress": False}  # fmt: skip
+              "batch.size": 5, "batch.micro_size": 4, "optim.learning_rate": 1e-3, "run.save_every": 0, "run.progress": False}  # fmt: skip
     one_rows, one_grads = run("rm", config, tmp_path / "one", members=2)
     two_rows, two_grads = run("rm", config | {"run.parallelism": "fsdp"}, tmp_path / "two", torchrun(), members=2)
     assert len(one_grads) == 2 * 3  # two members of ceil(13 / 5) steps
