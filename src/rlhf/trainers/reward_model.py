@@ -1,9 +1,9 @@
 """Reward-model training (`rlhf rm`): a Bradley–Terry model on preference pairs, read top to bottom in `run`.
 
-(1) Load the model and *all* the data (a malformed row stops the command with ``file:line`` before any step) →
-(2)-(6) the loop SFT, RM and DPO share (`rlhf.trainers.supervised`), each step's pairs in micro-batches, chosen
-and rejected in one forward → (7) optional reward normalisation → (8) ``final/``. All math is in
-``rlhf.core.preference``.
+(1) Load the model and *all* the data (a malformed row stops the command with ``file:line`` before any step), the
+pairs grouped by prompt (`rlhf.data.groups`) → (2)-(6) the loop SFT, RM and DPO share (`rlhf.trainers.supervised`),
+each step's prompts in passes of answers, every answer forwarded once, the loss over the prompts' pairs
+(docs/rankings.md) → (7) optional reward normalisation → (8) ``final/``. All math is in ``rlhf.core.preference``.
 
 Conventions (checklist numbers from ``docs/ppo_checklist.md``):
 - input = prompt ⊕ response + eos, the reward read at the last real token (items 14, 21), right padding; a
@@ -94,7 +94,7 @@ def train_one(config: RMConfig) -> Path:
         shell = load_reward_model(config.model.name, config.model.dtype, "meta", config.data.chat_template_kwargs)
     train, held_out = load_pairs(config, shell)
     groups, held_out_groups = group_preferences(train), group_preferences(held_out)
-    check_passes(config, groups + held_out_groups, d)
+    check_passes(config, groups, d)  # held-out answers are scored without gradient, in any passes
     positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(train)
     planning.check(config, d, positions, answers=answers)
     rm, scorer = load_scorer(config, d)
