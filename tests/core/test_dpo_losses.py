@@ -39,6 +39,17 @@ def test_sigmoid_is_dpo():
     close(stats["accuracy"], 0.5)  # pair 2's chosen reward is lower
 
 
+def test_weights_sum_the_weighted_pair_losses():
+    # each pair its own prompt of a step of 2: weights ½ give the mean; weights [0.25, 0.75] give
+    # 0.25·log(1 + e⁻¹) + 0.75·log(1 + e^0.5) = 0.0783154222 + 0.7305577378 = 0.8088731600
+    value, stats = loss("sigmoid", weights=t([0.5, 0.5]))
+    close(value, 0.6436693358491648)
+    value, stats = loss("sigmoid", weights=t([0.25, 0.75]))
+    close(value, 0.25 * A[0] + 0.75 * A[1])
+    close(value, 0.8088731600146358)
+    close(stats["margins"], 0.25)  # stats stay plain means over the pairs
+
+
 def test_label_smoothing_is_conservative_dpo():
     # (1 − ε)·a + ε·(a + z) = a + ε·z → mean 0.6436693358 + 0.1·(1 − 0.5)/2 = 0.6686693358
     value, _ = loss("sigmoid", label_smoothing=0.1)

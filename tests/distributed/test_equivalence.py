@@ -182,15 +182,15 @@ def test_preference_trainers_two_ranks_equal_one_process(
     tiny_llama_dir, rm_data, tmp_path, one_process, command, parallelism
 ):
     train, held_out = rm_data
-    # rm's micro_size counts answers: 1 splits every prompt's two answers over two passes (ddp: the gradient through
-    # the rewards scored first); fsdp needs a prompt's answers in one pass (the data's most: 4, two prompts repeat)
-    micro = 4 if (command, parallelism) == ("rm", "fsdp") else 1
+    # micro_size counts answers: 1 splits every prompt's answers over passes (ddp: the gradient through the scores
+    # taken first); fsdp needs a prompt's answers in one pass (the data's most: 4, two prompts repeat)
+    micro = 4 if parallelism == "fsdp" else 1
     config = {"model.name": str(tiny_llama_dir), "data.train": str(train), "data.eval": str(held_out), f"{command}.epochs": 1,
               "batch.size": 5, "batch.micro_size": micro, "optim.learning_rate": 1e-3, "run.eval_every": 2, "run.save_every": 0,
               "run.progress": False}  # fmt: skip
     one_rows, one_grads, one = one_process(command, config)
     two_rows, two_grads = run(command, config | {"run.parallelism": parallelism}, tmp_path / "two", torchrun())
-    assert len(one_grads) == 3  # ceil(13 / 5) steps of pairs (dpo), of prompts (rm: 11 prompts, also 3)
+    assert len(one_grads) == 3  # ceil(11 / 5) steps: the 13 pairs' 11 prompts
     assert_same_gradients(one_grads, two_grads)
     assert_same_metrics(one_rows, two_rows)
     assert_same_weights(one / "final", tmp_path / "two" / "run" / "final", 3 * 1e-3)

@@ -12,17 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_reward_model import assert_rankings_train_as_their_pairs, happy_pairs, write_jsonl
+from test_reward_model import assert_rankings_train_as_their_pairs, happy_pairs, rankings_and_pairs, write_jsonl
 from transformers import AutoModelForCausalLM
 
 from configs import nested
 from rlhf.config import ConfigError, LoRAConfig, config_from_dict
-from rlhf.data import load_preferences
+from rlhf.data import TokenizedSFT, load_preferences
+from rlhf.data.groups import group_preferences
+from rlhf.data.tokenization import IGNORE_INDEX
 from rlhf.models.loading import apply_lora, load_tokenizer
 from rlhf.models.sharding import load_lm
 from rlhf.runlog.distributed import SINGLE
 from rlhf.trainers import dpo
-from rlhf.trainers.sft import Batcher
+from rlhf.trainers.sft import Batcher, token_losses
 from runs import (
     assert_rows_match,
     assert_same_checkpoint,
@@ -105,48 +107,55 @@ def test_every_loss_trains(tiny_llama_dir, data, tmp_path, loss):
 
 def test_the_reference_of_a_lora_run_is_the_base_model(tiny_llama_dir, data):
     tokenizer = load_tokenizer(str(tiny_llama_dir))
-    pairs = load_preferences(data["eval"], tokenizer, 64)
+    groups = group_preferences(load_preferences(data["eval"], tokenizer, 64))
     batches = Batcher(8, False, 64, int(tokenizer.eos_token_id), torch.device("cpu"))
     lora = apply_lora(load_lm(str(tiny_llama_dir), "float32", SINGLE), LoRAConfig(r=4, alpha=8))
     base = load_lm(str(tiny_llama_dir), "float32", SINGLE, None)
     # LoRA's B matrices start at 0: the adapted model computes the base model's function, up to float32
     # rounding of the extra (zero) terms
-    torch.testing.assert_close(dpo.reference_logps(lora, pairs, batches), dpo.reference_logps(base, pairs, batches),
-                               rtol=1e-6, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(torch.cat(dpo.reference_logps(lora, groups, batches)),
+                               torch.cat(dpo.reference_logps(base, groups, batches)), rtol=1e-6, atol=1e-5)  # fmt: skip
 
 
-def test_the_cached_reference_equals_a_frozen_copy_scoring_each_micro_batch(
+def test_the_cached_reference_equals_a_frozen_copy_scoring_each_answer_alone(
     tiny_llama_dir, data, tmp_path, monkeypatch
 ):
-    """The reference log-probs are computed once, before training, and handed out per micro-batch by pair index:
-    each must equal what a separate frozen copy of the starting model gives for exactly those pairs."""
-    seen: list[tuple[list, torch.Tensor]] = []
-    original = dpo.pair_loss
+    """The reference log-probs are computed once, before training, one per answer, and every step gets the same
+    ones: each must equal what a separate frozen copy of the starting model gives for that answer alone."""
+    seen: list[tuple[list, list]] = []
+    original = dpo.train_step
 
-    def recording(config, model, pairs, reference, batches):
-        if reference is not None and torch.is_grad_enabled():  # training micro-batches (eval runs without grad)
-            seen.append((list(pairs), reference.clone()))
-        return original(config, model, pairs, reference, batches)
+    def recording(config, trainable, groups, reference, batches, indices):
+        seen.append((groups, reference))
+        return original(config, trainable, groups, reference, batches, indices)
 
-    monkeypatch.setattr(dpo, "pair_loss", recording)
-    dpo.run(make_config(tiny_llama_dir, data, tmp_path / "run", **{"batch.micro_size": 2, "dpo.epochs": 2}))
+    monkeypatch.setattr(dpo, "train_step", recording)
+    rankings, _ = rankings_and_pairs(seed=7)
+    train = write_jsonl(tmp_path / "rankings.jsonl", rankings)
+    dpo.run(make_config(tiny_llama_dir, data | {"train": train}, tmp_path / "run", **{"batch.micro_size": 2}))
+    groups, reference = seen[0]
+    assert len(seen) == 1 and len(groups) == 8 and [len(r) for r in reference] == [3] * 8
     tokenizer = load_tokenizer(str(tiny_llama_dir))
     frozen = load_lm(str(tiny_llama_dir), "float32", SINGLE, None)
     batches = Batcher(8, False, 64, int(tokenizer.eos_token_id), torch.device("cpu"))
-    assert len(seen) > 4
-    for pairs, reference in seen:
-        with torch.no_grad():
-            logps, _ = dpo.sequence_logps(frozen, pairs, batches)
-        b = len(pairs)
-        # the same float32 forward, other batch composition and padding: a few ulps per summed log-prob
-        torch.testing.assert_close(reference, torch.stack([logps[:b], logps[b:]], dim=1), rtol=1e-5, atol=1e-5)
+    for group, values in zip(groups, reference, strict=True):
+        for answer, value in zip(group.answers, values, strict=True):
+            ids = group.prompt_ids + answer
+            example = TokenizedSFT("x", ids, [IGNORE_INDEX] * len(group.prompt_ids) + answer)
+            with torch.no_grad():
+                per_token, mask = token_losses(frozen, batches.padded([example]))
+            # the same float32 forward, unpadded instead of padded: a few ulps of a sum ≲ 60 nats
+            assert value.item() == pytest.approx(-(per_token * mask).sum().item(), abs=1e-4)
 
 
-def test_micro_batching_gives_the_same_run(tiny_llama_dir, data, tmp_path):
+@pytest.mark.parametrize("micro_size", [2, 1])
+def test_passes_of_fewer_answers_give_the_same_run(tiny_llama_dir, data, tmp_path, micro_size):
+    """Passes of 2 answers (a prompt's pair in one pass) or 1 (each prompt split over two passes, its gradient through
+    the log-probs scored first) train as one pass of the step's 16 answers does."""
     dpo.run(make_config(tiny_llama_dir, data, tmp_path / "whole"))
-    dpo.run(make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": 2}))
-    # float32 sums over 8 pairs grouped 4 × 2 instead of once, and padding to other lengths: a few ulp of the
-    # terms (≤ ~60 nats for log-probs), carried through 3 AdamW steps
+    dpo.run(make_config(tiny_llama_dir, data, tmp_path / "micro", **{"batch.micro_size": micro_size}))
+    # float32 sums over 8 pairs grouped otherwise, and padding to other lengths: a few ulp of the terms (≤ ~60 nats
+    # for log-probs), carried through 3 AdamW steps
     assert_rows_match(comparable(metric_rows(tmp_path / "whole")), comparable(metric_rows(tmp_path / "micro")),
                       rel=1e-4, abs=1e-4)  # fmt: skip
 

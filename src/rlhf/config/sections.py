@@ -427,7 +427,7 @@ class BatchSection:
 
 @section
 class RankingBatch(BatchSection):
-    """The batch of rm: prompts per optimizer step, each with all its labelled answers, and answers per pass."""
+    """The batch of rm and dpo: prompts per optimizer step, each with all its labelled answers, and answers per pass."""
 
     size: Count = 32
     """Prompts per optimizer step, over all ranks, each with every pair labelled on it (a ranking of k answers: its k(k−1)/2 pairs; data with one pair per prompt: pairs per step); the loss averages each prompt's pairs, then the prompts (InstructGPT)."""

@@ -310,9 +310,14 @@ class DPOConfig(TrainingConfig, command="dpo"):
     model: TrainModel
     """The policy to train (usually the SFT model); its log-probs before training are the reference's."""
     data: TextData
-    """Preference pairs ({"prompt", "chosen", "rejected"} rows, or a labels file of rlhf label; batch.size counts pairs)."""
+    """Preference pairs ({"prompt", "chosen", "rejected"} rows), rankings ({"prompt", "completions", "ranking"} rows) or a labels file of rlhf label; the pairs of one prompt are trained together, each answer forwarded once (docs/rankings.md)."""
+    batch: RankingBatch = _defaults(RankingBatch)
+    """Prompts per step, answers per pass."""
     dpo: DPOSection = _defaults(DPOSection)
     """The loss."""
+
+    def _check_micro_size(self) -> None:
+        pass  # batch.micro_size counts answers, batch.size prompts: a prompt's answers may take several passes
 
     def _check(self) -> None:
         super()._check()

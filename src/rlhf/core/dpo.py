@@ -34,9 +34,11 @@ def dpo_loss(
     chosen_lengths: torch.Tensor | None = None,
     rejected_lengths: torch.Tensor | None = None,
     simpo_gamma: float = 0.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The mean loss of ``loss_type`` over the pairs, and detached stats (see the module docstring). ``ref_*`` may be
-    None for ``simpo`` only; ``*_lengths`` are needed by ``ipo`` and ``simpo``. Stats: ``rewards_chosen``,
+    """The mean loss of ``loss_type`` over the pairs (``weights``: ``Σ_p w_p·loss_p`` instead, e.g. each prompt's
+    pairs averaged, then the prompts: docs/rankings.md), and detached stats (see the module docstring). ``ref_*`` may
+    be None for ``simpo`` only; ``*_lengths`` are needed by ``ipo`` and ``simpo``. Stats: ``rewards_chosen``,
     ``rewards_rejected``, ``margins`` (their difference) and ``accuracy``, each a mean over the pairs."""
     loss_type = DPOLoss(loss_type)
     if not 0.0 <= label_smoothing < 0.5:
@@ -73,7 +75,7 @@ def dpo_loss(
             "margins": (rewards_chosen - rewards_rejected).mean(),
             "accuracy": (rewards_chosen > rewards_rejected).to(rewards_chosen.dtype).mean(),
         }
-    return losses.mean(), stats
+    return (losses.mean() if weights is None else (weights * losses).sum()), stats
 
 
 def _smoothed_sigmoid(z: torch.Tensor, epsilon: float) -> torch.Tensor:

@@ -108,7 +108,7 @@ def plan(
     answers: int = 2,
 ) -> Plan:
     """The plan of ``config`` on ``world_size`` ranks, rows at most ``positions`` tokens long (prompt and
-    response for ppo/grpo); ``answers``: rm, the most answers of one prompt (`rlhf.planning.lengths.most_answers`;
+    response for ppo/grpo); ``answers``: rm and dpo, the most answers of one prompt (`rlhf.planning.lengths.most_answers`;
     a pass holds the rank's share of ``batch.size`` prompts with that many each, unless ``batch.micro_size`` caps
     it); ``runtime``: this process's RSS before any model (libraries, the data), counted on a
     CPU only (a GPU's plan counts the device's memory) and as the sampling worker's own (it loads the same);
@@ -185,11 +185,9 @@ class _Layout:
     def _micro_rows(self) -> int:
         """Rows of one forward/backward (per rank): micro_size, or what micro_tokens lets in."""
         rows = micro_rows_now(self.config, self.world)
-        if isinstance(self.config, RMConfig):  # micro_size counts answers, batch.size prompts of up to `answers`
+        if isinstance(self.config, RMConfig | DPOConfig):  # micro_size counts answers, batch.size prompts
             whole = max(1, self.config.batch.size // self.world) * self.answers
             rows = min(whole, self.config.batch.micro_size or whole)
-        elif isinstance(self.config, DPOConfig):
-            rows *= 2  # chosen and rejected go through the model together
         budget = self.rl.batch.micro_tokens if self.rl else None
         if budget is not None:
             rows = min(rows, max(1, budget // self.positions))

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlhf.config import PolicyGradientConfig, RMConfig, SFTConfig, TrainingConfig
+from rlhf.config import DPOConfig, PolicyGradientConfig, RMConfig, SFTConfig, TrainingConfig
 
 
 def prompt_positions(prompts: Sequence[Any], response_tokens: int) -> int:
@@ -25,21 +25,27 @@ def sequence_positions(sequences: Sequence[Any]) -> int:
 
 
 def most_answers(pairs: Sequence[Any]) -> int:
-    """rm: the most distinct answers of one prompt, which a pass forwards together (`rlhf.data.groups`)."""
+    """rm, dpo: the most distinct answers of one prompt, which a pass forwards together (`rlhf.data.groups`)."""
     from rlhf.data.groups import group_preferences
 
     return max((len(group.answers) for group in group_preferences(pairs)), default=2)
 
 
 def data_answers(config: TrainingConfig) -> int:
-    """rm: `most_answers` of its training data, tokenized as `data_positions` does; 2 for the other trainers."""
+    """rm, dpo: `most_answers` of the training data, tokenized as `data_positions` does; 2 for the other trainers."""
+    from rlhf.data import load_preferences
+    from rlhf.models.loading import load_tokenizer
+    from rlhf.models.reward import load_reward_model, tokenize_pairs
+
+    data = config.data
+    if isinstance(config, DPOConfig):
+        tokenizer = load_tokenizer(config.model.name, data.chat_template_kwargs)
+        return most_answers(load_preferences(data.train, tokenizer, data.max_length))
     if not isinstance(config, RMConfig):
         return 2
     with torch.device("meta"):
-        from rlhf.models.reward import load_reward_model, tokenize_pairs
-
-        shell = load_reward_model(config.model.name, config.model.dtype, "meta", config.data.chat_template_kwargs)
-    return most_answers(tokenize_pairs(config.data.train, shell, config.data.max_length))
+        shell = load_reward_model(config.model.name, config.model.dtype, "meta", data.chat_template_kwargs)
+    return most_answers(tokenize_pairs(data.train, shell, data.max_length))
 
 
 def data_positions(config: TrainingConfig) -> int:

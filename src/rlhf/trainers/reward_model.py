@@ -48,7 +48,7 @@ from rlhf.data import (
     right_pad,
     tokenize_prompts,
 )
-from rlhf.data.groups import AnswerBatch, PreferenceGroup, answer_batches, group_preferences
+from rlhf.data.groups import PreferenceGroup, group_preferences
 from rlhf.data.stream import PromptBatch, fingerprint_of
 from rlhf.data.tokenization import stop_token_ids
 from rlhf.models.loading import apply_lora, checkpointed
@@ -68,7 +68,7 @@ from rlhf.rollout import generation
 from rlhf.rollout.rewards.ensemble import MANIFEST
 from rlhf.runlog import distributed, rundir
 from rlhf.runlog.distributed import SINGLE, Dist
-from rlhf.trainers import supervised, update
+from rlhf.trainers import supervised
 from rlhf.trainers.update import Trainable
 
 MEMBERS = "members"
@@ -94,7 +94,7 @@ def train_one(config: RMConfig) -> Path:
         shell = load_reward_model(config.model.name, config.model.dtype, "meta", config.data.chat_template_kwargs)
     train, held_out = load_pairs(config, shell)
     groups, held_out_groups = group_preferences(train), group_preferences(held_out)
-    check_passes(config, groups, d)  # held-out answers are scored without gradient, in any passes
+    supervised.check_passes(config, groups, d)  # held-out answers are scored without gradient, in any passes
     positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(train)
     planning.check(config, d, positions, answers=answers)
     rm, scorer = load_scorer(config, d)
@@ -202,8 +202,9 @@ def held_out_accuracy(config: RMConfig, members: list[Path], device: torch.devic
         groups = group_preferences(tokenize_pairs(config.data.eval, rm, config.data.max_length))
         gain, bias = reward_normalization(rm.model.config)
         size = config.effective_micro_batch_size
-        rewards = torch.cat(group_rewards(scorer, groups, rm.tokenizer.pad_token_id, size, Dist(device=device)))
-        pairs = group_pairs(groups, len(groups))
+        scores = scores_of(rm, groups, device)
+        rewards = torch.cat(supervised.group_scores(scorer, groups, size, scores, Dist(device=device)))
+        pairs = supervised.group_pairs(groups, len(groups))
         chosen.append(rewards[pairs["better"]] * gain + bias)
         rejected.append(rewards[pairs["worse"]] * gain + bias)
     accuracy = {
@@ -275,17 +276,6 @@ def say_pairs(rm: TrainableRewardModel, train: list[PreferenceGroup], held_out: 
         )
 
 
-def check_passes(config: RMConfig, groups: list[PreferenceGroup], d: Dist) -> None:
-    """Sharded (FSDP), every forward is a collective that every rank runs: a prompt with more answers than a pass
-    holds needs an extra forward of its own (`spanning_gradient`) that the other ranks would not run."""
-    most = max((len(group.answers) for group in groups), default=0)
-    if d.sharded and config.batch.micro_size is not None and most > config.batch.micro_size:
-        raise ConfigError(
-            f"batch.micro_size={config.batch.micro_size} answers is fewer than the {most} answers of a prompt; with "
-            f"run.parallelism fsdp every prompt's answers must fit one pass: set batch.micro_size ≥ {most}"
-        )
-
-
 def answer_rewards(
     scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     groups: Sequence[PreferenceGroup],
@@ -300,32 +290,13 @@ def answer_rewards(
     return scorer(ids.to(device), mask.to(device)).float()
 
 
-def group_pairs(groups: Sequence[PreferenceGroup], step_groups: int) -> dict[str, torch.Tensor]:
-    """The pairs of ``groups`` as indices into their answers' rewards laid end to end (`answer_rewards`): ``better``,
-    ``worse``, ``margin`` and each pair's ``weight``, 1/(G·n_g) for a group of n_g pairs among the step's G =
-    ``step_groups`` prompts: each prompt's pairs averaged, then the prompts (InstructGPT; why: docs/rankings.md)."""
-    better, worse, margin, weight, offset = [], [], [], [], 0
-    for group in groups:
-        better += [offset + b for b in group.better]
-        worse += [offset + w for w in group.worse]
-        margin += group.margins
-        weight += [1.0 / (step_groups * group.num_pairs)] * group.num_pairs
-        offset += len(group.answers)
-    return {
-        "better": torch.tensor(better),
-        "worse": torch.tensor(worse),
-        "margin": torch.tensor(margin),
-        "weight": torch.tensor(weight, dtype=torch.float64),
-    }
-
-
 def groups_loss(
     config: RMConfig, rewards: torch.Tensor, groups: Sequence[PreferenceGroup], step_groups: int, step_pairs: int
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The groups' share of the step's loss (`rlhf.core.preference.ranking_loss`; the step has ``step_groups``
     prompts and ``step_pairs`` pairs over all ranks) and their share of its ``loss``, ``accuracy`` (strict, over
     pairs) and ``reward_margin`` (mean r_better − r_worse over pairs)."""
-    pairs = {key: value.to(rewards.device) for key, value in group_pairs(groups, step_groups).items()}
+    pairs = {key: value.to(rewards.device) for key, value in supervised.group_pairs(groups, step_groups).items()}
     margin = pairs["margin"].to(rewards.dtype) if config.rm.use_margin else None
     center = config.rm.center_rewards_coefficient or 0.0
     weights = pairs["weight"].to(rewards.dtype)
@@ -337,77 +308,30 @@ def groups_loss(
     }
 
 
+def scores_of(rm: TrainableRewardModel, groups: list[PreferenceGroup], device: torch.device) -> supervised.Scores:
+    """The reward model's `rlhf.trainers.supervised.Scores`: the rewards of answers (`answer_rewards`)."""
+    pad = rm.tokenizer.pad_token_id
+    return lambda model, ids, chunk: answer_rewards(model, [groups[i] for i in ids], pad, device, chunk)
+
+
+def objective_of(config: RMConfig, groups: list[PreferenceGroup], prefix: str) -> supervised.Objective:
+    """The reward model's `rlhf.trainers.supervised.Objective` (`groups_loss`), its stats named ``prefix/…``."""
+
+    def objective(rewards: torch.Tensor, ids: list[int], step_groups: int, step_pairs: int):
+        loss, stats = groups_loss(config, rewards, [groups[i] for i in ids], step_groups, step_pairs)
+        return loss, {f"{prefix}/{key}": value for key, value in stats.items()}
+
+    return objective
+
+
 def train_step(
     config: RMConfig, rm: TrainableRewardModel, trainable: Trainable, groups: list[PreferenceGroup], indices: list[int]
 ) -> dict[str, float]:
-    """Phase 4: backward of the step's loss over the prompts ``indices``, every answer forwarded once: this rank's
-    share of the prompts in passes of at most ``batch.micro_size`` answers (`rlhf.data.groups.answer_batches`);
-    returns the step's train stats over all ranks."""
-    d, pad = trainable.d, rm.tokenizer.pad_token_id
-    mine = [groups[i] for i in indices[d.rank :: d.world_size]]
-    step_groups, step_pairs = len(indices), sum(groups[i].num_pairs for i in indices)
-    passes = answer_batches([len(group.answers) for group in mine], config.batch.micro_size)
-    spanning: dict[str, torch.Tensor] = {}
-
-    def micro_step(batch: AnswerBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        members = [mine[g] for g in batch.groups]
-        if batch.chunk is None:
-            rewards = answer_rewards(trainable.forward, members, pad, d.device)
-            loss, stats = groups_loss(config, rewards, members, step_groups, step_pairs)
-        else:  # one chunk of a prompt with more answers than a pass holds
-            stats = {}
-            if batch.chunk.start == 0:
-                spanning["grad"], stats = spanning_gradient(config, trainable, members[0], pad, step_groups, step_pairs)
-            rewards = answer_rewards(trainable.forward, members, pad, d.device, batch.chunk)
-            loss = (rewards * spanning["grad"][batch.chunk]).sum()
-        return loss, {f"train/{key}": value for key, value in stats.items()}
-
-    def step(batch: AnswerBatch | None) -> tuple[torch.Tensor, dict[str, float]]:
-        if batch is None:  # a filler pass (another rank has more passes): one answer, weighted 0 by `accumulate`
-            return answer_rewards(trainable.forward, [groups[indices[0]]], pad, d.device, slice(0, 1)).sum(), {}
-        return micro_step(batch)
-
-    return update.reduce_stats(update.accumulate(trainable, passes, lambda: None, step), d)
-
-
-def spanning_gradient(
-    config: RMConfig, trainable: Trainable, group: PreferenceGroup, pad_id: int, step_groups: int, step_pairs: int
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """A prompt whose answers take several passes: the gradient of its loss with respect to its answers' rewards,
-    computed from rewards scored without gradient (passes of ``batch.micro_size`` answers), and its stats. Each
-    pass's forward then backpropagates its slice of that gradient (``Σ r_a·∂L/∂r_a``): by the chain rule the weights
-    get the gradient of the loss over all the answers at once, holding one pass's activations (GradCache, Gao et
-    al. 2021; docs/rankings.md), at the cost of one more forward of these answers."""
-    size = config.batch.micro_size
-    with torch.no_grad():
-        parts = [
-            answer_rewards(trainable.module, [group], pad_id, trainable.d.device, chunk)
-            for chunk in (slice(start, start + size) for start in range(0, len(group.answers), size))
-        ]
-    rewards = torch.cat(parts).requires_grad_()
-    loss, stats = groups_loss(config, rewards, [group], step_groups, step_pairs)
-    (grad,) = torch.autograd.grad(loss, rewards)
-    return grad, stats
-
-
-@torch.no_grad()
-def group_rewards(
-    scorer: nn.Module, groups: Sequence[PreferenceGroup], pad_id: int, size: int, d: Dist = SINGLE
-) -> list[torch.Tensor]:
-    """The rewards of this rank's share of ``groups`` (every ``d.world_size``-th from ``d.rank``), one (k,) tensor per
-    group, scored in passes of ``size`` answers evened out over the ranks (sharded, every rank runs each pass)."""
-    mine = groups[d.rank :: d.world_size]
-    sequences = [s for group in mine for s in group.sequences()]
-    passes = [list(range(start, min(start + size, len(sequences)))) for start in range(0, len(sequences), size)]
-    filler = groups[0].sequences()[:1]
-    scores = []
-    for rows, real, _ in update.evenly(passes, lambda: None, d):
-        ids, mask = right_pad([sequences[i] for i in rows] if real else filler, pad_id)
-        out = scorer(ids.to(d.device), mask.to(d.device)).float().cpu()
-        if real:
-            scores.append(out)
-    flat = torch.cat(scores) if scores else torch.zeros(0)
-    return list(flat.split([len(group.answers) for group in mine]))
+    """Phase 4: backward of the step's loss over the prompts ``indices``, every answer forwarded once, in passes of
+    at most ``batch.micro_size`` answers (`rlhf.trainers.supervised.group_step`); returns the step's train stats
+    over all ranks."""
+    scores, objective = scores_of(rm, groups, trainable.d.device), objective_of(config, groups, "train")
+    return supervised.group_step(trainable, indices, groups, config.batch.micro_size, scores, objective)
 
 
 @torch.no_grad()
@@ -417,14 +341,13 @@ def evaluate(
     """The training objective over all held-out prompts (each weighed as a step weighs its prompts), strict
     accuracy and mean r_better − r_worse over their pairs (each rank scores its share; the sums are added over
     ranks)."""
-    pad, size = rm.tokenizer.pad_token_id, config.effective_micro_batch_size
-    mine = groups[d.rank :: d.world_size]
-    rewards = group_rewards(scorer, groups, pad, size, d)
+    size = config.effective_micro_batch_size
+    rewards = supervised.group_scores(scorer, groups, size, scores_of(rm, groups, d.device), d)
+    mine = list(range(d.rank, len(groups), d.world_size))
     totals = {"eval/loss": 0.0, "eval/accuracy": 0.0, "eval/reward_margin": 0.0}
     if mine:
         num_pairs = sum(group.num_pairs for group in groups)
-        _, stats = groups_loss(config, torch.cat(rewards), mine, len(groups), num_pairs)
-        totals = {f"eval/{key}": value for key, value in stats.items()}
+        _, totals = objective_of(config, groups, "eval")(torch.cat(rewards), mine, len(groups), num_pairs)
     return d.sum_values(totals)
 
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from rlhf.config import TrainingConfig
-from rlhf.data import TokenizedPreference
+from rlhf.config import ConfigError, TrainingConfig
+from rlhf.data.groups import AnswerBatch, PreferenceGroup, answer_batches
 from rlhf.data.stream import EpochOrder
 from rlhf.models.loading import load_trainable_state, trainable_state
 from rlhf.runlog import distributed
@@ -121,30 +121,109 @@ def train(config: TrainingConfig, task: Task, num_examples: int, fingerprint: st
     logger.close()
 
 
-def pair_tokens(pairs: Sequence[TokenizedPreference], rows: list[int]) -> int:
-    """The tokens of the preference pairs ``rows`` (rm, dpo): the prompt twice, with each response."""
-    return sum(2 * len(pairs[i].prompt_ids) + len(pairs[i].chosen_ids) + len(pairs[i].rejected_ids) for i in rows)
+# The preference trainers' steps over prompts (rm, dpo): each prompt's answers forwarded once, the loss over its pairs
+# (docs/rankings.md). A trainer supplies what one forward scores per answer and what the loss of those scores is.
+
+Scores = Callable[[Callable[..., Any], list[int], "slice | None"], torch.Tensor]
+"""``scores(model, group_ids, chunk)``: (N,) one number per answer of the groups ``group_ids`` (indices into the
+trainer's groups; ``chunk``: of the one group's answers only), from one forward of ``model`` — rm the reward, dpo
+the response's summed log-probability."""
+Objective = Callable[[torch.Tensor, list[int], int, int], tuple[torch.Tensor, dict[str, float]]]
+"""``objective(scores, group_ids, step_groups, step_pairs)``: the groups' share of the loss of a step of
+``step_groups`` prompts and ``step_pairs`` pairs (over all ranks), and their share of its stats."""
 
 
-def held_out_batches(n: int, size: int, d: Dist) -> Iterator[tuple[list[int], bool, bool]]:
-    """This rank's share of ``n`` held-out examples (rm, dpo) as micro-batches of ``size`` indices, evened out over
-    the ranks (`rlhf.trainers.update.evenly`: a filler pass, ``real`` False, must count 0)."""
-    mine = list(range(d.rank, n, d.world_size))
-    return update.evenly([mine[start : start + size] for start in range(0, len(mine), size)], lambda: [0], d)
+def group_pairs(groups: Sequence[PreferenceGroup], step_groups: int) -> dict[str, torch.Tensor]:
+    """The pairs of ``groups`` as indices into their answers' scores laid end to end (`Scores`): ``better``,
+    ``worse``, ``margin`` and each pair's ``weight``, 1/(G·n_g) for a group of n_g pairs among the step's G =
+    ``step_groups`` prompts: each prompt's pairs averaged, then the prompts (InstructGPT; why: docs/rankings.md)."""
+    better, worse, margin, weight, offset = [], [], [], [], 0
+    for group in groups:
+        better += [offset + b for b in group.better]
+        worse += [offset + w for w in group.worse]
+        margin += group.margins
+        weight += [1.0 / (step_groups * group.num_pairs)] * group.num_pairs
+        offset += len(group.answers)
+    return {
+        "better": torch.tensor(better),
+        "worse": torch.tensor(worse),
+        "margin": torch.tensor(margin),
+        "weight": torch.tensor(weight, dtype=torch.float64),
+    }
 
 
-def pair_step(
-    trainable: Trainable, indices: list[int], size: int, loss_of: Callable[[torch.Tensor], tuple[torch.Tensor, dict]]
-) -> dict[str, float]:
-    """Backward of the mean loss over the step's pairs ``indices`` (rm, dpo): this rank's share, in micro-batches of
-    ``size`` pairs, ``loss_of(micro)`` giving a micro-batch's mean loss and stats, each weighted by its share of
-    the step's pairs (the step's mean, whatever its size). Returns the step's stats over all ranks."""
-    rows, d = torch.tensor(indices), trainable.d
+def group_step(
+    trainable: Trainable, indices: list[int], groups: Sequence[PreferenceGroup], micro_size: int | None,
+    scores: Scores, objective: Objective,
+) -> dict[str, float]:  # fmt: skip
+    """Backward of the step's loss over the prompts ``indices``: this rank's share of them in passes of at most
+    ``micro_size`` answers (`rlhf.data.groups.answer_batches`), a prompt with more answers split over passes with the
+    gradient of one (:func:`spanning_gradient`). Returns the step's stats over all ranks."""
+    d = trainable.d
+    mine = indices[d.rank :: d.world_size]
+    step_groups, step_pairs = len(indices), sum(groups[i].num_pairs for i in indices)
+    passes = answer_batches([len(groups[i].answers) for i in mine], micro_size)
+    spanning: dict[str, torch.Tensor] = {}
 
-    def micro_step(micro: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, stats = loss_of(micro)
-        share = len(micro) / len(rows)  # micro-batch mean × its share = its part of the step's mean
-        return loss * share, {key: value * share for key, value in stats.items()}
+    def step(batch: AnswerBatch | None) -> tuple[torch.Tensor, dict[str, float]]:
+        if batch is None:  # a filler pass (another rank has more passes): one answer, weighted 0 by `accumulate`
+            return scores(trainable.forward, indices[:1], slice(0, 1)).sum(), {}
+        ids = [mine[g] for g in batch.groups]
+        if batch.chunk is None:
+            return objective(scores(trainable.forward, ids, None), ids, step_groups, step_pairs)
+        stats: dict[str, float] = {}
+        if batch.chunk.start == 0:
+            answers = len(groups[ids[0]].answers)
+            args = (trainable.module, ids, answers, micro_size, scores, objective, step_groups, step_pairs)
+            spanning["grad"], stats = spanning_gradient(*args)
+        return (scores(trainable.forward, ids, batch.chunk) * spanning["grad"][batch.chunk]).sum(), stats
 
-    micro_batches = list(rows[d.rank :: d.world_size].split(size))
-    return update.reduce_stats(update.accumulate(trainable, micro_batches, lambda: rows[:1], micro_step), d)
+    return update.reduce_stats(update.accumulate(trainable, passes, lambda: None, step), d)
+
+
+def spanning_gradient(
+    module: nn.Module, ids: list[int], answers: int, size: int, scores: Scores, objective: Objective,
+    step_groups: int, step_pairs: int,
+) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """A prompt whose answers take several passes: the gradient of its loss with respect to its answers' scores,
+    computed from scores taken without gradient (passes of ``size`` answers), and its stats. Each pass's forward then
+    backpropagates its slice of that gradient (``Σ s_a·∂L/∂s_a``): by the chain rule the weights get the gradient of
+    the loss over all the answers at once, holding one pass's activations (GradCache, Gao et al. 2021;
+    docs/rankings.md), at the cost of one more forward of these answers."""
+    with torch.no_grad():
+        parts = [scores(module, ids, slice(start, start + size)) for start in range(0, answers, size)]
+    values = torch.cat(parts).requires_grad_()
+    loss, stats = objective(values, ids, step_groups, step_pairs)
+    (grad,) = torch.autograd.grad(loss, values)
+    return grad, stats
+
+
+@torch.no_grad()
+def group_scores(
+    model: Callable[..., Any], groups: Sequence[PreferenceGroup], size: int, scores: Scores, d: Dist
+) -> list[torch.Tensor]:
+    """The scores of this rank's share of ``groups`` (every ``d.world_size``-th from ``d.rank``; all of them with a
+    one-process ``d``), one (k,) tensor per group on the CPU, in passes of at most ``size`` answers evened out over
+    the ranks (sharded, every rank runs every pass)."""
+    mine = list(range(d.rank, len(groups), d.world_size))
+    passes = answer_batches([len(groups[i].answers) for i in mine], size)
+    filler = AnswerBatch((0,), slice(0, 1))
+    out = []
+    for batch, real, _ in update.evenly(passes, lambda: filler, d):
+        ids = [mine[g] for g in batch.groups] if real else [0]
+        values = scores(model, ids, batch.chunk).float().cpu()
+        if real:
+            out.append(values)
+    flat = torch.cat(out) if out else torch.zeros(0)
+    return list(flat.split([len(groups[i].answers) for i in mine]))
+
+
+def check_passes(config: TrainingConfig, groups: Sequence[PreferenceGroup], d: Dist) -> None:
+    """Sharded (FSDP), every forward is a collective that every rank runs: a prompt with more answers than a pass
+    holds needs forwards of its own (`spanning_gradient`) that the other ranks would not run: refused."""
+    most = max((len(group.answers) for group in groups), default=0)
+    if d.sharded and config.batch.micro_size is not None and most > config.batch.micro_size:
+        raise ConfigError(
+            f"batch.micro_size={config.batch.micro_size} answers is fewer than the {most} answers of a prompt; with "
+            f"run.parallelism fsdp every prompt's answers must fit one pass: set batch.micro_size ≥ {most}"
+        )
