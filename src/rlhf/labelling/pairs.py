@@ -4,9 +4,11 @@ id: pairs (`read_pairs`: every pair of a row's k answers) or, to rank k answers 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,58 +139,58 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 def read_pairs(path: str | os.PathLike[str]) -> PairFile:
     """Every pair of a pairs or candidates file; `DataError` lists each bad row as ``file:line``."""
-    sha = file_sha256(path)
-    problems = ProblemList()
-    pairs: list[Pair] = []
+    pairs, sha, identical, repeated = _collect(path, _pairs, "no pair to label (every row's answers are the same text)")
+    return PairFile(str(path), pairs, sha, identical, repeated)
+
+
+def _collect(
+    path: str | os.PathLike[str], parse: Callable[[Record], tuple[list[Any], int]], empty: str
+) -> tuple[list[Any], str, int, int]:
+    """(the items of every row of ``path``, ``parse(record)`` giving a row's items and its answers left out as
+    repeats; the file's SHA-256; answers left out; items left out because an earlier one has the same ``id``). One
+    `DataError` lists every bad row as ``file:line``, another says ``empty`` when no item is left."""
+    sha, problems = file_sha256(path), ProblemList()
+    items: list[Any] = []
     seen: set[str] = set()
     identical = repeated = 0
     for record in read_records(path):
         try:
-            prompt, answers = _row(record)
+            found, left_out = parse(record)
         except ValueError as error:
             problems.add(f"{record.where}: {error}")
             continue
-        for a, b in answers:
-            if a == b:
-                identical += 1
-                continue
-            pid = pair_id(prompt, a, b)
-            if pid in seen:
+        identical += left_out
+        for item in found:
+            if item.id in seen:
                 repeated += 1
                 continue
-            seen.add(pid)
-            pairs.append(Pair(pid, prompt, a, b, record.where))
+            seen.add(item.id)
+            items.append(item)
     problems.raise_if_any()
-    if not pairs:
-        raise DataError([f"{path}: no pair to label (every row's answers are the same text)"])
-    return PairFile(str(path), pairs, sha, identical, repeated)
+    if not items:
+        raise DataError([f"{path}: {empty}"])
+    return items, sha, identical, repeated
+
+
+def _pairs(record: Record) -> tuple[list[Pair], int]:
+    """(a row's pairs of distinct answers, its pairs of the same text left out)."""
+    prompt, answer_pairs = _row(record)
+    pairs = [Pair(pair_id(prompt, a, b), prompt, a, b, record.where) for a, b in answer_pairs if a != b]
+    return pairs, len(answer_pairs) - len(pairs)
+
+
+def _candidates(record: Record) -> tuple[list[Candidates], int]:
+    """(a candidates row as one ranking item, its answers left out as repeats)."""
+    prompt, answers = _candidates_row(record)
+    item = Candidates(candidates_id(prompt, answers), prompt, answers, record.where)
+    return [item], len(record.data["completions"]) - len(answers)
 
 
 def read_candidates(path: str | os.PathLike[str]) -> CandidatesFile:
     """Every ranking item of a candidates file (``{"prompt" or "messages", "completions": [k answers]}`` rows), each
     row's repeated answers dropped; a row left with fewer than 2 distinct answers is refused (there is nothing to
     rank). `DataError` lists each bad row as ``file:line``."""
-    sha = file_sha256(path)
-    problems = ProblemList()
-    items: list[Candidates] = []
-    seen: set[str] = set()
-    identical = repeated = 0
-    for record in read_records(path):
-        try:
-            prompt, answers = _candidates_row(record)
-        except ValueError as error:
-            problems.add(f"{record.where}: {error}")
-            continue
-        identical += len(record.data["completions"]) - len(answers)
-        item = Candidates(candidates_id(prompt, answers), prompt, answers, record.where)
-        if item.id in seen:
-            repeated += 1
-            continue
-        seen.add(item.id)
-        items.append(item)
-    problems.raise_if_any()
-    if not items:
-        raise DataError([f"{path}: no row to rank"])
+    items, sha, identical, repeated = _collect(path, _candidates, "no row to rank")
     return CandidatesFile(str(path), items, sha, identical, repeated)
 
 
@@ -200,27 +202,8 @@ def read_items(path: str | os.PathLike[str], *, mode: str) -> ItemFile:
     if mode == "pairs":
         return read_pairs(path).as_items()
     fewest = {"ranking": 2, "auto": 3}[mode]
-    sha = file_sha256(path)
-    problems = ProblemList()
-    items: list[Item] = []
-    seen: set[str] = set()
-    identical = repeated = 0
-    for record in read_records(path):
-        try:
-            row_items, left_out = _items(record, fewest=fewest)
-        except ValueError as error:
-            problems.add(f"{record.where}: {error}")
-            continue
-        identical += left_out
-        for item in row_items:
-            if item.id in seen:
-                repeated += 1
-                continue
-            seen.add(item.id)
-            items.append(item)
-    problems.raise_if_any()
-    if not items:
-        raise DataError([f"{path}: nothing to label (every row's answers are the same text)"])
+    empty = "nothing to label (every row's answers are the same text)"
+    items, sha, identical, repeated = _collect(path, functools.partial(_items, fewest=fewest), empty)
     return ItemFile(str(path), items, sha, mode, identical, repeated)
 
 
@@ -230,12 +213,8 @@ def _items(record: Record, *, fewest: int) -> tuple[list[Item], int]:
     completions = record.data.get("completions")
     texts = isinstance(completions, list) and all(isinstance(c, str) for c in completions)
     if texts and len(set(completions)) >= fewest:  # other rows: `_row` says what is wrong with them
-        prompt, answers = _candidates_row(record)
-        item = Candidates(candidates_id(prompt, answers), prompt, answers, record.where)
-        return [item], len(completions) - len(answers)
-    prompt, answer_pairs = _row(record)
-    pairs = [Pair(pair_id(prompt, a, b), prompt, a, b, record.where) for a, b in answer_pairs if a != b]
-    return pairs, len(answer_pairs) - len(pairs)
+        return _candidates(record)
+    return _pairs(record)
 
 
 def _candidates_row(record: Record) -> tuple[str | list[Message], tuple[str, ...]]:
