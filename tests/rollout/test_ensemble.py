@@ -95,6 +95,25 @@ def test_bad_ensembles_are_refused_naming_what_is_wrong(tmp_path, tokenizer_dir)
         EnsembleReward([], name="rm", objective="uwo", uwo_lambda=-1.0)
 
 
+def test_wco_and_uwo_over_members_without_a_normalisation_warn_naming_the_field(
+    ensemble_dir, tmp_path, tokenizer_dir, capsys
+):
+    for objective in ("mean", "wco", "uwo"):  # every member normalised: silent whatever the objective
+        load_reward_source(str(ensemble_dir), objective=objective)
+    assert "warning" not in capsys.readouterr().err
+    raw = write_ensemble(tmp_path / "raw", tokenizer_dir, members=2)
+    config = json.loads((raw / "member_1" / "config.json").read_text())
+    del config["rlhf_reward_gain"], config["rlhf_reward_bias"]
+    (raw / "member_1" / "config.json").write_text(json.dumps(config))
+    load_reward_source(str(raw), objective="mean")  # the mean is as fair to raw members as any sum
+    assert "warning" not in capsys.readouterr().err
+    for objective in ("wco", "uwo"):
+        load_reward_source(str(raw), objective=objective)
+        err = capsys.readouterr().err
+        assert f"objective {objective}" in err and "member_1 carry no normalisation" in err
+        assert "member_0" not in err.split("but")[1] and "normalize.policy" in err
+
+
 def test_the_memory_plan_counts_every_member(ensemble_dir):
     from rlhf.config.sections import RewardSection
 

@@ -8,6 +8,7 @@ each member in its own directory, which ``from_pretrained`` loads as any reward 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,17 @@ class EnsembleReward:
         self.objective, self.uwo_lambda = objective, uwo_lambda
         self.shares_policy_tokenizer = all(member.shares_policy_tokenizer for member in members)
         """True when every member reads the policy's token ids as they are (:meth:`score_ids`)."""
+        raw = [member.name for member in members if not member.normalised]
+        if objective in ("wco", "uwo") and raw:
+            # raw heads differ in offset and scale: the minimum (wco) then picks the member with the lowest offset,
+            # the variance (uwo) measures the scales as much as the disagreement
+            print(
+                f"warning: reward ensemble {name!r}: objective {objective} compares its members' scores, but "
+                f"{', '.join(raw)} carry no normalisation, so their scales differ; train the ensemble with "
+                "normalize.policy set (rlhf rm --normalize.policy <the SFT model>: every member normalised on one "
+                "shared sample, docs/ensembles.md)",
+                file=sys.stderr,
+            )
 
     @classmethod
     def load(cls, spec: str, *, name: str | None, objective: str, uwo_lambda: float, **options: Any) -> EnsembleReward:

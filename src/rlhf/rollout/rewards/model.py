@@ -42,10 +42,11 @@ class RewardModelReward:
         _check_one_output(name, getattr(getattr(model, "config", None), "num_labels", None))
         from rlhf.models.critic import shares_vocabulary
         from rlhf.models.policy import disable_dropout  # lazily: function/HTTP sources need no models
-        from rlhf.models.reward import max_positions, reward_normalization
+        from rlhf.models.reward import GAIN_KEY, max_positions, reward_normalization
 
         try:  # scores are gain · head + bias: 1 and 0 unless the model's config stores a normalisation
             self.gain, self.bias = reward_normalization(model.config)
+            self.normalised = getattr(model.config, GAIN_KEY, None) is not None
         except ValueError as error:
             raise RewardError(f"reward model {name!r}: {error}") from error
 
