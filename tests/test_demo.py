@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import os
@@ -113,6 +114,50 @@ def test_clear_pairs_are_rarely_flipped_and_close_pairs_often():
     assert flips == 0  # Δ ≈ 7: σ(−14) ≈ 1e-6
     same = sum(task.gold_label((prompt, helpful, helpful + " "), rng)["chosen"] == helpful for _ in range(2000))
     assert 900 < same < 1100  # Δ = 0: a coin flip
+
+
+def test_plackett_luce_rankings_come_at_the_documented_rates():
+    prompt = "Q: any tips for saving money?\nA:"
+    texts = [" sure. hope this helps.", " plan your budget first, then your bills.", " it depends, just see."]
+    weights = [math.exp(task.gold_score(prompt, t) / task.BT_TEMPERATURE) for t in texts]
+
+    def probability(order):  # Plackett–Luce by hand: each place a softmax over the answers left
+        p, left = 1.0, list(order)
+        for i in order:
+            p *= weights[i] / sum(weights[j] for j in left)
+            left.remove(i)
+        return p
+
+    rng, n = random.Random(3), 6000
+    rows = [task.gold_ranking(prompt, [*texts, "", texts[0]], rng) for _ in range(n)]
+    assert all(row["completions"] == texts for row in rows)  # the empty answer and the repeat left out
+    for order in itertools.permutations(range(3)):
+        seen = sum(row["ranking"] == list(order) for row in rows) / n
+        # binomial standard error ≤ 0.5/√6000 ≈ 0.0065; allow four of them
+        assert seen == pytest.approx(probability(order), abs=0.026), order
+    # two answers: the ranking is the Bradley–Terry label
+    a_first = sum(task.gold_ranking(prompt, texts[:2], rng)["ranking"][0] == 0 for _ in range(n)) / n
+    delta = task.gold_score(prompt, texts[0]) - task.gold_score(prompt, texts[1])
+    assert a_first == pytest.approx(task.preference_probability(delta, 0.0), abs=0.026)
+
+
+def test_demo_labels_rank_each_prompt_or_pair_its_answers(tmp_path):
+    from rlhf.data import read_preferences
+    from rlhf.demo import pipeline
+
+    prompt = "Q: any tips for travel?\nA:"
+    answers = [" sure. start with the map and check the ticket each day. good luck!", " idiot.", " maybe.", ""]
+    for name in ("candidates", "eval_candidates"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"prompt": prompt, "completions": answers}) + "\n")
+    ranked = pipeline.label(tmp_path, tmp_path / "ranking", seed=0)
+    rows = _read_jsonl(tmp_path / "ranking" / "preferences.jsonl")
+    assert len(rows) == 1 and sorted(rows[0]["ranking"]) == [0, 1, 2]  # the empty answer is left out
+    assert ranked["label/train_rankings"] == 1 and ranked["label/train_pairs"] == 3
+    assert len(read_preferences(tmp_path / "ranking" / "preferences.jsonl")) == 3  # read as its C(3, 2) pairs
+    paired = pipeline.label(tmp_path, tmp_path / "pairs", seed=0, kind="pairs")
+    assert paired["label/train_rankings"] == 0 and paired["label/train_pairs"] == 3
+    assert paired["label/eval_pairs"] == ranked["label/eval_pairs"] == 3  # held out: noiseless pairs either way
+    assert paired["label/eval_gold_agreement"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------------------------

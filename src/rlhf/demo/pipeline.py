@@ -222,14 +222,19 @@ def _stages(config: DemoConfig, out: Path) -> dict[str, Any]:
     # 3. k candidates per prompt from the SFT model (training prompts, and held-out ones for the RM's eval pairs)
     samples = _sample_configs(script)
     script.stage("sample", lambda: [sample.run(cfg) for cfg in samples])
-    # 4. the gold judge labels the pairs: noisy raters for training, the noiseless rule for the held-out pairs
+    # 4. the gold judge ranks each prompt's candidates as a noisy rater would (Plackett–Luce); the held-out pairs get
+    # the noiseless rule
     labelled = out / "label"
     labels = script.stage("label", label, out / "sample", labelled, config.seed)
     # 5. reward models from the pretrained LM, an ensemble differing by seed; they only ever see the labels
     pairs = {"train": str(labelled / "preferences.jsonl"), "eval": str(labelled / "eval_preferences.jsonl")}
     pairs["max_length"] = MAX_LENGTH
     rm = {"epochs": preset.rm_epochs, "ensemble": preset.rm_members}
-    script.trained("rm", "pretrain", rm, pairs, {"learning_rate": 1e-3}, micro_size=preset.rm_micro_size)
+    # every member normalised on the same answers of the SFT model (PPO's and GRPO's start): mean 0, std 1 there, so
+    # the ensemble's objectives compare members on one scale (docs/ensembles.md)
+    normalize = {"policy": str(script.paths["sft"]), "max_new_tokens": preset.max_new_tokens}
+    rm_optim, rm_micro = {"learning_rate": 1e-3}, preset.rm_micro_size
+    script.trained("rm", "pretrain", rm, pairs, rm_optim, micro_size=rm_micro, normalize=normalize)
     script.paths["rm_ensemble"], script.paths["rm"] = script.paths["rm"], script.paths["rm"] / "member_0"
     # 5b. DPO from the SFT model on the same labelled pairs: no reward model, no sampling
     dpo = {"epochs": preset.dpo_epochs}
@@ -349,38 +354,57 @@ def pretrain(out: Path, train_prompts: list[str], preset: Preset, config: DemoCo
     return save_tiny(model, tokenizer, out / "final")
 
 
-def label(sample_dir: Path, out: Path, seed: int) -> dict[str, float]:
-    """Pair every two candidates of each prompt and label them; returns label statistics. Training pairs get a noisy
-    rater's label (`task.gold_label`), held-out ones the noiseless gold preference (so the reward model's held-out
-    accuracy is its agreement with the truth). Ties (equal text or gold score) and empty responses are skipped."""
+LABEL_KINDS = ("ranking", "pairs")
+"""How the demo's rater labels a prompt's candidates (`label`): one ranking (the default; benchmarks/demo_labels.py
+measures both) or every pair on its own."""
+
+
+def label(sample_dir: Path, out: Path, seed: int, kind: str = "ranking") -> dict[str, float]:
+    """Label each prompt's candidates; returns label statistics. Training labels are a noisy rater's: with ``kind``
+    ``ranking`` one Plackett–Luce ranking of the prompt's distinct answers (`task.gold_ranking`), with ``pairs`` a
+    Bradley–Terry label of every pair on its own (`task.gold_label`; a pair of equal text or gold score is skipped).
+    Held-out labels are the noiseless gold preference of every pair of unequal gold score (so the reward model's
+    held-out accuracy is its agreement with the truth). Empty responses are left out."""
+    if kind not in LABEL_KINDS:
+        raise ValueError(f"demo: label kind {kind!r}, expected one of {LABEL_KINDS}")
     rng = random.Random(seed + 2)
     stats: dict[str, float] = {}
-    for source, target, kind in (
+    for source, target, split in (
         ("candidates.jsonl", "preferences.jsonl", "train"),
         ("eval_candidates.jsonl", "eval_preferences.jsonl", "eval"),
     ):
-        rows, agree = [], 0
+        rows, margins = [], []  # margins: gold(preferred) − gold(other) of every pair the labels imply
         for record in read_jsonl(sample_dir / source):
             prompt, completions = record["prompt"], record["completions"]
+            if split == "train" and kind == "ranking":
+                row = task.gold_ranking(prompt, completions, rng)
+                if len(row["ranking"]) < 2:
+                    continue
+                scores = [task.gold_score(prompt, row["completions"][i]) for i in row["ranking"]]
+                margins += [scores[i] - scores[j] for i, j in itertools.combinations(range(len(scores)), 2)]
+                rows.append(row)
+                continue
             for a, b in itertools.combinations(completions, 2):
                 score_a, score_b = task.gold_score(prompt, a), task.gold_score(prompt, b)
                 if a == b or score_a == score_b or not a.strip() or not b.strip():
                     continue
-                if kind == "train":
+                if split == "train":
                     row = task.gold_label((prompt, a, b), rng)
                 else:
                     better, worse = (a, b) if score_a > score_b else (b, a)
                     row = {"prompt": prompt, "chosen": better, "rejected": worse, "gold_margin": abs(score_a - score_b)}
-                agree += row["gold_margin"] > 0
+                margins.append(row["gold_margin"])
                 rows.append(row)
         if not rows:
             raise RuntimeError(
-                f"demo: no labelled pairs from {sample_dir / source}: every pair of candidates tied; "
-                "use a larger preset"
+                f"demo: no labels from {sample_dir / source}: every pair of candidates tied; use a larger preset"
             )
         _write_jsonl(out / target, rows)
-        stats[f"label/{kind}_pairs"] = len(rows)
-        stats[f"label/{kind}_gold_agreement"] = agree / len(rows)
+        stats[f"label/{split}_pairs"] = len(margins)
+        stats[f"label/{split}_rankings"] = sum("ranking" in row for row in rows)
+        # of the pairs whose gold scores differ, the share the labels order as the gold judge does
+        decided = [m for m in margins if m != 0]
+        stats[f"label/{split}_gold_agreement"] = sum(m > 0 for m in decided) / max(1, len(decided))
     return stats
 
 

@@ -8,8 +8,8 @@ raters compare two answers. Here the raters are a transparent rule, so every res
   ending), vague (polite but says nothing), off_topic (tips for another topic), rude (insults), rambling
   (fillers, far too long, never finishes).
 - **the gold judge** `gold_score` — the sum of five visible terms (`gold_terms`); `gold` is the judge as a reward
-  function. The reward model never sees it: it learns only from the pairs `gold_label` labels, with
-  Bradley–Terry noise, like a human rater.
+  function. The reward model never sees it: it learns only from the rankings `gold_ranking` draws (Plackett–Luce
+  noise) or the pairs `gold_label` labels (Bradley–Terry noise), like a human rater.
 
 Pure Python (no torch): cheap to import from the reward loader and from tests."""
 
@@ -193,6 +193,23 @@ def gold_label(pair: tuple[str, str, str], rng: random.Random) -> dict[str, Any]
     chosen, rejected = (a, b) if a_wins else (b, a)
     margin = score_a - score_b if a_wins else score_b - score_a
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "gold_margin": margin}
+
+
+def gold_ranking(prompt: str, completions: Sequence[str], rng: random.Random) -> dict[str, Any]:
+    """A rater's ranking of a prompt's distinct answers, ``{prompt, completions, ranking}`` (best first): Plackett–Luce
+    at `BT_TEMPERATURE`, the rater picks the best of the answers left with probability ∝ exp(gold / T), then the next.
+    For two answers that is `gold_label`'s Bradley–Terry draw; the ranking's implied pairs are never intransitive.
+    Empty and repeated answers are left out (a rater sees one copy of each text)."""
+    answers = list(dict.fromkeys(c for c in completions if c.strip()))
+    weights = [math.exp(gold_score(prompt, a) / BT_TEMPERATURE) for a in answers]
+    left, ranking = list(range(len(answers))), []
+    while left:
+        # one draw per place: the first index whose running sum of weights passes u · (the weights left)
+        u, running = rng.random() * sum(weights[i] for i in left), 0.0
+        pick = next((i for i in left if (running := running + weights[i]) > u), left[-1])
+        ranking.append(pick)
+        left.remove(pick)
+    return {"prompt": prompt, "completions": answers, "ranking": ranking}
 
 
 def gold(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:

@@ -92,7 +92,9 @@ def _stage_numbers(out: Path, summary: dict[str, Any]) -> dict[str, str]:
         numbers["sample"] = f"{len(candidates)} prompts × {len(candidates[0]['completions'])}"
     if "label/train_pairs" in summary:
         agreement = summary.get("label/train_gold_agreement", float("nan"))
-        numbers["label"] = f"{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement)}% agree with gold"
+        rankings = summary.get("label/train_rankings") or 0
+        of = f"{rankings} rankings: " if rankings else ""
+        numbers["label"] = f"{of}{summary['label/train_pairs']} pairs, {r.fmt(100 * agreement)}% agree with gold"
     numbers["rm"] = f"held-out accuracy {r.fmt(summary.get('rm/accuracy'))}"
     if dpo := _logged(out, "dpo", "eval/rewards/accuracies"):
         numbers["dpo"] = f"held-out accuracy {r.fmt(dpo[-1])}"
