@@ -501,13 +501,9 @@ def over_optimisation(h: History) -> str | None:
     peaks = h.prefix(
         f"peak{window}", truth, lambda v, i, out: i if i == 0 or smooth[i] > smooth[int(out[i - 1])] else out[i - 1]
     )
-    diff_sum = h.prefix("diff_sum", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + v[i] - v[i - 1])
-    diff_sq = h.prefix("diff_sq", truth, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + (v[i] - v[i - 1]) ** 2)
     peak = int(peaks[n - 1])
     gain, drop = smooth[peak] - smooth[0], smooth[peak] - smooth[n - 1]
-    mean_diff = diff_sum[n - 1] / (n - 1)
-    spread = math.sqrt(max(diff_sq[n - 1] / (n - 1) - mean_diff**2, 0.0))  # population std of the differences
-    noise = spread / math.sqrt(2 * window)  # the noise of a window mean, trend removed
+    noise = _step_spread(h, truth) / math.sqrt(2 * window)  # the noise of a window mean, trend removed
     proxy_now, proxy_then = _mean_near(h, "reward/mean", steps[-1]), _mean_near(h, "reward/mean", steps[peak])
     fell = gain > 0 and drop > 0.5 * gain and drop > 2 * noise
     if fell and proxy_now is not None and proxy_then is not None and proxy_now >= proxy_then:
@@ -516,6 +512,19 @@ def over_optimisation(h: History) -> str | None:
             f"its gain since step {steps[0]}, while reward/mean went from {proxy_then:.3g} to {proxy_now:.3g}"
         )
     return None
+
+
+def _step_spread(h: History, key: str) -> float:
+    """The population standard deviation of ``key``'s step-to-step differences, their mean (the trend) removed:
+    √2 × the noise of one value, for a series whose values scatter independently around a slow trend. Kept as
+    running sums (O(1) per new row)."""
+    diff_sum = h.prefix("diff_sum", key, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + v[i] - v[i - 1])
+    diff_sq = h.prefix("diff_sq", key, lambda v, i, out: 0.0 if i == 0 else out[i - 1] + (v[i] - v[i - 1]) ** 2)
+    n = len(diff_sum)
+    if n < 2:
+        return 0.0
+    mean_diff = diff_sum[n - 1] / (n - 1)
+    return math.sqrt(max(diff_sq[n - 1] / (n - 1) - mean_diff**2, 0.0))
 
 
 def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
@@ -528,7 +537,7 @@ def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
 @warning(
     ("reward/mean", "reward/<ensemble>/ensemble_std"),
     threshold="the members' disagreement (mean of the last {window} steps) > {factor}× where it started (median of "
-    "the first {window}) while reward/mean is above its start",
+    "the first {window}) and above it by > {z}× the noise of that difference, while reward/mean is above its start",
     reason="reward models trained alike agree where their pairs taught them; samples they disagree about more and "
     "more are where the policy has gone beyond what they learned, the ground over-optimisation grows on (Coste "
     "et al. 2024); a label-free warning, no gold needed",
@@ -537,7 +546,7 @@ def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
     "(reward.ensemble.objective: wco or uwo), use an earlier checkpoint, or label the policy's current samples and "
     "retrain the reward models",
 )
-def ensemble_disagreement_rising(h: History, window: int = 5, factor: float = 1.25) -> str | None:
+def ensemble_disagreement_rising(h: History, window: int = 5, factor: float = 1.5, z: float = 3.0) -> str | None:
     row, reward = h.last_row(), h.values("reward/mean")
     spreads = [key for key in row if key.startswith("reward/") and key.endswith("/ensemble_std")]
     if len(reward) < 2 * window or not spreads:
@@ -547,8 +556,15 @@ def ensemble_disagreement_rising(h: History, window: int = 5, factor: float = 1.
         if len(values) < 2 * window:
             continue
         start, now = started_at(values, window), statistics.fmean(values[-window:])
-        if now > factor * start and statistics.fmean(reward[-window:]) > started_at(reward, window):
-            return f"{key} {now:.3g} (mean of the last {window} steps), {now / start:.2f}× its start {start:.3g}"
+        # the noise floor: a batch's disagreement scatters step to step (a batch of 32 answers), and the difference
+        # of two window means has about 2/window of one value's variance, that is _step_spread² / window
+        noise = _step_spread(h, key) / math.sqrt(window)
+        rising = now > factor * start and now - start > z * noise
+        if rising and statistics.fmean(reward[-window:]) > started_at(reward, window):
+            return (
+                f"{key} {now:.3g} (mean of the last {window} steps), {now / start:.2f}× its start {start:.3g}, "
+                f"{(now - start) / noise if noise else math.inf:.1f}× the noise"
+            )
     return None
 
 

@@ -46,7 +46,7 @@ _MARKED = re.compile(r"\[\[\s*(a|b|tie)\s*\]\]", re.IGNORECASE)
 VERDICT_TOKENS = 16
 """The reply's room for a verdict (one word) when ``judge.llm.max_tokens`` is None."""
 PAIRS_PER_CHUNK = 64
-"""Pairs judged before their rows are appended to the labels file (``rlhf label --judge.source``)."""
+"""Pairs (or ranking items) judged before their rows are appended to the labels file (``rlhf label --judge.source``)."""
 
 
 class JudgeError(ServiceError):
@@ -241,11 +241,27 @@ def cache_path_for(settings: LLMJudgeSection, output: str | Path) -> Path:
     return Path(settings.cache) if settings.cache is not None else Path(f"{output}.judge-cache.jsonl")
 
 
+def judge_in_chunks(
+    todo: Sequence[Any], ask: Callable[[list], Sequence[dict]], append: Callable[[dict], Any], counts: dict[str, int]
+) -> None:
+    """Ask the judge about ``todo`` (pairs or ranking items) `PAIRS_PER_CHUNK` at a time, its requests in flight
+    together within a chunk; each row is appended (fsynced) as its chunk comes back, so an interrupted run loses at
+    most the chunk in flight, and ``counts`` counts the rows by kind. A progress bar over ``todo``."""
+    from rlhf.runlog.progress import BatchProgress
+
+    with BatchProgress(len(todo), "judge", True) as bar:
+        for start in range(0, len(todo), PAIRS_PER_CHUNK):
+            chunk = list(todo[start : start + PAIRS_PER_CHUNK])
+            for row in ask(chunk):
+                append(row)
+                counts[row["kind"]] += 1
+            bar.advance(len(chunk), f"{counts['tie']} ties, {counts['skip']} skips")
+
+
 def judge_pair_file(pairs: PairFile, out: str | Path, judge_config: SampleJudgeSection) -> dict[str, Any]:
     """``rlhf label PAIRS --out PREFS --judge.source openai:URL#MODEL``: the judge labels every pair not yet in
     ``out`` (a labels file, appended, resumable like a person's session)."""
     from rlhf.labelling.session import LabelSession
-    from rlhf.runlog.progress import BatchProgress
 
     assert judge_config.source is not None
     session = LabelSession(pairs, out, labels_per_pair=1)  # the session line, the lock, the pairs-file check
@@ -253,13 +269,7 @@ def judge_pair_file(pairs: PairFile, out: str | Path, judge_config: SampleJudgeS
     todo = [pair for pair in pairs.pairs if judge.source not in session.done_by[pair.id]]
     counts = {"preference": 0, "tie": 0, "skip": 0}
     try:
-        with BatchProgress(len(todo), "judge", True) as bar:
-            for start in range(0, len(todo), PAIRS_PER_CHUNK):
-                chunk = todo[start : start + PAIRS_PER_CHUNK]
-                for row in judge.judge(chunk):
-                    session.log.append(row)
-                    counts[row["kind"]] += 1
-                bar.advance(len(chunk), f"{counts['tie']} ties, {counts['skip']} skips")
+        judge_in_chunks(todo, judge.judge, session.log.append, counts)
     finally:
         judge.close()
         session.close()

@@ -25,7 +25,7 @@ from rlhf.config import ConfigError, LLMJudgeSection, SampleJudgeSection
 from rlhf.data.files import DataError, read_records
 from rlhf.data.labels import live_labels
 from rlhf.httpclient import cut
-from rlhf.labelling.judge import PAIRS_PER_CHUNK, LLMJudge, cache_path_for, render_prompt
+from rlhf.labelling.judge import LLMJudge, cache_path_for, judge_in_chunks, render_prompt
 from rlhf.labelling.pairs import Candidates, CandidatesFile
 from rlhf.labelling.session import now
 from rlhf.runlog.durable import AlreadyOpen, AppendLog
@@ -206,8 +206,6 @@ def _open_labels(out: Path, candidates: CandidatesFile) -> tuple[AppendLog, list
 def judge_candidates_file(candidates: CandidatesFile, out: str | Path, judge_config: SampleJudgeSection) -> dict:
     """``rlhf label CANDIDATES --out LABELS --mode ranking --judge.source openai:URL#MODEL``: the judge ranks every
     item not yet in ``out`` (a labels file, appended, resumable)."""
-    from rlhf.runlog.progress import BatchProgress
-
     assert judge_config.source is not None
     log, rows = _open_labels(Path(out), candidates)
     try:
@@ -219,13 +217,7 @@ def judge_candidates_file(candidates: CandidatesFile, out: str | Path, judge_con
     todo = [item for item in candidates.items if item.id not in done]
     counts = {"ranking": 0, "tie": 0, "skip": 0}
     try:
-        with BatchProgress(len(todo), "judge", True) as bar:
-            for start in range(0, len(todo), PAIRS_PER_CHUNK):
-                chunk = todo[start : start + PAIRS_PER_CHUNK]
-                for row in judge.rank(chunk):
-                    log.append(row)
-                    counts[row["kind"]] += 1
-                bar.advance(len(chunk), f"{counts['tie']} ties, {counts['skip']} skips")
+        judge_in_chunks(todo, judge.rank, log.append, counts)
     finally:
         judge.close()
         log.close()
