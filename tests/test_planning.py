@@ -381,6 +381,24 @@ def test_rm_plan_reads_pairs_as_the_model_does(tiny_llama_dir, tmp_path):
     assert planning.data_positions(config) == max(len(p.prompt_ids) + len(p.chosen_ids) for p in pairs)
 
 
+def test_rm_plan_counts_a_prompts_answers_once_and_suggests_micro_batches_of_answers(tiny_llama_dir, tmp_path):
+    data = tmp_path / "ranked.jsonl"
+    rows = [{"prompt": f"q{i}:", "completions": [f" {j}" * (j + 1) for j in range(5)], "ranking": [4, 3, 2, 1, 0]}
+            for i in range(3)] + [{"prompt": "q:", "chosen": " a", "rejected": " b"}]  # fmt: skip
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    values = {"model": {"name": str(tiny_llama_dir)}, "data": {"train": str(data)}, "output_dir": str(tmp_path / "o")}
+    config = config_from_dict("rm", values | {"batch": {"size": 3}})
+    positions, answers = planning.data_shape(config)
+    assert answers == 5  # the ranked prompts' five answers, not their ten pairs
+    assert positions == planning.data_positions(config)
+    # a pass holds 3 prompts × 5 answers = 15 rows; smaller passes halve it, whether or not they divide anything
+    assert planning.micro_rows_now(config, world_size=1, answers=answers) == 15
+    micro, _ = planning.single_changes(config, world_size=1, answers=answers)
+    assert micro == ["--batch.micro_size=7", "--batch.micro_size=3", "--batch.micro_size=1"]
+    capped = config_from_dict("rm", values | {"batch": {"size": 3, "micro_size": 4}})
+    assert planning.micro_rows_now(capped, world_size=1, answers=answers) == 4
+
+
 def test_candidates_cheapest_first(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path):
     values = ppo_values(tiny_llama_dir, tiny_reward_model_dir, prompts_file, tmp_path) | {"batch.size": 16}
     order = list(planning.candidates(config_from_dict("ppo", nested(values)), world_size=1))

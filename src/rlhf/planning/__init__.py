@@ -6,6 +6,6 @@ trainer runs at start against the device's budget (`device`), the data's longest
 from rlhf.planning.command import TRAINERS, command_of, report
 from rlhf.planning.device import USABLE, available, budget, check, free_memory, refusal, worker_fits, worker_place
 from rlhf.planning.fixes import Fix, alternatives, candidates, cheapest_fix, single_changes
-from rlhf.planning.layout import REUSED, WORKSPACE, Plan, WorkerPlace, has_reference, plan, render
-from rlhf.planning.lengths import data_answers, data_positions, most_answers, prompt_positions, sequence_positions
+from rlhf.planning.layout import REUSED, WORKSPACE, Plan, WorkerPlace, has_reference, micro_rows_now, plan, render
+from rlhf.planning.lengths import data_positions, data_shape, most_answers, prompt_positions, sequence_positions
 from rlhf.planning.sizes import lora_params, model_sizes

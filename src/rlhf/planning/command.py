@@ -12,7 +12,7 @@ from rlhf.core.memory import GiB
 from rlhf.planning.device import budget, process_rss, refusal, worker_fits, worker_place
 from rlhf.planning.fixes import alternatives, cheapest_fix
 from rlhf.planning.layout import plan, render
-from rlhf.planning.lengths import data_answers, data_positions
+from rlhf.planning.lengths import data_shape
 from rlhf.runlog.distributed import device_for_run
 
 TRAINERS = ("sft", "rm", "dpo", "ppo", "grpo")
@@ -37,12 +37,16 @@ def report(
     by default the one a one-process run of this config would take, and its sampling worker's beside it as the
     run would place it (`worker_place`)."""
     device = device or device_for_run()
-    positions, runtime, retains = data_positions(config), process_rss(), device.type != "cuda"
+    (positions, answers), runtime, retains = data_shape(config), process_rss(), device.type != "cuda"
     place, home = worker_place(config, device)
     where: dict[str, Any] = dict(
-        world_size=world_size, positions=positions, runtime=runtime, retains=retains, worker_place=place
+        world_size=world_size,
+        positions=positions,
+        answers=answers,
+        runtime=runtime,
+        retains=retains,
+        worker_place=place,
     )
-    where["answers"] = data_answers(config)
     predicted = plan(config, **where)
     gib = device_memory_gib if device_memory_gib is not None else config.run.memory_budget_gib
     limit, source = budget(device, gib)

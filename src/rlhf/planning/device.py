@@ -109,9 +109,9 @@ def check(config: TrainingConfig, d: Dist, positions: int, answers: int = 2) -> 
     command, runtime, retains = config.COMMAND, process_rss(), d.device.type != "cuda"
     place, home = worker_place(config, d.device)
     where: dict[str, Any] = dict(
-        world_size=d.world_size, positions=positions, runtime=runtime, retains=retains, worker_place=place
+        world_size=d.world_size, positions=positions, answers=answers, runtime=runtime, retains=retains
     )
-    where["answers"] = answers
+    where["worker_place"] = place
     try:
         predicted = plan(config, **where)
     except Exception as error:  # noqa: BLE001 - the plan advises; a model it cannot read must not stop a run

@@ -132,9 +132,12 @@ def plan(
     )
 
 
-def micro_rows_now(config: TrainingConfig, world_size: int) -> int:
-    """Rows of one forward/backward per rank as ``config`` stands (its micro_size, or the rank's whole minibatch)."""
+def micro_rows_now(config: TrainingConfig, world_size: int, answers: int = 2) -> int:
+    """Rows of one forward/backward per rank as ``config`` stands (its micro_size, or the rank's whole minibatch).
+    rm and dpo count answers: batch.size prompts of at most ``answers`` each (`plan`), micro_size answers."""
     rows = max(1, config.minibatch_size // world_size)  # minibatch_size is batch.size for sft, rm and dpo
+    if isinstance(config, RMConfig | DPOConfig):
+        rows *= answers
     return min(rows, config.batch.micro_size or rows)
 
 
@@ -184,10 +187,7 @@ class _Layout:
 
     def _micro_rows(self) -> int:
         """Rows of one forward/backward (per rank): micro_size, or what micro_tokens lets in."""
-        rows = micro_rows_now(self.config, self.world)
-        if isinstance(self.config, RMConfig | DPOConfig):  # micro_size counts answers, batch.size prompts
-            whole = max(1, self.config.batch.size // self.world) * self.answers
-            rows = min(whole, self.config.batch.micro_size or whole)
+        rows = micro_rows_now(self.config, self.world, self.answers)
         budget = self.rl.batch.micro_tokens if self.rl else None
         if budget is not None:
             rows = min(rows, max(1, budget // self.positions))

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlhf.config import DPOConfig, PolicyGradientConfig, RMConfig, SFTConfig, TrainingConfig
+from rlhf.config import PolicyGradientConfig, RMConfig, SFTConfig, TrainingConfig
 
 
 def prompt_positions(prompts: Sequence[Any], response_tokens: int) -> int:
@@ -24,34 +24,19 @@ def sequence_positions(sequences: Sequence[Any]) -> int:
     return max((len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)) for p in sequences), default=1)
 
 
-def most_answers(pairs: Sequence[Any]) -> int:
-    """rm, dpo: the most distinct answers of one prompt, which a pass forwards together (`rlhf.data.groups`)."""
-    from rlhf.data.groups import group_preferences
-
-    return max((len(group.answers) for group in group_preferences(pairs)), default=2)
-
-
-def data_answers(config: TrainingConfig) -> int:
-    """rm, dpo: `most_answers` of the training data, tokenized as `data_positions` does; 2 for the other trainers."""
-    from rlhf.data import load_preferences
-    from rlhf.models.loading import load_tokenizer
-    from rlhf.models.reward import load_reward_model, tokenize_pairs
-
-    data = config.data
-    if isinstance(config, DPOConfig):
-        tokenizer = load_tokenizer(config.model.name, data.chat_template_kwargs)
-        return most_answers(load_preferences(data.train, tokenizer, data.max_length))
-    if not isinstance(config, RMConfig):
-        return 2
-    with torch.device("meta"):
-        shell = load_reward_model(config.model.name, config.model.dtype, "meta", data.chat_template_kwargs)
-    return most_answers(tokenize_pairs(data.train, shell, data.max_length))
+def most_answers(groups: Sequence[Any]) -> int:
+    """rm, dpo: the most distinct answers of one prompt's group (`rlhf.data.groups.group_preferences`), which a pass
+    forwards together."""
+    return max((len(group.answers) for group in groups), default=2)
 
 
-def data_positions(config: TrainingConfig) -> int:
-    """The longest row of ``config``'s data, tokenized as its trainer does (rm: as the model reads pairs, an
-    encoder or a decoder, from its architecture built on the ``meta`` device)."""
+def data_shape(config: TrainingConfig) -> tuple[int, int]:
+    """What `rlhf plan` reads from ``config``'s data, each file tokenized once as its trainer does: the longest row
+    (`data_positions`) and, for rm and dpo, the most answers of one training prompt (`most_answers`; 2 for the
+    other trainers). rm tokenizes as the model reads pairs, an encoder or a decoder, from its architecture built on
+    the ``meta`` device."""
     from rlhf.data import load_preferences, load_prompts, load_sft
+    from rlhf.data.groups import group_preferences
     from rlhf.models.loading import load_tokenizer
     from rlhf.models.reward import load_reward_model, tokenize_pairs
 
@@ -60,11 +45,19 @@ def data_positions(config: TrainingConfig) -> int:
     if isinstance(config, RMConfig):
         with torch.device("meta"):
             shell = load_reward_model(config.model.name, config.model.dtype, "meta", data.chat_template_kwargs)
-        return sequence_positions([p for file in files for p in tokenize_pairs(file, shell, data.max_length)])
+        read = [tokenize_pairs(file, shell, data.max_length) for file in files]
+        return sequence_positions([p for pairs in read for p in pairs]), most_answers(group_preferences(read[0]))
     tokenizer = load_tokenizer(config.model.name, data.chat_template_kwargs)
     if isinstance(config, PolicyGradientConfig):  # every prompt the run may sample, held-out ones included
         limit = config.sampling.max_prompt_length
         prompts = [p for file in files for p in load_prompts(file, tokenizer, limit)]
-        return prompt_positions(prompts, config.response_tokens)
-    load = load_sft if isinstance(config, SFTConfig) else load_preferences
-    return sequence_positions([row for file in files for row in load(file, tokenizer, data.max_length)])
+        return prompt_positions(prompts, config.response_tokens), 2
+    if isinstance(config, SFTConfig):
+        return sequence_positions([row for file in files for row in load_sft(file, tokenizer, data.max_length)]), 2
+    read = [load_preferences(file, tokenizer, data.max_length) for file in files]
+    return sequence_positions([p for pairs in read for p in pairs]), most_answers(group_preferences(read[0]))
+
+
+def data_positions(config: TrainingConfig) -> int:
+    """The longest row of ``config``'s data, tokenized as its trainer does (`data_shape`)."""
+    return data_shape(config)[0]

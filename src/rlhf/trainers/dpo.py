@@ -57,7 +57,7 @@ def run(config: DPOConfig) -> Path:
     held_out = load_preferences(config.data.eval, tokenizer, config.data.max_length) if config.data.eval else []
     groups, held_out_groups = group_preferences(train), group_preferences(held_out)
     supervised.check_passes(config, groups, d)
-    positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(train)
+    positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(groups)
     planning.check(config, d, positions, answers=answers)  # before any weights
     # 2. the policy; 3. the reference: the policy's own log-probs before any step
     model = load_lm(config.model.name, config.model.dtype, d, preparation(config.model, d.device))

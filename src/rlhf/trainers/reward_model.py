@@ -95,7 +95,7 @@ def train_one(config: RMConfig) -> Path:
     train, held_out = load_pairs(config, shell)
     groups, held_out_groups = group_preferences(train), group_preferences(held_out)
     supervised.check_passes(config, groups, d)  # held-out answers are scored without gradient, in any passes
-    positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(train)
+    positions, answers = planning.sequence_positions(train + held_out), planning.most_answers(groups)
     planning.check(config, d, positions, answers=answers)
     rm, scorer = load_scorer(config, d)
     say_pairs(rm, groups, held_out_groups, config.data.max_length)
