@@ -2,7 +2,7 @@
 one reward model against the ensemble's mean, WCO and UWO, in best-of-n and in PPO without and with a small KL
 penalty, over the demo's bases (seeds × CPU kernel families).
 
-    python tools/demo_figures.py --jobs 2 --out runs/demo_figures_ens   # the bases: 10 demos, each with its ensemble
+    python tools/demo_figures.py --jobs 2                               # the bases: 10 demos, each with its ensemble
     python benchmarks/ensembles.py --jobs 2                             # then this, over every demo found there
     python benchmarks/ensembles.py --from-results                       # re-render the .md from the saved .json
 
@@ -208,7 +208,25 @@ def doctor(base: Path) -> dict[str, dict[str, int | None]]:
         record = read_run(base / stage)
         found = {f.rule.name: f.steps[0] for f in diagnose(History(record.rows, record.config))}
         first[stage] = {rule: found.get(rule) for rule in ("ensemble_disagreement_rising", "over_optimisation")}
+        key = next(k for k in record.rows[-1] if k.startswith("reward/") and k.endswith("/ensemble_std"))
+        first[stage] |= disagreement_rise([row[key] for row in record.rows if key in row])
     return first
+
+
+def disagreement_rise(values: list[float], window: int = 5) -> dict[str, float]:
+    """How far the members' disagreement rose over a run, in the two units of the doctor's rule: the largest ratio of
+    a window's mean to the start (the median of the first window), and the largest rise over the start in units of
+    its noise (the step-to-step differences' spread, trend removed, over √window), each over every step the rule
+    sees (from the second window on, with only the steps so far)."""
+    ratios, noises = [], []
+    for n in range(2 * window, len(values) + 1):
+        seen = values[:n]
+        start, now = statistics.median(seen[:window]), statistics.fmean(seen[-window:])
+        diffs = [b - a for a, b in zip(seen, seen[1:])]
+        spread = statistics.pstdev(diffs)
+        ratios.append(now / start)
+        noises.append((now - start) / (spread / math.sqrt(window)) if spread else math.inf)
+    return {"rise_ratio": max(ratios, default=math.nan), "rise_noises": max(noises, default=math.nan)}
 
 
 def measure(base: Path) -> dict[str, Any]:
@@ -273,8 +291,9 @@ def doctor_table(bases: list[dict[str, Any]]) -> list[str]:
     """The doctor's label-free warning against its gold-based rule, per demo stage over the bases."""
     lines = ["## The doctor's warning from the members' disagreement", "",
              "| demo stage | bases | `over_optimisation` (gold) fired | `ensemble_disagreement_rising` fired | "
-             "both: steps the disagreement came first (median, range) | disagreement without the gold rule |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             "both: steps the disagreement came first (median, range) | disagreement without the gold rule | "
+             "largest rise ÷ start: median (range) | largest rise in noise units: median (range) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for stage in ("ppo", "grpo", "ppo_no_kl", "ppo_no_kl_ensemble"):
         firsts = [b["doctor"][stage] for b in bases]
         gold = [f["over_optimisation"] for f in firsts]
@@ -282,9 +301,14 @@ def doctor_table(bases: list[dict[str, Any]]) -> list[str]:
         ahead = [g - w for g, w in zip(gold, warned, strict=True) if g is not None and w is not None]
         lead = f"{statistics.median(ahead):+g} ({min(ahead):+d} to {max(ahead):+d})" if ahead else "—"
         alone = sum(w is not None and g is None for g, w in zip(gold, warned, strict=True))
+        rises = [_range([f[k] for f in firsts], digits) for k, digits in (("rise_ratio", 2), ("rise_noises", 1))]
         lines.append(f"| {stage} | {len(firsts)} | {sum(g is not None for g in gold)} | "
-                     f"{sum(w is not None for w in warned)} | {lead} | {alone} |")  # fmt: skip
+                     f"{sum(w is not None for w in warned)} | {lead} | {alone} | {rises[0]} | {rises[1]} |")  # fmt: skip
     return [*lines, ""]
+
+
+def _range(values: list[float], digits: int) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f} to {max(values):.{digits}f})"
 
 
 def _median(values: Any) -> str:
@@ -304,7 +328,7 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--demos", type=Path, default=Path("runs/demo_figures_ens"), help="the demos' directory")
+    parser.add_argument("--demos", type=Path, default=Path("runs/demo_figures"), help="the demos' directory")
     parser.add_argument("--jobs", type=int, default=1, help="bases at once (each run has one thread)")
     parser.add_argument("--results", type=Path, default=HERE / "results" / "ensembles")
     parser.add_argument("--from-results", action="store_true")
