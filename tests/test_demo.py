@@ -353,13 +353,13 @@ def test_report_shows_every_part_of_the_demo(demo_dir):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-# Marked `demo`, which `make test` (and so CI) leaves out. It was left out for its time (553-1,099 s alone on 2 cores
-# with the pairwise reward models); with the grouped ones it took 272 s alone (2026-12-07), but on seed 0 the doctor's
-# ensemble_disagreement_rising now warns in the leashed PPO run, whose thresholds were measured on pairwise members
-# and are being measured again (docs/rankings.md). `make test-demo` runs it; run it after changing a trainer, the
-# demo or its presets, and `python tools/demo_figures.py` for the README's figures over seeds and kernels.
+# Marked `demo` (`make test-demo` runs it alone, on every core) and `longest`: `make test` and CI run it, its file
+# handed out first. With the grouped reward models it took 272 s alone on 2 cores (2026-12-07); the demo itself took
+# 553-1,099 s before them. Run it after changing a trainer, the demo or its presets, and `python tools/demo_figures.py`
+# for the README's figures over seeds and kernels.
 @pytest.mark.slow
 @pytest.mark.demo
+@pytest.mark.longest
 def test_default_demo_meets_its_targets(tmp_path):
     from rlhf.cli import main
 

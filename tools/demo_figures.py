@@ -43,6 +43,7 @@ FIGURES = (
     ("gold/grpo_win_rate_vs_sft", "win rate of GRPO vs SFT under the gold judge", 2, True),
     ("gold/dpo_win_rate_vs_sft", "win rate of DPO vs SFT under the gold judge", 2, True),
     ("gold/best_of_n_win_rate_vs_sft", "win rate of best-of-8 vs SFT under the gold judge", 2, True),
+    ("ppo_minus_dpo", "PPO's gold score minus DPO's on the same base", 2, True),
     ("rm/accuracy", "reward-model accuracy on held-out gold pairs", 2, True),
     ("rm/ensemble_accuracy_mean", "the ensemble's accuracy (the mean of 4 members)", 2, True),
     ("kl/final", "KL to the reference at the end of PPO (nats per response)", 1, False),
@@ -52,7 +53,13 @@ FIGURES = (
     ("ppo_no_kl_ensemble/kl_last", "the same against the ensemble (UWO): KL at the end", 0, False),
     ("ppo_no_kl_ensemble/held_out_gold_last", "the same against the ensemble (UWO): held-out gold at the end", 2, True),
 )
-"""(summary.json key, what the README calls it, digits, whether higher is better: the worst run is the lowest)."""
+"""(summary.json key, or one of `DERIVED`; what the README calls it, digits, whether higher is better: the worst run is
+the lowest)."""
+DERIVED = {"ppo_minus_dpo": lambda summary: summary["gold/ppo_mean"] - summary["gold/dpo_mean"]}
+"""Figures computed from one run's summary.json."""
+MAIN_RUNS = ("sft", "rm/members/member_0", "rm/members/member_1", "rm/members/member_2", "rm/members/member_3", "dpo",
+             "ppo", "grpo")  # fmt: skip
+"""The demo's runs the doctor must find healthy (its acceptance test asks the same of one run)."""
 FIGURES_BLOCK = ("<!-- demo-figures:start -->", "<!-- demo-figures:end -->")
 METHODS_BLOCK = ("<!-- demo-methods:start -->", "<!-- demo-methods:end -->")
 METHOD_NAMES = {"sft": "SFT", "best_of_n": "best-of-N", "dpo": "DPO", "ppo": "PPO", "grpo": "GRPO"}
@@ -121,17 +128,44 @@ def table(summaries: dict[tuple[str, int], dict], preset: str) -> str:
         "|---|---|---|" + "---|" * len(kernels),
     ]
     for key, label, digits, higher_is_better in FIGURES:
-        values = [summaries[r][key] for r in runs]
+        values = [DERIVED[key](summaries[r]) if key in DERIVED else summaries[r][key] for r in runs]
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         worst, best = (min(values), max(values)) if higher_is_better else (max(values), min(values))
         per_kernel = " | ".join(
-            f"{statistics.fmean(summaries[r][key] for r in runs if r[0] == k):.{digits}f}" for k in kernels
+            f"{statistics.fmean(v for r, v in zip(runs, values, strict=True) if r[0] == k):.{digits}f}" for k in kernels
         )
         lines.append(
             f"| {label} | {statistics.mean(values):.{digits}f} ± {sd:.{digits}f} | "
             f"{worst:.{digits}f} – {best:.{digits}f} | {per_kernel} |"
         )
     return "\n".join(lines)
+
+
+def doctor_lines(dirs: dict[tuple[str, int], Path]) -> str:
+    """The training doctor's verdicts over every run (`rlhf doctor <run>`): its warnings on the main runs, and where
+    its over-optimisation rules fire."""
+    from rlhf.doctor.checkup import examine
+
+    serious, infos, fired = [], 0, {"over_optimisation": {}, "ensemble_disagreement_rising": {}}
+    for run, directory in sorted(dirs.items()):
+        for checkup in examine(directory):
+            stage = str(checkup.record.path.relative_to(directory))
+            names = {f.rule.name for f in checkup.findings}
+            for rule in fired:
+                if rule in names:
+                    fired[rule][stage] = fired[rule].get(stage, 0) + 1
+            if stage in MAIN_RUNS:
+                serious += [f"{run[0]} seed {run[1]} {stage}: {f.rule.name}" for f in checkup.findings
+                            if f.rule.severity != "info"]  # fmt: skip
+                infos += any(f.rule.severity == "info" for f in checkup.findings)
+    counts = {rule: ", ".join(f"{stage} {n} of {len(dirs)}" for stage, n in sorted(found.items())) or "none"
+              for rule, found in fired.items()}  # fmt: skip
+    return "\n".join([
+        f"The doctor (`rlhf doctor <run>`) on the main runs ({', '.join(MAIN_RUNS)}) of all {len(dirs)}: "
+        + (f"{len(serious)} warnings ({'; '.join(serious)})" if serious else "no warning")
+        + f", an info note on {infos} runs. `over_optimisation` (gold): {counts['over_optimisation']}. "
+        f"`ensemble_disagreement_rising` (label-free): {counts['ensemble_disagreement_rising']}.",
+    ])  # fmt: skip
 
 
 def methods_table(seed: int, kernel: str, summary: dict) -> str:
@@ -176,7 +210,7 @@ def main() -> None:
     args = parser.parse_args()
     dirs = run_all(args.seeds, args.kernels, args.out, args.preset, args.jobs)
     summaries = {run: json.loads((directory / "summary.json").read_text()) for run, directory in dirs.items()}
-    text = table(summaries, args.preset)
+    text = table(summaries, args.preset) + "\n\n" + doctor_lines(dirs)
     first = (args.kernels[0], args.seeds[0])
     methods = methods_table(first[1], first[0], summaries[first])
     print(text, methods, sep="\n\n")

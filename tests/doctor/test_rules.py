@@ -311,8 +311,11 @@ def test_kl_blowup_is_measured_per_response_token():
 
 def test_ensemble_disagreement_rising_compares_the_last_window_with_the_start():
     """Start: the median of the first 5 values of reward/rm/ensemble_std (0.40); now: the mean of the last 5. The
-    reward rises throughout (0.1 per step). At 0.50 = 1.25× the start it is silent (not above), at 0.51 it fires;
-    with the reward back at its start it is silent again."""
+    reward rises throughout (0.1 per step). At 0.60 = 1.5× the start it is silent (not above), at 0.62 it fires;
+    with the reward back at its start it is silent again. The noise at 0.62, by hand: the 14 step-to-step
+    differences are 0.02, 0.05, −0.10, 0.07, −0.02, four 0, 0.22, four 0: mean 0.24/14, mean square 0.0666/14, so
+    their spread √(0.0666/14 − (0.24/14)²) = 0.0668 and the noise of the rise 0.0668/√5 = 0.0299: the rise 0.22 is
+    7.4 of it."""
     spreads = [0.38, 0.40, 0.45, 0.35, 0.42] + [0.40] * 5
 
     def evidence(last, reward_now=None):
@@ -323,6 +326,20 @@ def test_ensemble_disagreement_rising_compares_the_last_window_with_the_start():
                 row["reward/mean"] = reward_now
         return RULES_BY_NAME["ensemble_disagreement_rising"].check(History(rows))
 
-    assert evidence(0.50) is None
-    assert evidence(0.51) == "reward/rm/ensemble_std 0.51 (mean of the last 5 steps), 1.27× its start 0.4"
-    assert evidence(0.51, reward_now=0.3) is None  # the first 5 rewards' median is 0.3: not above it
+    assert evidence(0.60) is None
+    assert evidence(0.62) == (
+        "reward/rm/ensemble_std 0.62 (mean of the last 5 steps), 1.55× its start 0.4, 7.4× the noise"
+    )
+    assert evidence(0.62, reward_now=0.3) is None  # the first 5 rewards' median is 0.3: not above it
+
+
+def test_ensemble_disagreement_rising_within_its_noise_is_silent():
+    """The last 5 steps' mean is 1.55× the start (0.31 against the median 0.2), but the series jumps by about 0.45
+    from step to step: the noise of the rise (the differences' spread / √5, about 0.13) is larger than the rise
+    (0.11), under the 3 noises the rule asks. Without the noise floor (z = 0) the same series fires."""
+    from rlhf.doctor.rules import ensemble_disagreement_rising
+
+    spreads = [0.1, 0.3, 0.05, 0.4, 0.2] + [0.05, 0.5, 0.05, 0.5, 0.05] + [0.32, 0.30, 0.31, 0.30, 0.32]
+    rows = [{"step": s, "reward/mean": 0.1 * s, "reward/rm/ensemble_std": v} for s, v in enumerate(spreads, 1)]
+    assert RULES_BY_NAME["ensemble_disagreement_rising"].check(History(rows)) is None
+    assert ensemble_disagreement_rising(History(rows), z=0.0) is not None
