@@ -3,6 +3,7 @@
 
     make demo                                   # runs/demo: the labels and the pretrained tiny model
     python benchmarks/rm_speed.py --demo runs/demo
+    python benchmarks/rm_speed.py --bases runs/demo_figures   # held-out accuracy only, over tools/demo_figures.py's bases
 
 Rows, each in its own process, one after another (run it on an idle machine):
 - ``rlhf rm``: ``batch.size`` 32 prompts (the demo's: each with its 8 answers and their pairs), passes of 64 answers;
@@ -12,7 +13,8 @@ All: the demo's pretrained model with a one-output head, 3 epochs, AdamW at lr 1
 gradient clipping at 1.0, seed 0, the pairs tokenised once by rlhf (prompt ids + answer ids + eos) and handed to
 TRL as its processed ``chosen_ids``/``rejected_ids`` columns. Held-out accuracy is measured the same way for every
 row: each saved model scores the demo's gold-labelled held-out pairs (strict, r_chosen > r_rejected). Writes
-``results/rm_speed.json`` and ``results/rm_speed.md``.
+``results/rm_speed.json`` and ``results/rm_speed.md``. With ``--bases``, `rlhf rm` and TRL in float32 on every base
+(one thread each, timings not kept: the machine may be busy), their held-out accuracies: ``results/rm_speed_bases.*``.
 """
 
 from __future__ import annotations
@@ -54,13 +56,18 @@ def held_out_accuracy(final: Path, demo: Path) -> float:
     return correct / len(pairs)
 
 
+def our_flags(demo: Path, out: Path) -> list[str]:
+    """`rlhf rm`'s flags for the demo's labels into ``out``."""
+    return ["--model.name", str(demo / "pretrain" / "final"), "--data.train", str(demo / "label" / "preferences.jsonl"),
+            "--data.max_length", "128", "--output_dir", str(out), "--batch.size", str(PROMPTS_PER_STEP),
+            "--batch.micro_size", str(ANSWERS_PER_PASS), "--rm.epochs", str(EPOCHS), "--optim.learning_rate",
+            str(LEARNING_RATE), "--run.eval_every", "0", "--run.save_every", "0", "--run.no-progress",
+            "--run.overwrite"]  # fmt: skip
+
+
 def run_ours(demo: Path, out: Path) -> float:
     """`rlhf rm` on the demo's labels; returns its training seconds (from its metrics: the steps' own times)."""
-    command = [sys.executable, "-m", "rlhf", "rm", "--model.name", str(demo / "pretrain" / "final"),
-               "--data.train", str(demo / "label" / "preferences.jsonl"), "--data.max_length", "128",
-               "--output_dir", str(out), "--batch.size", str(PROMPTS_PER_STEP), "--batch.micro_size",
-               str(ANSWERS_PER_PASS), "--rm.epochs", str(EPOCHS), "--optim.learning_rate", str(LEARNING_RATE),
-               "--run.eval_every", "0", "--run.save_every", "0", "--run.no-progress", "--run.overwrite"]  # fmt: skip
+    command = [sys.executable, "-m", "rlhf", "rm", *our_flags(demo, out)]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return sum(row.get("time/step_s", 0.0) for row in rows)
@@ -107,7 +114,10 @@ def main() -> None:
     parser.add_argument("--demo", type=Path, default=Path("runs/demo"))
     parser.add_argument("--work", type=Path, default=HERE / ".work" / "rm_speed")
     parser.add_argument("--child", choices=["trl", "trl_defaults"], help=argparse.SUPPRESS)
+    parser.add_argument("--bases", type=Path, help="accuracy over every demo directory under this one")
     args = parser.parse_args()
+    if args.bases:
+        return over_bases(args.bases, args.work)
     if args.child:  # one TRL row, in its own process
         seconds = run_trl(args.demo, args.work / args.child, defaults=args.child == "trl_defaults")
         (args.work / args.child / "seconds.json").write_text(json.dumps({"train_s": seconds}))
@@ -127,6 +137,39 @@ def main() -> None:
         rows.append({"row": name, "unit": f"{PAIRS_PER_STEP} pairs", "wall_s": total, "train_s": seconds,
                      "accuracy": held_out_accuracy(args.work / child / "final", args.demo)})  # fmt: skip
     write(rows, args.demo)
+
+
+def over_bases(bases: Path, work: Path) -> None:
+    """Held-out accuracy of `rlhf rm` and of TRL in float32 on each base under ``bases`` (one thread each)."""
+    import os
+    import statistics
+
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    accuracy: dict[str, dict[str, float]] = {}
+    for demo in sorted(p.parent for p in bases.glob("*/summary.json")):
+        out, kernel = work / demo.name, demo.name.partition("_seed_")[0]
+        run_env = env | ({"ATEN_CPU_CAPABILITY": kernel} if kernel != "default" else {})
+        if not (out / "rlhf" / "final").is_dir():
+            command = [sys.executable, "-m", "rlhf", "rm", *our_flags(demo, out / "rlhf")]
+            subprocess.run(command, check=True, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not (out / "trl" / "final").is_dir():
+            command = [sys.executable, __file__, "--demo", str(demo), "--work", str(out), "--child", "trl"]
+            subprocess.run(command, check=True, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        accuracy[demo.name] = {row: held_out_accuracy(out / row / "final", demo) for row in ("rlhf", "trl")}
+        print(demo.name, accuracy[demo.name], file=sys.stderr)
+    (HERE / "results" / "rm_speed_bases.json").write_text(json.dumps(accuracy, indent=1) + "\n")
+    lines = [f"`python benchmarks/rm_speed.py --bases {bases}`: held-out accuracy on each base's gold pairs, "
+             f"{EPOCHS} epochs, lr {LEARNING_RATE:g}, one thread per run.", "",
+             "| trainer | mean ± sd | worst | best | bases where it is at least TRL's |", "|---|---|---|---|---|"]  # fmt: skip
+    for row, name in (("rlhf", f"rlhf rm, {PROMPTS_PER_STEP} prompts a step"), ("trl", "TRL RewardTrainer, float32")):
+        values = [a[row] for a in accuracy.values()]
+        ahead = sum(a[row] >= a["trl"] for a in accuracy.values())
+        lines.append(f"| {name} | {statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f} | "
+                     f"{min(values):.3f} | {max(values):.3f} | {ahead} of {len(values)} |")  # fmt: skip
+    lines += ["", "| base | rlhf rm | TRL |", "|---|---|---|"]
+    lines += [f"| {name} | {a['rlhf']:.3f} | {a['trl']:.3f} |" for name, a in accuracy.items()]
+    (HERE / "results" / "rm_speed_bases.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def write(rows: list[dict], demo: Path) -> None:
