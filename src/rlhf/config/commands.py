@@ -136,7 +136,7 @@ class EvalConfig(CommandConfig, command="eval"):
 
 @section
 class DemoConfig(CommandConfig, command="demo"):
-    """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged pairs → reward model and DPO → PPO (and PPO without its KL penalty, to show what the penalty prevents) and GRPO → SFT, best-of-N, DPO, PPO and GRPO compared on the same held-out prompts under the gold judge → report.html."""
+    """The whole RLHF pipeline on a built-in advice task, offline: pretrain → SFT → sample → gold-judged rankings → reward models and DPO → PPO (and PPO without its KL penalty, to show what the penalty prevents) and GRPO → SFT, best-of-N, DPO, PPO and GRPO compared on the same held-out prompts under the gold judge → report.html."""
 
     output_dir: Text = "runs/demo"
     """Directory for the demo: one run directory per stage, summary.json."""
