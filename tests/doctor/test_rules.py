@@ -41,13 +41,15 @@ def test_ppo_without_the_kl_penalty_is_reward_hacking():
 
 
 def test_the_ensembles_disagreement_warns_before_the_gold_falls_in_the_demo():
-    """The demo's β = 0 PPO (seed 0, AVX-512 kernels) with its four-member ensemble logged beside the one reward model
-    it optimises: the members drift apart from step 23, when the batch's gold score has just left its peak (1.99,
-    5-step mean at step 18), 17 steps before the gold-based over_optimisation can name it. The same seed's leashed
-    PPO and GRPO (ensemble_seed0_ppo, ensemble_seed0_grpo) draw nothing: test_silent_on_the_healthy_demo_runs."""
+    """The demo's β = 0 PPO (seed 0, AVX-512 kernels; tools/demo_figures.py's base default_seed_0) with its
+    four-member ensemble, normalised together, logged beside the one reward model it optimises: the members'
+    disagreement passes 1.6× its start at step 28 (1.68×, 7.4 noises), when the batch's gold score has fallen from
+    its peak (1.91, 5-step mean at step 18) to 1.33, 10 steps before the gold-based over_optimisation names the fall.
+    The same seed's leashed PPO and GRPO (ensemble_seed0_ppo, ensemble_seed0_grpo) draw nothing:
+    test_silent_on_the_healthy_demo_runs."""
     findings = {f.rule.name: f for f in diagnose(fixture("ensemble_seed0_ppo_no_kl"))}
     disagreement = findings["ensemble_disagreement_rising"]
-    assert disagreement.steps[0] == 23 and findings["over_optimisation"].steps[0] == 40
+    assert disagreement.steps[0] == 28 and findings["over_optimisation"].steps[0] == 38
     assert disagreement.last.startswith("reward/ensemble/ensemble_std")
 
 
@@ -311,11 +313,11 @@ def test_kl_blowup_is_measured_per_response_token():
 
 def test_ensemble_disagreement_rising_compares_the_last_window_with_the_start():
     """Start: the median of the first 5 values of reward/rm/ensemble_std (0.40); now: the mean of the last 5. The
-    reward rises throughout (0.1 per step). At 0.60 = 1.5× the start it is silent (not above), at 0.62 it fires;
-    with the reward back at its start it is silent again. The noise at 0.62, by hand: the 14 step-to-step
-    differences are 0.02, 0.05, −0.10, 0.07, −0.02, four 0, 0.22, four 0: mean 0.24/14, mean square 0.0666/14, so
-    their spread √(0.0666/14 − (0.24/14)²) = 0.0668 and the noise of the rise 0.0668/√5 = 0.0299: the rise 0.22 is
-    7.4 of it."""
+    reward rises throughout (0.1 per step). At 0.64 = 1.6× the start it is silent (not above), at 0.66 it fires;
+    with the reward back at its start it is silent again. The noise at 0.66, by hand: the 14 step-to-step
+    differences are 0.02, 0.05, −0.10, 0.07, −0.02, four 0, 0.26, four 0: mean 0.28/14 = 0.02, mean square
+    0.0858/14, so their spread √(0.0858/14 − 0.02²) = 0.0757 and the noise of the rise 0.0757/√5 = 0.0338: the
+    rise 0.26 is 7.7 of it."""
     spreads = [0.38, 0.40, 0.45, 0.35, 0.42] + [0.40] * 5
 
     def evidence(last, reward_now=None):
@@ -326,20 +328,20 @@ def test_ensemble_disagreement_rising_compares_the_last_window_with_the_start():
                 row["reward/mean"] = reward_now
         return RULES_BY_NAME["ensemble_disagreement_rising"].check(History(rows))
 
-    assert evidence(0.60) is None
-    assert evidence(0.62) == (
-        "reward/rm/ensemble_std 0.62 (mean of the last 5 steps), 1.55× its start 0.4, 7.4× the noise"
+    assert evidence(0.64) is None
+    assert evidence(0.66) == (
+        "reward/rm/ensemble_std 0.66 (mean of the last 5 steps), 1.65× its start 0.4, 7.7× the noise"
     )
-    assert evidence(0.62, reward_now=0.3) is None  # the first 5 rewards' median is 0.3: not above it
+    assert evidence(0.66, reward_now=0.3) is None  # the first 5 rewards' median is 0.3: not above it
 
 
 def test_ensemble_disagreement_rising_within_its_noise_is_silent():
-    """The last 5 steps' mean is 1.55× the start (0.31 against the median 0.2), but the series jumps by about 0.45
-    from step to step: the noise of the rise (the differences' spread / √5, about 0.13) is larger than the rise
-    (0.11), under the 3 noises the rule asks. Without the noise floor (z = 0) the same series fires."""
+    """The last 5 steps' mean is 1.7× the start (0.34 against the median 0.2), but the series jumps by about 0.45
+    from step to step: the differences' spread is 0.290, so the noise of the rise is 0.290/√5 = 0.130 and the rise
+    (0.14) is 1.1 of it, under the 3 the rule asks. Without the noise floor (z = 0) the same series fires."""
     from rlhf.doctor.rules import ensemble_disagreement_rising
 
-    spreads = [0.1, 0.3, 0.05, 0.4, 0.2] + [0.05, 0.5, 0.05, 0.5, 0.05] + [0.32, 0.30, 0.31, 0.30, 0.32]
+    spreads = [0.1, 0.3, 0.05, 0.4, 0.2] + [0.05, 0.5, 0.05, 0.5, 0.05] + [0.34, 0.33, 0.35, 0.34, 0.34]
     rows = [{"step": s, "reward/mean": 0.1 * s, "reward/rm/ensemble_std": v} for s, v in enumerate(spreads, 1)]
     assert RULES_BY_NAME["ensemble_disagreement_rising"].check(History(rows)) is None
-    assert ensemble_disagreement_rising(History(rows), z=0.0) is not None
+    assert "1.1× the noise" in ensemble_disagreement_rising(History(rows), z=0.0)

@@ -546,7 +546,7 @@ def _mean_near(h: History, key: str, step: int, width: int = 3) -> float | None:
     "(reward.ensemble.objective: wco or uwo), use an earlier checkpoint, or label the policy's current samples and "
     "retrain the reward models",
 )
-def ensemble_disagreement_rising(h: History, window: int = 5, factor: float = 1.5, z: float = 3.0) -> str | None:
+def ensemble_disagreement_rising(h: History, window: int = 5, factor: float = 1.6, z: float = 3.0) -> str | None:
     row, reward = h.last_row(), h.values("reward/mean")
     spreads = [key for key in row if key.startswith("reward/") and key.endswith("/ensemble_std")]
     if len(reward) < 2 * window or not spreads:
