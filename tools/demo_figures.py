@@ -37,7 +37,7 @@ FIGURES = (
     ("gold/sft_mean", "gold score of the SFT policy", 2, True),
     ("gold/ppo_mean", "gold score of PPO", 2, True),
     ("gold/grpo_mean", "gold score of GRPO", 2, True),
-    ("gold/dpo_mean", "gold score of DPO (on the reward model's pairs)", 2, True),
+    ("gold/dpo_mean", "gold score of DPO (on the reward model's labels)", 2, True),
     ("gold/best_of_n_mean", "gold score of best-of-8 (SFT samples, the reward model picks)", 2, True),
     ("gold/win_rate_vs_sft", "win rate of PPO vs SFT under the gold judge", 2, True),
     ("gold/grpo_win_rate_vs_sft", "win rate of GRPO vs SFT under the gold judge", 2, True),
@@ -144,12 +144,15 @@ def table(summaries: dict[tuple[str, int], dict], preset: str) -> str:
 def doctor_lines(dirs: dict[tuple[str, int], Path]) -> str:
     """The training doctor's verdicts over every run (`rlhf doctor <run>`): its warnings on the main runs, and where
     its over-optimisation rules fire."""
+    from rlhf.demo.pipeline import STAGES
     from rlhf.doctor.checkup import examine
 
     serious, infos, fired = [], 0, {"over_optimisation": {}, "ensemble_disagreement_rising": {}}
     for run, directory in sorted(dirs.items()):
         for checkup in examine(directory):
             stage = str(checkup.record.path.relative_to(directory))
+            if stage.split("/")[0] not in STAGES:  # a benchmark's runs kept in the base (ensembles/, labels/)
+                continue
             names = {f.rule.name for f in checkup.findings}
             for rule in fired:
                 if rule in names:
