@@ -375,7 +375,8 @@ def test_default_demo_meets_its_targets(tmp_path):
         torch.set_num_threads(threads)
     summary = json.loads((tmp_path / "summary.json").read_text())
     # One seed's figures depend on the machine's float kernels (docs/reproducibility.md), so the bounds sit well
-    # inside the spread over seeds 0-4 (README): win rate 0.83 ± 0.09 (min 0.73), rm accuracy 0.83 ± 0.02
+    # inside the spread over seeds 0-4 × both kernel families (README): win rate 0.82 ± 0.05 (min 0.74), rm accuracy
+    # 0.81 ± 0.03 (min 0.77)
     assert summary["gold/win_rate_vs_sft"] >= 0.6
     assert summary["gold/ppo_mean"] > summary["gold/sft_mean"]
     assert summary["rm/accuracy"] >= 0.75
@@ -387,9 +388,10 @@ def test_default_demo_meets_its_targets(tmp_path):
     for method in ("dpo", "best_of_n", "grpo"):
         assert summary[f"gold/{method}_mean"] > summary["gold/sft_mean"], method
         assert summary[f"gold/{method}_win_rate_vs_sft"] > 0.5, method
-    # PPO holds its own against DPO on the same labels (docs/ppo_study.md: over seeds 0-4 × both kernel families
-    # PPO − DPO on the same base is +0.55 on average and +0.13 at the least; seed 0 here: 2.25 against 2.07)
-    assert summary["gold/ppo_mean"] >= summary["gold/dpo_mean"] - 0.05
+    # PPO holds its own against DPO on the same labels: over seeds 0-4 × both kernel families (README) PPO − DPO on
+    # the same base is +0.55 ± 0.31, −0.16 at the least (AVX2 seed 2), within a 48-prompt mean's sampling error
+    # (about ±0.3 at 95 %); seed 0 on AVX-512: 2.30 against 1.60
+    assert summary["gold/ppo_mean"] >= summary["gold/dpo_mean"] - 0.3
     # (its wall time is a benchmark figure, not a test: README and `python tools/demo_figures.py` report it)
     # the training doctor: no warning on the demo's own runs, and it names the β = 0 run's reward hacking (seeds 0-4
     # all do: tests/doctor/fixtures holds seeds 0 and 3). An info note is no failure: on an AMD EPYC (avx512
