@@ -91,7 +91,7 @@ def render(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
     lines = [
         "# The demo's labels: rankings against pairs",
         "",
-        "`python benchmarks/demo_labels.py --jobs 2` over the demo directories of `python tools/demo_figures.py` "
+        "`python benchmarks/demo_labels.py` over the demo directories of `python tools/demo_figures.py` "
         f"({len(runs)} bases: {', '.join(sorted(runs))}). One reward model per base and kind, trained as the demo's "
         "member 0; accuracy and log loss on the base's noiseless held-out gold pairs after each epoch.",
         "",
