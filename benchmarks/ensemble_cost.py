@@ -4,7 +4,7 @@ demo base's pairs with one member, four full members (every weight trained, the 
 saved), each run alone with every core.
 
     python benchmarks/ensemble_cost.py                                      # the first base of the sweep
-    python benchmarks/ensemble_cost.py --base runs/demo_figures_ens/avx2_seed_3
+    python benchmarks/ensemble_cost.py --base runs/demo_figures/avx2_seed_3
 
 Per form: wall seconds and peak RSS of the whole ``rlhf rm`` process (``/usr/bin/time``), the held-out accuracy of
 each member and of the ensemble (``ensemble.json``), the members' disagreement on the SFT model's 64 samples per
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     json_path, md_path = args.results.with_suffix(".json"), args.results.with_suffix(".md")
     if not args.from_results:
-        base = args.base or sorted(Path("runs/demo_figures_ens").glob("*_seed_*/summary.json"))[0].parent
+        base = args.base or sorted(Path("runs/demo_figures").glob("*_seed_*/summary.json"))[0].parent
         started = time.time()
         json_path.write_text(json.dumps(measure(base), indent=1) + "\n")
         ensembles.log(f"done in {time.time() - started:.0f} s")
