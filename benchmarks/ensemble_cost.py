@@ -81,7 +81,7 @@ def render(results: dict) -> str:
     lines = [
         "# Reward-model ensembles: what each form costs",
         "",
-        f"{results['machine']}; base {results['base']} (the demo's pairs, {results['epochs']} epochs, every core, one run each). "
+        f"{results['machine']}; base {results['base']} (the demo's labels, {results['epochs']} epochs, every core, one run each). "
         "`python benchmarks/ensemble_cost.py`; method: its docstring.",
         "",
         "| form | `rlhf rm` seconds | peak RSS MB | member accuracy | mean / wco accuracy | disagreement | "
