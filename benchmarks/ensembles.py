@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import math
 import os
@@ -222,7 +223,7 @@ def disagreement_rise(values: list[float], window: int = 5) -> dict[str, float]:
     for n in range(2 * window, len(values) + 1):
         seen = values[:n]
         start, now = statistics.median(seen[:window]), statistics.fmean(seen[-window:])
-        diffs = [b - a for a, b in zip(seen, seen[1:])]
+        diffs = [b - a for a, b in itertools.pairwise(seen)]
         spread = statistics.pstdev(diffs)
         ratios.append(now / start)
         noises.append((now - start) / (spread / math.sqrt(window)) if spread else math.inf)
