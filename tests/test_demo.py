@@ -268,7 +268,7 @@ def test_the_methods_table_is_computed_from_the_evaluations(demo_dir):
 
 
 def test_the_demo_data_fits_its_own_max_length(demo_dir):
-    """Every demonstration and labelled pair is trained on whole: none is cut at data.max_length (the command
+    """Every demonstration and labelled answer is trained on whole: none is cut at data.max_length (the command
     would warn that they "lose their end")."""
     from transformers import AutoTokenizer
 
@@ -279,7 +279,10 @@ def test_the_demo_data_fits_its_own_max_length(demo_dir):
         assert yaml.safe_load((demo_dir / name / f"{name}.yaml").read_text())["data"]["max_length"] == MAX_LENGTH
     texts = [row["prompt"] + row["response"] for name in ("sft", "sft_eval")
              for row in _read_jsonl(demo_dir / "data" / f"{name}.jsonl")]  # fmt: skip
-    texts += [row["prompt"] + row[side] for row in _read_jsonl(demo_dir / "label" / "preferences.jsonl")
+    # the rater's rankings, and the held-out gold pairs
+    texts += [row["prompt"] + answer for row in _read_jsonl(demo_dir / "label" / "preferences.jsonl")
+              for answer in row["completions"]]  # fmt: skip
+    texts += [row["prompt"] + row[side] for row in _read_jsonl(demo_dir / "label" / "eval_preferences.jsonl")
               for side in ("chosen", "rejected")]  # fmt: skip
     longest = max(len(tokenizer(text)["input_ids"]) + 1 for text in texts)  # + EOS
     assert longest <= MAX_LENGTH
