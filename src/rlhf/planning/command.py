@@ -3,13 +3,11 @@ single change would make its peak, and whether it fits the budget."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from rlhf.config import TrainingConfig
 from rlhf.core.memory import GiB
-from rlhf.planning.device import budget, process_rss, refusal, worker_fits, worker_place
+from rlhf.planning.device import budget, plan_inputs, refusal, worker_fits
 from rlhf.planning.fixes import alternatives, cheapest_fix
 from rlhf.planning.layout import plan, render
 from rlhf.planning.lengths import data_shape
@@ -37,16 +35,8 @@ def report(
     by default the one a one-process run of this config would take, and its sampling worker's beside it as the
     run would place it (`worker_place`)."""
     device = device or device_for_run()
-    (positions, answers), runtime, retains = data_shape(config), process_rss(), device.type != "cuda"
-    place, home = worker_place(config, device)
-    where: dict[str, Any] = dict(
-        world_size=world_size,
-        positions=positions,
-        answers=answers,
-        runtime=runtime,
-        retains=retains,
-        worker_place=place,
-    )
+    positions, answers = data_shape(config)
+    where, home = plan_inputs(config, device, world_size=world_size, positions=positions, answers=answers)
     predicted = plan(config, **where)
     gib = device_memory_gib if device_memory_gib is not None else config.run.memory_budget_gib
     limit, source = budget(device, gib)

@@ -69,6 +69,18 @@ def worker_place(config: TrainingConfig, device: torch.device) -> tuple[WorkerPl
     return ("trainer's GPU" if shares else "another GPU"), home
 
 
+def plan_inputs(
+    config: TrainingConfig, device: torch.device, *, world_size: int, positions: int, answers: int
+) -> tuple[dict[str, Any], torch.device]:
+    """`plan`'s keyword arguments for ``config`` on ``world_size`` ranks of ``device`` (this process's RSS as the
+    runtime, whether the allocator keeps what a phase frees, the sampling worker's place), and the device the worker's parts live
+    on (`worker_place`): what `rlhf plan` and each trainer's start (`check`) plan alike."""
+    place, home = worker_place(config, device)
+    retains = device.type != "cuda"  # a CPU allocator keeps what a phase frees (`plan`)
+    sizes = {"world_size": world_size, "positions": positions, "answers": answers}
+    return {**sizes, "runtime": process_rss(), "retains": retains, "worker_place": place}, home
+
+
 def worker_fits(predicted: Plan, home: torch.device) -> list[tuple[bool, str]]:
     """The sampling worker's parts outside the trainer's memory (`Plan.apart`), each against its own: (fits, the
     sentence saying so). Its CPU parts beside a GPU trainer against `free_memory` (this process's own is taken
@@ -106,12 +118,8 @@ def check(config: TrainingConfig, d: Dist, positions: int, answers: int = 2) -> 
     sampling worker's parts that do not fit their own memory (`worker_fits`) (``run.ignore_memory_plan``: a
     warning, and the run goes on). None when the plan cannot be made (a model whose config the plan cannot read):
     said, and the run goes on. ``answers``: rm, the most answers of a prompt (`plan`)."""
-    command, runtime, retains = config.COMMAND, process_rss(), d.device.type != "cuda"
-    place, home = worker_place(config, d.device)
-    where: dict[str, Any] = dict(
-        world_size=d.world_size, positions=positions, answers=answers, runtime=runtime, retains=retains
-    )
-    where["worker_place"] = place
+    command = config.COMMAND
+    where, home = plan_inputs(config, d.device, world_size=d.world_size, positions=positions, answers=answers)
     try:
         predicted = plan(config, **where)
     except Exception as error:  # noqa: BLE001 - the plan advises; a model it cannot read must not stop a run
